@@ -1,0 +1,542 @@
+"""asyncio client: push map output into the local daemon and read reduce partitions.
+
+The client speaks the same frames as the daemons and reuses the daemon's codec,
+credit state machines and pool: writes are batched into pool segments per
+partition (the work per buffer, never per record), pushed under the daemon's push
+credit, and committed; reads arrive straight into the client's own pool segments
+and each chunk's buffer becomes credit again when the caller is done with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from shuffled.buffers import Buffer, GlobalPool, LocalPool
+from shuffled.net.connection import FrameConnection
+from shuffled.net.streams import Chunk, PushEvent, PushStream
+from shuffled.protocol.codec import (
+    encode_add_credit,
+    encode_admin_request,
+    encode_cancel,
+    encode_hello,
+    encode_open_map_output,
+    encode_partition_request,
+)
+from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool, SequenceChecker
+from shuffled.protocol.errors import (
+    ConnectionLost,
+    CreditViolation,
+    InvalidRequest,
+    MapOutputStateError,
+    ProtocolError,
+    ShuffledError,
+    error_from_code,
+)
+from shuffled.protocol.frames import (
+    AbortAck,
+    AdminResponse,
+    BufferKind,
+    BufferResponse,
+    CommitAck,
+    ErrorResponse,
+    Frame,
+    FrameType,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    Role,
+)
+
+#: client-side pool: enough for a few concurrent writers and readers
+DEFAULT_CLIENT_POOL = 4 << 20
+
+
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
+    """'unix:/path' → ('unix', path); 'host:port' / '[v6]:port' → ('tcp', (host, port))."""
+    if address.startswith("unix:"):
+        return "unix", address[5:]
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InvalidRequest(f"daemon address {address!r} is neither host:port nor unix:/path")
+    return "tcp", (host.strip("[]"), int(port))
+
+
+class _ClientConnection(FrameConnection):
+    def __init__(self, client: AsyncClient) -> None:
+        super().__init__(max_payload=1 << 24)
+        self.client = client
+
+    def on_made(self) -> None:
+        self.sender.send_control(encode_hello(Hello(Role.CLIENT, info={"name": "shuffled_client"})))
+
+    def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
+        reader = self.client._readers.get(stream)
+        if ftype != FrameType.BUFFER_RESPONSE or reader is None:
+            return None
+        return reader._target(length)
+
+    def handle_frame(self, frame: Frame) -> None:
+        self.client._on_frame(frame)
+
+    def on_lost(self) -> None:
+        self.client._on_lost(self.close_reason)
+
+
+class AsyncClient:
+    """One connection to the local daemon, shared by any number of writers and readers."""
+
+    def __init__(self, address: str, pool_size: int, exclusive: int, floating: int) -> None:
+        self.address = address
+        self._pool_size = pool_size
+        self.exclusive = exclusive
+        self.floating = floating
+        self.pool: GlobalPool | None = None
+        self.segment_size = 0
+        self.daemon_node = ""
+        self._conn: _ClientConnection | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._next_stream = 1
+        self._writers: dict[int, MapWriter] = {}
+        self._readers: dict[int, PartitionReader] = {}
+        self._admin: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._lost: ShuffledError | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str,
+        *,
+        pool_size: int = DEFAULT_CLIENT_POOL,
+        exclusive: int = DEFAULT_EXCLUSIVE,
+        floating: int = DEFAULT_FLOATING,
+        timeout: float = 30.0,
+    ) -> AsyncClient:
+        """Connect to a daemon at 'host:port' or 'unix:/path' and do the handshake."""
+        client = cls(address, pool_size, exclusive, floating)
+        kind, where = parse_address(address)
+        loop = asyncio.get_running_loop()
+        client._ready = loop.create_future()
+        try:
+            if kind == "unix":
+                assert isinstance(where, str)
+                coro = loop.create_unix_connection(lambda: _ClientConnection(client), where)
+            else:
+                assert isinstance(where, tuple)
+                coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1])
+            _, client._conn = await asyncio.wait_for(coro, timeout)
+            await asyncio.wait_for(client._ready, timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise ConnectionLost(f"cannot connect to shuffled at {address}: {exc or 'timed out'}") from None
+        return client
+
+    # -- public API
+
+    async def open_writer(self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int) -> MapWriter:
+        """Open one map attempt's output; waits for the daemon's first push credit."""
+        self._check()
+        writer = MapWriter(self, self._new_stream(), partitions)
+        self._writers[writer.stream.stream] = writer
+        self._send(encode_open_map_output(OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions)))
+        await writer._opened
+        return writer
+
+    def read(
+        self, app: str, shuffle: int, start: int, end: int, locations: dict[str, list[int]]
+    ) -> PartitionReader:
+        """Read reduce partitions [start, end) from the named map attempts.
+
+        `locations` maps each daemon address ("" for the local daemon) to the map
+        attempt ids whose output it holds. Use as `async with` / `async for`.
+        """
+        self._check()
+        return PartitionReader(self, self._new_stream(), PartitionRequest(0, 0, app, shuffle, start, end, locations))
+
+    async def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
+        return await self._admin_call("unregister_shuffle", {"app": app, "shuffle": shuffle, "propagate": propagate})
+
+    async def remove_application(self, app: str, propagate: bool = True) -> dict[str, Any]:
+        return await self._admin_call("remove_application", {"app": app, "propagate": propagate})
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._admin_call("stats", {})
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close("client closed")
+            await self._conn.lost
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- internals
+
+    def _check(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+
+    def _new_stream(self) -> int:
+        sid = self._next_stream
+        self._next_stream += 1
+        return sid
+
+    def _send(self, frame: bytes) -> None:
+        assert self._conn is not None
+        self._conn.sender.send_control(frame)
+
+    async def _admin_call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._check()
+        sid = self._new_stream()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._admin[sid] = fut
+        self._send(encode_admin_request(sid, op, args))
+        return await fut
+
+    def _on_frame(self, frame: Frame) -> None:
+        match frame:
+            case BufferResponse():
+                reader = self._readers.get(frame.receiver)
+                if reader is not None:
+                    reader._on_buffer(frame)
+            case PushCredit(writer, credit):
+                w = self._writers.get(writer)
+                if w is not None:
+                    w._on_credit(credit)
+            case CommitAck(writer, lengths):
+                w = self._writers.pop(writer, None)
+                if w is not None:
+                    w._on_done(lengths)
+            case AbortAck(writer):
+                w = self._writers.pop(writer, None)
+                if w is not None:
+                    w._on_done(None)
+            case AdminResponse(request, result):
+                fut = self._admin.pop(request, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(result)
+            case ErrorResponse(stream, code, message):
+                self._on_error(stream, error_from_code(code, message))
+            case HelloAck():
+                self.segment_size = int(frame.info.get("segment_size", 32 << 10))
+                self.daemon_node = str(frame.info.get("node", ""))
+                self.pool = GlobalPool(max(self._pool_size, 16 * self.segment_size), self.segment_size)
+                assert self._ready is not None
+                if not self._ready.done():
+                    self._ready.set_result(None)
+            case _:
+                raise ProtocolError(f"{type(frame).__name__} is not expected by a client")
+
+    def _on_error(self, stream: int, exc: ShuffledError) -> None:
+        if stream == 0:
+            self._fail_all(exc)
+            assert self._conn is not None
+            self._conn.close(f"daemon reported {exc.code.name}")
+            return
+        if stream in self._writers:
+            self._writers.pop(stream)._on_error(exc)
+        elif stream in self._readers:
+            self._readers[stream]._on_error(exc)
+        elif stream in self._admin:
+            fut = self._admin.pop(stream)
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _fail_all(self, exc: ShuffledError) -> None:
+        if self._lost is None:
+            self._lost = exc
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(exc)
+        for w in list(self._writers.values()):
+            w._on_error(exc)
+        self._writers.clear()
+        for r in list(self._readers.values()):
+            r._on_error(exc)
+        for fut in self._admin.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._admin.clear()
+
+    def _on_lost(self, reason: str) -> None:
+        self._fail_all(ConnectionLost(f"connection to shuffled at {self.address} lost: {reason}"))
+
+
+class MapWriter:
+    """Buffers writes per partition into pool segments and pushes full ones under push credit."""
+
+    def __init__(self, client: AsyncClient, stream_id: int, partitions: int) -> None:
+        self.client = client
+        self.partitions = partitions
+        self.stream = PushStream(stream_id)
+        self._open: dict[int, Buffer] = {}
+        loop = asyncio.get_running_loop()
+        self._opened: asyncio.Future[None] = loop.create_future()
+        self._done: asyncio.Future[list[int] | None] = loop.create_future()
+        self._finished = False
+        self.bytes_written = 0
+
+    async def write(self, partition: int, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes to a reduce partition (copied into pool segments, pushed when full)."""
+        if self._finished:
+            raise MapOutputStateError("write after commit or abort")
+        if not 0 <= partition < self.partitions:
+            raise InvalidRequest(f"partition {partition} outside 0..{self.partitions - 1}")
+        self._raise_if_failed()
+        view = memoryview(data).cast("B")
+        self.bytes_written += len(view)
+        while len(view):
+            buf = self._open.get(partition)
+            if buf is None:
+                buf = await self._take_buffer()
+                self._open[partition] = buf
+            room = len(buf.memory) - buf.length
+            n = min(room, len(view))
+            buf.memory[buf.length : buf.length + n] = view[:n]
+            buf.length += n
+            view = view[n:]
+            if buf.length == len(buf.memory):
+                del self._open[partition]
+                self._push(Chunk(buf, partition, 0))
+
+    async def _take_buffer(self) -> Buffer:
+        pool = self.client.pool
+        assert pool is not None
+        got = pool.try_take(1)
+        if got is None and self._open:
+            # Out of client memory: push the fullest partial buffer to make room.
+            p = max(self._open, key=lambda k: self._open[k].length)
+            self._push(Chunk(self._open.pop(p), p, 0))
+        if got is None:
+            take = asyncio.ensure_future(pool.take(1))
+            done, _ = await asyncio.wait({take, self._done}, return_when=asyncio.FIRST_COMPLETED)
+            if take not in done:
+                take.cancel()
+                self._raise_if_failed()
+            got = take.result()
+        buf = got[0]
+        buf.set_recycler(pool.give)
+        return buf
+
+    def _push(self, chunk: Chunk) -> None:
+        self.stream.push_data(chunk)
+        self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
+
+    async def commit(self) -> list[int]:
+        """Push what is buffered and commit; returns bytes per reduce partition as the daemon stored them."""
+        self._finish(PushEvent.COMMIT)
+        lengths = await self._done
+        assert lengths is not None
+        return lengths
+
+    async def abort(self) -> None:
+        """Drop this map attempt's output; the daemon frees its buffers."""
+        if self._finished and self._done.done():
+            return
+        self._finish(PushEvent.ABORT)
+        await self._done
+
+    def _finish(self, event: PushEvent) -> None:
+        if self._finished:
+            raise MapOutputStateError("map output already committed or aborted")
+        self._raise_if_failed()
+        self._finished = True
+        for p, buf in sorted(self._open.items()):
+            self._push(Chunk(buf, p, 0))
+        self._open.clear()
+        self.stream.push_event(event)
+        self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
+
+    def _raise_if_failed(self) -> None:
+        if self._done.done() and self._done.exception() is not None:
+            raise self._done.exception()  # type: ignore[misc]
+
+    def _on_credit(self, credit: int) -> None:
+        self.stream.add_credit(credit)
+        if not self._opened.done():
+            self._opened.set_result(None)
+        self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
+
+    def _on_done(self, lengths: list[int] | None) -> None:
+        if not self._done.done():
+            self._done.set_result(lengths)
+
+    def _on_error(self, exc: ShuffledError) -> None:
+        self._finished = True
+        self.stream.shutdown()
+        for buf in self._open.values():
+            buf.release()
+        self._open.clear()
+        for fut in (self._opened, self._done):
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # retrieved here; raised to the caller via _raise_if_failed or await
+
+
+class ReadChunk:
+    """One chunk of a reduce partition; `data` is valid until `release()` (or the next iteration)."""
+
+    __slots__ = ("partition", "attempt", "_buffer")
+
+    def __init__(self, buffer: Buffer, partition: int, attempt: int) -> None:
+        self._buffer: Buffer | None = buffer
+        self.partition = partition
+        self.attempt = attempt
+
+    @property
+    def data(self) -> memoryview:
+        if self._buffer is None:
+            raise ValueError("chunk already released")
+        return self._buffer.data()
+
+    def release(self) -> None:
+        """Give the buffer back: it becomes credit for the daemon to send the next one."""
+        if self._buffer is not None:
+            buf, self._buffer = self._buffer, None
+            buf.release()
+
+
+class PartitionReader:
+    """An input gate with one channel (to the local daemon), credit-controlled."""
+
+    def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest) -> None:
+        self.client = client
+        self.receiver = receiver
+        self.req = req
+        self._pool: LocalPool | None = None
+        self.credit = ChannelCredit(client.exclusive, FloatingPool(client.floating))
+        self.seq = SequenceChecker()
+        self._queue: deque[ReadChunk] = deque()
+        self._wake = asyncio.Event()
+        self._error: ShuffledError | None = None
+        self._ended = False
+        self._started = False
+        self._current: ReadChunk | None = None
+        self._announce_scheduled = False
+
+    async def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        pool = self.client.pool
+        assert pool is not None
+        size = self.client.exclusive + self.client.floating
+        self._pool = await pool.create_local_pool(size, size, use_reserve=True)
+        self.client._readers[self.receiver] = self
+        r = self.req
+        self.client._send(
+            encode_partition_request(
+                PartitionRequest(self.receiver, self.credit.exclusive, r.app, r.shuffle, r.start, r.end, r.locations)
+            )
+        )
+
+    def _target(self, length: int) -> tuple[memoryview, Buffer]:
+        buf = self._pool.request() if self._pool is not None else None
+        if buf is None:
+            raise CreditViolation("daemon sent a buffer beyond the reader's credit")
+        buf.set_recycler(self._recycle)
+        return buf.memory[:length], buf
+
+    def _on_buffer(self, frame: BufferResponse) -> None:
+        try:
+            self.seq.check(frame.sequence)
+        except ShuffledError as exc:
+            if isinstance(frame.payload, Buffer):
+                frame.payload.release()
+            self._on_error(exc)
+            self.client._send(encode_cancel(self.receiver))
+            return
+        if frame.kind is BufferKind.END_OF_PARTITION:
+            self._ended = True
+            self.client._readers.pop(self.receiver, None)
+        else:
+            buf: Buffer = frame.payload
+            buf.length = frame.length
+            if self.credit.on_buffer(frame.backlog):
+                self._schedule_announce()
+            self._queue.append(ReadChunk(buf, frame.partition, frame.attempt))
+        self._wake.set()
+
+    def _recycle(self, buf: Buffer) -> None:
+        assert self._pool is not None
+        self._pool.recycle(buf)
+        mine, _ = self.credit.on_recycle()
+        if mine:
+            self._schedule_announce()
+
+    def _schedule_announce(self) -> None:
+        if not self._announce_scheduled:
+            self._announce_scheduled = True
+            asyncio.get_running_loop().call_soon(self._announce)
+
+    def _announce(self) -> None:
+        self._announce_scheduled = False
+        n = self.credit.take_announcement()
+        if n and not self.credit.closed and self.client._lost is None:
+            self.client._send(encode_add_credit(self.receiver, n))
+
+    def _on_error(self, exc: ShuffledError) -> None:
+        if self._error is None and not self._ended:
+            self._error = exc
+        self.client._readers.pop(self.receiver, None)
+        self._wake.set()
+
+    async def next_chunk(self) -> ReadChunk | None:
+        """The next chunk (the previous one is released), or None at the end of the partitions."""
+        await self._start()
+        if self._current is not None:
+            self._current.release()
+            self._current = None
+        while not self._queue:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        self._current = self._queue.popleft()
+        return self._current
+
+    def __aiter__(self) -> AsyncIterator[ReadChunk]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ReadChunk]:
+        while True:
+            chunk = await self.next_chunk()
+            if chunk is None:
+                return
+            yield chunk
+
+    async def read_all(self) -> bytes:
+        """Convenience for small partitions: every chunk's bytes, concatenated."""
+        parts = []
+        async for chunk in self:
+            parts.append(bytes(chunk.data))
+        return b"".join(parts)
+
+    async def __aenter__(self) -> PartitionReader:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop reading: cancel at the daemon if not finished and give every buffer back."""
+        if self._current is not None:
+            self._current.release()
+            self._current = None
+        if not self._ended and self._error is None and self._started and self.client._lost is None:
+            self.client._send(encode_cancel(self.receiver))
+        self.client._readers.pop(self.receiver, None)
+        self._ended = True
+        self.credit.close()
+        while self._queue:
+            self._queue.popleft().release()
+        if self._pool is not None:
+            self._pool.destroy()

@@ -1,0 +1,102 @@
+"""Blocking client for code without an event loop (scripts, PySpark Python workers).
+
+Each call runs the asyncio client on a private event loop until it completes; the
+loop does not run between calls, which is fine because flow control is credit
+based: the daemon only sends what the reader has room for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from .aio import DEFAULT_CLIENT_POOL, AsyncClient, MapWriter, PartitionReader, ReadChunk
+
+T = TypeVar("T")
+
+
+class Client:
+    def __init__(self, address: str, *, pool_size: int = DEFAULT_CLIENT_POOL, timeout: float = 30.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._aio = self._run(AsyncClient.connect(address, pool_size=pool_size, timeout=timeout))
+        except BaseException:
+            self._loop.close()
+            raise
+
+    def _run(self, coro: Any) -> Any:
+        return self._loop.run_until_complete(coro)
+
+    def open_writer(self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int) -> Writer:
+        return Writer(self, self._run(self._aio.open_writer(app, shuffle, map_index, attempt, partitions)))
+
+    def read(self, app: str, shuffle: int, start: int, end: int, locations: dict[str, list[int]]) -> Reader:
+        return Reader(self, self._aio.read(app, shuffle, start, end, locations))
+
+    def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
+        result: dict[str, Any] = self._run(self._aio.unregister_shuffle(app, shuffle, propagate))
+        return result
+
+    def remove_application(self, app: str, propagate: bool = True) -> dict[str, Any]:
+        result: dict[str, Any] = self._run(self._aio.remove_application(app, propagate))
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._run(self._aio.stats())
+        return result
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._run(self._aio.close())
+            self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Writer:
+    def __init__(self, client: Client, writer: MapWriter) -> None:
+        self._client = client
+        self._w = writer
+
+    def write(self, partition: int, data: bytes | bytearray | memoryview) -> None:
+        self._client._run(self._w.write(partition, data))
+
+    def commit(self) -> list[int]:
+        lengths: list[int] = self._client._run(self._w.commit())
+        return lengths
+
+    def abort(self) -> None:
+        self._client._run(self._w.abort())
+
+
+class Reader:
+    """Iterate chunks; a chunk's `data` is valid until the next one is requested."""
+
+    def __init__(self, client: Client, reader: PartitionReader) -> None:
+        self._client = client
+        self._r = reader
+
+    def __iter__(self) -> Iterator[ReadChunk]:
+        while True:
+            chunk = self._client._run(self._r.next_chunk())
+            if chunk is None:
+                return
+            yield chunk
+
+    def read_all(self) -> bytes:
+        data: bytes = self._client._run(self._r.read_all())
+        return data
+
+    def close(self) -> None:
+        self._client._run(self._r.aclose())
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,264 @@
+"""Fixed off-heap memory: one anonymous mmap cut into equal segments.
+
+`GlobalPool` (Flink's NetworkBufferPool) owns every segment and never grows;
+`LocalPool` (Flink's LocalBufferPool) is one consumer's share with a guaranteed
+minimum and a maximum, rebalanced when pools come and go. A `Buffer` is a segment
+plus a fill length plus a recycler; it is reference counted because the same
+stored segment may be lent to several transports at once, and uvloop keeps a
+reference to written memory until the kernel took it (recycling earlier would
+let the next writer overwrite bytes still on their way out).
+
+When the pool is empty, requests wait on a future: that wait is back-pressure.
+A `reserve` of segments is kept for readers, so stored data can never take the
+memory that reading it back (and so freeing it) needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+from collections.abc import Callable
+
+Recycler = Callable[["Buffer"], None]
+
+
+class Buffer:
+    __slots__ = ("index", "memory", "length", "refs", "_recycler")
+
+    def __init__(self, index: int, memory: memoryview) -> None:
+        self.index = index
+        self.memory = memory
+        self.length = 0
+        self.refs = 0
+        self._recycler: Recycler | None = None
+
+    def data(self) -> memoryview:
+        return self.memory[: self.length]
+
+    def set_recycler(self, recycler: Recycler) -> None:
+        """Hand the buffer to a new owner (e.g. from a push pool to the store)."""
+        self._recycler = recycler
+
+    def retain(self) -> None:
+        if self.refs <= 0:
+            raise RuntimeError(f"buffer {self.index} retained after it was recycled")
+        self.refs += 1
+
+    def release(self) -> None:
+        if self.refs <= 0:
+            raise RuntimeError(f"buffer {self.index} released more often than retained")
+        self.refs -= 1
+        if self.refs == 0:
+            recycler = self._recycler
+            assert recycler is not None
+            self._recycler = None
+            recycler(self)
+
+    def __repr__(self) -> str:
+        return f"Buffer(#{self.index}, length={self.length}, refs={self.refs})"
+
+
+class PoolExhausted(Exception):
+    """Raised by `GlobalPool` only for requests larger than the pool could ever satisfy."""
+
+
+class GlobalPool:
+    def __init__(self, size_bytes: int, segment_size: int = 32 << 10, reserve: int = 0) -> None:
+        if segment_size < 4096 or segment_size % 4096:
+            raise ValueError("segment size must be a positive multiple of 4096 bytes")
+        count = size_bytes // segment_size
+        if count < 1:
+            raise ValueError(f"pool of {size_bytes} bytes holds no segment of {segment_size} bytes")
+        if not 0 <= reserve < count:
+            raise ValueError("the read reserve must be smaller than the pool")
+        self.segment_size = segment_size
+        self.total = count
+        self.reserve = reserve
+        self._mmap = mmap.mmap(-1, count * segment_size)
+        view = memoryview(self._mmap)
+        self._buffers = [Buffer(i, view[i * segment_size : (i + 1) * segment_size]) for i in range(count)]
+        self._free: list[Buffer] = list(reversed(self._buffers))
+        self._waiters: list[tuple[int, bool, asyncio.Future[list[Buffer]]]] = []
+        self._pools: set[LocalPool] = set()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.total - len(self._free)
+
+    @property
+    def local_pools(self) -> int:
+        return len(self._pools)
+
+    def _fits(self, n: int, use_reserve: bool) -> bool:
+        return len(self._free) - n >= (0 if use_reserve else self.reserve)
+
+    def try_take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer] | None:
+        """n segments now, all or nothing; use_reserve lets readers dip into the read reserve."""
+        if self._waiters or not self._fits(n, use_reserve):
+            return None
+        return self._pop(n)
+
+    def _pop(self, n: int) -> list[Buffer]:
+        out = [self._free.pop() for _ in range(n)]
+        for b in out:
+            b.refs = 1
+            b.length = 0
+        return out
+
+    async def take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer]:
+        """n segments, waiting (never spinning) until they are free."""
+        limit = self.total if use_reserve else self.total - self.reserve
+        if n > limit:
+            raise PoolExhausted(f"{n} segments requested, the pool can give at most {limit}")
+        got = self.try_take(n, use_reserve)
+        if got is not None:
+            return got
+        fut: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
+        entry = (n, use_reserve, fut)
+        self._waiters.append(entry)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif fut.done() and not fut.cancelled():
+                for b in fut.result():
+                    self.give(b)
+            raise
+
+    def give(self, buffer: Buffer) -> None:
+        """Return a segment (the recycler of buffers owned by nobody else)."""
+        buffer.refs = 0
+        buffer.length = 0
+        self._free.append(buffer)
+        if self._waiters:
+            self._serve_waiters()
+
+    def _serve_waiters(self) -> None:
+        # Any waiter that fits is served, so a large or reserve-less request
+        # cannot block a reader behind it.
+        keep = []
+        for n, use_reserve, fut in self._waiters:
+            if fut.done():
+                continue
+            if self._fits(n, use_reserve):
+                fut.set_result(self._pop(n))
+            else:
+                keep.append((n, use_reserve, fut))
+        self._waiters = keep
+
+    async def create_local_pool(self, minimum: int, maximum: int, use_reserve: bool = False) -> LocalPool:
+        """A new local pool holding its `minimum` segments (waits for them)."""
+        if not 0 <= minimum <= maximum:
+            raise ValueError("local pool needs 0 <= min <= max")
+        segments = await self.take(minimum, use_reserve) if minimum else []
+        pool = LocalPool(self, minimum, maximum, use_reserve, segments)
+        self._pools.add(pool)
+        self.redistribute()
+        return pool
+
+    def _drop_pool(self, pool: LocalPool) -> None:
+        self._pools.discard(pool)
+        self.redistribute()
+
+    def redistribute(self) -> None:
+        """Share the segments above every pool's minimum in proportion to what each may still take."""
+        if not self._pools:
+            return
+        spare = sum(p.max - p.min for p in self._pools)
+        excess = self.total - self.reserve - sum(p.min for p in self._pools)
+        for pool in self._pools:
+            extra = 0 if spare == 0 else max(0, excess) * (pool.max - pool.min) // spare
+            pool.set_target(pool.min + min(pool.max - pool.min, extra))
+
+
+class LocalPool:
+    """One consumer's segments: `min` guaranteed, up to `target` (<= max) when memory allows."""
+
+    def __init__(self, owner: GlobalPool, minimum: int, maximum: int, use_reserve: bool, segments: list[Buffer]) -> None:
+        self.owner = owner
+        self.min = minimum
+        self.max = maximum
+        self.target = minimum
+        self.use_reserve = use_reserve
+        self._held: list[Buffer] = []
+        self.issued = 0
+        self.destroyed = False
+        for b in segments:
+            b.refs = 0
+            self._held.append(b)
+
+    @property
+    def size(self) -> int:
+        return len(self._held) + self.issued
+
+    @property
+    def available(self) -> int:
+        return len(self._held)
+
+    def set_target(self, target: int) -> None:
+        self.target = target
+        while self._held and self.size > max(self.target, self.min):
+            self.owner.give(self._held.pop())
+
+    def request(self) -> Buffer | None:
+        """A buffer now, or None (never waits)."""
+        if self._held:
+            buf = self._held.pop()
+        elif not self.destroyed and self.size < self.target:
+            got = self.owner.try_take(1, self.use_reserve)
+            if got is None:
+                return None
+            buf = got[0]
+        else:
+            return None
+        self.issued += 1
+        buf.refs = 1
+        buf.length = 0
+        buf.set_recycler(self.recycle)
+        return buf
+
+    def grow(self) -> bool:
+        """Take one more segment from the global pool into this pool, if allowed and free."""
+        if self.destroyed or self.size >= self.target:
+            return False
+        got = self.owner.try_take(1, self.use_reserve)
+        if got is None:
+            return False
+        got[0].refs = 0
+        self._held.append(got[0])
+        return True
+
+    async def grow_wait(self) -> None:
+        """Wait until the global pool gives this pool one more segment."""
+        (buf,) = await self.owner.take(1, self.use_reserve)
+        if self.destroyed:
+            self.owner.give(buf)
+            return
+        buf.refs = 0
+        self._held.append(buf)
+
+    def detach(self, buf: Buffer, recycler: Recycler) -> None:
+        """The buffer leaves this pool for good (e.g. pushed data now owned by the store)."""
+        self.issued -= 1
+        buf.set_recycler(recycler)
+
+    def recycle(self, buf: Buffer) -> None:
+        self.issued -= 1
+        if self.destroyed or self.size >= max(self.target, self.min):
+            self.owner.give(buf)
+        else:
+            self._held.append(buf)
+
+    def destroy(self) -> None:
+        """Give back every held segment now; issued ones go straight back when recycled."""
+        if self.destroyed:
+            return
+        self.destroyed = True
+        while self._held:
+            self.owner.give(self._held.pop())
+        self.owner._drop_pool(self)

@@ -1,0 +1,1 @@
+"""asyncio shell pieces shared by the daemon and the Python client."""

@@ -1,0 +1,125 @@
+"""The thin asyncio shell around the sans-IO codec, shared by daemon and clients.
+
+Bytes from the socket land where the `FrameReader` says (headers in a staging
+area, payloads straight in pool segments); frames go to `handle_frame`. A
+`ShuffledError` raised while decoding or handling is fatal for this connection
+only: the peer gets an ErrorResponse on stream 0, the connection closes, and
+`on_lost` releases everything it held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any, cast
+
+from ..protocol.codec import FrameReader, encode_error
+from ..protocol.errors import InternalError, ShuffledError
+from ..protocol.frames import DEFAULT_MAX_PAYLOAD, Frame, FrameType
+from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
+
+log = logging.getLogger("shuffled.net")
+
+
+class FrameConnection(asyncio.BufferedProtocol):
+    def __init__(
+        self,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        high: int = DEFAULT_HIGH_WATERMARK,
+        low: int = DEFAULT_LOW_WATERMARK,
+    ) -> None:
+        self.reader = FrameReader(self.payload_target, max_payload=max_payload)
+        self._high = high
+        self._low = low
+        self.transport: asyncio.Transport | None = None
+        self._sender: Sender | None = None
+        self.peer = "?"
+        self.lost = asyncio.get_running_loop().create_future()
+        self.close_reason = ""
+
+    @property
+    def sender(self) -> Sender:
+        assert self._sender is not None, "connection not made yet"
+        return self._sender
+
+    # -- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or "unix")
+        self._sender = Sender(self.transport, self._high, self._low)
+        self.on_made()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            for frame in self.reader.buffer_updated(nbytes):
+                self.handle_frame(frame)
+        except ShuffledError as exc:
+            self.fail(exc)
+        except Exception as exc:  # a bug must cost one connection, not the daemon
+            log.exception("internal error on connection peer=%s", self.peer)
+            self.fail(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
+
+    def eof_received(self) -> bool:
+        if self.reader.pending_bytes():
+            self.close_reason = "eof inside a frame"
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.close_reason:
+            self.close_reason = f"lost: {exc}" if exc else "closed by peer"
+        if self._sender is not None:
+            self._sender.close()
+        try:
+            self.on_lost()
+        finally:
+            if not self.lost.done():
+                self.lost.set_result(self.close_reason)
+
+    def pause_writing(self) -> None:
+        self.sender.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.sender.resume_writing()
+
+    # -- for subclasses
+
+    @property
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def fail(self, exc: ShuffledError) -> None:
+        """Fatal error: tell the peer why (stream 0), then close."""
+        if not self.is_open:
+            return
+        self.close_reason = f"{exc.code.name}: {exc.message}"
+        assert self.transport is not None
+        self.transport.write(encode_error(0, exc.code, exc.message))
+        self.transport.close()
+
+    def close(self, reason: str = "closed") -> None:
+        if self.is_open:
+            self.close_reason = reason
+            assert self.transport is not None
+            self.transport.close()
+
+    def on_made(self) -> None:
+        pass
+
+    def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
+        raise NotImplementedError
+
+    def handle_frame(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def on_lost(self) -> None:
+        pass

@@ -1,0 +1,194 @@
+"""The per-connection send loop: credit-aware, round-robin, watermark-bounded.
+
+Control frames go out as soon as the loop runs. Data frames come from streams in
+a `SendScheduler` and stop while the transport is above its high write watermark
+(`pause_writing`), resuming below the low one (`resume_writing`). Several frames go
+out in one `writelines`; headers are packed into one bytearray per batch and
+payloads are memoryviews of pool segments.
+
+uvloop keeps a reference to written memoryviews until the kernel has taken the
+bytes, so a payload's buffer is released only once the transport's count of
+unsent bytes shows it has left (`_reap`). When the loop goes idle with bytes still
+queued, it sets the high watermark to 0 for a moment: the transport then calls
+`resume_writing` exactly when everything is flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from ..buffers import Buffer
+from ..protocol.credit import OutboundStream, SendScheduler
+
+DEFAULT_HIGH_WATERMARK = 1 << 20
+DEFAULT_LOW_WATERMARK = 256 << 10
+_BATCH_BYTES = 256 << 10
+_BATCH_FRAMES = 64
+
+
+class Outbound(OutboundStream[Any]):
+    """An outbound stream that knows how to frame its items."""
+
+    __slots__ = ("sender",)
+    prefix_size = 0
+
+    def __init__(self, stream: int, credit: int) -> None:
+        super().__init__(stream, credit)
+        self.sender: Sender | None = None
+
+    def pack(self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool) -> tuple[int, Buffer | None]:
+        """Write the frame prefix at `offset`; return (prefix length, buffer whose data follows or None)."""
+        raise NotImplementedError
+
+    def on_sent(self, item: Any, is_event: bool) -> None:
+        """Called after the item was handed to the transport (before it is flushed)."""
+
+    def discard(self, item: Any) -> None:
+        """Release an item that will never be sent."""
+        buf = getattr(item, "buffer", None)
+        if buf is not None:
+            buf.release()
+
+    def shutdown(self) -> None:
+        """Stop the stream and release what it still queues."""
+        for item in self.close():
+            self.discard(item)
+
+
+class Sender:
+    def __init__(
+        self,
+        transport: asyncio.WriteTransport,
+        high: int = DEFAULT_HIGH_WATERMARK,
+        low: int = DEFAULT_LOW_WATERMARK,
+    ) -> None:
+        self.transport = transport
+        self.high = high
+        self.low = low
+        transport.set_write_buffer_limits(high=high, low=low)
+        self.scheduler: SendScheduler[Any] = SendScheduler()
+        self._control: list[bytes] = []
+        self._inflight: deque[tuple[int, Buffer]] = deque()
+        self._written = 0
+        self.paused = False
+        self._draining = False
+        self._scheduled = False
+        self.closed = False
+        self._loop = asyncio.get_running_loop()
+        #: seconds spent paused above the high watermark (for metrics)
+        self.paused_since: float | None = None
+        self.paused_seconds = 0.0
+        self.frames_sent = 0
+        self.bytes_sent = 0
+
+    # -- what the connection calls
+
+    def send_control(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        self._control.append(frame)
+        self._schedule()
+
+    def wake(self, stream: Outbound) -> None:
+        if self.closed:
+            return
+        stream.sender = self
+        self.scheduler.wake(stream)
+        if self.scheduler:
+            self._schedule()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if not self._draining:
+            self.paused_since = self._loop.time()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.paused_since is not None:
+            self.paused_seconds += self._loop.time() - self.paused_since
+            self.paused_since = None
+        if self._draining:
+            self._draining = False
+            self.transport.set_write_buffer_limits(high=self.high, low=self.low)
+        self._reap()
+        self._schedule()
+
+    def close(self) -> None:
+        """Connection is gone: everything lent to the transport comes back."""
+        self.closed = True
+        while self._inflight:
+            self._inflight.popleft()[1].release()
+        self._control.clear()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # -- the loop
+
+    def _schedule(self) -> None:
+        if not self._scheduled and not self.closed:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self.closed or self.transport.is_closing():
+            return
+        if self._control:
+            control, self._control = self._control, []
+            self.transport.writelines(control)
+            self._written += sum(len(c) for c in control)
+        while self.scheduler and not self.paused and not self.closed:
+            self._send_batch()
+        self._reap()
+        if self._inflight and not self.paused and not self.closed:
+            # Idle with bytes still queued: ask for a callback when all are flushed.
+            self._draining = True
+            self.transport.set_write_buffer_limits(high=0, low=0)
+
+    def _send_batch(self) -> None:
+        scheduler = self.scheduler
+        headers = bytearray(64 * _BATCH_FRAMES)
+        hview = memoryview(headers)
+        parts: list[Any] = []
+        lent: list[tuple[int, Buffer]] = []
+        offset = 0
+        nbytes = 0
+        frames = 0
+        while frames < _BATCH_FRAMES and nbytes < _BATCH_BYTES:
+            nxt = scheduler.next()
+            if nxt is None:
+                break
+            stream, item, seq, backlog, is_event = nxt
+            assert isinstance(stream, Outbound)
+            n, buf = stream.pack(headers, offset, item, seq, backlog, is_event)
+            parts.append(hview[offset : offset + n])
+            offset += n
+            nbytes += n
+            if buf is not None and buf.length:
+                parts.append(buf.memory[: buf.length])
+                nbytes += buf.length
+                lent.append((self._written + nbytes, buf))
+            elif buf is not None:
+                buf.release()
+            frames += 1
+            stream.on_sent(item, is_event)
+        if not parts:
+            return
+        self._inflight.extend(lent)
+        self._written += nbytes
+        self.frames_sent += frames
+        self.bytes_sent += nbytes
+        self.transport.writelines(parts)
+        self._reap()
+
+    def _reap(self) -> None:
+        if not self._inflight:
+            return
+        flushed = self._written - self.transport.get_write_buffer_size()
+        inflight = self._inflight
+        while inflight and inflight[0][0] <= flushed:
+            inflight.popleft()[1].release()

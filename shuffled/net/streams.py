@@ -1,0 +1,86 @@
+"""The two kinds of outbound data stream and the chunk they carry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..buffers import Buffer
+from ..protocol.codec import pack_buffer_response_prefix, pack_push_data_prefix
+from ..protocol.frames import (
+    BUFFER_RESPONSE_PREFIX,
+    HEADER,
+    PUSH_DATA_PREFIX,
+    U32,
+    BufferKind,
+    FrameType,
+)
+from .sender import Outbound
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Bytes of one map attempt for one reduce partition; while queued it holds one reference on `buffer`."""
+
+    buffer: Buffer
+    partition: int
+    attempt: int
+
+
+class BufferResponseStream(Outbound):
+    """Daemon → consumer: data chunks, then END_OF_PARTITION (an event: needs no credit)."""
+
+    __slots__ = ("on_end",)
+
+    def __init__(self, stream: int, credit: int, on_end: Callable[[BufferResponseStream], None] | None = None) -> None:
+        super().__init__(stream, credit)
+        #: called once END_OF_PARTITION went to the transport (the stream is then finished)
+        self.on_end = on_end
+
+    def on_sent(self, item: Any, is_event: bool) -> None:
+        if is_event and self.on_end is not None:
+            self.on_end(self)
+
+    def pack(self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool) -> tuple[int, Buffer | None]:
+        if is_event:
+            pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, 0)
+            return BUFFER_RESPONSE_PREFIX.size, None
+        chunk: Chunk = item
+        buf = chunk.buffer
+        pack_buffer_response_prefix(
+            into, offset, self.stream, seq, backlog, chunk.partition, BufferKind.DATA, chunk.attempt, buf.length
+        )
+        return BUFFER_RESPONSE_PREFIX.size, buf
+
+    def end(self) -> None:
+        self.push_event(None)
+
+
+class PushEvent(Enum):
+    COMMIT = FrameType.COMMIT_MAP_OUTPUT
+    ABORT = FrameType.ABORT_MAP_OUTPUT
+
+
+class PushStream(Outbound):
+    """Client → daemon: PushData under push credit, then Commit or Abort in the same order."""
+
+    __slots__ = ("pushed",)
+
+    def __init__(self, stream: int, credit: int = 0) -> None:
+        super().__init__(stream, credit)
+        self.pushed = 0
+
+    def pack(self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool) -> tuple[int, Buffer | None]:
+        if is_event:
+            if item is PushEvent.COMMIT:
+                HEADER.pack_into(into, offset, 4, FrameType.COMMIT_MAP_OUTPUT, 0, 0, self.stream)
+                U32.pack_into(into, offset + HEADER.size, self.pushed)
+                return HEADER.size + 4, None
+            HEADER.pack_into(into, offset, 0, FrameType.ABORT_MAP_OUTPUT, 0, 0, self.stream)
+            return HEADER.size, None
+        chunk: Chunk = item
+        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, chunk.buffer.length)
+        self.pushed += 1
+        return PUSH_DATA_PREFIX.size, chunk.buffer

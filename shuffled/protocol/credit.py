@@ -1,0 +1,272 @@
+"""Credit-based flow control as pure state machines (Flink's scheme, counts only).
+
+Receiver side: every remote channel owns `exclusive` buffers, its initial credit.
+Its gate shares a `FloatingPool`. With each data buffer the sender announces its
+backlog; the channel then tries to hold `backlog + exclusive` free buffers by
+taking floating ones, each becoming credit. Credit is announced lazily: the shell
+is told to send AddCredit only when unannounced credit goes from 0 to positive,
+and then carries all of it at once. Recycling a buffer gives credit back, or
+returns a floating buffer to the pool when the channel holds more than it needs.
+
+Sender side: `OutboundStream` never releases a data item without credit; events
+pass without it. `SendScheduler` serves ready streams round-robin.
+
+These classes hold counters, not memory: the shell pairs each counted buffer with
+a real pool segment, and the property tests drive them with random interleavings.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from .errors import CreditViolation, ProtocolError, SequenceGap
+
+T = TypeVar("T")
+
+#: Flink's defaults: buffers per channel, floating buffers per gate.
+DEFAULT_EXCLUSIVE = 2
+DEFAULT_FLOATING = 8
+
+
+class FloatingPool:
+    """A gate's floating buffers, handed to channels first come, first served."""
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError("floating pool size must be >= 0")
+        self.size = size
+        self.free = size
+        self._waiting: deque[ChannelCredit] = deque()
+
+    def take(self, channel: ChannelCredit) -> bool:
+        if self.free > 0:
+            self.free -= 1
+            return True
+        if channel not in self._waiting:
+            self._waiting.append(channel)
+        return False
+
+    def give_back(self) -> list[ChannelCredit]:
+        """One buffer returns; a waiting channel may take it. Returns channels with new credit to announce."""
+        self.free += 1
+        announce: list[ChannelCredit] = []
+        while self.free and self._waiting:
+            channel = self._waiting.popleft()
+            if channel.closed or not channel.needs_floating():
+                continue
+            self.free -= 1
+            if channel.add_floating():
+                announce.append(channel)
+            if channel.needs_floating():
+                self._waiting.appendleft(channel)
+        return announce
+
+    def forget(self, channel: ChannelCredit) -> None:
+        try:
+            self._waiting.remove(channel)
+        except ValueError:
+            pass
+
+
+class ChannelCredit:
+    """Receiver-side credit of one input channel.
+
+    Invariants (checked by tests): available == sender_credit + unannounced, and
+    exclusive + floating == available + in_use.
+    """
+
+    __slots__ = (
+        "exclusive",
+        "pool",
+        "available",
+        "floating",
+        "in_use",
+        "sender_credit",
+        "unannounced",
+        "backlog",
+        "closed",
+        "owner",
+    )
+
+    def __init__(self, exclusive: int, pool: FloatingPool, owner: object = None) -> None:
+        if exclusive < 1:
+            raise ValueError("a channel needs at least one exclusive buffer")
+        self.exclusive = exclusive
+        self.pool = pool
+        self.available = exclusive
+        self.floating = 0
+        self.in_use = 0
+        self.sender_credit = exclusive  # sent as the PartitionRequest's initial credit
+        self.unannounced = 0
+        self.backlog = 0
+        self.closed = False
+        #: the shell object this credit belongs to (so pool callbacks can find it)
+        self.owner = owner
+
+    def needs_floating(self) -> bool:
+        return not self.closed and self.available < self.backlog + self.exclusive
+
+    def add_floating(self) -> bool:
+        self.floating += 1
+        self.available += 1
+        return self._add_unannounced()
+
+    def _add_unannounced(self) -> bool:
+        self.unannounced += 1
+        return self.unannounced == 1
+
+    def on_buffer(self, backlog: int) -> bool:
+        """A data buffer arrived. Returns True when an AddCredit should be scheduled."""
+        if self.sender_credit <= 0:
+            raise CreditViolation("data buffer received on a channel with no credit")
+        self.sender_credit -= 1
+        self.available -= 1
+        self.in_use += 1
+        return self.on_backlog(backlog)
+
+    def on_backlog(self, backlog: int) -> bool:
+        self.backlog = backlog
+        announce = False
+        while self.needs_floating() and self.pool.take(self):
+            announce |= self.add_floating()
+        return announce
+
+    def on_recycle(self) -> tuple[bool, list[ChannelCredit]]:
+        """A buffer of this channel was recycled.
+
+        Returns (announce this channel, other channels that got a floating buffer).
+        """
+        if self.in_use <= 0:
+            raise ValueError("recycled more buffers than were in use")
+        self.in_use -= 1
+        self.available += 1
+        if self.floating and (self.closed or self.available > self.backlog + self.exclusive):
+            self.floating -= 1
+            self.available -= 1
+            return False, self.pool.give_back()
+        if self.closed:
+            return False, []
+        return self._add_unannounced(), []
+
+    def take_announcement(self) -> int:
+        """Credit to put in the next AddCredit (0: nothing to announce)."""
+        n = self.unannounced
+        self.sender_credit += n
+        self.unannounced = 0
+        return n
+
+    def close(self) -> list[ChannelCredit]:
+        """Stream ended or cancelled: free floating buffers go back now, in-use ones on recycle."""
+        if self.closed:
+            return []
+        self.closed = True
+        self.pool.forget(self)
+        self.unannounced = 0
+        announce: list[ChannelCredit] = []
+        while self.floating and self.available:
+            self.floating -= 1
+            self.available -= 1
+            announce.extend(self.pool.give_back())
+        return announce
+
+
+class SequenceChecker:
+    """Every buffer of a stream carries the next sequence number; anything else is an error."""
+
+    __slots__ = ("expected",)
+
+    def __init__(self) -> None:
+        self.expected = 0
+
+    def check(self, sequence: int) -> None:
+        if sequence != self.expected:
+            raise SequenceGap(f"expected buffer {self.expected}, got {sequence}")
+        self.expected = (self.expected + 1) & 0xFFFFFFFF
+
+
+class OutboundStream(Generic[T]):
+    """Sender side of one stream: a queue of data items and events under credit."""
+
+    __slots__ = ("stream", "credit", "sequence", "_items", "_data", "scheduled", "closed")
+
+    def __init__(self, stream: int, credit: int) -> None:
+        if credit < 0:
+            raise ProtocolError("initial credit must be >= 0")
+        self.stream = stream
+        self.credit = credit
+        self.sequence = 0
+        self._items: deque[tuple[bool, T]] = deque()
+        self._data = 0
+        self.scheduled = False
+        self.closed = False
+
+    @property
+    def backlog(self) -> int:
+        """Data items queued (what the receiver is told it should make room for)."""
+        return self._data
+
+    def push_data(self, item: T) -> None:
+        self._items.append((False, item))
+        self._data += 1
+
+    def push_event(self, item: T) -> None:
+        self._items.append((True, item))
+
+    def add_credit(self, n: int) -> None:
+        if n <= 0:
+            raise ProtocolError("credit must be positive")
+        self.credit += n
+
+    def ready(self) -> bool:
+        if not self._items or self.closed:
+            return False
+        return self._items[0][0] or self.credit > 0
+
+    def pop(self) -> tuple[T, int, int, bool]:
+        """Next item with (sequence, backlog after it, is_event); only call when ready()."""
+        is_event, item = self._items[0]
+        if not is_event:
+            if self.credit <= 0:
+                raise CreditViolation("no credit for the next data buffer")
+            self.credit -= 1
+            self._data -= 1
+        self._items.popleft()
+        seq = self.sequence
+        self.sequence = (seq + 1) & 0xFFFFFFFF
+        return item, seq, self._data, is_event
+
+    def close(self) -> Iterator[T]:
+        """Stop sending; yields the items never sent so the caller can release them."""
+        self.closed = True
+        while self._items:
+            yield self._items.popleft()[1]
+        self._data = 0
+
+
+class SendScheduler(Generic[T]):
+    """Ready streams of one connection, served round-robin so none starves the others."""
+
+    def __init__(self) -> None:
+        self._ready: deque[OutboundStream[T]] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._ready)
+
+    def wake(self, stream: OutboundStream[T]) -> None:
+        if not stream.scheduled and stream.ready():
+            stream.scheduled = True
+            self._ready.append(stream)
+
+    def next(self) -> tuple[OutboundStream[T], T, int, int, bool] | None:
+        """One item from the stream whose turn it is; the stream goes to the back if still ready."""
+        while self._ready:
+            stream = self._ready.popleft()
+            stream.scheduled = False
+            if not stream.ready():
+                continue
+            item, seq, backlog, is_event = stream.pop()
+            self.wake(stream)
+            return stream, item, seq, backlog, is_event
+        return None

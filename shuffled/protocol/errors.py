@@ -1,0 +1,160 @@
+"""One error hierarchy for the daemon, the clients and the wire.
+
+Every class carries the wire error code it travels as, so an error raised deep in
+the daemon reaches a client (Python or JVM) as the same class it was raised as.
+Codes are part of the wire format: see proto/PROTOCOL.md, "Error codes".
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    PROTOCOL = 1
+    UNSUPPORTED_VERSION = 2
+    AUTH_FAILED = 3
+    UNKNOWN_STREAM = 4
+    PARTITION_NOT_FOUND = 5
+    PEER_UNAVAILABLE = 6
+    LIMIT_EXCEEDED = 7
+    CREDIT_VIOLATION = 8
+    SEQUENCE_GAP = 9
+    MAP_OUTPUT_STATE = 10
+    CANCELLED = 11
+    SHUTTING_DOWN = 12
+    INTERNAL = 13
+    DUPLICATE_CONNECTION = 14
+    INVALID_REQUEST = 15
+    CONNECTION_LOST = 16
+
+
+class ShuffledError(Exception):
+    """Base of every error the service reports; `code` is its wire code."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+    #: True when a Spark reader should treat it as lost shuffle data (FetchFailed).
+    fetch_failure: bool = False
+    #: True when retrying the same operation later may succeed.
+    retryable: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+
+
+class ProtocolError(ShuffledError):
+    """The peer sent bytes that do not follow proto/PROTOCOL.md; fatal for the connection."""
+
+    code = ErrorCode.PROTOCOL
+
+
+class UnsupportedVersion(ProtocolError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class AuthFailed(ShuffledError):
+    code = ErrorCode.AUTH_FAILED
+
+
+class UnknownStream(ShuffledError):
+    code = ErrorCode.UNKNOWN_STREAM
+
+
+class PartitionNotFound(ShuffledError):
+    """Shuffle, partition or map attempt not held where the reader was told it is."""
+
+    code = ErrorCode.PARTITION_NOT_FOUND
+    fetch_failure = True
+
+
+class PeerUnavailable(ShuffledError):
+    """The daemon holding part of the data cannot be reached."""
+
+    code = ErrorCode.PEER_UNAVAILABLE
+    fetch_failure = True
+
+
+class LimitExceeded(ShuffledError):
+    code = ErrorCode.LIMIT_EXCEEDED
+
+
+class CreditViolation(ProtocolError):
+    """A data buffer arrived on a stream that had no credit for it."""
+
+    code = ErrorCode.CREDIT_VIOLATION
+
+
+class SequenceGap(ProtocolError):
+    """Buffers of one stream arrived out of order or with a gap."""
+
+    code = ErrorCode.SEQUENCE_GAP
+
+
+class MapOutputStateError(ShuffledError):
+    """Push, commit or abort that does not fit the map output's state (e.g. push after commit)."""
+
+    code = ErrorCode.MAP_OUTPUT_STATE
+
+
+class Cancelled(ShuffledError):
+    code = ErrorCode.CANCELLED
+
+
+class ShuttingDown(ShuffledError):
+    code = ErrorCode.SHUTTING_DOWN
+    retryable = True
+
+
+class InternalError(ShuffledError):
+    code = ErrorCode.INTERNAL
+
+
+class DuplicateConnection(ShuffledError):
+    """Two daemons dialled each other at once; the other connection is kept."""
+
+    code = ErrorCode.DUPLICATE_CONNECTION
+    retryable = True
+
+
+class InvalidRequest(ShuffledError):
+    """A well-formed request with values the daemon refuses (bad range, unknown field...)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class ConnectionLost(ShuffledError):
+    """The connection closed while a stream on it was open."""
+
+    code = ErrorCode.CONNECTION_LOST
+    fetch_failure = True
+    retryable = True
+
+
+_BY_CODE: dict[int, type[ShuffledError]] = {
+    cls.code: cls
+    for cls in (
+        ProtocolError,
+        UnsupportedVersion,
+        AuthFailed,
+        UnknownStream,
+        PartitionNotFound,
+        PeerUnavailable,
+        LimitExceeded,
+        CreditViolation,
+        SequenceGap,
+        MapOutputStateError,
+        Cancelled,
+        ShuttingDown,
+        InternalError,
+        DuplicateConnection,
+        InvalidRequest,
+        ConnectionLost,
+    )
+}
+
+
+def error_from_code(code: int, message: str) -> ShuffledError:
+    """The exception a received ErrorResponse stands for (unknown codes become InternalError)."""
+    cls = _BY_CODE.get(code, InternalError)
+    return cls(message)

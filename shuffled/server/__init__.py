@@ -1,0 +1,1 @@
+"""The daemon's asyncio shell: connections, reads, pushes, peers, store."""

@@ -1,0 +1,342 @@
+"""One connection of the daemon: a local client or a peer daemon, told apart by Hello.
+
+Stream ids are chosen by whoever opens the stream (receiver ids for reads, writer
+ids for pushes, request ids for admin calls) and name it in every frame about it.
+On a peer connection both daemons open streams, so each side keeps the streams it
+serves (`served`) apart from the channels it consumes (`channels`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..net.connection import FrameConnection
+from ..net.streams import BufferResponseStream
+from ..protocol.codec import (
+    encode_admin_request,
+    encode_add_credit,
+    encode_admin_response,
+    encode_error,
+    encode_error_from,
+    encode_hello,
+    encode_partition_request,
+)
+from ..protocol.errors import (
+    ConnectionLost,
+    InvalidRequest,
+    LimitExceeded,
+    ProtocolError,
+    ShuffledError,
+    UnknownStream,
+    error_from_code,
+)
+from ..protocol.frames import (
+    MAX_STREAMS_PER_CONNECTION,
+    AbortMapOutput,
+    AddCredit,
+    AdminRequest,
+    AdminResponse,
+    BufferResponse,
+    CancelPartitionRequest,
+    Close,
+    CommitMapOutput,
+    ErrorResponse,
+    Frame,
+    FrameType,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PartitionRequest,
+    PushData,
+    Role,
+)
+from .pushing import PushSession
+from .reading import InputGate, RemoteInputChannel
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger("shuffled.conn")
+
+
+class DaemonConnection(FrameConnection):
+    def __init__(self, daemon: Daemon, dialed: str | None = None) -> None:
+        cfg = daemon.config
+        super().__init__(max_payload=cfg.segment_size, high=cfg.high_watermark, low=cfg.low_watermark)
+        self.daemon = daemon
+        #: the peer's address when this daemon dialled it
+        self.dialed = dialed
+        self.role: Role | None = None
+        self.node = dialed or ""
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.served: dict[int, BufferResponseStream] = {}
+        self.gates: dict[int, InputGate] = {}
+        self.channels: dict[int, RemoteInputChannel] = {}
+        self.pushes: dict[int, PushSession] = {}
+        self.admin_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_stream = 1
+        self._announce: dict[int, RemoteInputChannel] = {}
+        self._announce_scheduled = False
+
+    # -- lifecycle
+
+    def on_made(self) -> None:
+        self.daemon.connections.add(self)
+        if self.dialed is not None:
+            self.role = Role.DAEMON
+            self.sender.send_control(encode_hello(Hello(Role.DAEMON, info={"node": self.daemon.node})))
+
+    def on_lost(self) -> None:
+        self.daemon.connections.discard(self)
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(self.close_reason))
+            self.ready.exception()  # retrieved: a failed dial is reported by its caller
+        if self.role is Role.DAEMON and self.node:
+            self.daemon.peers.lost(self.node, self)
+        if self.role is not None:
+            log.info(
+                "connection closed peer=%s role=%s node=%s reason=%s",
+                self.peer,
+                self.role.name.lower(),
+                self.node or "-",
+                self.close_reason,
+            )
+        lost = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
+        for ch in list(self.channels.values()):
+            ch.fail(lost)
+        for gate in list(self.gates.values()):
+            gate.close()
+        for stream in list(self.served.values()):
+            stream.shutdown()
+        self.served.clear()
+        for session in list(self.pushes.values()):
+            session.drop()
+        for fut in self.admin_waiters.values():
+            if not fut.done():
+                fut.set_exception(lost)
+        self.admin_waiters.clear()
+
+    def new_stream_id(self) -> int:
+        sid = self._next_stream
+        self._next_stream = sid + 1 if sid < 0xFFFFFFFF else 1
+        return sid
+
+    def _open_streams(self) -> int:
+        return len(self.served) + len(self.pushes)
+
+    # -- frames in
+
+    def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
+        if ftype == FrameType.PUSH_DATA:
+            session = self.pushes.get(stream)
+            return session.target(length) if session is not None else None
+        channel = self.channels.get(stream)
+        return channel.target(length) if channel is not None else None
+
+    def handle_frame(self, frame: Frame) -> None:
+        if self.role is None or (self.dialed is not None and not self.ready.done()):
+            self._handshake(frame)
+            return
+        match frame:
+            case PartitionRequest():
+                self._on_partition_request(frame)
+            case AddCredit(receiver, credit):
+                stream = self.served.get(receiver)
+                if stream is not None:
+                    stream.add_credit(credit)
+                    self.sender.wake(stream)
+            case BufferResponse():
+                ch = self.channels.get(frame.receiver)
+                if ch is not None:
+                    ch.on_buffer(frame)
+            case CancelPartitionRequest(receiver):
+                gate = self.gates.pop(receiver, None)
+                if gate is not None:
+                    gate.close()
+                stream = self.served.pop(receiver, None)
+                if stream is not None:
+                    stream.shutdown()
+            case ErrorResponse(stream, code, message):
+                self._on_error(stream, error_from_code(code, message))
+            case OpenMapOutput():
+                self._on_open(frame)
+            case PushData():
+                session = self.pushes.get(frame.writer)
+                if session is not None:
+                    session.on_data(frame)
+                else:
+                    self._stream_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
+            case CommitMapOutput(writer, pushes):
+                self._with_session(writer).commit(pushes)
+            case AbortMapOutput(writer):
+                self._with_session(writer).abort()
+            case AdminRequest():
+                task = asyncio.create_task(self._on_admin(frame))
+                self.daemon.background.add(task)
+                task.add_done_callback(self.daemon.background.discard)
+            case AdminResponse(request, result):
+                fut = self.admin_waiters.pop(request, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(result)
+            case Close():
+                self.close("peer sent Close")
+            case _:
+                raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
+
+    def _handshake(self, frame: Frame) -> None:
+        if self.dialed is not None:
+            if isinstance(frame, HelloAck):
+                if frame.info.get("node") not in (None, self.dialed):
+                    log.warning("peer %s calls itself %s", self.dialed, frame.info.get("node"))
+                self.ready.set_result(None)
+                return
+            if isinstance(frame, ErrorResponse):
+                exc = error_from_code(frame.code, frame.message)
+                self.ready.set_exception(exc)
+                self.close(f"handshake refused: {exc.message}")
+                return
+            raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
+        if not isinstance(frame, Hello):
+            raise ProtocolError(f"the first frame must be Hello, got {type(frame).__name__}")
+        if frame.role is Role.DAEMON:
+            node = frame.info.get("node")
+            if not isinstance(node, str) or not node:
+                raise ProtocolError("a daemon's Hello must name its node address")
+            try:
+                self.daemon.peers.accept(node, self)
+            except ShuffledError as exc:
+                self.fail(exc)
+                return
+            self.node = node
+        self.role = frame.role
+        self.ready.set_result(None)
+        ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
+        self.sender.send_control(encode_hello(ack))
+        log.info("connection open peer=%s role=%s node=%s", self.peer, self.role.name.lower(), self.node or "-")
+
+    def _stream_error(self, stream: int, exc: ShuffledError) -> None:
+        self.sender.send_control(encode_error_from(stream, exc))
+
+    def _with_session(self, writer: int) -> PushSession:
+        session = self.pushes.get(writer)
+        if session is None or session.pool is None:
+            raise UnknownStream(f"no open map output for writer {writer}")
+        return session
+
+    def _on_error(self, stream: int, exc: ShuffledError) -> None:
+        if stream == 0:
+            self.close_reason = f"peer reported {exc.code.name}: {exc.message}"
+            self.close(self.close_reason)
+            return
+        ch = self.channels.get(stream)
+        if ch is not None:
+            ch.fail(exc)
+        fut = self.admin_waiters.pop(stream, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    # -- reads
+
+    def _on_partition_request(self, req: PartitionRequest) -> None:
+        rid = req.receiver
+        if rid in self.served or rid in self.gates:
+            raise ProtocolError(f"receiver id {rid} is already in use")
+        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
+            self._stream_error(rid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+            return
+        daemon = self.daemon
+        local: list[int] | None = None
+        remote: dict[str, list[int]] = {}
+        for addr, attempts in req.locations.items():
+            if addr in ("", daemon.node):
+                local = (local or []) + attempts
+            else:
+                remote[addr] = attempts
+        try:
+            if remote and self.role is not Role.CLIENT:
+                raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
+            if req.start > req.end:
+                raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
+            chunks = daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else []
+        except ShuffledError as exc:
+            self._stream_error(rid, exc)
+            return
+        stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+        for chunk in chunks:
+            stream.push_data(chunk)
+        self.served[rid] = stream
+        if remote:
+            gate = InputGate(self, stream, req, remote)
+            self.gates[rid] = gate
+            gate.task = asyncio.create_task(gate.open())
+        else:
+            stream.end()
+        self.sender.wake(stream)
+
+    def _stream_ended(self, stream: BufferResponseStream) -> None:
+        if self.served.get(stream.stream) is stream:
+            del self.served[stream.stream]
+
+    def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
+        self.channels[ch.receiver] = ch
+        self.sender.send_control(encode_partition_request(req))
+
+    def announce(self, ch: RemoteInputChannel) -> None:
+        """Lazily send AddCredit: collect channels now, send what they owe once per loop turn."""
+        self._announce[ch.receiver] = ch
+        if not self._announce_scheduled:
+            self._announce_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_announcements)
+
+    def _flush_announcements(self) -> None:
+        self._announce_scheduled = False
+        pending, self._announce = self._announce, {}
+        if not self.is_open:
+            return
+        for ch in pending.values():
+            n = ch.credit.take_announcement()
+            if n and not ch.closed:
+                self.sender.send_control(encode_add_credit(ch.receiver, n))
+
+    # -- pushes
+
+    def _on_open(self, req: OpenMapOutput) -> None:
+        if self.role is not Role.CLIENT:
+            raise ProtocolError("only clients push map output")
+        if req.writer in self.pushes:
+            raise ProtocolError(f"writer id {req.writer} is already in use")
+        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
+            self._stream_error(req.writer, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+            return
+        try:
+            out = self.daemon.store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)
+        except ShuffledError as exc:
+            self._stream_error(req.writer, exc)
+            return
+        session = PushSession(self, req, out)
+        self.pushes[req.writer] = session
+        session.task = asyncio.create_task(session.start())
+
+    # -- admin
+
+    async def request_admin(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        sid = self.new_stream_id()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.admin_waiters[sid] = fut
+        self.sender.send_control(encode_admin_request(sid, op, args))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.admin_waiters.pop(sid, None)
+
+    async def _on_admin(self, req: AdminRequest) -> None:
+        try:
+            result = await self.daemon.admin(req.op, req.args)
+        except ShuffledError as exc:
+            if self.is_open:
+                self.sender.send_control(encode_error(req.request, exc.code, exc.message))
+            return
+        if self.is_open:
+            self.sender.send_control(encode_admin_response(req.request, result))

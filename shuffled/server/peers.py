@@ -1,0 +1,103 @@
+"""Exactly one TCP connection per pair of daemons, shared by every stream both ways.
+
+A daemon is named by its advertised address ("host:port", the same string readers
+put in a request's locations). Either side may dial when it first needs the
+other. When both dial at once, the connection dialled by the daemon with the
+smaller name wins: the larger one's dial is refused with DUPLICATE_CONNECTION and
+it adopts the connection that arrives from the smaller one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
+
+if TYPE_CHECKING:
+    from .connection import DaemonConnection
+    from .daemon import Daemon
+
+log = logging.getLogger("shuffled.peers")
+
+
+def split_address(addr: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' → (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InvalidRequest(f"daemon address {addr!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class PeerManager:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.conns: dict[str, DaemonConnection] = {}
+        self._dialing: dict[str, asyncio.Task[DaemonConnection]] = {}
+        self._arrival: dict[str, asyncio.Future[DaemonConnection]] = {}
+
+    async def get(self, addr: str) -> DaemonConnection:
+        if addr == self.daemon.node:
+            raise InvalidRequest("a daemon does not connect to itself")
+        conn = self.conns.get(addr)
+        if conn is not None and conn.is_open:
+            return conn
+        task = self._dialing.get(addr)
+        if task is None:
+            task = self._dialing[addr] = asyncio.create_task(self._dial(addr))
+        return await asyncio.shield(task)
+
+    async def _dial(self, addr: str) -> DaemonConnection:
+        from .connection import DaemonConnection
+
+        cfg = self.daemon.config
+        loop = asyncio.get_running_loop()
+        try:
+            host, port = split_address(addr)
+            try:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(lambda: DaemonConnection(self.daemon, dialed=addr), host, port),
+                    cfg.connect_timeout,
+                )
+                await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
+            except DuplicateConnection:
+                # The peer dialled us too and its connection wins; wait for it to arrive.
+                fut = self._arrival.setdefault(addr, loop.create_future())
+                return await asyncio.wait_for(asyncio.shield(fut), cfg.connect_timeout)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise PeerUnavailable(f"cannot reach daemon {addr}: {exc or 'timed out'}") from None
+            except ShuffledError as exc:
+                raise PeerUnavailable(f"daemon {addr} refused the connection: {exc.message}") from None
+            self._register(addr, conn)
+            return conn
+        finally:
+            self._dialing.pop(addr, None)
+
+    def accept(self, node: str, conn: DaemonConnection) -> None:
+        """An inbound Hello from daemon `node`; raises DuplicateConnection if ours wins."""
+        existing = self.conns.get(node)
+        if node > self.daemon.node and (
+            node in self._dialing or (existing is not None and existing.is_open and existing.dialed is not None)
+        ):
+            raise DuplicateConnection(f"{self.daemon.node} already dials {node}; use that connection")
+        self._register(node, conn)
+
+    def _register(self, node: str, conn: DaemonConnection) -> None:
+        old = self.conns.get(node)
+        if old is not None and old is not conn and old.is_open:
+            old.close("superseded by a newer connection from the same daemon")
+        self.conns[node] = conn
+        fut = self._arrival.pop(node, None)
+        if fut is not None and not fut.done():
+            fut.set_result(conn)
+        log.info("peer connected node=%s direction=%s", node, "out" if conn.dialed else "in")
+
+    def lost(self, node: str, conn: DaemonConnection) -> None:
+        if self.conns.get(node) is conn:
+            del self.conns[node]
+
+    def count(self) -> int:
+        return sum(1 for c in self.conns.values() if c.is_open)

@@ -1,0 +1,135 @@
+"""Taking map output from an executor under push credit.
+
+A PushSession owns a LocalPool: every segment it holds and has not filled is one
+unit of push credit the client was granted, so a PushData always has memory to
+land in. A filled segment moves to the store (out of the pool) and the pool asks
+the global pool for a replacement; only when one is free is new credit granted.
+A full pool therefore stops pushers (back-pressure) instead of growing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..buffers import Buffer, LocalPool
+from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_error, encode_push_credit
+from ..protocol.credit import SequenceChecker
+from ..protocol.errors import CreditViolation, MapOutputStateError, ShuffledError
+from ..protocol.frames import OpenMapOutput, PushData
+from .store import MapOutput
+
+if TYPE_CHECKING:
+    from .connection import DaemonConnection
+
+log = logging.getLogger("shuffled.push")
+
+
+class PushSession:
+    def __init__(self, conn: DaemonConnection, req: OpenMapOutput, out: MapOutput) -> None:
+        self.conn = conn
+        self.writer = req.writer
+        self.out = out
+        self.pool: LocalPool | None = None
+        self.granted = 0
+        self.received = 0
+        self.seq = SequenceChecker()
+        self.closed = False
+        self._waiting: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        cfg = self.conn.daemon.config
+        pool = await self.conn.daemon.pool.create_local_pool(cfg.push_min, cfg.push_max)
+        if self.closed:
+            pool.destroy()
+            return
+        self.pool = pool
+        self._top_up()
+
+    def target(self, length: int) -> tuple[memoryview, Buffer]:
+        if self.granted <= 0 or self.pool is None:
+            raise CreditViolation(f"writer {self.writer}: PushData without push credit")
+        buf = self.pool.request()
+        if buf is None:  # cannot happen while granted == pool.available
+            raise CreditViolation(f"writer {self.writer}: no buffer behind the granted credit")
+        self.granted -= 1
+        return buf.memory[:length], buf
+
+    def on_data(self, frame: PushData) -> None:
+        buf: Buffer = frame.payload
+        buf.length = frame.length
+        assert self.pool is not None
+        self.pool.detach(buf, self.conn.daemon.pool.give)
+        try:
+            self.seq.check(frame.sequence)
+            self.conn.daemon.store.add(self.out, frame.partition, buf)
+        except ShuffledError as exc:
+            if buf.refs:
+                buf.release()
+            self.fail(exc)
+            return
+        self.received += 1
+        self._top_up()
+
+    def _top_up(self) -> None:
+        """Refill the pool towards its target and grant one credit per new free segment."""
+        pool = self.pool
+        if pool is None or self.closed:
+            return
+        while pool.grow():
+            pass
+        new = pool.available - self.granted
+        if new > 0:
+            self.granted += new
+            self.conn.sender.send_control(encode_push_credit(self.writer, new))
+        elif pool.available == 0 and self._waiting is None:
+            self._waiting = asyncio.create_task(self._wait_for_memory())
+
+    async def _wait_for_memory(self) -> None:
+        assert self.pool is not None
+        try:
+            await self.pool.grow_wait()
+        finally:
+            self._waiting = None
+        self._top_up()
+
+    def commit(self, pushes: int) -> None:
+        if pushes != self.received:
+            self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
+            return
+        try:
+            lengths = self.conn.daemon.store.commit(self.out)
+        except ShuffledError as exc:
+            self.fail(exc)
+            return
+        self._close()
+        self.conn.sender.send_control(encode_commit_ack(self.writer, lengths))
+
+    def abort(self) -> None:
+        self.conn.daemon.store.abort(self.out)
+        self._close()
+        self.conn.sender.send_control(encode_abort_ack(self.writer))
+
+    def fail(self, exc: ShuffledError) -> None:
+        log.info("push failed writer=%s code=%s reason=%s", self.writer, exc.code.name, exc.message)
+        self.conn.daemon.store.abort(self.out)
+        self._close()
+        if self.conn.is_open:
+            self.conn.sender.send_control(encode_error(self.writer, exc.code, exc.message))
+
+    def drop(self) -> None:
+        """The client vanished: abort, free everything."""
+        self.conn.daemon.store.abort(self.out)
+        self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        self.conn.pushes.pop(self.writer, None)
+        if self._waiting is not None:
+            self._waiting.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.pool is not None:
+            self.pool.destroy()
