@@ -98,7 +98,7 @@ class GlobalPool:
 
     def try_take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer] | None:
         """n segments now, all or nothing; use_reserve lets readers dip into the read reserve."""
-        if self._waiters or not self._fits(n, use_reserve):
+        if not self._fits(n, use_reserve):
             return None
         return self._pop(n)
 
@@ -109,23 +109,31 @@ class GlobalPool:
             b.length = 0
         return out
 
-    async def take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer]:
-        """n segments, waiting (never spinning) until they are free."""
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for memory (back-pressure in effect)."""
+        return sum(1 for _, _, fut in self._waiters if not fut.done())
+
+    def take_later(self, n: int = 1, use_reserve: bool = False) -> asyncio.Future[list[Buffer]]:
+        """A future for n segments, registered now; cancel it to withdraw the request."""
         limit = self.total if use_reserve else self.total - self.reserve
         if n > limit:
             raise PoolExhausted(f"{n} segments requested, the pool can give at most {limit}")
+        fut: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
         got = self.try_take(n, use_reserve)
         if got is not None:
-            return got
-        fut: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
-        entry = (n, use_reserve, fut)
-        self._waiters.append(entry)
+            fut.set_result(got)
+        else:
+            self._waiters.append((n, use_reserve, fut))
+        return fut
+
+    async def take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer]:
+        """n segments, waiting (never spinning) until they are free."""
+        fut = self.take_later(n, use_reserve)
         try:
             return await fut
         except asyncio.CancelledError:
-            if entry in self._waiters:
-                self._waiters.remove(entry)
-            elif fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled():
                 for b in fut.result():
                     self.give(b)
             raise
@@ -140,7 +148,7 @@ class GlobalPool:
 
     def _serve_waiters(self) -> None:
         # Any waiter that fits is served, so a large or reserve-less request
-        # cannot block a reader behind it.
+        # cannot block a reader behind it. Cancelled waiters are dropped here.
         keep = []
         for n, use_reserve, fut in self._waiters:
             if fut.done():
@@ -152,13 +160,22 @@ class GlobalPool:
         self._waiters = keep
 
     async def create_local_pool(self, minimum: int, maximum: int, use_reserve: bool = False) -> LocalPool:
-        """A new local pool holding its `minimum` segments (waits for them)."""
+        """A new local pool holding its `minimum` segments (waits for them).
+
+        The pool joins the redistribution first, so pools holding more than their
+        new share give the excess back before this one asks for its minimum.
+        """
         if not 0 <= minimum <= maximum:
             raise ValueError("local pool needs 0 <= min <= max")
-        segments = await self.take(minimum, use_reserve) if minimum else []
-        pool = LocalPool(self, minimum, maximum, use_reserve, segments)
+        pool = LocalPool(self, minimum, maximum, use_reserve, [])
         self._pools.add(pool)
         self.redistribute()
+        try:
+            segments = await self.take(minimum, use_reserve) if minimum else []
+        except BaseException:
+            self._drop_pool(pool)
+            raise
+        pool.add_segments(segments)
         return pool
 
     def _drop_pool(self, pool: LocalPool) -> None:
@@ -188,6 +205,9 @@ class LocalPool:
         self._held: list[Buffer] = []
         self.issued = 0
         self.destroyed = False
+        self.add_segments(segments)
+
+    def add_segments(self, segments: list[Buffer]) -> None:
         for b in segments:
             b.refs = 0
             self._held.append(b)

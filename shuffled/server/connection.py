@@ -27,6 +27,7 @@ from ..protocol.errors import (
     ConnectionLost,
     InvalidRequest,
     LimitExceeded,
+    MapOutputStateError,
     ProtocolError,
     ShuffledError,
     UnknownStream,
@@ -52,6 +53,7 @@ from ..protocol.frames import (
     PushData,
     Role,
 )
+from .peers import split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
 
@@ -86,7 +88,8 @@ class DaemonConnection(FrameConnection):
         self.daemon.connections.add(self)
         if self.dialed is not None:
             self.role = Role.DAEMON
-            self.sender.send_control(encode_hello(Hello(Role.DAEMON, info={"node": self.daemon.node})))
+            info = {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size}
+            self.sender.send_control(encode_hello(Hello(Role.DAEMON, info=info)))
 
     def on_lost(self) -> None:
         self.daemon.connections.discard(self)
@@ -169,9 +172,11 @@ class DaemonConnection(FrameConnection):
                 else:
                     self._stream_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
             case CommitMapOutput(writer, pushes):
-                self._with_session(writer).commit(pushes)
+                if (session := self._session(writer)) is not None:
+                    session.commit(pushes)
             case AbortMapOutput(writer):
-                self._with_session(writer).abort()
+                if (session := self._session(writer)) is not None:
+                    session.abort()
             case AdminRequest():
                 task = asyncio.create_task(self._on_admin(frame))
                 self.daemon.background.add(task)
@@ -204,6 +209,15 @@ class DaemonConnection(FrameConnection):
             node = frame.info.get("node")
             if not isinstance(node, str) or not node:
                 raise ProtocolError("a daemon's Hello must name its node address")
+            theirs = frame.info.get("segment_size")
+            if theirs != self.daemon.config.segment_size:
+                self.fail(
+                    InvalidRequest(
+                        f"segment size {theirs} of daemon {node} differs from ours "
+                        f"({self.daemon.config.segment_size}); every daemon of a cluster needs the same"
+                    )
+                )
+                return
             try:
                 self.daemon.peers.accept(node, self)
             except ShuffledError as exc:
@@ -219,11 +233,26 @@ class DaemonConnection(FrameConnection):
     def _stream_error(self, stream: int, exc: ShuffledError) -> None:
         self.sender.send_control(encode_error_from(stream, exc))
 
-    def _with_session(self, writer: int) -> PushSession:
+    def _session(self, writer: int) -> PushSession | None:
+        """The writer's session, or None after a per-stream error saying why (the connection lives on)."""
         session = self.pushes.get(writer)
-        if session is None or session.pool is None:
-            raise UnknownStream(f"no open map output for writer {writer}")
+        if session is None:
+            self._stream_error(writer, UnknownStream(f"no open map output for writer {writer}"))
+        elif session.pool is None:
+            session.fail(MapOutputStateError("commit or abort before the daemon granted push credit"))
+            return None
         return session
+
+    def _check_new_stream(self, sid: int) -> bool:
+        """A stream id the peer opens: never 0, never one of its open streams of any kind."""
+        if sid == 0:
+            raise ProtocolError("stream id 0 is reserved for the connection")
+        if sid in self.served or sid in self.gates or sid in self.pushes:
+            raise ProtocolError(f"stream id {sid} is already in use")
+        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
+            self._stream_error(sid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+            return False
+        return True
 
     def _on_error(self, stream: int, exc: ShuffledError) -> None:
         if stream == 0:
@@ -241,10 +270,7 @@ class DaemonConnection(FrameConnection):
 
     def _on_partition_request(self, req: PartitionRequest) -> None:
         rid = req.receiver
-        if rid in self.served or rid in self.gates:
-            raise ProtocolError(f"receiver id {rid} is already in use")
-        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
-            self._stream_error(rid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+        if not self._check_new_stream(rid):
             return
         daemon = self.daemon
         local: list[int] | None = None
@@ -257,6 +283,8 @@ class DaemonConnection(FrameConnection):
         try:
             if remote and self.role is not Role.CLIENT:
                 raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
+            for addr in remote:
+                split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
             chunks = daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else []
@@ -305,10 +333,7 @@ class DaemonConnection(FrameConnection):
     def _on_open(self, req: OpenMapOutput) -> None:
         if self.role is not Role.CLIENT:
             raise ProtocolError("only clients push map output")
-        if req.writer in self.pushes:
-            raise ProtocolError(f"writer id {req.writer} is already in use")
-        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
-            self._stream_error(req.writer, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+        if not self._check_new_stream(req.writer):
             return
         try:
             out = self.daemon.store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)

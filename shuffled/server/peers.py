@@ -64,9 +64,15 @@ class PeerManager:
                 )
                 await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
             except DuplicateConnection:
-                # The peer dialled us too and its connection wins; wait for it to arrive.
+                # The peer dialled us too and its connection wins: use it once it is here.
+                won = self.conns.get(addr)
+                if won is not None and won.is_open:
+                    return won
                 fut = self._arrival.setdefault(addr, loop.create_future())
-                return await asyncio.wait_for(asyncio.shield(fut), cfg.connect_timeout)
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), cfg.connect_timeout)
+                except asyncio.TimeoutError:
+                    raise PeerUnavailable(f"daemon {addr} dialled us but its connection never arrived") from None
             except (OSError, asyncio.TimeoutError) as exc:
                 raise PeerUnavailable(f"cannot reach daemon {addr}: {exc or 'timed out'}") from None
             except ShuffledError as exc:

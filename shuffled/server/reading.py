@@ -19,7 +19,7 @@ from ..buffers import Buffer, LocalPool
 from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.codec import encode_cancel, encode_error
 from ..protocol.credit import ChannelCredit, FloatingPool, SequenceChecker
-from ..protocol.errors import CreditViolation, ShuffledError
+from ..protocol.errors import CreditViolation, InternalError, ShuffledError
 from ..protocol.frames import BufferKind, BufferResponse, PartitionRequest
 
 if TYPE_CHECKING:
@@ -146,6 +146,9 @@ class InputGate:
                 )
         except ShuffledError as exc:
             self.fail(exc)
+        except Exception as exc:  # a bug must fail this read, never leave the client waiting
+            log.exception("opening a read failed")
+            self.fail(InternalError(f"opening the read failed: {exc.__class__.__name__}: {exc}"))
 
     def relay(self, chunk: Chunk) -> None:
         if self.closed:

@@ -40,6 +40,7 @@ from shuffled.protocol.frames import (
     AdminResponse,
     BufferKind,
     BufferResponse,
+    Close,
     CommitAck,
     ErrorResponse,
     Frame,
@@ -68,10 +69,11 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
 
 class _ClientConnection(FrameConnection):
     def __init__(self, client: AsyncClient) -> None:
-        super().__init__(max_payload=1 << 24)
+        super().__init__(max_payload=32 << 10)  # set to the daemon's segment size by HelloAck
         self.client = client
 
     def on_made(self) -> None:
+        self.client._conn = self  # before any frame arrives, so HelloAck can find it
         self.sender.send_control(encode_hello(Hello(Role.CLIENT, info={"name": "shuffled_client"})))
 
     def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
@@ -128,7 +130,7 @@ class AsyncClient:
             else:
                 assert isinstance(where, tuple)
                 coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1])
-            _, client._conn = await asyncio.wait_for(coro, timeout)
+            await asyncio.wait_for(coro, timeout)
             await asyncio.wait_for(client._ready, timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to shuffled at {address}: {exc or 'timed out'}") from None
@@ -184,7 +186,7 @@ class AsyncClient:
 
     def _new_stream(self) -> int:
         sid = self._next_stream
-        self._next_stream += 1
+        self._next_stream = sid + 1 if sid < 0xFFFFFFFF else 1
         return sid
 
     def _send(self, frame: bytes) -> None:
@@ -227,9 +229,14 @@ class AsyncClient:
                 self.segment_size = int(frame.info.get("segment_size", 32 << 10))
                 self.daemon_node = str(frame.info.get("node", ""))
                 self.pool = GlobalPool(max(self._pool_size, 16 * self.segment_size), self.segment_size)
+                assert self._conn is not None
+                self._conn.reader.set_max_payload(self.segment_size)
                 assert self._ready is not None
                 if not self._ready.done():
                     self._ready.set_result(None)
+            case Close():
+                assert self._conn is not None
+                self._conn.close("daemon sent Close")
             case _:
                 raise ProtocolError(f"{type(frame).__name__} is not expected by a client")
 
@@ -418,6 +425,7 @@ class PartitionReader:
         self._started = False
         self._current: ReadChunk | None = None
         self._announce_scheduled = False
+        self._closed = False
 
     async def _start(self) -> None:
         if self._started:
@@ -494,8 +502,10 @@ class PartitionReader:
             self._current = None
         while not self._queue:
             if self._error is not None:
+                await self.aclose()
                 raise self._error
             if self._ended:
+                await self.aclose()
                 return None
             self._wake.clear()
             await self._wake.wait()
@@ -528,6 +538,9 @@ class PartitionReader:
 
     async def aclose(self) -> None:
         """Stop reading: cancel at the daemon if not finished and give every buffer back."""
+        if self._closed:
+            return
+        self._closed = True
         if self._current is not None:
             self._current.release()
             self._current = None

@@ -1,0 +1,90 @@
+"""`many_streams`: 1, 8, 64 and 1000 concurrent readers through B from A, same total bytes; aggregate bytes/s.
+
+Every reader is its own stream on the one A→B connection and on the one
+B→client connection, so this shows what the per-stream work (credit messages,
+round-robin scheduling, one read gate and its pool per request) costs as streams
+multiply. The ratio is to the single-stream case, measured in the same run with
+the same daemons. The relay daemon and the client get pools large enough for
+every stream to start at once, so the streams really are concurrent instead of
+queueing for memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from .common import (
+    Context,
+    MiB,
+    Plot,
+    ScenarioResult,
+    bounded,
+    median,
+    mib_per_s,
+    push,
+    reader_client_pool,
+    relay_pool,
+    require,
+    store_pool,
+    timed_read,
+    warm_up_peer,
+)
+
+APP = "bench-many-streams"
+
+
+async def run(ctx: Context, result: ScenarioResult) -> None:
+    total = ctx.pick(512 * MiB, 64 * MiB)
+    counts: list[int] = ctx.pick([1, 8, 64, 1000], [1, 8, 64])
+    most = max(counts)
+    bare = await ctx.bare_throughput()
+    rates: dict[int, list[float]] = {}
+    async with ctx.daemons(store_pool(total, most), relay_pool(most)) as (a, b):
+        async with ctx.client(a.node) as ca, ctx.client(b.node, pool_size=reader_client_pool(most)) as cb:
+            await warm_up_peer(ca, cb, a.node)
+            for shuffle, streams in enumerate(counts, start=1):
+                per = total // streams
+                await push(ca, APP, shuffle, shuffle, [per] * streams)
+                locations = {a.node: [shuffle]}
+                samples: list[float] = []
+                finish: list[float] = []
+                for _ in bounded(ctx.repeats, ctx.pick(120.0, 15.0)):
+                    t0 = time.perf_counter()
+                    done = await asyncio.gather(
+                        *(timed_read(cb, APP, shuffle, p, locations, t0) for p in range(streams))
+                    )
+                    elapsed = time.perf_counter() - t0
+                    got = sum(n for n, _ in done)
+                    require(got == per * streams, f"{streams} streams read {got} bytes, {per * streams} were pushed")
+                    samples.append(mib_per_s(got, elapsed))
+                    finish = sorted(t for _, t in done)
+                rates[streams] = samples
+                result.notes.append(
+                    f"{streams} stream(s) of {per / MiB:.3g} MiB: first finished after {finish[0]:.2f}s, "
+                    f"median {median(finish):.2f}s, last {finish[-1]:.2f}s"
+                )
+                ctx.progress(f"{streams} stream(s): {median(samples):,.0f} MiB/s aggregate")
+                await ca.unregister_shuffle(APP, shuffle)
+
+    one = median(rates[counts[0]])
+    for streams, samples in rates.items():
+        result.add(
+            f"{streams} stream(s), aggregate",
+            median(samples),
+            "MiB/s",
+            baseline_name=f"{counts[0]} stream",
+            baseline=one,
+            samples=samples,
+        )
+    result.plots.append(
+        Plot(
+            "many_streams",
+            f"Aggregate read throughput A→B→client, {total // MiB} MiB in total",
+            "concurrent reader streams",
+            "MiB/s",
+            lines={"shuffled": (list(rates), [median(s) for s in rates.values()])},
+            hlines={f"bare socket {bare.mib_s:,.0f} MiB/s": bare.mib_s},
+            logx=True,
+        )
+    )

@@ -1,0 +1,67 @@
+"""`one_stream`: one partition pushed into daemon A, then read by a client of daemon B (A→B→client).
+
+The bytes cross the shared A→B daemon connection and then B's connection to its
+client: the path of a reduce task reading map output held on another host. Reads
+do not consume stored data, so the same partition is read `repeats` times and the
+median is reported; a read by a client of A (no relay hop) is measured alongside,
+so the cost of the relay shows on its own. Ratios are to the bare-socket baseline.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .common import (
+    DEFAULT_DAEMON_POOL,
+    Context,
+    MiB,
+    ScenarioResult,
+    bounded,
+    drain,
+    median,
+    mib_per_s,
+    push,
+    require,
+    store_pool,
+    warm_up_peer,
+)
+
+APP = "bench-one-stream"
+SHUFFLE = 1
+ATTEMPT = 1
+
+
+async def run(ctx: Context, result: ScenarioResult) -> None:
+    nbytes = ctx.pick(512 * MiB, 64 * MiB)
+    bare = await ctx.bare_throughput()
+    async with ctx.daemons(store_pool(nbytes), DEFAULT_DAEMON_POOL) as (a, b):
+        async with ctx.client(a.node) as ca, ctx.client(b.node) as cb:
+            await warm_up_peer(ca, cb, a.node)
+            t0 = time.perf_counter()
+            await push(ca, APP, SHUFFLE, ATTEMPT, [nbytes])
+            push_rate = mib_per_s(nbytes, time.perf_counter() - t0)
+            ctx.progress(f"pushed {nbytes // MiB} MiB into A at {push_rate:,.0f} MiB/s")
+
+            remote: list[float] = []
+            local: list[float] = []
+            for _ in bounded(ctx.repeats, ctx.pick(120.0, 20.0)):
+                for samples, client, locations in (
+                    (remote, cb, {a.node: [ATTEMPT]}),
+                    (local, ca, {"": [ATTEMPT]}),
+                ):
+                    t0 = time.perf_counter()
+                    got = await drain(client.read(APP, SHUFFLE, 0, 1, locations))
+                    samples.append(mib_per_s(got, time.perf_counter() - t0))
+                    require(got == nbytes, f"read returned {got} bytes, {nbytes} were pushed")
+                ctx.progress(f"read via B {remote[-1]:,.0f} MiB/s, from A directly {local[-1]:,.0f} MiB/s")
+
+    result.add("read A→B→client", median(remote), "MiB/s", baseline_name="bare", baseline=bare.mib_s, samples=remote)
+    result.add(
+        "read A→client (local)", median(local), "MiB/s", baseline_name="bare", baseline=bare.mib_s, samples=local
+    )
+    result.add(
+        "push client→A, cold pool", push_rate, "MiB/s", baseline_name="bare", baseline=bare.mib_s, samples=[push_rate]
+    )
+    result.notes.append(
+        f"{nbytes // MiB} MiB in one partition, 1 MiB client writes; reads are medians of {len(remote)}"
+    )

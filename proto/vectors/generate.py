@@ -1,0 +1,552 @@
+"""Builds proto/vectors/frames.json, the golden wire-format vectors, from the Python codec.
+
+Regenerate only when the wire format changes deliberately, and review the diff line
+by line: the checked-in frames.json is the source of truth (tests/test_vectors.py and
+other implementations test against it), this script is only a convenience for
+writing it. A change to an existing vector's "hex" is a wire-format change.
+
+    python proto/vectors/generate.py           # rewrite frames.json
+    python proto/vectors/generate.py --check   # exit 1 if frames.json is not what this script builds
+
+Valid vectors are frame objects encoded by shuffled.protocol.codec. Invalid and
+decode-only inputs cannot come from the encoder, so they are packed by hand here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from shuffled.protocol import frames as F
+from shuffled.protocol.codec import encode
+from shuffled.protocol.errors import ErrorCode
+
+OUT = Path(__file__).with_name("frames.json")
+
+U64_MAX = (1 << 64) - 1
+U32_MAX = (1 << 32) - 1
+
+#: frame class -> type, for the classes that are not named after their FrameType
+_TYPE_OF: dict[type, F.FrameType] = {
+    F.Hello: F.FrameType.HELLO,
+    F.HelloAck: F.FrameType.HELLO_ACK,
+    F.ErrorResponse: F.FrameType.ERROR,
+    F.Close: F.FrameType.CLOSE,
+    F.PartitionRequest: F.FrameType.PARTITION_REQUEST,
+    F.AddCredit: F.FrameType.ADD_CREDIT,
+    F.BufferResponse: F.FrameType.BUFFER_RESPONSE,
+    F.CancelPartitionRequest: F.FrameType.CANCEL_PARTITION_REQUEST,
+    F.OpenMapOutput: F.FrameType.OPEN_MAP_OUTPUT,
+    F.PushCredit: F.FrameType.PUSH_CREDIT,
+    F.PushData: F.FrameType.PUSH_DATA,
+    F.CommitMapOutput: F.FrameType.COMMIT_MAP_OUTPUT,
+    F.CommitAck: F.FrameType.COMMIT_ACK,
+    F.AbortMapOutput: F.FrameType.ABORT_MAP_OUTPUT,
+    F.AbortAck: F.FrameType.ABORT_ACK,
+    F.AdminRequest: F.FrameType.ADMIN_REQUEST,
+    F.AdminResponse: F.FrameType.ADMIN_RESPONSE,
+}
+
+
+def to_json(frame: F.Frame) -> dict[str, Any]:
+    """A frame as the JSON object tests rebuild it from: type name, then the dataclass fields in order."""
+    out: dict[str, Any] = {"type": _TYPE_OF[type(frame)].name}
+    for f in dataclasses.fields(frame):
+        value = getattr(frame, f.name)
+        if f.name == "length" and isinstance(frame, F.BufferResponse | F.PushData):
+            continue  # implied by the payload
+        if f.name == "payload":
+            out["payload_hex"] = bytes(value or b"").hex()
+        elif isinstance(value, F.Role | F.BufferKind):
+            out[f.name] = value.name
+        elif isinstance(value, Enum):
+            out[f.name] = int(value)  # error codes travel as numbers
+        else:
+            out[f.name] = value
+    return out
+
+
+def data(frame: F.BufferResponse | F.PushData) -> F.BufferResponse | F.PushData:
+    frame.length = len(frame.payload)
+    return frame
+
+
+# --------------------------------------------------------------------------- valid frames
+
+LOCAL_ONLY = F.PartitionRequest(
+    receiver=1,
+    credit=2,
+    app="app-20240101-0001",
+    shuffle=3,
+    start=5,
+    end=6,
+    locations={"": [42, 43]},
+)
+
+SEVERAL_LOCATIONS = F.PartitionRequest(
+    receiver=12,
+    credit=2,
+    app="app-20240101-0001",
+    shuffle=7,
+    start=0,
+    end=200,
+    locations={
+        "": [1, 2, 3],
+        "10.0.0.2:7337": [U64_MAX, U64_MAX - 1, 1 << 63],
+        "[fd00::3]:7337": [(1 << 63) - 1, U32_MAX + 1, 9],
+    },
+)
+
+#: every msgpack integer width, a str8 string, an array16 list, an empty attempt list
+INT_WIDTHS = F.PartitionRequest(
+    receiver=U32_MAX,
+    credit=U32_MAX,
+    app="application_1700000000000_0042_attempt_1",
+    shuffle=65536,
+    start=127,
+    end=128,
+    locations={
+        "host-a.example.com:7337": [0, 127, 128, 255, 256, 65535, 65536, U32_MAX, U32_MAX + 1, U64_MAX],
+        "host-b.example.com:7337": list(range(1000, 1017)),
+        "host-c.example.com:7337": [],
+    },
+)
+
+STATS_RESULT: dict[str, Any] = {
+    "node": "10.0.0.1:7337",
+    "pool": {"segment_size": 32768, "total": 8192, "free": 8000, "used": 192, "reserve": 1024, "local_pools": 3},
+    "store": {
+        "applications": 1,
+        "shuffles": 2,
+        "stored_segments": 180,
+        "stored_bytes": 5898240,
+        "open_map_outputs": 1,
+        "commits": 40,
+        "aborts": 0,
+    },
+    "connections": {"clients": 4, "peers": 2},
+    "streams": {"served": 1, "pushing": 1, "remote_channels": 2, "inflight_buffers": 0},
+}
+
+VALID: list[tuple[str, F.Frame]] = [
+    ("Hello from a client", F.Hello(F.Role.CLIENT, info={"name": "spark-executor-7"})),
+    ("Hello from a daemon", F.Hello(F.Role.DAEMON, info={"node": "10.0.0.2:7337"})),
+    ("HelloAck", F.HelloAck(F.Role.DAEMON, info={"node": "10.0.0.1:7337", "segment_size": 32768})),
+    (
+        "Error on stream 0 (fatal for the connection)",
+        F.ErrorResponse(0, ErrorCode.CREDIT_VIOLATION, "data buffer received on a channel with no credit"),
+    ),
+    (
+        "Error on a stream",
+        F.ErrorResponse(12, ErrorCode.PARTITION_NOT_FOUND, "map attempts not committed here for app-1/7: 42"),
+    ),
+    ("Error with an empty message", F.ErrorResponse(3, ErrorCode.SHUTTING_DOWN, "")),
+    ("Error with a non-ASCII message", F.ErrorResponse(4, ErrorCode.INVALID_REQUEST, "unknown app 'café' ✗")),
+    ("Close", F.Close()),
+    ("PartitionRequest, local data only", LOCAL_ONLY),
+    ("PartitionRequest, several locations, attempt ids near 2^64-1", SEVERAL_LOCATIONS),
+    ("PartitionRequest, every msgpack int width, str8, array16, empty list", INT_WIDTHS),
+    (
+        "PartitionRequest, no locations",
+        F.PartitionRequest(receiver=2, credit=2, app="a", shuffle=0, start=0, end=0, locations={}),
+    ),
+    ("AddCredit", F.AddCredit(1, 3)),
+    ("AddCredit, largest values", F.AddCredit(U32_MAX, U32_MAX)),
+    (
+        "BufferResponse, data",
+        data(F.BufferResponse(1, 0, 4, 5, F.BufferKind.DATA, 42, 0, bytes.fromhex("00010203fffe") + b"shuffle")),
+    ),
+    (
+        "BufferResponse, data, largest sequence and attempt",
+        data(F.BufferResponse(9, U32_MAX, U32_MAX, (1 << 24) - 1, F.BufferKind.DATA, U64_MAX, 0, b"\x80")),
+    ),
+    ("BufferResponse, data, empty payload", data(F.BufferResponse(1, 1, 0, 5, F.BufferKind.DATA, 43, 0, b""))),
+    (
+        "BufferResponse, END_OF_PARTITION event",
+        data(F.BufferResponse(1, 2, 0, 0, F.BufferKind.END_OF_PARTITION, 0, 0, b"")),
+    ),
+    ("CancelPartitionRequest", F.CancelPartitionRequest(12)),
+    (
+        "OpenMapOutput",
+        F.OpenMapOutput(writer=5, app="app-20240101-0001", shuffle=3, map_index=17, attempt=4711, partitions=200),
+    ),
+    (
+        "OpenMapOutput, attempt id 2^64-1",
+        F.OpenMapOutput(writer=6, app="app-20240101-0001", shuffle=3, map_index=0, attempt=U64_MAX, partitions=1),
+    ),
+    ("PushCredit", F.PushCredit(5, 16)),
+    ("PushData", data(F.PushData(5, 0, 199, 0, b"key=value\n" * 3))),
+    ("PushData, largest sequence", data(F.PushData(5, U32_MAX, 0, 0, b"\x00"))),
+    ("CommitMapOutput", F.CommitMapOutput(5, 38)),
+    (
+        "CommitAck, several lengths including some over 2^32",
+        F.CommitAck(5, [0, 1, 32768, U32_MAX, U32_MAX + 1, 5 * (1 << 40) + 3, U64_MAX]),
+    ),
+    ("CommitAck, one partition", F.CommitAck(6, [0])),
+    ("AbortMapOutput", F.AbortMapOutput(5)),
+    ("AbortAck", F.AbortAck(5)),
+    ("AdminRequest, stats", F.AdminRequest(1, "stats", {})),
+    (
+        "AdminRequest, unregister_shuffle",
+        F.AdminRequest(2, "unregister_shuffle", {"app": "app-20240101-0001", "shuffle": 3, "propagate": True}),
+    ),
+    (
+        "AdminRequest, remove_application (as forwarded to a peer)",
+        F.AdminRequest(3, "remove_application", {"app": "app-20240101-0001", "propagate": False}),
+    ),
+    (
+        "AdminResponse, unregister_shuffle with peers",
+        F.AdminResponse(
+            2,
+            {
+                "freed_segments": 180,
+                "peers": {
+                    "10.0.0.2:7337": "ok",
+                    "10.0.0.3:7337": "PEER_UNAVAILABLE: cannot reach daemon 10.0.0.3:7337",
+                },
+            },
+        ),
+    ),
+    ("AdminResponse, stats", F.AdminResponse(1, STATS_RESULT)),
+]
+
+#: the worked example in PROTOCOL.md (one read of 3 buffers under 2 initial credits); names start with "example:"
+EXAMPLE: list[tuple[str, F.Frame]] = [
+    ("example: client Hello", F.Hello(F.Role.CLIENT, info={"name": "exec-1"})),
+    ("example: daemon HelloAck", F.HelloAck(F.Role.DAEMON, info={"node": "10.0.0.1:7337", "segment_size": 32768})),
+    (
+        "example: PartitionRequest",
+        F.PartitionRequest(receiver=1, credit=2, app="app-1", shuffle=0, start=3, end=4, locations={"": [7, 8]}),
+    ),
+    ("example: buffer 0", data(F.BufferResponse(1, 0, 2, 3, F.BufferKind.DATA, 7, 0, b"abc"))),
+    ("example: buffer 1", data(F.BufferResponse(1, 1, 1, 3, F.BufferKind.DATA, 7, 0, b"de"))),
+    ("example: AddCredit", F.AddCredit(1, 3)),
+    ("example: buffer 2", data(F.BufferResponse(1, 2, 0, 3, F.BufferKind.DATA, 8, 0, b"f"))),
+    ("example: end of partition", data(F.BufferResponse(1, 3, 0, 0, F.BufferKind.END_OF_PARTITION, 0, 0, b""))),
+]
+
+
+# --------------------------------------------------------------------------- hand-packed inputs
+
+
+def header(length: int, ftype: int, stream: int = 0, flags: int = 0, reserved: int = 0) -> bytes:
+    return struct.pack(">IBBHI", length, ftype, flags, reserved, stream)
+
+
+def frame(ftype: int, stream: int, body: bytes) -> bytes:
+    return header(len(body), ftype, stream) + body
+
+
+def packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def hello_body(magic: bytes = F.MAGIC, version: int = F.VERSION, role: int = F.Role.CLIENT) -> bytes:
+    return struct.pack(">4sHBB", magic, version, role, 0) + packb({"name": "x"})
+
+
+def buffer_response(stream: int, kind: int, payload: bytes) -> bytes:
+    fixed = struct.pack(">IIIHHQ", 0, 0, 0, kind, 0, 0)
+    return frame(F.FrameType.BUFFER_RESPONSE, stream, fixed + payload)
+
+
+OPEN_FIELDS = {"app": "a", "shuffle": 1, "map_index": 0, "attempt": 1, "partitions": 2}
+REQUEST_FIELDS = {"app": "a", "shuffle": 1, "start": 0, "end": 1, "locations": {"": [1]}}
+P = ErrorCode.PROTOCOL
+
+#: (name, bytes, wire error code the receiver reports on stream 0, reason, detected only at end of input)
+INVALID: list[tuple[str, bytes, int, str, bool]] = [
+    ("unknown frame type", header(0, 0x05, 1), P, "0x05 is not a frame type", False),
+    ("frame type 0", header(0, 0x00), P, "0x00 is not a frame type", False),
+    ("nonzero flags", header(4, F.FrameType.ADD_CREDIT, 1, flags=0x01) + b"\0\0\0\1", P, "flags must be 0", False),
+    (
+        "nonzero header reserved field",
+        header(4, F.FrameType.ADD_CREDIT, 1, reserved=0x0100) + b"\0\0\0\1",
+        P,
+        "the header's reserved u16 must be 0",
+        False,
+    ),
+    ("AddCredit with credit 0", frame(F.FrameType.ADD_CREDIT, 1, b"\0\0\0\0"), P, "credit must be > 0", False),
+    ("PushCredit with credit 0", frame(F.FrameType.PUSH_CREDIT, 1, b"\0\0\0\0"), P, "credit must be > 0", False),
+    (
+        "AddCredit body of 3 bytes",
+        frame(F.FrameType.ADD_CREDIT, 1, b"\0\0\1"),
+        P,
+        "body must be exactly 4 bytes",
+        False,
+    ),
+    (
+        "CommitMapOutput body of 5 bytes",
+        frame(F.FrameType.COMMIT_MAP_OUTPUT, 1, b"\0\0\0\0\1"),
+        P,
+        "body must be exactly 4 bytes",
+        False,
+    ),
+    (
+        "BufferResponse END_OF_PARTITION with a payload",
+        buffer_response(1, F.BufferKind.END_OF_PARTITION, b"x"),
+        P,
+        "an event carries no payload",
+        False,
+    ),
+    (
+        "BufferResponse of unknown kind",
+        buffer_response(1, 2, b""),
+        P,
+        "kind must be 0 (DATA) or 1 (END_OF_PARTITION)",
+        False,
+    ),
+    ("Hello with bad magic", frame(F.FrameType.HELLO, 0, hello_body(magic=b"SHFE")), P, "magic must be SHFD", False),
+    (
+        "Hello version 2",
+        frame(F.FrameType.HELLO, 0, hello_body(version=2)),
+        ErrorCode.UNSUPPORTED_VERSION,
+        "only version 1 is spoken (UnsupportedVersion)",
+        False,
+    ),
+    ("Hello with unknown role", frame(F.FrameType.HELLO, 0, hello_body(role=3)), P, "role must be 1 or 2", False),
+    (
+        "Hello without an info map",
+        frame(F.FrameType.HELLO, 0, struct.pack(">4sHBB", F.MAGIC, 1, 1, 0)),
+        P,
+        "the info map is required (an empty one is 0x80)",
+        False,
+    ),
+    (
+        "Hello body shorter than its fixed part",
+        frame(F.FrameType.HELLO, 0, b"SHFD\0"),
+        P,
+        "fixed part is 8 bytes",
+        False,
+    ),
+    (
+        "HelloAck whose info is an array",
+        frame(F.FrameType.HELLO_ACK, 0, struct.pack(">4sHBB", F.MAGIC, 1, 2, 0) + packb(["node"])),
+        P,
+        "info must be a msgpack map",
+        False,
+    ),
+    (
+        "BufferResponse payload over the default limit",
+        header(24 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.BUFFER_RESPONSE, 1)
+        + struct.pack(">IIIHHQ", 0, 0, 0, 0, 0, 0),
+        P,
+        "payload of 32769 bytes > 32768; rejected as soon as the header is read, before the payload",
+        False,
+    ),
+    (
+        "PushData payload over the default limit",
+        header(8 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.PUSH_DATA, 1) + struct.pack(">II", 0, 0),
+        P,
+        "payload of 32769 bytes > 32768; rejected as soon as the header is read, before the payload",
+        False,
+    ),
+    (
+        "control body over 8 MiB",
+        header(F.MAX_CONTROL_BODY + 1, F.FrameType.ADMIN_REQUEST, 1),
+        P,
+        "control bodies are at most 8388608 bytes; rejected as soon as the header is read",
+        False,
+    ),
+    (
+        "BufferResponse shorter than its fixed part",
+        header(20, F.FrameType.BUFFER_RESPONSE, 1) + bytes(20),
+        P,
+        "length 20 < 24-byte fixed part",
+        False,
+    ),
+    (
+        "PushData shorter than its fixed part",
+        header(4, F.FrameType.PUSH_DATA, 1) + bytes(4),
+        P,
+        "length 4 < 8-byte fixed part",
+        False,
+    ),
+    ("Error body shorter than its code", frame(F.FrameType.ERROR, 0, b"\0"), P, "code is a u16", False),
+    (
+        "CommitAck body shorter than its count",
+        frame(F.FrameType.COMMIT_ACK, 1, b"\0\0"),
+        P,
+        "count is a u32",
+        False,
+    ),
+    (
+        "CommitAck count does not match the body",
+        frame(F.FrameType.COMMIT_ACK, 1, b"\0\0\0\2" + bytes(8)),
+        P,
+        "2 lengths need 4 + 16 bytes",
+        False,
+    ),
+    (
+        "PartitionRequest body shorter than its credit",
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\2"),
+        P,
+        "credit is a u32",
+        False,
+    ),
+    (
+        "PartitionRequest without locations",
+        frame(
+            F.FrameType.PARTITION_REQUEST,
+            1,
+            b"\0\0\0\2" + packb({k: v for k, v in REQUEST_FIELDS.items() if k != "locations"}),
+        ),
+        P,
+        "'locations' is required",
+        False,
+    ),
+    (
+        "PartitionRequest with a negative attempt id",
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "locations": {"": [-1]}})),
+        P,
+        "attempt ids are u64: -1 (0xff) is not one",
+        False,
+    ),
+    (
+        "PartitionRequest with shuffle as a string",
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "shuffle": "1"})),
+        P,
+        "'shuffle' must be an integer",
+        False,
+    ),
+    (
+        "OpenMapOutput with a boolean for an integer",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "shuffle": True})),
+        P,
+        "true is not an integer",
+        False,
+    ),
+    (
+        "OpenMapOutput with app as bin",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "app": b"a"})),
+        P,
+        "strings are msgpack str, never bin",
+        False,
+    ),
+    (
+        "OpenMapOutput whose body is an array",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb(list(OPEN_FIELDS.values()))),
+        P,
+        "control bodies are msgpack maps",
+        False,
+    ),
+    (
+        "OpenMapOutput with bytes after the map",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb(OPEN_FIELDS) + b"\xc0"),
+        P,
+        "the map must fill the body exactly",
+        False,
+    ),
+    ("AdminRequest without op", frame(F.FrameType.ADMIN_REQUEST, 1, packb({"args": {}})), P, "'op' is required", False),
+    (
+        "AdminRequest with args not a map",
+        frame(F.FrameType.ADMIN_REQUEST, 1, packb({"op": "stats", "args": []})),
+        P,
+        "'args' must be a map",
+        False,
+    ),
+    ("Close with a body", frame(F.FrameType.CLOSE, 0, b"\0"), P, "Close has an empty body", False),
+    (
+        "CancelPartitionRequest with a body",
+        frame(F.FrameType.CANCEL_PARTITION_REQUEST, 1, b"\0"),
+        P,
+        "CancelPartitionRequest has an empty body",
+        False,
+    ),
+    (
+        "input ends inside a frame",
+        header(4, F.FrameType.ADD_CREDIT, 1) + b"\0\0",
+        P,
+        "a frame cut off by the end of the connection",
+        True,
+    ),
+    (
+        "input ends inside a header",
+        header(4, F.FrameType.ADD_CREDIT, 1)[:7],
+        P,
+        "a header cut off by the end of the connection",
+        True,
+    ),
+]
+
+#: inputs the encoder never produces but a decoder must accept: (name, bytes, frame they decode to)
+DECODE_ONLY: list[tuple[str, bytes, F.Frame]] = [
+    (
+        "OpenMapOutput, keys in another order and an unknown key",
+        frame(
+            F.FrameType.OPEN_MAP_OUTPUT,
+            8,
+            packb({"partitions": 4, "attempt": 9, "compression": "lz4", "map_index": 2, "shuffle": 1, "app": "a"}),
+        ),
+        F.OpenMapOutput(writer=8, app="a", shuffle=1, map_index=2, attempt=9, partitions=4),
+    ),
+    (
+        "PartitionRequest, integers in wider forms than needed",
+        frame(
+            F.FrameType.PARTITION_REQUEST,
+            3,
+            b"\0\0\0\2"
+            + b"\x85\xa3app\xa1a"
+            + b"\xa7shuffle\xcf\0\0\0\0\0\0\0\x07"  # uint64 7
+            + b"\xa5start\xd0\x03"  # int8 3
+            + b"\xa3end\xd1\0\x04"  # int16 4
+            + b"\xa9locations\x81\xa0\x91\xce\0\0\0\x05",  # {"": [uint32 5]}
+        ),
+        F.PartitionRequest(receiver=3, credit=2, app="a", shuffle=7, start=3, end=4, locations={"": [5]}),
+    ),
+    (
+        "AdminRequest without args",
+        frame(F.FrameType.ADMIN_REQUEST, 4, packb({"op": "stats"})),
+        F.AdminRequest(4, "stats", {}),
+    ),
+]
+
+
+def build() -> dict[str, Any]:
+    vectors = [{"name": name, "frame": to_json(f), "hex": encode(f).hex()} for name, f in VALID + EXAMPLE]
+    names = [v["name"] for v in vectors]
+    assert len(set(names)) == len(names), "vector names must be unique"
+    return {
+        "description": (
+            "Golden vectors for the shuffled wire protocol, version 1 (see proto/PROTOCOL.md). "
+            "'vectors': frames an encoder must produce byte for byte and a decoder must read back. "
+            "'decode_only': inputs a decoder must accept that the reference encoder never writes. "
+            "'invalid': inputs a decoder must reject; 'code' is the error code it reports on stream 0, "
+            "'at_eof' marks inputs that are only wrong because the connection ends inside a frame. "
+            "Decoders use the default payload limit, 32768 bytes. Integers may exceed 2^63-1 (u64)."
+        ),
+        "protocol_version": F.VERSION,
+        "max_payload": F.DEFAULT_MAX_PAYLOAD,
+        "vectors": vectors,
+        "decode_only": [{"name": name, "frame": to_json(f), "hex": raw.hex()} for name, raw, f in DECODE_ONLY],
+        "invalid": [
+            {"name": name, "hex": raw.hex(), "code": int(code), "reason": reason, "at_eof": at_eof}
+            for name, raw, code, reason, at_eof in INVALID
+        ],
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        same = OUT.exists() and OUT.read_text(encoding="utf-8") == text
+        print("frames.json is up to date" if same else "frames.json differs from what generate.py builds")
+        return 0 if same else 1
+    OUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

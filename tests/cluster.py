@@ -1,0 +1,151 @@
+"""Real daemon processes on loopback addresses for the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any
+
+from shuffled_client import AsyncClient
+
+READY_TIMEOUT = 30.0
+
+
+def free_port(hosts: list[str]) -> int:
+    """A TCP port that is free on every one of these loopback addresses."""
+    for _ in range(50):
+        with closing(socket.socket()) as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        try:
+            for h in hosts:
+                with closing(socket.socket()) as t:
+                    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    t.bind((h, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no common free port")
+
+
+@dataclass
+class DaemonProcess:
+    host: str
+    port: int
+    proc: subprocess.Popen[str]
+    pool_size: int
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] | None = None) -> DaemonProcess:
+    cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", pool_size]
+    proc = subprocess.Popen(cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    d = DaemonProcess(host, port, proc, int(pool_size.rstrip("M")) << 20)
+    ready = threading.Event()
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            d.log.append(line)
+            if " msg=ready " in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not ready.wait(READY_TIMEOUT) or proc.poll() is not None:
+        proc.kill()
+        raise RuntimeError(f"daemon on {host}:{port} did not start:\n{''.join(d.log)}")
+    return d
+
+
+class Cluster:
+    def __init__(self, n: int, pool_size: str = "64M", extra: list[str] | None = None) -> None:
+        hosts = [f"127.0.0.{i + 1}" for i in range(n)]
+        port = free_port(hosts)
+        peers = ",".join(f"{h}:{port}" for h in hosts)
+        self.daemons: list[DaemonProcess] = []
+        try:
+            for h in hosts:
+                self.daemons.append(start_daemon(h, port, pool_size, ["--peers", peers, *(extra or [])]))
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for d in self.daemons:
+            d.stop()
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[Any]], check: Callable[[Any], bool], timeout: float = 20.0, what: str = ""
+) -> Any:
+    """Poll a condition (e.g. daemon stats) until it holds; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    value = await probe()
+    while not check(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout}s ({what}): last value {value!r}")
+        await asyncio.sleep(0.02)
+        value = await probe()
+    return value
+
+
+async def pool_settled(client: AsyncClient, timeout: float = 20.0) -> dict[str, Any]:
+    """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left."""
+
+    def settled(s: dict[str, Any]) -> bool:
+        streams = s["streams"]
+        return (
+            s["pool"]["used"] == s["store"]["stored_segments"]
+            and s["pool"]["local_pools"] == 0
+            and streams["served"] == 0
+            and streams["pushing"] == 0
+            and streams["remote_channels"] == 0
+            and streams["inflight_buffers"] == 0
+        )
+
+    return await wait_until(client.stats, settled, timeout, "pool holds only stored data")  # type: ignore[no-any-return]
+
+
+def payload(attempt: int, partition: int, size: int) -> bytes:
+    """Deterministic bytes that differ per attempt and partition (so a mix-up shows)."""
+    seed = f"{attempt}:{partition}:".encode()
+    block = (seed * (64 // len(seed) + 1))[:64]
+    return (block * (size // 64 + 1))[:size]
+
+
+def rss(pid: int) -> int:
+    import psutil
+
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+def env_without_proxy() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}

@@ -1,0 +1,46 @@
+"""The benchmark suite itself runs: `python -m benchmarks --quick` exits 0 and writes its results.
+
+Only the plumbing is checked (processes start and stop, every scenario reports,
+files appear). The numbers are not: on a shared 2-core machine they vary too much
+for a test to judge, which is why the benchmarks report ratios for people to read.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import SCENARIOS
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT = 120
+
+
+@pytest.mark.slow
+def test_quick_benchmarks_run_and_write_results(tmp_path: Path) -> None:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"`python -m benchmarks --quick` took over {TIMEOUT}s; stderr tail:\n{str(exc.stderr)[-3000:]}")
+    assert done.returncode == 0, (
+        f"exit code {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
+    )
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    scenarios = results["scenarios"]
+    assert set(scenarios) == set(SCENARIOS)
+    for name, entry in scenarios.items():
+        assert entry["status"] in ("ok", "skipped"), f"{name}: {entry['status']} {entry['error']}"
+        if entry["status"] == "ok":
+            assert entry["metrics"], f"{name} reported no metrics"
+    assert list(tmp_path.glob("*.png")), "no plot was written"

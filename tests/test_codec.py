@@ -1,0 +1,177 @@
+"""Codec properties: round trips, any split of the input, truncation, garbage."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shuffled.protocol import frames as F
+from shuffled.protocol.codec import FrameReader, decode_all, encode
+from shuffled.protocol.errors import ProtocolError, ShuffledError
+
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+small = st.integers(0, 2**31 - 1)
+text = st.text(max_size=20)
+payload = st.binary(max_size=300)
+
+frames = st.one_of(
+    st.builds(F.Hello, role=st.sampled_from(F.Role), info=st.dictionaries(st.sampled_from(["node", "name"]), text)),
+    st.builds(F.HelloAck, role=st.sampled_from(F.Role), info=st.dictionaries(st.sampled_from(["node"]), text)),
+    st.builds(F.ErrorResponse, stream=u32, code=st.integers(0, 65535), message=text),
+    st.builds(F.Close),
+    st.builds(
+        F.PartitionRequest,
+        receiver=u32,
+        credit=u32,
+        app=text,
+        shuffle=small,
+        start=small,
+        end=small,
+        locations=st.dictionaries(text, st.lists(u64, max_size=5), max_size=3),
+    ),
+    st.builds(F.AddCredit, receiver=u32, credit=st.integers(1, 2**32 - 1)),
+    st.builds(
+        F.BufferResponse,
+        receiver=u32,
+        sequence=u32,
+        backlog=u32,
+        partition=u32,
+        kind=st.just(F.BufferKind.DATA),
+        attempt=u64,
+        length=st.just(0),
+        payload=payload,
+    ),
+    st.builds(F.CancelPartitionRequest, receiver=u32),
+    st.builds(F.OpenMapOutput, writer=u32, app=text, shuffle=small, map_index=small, attempt=small, partitions=small),
+    st.builds(F.PushCredit, writer=u32, credit=st.integers(1, 2**32 - 1)),
+    st.builds(F.PushData, writer=u32, sequence=u32, partition=u32, length=st.just(0), payload=payload),
+    st.builds(F.CommitMapOutput, writer=u32, pushes=u32),
+    st.builds(F.CommitAck, writer=u32, lengths=st.lists(u64, max_size=6)),
+    st.builds(F.AbortMapOutput, writer=u32),
+    st.builds(F.AbortAck, writer=u32),
+    st.builds(F.AdminRequest, request=u32, op=text, args=st.dictionaries(text, st.integers(0, 1000), max_size=3)),
+    st.builds(F.AdminResponse, request=u32, result=st.dictionaries(text, st.integers(0, 1000), max_size=3)),
+)
+
+
+def _normalise(frame: F.Frame) -> F.Frame:
+    """Data frames decode with length set and the payload as bytes."""
+    if isinstance(frame, F.BufferResponse | F.PushData):
+        frame.payload = bytes(frame.payload or b"")
+        frame.length = len(frame.payload)
+    return frame
+
+
+def _decode(data: bytes, splits: list[int] | None = None) -> list[F.Frame]:
+    """Feed the reader in pieces of the given sizes (cycled)."""
+
+    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, bytearray]:
+        buf = bytearray(length)
+        return memoryview(buf), buf
+
+    reader = FrameReader(sink, max_payload=1 << 16)
+    out: list[F.Frame] = []
+    pos, i = 0, 0
+    while pos < len(data):
+        target = reader.get_buffer()
+        step = splits[i % len(splits)] if splits else len(target)
+        i += 1
+        n = min(len(target), len(data) - pos, max(1, step))
+        target[:n] = data[pos : pos + n]
+        pos += n
+        out.extend(reader.buffer_updated(n))
+    assert not reader.pending_bytes()
+    for f in out:
+        if isinstance(f, F.BufferResponse | F.PushData):
+            f.payload = bytes(f.payload)
+    return out
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(frames, min_size=1, max_size=8), st.lists(st.integers(1, 70), min_size=1, max_size=5))
+def test_round_trip_in_any_split(batch: list[F.Frame], splits: list[int]) -> None:
+    expected = [_normalise(f) for f in batch]
+    data = b"".join(encode(f) for f in expected)
+    assert _decode(data, splits) == expected
+
+
+@settings(max_examples=200)
+@given(frames)
+def test_truncated_input_never_yields_a_partial_frame(frame: F.Frame) -> None:
+    data = encode(_normalise(frame))
+    for cut in range(1, len(data)):
+        with pytest.raises(ProtocolError):
+            decode_all(data[:cut])
+
+
+@settings(max_examples=1500)
+@given(st.binary(min_size=0, max_size=200))
+def test_garbage_raises_only_shuffled_errors(data: bytes) -> None:
+    try:
+        decode_all(data)
+    except ShuffledError:
+        pass
+
+
+@settings(max_examples=800)
+@given(frames, st.data())
+def test_mutated_frames_raise_only_shuffled_errors(frame: F.Frame, data: st.DataObject) -> None:
+    raw = bytearray(encode(_normalise(frame)))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    try:
+        decode_all(bytes(raw))
+    except ShuffledError:
+        pass
+
+
+def test_payload_over_limit_is_refused() -> None:
+    data = encode(F.PushData(1, 0, 0, 0, b"x" * 100))
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode_all(data, max_payload=99)
+
+
+def test_payload_lands_in_sink_memory_without_copy_of_the_bulk() -> None:
+    """Most of a large payload is read straight into the sink's buffer, not the staging area."""
+    segment = bytearray(32768)
+    calls = []
+
+    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, str]:
+        return memoryview(segment)[:length], "seg"
+
+    reader = FrameReader(sink, max_payload=32768)
+    data = encode(F.BufferResponse(7, 0, 0, 3, F.BufferKind.DATA, 9, 0, b"\xab" * 32768))
+    pos = 0
+    frames_out: list[F.Frame] = []
+    while pos < len(data):
+        target = reader.get_buffer()
+        calls.append(len(target))
+        n = min(len(target), len(data) - pos)
+        target[:n] = data[pos : pos + n]
+        pos += n
+        frames_out.extend(reader.buffer_updated(n))
+    assert len(frames_out) == 1 and frames_out[0].payload == "seg"  # type: ignore[union-attr]
+    assert segment == b"\xab" * 32768
+    assert max(calls) >= 32000, "the bulk of the payload must be read directly into the segment"
+
+
+def test_protocol_package_imports_no_asyncio() -> None:
+    """The sans-IO core stays free of IO: importing it must not pull in asyncio."""
+    code = (
+        "import sys\n"
+        "import shuffled.protocol.codec, shuffled.protocol.credit, shuffled.protocol.errors, shuffled.protocol.frames\n"
+        "bad = [m for m in ('asyncio', 'socket', 'uvloop', 'selectors') if m in sys.modules]\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for path in (Path(__file__).parents[1] / "shuffled" / "protocol").glob("*.py"):
+        source = path.read_text()
+        assert "import asyncio" not in source and "from asyncio" not in source, path

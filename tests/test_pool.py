@@ -1,0 +1,130 @@
+"""The buffer pool: fixed size, awaitable waits, reserve, local pools, reference counts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shuffled.buffers import GlobalPool, PoolExhausted
+
+SEG = 4096
+TIMEOUT = 10
+
+
+def test_segments_are_views_of_one_region() -> None:
+    pool = GlobalPool(8 * SEG, SEG)
+    (a, b) = pool.try_take(2) or []
+    a.memory[:3] = b"abc"
+    assert bytes(a.memory[:3]) == b"abc"
+    assert a.index != b.index and len(a.memory) == SEG
+    assert pool.free == 6 and pool.used == 2
+
+
+def test_pool_never_grows_and_reserve_is_kept_for_readers() -> None:
+    pool = GlobalPool(8 * SEG, SEG, reserve=2)
+    assert pool.try_take(7) is None  # would eat into the reserve
+    got = pool.try_take(6)
+    assert got is not None and pool.free == 2
+    assert pool.try_take(1) is None
+    assert pool.try_take(2, use_reserve=True) is not None
+    assert pool.free == 0 and pool.total == 8
+
+
+def test_release_recycles_once_and_double_release_is_an_error() -> None:
+    pool = GlobalPool(4 * SEG, SEG)
+    (buf,) = pool.try_take(1) or []
+    buf.set_recycler(pool.give)
+    buf.retain()
+    buf.release()
+    assert pool.free == 3
+    buf.release()
+    assert pool.free == 4
+    with pytest.raises(RuntimeError):
+        buf.release()
+
+
+@pytest.mark.asyncio
+async def test_exhaustion_waits_then_resumes_when_a_buffer_is_recycled() -> None:
+    pool = GlobalPool(2 * SEG, SEG)
+    held = pool.try_take(2) or []
+    waiter = pool.take_later(1)
+    assert not waiter.done() and pool.waiting == 1
+    held[0].set_recycler(pool.give)
+    held[0].release()
+    got = await asyncio.wait_for(waiter, TIMEOUT)
+    assert len(got) == 1 and pool.free == 0
+
+
+@pytest.mark.asyncio
+async def test_reader_is_not_blocked_behind_a_waiting_pusher() -> None:
+    pool = GlobalPool(4 * SEG, SEG, reserve=1)
+    held = pool.try_take(3) or []
+    pusher = pool.take_later(1)  # needs free > reserve: waits
+    reader = pool.take_later(1, use_reserve=True)
+    got = await asyncio.wait_for(reader, TIMEOUT)
+    assert len(got) == 1 and not pusher.done() and pool.waiting == 1
+    for b in held:
+        b.set_recycler(pool.give)
+        b.release()
+    assert len(await asyncio.wait_for(pusher, TIMEOUT)) == 1
+
+
+@pytest.mark.asyncio
+async def test_request_larger_than_pool_fails_fast() -> None:
+    pool = GlobalPool(4 * SEG, SEG, reserve=1)
+    with pytest.raises(PoolExhausted):
+        await pool.take(4)
+
+
+@pytest.mark.asyncio
+async def test_cancelled_waiter_leaks_nothing() -> None:
+    pool = GlobalPool(2 * SEG, SEG)
+    held = pool.try_take(2) or []
+    waiter = asyncio.ensure_future(pool.take(2))
+    registered = pool.take_later(1)  # a second waiter proves the first is queued by the time it runs
+    task_done = asyncio.ensure_future(asyncio.wait_for(registered, TIMEOUT))
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    for b in held:
+        b.set_recycler(pool.give)
+        b.release()
+    (extra,) = await task_done
+    pool.give(extra)
+    assert pool.free == 2 and pool.waiting == 0
+
+
+@pytest.mark.asyncio
+async def test_local_pool_min_max_and_redistribution() -> None:
+    pool = GlobalPool(16 * SEG, SEG)
+    a = await asyncio.wait_for(pool.create_local_pool(2, 10), TIMEOUT)
+    assert a.available == 2 and a.target == 10  # alone: may use all its max
+    b = await asyncio.wait_for(pool.create_local_pool(2, 10), TIMEOUT)
+    assert a.target == b.target == 8  # 12 spare segments shared by two pools
+    while a.grow():
+        pass
+    assert a.size == 8
+    bufs = [a.request() for _ in range(8)]
+    assert all(bufs) and a.request() is None
+    b.destroy()
+    assert a.target == 10
+    for buf in bufs:
+        assert buf is not None
+        buf.release()
+    a.destroy()
+    assert pool.free == 16 and pool.local_pools == 0
+
+
+@pytest.mark.asyncio
+async def test_local_pool_returns_excess_when_target_shrinks() -> None:
+    pool = GlobalPool(16 * SEG, SEG)
+    a = await pool.create_local_pool(1, 16)
+    while a.grow():
+        pass
+    assert a.size == 16
+    b = await asyncio.wait_for(pool.create_local_pool(1, 16), TIMEOUT)
+    assert a.size <= a.target and a.size + b.size + pool.free == 16
+    a.destroy()
+    b.destroy()
+    assert pool.free == 16

@@ -1,0 +1,214 @@
+"""Golden wire-format vectors (proto/vectors/frames.json) against the Python codec.
+
+The JSON file is the source of truth: a failure here means the codec's bytes changed.
+If that was deliberate, update proto/PROTOCOL.md, regenerate the file with
+proto/vectors/generate.py and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shuffled.protocol import frames as F
+from shuffled.protocol.codec import FrameReader, decode_all, encode
+from shuffled.protocol.credit import DEFAULT_FLOATING, ChannelCredit, FloatingPool, OutboundStream
+from shuffled.protocol.errors import ProtocolError
+
+PROTO = Path(__file__).parents[1] / "proto"
+DOC = PROTO / "PROTOCOL.md"
+with (PROTO / "vectors" / "frames.json").open(encoding="utf-8") as _f:
+    VECTORS: dict[str, Any] = json.load(_f)
+
+VALID: list[dict[str, Any]] = VECTORS["vectors"]
+DECODE_ONLY: list[dict[str, Any]] = VECTORS["decode_only"]
+INVALID: list[dict[str, Any]] = VECTORS["invalid"]
+MAX_PAYLOAD: int = VECTORS["max_payload"]
+
+_CLASSES: dict[F.FrameType, type] = {
+    F.FrameType.HELLO: F.Hello,
+    F.FrameType.HELLO_ACK: F.HelloAck,
+    F.FrameType.ERROR: F.ErrorResponse,
+    F.FrameType.CLOSE: F.Close,
+    F.FrameType.PARTITION_REQUEST: F.PartitionRequest,
+    F.FrameType.ADD_CREDIT: F.AddCredit,
+    F.FrameType.BUFFER_RESPONSE: F.BufferResponse,
+    F.FrameType.CANCEL_PARTITION_REQUEST: F.CancelPartitionRequest,
+    F.FrameType.OPEN_MAP_OUTPUT: F.OpenMapOutput,
+    F.FrameType.PUSH_CREDIT: F.PushCredit,
+    F.FrameType.PUSH_DATA: F.PushData,
+    F.FrameType.COMMIT_MAP_OUTPUT: F.CommitMapOutput,
+    F.FrameType.COMMIT_ACK: F.CommitAck,
+    F.FrameType.ABORT_MAP_OUTPUT: F.AbortMapOutput,
+    F.FrameType.ABORT_ACK: F.AbortAck,
+    F.FrameType.ADMIN_REQUEST: F.AdminRequest,
+    F.FrameType.ADMIN_RESPONSE: F.AdminResponse,
+}
+
+
+def build(fields: dict[str, Any]) -> F.Frame:
+    """The frame a vector's JSON object describes, as the decoder returns it (payloads as bytearray)."""
+    kwargs = dict(fields)
+    ftype = F.FrameType[kwargs.pop("type")]
+    if "role" in kwargs:
+        kwargs["role"] = F.Role[kwargs["role"]]
+    if "kind" in kwargs:
+        kwargs["kind"] = F.BufferKind[kwargs["kind"]]
+    if "payload_hex" in kwargs:
+        payload = bytearray.fromhex(kwargs.pop("payload_hex"))
+        kwargs["length"] = len(payload)
+        # the decoder hands events over without a payload object
+        kwargs["payload"] = None if kwargs.get("kind") is F.BufferKind.END_OF_PARTITION else payload
+    frame: F.Frame = _CLASSES[ftype](**kwargs)
+    return frame
+
+
+def feed(data: bytes, step: int = 1) -> tuple[list[F.Frame], FrameReader]:
+    """Decode `data` handing the reader at most `step` bytes at a time."""
+
+    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, bytearray]:
+        buf = bytearray(length)
+        return memoryview(buf), buf
+
+    reader = FrameReader(sink, max_payload=MAX_PAYLOAD)
+    out: list[F.Frame] = []
+    pos = 0
+    while pos < len(data):
+        target = reader.get_buffer()
+        n = min(step, len(target), len(data) - pos)
+        target[:n] = data[pos : pos + n]
+        pos += n
+        out.extend(reader.buffer_updated(n))
+    return out, reader
+
+
+def _ids(entries: list[dict[str, Any]]) -> list[str]:
+    return [e["name"] for e in entries]
+
+
+def test_vector_file_shape() -> None:
+    assert VECTORS["protocol_version"] == F.VERSION
+    assert MAX_PAYLOAD == F.DEFAULT_MAX_PAYLOAD
+    names = _ids(VALID) + _ids(DECODE_ONLY) + _ids(INVALID)
+    assert len(names) == len(set(names)), "vector names must be unique"
+    for entry in VALID + DECODE_ONLY + INVALID:
+        assert re.fullmatch(r"(?:[0-9a-f]{2})+", entry["hex"]), entry["name"]
+
+
+@pytest.mark.parametrize("vector", VALID, ids=_ids(VALID))
+def test_encode_matches_hex(vector: dict[str, Any]) -> None:
+    assert encode(build(vector["frame"])).hex() == vector["hex"]
+
+
+@pytest.mark.parametrize("vector", VALID + DECODE_ONLY, ids=_ids(VALID + DECODE_ONLY))
+def test_decode_matches_fields(vector: dict[str, Any]) -> None:
+    frames = decode_all(bytes.fromhex(vector["hex"]), max_payload=MAX_PAYLOAD)
+    assert frames == [build(vector["frame"])]
+
+
+@pytest.mark.parametrize("vector", VALID + DECODE_ONLY, ids=_ids(VALID + DECODE_ONLY))
+def test_decode_one_byte_at_a_time(vector: dict[str, Any]) -> None:
+    frames, reader = feed(bytes.fromhex(vector["hex"]))
+    assert frames == [build(vector["frame"])]
+    assert not reader.pending_bytes()
+
+
+def test_all_vectors_back_to_back_one_byte_at_a_time() -> None:
+    stream = b"".join(bytes.fromhex(v["hex"]) for v in VALID)
+    frames, reader = feed(stream)
+    assert frames == [build(v["frame"]) for v in VALID]
+    assert not reader.pending_bytes()
+
+
+@pytest.mark.parametrize("entry", INVALID, ids=_ids(INVALID))
+def test_invalid_is_rejected(entry: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_all(bytes.fromhex(entry["hex"]), max_payload=MAX_PAYLOAD)
+    assert info.value.code == entry["code"], info.value.message
+
+
+@pytest.mark.parametrize("entry", INVALID, ids=_ids(INVALID))
+def test_invalid_is_rejected_from_the_bytes_alone(entry: dict[str, Any]) -> None:
+    """Apart from inputs cut off by the end of the connection, the bytes themselves are refused while reading."""
+    data = bytes.fromhex(entry["hex"])
+    if entry["at_eof"]:
+        frames, reader = feed(data)
+        assert frames == [] and reader.pending_bytes()
+        return
+    with pytest.raises(ProtocolError) as info:
+        feed(data)
+    assert info.value.code == entry["code"], info.value.message
+
+
+def test_every_frame_type_has_a_vector() -> None:
+    covered = {v["frame"]["type"] for v in VALID}
+    missing = [t.name for t in F.FrameType if t.name not in covered]
+    assert not missing, f"frame types without a golden vector: {missing}"
+    assert {t.name for t in F.FrameType} == {t.name for t in _CLASSES}
+
+
+def test_vectors_cover_both_buffer_kinds_and_roles() -> None:
+    kinds = {v["frame"].get("kind") for v in VALID}
+    roles = {v["frame"].get("role") for v in VALID}
+    assert {k.name for k in F.BufferKind} <= kinds
+    assert {r.name for r in F.Role} <= roles
+
+
+# --------------------------------------------------------------------------- the worked example in PROTOCOL.md
+
+
+def _doc_example() -> list[tuple[str, str]]:
+    """(vector name, hex) of each frame in PROTOCOL.md's worked example block."""
+    text = DOC.read_text(encoding="utf-8")
+    block = text.split("<!-- worked-example:begin -->", 1)[1].split("<!-- worked-example:end -->", 1)[0]
+    out: list[tuple[str, str]] = []
+    for line in block.splitlines():
+        m = re.match(r"^(?:C->D|D->C)\s+\S.*?\s{2,}\[(example: [^\]]+)\]$", line)
+        if m:
+            out.append((m.group(1), ""))
+        elif out and re.fullmatch(r"\s+[0-9a-f ]+", line):
+            out[-1] = (out[-1][0], out[-1][1] + line.replace(" ", ""))
+    return out
+
+
+def test_worked_example_in_the_spec_matches_the_vectors() -> None:
+    by_name = {v["name"]: v["hex"] for v in VALID}
+    example = _doc_example()
+    assert [name for name, _ in example] == [n for n in by_name if n.startswith("example:")]
+    for name, hexed in example:
+        assert hexed == by_name[name], name
+
+
+def test_worked_example_follows_the_credit_rules() -> None:
+    """The example's numbers are what the reference credit state machines produce."""
+    frames = {v["name"]: build(v["frame"]) for v in VALID if v["name"].startswith("example:")}
+    request = frames["example: PartitionRequest"]
+    assert isinstance(request, F.PartitionRequest)
+    sender: OutboundStream[str] = OutboundStream(request.receiver, request.credit)
+    for name in ("example: buffer 0", "example: buffer 1", "example: buffer 2"):
+        sender.push_data(name)
+    sender.push_event("example: end of partition")
+    receiver = ChannelCredit(request.credit, FloatingPool(DEFAULT_FLOATING))
+
+    def send_ready() -> list[str]:
+        sent = []
+        while sender.ready():
+            name, seq, backlog, _ = sender.pop()
+            frame = frames[name]
+            assert isinstance(frame, F.BufferResponse)
+            assert (frame.sequence, frame.backlog) == (seq, backlog), name
+            if frame.kind is F.BufferKind.DATA:
+                receiver.on_buffer(frame.backlog)
+            sent.append(name)
+        return sent
+
+    assert send_ready() == ["example: buffer 0", "example: buffer 1"]
+    grant = frames["example: AddCredit"]
+    assert isinstance(grant, F.AddCredit)
+    assert receiver.take_announcement() == grant.credit
+    sender.add_credit(grant.credit)
+    assert send_ready() == ["example: buffer 2", "example: end of partition"]
