@@ -28,7 +28,8 @@ class _KeyValueFormatter(logging.Formatter):
     """One line per event: time, level, logger, then the message's own key=value pairs."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"ts={self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} level={record.levelname.lower()} logger={record.name} msg={record.getMessage()}"
+        ts = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
+        line = f"ts={ts} level={record.levelname.lower()} logger={record.name} msg={record.getMessage()}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -84,7 +84,7 @@ class CreditMachine(RuleBasedStateMachine):
             nxt = self.sched.next()
             if nxt is None:
                 return
-            stream, item, seq, backlog, is_event = nxt
+            stream, _, seq, backlog, is_event = nxt
             assert stream.credit >= 0
             kind = "end" if is_event else "buf"
             self.to_recv.append((kind, stream.stream, seq, backlog))

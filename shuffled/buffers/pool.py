@@ -23,7 +23,7 @@ Recycler = Callable[["Buffer"], None]
 
 
 class Buffer:
-    __slots__ = ("index", "memory", "length", "refs", "_recycler")
+    __slots__ = ("_recycler", "index", "length", "memory", "refs")
 
     def __init__(self, index: int, memory: memoryview) -> None:
         self.index = index
@@ -196,7 +196,9 @@ class GlobalPool:
 class LocalPool:
     """One consumer's segments: `min` guaranteed, up to `target` (<= max) when memory allows."""
 
-    def __init__(self, owner: GlobalPool, minimum: int, maximum: int, use_reserve: bool, segments: list[Buffer]) -> None:
+    def __init__(
+        self, owner: GlobalPool, minimum: int, maximum: int, use_reserve: bool, segments: list[Buffer]
+    ) -> None:
         self.owner = owner
         self.min = minimum
         self.max = maximum

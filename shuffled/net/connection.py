@@ -115,7 +115,9 @@ class FrameConnection(asyncio.BufferedProtocol):
     def on_made(self) -> None:
         pass
 
-    def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
+    def payload_target(
+        self, ftype: FrameType, stream: int, partition: int, length: int
+    ) -> tuple[memoryview, Any] | None:
         raise NotImplementedError
 
     def handle_frame(self, frame: Frame) -> None:

@@ -38,7 +38,9 @@ class Outbound(OutboundStream[Any]):
         super().__init__(stream, credit)
         self.sender: Sender | None = None
 
-    def pack(self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool) -> tuple[int, Buffer | None]:
+    def pack(
+        self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
+    ) -> tuple[int, Buffer | None]:
         """Write the frame prefix at `offset`; return (prefix length, buffer whose data follows or None)."""
         raise NotImplementedError
 

@@ -43,7 +43,9 @@ class BufferResponseStream(Outbound):
         if is_event and self.on_end is not None:
             self.on_end(self)
 
-    def pack(self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool) -> tuple[int, Buffer | None]:
+    def pack(
+        self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
+    ) -> tuple[int, Buffer | None]:
         if is_event:
             pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, 0)
             return BUFFER_RESPONSE_PREFIX.size, None
@@ -72,7 +74,9 @@ class PushStream(Outbound):
         super().__init__(stream, credit)
         self.pushed = 0
 
-    def pack(self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool) -> tuple[int, Buffer | None]:
+    def pack(
+        self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
+    ) -> tuple[int, Buffer | None]:
         if is_event:
             if item is PushEvent.COMMIT:
                 HEADER.pack_into(into, offset, 4, FrameType.COMMIT_MAP_OUTPUT, 0, 0, self.stream)

@@ -63,7 +63,8 @@ def _frame(ftype: FrameType, stream: int, body: bytes = b"") -> bytes:
 
 
 def _packb(obj: dict[str, Any]) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def encode_hello(frame: Hello | HelloAck) -> bytes:
@@ -403,21 +404,21 @@ class FrameReader:
     """
 
     __slots__ = (
-        "_sink",
-        "_max_payload",
-        "_max_control",
-        "_staging",
-        "_sview",
-        "_start",
         "_end",
-        "_need",
-        "_ftype",
-        "_stream",
-        "_length",
-        "_pending",
-        "_target",
         "_filled",
+        "_ftype",
+        "_length",
+        "_max_control",
+        "_max_payload",
+        "_need",
+        "_pending",
         "_scratch",
+        "_sink",
+        "_staging",
+        "_start",
+        "_stream",
+        "_sview",
+        "_target",
     )
 
     def __init__(
@@ -599,7 +600,9 @@ class FrameReader:
         return self._scratch[:length]
 
 
-def decode_all(data: bytes, sink: Callable[..., Any] | None = None, max_payload: int = DEFAULT_MAX_PAYLOAD) -> list[Frame]:
+def decode_all(
+    data: bytes, sink: Callable[..., Any] | None = None, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> list[Frame]:
     """Decode a whole byte string (tests, vectors); data payloads are returned as bytes."""
 
     def to_bytes(ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any]:

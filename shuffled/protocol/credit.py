@@ -78,16 +78,16 @@ class ChannelCredit:
     """
 
     __slots__ = (
-        "exclusive",
-        "pool",
         "available",
-        "floating",
-        "in_use",
-        "sender_credit",
-        "unannounced",
         "backlog",
         "closed",
+        "exclusive",
+        "floating",
+        "in_use",
         "owner",
+        "pool",
+        "sender_credit",
+        "unannounced",
     )
 
     def __init__(self, exclusive: int, pool: FloatingPool, owner: object = None) -> None:
@@ -189,7 +189,7 @@ class SequenceChecker:
 class OutboundStream(Generic[T]):
     """Sender side of one stream: a queue of data items and events under credit."""
 
-    __slots__ = ("stream", "credit", "sequence", "_items", "_data", "scheduled", "closed")
+    __slots__ = ("_data", "_items", "closed", "credit", "scheduled", "sequence", "stream")
 
     def __init__(self, stream: int, credit: int) -> None:
         if credit < 0:

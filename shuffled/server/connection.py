@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ..net.connection import FrameConnection
 from ..net.streams import BufferResponseStream
 from ..protocol.codec import (
-    encode_admin_request,
     encode_add_credit,
+    encode_admin_request,
     encode_admin_response,
     encode_error,
     encode_error_from,
@@ -131,7 +131,9 @@ class DaemonConnection(FrameConnection):
 
     # -- frames in
 
-    def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
+    def payload_target(
+        self, ftype: FrameType, stream: int, partition: int, length: int
+    ) -> tuple[memoryview, Any] | None:
         if ftype == FrameType.PUSH_DATA:
             session = self.pushes.get(stream)
             return session.target(length) if session is not None else None

@@ -63,7 +63,9 @@ class Daemon:
         config.validate()
         self.config = config
         segments = config.pool_size // config.segment_size
-        self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=max(1, int(segments * config.read_reserve)))
+        self.pool = GlobalPool(
+            config.pool_size, config.segment_size, reserve=max(1, int(segments * config.read_reserve))
+        )
         self.store = Store()
         self.peers = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
@@ -163,7 +165,7 @@ class Daemon:
                 return "ok"
             except ShuffledError as exc:
                 return f"{exc.code.name}: {exc.message}"
-            except (asyncio.TimeoutError, ConnectionError) as exc:
+            except (TimeoutError, ConnectionError) as exc:
                 return f"unreachable: {exc or 'timed out'}"
 
         addrs = sorted(targets)

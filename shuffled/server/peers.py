@@ -71,9 +71,9 @@ class PeerManager:
                 fut = self._arrival.setdefault(addr, loop.create_future())
                 try:
                     return await asyncio.wait_for(asyncio.shield(fut), cfg.connect_timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise PeerUnavailable(f"daemon {addr} dialled us but its connection never arrived") from None
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 raise PeerUnavailable(f"cannot reach daemon {addr}: {exc or 'timed out'}") from None
             except ShuffledError as exc:
                 raise PeerUnavailable(f"daemon {addr} refused the connection: {exc.message}") from None

@@ -29,7 +29,7 @@ log = logging.getLogger("shuffled.read")
 
 
 class RemoteInputChannel:
-    __slots__ = ("gate", "conn", "receiver", "credit", "seq", "closed")
+    __slots__ = ("closed", "conn", "credit", "gate", "receiver", "seq")
 
     def __init__(self, gate: InputGate, conn: DaemonConnection, receiver: int, credit: ChannelCredit) -> None:
         self.gate = gate
@@ -141,7 +141,13 @@ class InputGate:
                 peer.open_channel(
                     ch,
                     PartitionRequest(
-                        ch.receiver, cfg.exclusive, self.req.app, self.req.shuffle, self.req.start, self.req.end, {"": attempts}
+                        ch.receiver,
+                        cfg.exclusive,
+                        self.req.app,
+                        self.req.shuffle,
+                        self.req.start,
+                        self.req.end,
+                        {"": attempts},
                     ),
                 )
         except ShuffledError as exc:
@@ -167,7 +173,13 @@ class InputGate:
     def fail(self, exc: ShuffledError) -> None:
         if self.closed:
             return
-        log.info("read failed app=%s shuffle=%s code=%s reason=%s", self.req.app, self.req.shuffle, exc.code.name, exc.message)
+        log.info(
+            "read failed app=%s shuffle=%s code=%s reason=%s",
+            self.req.app,
+            self.req.shuffle,
+            exc.code.name,
+            exc.message,
+        )
         self.out.shutdown()
         self.client.served.pop(self.out.stream, None)
         if self.client.is_open:

@@ -76,7 +76,9 @@ class _ClientConnection(FrameConnection):
         self.client._conn = self  # before any frame arrives, so HelloAck can find it
         self.sender.send_control(encode_hello(Hello(Role.CLIENT, info={"name": "shuffled_client"})))
 
-    def payload_target(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None:
+    def payload_target(
+        self, ftype: FrameType, stream: int, partition: int, length: int
+    ) -> tuple[memoryview, Any] | None:
         reader = self.client._readers.get(stream)
         if ftype != FrameType.BUFFER_RESPONSE or reader is None:
             return None
@@ -132,7 +134,7 @@ class AsyncClient:
                 coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1])
             await asyncio.wait_for(coro, timeout)
             await asyncio.wait_for(client._ready, timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise ConnectionLost(f"cannot connect to shuffled at {address}: {exc or 'timed out'}") from None
         return client
 
@@ -143,13 +145,13 @@ class AsyncClient:
         self._check()
         writer = MapWriter(self, self._new_stream(), partitions)
         self._writers[writer.stream.stream] = writer
-        self._send(encode_open_map_output(OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions)))
+        self._send(
+            encode_open_map_output(OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions))
+        )
         await writer._opened
         return writer
 
-    def read(
-        self, app: str, shuffle: int, start: int, end: int, locations: dict[str, list[int]]
-    ) -> PartitionReader:
+    def read(self, app: str, shuffle: int, start: int, end: int, locations: dict[str, list[int]]) -> PartitionReader:
         """Read reduce partitions [start, end) from the named map attempts.
 
         `locations` maps each daemon address ("" for the local daemon) to the map
@@ -320,9 +322,11 @@ class MapWriter:
             p = max(self._open, key=lambda k: self._open[k].length)
             self._push(Chunk(self._open.pop(p), p, 0))
         if got is None:
-            take = asyncio.ensure_future(pool.take(1))
-            done, _ = await asyncio.wait({take, self._done}, return_when=asyncio.FIRST_COMPLETED)
-            if take not in done:
+            # Wait for memory, or for the daemon to fail this writer (then stop waiting).
+            take = pool.take_later(1)
+            waits: set[asyncio.Future[Any]] = {take, self._done}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not take.done():
                 take.cancel()
                 self._raise_if_failed()
             got = take.result()
@@ -388,7 +392,7 @@ class MapWriter:
 class ReadChunk:
     """One chunk of a reduce partition; `data` is valid until `release()` (or the next iteration)."""
 
-    __slots__ = ("partition", "attempt", "_buffer")
+    __slots__ = ("_buffer", "attempt", "partition")
 
     def __init__(self, buffer: Buffer, partition: int, attempt: int) -> None:
         self._buffer: Buffer | None = buffer

@@ -1,0 +1,194 @@
+"""Flow-control properties on real daemons: no head-of-line blocking, bounded memory,
+nothing leaked when a client process is killed mid-push or mid-read."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, payload, pool_settled, rss, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+APP = "app-flow"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Cluster]:
+    c = Cluster(2, pool_size="64M")
+    yield c
+    c.stop()
+
+
+async def _push_partitions(client: AsyncClient, shuffle: int, attempt: int, sizes: list[int]) -> None:
+    w = await client.open_writer(APP, shuffle, 0, attempt, len(sizes))
+    for p, size in enumerate(sizes):
+        data = payload(attempt, p, size)
+        for i in range(0, size, 1 * MiB):
+            await w.write(p, data[i : i + MiB])
+    assert await w.commit() == sizes
+
+
+async def _read(client: AsyncClient, shuffle: int, p: int, loc: dict[str, list[int]]) -> bytes:
+    async with client.read(APP, shuffle, p, p + 1, loc) as reader:
+        return await reader.read_all()
+
+
+async def test_stalled_reader_does_not_block_others_on_the_shared_connection(pair: Cluster) -> None:
+    """One reader stops after its first chunk; 32 others on the same A->B connection finish,
+    and the stalled stream holds only its gate's buffers at B (credit, not TCP, stops it)."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        sizes = [24 * MiB] + [1 * MiB] * 32
+        await _push_partitions(a, 10, 1, sizes)
+        loc = {da.addr: [1]}
+
+        stalled = b.read(APP, 10, 0, 1, loc)
+        first = await stalled.next_chunk()
+        assert first is not None
+        started = time.monotonic()
+        others = await asyncio.gather(*(_read(b, 10, p, loc) for p in range(1, 33)))
+        elapsed = time.monotonic() - started
+        for p, data in enumerate(others, start=1):
+            assert data == payload(1, p, sizes[p])
+        # While stalled, B holds exactly one gate's buffers (2 exclusive + 8 floating) for it.
+        stats = await wait_until(b.stats, lambda s: s["streams"]["served"] == 1, what="only the stalled stream left")
+        assert stats["pool"]["used"] <= 10, stats
+        print(f"32 streams x 1 MiB beside a stalled 24 MiB stream: {32 / elapsed:.1f} MiB/s")
+
+        rest = bytearray(first.data)
+        while (chunk := await stalled.next_chunk()) is not None:
+            rest += chunk.data
+        assert rest == payload(1, 0, sizes[0])
+        await a.unregister_shuffle(APP, 10)
+        for c in (a, b):
+            assert (await pool_settled(c))["pool"]["used"] == 0
+            await c.close()
+
+    await asyncio.wait_for(body(), 120)
+
+
+async def test_memory_stays_bounded_moving_ten_times_the_pool(pair: Cluster) -> None:
+    """Rounds of push → slow read across daemons → unregister: 10x the pool moves through,
+    RSS of both daemons stays within pool + 100 MB, and every segment comes back."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        pool = da.pool_size
+        per_round = 40 * MiB
+        rounds = (10 * pool) // per_round + 1
+        peak = {da.pid: 0, db.pid: 0}
+        sampling = True
+
+        async def sample() -> None:
+            while sampling:
+                for pid in peak:
+                    peak[pid] = max(peak[pid], rss(pid))
+                await asyncio.sleep(0.05)
+
+        sampler = asyncio.create_task(sample())
+        moved = 0
+        for r in range(rounds):
+            shuffle = 100 + r
+            await _push_partitions(a, shuffle, r, [per_round // 4] * 4)
+
+            async def slow_read(p: int, shuffle: int = shuffle, r: int = r) -> int:
+                n = 0
+                h = hashlib.sha256()
+                async with b.read(APP, shuffle, p, p + 1, {da.addr: [r]}) as reader:
+                    async for chunk in reader:
+                        for _ in range(3):  # a reader slower than the network
+                            h.update(chunk.data)
+                        n += len(chunk.data)
+                return n
+
+            moved += sum(await asyncio.gather(*(slow_read(p) for p in range(4))))
+            await a.unregister_shuffle(APP, shuffle)
+        sampling = False
+        await sampler
+        assert moved >= 10 * pool
+        for c in (a, b):
+            s = await pool_settled(c)
+            assert s["pool"]["used"] == 0 and s["pool"]["free"] == s["pool"]["total"]
+            await c.close()
+        limit = pool + 100 * 1000 * 1000
+        print(f"moved {moved / MiB:.0f} MiB; peak RSS A={peak[da.pid] / MiB:.0f} MiB B={peak[db.pid] / MiB:.0f} MiB")
+        assert peak[da.pid] <= limit and peak[db.pid] <= limit, peak
+
+    await asyncio.wait_for(body(), 240)
+
+
+_CHILD_PUSH = """
+import asyncio, sys
+from shuffled_client import AsyncClient
+async def main():
+    c = await AsyncClient.connect(sys.argv[1])
+    w = await c.open_writer("app-flow", 20, 0, 1, 4)
+    for i in range(160):
+        await w.write(i % 4, b"x" * (64 << 10))
+        if i == 80:
+            print("pushing", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+asyncio.run(main())
+"""
+
+_CHILD_READ = """
+import asyncio, sys
+from shuffled_client import AsyncClient
+async def main():
+    c = await AsyncClient.connect(sys.argv[1])
+    reader = c.read("app-flow", 21, 0, 1, {sys.argv[2]: [5]})
+    await reader.next_chunk()
+    print("reading", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+asyncio.run(main())
+"""
+
+
+async def _run_and_kill(code: str, args: list[str], marker: str) -> None:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    line = await asyncio.wait_for(child.stdout.readline(), 30)
+    assert line.decode().strip() == marker
+    child.kill()
+    await child.wait()
+
+
+async def test_client_killed_mid_push_and_mid_read_leaks_nothing(pair: Cluster) -> None:
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+
+        # Mid-push: the open map output is aborted and its buffers freed.
+        await _run_and_kill(_CHILD_PUSH, [da.addr], "pushing")
+        s = await pool_settled(a)
+        assert s["store"]["open_map_outputs"] == 0 and s["pool"]["used"] == 0
+
+        # Mid-read through B of data held by A: B's gate and A's served stream go away.
+        await _push_partitions(a, 21, 5, [16 * MiB])
+        await _run_and_kill(_CHILD_READ, [db.addr, da.addr], "reading")
+        await pool_settled(b)
+        s = await pool_settled(a)
+        assert s["pool"]["used"] == s["store"]["stored_segments"] == 16 * MiB // (32 << 10)
+
+        # Both daemons keep serving everyone else.
+        assert await _read(b, 21, 0, {da.addr: [5]}) == payload(5, 0, 16 * MiB)
+        await a.remove_application(APP)
+        for c in (a, b):
+            assert (await pool_settled(c))["pool"]["used"] == 0
+            await c.close()
+
+    await asyncio.wait_for(body(), 120)
