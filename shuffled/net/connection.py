@@ -21,6 +21,9 @@ from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
 
 log = logging.getLogger("shuffled.net")
 
+#: seconds a failed connection waits for the peer to close before closing itself
+FAIL_LINGER = 5.0
+
 
 class FrameConnection(asyncio.BufferedProtocol):
     def __init__(
@@ -37,6 +40,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.lost = asyncio.get_running_loop().create_future()
         self.close_reason = ""
+        #: after a fatal error: input is read into this and dropped until the peer closes
+        self._discard: memoryview | None = None
 
     @property
     def sender(self) -> Sender:
@@ -57,9 +62,13 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.on_made()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._discard is not None:
+            return self._discard
         return self.reader.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._discard is not None:
+            return
         try:
             for frame in self.reader.buffer_updated(nbytes):
                 self.handle_frame(frame)
@@ -70,7 +79,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             self.fail(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
 
     def eof_received(self) -> bool:
-        if self.reader.pending_bytes():
+        if self._discard is None and self.reader.pending_bytes():
             self.close_reason = "eof inside a frame"
         return False
 
@@ -95,16 +104,31 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     @property
     def is_open(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        return self.transport is not None and not self.transport.is_closing() and self._discard is None
 
     def fail(self, exc: ShuffledError) -> None:
-        """Fatal error: tell the peer why (stream 0), then close."""
-        if not self.is_open:
+        """Fatal error: tell the peer why (stream 0), then close.
+
+        Closing with unread input makes the kernel reset the connection, which can
+        destroy the error frame before the peer reads it. So the write side is
+        shut down after the error, further input is dropped, and the socket closes
+        when the peer closes too or after `FAIL_LINGER` seconds.
+        """
+        if not self.is_open or self._discard is not None:
             return
         self.close_reason = f"{exc.code.name}: {exc.message}"
-        assert self.transport is not None
-        self.transport.write(encode_error(0, exc.code, exc.message))
-        self.transport.close()
+        transport = self.transport
+        assert transport is not None
+        if self._sender is not None:
+            self._sender.stop()
+        transport.write(encode_error(0, exc.code, exc.message))
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._discard = memoryview(bytearray(64 << 10))
+        self.on_failed()
+        asyncio.get_running_loop().call_later(FAIL_LINGER, transport.close)
 
     def close(self, reason: str = "closed") -> None:
         if self.is_open:
@@ -114,6 +138,9 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     def on_made(self) -> None:
         pass
+
+    def on_failed(self) -> None:
+        """A fatal error was sent; release what the connection holds without waiting for the close."""
 
     def payload_target(
         self, ftype: FrameType, stream: int, partition: int, length: int

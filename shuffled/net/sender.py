@@ -117,6 +117,11 @@ class Sender:
         self._reap()
         self._schedule()
 
+    def stop(self) -> None:
+        """Send nothing more; what the transport holds stays lent until `close`."""
+        self.closed = True
+        self._control.clear()
+
     def close(self) -> None:
         """Connection is gone: everything lent to the transport comes back."""
         self.closed = True

@@ -106,6 +106,13 @@ class DaemonConnection(FrameConnection):
                 self.node or "-",
                 self.close_reason,
             )
+        self._release_all()
+
+    def on_failed(self) -> None:
+        self._release_all()
+
+    def _release_all(self) -> None:
+        """Fail consumers, close served streams, abort pushes: nothing may outlive the connection."""
         lost = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
         for ch in list(self.channels.values()):
             ch.fail(lost)

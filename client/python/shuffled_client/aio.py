@@ -90,6 +90,9 @@ class _ClientConnection(FrameConnection):
     def on_lost(self) -> None:
         self.client._on_lost(self.close_reason)
 
+    def on_failed(self) -> None:
+        self.client._on_lost(self.close_reason)
+
 
 class AsyncClient:
     """One connection to the local daemon, shared by any number of writers and readers."""

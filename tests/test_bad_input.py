@@ -1,0 +1,169 @@
+"""Malformed and hostile input against a live daemon: a clear error on that stream or
+connection, everyone else keeps being served, every buffer returns to the pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from shuffled.protocol import codec
+from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.frames import ErrorResponse, Hello, HelloAck, OpenMapOutput, PushCredit, Role
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, payload, pool_settled
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def one() -> Iterator[Cluster]:
+    c = Cluster(1, pool_size="32M")
+    yield c
+    c.stop()
+
+
+class Raw:
+    """A hand-driven connection: send any bytes, read whole frames back."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.buf = b""
+
+    @classmethod
+    async def open(cls, addr: str) -> Raw:
+        host, port = addr.rsplit(":", 1)
+        return cls(*await asyncio.open_connection(host, int(port)))
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def frame(self) -> object:
+        while True:
+            if len(self.buf) >= 12:
+                length = int.from_bytes(self.buf[:4], "big")
+                if len(self.buf) >= 12 + length:
+                    data, self.buf = self.buf[: 12 + length], self.buf[12 + length :]
+                    return codec.decode_all(data)[0]
+            chunk = await asyncio.wait_for(self.reader.read(65536), 10)
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+
+    async def hello(self) -> None:
+        await self.send(codec.encode_hello(Hello(Role.CLIENT)))
+        assert isinstance(await self.frame(), HelloAck)
+
+    async def closed(self) -> bool:
+        try:
+            await self.frame()
+        except EOFError:
+            return True
+        return False
+
+
+async def _still_serving(addr: str) -> None:
+    c = await AsyncClient.connect(addr)
+    w = await c.open_writer("ok-app", 1, 0, 1, 2)
+    await w.write(1, payload(1, 1, 100_000))
+    await w.commit()
+    async with c.read("ok-app", 1, 1, 2, {"": [1]}) as r:
+        assert await r.read_all() == payload(1, 1, 100_000)
+    await c.remove_application("ok-app")
+    assert (await pool_settled(c))["pool"]["used"] == 0
+    await c.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x00\x00\x00\x04\x7f\x00\x00\x00\x00\x00\x00\x00abcd",  # unknown frame type
+        b"\xff\xff\xff\xff\x01\x00\x00\x00\x00\x00\x00\x00",  # absurd length
+    ],
+)
+async def test_garbage_gets_a_protocol_error_and_a_close(one: Cluster, garbage: bytes) -> None:
+    async def body() -> None:
+        raw = await Raw.open(one.daemons[0].addr)
+        await raw.send(garbage)
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 0 and err.code == ErrorCode.PROTOCOL
+        assert await raw.closed()
+        await _still_serving(one.daemons[0].addr)
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_frame_before_hello_is_refused(one: Cluster) -> None:
+    async def body() -> None:
+        raw = await Raw.open(one.daemons[0].addr)
+        await raw.send(codec.encode_add_credit(1, 1))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and "Hello" in err.message
+        assert await raw.closed()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_stray_stream_frames_get_per_stream_errors_and_the_connection_lives(one: Cluster) -> None:
+    async def body() -> None:
+        raw = await Raw.open(one.daemons[0].addr)
+        await raw.hello()
+        await raw.send(codec.encode_push_data(42, 0, 0, b"x" * 100))  # writer never opened
+        await raw.send(codec.encode_commit(43, 0))
+        codes = {(f.stream, f.code) for f in [await raw.frame(), await raw.frame()] if isinstance(f, ErrorResponse)}
+        assert codes == {(42, ErrorCode.UNKNOWN_STREAM), (43, ErrorCode.UNKNOWN_STREAM)}
+        await raw.send(codec.encode_open_map_output(OpenMapOutput(5, "", 1, 0, 1, 4)))  # empty app id
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 5 and err.code == ErrorCode.INVALID_REQUEST
+        await raw.send(codec.encode_admin_request(6, "stats", {}))
+        assert (await raw.frame()).result["pool"]["used"] == 0  # type: ignore[attr-defined]
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_push_beyond_credit_is_fatal_and_frees_the_map_output(one: Cluster) -> None:
+    async def body() -> None:
+        raw = await Raw.open(one.daemons[0].addr)
+        await raw.hello()
+        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "bad-app", 1, 0, 9, 2)))
+        grant = await raw.frame()
+        assert isinstance(grant, PushCredit)
+        # Credit tops up as pushes land, but never beyond the pool (896 usable segments
+        # here): pushing 2000 without waiting for grants must run past it.
+        pushes = b"".join(codec.encode_push_data(1, i, 0, b"y" * 1000) for i in range(2000))
+        await raw.send(pushes)
+        while not isinstance(f := await raw.frame(), ErrorResponse):
+            assert isinstance(f, PushCredit)
+        assert f.stream == 0 and f.code == ErrorCode.CREDIT_VIOLATION
+        assert await raw.closed()
+        c = await AsyncClient.connect(one.daemons[0].addr)
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0 and s["store"]["open_map_outputs"] == 0
+        await c.close()
+        await _still_serving(one.daemons[0].addr)
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_push_to_wrong_partition_fails_that_writer_only(one: Cluster) -> None:
+    async def body() -> None:
+        c = await AsyncClient.connect(one.daemons[0].addr)
+        w = await c.open_writer("p-app", 1, 0, 1, 3)
+        # Bypass the client's own check to put an out-of-range partition on the wire.
+        raw = await Raw.open(one.daemons[0].addr)
+        await raw.hello()
+        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "p-app", 1, 1, 2, 3)))
+        assert isinstance(await raw.frame(), PushCredit)
+        await raw.send(codec.encode_push_data(1, 0, 7, b"z" * 10))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.INVALID_REQUEST
+        await w.write(2, b"fine")
+        assert await w.commit() == [0, 0, 4]
+        await c.remove_application("p-app")
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
+
+    await asyncio.wait_for(body(), 30)

@@ -1,0 +1,35 @@
+"""The command line a newcomer meets first: help that names the flags, clear refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shuffled", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_help_names_every_serve_flag() -> None:
+    top = _cli("--help")
+    assert top.returncode == 0 and "serve" in top.stdout and "demo" in top.stdout
+    serve = _cli("serve", "--help")
+    for flag in ("--host", "--port", "--unix-socket", "--pool-size", "--segment-size", "--data-dir", "--peers"):
+        assert flag in serve.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--segment-size", "1000"], "segment-size"),
+        (["--pool-size", "64K"], "pool-size"),
+        (["--pool-size", "lots"], "is not a size"),
+        (["--port", "70000"], "port"),
+    ],
+)
+def test_cli_refuses_bad_settings_naming_them(args: list[str], says: str) -> None:
+    result = _cli("serve", "--port", "0", *args)
+    assert result.returncode == 2
+    assert says in result.stderr
