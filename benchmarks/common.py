@@ -38,10 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shuffled.server.daemon import DaemonConfig
 from shuffled_client import AsyncClient
 from shuffled_client.aio import PartitionReader
-
-from shuffled.server.daemon import DaemonConfig
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -19,6 +19,7 @@ import time
 from shuffled_client import AsyncClient
 
 from .common import (
+    SEGMENTS_PER_READER,
     BenchmarkFailure,
     Context,
     Goal,
@@ -53,6 +54,8 @@ class _Round:
         self.rate = 0.0
         self.finish: list[float] = []
         self.held_for = 0.0
+        #: segments of the relay daemon's pool in use while the stalled reader held its chunk
+        self.relay_segments = 0
 
 
 async def _stalling_read(
@@ -95,6 +98,8 @@ async def _round(client: AsyncClient, locations: dict[str, list[int]], per: int,
         out.rate = mib_per_s(got, out.finish[-1])
         if stall:
             require(held.is_set(), "the stalling reader never received its first chunk, so nothing was held")
+            stats = await asyncio.wait_for(client.stats(), limit)
+            out.relay_segments = int(stats["pool"]["used"])
             release.set()
             out.held_for = t_done - t0
         try:
@@ -143,7 +148,9 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     )
     result.notes.append(
         f"{READERS} partitions of {per / MiB:.3g} MiB; the stalled reader held its first chunk for "
-        f"{median([r.held_for for r in stalled]):.2f}s (until the others finished), then read the rest"
+        f"{median([r.held_for for r in stalled]):.2f}s (until the others finished), then read the rest; "
+        f"meanwhile B had {max(r.relay_segments for r in stalled)} segments of its pool in use "
+        f"(credit bounds it to {SEGMENTS_PER_READER} for the stalled stream)"
     )
     last_free, last_stalled = free[-1], stalled[-1]
     ranks = list(range(1, READERS))

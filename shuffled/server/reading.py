@@ -15,12 +15,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..buffers import Buffer, LocalPool
+from ..buffers import LocalPool
+from ..net.channel import InputChannel
 from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.codec import encode_cancel, encode_error
-from ..protocol.credit import ChannelCredit, FloatingPool, SequenceChecker
-from ..protocol.errors import CreditViolation, InternalError, ShuffledError
-from ..protocol.frames import BufferKind, BufferResponse, PartitionRequest
+from ..protocol.credit import ChannelCredit, FloatingPool
+from ..protocol.errors import InternalError, ShuffledError
+from ..protocol.frames import PartitionRequest
 
 if TYPE_CHECKING:
     from .connection import DaemonConnection
@@ -28,62 +29,37 @@ if TYPE_CHECKING:
 log = logging.getLogger("shuffled.read")
 
 
-class RemoteInputChannel:
-    __slots__ = ("closed", "conn", "credit", "gate", "receiver", "seq")
+class RemoteInputChannel(InputChannel):
+    """A PartitionRequest this daemon made to another daemon on behalf of a gate."""
+
+    __slots__ = ("closed", "conn", "gate")
 
     def __init__(self, gate: InputGate, conn: DaemonConnection, receiver: int, credit: ChannelCredit) -> None:
+        super().__init__(receiver, credit)
         self.gate = gate
         self.conn = conn
-        self.receiver = receiver
-        self.credit = credit
-        self.seq = SequenceChecker()
         self.closed = False
 
-    def target(self, length: int) -> tuple[memoryview, Buffer]:
-        pool = self.gate.pool
-        buf = pool.request() if pool is not None else None
-        if buf is None:
-            raise CreditViolation(f"stream {self.receiver}: buffer arrived with no free buffer behind its credit")
-        buf.set_recycler(self._recycle)
-        return buf.memory[:length], buf
+    def local_pool(self) -> LocalPool | None:
+        return self.gate.pool
 
-    def on_buffer(self, frame: BufferResponse) -> None:
-        try:
-            self.seq.check(frame.sequence)
-        except ShuffledError as exc:
-            if isinstance(frame.payload, Buffer):
-                frame.payload.release()
-            self.gate.fail(exc)
-            return
-        if frame.kind is BufferKind.END_OF_PARTITION:
-            self._finish()
-            self.gate.channel_done()
-            return
-        buf: Buffer = frame.payload
-        buf.length = frame.length
-        if self.credit.on_buffer(frame.backlog):
-            self.conn.announce(self)
-        self.gate.relay(Chunk(buf, frame.partition, frame.attempt))
+    def announce(self) -> None:
+        self.conn.announce(self)
 
-    def _recycle(self, buf: Buffer) -> None:
-        pool = self.gate.pool
-        assert pool is not None
-        pool.recycle(buf)
-        mine, others = self.credit.on_recycle()
-        if mine:
-            self.conn.announce(self)
-        for other in others:
-            ch = other.owner
-            assert isinstance(ch, RemoteInputChannel)
-            ch.conn.announce(ch)
+    def deliver(self, chunk: Chunk) -> None:
+        self.gate.relay(chunk)
+
+    def on_end(self) -> None:
+        self._finish()
+        self.gate.channel_done()
+
+    def on_stream_error(self, exc: ShuffledError) -> None:
+        self.gate.fail(exc)
 
     def _finish(self) -> None:
         self.closed = True
         self.conn.channels.pop(self.receiver, None)
-        for other in self.credit.close():
-            ch = other.owner
-            assert isinstance(ch, RemoteInputChannel)
-            ch.conn.announce(ch)
+        self.release_floating()
 
     def cancel(self) -> None:
         if self.closed:
@@ -136,7 +112,6 @@ class InputGate:
                     return
                 credit = ChannelCredit(cfg.exclusive, floating)
                 ch = RemoteInputChannel(self, peer, peer.new_stream_id(), credit)
-                credit.owner = ch
                 self.channels.append(ch)
                 peer.open_channel(
                     ch,

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
+from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection
 from shuffled.net.streams import Chunk, PushEvent, PushStream
 from shuffled.protocol.codec import (
@@ -25,10 +26,9 @@ from shuffled.protocol.codec import (
     encode_open_map_output,
     encode_partition_request,
 )
-from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool, SequenceChecker
+from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
 from shuffled.protocol.errors import (
     ConnectionLost,
-    CreditViolation,
     InvalidRequest,
     MapOutputStateError,
     ProtocolError,
@@ -38,7 +38,6 @@ from shuffled.protocol.errors import (
 from shuffled.protocol.frames import (
     AbortAck,
     AdminResponse,
-    BufferKind,
     BufferResponse,
     Close,
     CommitAck,
@@ -82,7 +81,7 @@ class _ClientConnection(FrameConnection):
         reader = self.client._readers.get(stream)
         if ftype != FrameType.BUFFER_RESPONSE or reader is None:
             return None
-        return reader._target(length)
+        return reader.target(length)
 
     def handle_frame(self, frame: Frame) -> None:
         self.client._on_frame(frame)
@@ -211,7 +210,7 @@ class AsyncClient:
             case BufferResponse():
                 reader = self._readers.get(frame.receiver)
                 if reader is not None:
-                    reader._on_buffer(frame)
+                    reader.on_buffer(frame)
             case PushCredit(writer, credit):
                 w = self._writers.get(writer)
                 if w is not None:
@@ -415,16 +414,14 @@ class ReadChunk:
             buf.release()
 
 
-class PartitionReader:
+class PartitionReader(InputChannel):
     """An input gate with one channel (to the local daemon), credit-controlled."""
 
     def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest) -> None:
+        super().__init__(receiver, ChannelCredit(client.exclusive, FloatingPool(client.floating)))
         self.client = client
-        self.receiver = receiver
         self.req = req
         self._pool: LocalPool | None = None
-        self.credit = ChannelCredit(client.exclusive, FloatingPool(client.floating))
-        self.seq = SequenceChecker()
         self._queue: deque[ReadChunk] = deque()
         self._wake = asyncio.Event()
         self._error: ShuffledError | None = None
@@ -450,41 +447,25 @@ class PartitionReader:
             )
         )
 
-    def _target(self, length: int) -> tuple[memoryview, Buffer]:
-        buf = self._pool.request() if self._pool is not None else None
-        if buf is None:
-            raise CreditViolation("daemon sent a buffer beyond the reader's credit")
-        buf.set_recycler(self._recycle)
-        return buf.memory[:length], buf
+    # -- InputChannel
 
-    def _on_buffer(self, frame: BufferResponse) -> None:
-        try:
-            self.seq.check(frame.sequence)
-        except ShuffledError as exc:
-            if isinstance(frame.payload, Buffer):
-                frame.payload.release()
-            self._on_error(exc)
-            self.client._send(encode_cancel(self.receiver))
-            return
-        if frame.kind is BufferKind.END_OF_PARTITION:
-            self._ended = True
-            self.client._readers.pop(self.receiver, None)
-        else:
-            buf: Buffer = frame.payload
-            buf.length = frame.length
-            if self.credit.on_buffer(frame.backlog):
-                self._schedule_announce()
-            self._queue.append(ReadChunk(buf, frame.partition, frame.attempt))
+    def local_pool(self) -> LocalPool | None:
+        return self._pool
+
+    def deliver(self, chunk: Chunk) -> None:
+        self._queue.append(ReadChunk(chunk.buffer, chunk.partition, chunk.attempt))
         self._wake.set()
 
-    def _recycle(self, buf: Buffer) -> None:
-        assert self._pool is not None
-        self._pool.recycle(buf)
-        mine, _ = self.credit.on_recycle()
-        if mine:
-            self._schedule_announce()
+    def on_end(self) -> None:
+        self._ended = True
+        self.client._readers.pop(self.receiver, None)
+        self._wake.set()
 
-    def _schedule_announce(self) -> None:
+    def on_stream_error(self, exc: ShuffledError) -> None:
+        self._on_error(exc)
+        self.client._send(encode_cancel(self.receiver))
+
+    def announce(self) -> None:
         if not self._announce_scheduled:
             self._announce_scheduled = True
             asyncio.get_running_loop().call_soon(self._announce)
@@ -555,7 +536,7 @@ class PartitionReader:
             self.client._send(encode_cancel(self.receiver))
         self.client._readers.pop(self.receiver, None)
         self._ended = True
-        self.credit.close()
+        self.release_floating()
         while self._queue:
             self._queue.popleft().release()
         if self._pool is not None:

@@ -1,0 +1,87 @@
+"""The receiving end of one read stream, shared by the daemon's remote channels and the client.
+
+It decides where a BufferResponse's payload lands (a buffer of the owner's local
+pool, guaranteed by the credit it announced), checks sequence numbers and credit,
+and turns a recycled buffer back into credit. Owners say what happens to chunks,
+the end of the stream, errors, and how credit is announced.
+"""
+
+from __future__ import annotations
+
+from ..buffers import Buffer, LocalPool
+from ..protocol.credit import ChannelCredit, SequenceChecker
+from ..protocol.errors import CreditViolation, ShuffledError
+from ..protocol.frames import BufferKind, BufferResponse
+from .streams import Chunk
+
+
+class InputChannel:
+    __slots__ = ("credit", "receiver", "seq")
+
+    def __init__(self, receiver: int, credit: ChannelCredit) -> None:
+        self.receiver = receiver
+        self.credit = credit
+        credit.owner = self
+        self.seq = SequenceChecker()
+
+    # -- for owners to provide
+
+    def local_pool(self) -> LocalPool | None:
+        raise NotImplementedError
+
+    def announce(self) -> None:
+        """Unannounced credit went from 0 to positive: arrange an AddCredit."""
+        raise NotImplementedError
+
+    def deliver(self, chunk: Chunk) -> None:
+        raise NotImplementedError
+
+    def on_end(self) -> None:
+        raise NotImplementedError
+
+    def on_stream_error(self, exc: ShuffledError) -> None:
+        raise NotImplementedError
+
+    # -- shared mechanics
+
+    def target(self, length: int) -> tuple[memoryview, Buffer]:
+        pool = self.local_pool()
+        buf = pool.request() if pool is not None else None
+        if buf is None:
+            raise CreditViolation(f"stream {self.receiver}: buffer arrived with no free buffer behind its credit")
+        buf.set_recycler(self._recycle)
+        return buf.memory[:length], buf
+
+    def on_buffer(self, frame: BufferResponse) -> None:
+        try:
+            self.seq.check(frame.sequence)
+        except ShuffledError as exc:
+            if isinstance(frame.payload, Buffer):
+                frame.payload.release()
+            self.on_stream_error(exc)
+            return
+        if frame.kind is BufferKind.END_OF_PARTITION:
+            self.on_end()
+            return
+        buf: Buffer = frame.payload
+        buf.length = frame.length
+        if self.credit.on_buffer(frame.backlog):
+            self.announce()
+        self.deliver(Chunk(buf, frame.partition, frame.attempt))
+
+    def _recycle(self, buf: Buffer) -> None:
+        pool = self.local_pool()
+        assert pool is not None
+        pool.recycle(buf)
+        mine, others = self.credit.on_recycle()
+        if mine:
+            self.announce()
+        for other in others:
+            assert isinstance(other.owner, InputChannel)
+            other.owner.announce()
+
+    def release_floating(self) -> None:
+        """Close the credit; channels that got the freed floating buffers announce them."""
+        for other in self.credit.close():
+            assert isinstance(other.owner, InputChannel)
+            other.owner.announce()
