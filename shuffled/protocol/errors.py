@@ -131,27 +131,12 @@ class ConnectionLost(ShuffledError):
     retryable = True
 
 
-_BY_CODE: dict[int, type[ShuffledError]] = {
-    cls.code: cls
-    for cls in (
-        ProtocolError,
-        UnsupportedVersion,
-        AuthFailed,
-        UnknownStream,
-        PartitionNotFound,
-        PeerUnavailable,
-        LimitExceeded,
-        CreditViolation,
-        SequenceGap,
-        MapOutputStateError,
-        Cancelled,
-        ShuttingDown,
-        InternalError,
-        DuplicateConnection,
-        InvalidRequest,
-        ConnectionLost,
-    )
-}
+def _subclasses(cls: type[ShuffledError]) -> list[type[ShuffledError]]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+_BY_CODE: dict[int, type[ShuffledError]] = {cls.code: cls for cls in _subclasses(ShuffledError)}
+assert len(_BY_CODE) == len(ErrorCode), "every wire error code has exactly one class"
 
 
 def error_from_code(code: int, message: str) -> ShuffledError:
