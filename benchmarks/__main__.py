@@ -24,8 +24,10 @@ from types import ModuleType
 
 from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push
 from .common import (
+    BASELINE_MAX_AGE,
     BenchmarkFailure,
     Context,
+    MachineLoad,
     ScenarioResult,
     Skip,
     format_table,
@@ -49,6 +51,10 @@ SCENARIOS: dict[str, ModuleType] = {
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+def _fmt_rate(mib_s: float) -> str:
+    return f"{mib_s:,.0f} MiB/s"
 
 
 def _description(module: ModuleType) -> str:
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp_dir = Path(tempfile.mkdtemp(prefix="shuffled-bench-"))
     ctx = Context(args.quick, args.out, tmp_dir, profile=args.profile)
     t0 = time.monotonic()
+    load = MachineLoad()
     progress(f"running {', '.join(names)} ({'quick' if args.quick else 'full'}), results in {args.out}")
     results: list[ScenarioResult] = []
     interrupted = False
@@ -151,10 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         stop_all()
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
+    if len(ctx.bare_history) > 1:
+        for r in results:
+            if r.name == "bare":
+                r.notes.append(
+                    f"measured again once older than {BASELINE_MAX_AGE:.0f}s, each scenario comparing with the "
+                    "latest: " + ", ".join(f"{_fmt_rate(v)} in {name}" for name, v in ctx.bare_history)
+                )
     plots = write_plots(args.out, results)
-    meta = run_metadata(args.quick, time.monotonic() - t0, sys.argv if argv is None else argv)
+    meta = run_metadata(args.quick, time.monotonic() - t0, sys.argv if argv is None else argv, load)
     write_json(args.out / "results.json", meta, results)
     print(format_table(results))
+    print(
+        f"\nmachine: {meta['cpus']} cpus, {meta['cpu_steal_percent']}% cpu stolen by the hypervisor during the run, "
+        f"1-min load {meta['loadavg_1m_start']} at start, {meta['loadavg_1m_end']} at end"
+    )
     print(f"\nwrote {args.out / 'results.json'} and {len(plots)} plot(s) in {args.out} ({meta['seconds']:.0f}s)")
     if interrupted:
         return 130

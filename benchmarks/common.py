@@ -58,8 +58,9 @@ FIRST_HOST = 2
 HOST_FOR_HELPERS = "127.0.0.2"
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
-#: a baseline older than this is measured again before a scenario compares against it
-BASELINE_MAX_AGE = 120.0
+#: a baseline older than this is measured again before a scenario compares against it: on a shared
+#: machine the bare rate itself moves by 2x within minutes, so a ratio needs a baseline taken nearby
+BASELINE_MAX_AGE = 30.0
 
 _T0 = time.monotonic()
 
@@ -438,6 +439,8 @@ class Context:
         self.time_limit = 45.0 if quick else 900.0
         self.scenario = ""
         self._bare: Baseline | None = None
+        #: every bare measurement of the run: (scenario that asked for it, MiB/s)
+        self.bare_history: list[tuple[str, float]] = []
         self._unix_count = 0
 
     def pick(self, full: Any, quick: Any) -> Any:
@@ -451,6 +454,7 @@ class Context:
 
     def record_bare(self, baseline: Baseline) -> None:
         self._bare = baseline
+        self.bare_history.append((self.scenario, baseline.mib_s))
 
     async def bare_throughput(self) -> Baseline:
         """The bare uvloop pair's bytes/s, measured in this run and again if it is stale."""
@@ -458,7 +462,8 @@ class Context:
             from .bare import measure_baseline  # bare imports this module
 
             self.progress("measuring the bare-socket baseline")
-            self._bare = await measure_baseline(self)
+            self.record_bare(await measure_baseline(self))
+            assert self._bare is not None
             self.progress(f"bare baseline {self._bare.mib_s:,.0f} MiB/s")
         return self._bare
 
@@ -648,8 +653,30 @@ def format_table(results: Sequence[ScenarioResult]) -> str:
     return "\n".join(out)
 
 
-def run_metadata(quick: bool, seconds: float, argv: Sequence[str]) -> dict[str, Any]:
-    """Enough about the machine and the code to tell two results files apart."""
+class MachineLoad:
+    """CPU time stolen by the hypervisor and the load average over the run: how noisy this run's machine was."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._start = psutil.cpu_times()
+        self.loadavg_start = os.getloadavg()[0]
+
+    def summary(self) -> dict[str, float]:
+        import psutil
+
+        end = psutil.cpu_times()
+        total = sum(end) - sum(self._start)
+        steal = getattr(end, "steal", 0.0) - getattr(self._start, "steal", 0.0)
+        return {
+            "cpu_steal_percent": round(100 * steal / total, 1) if total > 0 else 0.0,
+            "loadavg_1m_start": round(self.loadavg_start, 2),
+            "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        }
+
+
+def run_metadata(quick: bool, seconds: float, argv: Sequence[str], load: MachineLoad) -> dict[str, Any]:
+    """Enough about the machine, its load and the code to tell two results files apart."""
     repo = Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
@@ -669,6 +696,7 @@ def run_metadata(quick: bool, seconds: float, argv: Sequence[str]) -> dict[str, 
         "uvloop": version("uvloop"),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        **load.summary(),
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
     }

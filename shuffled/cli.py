@@ -89,6 +89,27 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT,...",
         help="other daemons of the cluster, told when a shuffle or application is removed",
     )
+    serve.add_argument(
+        "--exclusive-buffers",
+        type=int,
+        default=d.exclusive,
+        metavar="N",
+        help=f"buffers per remote channel of a read, its initial credit (default {d.exclusive}, as in Flink)",
+    )
+    serve.add_argument(
+        "--floating-buffers",
+        type=int,
+        default=d.floating,
+        metavar="N",
+        help=f"buffers per read shared by its channels, taken as backlog grows (default {d.floating}, as in Flink)",
+    )
+    serve.add_argument(
+        "--push-window",
+        type=int,
+        default=d.push_max,
+        metavar="N",
+        help=f"most push credit (buffers) one map output may hold when memory allows (default {d.push_max})",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = sub.add_parser(
@@ -117,6 +138,9 @@ def _config_from(args: argparse.Namespace) -> DaemonConfig:
         segment_size=args.segment_size,
         data_dir=args.data_dir,
         peers=[p.strip() for p in args.peers.split(",") if p.strip()],
+        exclusive=args.exclusive_buffers,
+        floating=args.floating_buffers,
+        push_max=args.push_window,
     )
 
 

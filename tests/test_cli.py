@@ -27,6 +27,8 @@ def test_cli_help_names_every_serve_flag() -> None:
         (["--pool-size", "64K"], "pool-size"),
         (["--pool-size", "lots"], "is not a size"),
         (["--port", "70000"], "port"),
+        (["--exclusive-buffers", "0"], "exclusive-buffers"),
+        (["--push-window", "1"], "push-window"),
     ],
 )
 def test_cli_refuses_bad_settings_naming_them(args: list[str], says: str) -> None:

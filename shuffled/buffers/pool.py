@@ -20,6 +20,7 @@ import mmap
 from collections.abc import Callable
 
 Recycler = Callable[["Buffer"], None]
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class Buffer:
@@ -74,12 +75,16 @@ class GlobalPool:
         self.segment_size = segment_size
         self.total = count
         self.reserve = reserve
-        self._mmap = mmap.mmap(-1, count * segment_size)
+        # Fault the whole region in now: the pool is reserved memory, and touching
+        # pages lazily made the first pushes into a fresh daemon about 2x slower.
+        self._mmap = mmap.mmap(-1, count * segment_size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
         view = memoryview(self._mmap)
         self._buffers = [Buffer(i, view[i * segment_size : (i + 1) * segment_size]) for i in range(count)]
         self._free: list[Buffer] = list(reversed(self._buffers))
         self._waiters: list[tuple[int, bool, asyncio.Future[list[Buffer]]]] = []
         self._pools: set[LocalPool] = set()
+        self._flexible: set[LocalPool] = set()
+        self._min_total = 0
 
     @property
     def free(self) -> int:
@@ -169,6 +174,9 @@ class GlobalPool:
             raise ValueError("local pool needs 0 <= min <= max")
         pool = LocalPool(self, minimum, maximum, use_reserve, [])
         self._pools.add(pool)
+        self._min_total += minimum
+        if maximum > minimum:
+            self._flexible.add(pool)
         self.redistribute()
         try:
             segments = await self.take(minimum, use_reserve) if minimum else []
@@ -179,16 +187,23 @@ class GlobalPool:
         return pool
 
     def _drop_pool(self, pool: LocalPool) -> None:
-        self._pools.discard(pool)
-        self.redistribute()
+        if pool in self._pools:
+            self._pools.remove(pool)
+            self._min_total -= pool.min
+            self._flexible.discard(pool)
+            self.redistribute()
 
     def redistribute(self) -> None:
-        """Share the segments above every pool's minimum in proportion to what each may still take."""
-        if not self._pools:
+        """Share the segments above every pool's minimum in proportion to what each may still take.
+
+        Only pools with max > min can change size, so only they are visited: a
+        thousand concurrent fixed-size read pools cost nothing here.
+        """
+        if not self._flexible:
             return
-        spare = sum(p.max - p.min for p in self._pools)
-        excess = self.total - self.reserve - sum(p.min for p in self._pools)
-        for pool in self._pools:
+        spare = sum(p.max - p.min for p in self._flexible)
+        excess = self.total - self.reserve - self._min_total
+        for pool in self._flexible:
             extra = 0 if spare == 0 else max(0, excess) * (pool.max - pool.min) // spare
             pool.set_target(pool.min + min(pool.max - pool.min, extra))
 

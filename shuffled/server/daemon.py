@@ -51,9 +51,9 @@ class DaemonConfig:
         need(0 <= self.port < 65536, f"port {self.port} is not in 0..65535")
         need(self.segment_size >= 4096 and self.segment_size % 4096 == 0, "segment-size must be a multiple of 4096")
         need(self.pool_size >= 16 * self.segment_size, "pool-size must hold at least 16 segments")
-        need(self.exclusive >= 1, "exclusive buffers per channel must be >= 1")
-        need(self.floating >= 0, "floating buffers per gate must be >= 0")
-        need(1 <= self.push_min <= self.push_max, "push window needs 1 <= push-min <= push-max")
+        need(self.exclusive >= 1, "exclusive-buffers must be >= 1")
+        need(self.floating >= 0, "floating-buffers must be >= 0")
+        need(1 <= self.push_min <= self.push_max, f"push-window must be >= {self.push_min}")
         need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
         need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
 
