@@ -1,0 +1,203 @@
+package io.shuffled.client.wire;
+
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.Map;
+
+/**
+ * Frames to bytes (PROTOCOL.md §4, §7). Stateless and thread-safe.
+ *
+ * <p>Control frames are built whole ({@link #encode(Frame)}). For data frames a connection can write
+ * the header and fixed part with {@link #writeBufferResponsePrefix} / {@link #writePushDataPrefix} and
+ * then the payload from where it already lies (gathering write), without copying it.
+ *
+ * <p>msgpack maps are written with the keys in the order §7 lists them and every integer, string and
+ * header in its shortest form, which is what the golden vectors contain.
+ */
+public final class FrameEncoder {
+    private FrameEncoder() {}
+
+    /** Header + fixed part of a BufferResponse. */
+    public static final int BUFFER_RESPONSE_PREFIX = Wire.HEADER_SIZE + Wire.BUFFER_RESPONSE_FIXED;
+    /** Header + fixed part of a PushData. */
+    public static final int PUSH_DATA_PREFIX = Wire.HEADER_SIZE + Wire.PUSH_DATA_FIXED;
+
+    /** The whole frame as a new array. */
+    public static byte[] encode(Frame frame) {
+        if (frame instanceof Frame.BufferResponse b) {
+            ByteBuffer out = ByteBuffer.allocate(BUFFER_RESPONSE_PREFIX + b.length());
+            writeBufferResponsePrefix(
+                    out, b.receiver(), b.sequence(), b.backlog(), b.partition(), b.kind(), b.attempt(), b.length());
+            putPayload(out, b.payload(), b.length());
+            return out.array();
+        }
+        if (frame instanceof Frame.PushData p) {
+            ByteBuffer out = ByteBuffer.allocate(PUSH_DATA_PREFIX + p.length());
+            writePushDataPrefix(out, p.writer(), p.sequence(), p.partition(), p.length());
+            putPayload(out, p.payload(), p.length());
+            return out.array();
+        }
+        byte[] body = controlBody(frame);
+        ByteBuffer out = ByteBuffer.allocate(Wire.HEADER_SIZE + body.length);
+        writeHeader(out, frame.type(), frame.stream(), body.length);
+        out.put(body);
+        return out.array();
+    }
+
+    /** Appends the whole frame to {@code out} (its position advances). */
+    public static void encode(Frame frame, ByteBuffer out) {
+        out.put(encode(frame));
+    }
+
+    /** The 12-byte header: length, type, flags 0, reserved 0, stream (§4). */
+    public static void writeHeader(ByteBuffer out, FrameType type, long stream, long bodyLength) {
+        Wire.checkU32("body length", bodyLength);
+        Wire.checkU32("stream", stream);
+        out.putInt((int) bodyLength).put((byte) type.code()).put((byte) 0).putShort((short) 0).putInt((int) stream);
+    }
+
+    /** Header and fixed part of a BufferResponse whose payload of {@code payloadLength} bytes follows. */
+    public static void writeBufferResponsePrefix(
+            ByteBuffer out,
+            long receiver,
+            long sequence,
+            long backlog,
+            long partition,
+            BufferKind kind,
+            long attempt,
+            int payloadLength) {
+        if (kind != BufferKind.DATA && payloadLength != 0) {
+            throw new IllegalArgumentException("an END_OF_PARTITION event carries no payload");
+        }
+        if (payloadLength < 0) {
+            throw new IllegalArgumentException("negative payload length");
+        }
+        writeHeader(out, FrameType.BUFFER_RESPONSE, receiver, (long) Wire.BUFFER_RESPONSE_FIXED + payloadLength);
+        out.putInt((int) Wire.checkU32("sequence", sequence))
+                .putInt((int) Wire.checkU32("backlog", backlog))
+                .putInt((int) Wire.checkU32("partition", partition))
+                .putShort((short) kind.code())
+                .putShort((short) 0)
+                .putLong(attempt);
+    }
+
+    /** Header and fixed part of a PushData whose payload of {@code payloadLength} bytes follows. */
+    public static void writePushDataPrefix(
+            ByteBuffer out, long writer, long sequence, long partition, int payloadLength) {
+        if (payloadLength < 0) {
+            throw new IllegalArgumentException("negative payload length");
+        }
+        writeHeader(out, FrameType.PUSH_DATA, writer, (long) Wire.PUSH_DATA_FIXED + payloadLength);
+        out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("partition", partition));
+    }
+
+    private static void putPayload(ByteBuffer out, ByteBuffer payload, int length) {
+        if (payload == null) {
+            if (length != 0) {
+                throw new IllegalArgumentException("cannot encode a data frame whose payload was discarded");
+            }
+            return;
+        }
+        out.put(payload.duplicate());
+    }
+
+    /** The body of a control frame (everything but BufferResponse and PushData). */
+    public static byte[] controlBody(Frame frame) {
+        byte[] body = controlBodyUnchecked(frame);
+        if (body.length > Wire.MAX_CONTROL_BODY) {
+            throw new IllegalArgumentException(
+                    frame.type() + " body of " + body.length + " bytes exceeds the limit " + Wire.MAX_CONTROL_BODY);
+        }
+        return body;
+    }
+
+    private static byte[] controlBodyUnchecked(Frame frame) {
+        if (frame instanceof Frame.Hello h) {
+            return hello(h.version(), h.role(), h.info());
+        }
+        if (frame instanceof Frame.HelloAck h) {
+            return hello(h.version(), h.role(), h.info());
+        }
+        if (frame instanceof Frame.ErrorResponse e) {
+            byte[] text = e.message().getBytes(StandardCharsets.UTF_8); // lone surrogates become '?'
+            return ByteBuffer.allocate(Wire.ERROR_FIXED + text.length).putShort((short) e.code()).put(text).array();
+        }
+        if (frame instanceof Frame.Close
+                || frame instanceof Frame.CancelPartitionRequest
+                || frame instanceof Frame.AbortMapOutput
+                || frame instanceof Frame.AbortAck) {
+            return new byte[0];
+        }
+        if (frame instanceof Frame.PartitionRequest p) {
+            MsgPack.Writer w = new MsgPack.Writer(128);
+            w.writeMapHeader(5);
+            w.writeString("app").writeString(p.app());
+            w.writeString("shuffle").writeSigned(p.shuffle());
+            w.writeString("start").writeSigned(p.start());
+            w.writeString("end").writeSigned(p.end());
+            w.writeString("locations").writeMapHeader(p.locations().size());
+            for (Map.Entry<String, long[]> e : p.locations().entrySet()) {
+                w.writeString(e.getKey()).writeArrayHeader(e.getValue().length);
+                for (long attempt : e.getValue()) {
+                    w.writeUnsigned(attempt);
+                }
+            }
+            ByteBuffer out = ByteBuffer.allocate(4 + w.size()).putInt((int) p.credit());
+            w.writeTo(out);
+            return out.array();
+        }
+        if (frame instanceof Frame.AddCredit a) {
+            return u32(a.credit());
+        }
+        if (frame instanceof Frame.OpenMapOutput m) {
+            MsgPack.Writer w = new MsgPack.Writer(96);
+            w.writeMapHeader(5);
+            w.writeString("app").writeString(m.app());
+            w.writeString("shuffle").writeSigned(m.shuffle());
+            w.writeString("map_index").writeSigned(m.mapIndex());
+            w.writeString("attempt").writeUnsigned(m.attempt());
+            w.writeString("partitions").writeSigned(m.partitions());
+            return w.toByteArray();
+        }
+        if (frame instanceof Frame.PushCredit c) {
+            return u32(c.credit());
+        }
+        if (frame instanceof Frame.CommitMapOutput c) {
+            return u32(c.pushes());
+        }
+        if (frame instanceof Frame.CommitAck c) {
+            ByteBuffer out = ByteBuffer.allocate(4 + 8 * c.count()).putInt(c.count());
+            for (int i = 0; i < c.count(); i++) {
+                out.putLong(c.length(i));
+            }
+            return out.array();
+        }
+        if (frame instanceof Frame.AdminRequest r) {
+            MsgPack.Writer w = new MsgPack.Writer();
+            w.writeMapHeader(2);
+            w.writeString("op").writeString(r.op());
+            w.writeString("args").writeValue(r.args());
+            return w.toByteArray();
+        }
+        if (frame instanceof Frame.AdminResponse r) {
+            return new MsgPack.Writer().writeValue(r.result()).toByteArray();
+        }
+        throw new IllegalArgumentException(frame.type() + " is a data frame, not a control frame");
+    }
+
+    private static byte[] hello(int version, Role role, Map<String, Object> info) {
+        MsgPack.Writer w = new MsgPack.Writer();
+        w.writeValue(info);
+        ByteBuffer out = ByteBuffer.allocate(Wire.HELLO_FIXED + w.size())
+                .putInt(Wire.MAGIC)
+                .putShort((short) version)
+                .put((byte) role.code())
+                .put((byte) 0);
+        w.writeTo(out);
+        return out.array();
+    }
+
+    private static byte[] u32(long value) {
+        return ByteBuffer.allocate(4).putInt((int) value).array();
+    }
+}

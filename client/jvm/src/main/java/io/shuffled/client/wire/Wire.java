@@ -1,0 +1,58 @@
+package io.shuffled.client.wire;
+
+/**
+ * Fixed numbers of the shuffled wire protocol, version 1 (proto/PROTOCOL.md).
+ *
+ * <p>All binary integers on the wire are big-endian and unsigned. This codec keeps u32 values in a
+ * {@code long} (0..{@link #MAX_U32}) and u64 values in a {@code long} read as unsigned
+ * ({@link Long#compareUnsigned}, {@link Long#toUnsignedString}), as PROTOCOL.md §16 recommends.
+ */
+public final class Wire {
+    private Wire() {}
+
+    /** {@code SHFD}, body offset 0 of Hello and HelloAck (§7.1). */
+    public static final int MAGIC = 0x53484644;
+    /** The one protocol version this codec speaks (§6). */
+    public static final int VERSION = 1;
+
+    /** length u32, type u8, flags u8, reserved u16, stream u32 (§4). */
+    public static final int HEADER_SIZE = 12;
+    /** magic, version u16, role u8, reserved u8 (§7.1). */
+    public static final int HELLO_FIXED = 8;
+    /** code u16 (§7.2). */
+    public static final int ERROR_FIXED = 2;
+    /** sequence, backlog, partition (u32 each), kind u16, reserved u16, attempt u64 (§7.6). */
+    public static final int BUFFER_RESPONSE_FIXED = 24;
+    /** sequence u32, partition u32 (§7.10). */
+    public static final int PUSH_DATA_FIXED = 8;
+
+    /** Largest body of any frame except BufferResponse and PushData (§9). */
+    public static final int MAX_CONTROL_BODY = 8 << 20;
+    /** Data payload limit until a HelloAck announces another segment size (§9). */
+    public static final int DEFAULT_MAX_PAYLOAD = 32 << 10;
+    /** Segment size to assume when a HelloAck has no {@code segment_size} (§7.1). */
+    public static final int DEFAULT_SEGMENT_SIZE = 32 << 10;
+    /** Segment sizes are multiples of this, and at least this (§7.1). */
+    public static final int SEGMENT_SIZE_UNIT = 4096;
+    /** Read and push streams one party may have open on a connection (§9). */
+    public static final int MAX_STREAMS_PER_CONNECTION = 65536;
+    /** Largest partition count of a shuffle (§9). */
+    public static final long MAX_PARTITIONS = 1L << 24;
+
+    public static final long MAX_U32 = 0xFFFF_FFFFL;
+    public static final int MAX_U16 = 0xFFFF;
+
+    static long checkU32(String what, long value) {
+        if (value < 0 || value > MAX_U32) {
+            throw new IllegalArgumentException(what + " must be a u32 (0.." + MAX_U32 + "), got " + value);
+        }
+        return value;
+    }
+
+    static int checkU16(String what, int value) {
+        if (value < 0 || value > MAX_U16) {
+            throw new IllegalArgumentException(what + " must be a u16 (0.." + MAX_U16 + "), got " + value);
+        }
+        return value;
+    }
+}

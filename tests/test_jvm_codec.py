@@ -1,0 +1,163 @@
+"""The JVM wire codec (client/jvm) against the golden vectors, its own checks and the Python constants.
+
+Builds the plugin jar and the test jar with shuffled.spark_jar (javac --release 17 against the pyspark
+jars), then runs the Java check programs. Skipped only when no JDK is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shuffled import spark_jar
+from shuffled.protocol import frames as F
+from shuffled.protocol.errors import ErrorCode
+
+ROOT = Path(__file__).parents[1]
+VECTORS_FILE = ROOT / "proto" / "vectors" / "frames.json"
+JAVA_TIMEOUT = 60
+SUMMARY = re.compile(r"(\d+) passed, (\d+) failed")
+
+
+def _have_javac() -> bool:
+    try:
+        spark_jar.find_tool("javac")
+    except spark_jar.JvmBuildError:
+        return False
+    return True
+
+
+needs_jdk = pytest.mark.skipif(
+    not _have_javac(), reason="javac not found: install openjdk-17-jdk-headless to build and test the JVM client"
+)
+
+
+@pytest.fixture(scope="module")
+def jars() -> tuple[Path, Path]:
+    """(plugin jar, test jar), built unless up to date."""
+    return spark_jar.build_jar(), spark_jar.build_test_classes()
+
+
+def _run(main_class: str, jars: tuple[Path, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), f"io.shuffled.client.wire.{main_class}"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=JAVA_TIMEOUT, cwd=ROOT)
+
+
+def _summary(proc: subprocess.CompletedProcess[str]) -> tuple[int, int]:
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output; stderr:\n{proc.stderr}"
+    m = SUMMARY.fullmatch(lines[-1])
+    assert m, f"last line is not a summary: {lines[-1]!r}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def _failures(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stdout.splitlines() if line.startswith("FAIL")] + proc.stderr.splitlines()
+
+
+def _vectors() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(VECTORS_FILE.read_text(encoding="utf-8"))
+    return data
+
+
+def _entry_names(data: dict[str, Any]) -> list[str]:
+    return [e["name"] for key in ("vectors", "decode_only", "invalid") for e in data[key]]
+
+
+@needs_jdk
+def test_vector_check_passes_every_entry(jars: tuple[Path, Path]) -> None:
+    names = _entry_names(_vectors())
+    proc = _run("VectorCheck", jars, str(VECTORS_FILE))
+    assert proc.returncode == 0, _failures(proc)
+    assert _summary(proc) == (len(names), 0)
+    passed = {line[5:] for line in proc.stdout.splitlines() if line.startswith("ok   ")}
+    assert set(names) <= passed
+
+
+@needs_jdk
+def test_vector_check_reports_a_wrong_vector(jars: tuple[Path, Path], tmp_path: Path) -> None:
+    """The check is live: a vector whose bytes or expected code are wrong fails, with a non-zero exit."""
+    data = _vectors()
+    add_credit = next(v for v in data["vectors"] if v["frame"]["type"] == "ADD_CREDIT")
+    add_credit["frame"]["credit"] += 1
+    version = next(v for v in data["invalid"] if v["code"] == ErrorCode.UNSUPPORTED_VERSION)
+    version["code"] = int(ErrorCode.PROTOCOL)
+    bad = tmp_path / "frames.json"
+    bad.write_text(json.dumps(data), encoding="utf-8")
+    proc = _run("VectorCheck", jars, str(bad))
+    assert proc.returncode != 0
+    # The AddCredit bytes also appear in the file-wide back-to-back check, which fails too.
+    assert _summary(proc) == (len(_entry_names(data)) - 2, 3), proc.stdout
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert any(add_credit["name"] in line for line in failed)
+    assert any(version["name"] in line for line in failed)
+
+
+@needs_jdk
+def test_codec_self_test(jars: tuple[Path, Path]) -> None:
+    proc = _run("CodecSelfTest", jars)
+    assert proc.returncode == 0, _failures(proc)
+    passed, failed = _summary(proc)
+    assert failed == 0 and passed > 0
+
+
+@needs_jdk
+def test_constants_match_the_python_codec(jars: tuple[Path, Path]) -> None:
+    proc = _run("PrintConstants", jars)
+    assert proc.returncode == 0, proc.stderr
+    got: dict[str, dict[str, int]] = {}
+    for line in proc.stdout.splitlines():
+        kind, name, value = line.split()
+        got.setdefault(kind, {})[name] = int(value)
+    assert got["error"] == {c.name: c.value for c in ErrorCode}
+    assert got["frame"] == {t.name: t.value for t in F.FrameType}
+    assert got["role"] == {r.name: r.value for r in F.Role}
+    assert got["kind"] == {k.name: k.value for k in F.BufferKind}
+    assert got["const"] == {
+        "VERSION": F.VERSION,
+        "HEADER_SIZE": F.HEADER_SIZE,
+        "HELLO_FIXED": F.HELLO_FIXED.size,
+        "BUFFER_RESPONSE_FIXED": F.BUFFER_RESPONSE_FIXED.size,
+        "PUSH_DATA_FIXED": F.PUSH_DATA_FIXED.size,
+        "MAX_CONTROL_BODY": F.MAX_CONTROL_BODY,
+        "DEFAULT_MAX_PAYLOAD": F.DEFAULT_MAX_PAYLOAD,
+        "MAX_STREAMS_PER_CONNECTION": F.MAX_STREAMS_PER_CONNECTION,
+        "MAGIC": int.from_bytes(F.MAGIC, "big"),
+    }
+
+
+@needs_jdk
+def test_build_skips_up_to_date_jars_and_rebuilds_stale_or_forced(tmp_path: Path) -> None:
+    jar = spark_jar.build_jar(tmp_path)
+    assert jar == tmp_path / spark_jar.JAR_NAME
+    with zipfile.ZipFile(jar) as z:
+        names = set(z.namelist())
+    assert {"io/shuffled/client/wire/FrameDecoder.class", "io/shuffled/client/wire/MsgPack$Reader.class"} <= names
+    assert not any("VectorCheck" in n for n in names), "test classes must not ship in the plugin jar"
+    assert [p.name for p in tmp_path.iterdir()] == [spark_jar.JAR_NAME], "temporary files left behind"
+
+    built = jar.stat().st_mtime_ns
+    assert spark_jar.build_jar(tmp_path) == jar
+    assert jar.stat().st_mtime_ns == built, "an up-to-date jar was rebuilt"
+
+    os.utime(jar, ns=(0, 0))  # older than the sources: stale
+    spark_jar.build_jar(tmp_path)
+    rebuilt = jar.stat().st_mtime_ns
+    assert rebuilt > built
+
+    spark_jar.build_jar(tmp_path, force=True)
+    assert jar.stat().st_mtime_ns > rebuilt
+
+
+def test_missing_jdk_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(spark_jar.JvmBuildError, match="openjdk-17-jdk-headless"):
+        spark_jar.build_jar(tmp_path, force=True)
