@@ -123,7 +123,7 @@ class CreditMachine(RuleBasedStateMachine):
         kind, ch, n = self.to_send.popleft()
         stream = self.send[ch]
         if kind == "cancel":
-            list(stream.close())
+            stream.close()
         elif not stream.closed:
             stream.add_credit(n)
 

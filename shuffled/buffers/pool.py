@@ -152,15 +152,19 @@ class GlobalPool:
             self._serve_waiters()
 
     def _serve_waiters(self) -> None:
-        # Any waiter that fits is served, so a large or reserve-less request
-        # cannot block a reader behind it. Cancelled waiters are dropped here.
+        # First come, first served within each class (readers that may use the
+        # reserve, and everyone else), so small requests cannot starve a large
+        # one; the classes are independent, so a waiting pusher never blocks a
+        # reader. Cancelled waiters are dropped here.
         keep = []
+        blocked = {False: False, True: False}
         for n, use_reserve, fut in self._waiters:
             if fut.done():
                 continue
-            if self._fits(n, use_reserve):
+            if not blocked[use_reserve] and self._fits(n, use_reserve):
                 fut.set_result(self._pop(n))
             else:
+                blocked[use_reserve] = True
                 keep.append((n, use_reserve, fut))
         self._waiters = keep
 
@@ -221,6 +225,8 @@ class LocalPool:
         self.use_reserve = use_reserve
         self._held: list[Buffer] = []
         self.issued = 0
+        #: held segments already promised to a peer (push credit): never taken back
+        self.promised = 0
         self.destroyed = False
         self.add_segments(segments)
 
@@ -238,14 +244,16 @@ class LocalPool:
         return len(self._held)
 
     def set_target(self, target: int) -> None:
+        """New share from redistribution; held segments go back unless they are promised."""
         self.target = target
-        while self._held and self.size > max(self.target, self.min):
+        while len(self._held) > self.promised and self.size > max(self.target, self.min):
             self.owner.give(self._held.pop())
 
     def request(self) -> Buffer | None:
         """A buffer now, or None (never waits)."""
         if self._held:
             buf = self._held.pop()
+            self.promised = max(0, self.promised - 1)
         elif not self.destroyed and self.size < self.target:
             got = self.owner.try_take(1, self.use_reserve)
             if got is None:

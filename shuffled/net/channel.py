@@ -49,23 +49,31 @@ class InputChannel:
         buf = pool.request() if pool is not None else None
         if buf is None:
             raise CreditViolation(f"stream {self.receiver}: buffer arrived with no free buffer behind its credit")
-        buf.set_recycler(self._recycle)
+        # Until on_buffer has counted it, releasing the buffer (owner gone, error,
+        # connection lost) returns it to the pool without touching credit.
         return buf.memory[:length], buf
 
     def on_buffer(self, frame: BufferResponse) -> None:
+        buf = frame.payload
+        announce = False
         try:
             self.seq.check(frame.sequence)
+            if frame.kind is not BufferKind.END_OF_PARTITION:
+                announce = self.credit.on_buffer(frame.backlog)
         except ShuffledError as exc:
-            if isinstance(frame.payload, Buffer):
-                frame.payload.release()
-            self.on_stream_error(exc)
-            return
+            if isinstance(buf, Buffer):
+                buf.release()
+            if not isinstance(exc, CreditViolation):
+                self.on_stream_error(exc)
+                return
+            raise  # the sender broke the credit rules: fatal for the connection
         if frame.kind is BufferKind.END_OF_PARTITION:
             self.on_end()
             return
-        buf: Buffer = frame.payload
+        assert isinstance(buf, Buffer)
         buf.length = frame.length
-        if self.credit.on_buffer(frame.backlog):
+        buf.set_recycler(self._recycle)
+        if announce:
             self.announce()
         self.deliver(Chunk(buf, frame.partition, frame.attempt))
 

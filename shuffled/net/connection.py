@@ -12,14 +12,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Sequence
 from typing import Any, cast
 
+from ..buffers import Buffer
 from ..protocol.codec import FrameReader, encode_error
 from ..protocol.errors import InternalError, ShuffledError
 from ..protocol.frames import DEFAULT_MAX_PAYLOAD, Frame, FrameType
 from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
 
 log = logging.getLogger("shuffled.net")
+
+
+def release_payload(frame: object) -> None:
+    """Give back the pool buffer a decoded data frame holds, for frames no owner took."""
+    buf = getattr(frame, "payload", frame)
+    if isinstance(buf, Buffer) and buf.refs:
+        buf.release()
+
+
+def _release_payloads(frames: Sequence[object]) -> None:
+    for frame in frames:
+        release_payload(frame)
+
 
 #: seconds a failed connection waits for the peer to close before closing itself
 FAIL_LINGER = 5.0
@@ -70,13 +85,23 @@ class FrameConnection(asyncio.BufferedProtocol):
         if self._discard is not None:
             return
         try:
-            for frame in self.reader.buffer_updated(nbytes):
-                self.handle_frame(frame)
+            frames = self.reader.buffer_updated(nbytes)
         except ShuffledError as exc:
+            _release_payloads(exc.decoded)
             self.fail(exc)
-        except Exception as exc:  # a bug must cost one connection, not the daemon
-            log.exception("internal error on connection peer=%s", self.peer)
-            self.fail(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
+            return
+        for i, frame in enumerate(frames):
+            try:
+                self.handle_frame(frame)
+            except Exception as exc:
+                # The failing frame's handler released its payload; the rest were never seen.
+                _release_payloads(frames[i + 1 :])
+                if isinstance(exc, ShuffledError):
+                    self.fail(exc)
+                else:  # a bug must cost one connection, not the daemon
+                    log.exception("internal error on connection peer=%s", self.peer)
+                    self.fail(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
+                return
 
     def eof_received(self) -> bool:
         if self._discard is None and self.reader.pending_bytes():
@@ -88,6 +113,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             self.close_reason = f"lost: {exc}" if exc else "closed by peer"
         if self._sender is not None:
             self._sender.close()
+        _release_payloads([self.reader.abort()])
         try:
             self.on_lost()
         finally:
@@ -121,6 +147,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         assert transport is not None
         if self._sender is not None:
             self._sender.stop()
+        _release_payloads([self.reader.abort()])
         transport.write(encode_error(0, exc.code, exc.message))
         if not transport.can_write_eof():
             transport.close()
@@ -131,9 +158,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         asyncio.get_running_loop().call_later(FAIL_LINGER, transport.close)
 
     def close(self, reason: str = "closed") -> None:
-        if self.is_open:
-            self.close_reason = reason
-            assert self.transport is not None
+        if self.transport is not None and not self.transport.is_closing():
+            self.close_reason = self.close_reason or reason
             self.transport.close()
 
     def on_made(self) -> None:

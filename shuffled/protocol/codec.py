@@ -480,8 +480,20 @@ class FrameReader:
                 out.append(self._finish_payload())
             return out
         self._end += nbytes
-        self._parse(out)
+        try:
+            self._parse(out)
+        except ShuffledError as exc:
+            exc.decoded = out  # their payloads belong to the caller, who must release them
+            raise
         return out
+
+    def abort(self) -> Any:
+        """Drop the frame in progress; returns the payload token it held (to release), if any."""
+        token = self._pending.payload if self._pending is not None and self._target is not None else None
+        self._pending = None
+        self._target = None
+        self._filled = 0
+        return token
 
     def _finish_payload(self) -> BufferResponse | PushData:
         frame = self._pending

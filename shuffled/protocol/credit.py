@@ -18,7 +18,6 @@ a real pool segment, and the property tests drive them with random interleavings
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from .errors import CreditViolation, ProtocolError, SequenceGap
@@ -237,12 +236,13 @@ class OutboundStream(Generic[T]):
         self.sequence = (seq + 1) & 0xFFFFFFFF
         return item, seq, self._data, is_event
 
-    def close(self) -> Iterator[T]:
-        """Stop sending; yields the items never sent so the caller can release them."""
+    def close(self) -> list[T]:
+        """Stop sending; returns the items never sent so the caller can release them."""
         self.closed = True
-        while self._items:
-            yield self._items.popleft()[1]
+        items = [item for _, item in self._items]
+        self._items.clear()
         self._data = 0
+        return items
 
 
 class SendScheduler(Generic[T]):

@@ -7,6 +7,7 @@ Codes are part of the wire format: see proto/PROTOCOL.md, "Error codes".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 
 
@@ -41,6 +42,8 @@ class ShuffledError(Exception):
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.__class__.__name__)
         self.message = message or self.__class__.__name__
+        #: frames a decoder completed before it raised this (their payloads need releasing)
+        self.decoded: Sequence[object] = ()
 
 
 class ProtocolError(ShuffledError):

@@ -69,9 +69,6 @@ class BufferKind(IntEnum):
     END_OF_PARTITION = 1
 
 
-DATA_FRAMES = frozenset({FrameType.BUFFER_RESPONSE, FrameType.PUSH_DATA})
-
-
 @dataclass(slots=True)
 class Hello:
     role: Role

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..net.connection import FrameConnection
+from ..net.connection import FrameConnection, release_payload
 from ..net.streams import BufferResponseStream
 from ..protocol.codec import (
     encode_add_credit,
@@ -163,6 +163,8 @@ class DaemonConnection(FrameConnection):
                 ch = self.channels.get(frame.receiver)
                 if ch is not None:
                     ch.on_buffer(frame)
+                else:
+                    release_payload(frame)  # the read was cancelled while this arrived
             case CancelPartitionRequest(receiver):
                 gate = self.gates.pop(receiver, None)
                 if gate is not None:
@@ -179,6 +181,7 @@ class DaemonConnection(FrameConnection):
                 if session is not None:
                     session.on_data(frame)
                 else:
+                    release_payload(frame)
                     self._stream_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
             case CommitMapOutput(writer, pushes):
                 if (session := self._session(writer)) is not None:

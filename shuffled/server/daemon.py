@@ -63,9 +63,9 @@ class Daemon:
         config.validate()
         self.config = config
         segments = config.pool_size // config.segment_size
-        self.pool = GlobalPool(
-            config.pool_size, config.segment_size, reserve=max(1, int(segments * config.read_reserve))
-        )
+        # At least one read from three daemons must always fit in the reserve.
+        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive + config.floating)
+        self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store()
         self.peers = PeerManager(self)
         self.connections: set[DaemonConnection] = set()

@@ -62,7 +62,11 @@ class PeerManager:
                     loop.create_connection(lambda: DaemonConnection(self.daemon, dialed=addr), host, port),
                     cfg.connect_timeout,
                 )
-                await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
+                try:
+                    await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
+                except BaseException:
+                    conn.close("handshake did not complete")
+                    raise
             except DuplicateConnection:
                 # The peer dialled us too and its connection wins: use it once it is here.
                 won = self.conns.get(addr)

@@ -37,6 +37,7 @@ class PushSession:
         self.seq = SequenceChecker()
         self.closed = False
         self._waiting: asyncio.Task[None] | None = None
+        self._unannounced = 0
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -52,7 +53,7 @@ class PushSession:
         if self.granted <= 0 or self.pool is None:
             raise CreditViolation(f"writer {self.writer}: PushData without push credit")
         buf = self.pool.request()
-        if buf is None:  # cannot happen while granted == pool.available
+        if buf is None:  # granted segments are promised, so this means a broken pool invariant
             raise CreditViolation(f"writer {self.writer}: no buffer behind the granted credit")
         self.granted -= 1
         return buf.memory[:length], buf
@@ -83,9 +84,17 @@ class PushSession:
         new = pool.available - self.granted
         if new > 0:
             self.granted += new
-            self.conn.sender.send_control(encode_push_credit(self.writer, new))
+            pool.promised = self.granted
+            self._unannounced += new
+            if self._unannounced == new:  # 0 -> positive: one PushCredit per loop turn
+                asyncio.get_running_loop().call_soon(self._announce)
         elif pool.available == 0 and self._waiting is None:
             self._waiting = asyncio.create_task(self._wait_for_memory())
+
+    def _announce(self) -> None:
+        n, self._unannounced = self._unannounced, 0
+        if n and not self.closed and self.conn.is_open:
+            self.conn.sender.send_control(encode_push_credit(self.writer, n))
 
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None

@@ -20,7 +20,7 @@ from ..net.channel import InputChannel
 from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.codec import encode_cancel, encode_error
 from ..protocol.credit import ChannelCredit, FloatingPool
-from ..protocol.errors import InternalError, ShuffledError
+from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
 
 if TYPE_CHECKING:
@@ -101,6 +101,11 @@ class InputGate:
         cfg = daemon.config
         try:
             size = len(self.remote) * cfg.exclusive + cfg.floating
+            if size > daemon.pool.reserve:
+                raise LimitExceeded(
+                    f"a read from {len(self.remote)} daemons needs {size} buffers, more than the read reserve "
+                    f"of {daemon.pool.reserve}; use a larger --pool-size or fewer --floating-buffers"
+                )
             self.pool = await daemon.pool.create_local_pool(size, size, use_reserve=True)
             if self.closed:
                 self.pool.destroy()

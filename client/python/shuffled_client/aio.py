@@ -16,7 +16,7 @@ from typing import Any
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
-from shuffled.net.connection import FrameConnection
+from shuffled.net.connection import FrameConnection, release_payload
 from shuffled.net.streams import Chunk, PushEvent, PushStream
 from shuffled.protocol.codec import (
     encode_add_credit,
@@ -211,6 +211,8 @@ class AsyncClient:
                 reader = self._readers.get(frame.receiver)
                 if reader is not None:
                     reader.on_buffer(frame)
+                else:
+                    release_payload(frame)
             case PushCredit(writer, credit):
                 w = self._writers.get(writer)
                 if w is not None:
@@ -232,7 +234,10 @@ class AsyncClient:
             case HelloAck():
                 self.segment_size = int(frame.info.get("segment_size", 32 << 10))
                 self.daemon_node = str(frame.info.get("node", ""))
-                self.pool = GlobalPool(max(self._pool_size, 16 * self.segment_size), self.segment_size)
+                segments = max(self._pool_size // self.segment_size, 16)
+                # Readers may use a reserve that writers waiting for memory cannot take.
+                reserve = min(segments // 2, 2 * (self.exclusive + self.floating))
+                self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
                 assert self._conn is not None
                 self._conn.reader.set_max_payload(self.segment_size)
                 assert self._ready is not None
@@ -328,15 +333,22 @@ class MapWriter:
             take = pool.take_later(1)
             waits: set[asyncio.Future[Any]] = {take, self._done}
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if not take.done():
+            if self._done.done():
+                if take.done() and not take.cancelled():
+                    for b in take.result():
+                        pool.give(b)
                 take.cancel()
                 self._raise_if_failed()
+                raise MapOutputStateError("map output finished while waiting for memory")
             got = take.result()
         buf = got[0]
         buf.set_recycler(pool.give)
         return buf
 
     def _push(self, chunk: Chunk) -> None:
+        if self.stream.closed:  # the daemon failed this writer: nothing more goes out
+            chunk.buffer.release()
+            return
         self.stream.push_data(chunk)
         self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
 

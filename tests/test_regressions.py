@@ -1,0 +1,180 @@
+"""Regressions found in review: buffers leaked on odd paths, credit lost under memory pressure,
+and a sequence gap that took down a whole peer connection. A fake peer daemon (plain asyncio
+streams on 127.0.0.6) lets the tests send exactly the bytes a broken peer would."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from shuffled.protocol import codec
+from shuffled.protocol.errors import ErrorCode, SequenceGap
+from shuffled.protocol.frames import (
+    BufferKind,
+    CancelPartitionRequest,
+    ErrorResponse,
+    HelloAck,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    Role,
+)
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, DaemonProcess, pool_settled
+from tests.test_bad_input import Raw
+
+pytestmark = pytest.mark.asyncio
+
+SEG = 32 << 10
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[Cluster]:
+    c = Cluster(1, pool_size="2M")  # 64 segments, 8 of them the read reserve
+    yield c
+    c.stop()
+
+
+async def _settled_empty(d: DaemonProcess) -> dict[str, Any]:
+    c = await AsyncClient.connect(d.addr)
+    try:
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0 and s["store"]["open_map_outputs"] == 0, s
+        return s
+    finally:
+        await c.close()
+
+
+async def _open_raw_writer(addr: str, writer: int = 1) -> Raw:
+    raw = await Raw.open(addr)
+    await raw.hello()
+    await raw.send(codec.encode_open_map_output(OpenMapOutput(writer, "r-app", 1, 0, 100 + writer, 2)))
+    assert isinstance(await raw.frame(), PushCredit)
+    return raw
+
+
+async def test_disconnect_in_the_middle_of_a_payload_frees_its_segment(small: Cluster) -> None:
+    async def body() -> None:
+        d = small.daemons[0]
+        for _ in range(3):
+            raw = await _open_raw_writer(d.addr)
+            frame = codec.encode_push_data(1, 0, 0, b"p" * 20_000)
+            await raw.send(frame[:5_000])
+            raw.writer.close()
+            await _settled_empty(d)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_bad_frame_after_a_good_one_in_the_same_read_frees_both(small: Cluster) -> None:
+    async def body() -> None:
+        d = small.daemons[0]
+        raw = await _open_raw_writer(d.addr)
+        good = codec.encode_push_data(1, 0, 0, b"q" * 8)
+        await raw.send(good + b"\x00\x00\x00\x00\x7f\x00\x00\x00\x00\x00\x00\x00")
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.code == ErrorCode.PROTOCOL
+        await _settled_empty(d)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_granted_push_credit_survives_redistribution(small: Cluster) -> None:
+    """A writer holding 16 credits keeps them when later writers shrink its share of a full pool."""
+
+    async def body() -> None:
+        d = small.daemons[0]
+        ca, cb = await AsyncClient.connect(d.addr), await AsyncClient.connect(d.addr)
+        wa = await ca.open_writer("r-app", 2, 0, 1, 1)
+        assert wa.stream.credit == 16
+        others = [await cb.open_writer("r-app", 2, i, 10 + i, 1) for i in range(1, 4)]
+        await wa.write(0, b"a" * (16 * SEG))
+        assert await asyncio.wait_for(wa.commit(), 10) == [16 * SEG]
+        for w in others:
+            await w.abort()
+        await ca.remove_application("r-app")
+        for c in (ca, cb):
+            await c.close()
+        await _settled_empty(d)
+
+    await asyncio.wait_for(body(), 60)
+
+
+@asynccontextmanager
+async def fake_peer() -> AsyncIterator[tuple[str, asyncio.Queue[tuple[Any, Raw]]]]:
+    """A 'daemon' on 127.0.0.6 that answers the handshake and hands every later frame to the test."""
+    requests: asyncio.Queue[tuple[Any, Raw]] = asyncio.Queue()
+    node: list[str] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        raw = Raw(r, w)
+        await raw.frame()  # Hello
+        await raw.send(codec.encode_hello(HelloAck(Role.DAEMON, info={"node": node[0], "segment_size": SEG})))
+        while True:
+            try:
+                frame = await raw.frame()
+            except (TimeoutError, EOFError, ConnectionError):
+                return
+            await requests.put((frame, raw))
+
+    server = await asyncio.start_server(serve, "127.0.0.6", 0)
+    node.append(f"127.0.0.6:{server.sockets[0].getsockname()[1]}")
+    try:
+        yield node[0], requests
+    finally:
+        server.close()
+
+
+async def test_sequence_gap_from_a_peer_fails_only_that_read(small: Cluster) -> None:
+    async def body() -> None:
+        d = small.daemons[0]
+        async with fake_peer() as (peer, requests):
+            c = await AsyncClient.connect(d.addr)
+            reader = c.read("r-app", 3, 0, 1, {peer: [1]})
+            nxt = asyncio.ensure_future(reader.next_chunk())
+            req, raw = await asyncio.wait_for(requests.get(), 10)
+            assert isinstance(req, PartitionRequest)
+            await raw.send(codec.encode_buffer_response(req.receiver, 1, 0, 0, BufferKind.DATA, 1, b"z" * 100))
+            with pytest.raises(SequenceGap):
+                await asyncio.wait_for(nxt, 10)
+            cancel, _ = await asyncio.wait_for(requests.get(), 10)
+            assert isinstance(cancel, CancelPartitionRequest) and cancel.receiver == req.receiver
+            # The shared connection to the peer survived: a second read uses it.
+            second = c.read("r-app", 3, 0, 1, {peer: [1]})
+            nxt = asyncio.ensure_future(second.next_chunk())
+            req2, raw2 = await asyncio.wait_for(requests.get(), 10)
+            assert isinstance(req2, PartitionRequest)
+            assert raw2 is raw
+            await raw.send(codec.encode_buffer_response(req2.receiver, 0, 0, 0, BufferKind.END_OF_PARTITION, 0, b""))
+            assert await asyncio.wait_for(nxt, 10) is None
+            await c.close()
+            await _settled_empty(d)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_cancel_while_a_relayed_payload_is_half_in_frees_it(small: Cluster) -> None:
+    async def body() -> None:
+        d = small.daemons[0]
+        async with fake_peer() as (peer, requests):
+            c = await AsyncClient.connect(d.addr)
+            reader = c.read("r-app", 4, 0, 1, {peer: [1]})
+            nxt = asyncio.ensure_future(reader.next_chunk())
+            req, raw = await asyncio.wait_for(requests.get(), 10)
+            assert isinstance(req, PartitionRequest)
+            frame = codec.encode_buffer_response(req.receiver, 0, 0, 0, BufferKind.DATA, 1, b"z" * 20_000)
+            await raw.send(frame[:3_000])
+            nxt.cancel()
+            await reader.aclose()
+            cancel, _ = await asyncio.wait_for(requests.get(), 10)
+            assert isinstance(cancel, CancelPartitionRequest)
+            await raw.send(frame[3_000:])
+            await c.close()
+            s = await _settled_empty(d)
+            assert s["connections"]["peers"] == 1
+
+    await asyncio.wait_for(body(), 60)
