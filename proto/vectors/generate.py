@@ -137,7 +137,7 @@ STATS_RESULT: dict[str, Any] = {
 
 VALID: list[tuple[str, F.Frame]] = [
     ("Hello from a client", F.Hello(F.Role.CLIENT, info={"name": "spark-executor-7"})),
-    ("Hello from a daemon", F.Hello(F.Role.DAEMON, info={"node": "10.0.0.2:7337"})),
+    ("Hello from a daemon", F.Hello(F.Role.DAEMON, info={"node": "10.0.0.2:7337", "segment_size": 32768})),
     ("HelloAck", F.HelloAck(F.Role.DAEMON, info={"node": "10.0.0.1:7337", "segment_size": 32768})),
     (
         "Error on stream 0 (fatal for the connection)",
