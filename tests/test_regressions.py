@@ -104,10 +104,13 @@ async def test_granted_push_credit_survives_redistribution(small: Cluster) -> No
     await asyncio.wait_for(body(), 60)
 
 
+Requests = asyncio.Queue[tuple[Any, Raw]]
+
+
 @asynccontextmanager
-async def fake_peer() -> AsyncIterator[tuple[str, asyncio.Queue[tuple[Any, Raw]]]]:
+async def fake_peer() -> AsyncIterator[tuple[str, Requests]]:
     """A 'daemon' on 127.0.0.6 that answers the handshake and hands every later frame to the test."""
-    requests: asyncio.Queue[tuple[Any, Raw]] = asyncio.Queue()
+    requests: Requests = asyncio.Queue()
     node: list[str] = []
 
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -129,25 +132,30 @@ async def fake_peer() -> AsyncIterator[tuple[str, asyncio.Queue[tuple[Any, Raw]]
         server.close()
 
 
+async def _relayed_read(
+    c: AsyncClient, peer: str, requests: Requests, shuffle: int
+) -> tuple[Any, asyncio.Future[Any], PartitionRequest, Raw]:
+    """Start a read of data 'held' by the fake peer; returns the reader, its first next_chunk, and what the peer got."""
+    reader = c.read("r-app", shuffle, 0, 1, {peer: [1]})
+    nxt = asyncio.ensure_future(reader.next_chunk())
+    req, raw = await asyncio.wait_for(requests.get(), 10)
+    assert isinstance(req, PartitionRequest)
+    return reader, nxt, req, raw
+
+
 async def test_sequence_gap_from_a_peer_fails_only_that_read(small: Cluster) -> None:
     async def body() -> None:
         d = small.daemons[0]
         async with fake_peer() as (peer, requests):
             c = await AsyncClient.connect(d.addr)
-            reader = c.read("r-app", 3, 0, 1, {peer: [1]})
-            nxt = asyncio.ensure_future(reader.next_chunk())
-            req, raw = await asyncio.wait_for(requests.get(), 10)
-            assert isinstance(req, PartitionRequest)
+            _, nxt, req, raw = await _relayed_read(c, peer, requests, 3)
             await raw.send(codec.encode_buffer_response(req.receiver, 1, 0, 0, BufferKind.DATA, 1, b"z" * 100))
             with pytest.raises(SequenceGap):
                 await asyncio.wait_for(nxt, 10)
             cancel, _ = await asyncio.wait_for(requests.get(), 10)
             assert isinstance(cancel, CancelPartitionRequest) and cancel.receiver == req.receiver
             # The shared connection to the peer survived: a second read uses it.
-            second = c.read("r-app", 3, 0, 1, {peer: [1]})
-            nxt = asyncio.ensure_future(second.next_chunk())
-            req2, raw2 = await asyncio.wait_for(requests.get(), 10)
-            assert isinstance(req2, PartitionRequest)
+            _, nxt, req2, raw2 = await _relayed_read(c, peer, requests, 3)
             assert raw2 is raw
             await raw.send(codec.encode_buffer_response(req2.receiver, 0, 0, 0, BufferKind.END_OF_PARTITION, 0, b""))
             assert await asyncio.wait_for(nxt, 10) is None
@@ -162,10 +170,7 @@ async def test_cancel_while_a_relayed_payload_is_half_in_frees_it(small: Cluster
         d = small.daemons[0]
         async with fake_peer() as (peer, requests):
             c = await AsyncClient.connect(d.addr)
-            reader = c.read("r-app", 4, 0, 1, {peer: [1]})
-            nxt = asyncio.ensure_future(reader.next_chunk())
-            req, raw = await asyncio.wait_for(requests.get(), 10)
-            assert isinstance(req, PartitionRequest)
+            reader, nxt, req, raw = await _relayed_read(c, peer, requests, 4)
             frame = codec.encode_buffer_response(req.receiver, 0, 0, 0, BufferKind.DATA, 1, b"z" * 20_000)
             await raw.send(frame[:3_000])
             nxt.cancel()
