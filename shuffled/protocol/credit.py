@@ -43,7 +43,8 @@ class FloatingPool:
         if self.free > 0:
             self.free -= 1
             return True
-        if channel not in self._waiting:
+        if not channel.waiting:
+            channel.waiting = True
             self._waiting.append(channel)
         return False
 
@@ -53,20 +54,16 @@ class FloatingPool:
         announce: list[ChannelCredit] = []
         while self.free and self._waiting:
             channel = self._waiting.popleft()
+            channel.waiting = False
             if channel.closed or not channel.needs_floating():
                 continue
             self.free -= 1
             if channel.add_floating():
                 announce.append(channel)
             if channel.needs_floating():
+                channel.waiting = True
                 self._waiting.appendleft(channel)
         return announce
-
-    def forget(self, channel: ChannelCredit) -> None:
-        try:
-            self._waiting.remove(channel)
-        except ValueError:
-            pass
 
 
 class ChannelCredit:
@@ -87,6 +84,7 @@ class ChannelCredit:
         "pool",
         "sender_credit",
         "unannounced",
+        "waiting",
     )
 
     def __init__(self, exclusive: int, pool: FloatingPool, owner: object = None) -> None:
@@ -103,6 +101,8 @@ class ChannelCredit:
         self.closed = False
         #: the shell object this credit belongs to (so pool callbacks can find it)
         self.owner = owner
+        #: queued in the pool's waiting list (closed channels are skipped when reached)
+        self.waiting = False
 
     def needs_floating(self) -> bool:
         return not self.closed and self.available < self.backlog + self.exclusive
@@ -161,7 +161,6 @@ class ChannelCredit:
         if self.closed:
             return []
         self.closed = True
-        self.pool.forget(self)
         self.unannounced = 0
         announce: list[ChannelCredit] = []
         while self.floating and self.available:
