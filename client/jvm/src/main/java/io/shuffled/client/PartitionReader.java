@@ -1,0 +1,302 @@
+package io.shuffled.client;
+
+import io.shuffled.client.wire.ErrorCode;
+import io.shuffled.client.wire.Frame;
+import io.shuffled.client.wire.ProtocolException;
+import io.shuffled.client.wire.ShuffledException;
+import io.shuffled.client.wire.Wire;
+import java.io.IOException;
+import java.io.InterruptedIOException;
+import java.net.SocketTimeoutException;
+import java.nio.ByteBuffer;
+import java.util.ArrayDeque;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.Condition;
+import java.util.concurrent.locks.ReentrantLock;
+
+/**
+ * One read stream (PROTOCOL.md §10) under credit-based flow control (§11). Not thread-safe: one task
+ * thread calls {@link #next()}; the connection's reader thread delivers buffers.
+ *
+ * <p>Flow control follows §11.2 for a gate with one channel: the request carries the {@link #EXCLUSIVE}
+ * buffers as initial credit; the {@code backlog} of each DATA buffer makes the channel take up to
+ * {@link #FLOATING} more buffers (each one new credit) so that it holds {@code backlog + EXCLUSIVE} free
+ * ones; when the caller moves on from a chunk its buffer becomes credit again, or returns to the floating
+ * pool if the channel holds more than it needs. So at most {@code EXCLUSIVE + FLOATING} received buffers
+ * (queued plus the one the caller holds) exist per reader. New credit is announced with one
+ * {@code AddCredit} carrying all unannounced credit, sent right after the event that produced it (a
+ * received buffer or a consumed chunk) rather than batched per event-loop turn.
+ *
+ * <p>Sequence numbers are checked (a gap fails the stream with {@link ErrorCode#SEQUENCE_GAP} and cancels
+ * it). An {@code Error} from the daemon surfaces from {@link #next()} as a {@link ShuffledException};
+ * {@link ShuffledException#code()} tells e.g. {@link ErrorCode#PARTITION_NOT_FOUND} apart, and
+ * {@link ShuffledException#fetchFailure()} says whether Spark should treat it as lost shuffle data.
+ */
+public final class PartitionReader implements AutoCloseable {
+    /** Buffers each read stream owns; the initial credit of the PartitionRequest. */
+    public static final int EXCLUSIVE = 2;
+    /** Buffers the reader may add from its floating pool as the backlog grows. */
+    public static final int FLOATING = 8;
+
+    /**
+     * One chunk of a reduce partition: part of the bytes map attempt {@code attemptId} wrote for
+     * {@code partition}. {@code data} is the caller's to keep (a heap buffer, position 0).
+     */
+    public record Chunk(int partition, long attemptId, ByteBuffer data) {
+        /** The payload as a new array. */
+        public byte[] bytes() {
+            ByteBuffer d = data.duplicate();
+            byte[] out = new byte[d.remaining()];
+            d.get(out);
+            return out;
+        }
+    }
+
+    private final ShuffleClient client;
+    private final long stream;
+
+    private final ReentrantLock lock = new ReentrantLock();
+    private final Condition changed = lock.newCondition();
+    // guarded by lock
+    private final ArrayDeque<Chunk> queue = new ArrayDeque<>();
+    private int inUse;
+    private int floatingHeld;
+    private long serverCredit = EXCLUSIVE;
+    private long unannounced;
+    private long backlog;
+    private long expectedSequence;
+    private boolean ended;
+    private boolean closed;
+    private ShuffledException error;
+
+    PartitionReader(ShuffleClient client, long stream) {
+        this.client = client;
+        this.stream = stream;
+    }
+
+    /** The receiver id (stream id) on the connection. */
+    public long streamId() {
+        return stream;
+    }
+
+    /**
+     * The next chunk, or null after END_OF_PARTITION. Moving on releases the previous chunk's buffer
+     * (it becomes credit). Blocks for data at most the client's timeout ({@link SocketTimeoutException}).
+     *
+     * @throws ShuffledException the daemon's error for this stream (with its code), or the connection's
+     */
+    public Chunk next() throws IOException {
+        long announce;
+        lock.lock();
+        try {
+            if (closed && error == null && queue.isEmpty()) {
+                return null;
+            }
+            announce = releaseCurrentLocked();
+        } finally {
+            lock.unlock();
+        }
+        sendCredit(announce);
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
+        lock.lock();
+        try {
+            while (queue.isEmpty() && !ended && error == null) {
+                long left = deadline - System.nanoTime();
+                if (left <= 0) {
+                    throw new SocketTimeoutException("no data on read stream " + stream + " from "
+                            + client.address() + " within " + client.timeoutMillis() + " ms");
+                }
+                changed.awaitNanos(left);
+            }
+            if (!queue.isEmpty()) {
+                inUse = 1;
+                return queue.poll();
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new InterruptedIOException("interrupted waiting for read data");
+        } finally {
+            lock.unlock();
+        }
+        ShuffledException e = failure();
+        close();
+        if (e != null) {
+            throw e;
+        }
+        return null;
+    }
+
+    /** Convenience: every remaining chunk's bytes concatenated (for small partitions and tests). */
+    public byte[] readAll() throws IOException {
+        java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream();
+        for (Chunk c = next(); c != null; c = next()) {
+            ByteBuffer d = c.data();
+            out.write(d.array(), d.arrayOffset() + d.position(), d.remaining());
+        }
+        return out.toByteArray();
+    }
+
+    /** Whether END_OF_PARTITION arrived, or the stream failed or was closed. */
+    public boolean finished() {
+        lock.lock();
+        try {
+            return ended || closed || error != null;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Stops reading: sends CancelPartitionRequest unless the stream already ended (§7.7). */
+    @Override
+    public void close() {
+        boolean cancel;
+        lock.lock();
+        try {
+            if (closed) {
+                return;
+            }
+            closed = true;
+            cancel = !ended && error == null;
+            ended = true;
+            queue.clear();
+            inUse = 0;
+            changed.signalAll();
+        } finally {
+            lock.unlock();
+        }
+        client.forget(stream);
+        if (cancel) {
+            client.sendQuietly(new Frame.CancelPartitionRequest(stream));
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------ internals
+
+    private ShuffledException failure() {
+        lock.lock();
+        try {
+            return error;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    private long free() {
+        return EXCLUSIVE + floatingHeld - queue.size() - inUse;
+    }
+
+    /** The caller is done with its chunk: the buffer is credit again, or goes back to the floating pool. */
+    private long releaseCurrentLocked() {
+        if (inUse == 0) {
+            return 0;
+        }
+        inUse = 0;
+        if (floatingHeld > 0 && free() > backlog + EXCLUSIVE) {
+            floatingHeld--;
+        } else {
+            unannounced++;
+        }
+        return takeAnnouncementLocked();
+    }
+
+    private long takeAnnouncementLocked() {
+        if (ended || closed || error != null) {
+            return 0; // no AddCredit for an ended stream (§11.2)
+        }
+        long n = unannounced;
+        unannounced = 0;
+        serverCredit += n;
+        return n;
+    }
+
+    private void sendCredit(long n) {
+        if (n > 0) {
+            client.sendQuietly(new Frame.AddCredit(stream, n));
+        }
+    }
+
+    ShuffleClient.StreamHandler handler() {
+        return new ShuffleClient.StreamHandler() {
+            @Override
+            public void onFrame(Frame frame) throws ShuffledException {
+                if (!(frame instanceof Frame.BufferResponse b)) {
+                    throw new ProtocolException(frame.type() + " on a read stream");
+                }
+                long announce = 0;
+                boolean gap = false;
+                lock.lock();
+                try {
+                    if (closed || ended || error != null) {
+                        return;
+                    }
+                    if (b.sequence() != expectedSequence) {
+                        error = new ShuffledException(ErrorCode.SEQUENCE_GAP, "read stream " + stream
+                                + ": expected sequence " + expectedSequence + ", got " + b.sequence());
+                        gap = true;
+                    } else {
+                        expectedSequence = (expectedSequence + 1) & Wire.MAX_U32;
+                        if (b.isEvent()) {
+                            ended = true;
+                        } else {
+                            if (serverCredit == 0) {
+                                throw new ProtocolException(ErrorCode.CREDIT_VIOLATION,
+                                        "BufferResponse without credit on read stream " + stream);
+                            }
+                            serverCredit--;
+                            ByteBuffer data = b.payload() == null ? ByteBuffer.allocate(0) : b.payload().slice();
+                            queue.add(new Chunk((int) b.partition(), b.attempt(), data));
+                            backlog = b.backlog();
+                            while (free() < backlog + EXCLUSIVE && floatingHeld < FLOATING) {
+                                floatingHeld++;
+                                unannounced++;
+                            }
+                            announce = takeAnnouncementLocked();
+                        }
+                    }
+                    changed.signalAll();
+                } finally {
+                    lock.unlock();
+                }
+                if (gap || finishedByEvent()) {
+                    client.forget(stream);
+                }
+                if (gap) {
+                    client.sendQuietly(new Frame.CancelPartitionRequest(stream));
+                }
+                sendCredit(announce);
+            }
+
+            @Override
+            public void onError(ShuffledException e) {
+                lock.lock();
+                try {
+                    if (error == null && !ended) {
+                        error = e;
+                    }
+                    changed.signalAll();
+                } finally {
+                    lock.unlock();
+                }
+            }
+
+            @Override
+            public boolean wantsPayload() {
+                lock.lock();
+                try {
+                    return !closed && !ended && error == null;
+                } finally {
+                    lock.unlock();
+                }
+            }
+        };
+    }
+
+    private boolean finishedByEvent() {
+        lock.lock();
+        try {
+            return ended && !closed;
+        } finally {
+            lock.unlock();
+        }
+    }
+}

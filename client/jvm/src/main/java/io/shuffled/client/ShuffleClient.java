@@ -1,0 +1,492 @@
+package io.shuffled.client;
+
+import io.shuffled.client.wire.ErrorCode;
+import io.shuffled.client.wire.Frame;
+import io.shuffled.client.wire.FrameDecoder;
+import io.shuffled.client.wire.FrameEncoder;
+import io.shuffled.client.wire.FrameType;
+import io.shuffled.client.wire.MsgPack;
+import io.shuffled.client.wire.ProtocolException;
+import io.shuffled.client.wire.Role;
+import io.shuffled.client.wire.ShuffledException;
+import io.shuffled.client.wire.Wire;
+import java.io.BufferedOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.InterruptedIOException;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.net.Socket;
+import java.net.SocketTimeoutException;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * A blocking client for one shuffled daemon over one TCP connection (PROTOCOL.md). Thread-safe: any
+ * number of threads may open writers, readers and admin calls concurrently; a single writer or reader
+ * must be used by one thread at a time.
+ *
+ * <p>One reader thread per connection decodes frames and dispatches them to the open streams. Frames
+ * are written under one lock, each frame whole and flushed. Stream ids come from a counter starting at
+ * 1 that wraps from 2^32−1 to 1 (§5).
+ *
+ * <p>Every wait (handshake, push credit, acks, admin responses, read data) is bounded by the
+ * client's {@code timeoutMillis}; running out gives a {@link SocketTimeoutException}. Errors the daemon
+ * reports come as {@link ShuffledException} with the wire code; when the connection breaks every open
+ * stream fails with {@link ErrorCode#CONNECTION_LOST} (or the code of a fatal Error on stream 0).
+ */
+public final class ShuffleClient implements AutoCloseable {
+    /** Default bound of every blocking wait. */
+    public static final long DEFAULT_TIMEOUT_MILLIS = 60_000;
+    /** Default cap of one writer's partially filled per-partition buffers. */
+    public static final long DEFAULT_WRITER_BUFFER_BYTES = 16L << 20;
+
+    /** What an open stream does with the frames and errors for it. Called on the reader thread. */
+    interface StreamHandler {
+        void onFrame(Frame frame) throws ShuffledException;
+
+        void onError(ShuffledException error);
+
+        /** Whether a DATA payload for this stream is wanted now (false: the decoder discards it). */
+        default boolean wantsPayload() {
+            return true;
+        }
+    }
+
+    private final String address;
+    private final Socket socket;
+    private final OutputStream out;
+    private final Object writeLock = new Object();
+    private final FrameDecoder decoder;
+    private final Thread readerThread;
+    private final long timeoutMillis;
+    private final long writerBufferBytes;
+    private final Map<Long, StreamHandler> streams = new ConcurrentHashMap<>();
+    private final CompletableFuture<Frame.HelloAck> ready = new CompletableFuture<>();
+    private final Object idLock = new Object();
+    private long nextStream = 1;
+    private volatile ShuffledException lost;
+    private volatile int segmentSize;
+    private volatile String daemonNode = "";
+
+    private ShuffleClient(String address, Socket socket, long timeoutMillis, long writerBufferBytes)
+            throws IOException {
+        this.address = address;
+        this.socket = socket;
+        this.out = new BufferedOutputStream(socket.getOutputStream(), 64 << 10);
+        this.timeoutMillis = timeoutMillis;
+        this.writerBufferBytes = writerBufferBytes;
+        this.decoder = new FrameDecoder(this::payloadTarget, Wire.DEFAULT_MAX_PAYLOAD);
+        this.readerThread = new Thread(this::readLoop, "shuffled-client-reader " + address);
+        this.readerThread.setDaemon(true);
+    }
+
+    /** Connects to {@code host:port} (or {@code [ipv6]:port}) with the default timeouts. */
+    public static ShuffleClient connect(String address) throws IOException {
+        return connect(address, "jvm-client", DEFAULT_TIMEOUT_MILLIS, DEFAULT_WRITER_BUFFER_BYTES);
+    }
+
+    /**
+     * Connects and does the handshake (Hello with role CLIENT, then HelloAck, §6).
+     *
+     * @param name informational name sent in Hello (e.g. the executor id)
+     * @param timeoutMillis bound of the connect, the handshake and every later blocking wait
+     * @param writerBufferBytes how many bytes of partially filled partition buffers one writer keeps
+     *     before it pushes the fullest one early
+     */
+    public static ShuffleClient connect(String address, String name, long timeoutMillis, long writerBufferBytes)
+            throws IOException {
+        InetSocketAddress where = parseAddress(address);
+        Socket socket = new Socket();
+        ShuffleClient client;
+        try {
+            socket.setTcpNoDelay(true);
+            socket.connect(where, (int) Math.min(Integer.MAX_VALUE, timeoutMillis));
+            client = new ShuffleClient(address, socket, timeoutMillis, writerBufferBytes);
+        } catch (IOException e) {
+            socket.close();
+            throw new ShuffledException(
+                    ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
+        }
+        client.readerThread.start();
+        try {
+            Map<String, Object> info = new LinkedHashMap<>();
+            info.put("name", name);
+            client.send(FrameEncoder.encode(new Frame.Hello(Role.CLIENT, info)));
+            Frame.HelloAck ack = client.await(client.ready, "HelloAck");
+            client.daemonNode = ack.node() == null ? "" : ack.node();
+            client.segmentSize = ack.segmentSize();
+        } catch (IOException | RuntimeException e) {
+            client.close();
+            throw e;
+        }
+        return client;
+    }
+
+    static InetSocketAddress parseAddress(String address) {
+        int colon = address.lastIndexOf(':');
+        if (colon <= 0 || address.startsWith("unix:")) {
+            throw new IllegalArgumentException("expected host:port or [ipv6]:port, got " + address);
+        }
+        String host = address.substring(0, colon);
+        if (host.startsWith("[") && host.endsWith("]")) {
+            host = host.substring(1, host.length() - 1);
+        }
+        return new InetSocketAddress(host, Integer.parseInt(address.substring(colon + 1)));
+    }
+
+    // ------------------------------------------------------------------------------------------ public API
+
+    /** The daemon's segment size from HelloAck: the largest payload and the size PushData is filled to. */
+    public int segmentSize() {
+        return segmentSize;
+    }
+
+    /** The daemon's node name from HelloAck ("" if it sent none). */
+    public String daemonNode() {
+        return daemonNode;
+    }
+
+    public String address() {
+        return address;
+    }
+
+    /** Opens one map attempt's output and waits for the daemon's first push credit (§12). */
+    public MapOutputWriter openWriter(String app, long shuffle, long mapIndex, long attemptId, int numPartitions)
+            throws IOException {
+        check();
+        if (numPartitions < 1 || numPartitions > Wire.MAX_PARTITIONS) {
+            throw new IllegalArgumentException("numPartitions must be in 1.." + Wire.MAX_PARTITIONS);
+        }
+        long id = newStreamId();
+        MapOutputWriter writer = new MapOutputWriter(this, id, numPartitions, segmentSize, writerBufferBytes);
+        streams.put(id, writer.handler());
+        try {
+            send(FrameEncoder.encode(new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions)));
+        } catch (IOException e) {
+            streams.remove(id);
+            throw e;
+        }
+        writer.awaitOpened();
+        return writer;
+    }
+
+    /**
+     * Reads reduce partitions [{@code startPartition}, {@code endPartition}) of the named map attempts.
+     * {@code locations} maps daemon addresses ("" = this client's daemon) to map attempt ids (§10.3).
+     * The request is sent at once; take the chunks with {@link PartitionReader#next()}.
+     */
+    public PartitionReader read(
+            String app, long shuffle, long startPartition, long endPartition, Map<String, long[]> locations)
+            throws IOException {
+        check();
+        long id = newStreamId();
+        PartitionReader reader = new PartitionReader(this, id);
+        streams.put(id, reader.handler());
+        try {
+            send(FrameEncoder.encode(new Frame.PartitionRequest(
+                    id, PartitionReader.EXCLUSIVE, app, shuffle, startPartition, endPartition, locations)));
+        } catch (IOException e) {
+            streams.remove(id);
+            throw e;
+        }
+        return reader;
+    }
+
+    /** Drops the shuffle's data on the daemon and, propagated, on every daemon it knows (§13). */
+    public Map<String, Object> unregisterShuffle(String app, long shuffle) throws IOException {
+        return unregisterShuffle(app, shuffle, true);
+    }
+
+    public Map<String, Object> unregisterShuffle(String app, long shuffle, boolean propagate) throws IOException {
+        Map<String, Object> args = new LinkedHashMap<>();
+        args.put("app", app);
+        args.put("shuffle", shuffle);
+        args.put("propagate", propagate);
+        return admin("unregister_shuffle", args);
+    }
+
+    /** Drops all shuffles of the application (§13). */
+    public Map<String, Object> removeApplication(String app) throws IOException {
+        return removeApplication(app, true);
+    }
+
+    public Map<String, Object> removeApplication(String app, boolean propagate) throws IOException {
+        Map<String, Object> args = new LinkedHashMap<>();
+        args.put("app", app);
+        args.put("propagate", propagate);
+        return admin("remove_application", args);
+    }
+
+    /** The daemon's statistics: the raw msgpack map (ints are Long, nested maps are Maps). */
+    public Map<String, Object> stats() throws IOException {
+        return admin("stats", Map.of());
+    }
+
+    /** Any admin operation: one AdminRequest, then its AdminResponse or Error (§7.14). */
+    public Map<String, Object> admin(String op, Map<String, ?> args) throws IOException {
+        check();
+        long id = newStreamId();
+        CompletableFuture<Map<String, Object>> result = new CompletableFuture<>();
+        streams.put(id, new StreamHandler() {
+            @Override
+            public void onFrame(Frame frame) throws ShuffledException {
+                if (frame instanceof Frame.AdminResponse r) {
+                    streams.remove(id);
+                    result.complete(r.result());
+                } else {
+                    throw new ProtocolException(frame.type() + " on an admin stream");
+                }
+            }
+
+            @Override
+            public void onError(ShuffledException error) {
+                streams.remove(id);
+                result.completeExceptionally(error);
+            }
+        });
+        try {
+            send(FrameEncoder.encode(new Frame.AdminRequest(id, op, MsgPack.normalizeMap(args))));
+            return await(result, "AdminResponse to " + op);
+        } finally {
+            streams.remove(id);
+        }
+    }
+
+    /** Closes the connection; open streams fail with CONNECTION_LOST. */
+    @Override
+    public void close() {
+        fail(new ShuffledException(ErrorCode.CONNECTION_LOST, "client closed"));
+        try {
+            socket.close();
+        } catch (IOException ignored) {
+            // closing anyway
+        }
+        if (Thread.currentThread() != readerThread) {
+            try {
+                readerThread.join(timeoutMillis);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------ internals
+
+    long timeoutMillis() {
+        return timeoutMillis;
+    }
+
+    void check() throws ShuffledException {
+        ShuffledException e = lost;
+        if (e != null) {
+            throw e;
+        }
+    }
+
+    long newStreamId() {
+        synchronized (idLock) {
+            long id = nextStream;
+            nextStream = id == Wire.MAX_U32 ? 1 : id + 1;
+            return id;
+        }
+    }
+
+    void forget(long stream) {
+        streams.remove(stream);
+    }
+
+    /** Writes one whole frame and flushes. */
+    void send(byte[] frame) throws IOException {
+        send(frame, null, 0, 0);
+    }
+
+    /** Writes a frame prefix followed by {@code len} payload bytes, and flushes. */
+    void send(byte[] prefix, byte[] payload, int off, int len) throws IOException {
+        check();
+        try {
+            synchronized (writeLock) {
+                out.write(prefix);
+                if (len > 0) {
+                    out.write(payload, off, len);
+                }
+                out.flush();
+            }
+        } catch (IOException e) {
+            ShuffledException lostNow =
+                    new ShuffledException(ErrorCode.CONNECTION_LOST, "write to " + address + " failed: " + e);
+            fail(lostNow);
+            closeSocketQuietly();
+            throw lostNow;
+        }
+    }
+
+    /** Sends a frame and swallows failures (for cancels whose loss does not matter). */
+    void sendQuietly(Frame frame) {
+        if (lost != null) {
+            return;
+        }
+        try {
+            send(FrameEncoder.encode(frame));
+        } catch (IOException ignored) {
+            // the connection is gone; the stream is over anyway
+        }
+    }
+
+    <T> T await(CompletableFuture<T> future, String what) throws IOException {
+        try {
+            return future.get(timeoutMillis, TimeUnit.MILLISECONDS);
+        } catch (ExecutionException e) {
+            Throwable cause = e.getCause();
+            if (cause instanceof ShuffledException s) {
+                throw s;
+            }
+            throw new IOException(cause);
+        } catch (TimeoutException e) {
+            throw new SocketTimeoutException("no " + what + " from " + address + " within " + timeoutMillis + " ms");
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new InterruptedIOException("interrupted waiting for " + what);
+        }
+    }
+
+    private ByteBuffer payloadTarget(FrameType type, long stream, long partition, int length)
+            throws ProtocolException {
+        if (type != FrameType.BUFFER_RESPONSE) {
+            throw new ProtocolException(type + " is not sent to a client");
+        }
+        StreamHandler h = streams.get(stream);
+        return h != null && h.wantsPayload() ? ByteBuffer.allocate(length) : null;
+    }
+
+    private void readLoop() {
+        byte[] buf = new byte[64 << 10];
+        try {
+            InputStream in = socket.getInputStream();
+            List<Frame> frames = new ArrayList<>();
+            while (true) {
+                int n = in.read(buf);
+                if (n < 0) {
+                    decoder.endOfInput();
+                    fail(new ShuffledException(ErrorCode.CONNECTION_LOST, "shuffled at " + address + " closed"));
+                    return;
+                }
+                frames.clear();
+                decoder.feed(ByteBuffer.wrap(buf, 0, n), frames::add);
+                for (Frame f : frames) {
+                    dispatch(f);
+                    if (lost != null) {
+                        return;
+                    }
+                }
+            }
+        } catch (ProtocolException e) {
+            // The daemon broke the protocol: tell it (Error on stream 0) and close (§8).
+            try {
+                synchronized (writeLock) {
+                    out.write(FrameEncoder.encode(new Frame.ErrorResponse(0, e.code(), e.getMessage())));
+                    out.flush();
+                }
+            } catch (IOException | RuntimeException ignored) {
+                // best effort
+            }
+            fail(e);
+            closeSocketQuietly();
+        } catch (IOException e) {
+            fail(new ShuffledException(ErrorCode.CONNECTION_LOST, "connection to " + address + " lost: " + e));
+            closeSocketQuietly();
+        } catch (RuntimeException e) {
+            fail(new ShuffledException(ErrorCode.INTERNAL, "client reader failed: " + e));
+            closeSocketQuietly();
+        }
+    }
+
+    private void dispatch(Frame frame) throws ProtocolException {
+        if (frame instanceof Frame.HelloAck ack) {
+            if (ready.isDone()) {
+                throw new ProtocolException("HelloAck after the handshake");
+            }
+            decoder.setMaxPayload(ack.segmentSize());
+            ready.complete(ack);
+            return;
+        }
+        if (!ready.isDone()) {
+            if (frame instanceof Frame.ErrorResponse err && err.stream() == 0) {
+                fail(err.toException());
+                closeSocketQuietly();
+                return;
+            }
+            throw new ProtocolException(frame.type() + " before HelloAck");
+        }
+        if (frame instanceof Frame.ErrorResponse err) {
+            if (err.stream() == 0) {
+                fail(err.toException());
+                closeSocketQuietly();
+                return;
+            }
+            StreamHandler h = streams.remove(err.stream());
+            if (h != null) {
+                h.onError(err.toException());
+            }
+            return;
+        }
+        if (frame instanceof Frame.Close) {
+            fail(new ShuffledException(ErrorCode.CONNECTION_LOST, "shuffled at " + address + " sent Close"));
+            closeSocketQuietly();
+            return;
+        }
+        if (frame.stream() == 0) {
+            throw new ProtocolException(frame.type() + " on stream 0");
+        }
+        switch (frame.type()) {
+            case BUFFER_RESPONSE, PUSH_CREDIT, COMMIT_ACK, ABORT_ACK, ADMIN_RESPONSE -> {
+                StreamHandler h = streams.get(frame.stream());
+                if (h != null) {
+                    try {
+                        h.onFrame(frame);
+                    } catch (ProtocolException e) {
+                        throw e;
+                    } catch (ShuffledException e) {
+                        streams.remove(frame.stream());
+                        h.onError(e);
+                    }
+                }
+                // else: a stream that ended or was cancelled; ignore (§5)
+            }
+            default -> throw new ProtocolException(frame.type() + " is not sent to a client");
+        }
+    }
+
+    /** Fails the connection once: every open stream and pending wait get {@code error}. */
+    private void fail(ShuffledException error) {
+        synchronized (this) {
+            if (lost != null) {
+                return;
+            }
+            lost = error;
+        }
+        ready.completeExceptionally(error);
+        for (Long id : new ArrayList<>(streams.keySet())) {
+            StreamHandler h = streams.remove(id);
+            if (h != null) {
+                h.onError(error);
+            }
+        }
+    }
+
+    private void closeSocketQuietly() {
+        try {
+            socket.close();
+        } catch (IOException ignored) {
+            // already closing
+        }
+    }
+}

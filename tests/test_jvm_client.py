@@ -1,0 +1,125 @@
+"""The blocking JVM client (client/jvm, package io.shuffled.client) against a real daemon process.
+
+Builds the plugin jar and the test jar with shuffled.spark_jar, starts `python -m shuffled serve` and runs
+the Java check program ClientCheck against it: its full check, and its push/verify modes for the
+cross-language tests (Java pushes, Python reads byte-exact; Python pushes, Java reads). Skipped only
+when no JDK is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shuffled import spark_jar
+from shuffled_client import AsyncClient
+from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon
+
+ROOT = Path(__file__).parents[1]
+JAVA_TIMEOUT = 60
+ASYNC_TIMEOUT = 60
+SUMMARY = re.compile(r"(\d+) passed, (\d+) failed")
+PARTITIONS = 4  # ClientCheck.PARTITIONS
+
+
+def _have_javac() -> bool:
+    try:
+        spark_jar.find_tool("javac")
+    except spark_jar.JvmBuildError:
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(
+    not _have_javac(), reason="javac not found: install openjdk-17-jdk-headless to build and test the JVM client"
+)
+
+
+def size(index: int, partition: int) -> int:
+    """Bytes attempt number `index` writes to `partition` (ClientCheck.size)."""
+    return [0, 100 + index, 40_000 + 1000 * index, (3 << 20) + 17 * index][partition]
+
+
+@pytest.fixture(scope="module")
+def jars() -> tuple[Path, Path]:
+    return spark_jar.build_jar(), spark_jar.build_test_classes()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M")
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _client_check(jars: tuple[Path, Path], daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), "io.shuffled.client.ClientCheck"]
+    return subprocess.run([*cmd, daemon.addr, *args], capture_output=True, text=True, timeout=JAVA_TIMEOUT, cwd=ROOT)
+
+
+def _assert_clean(proc: subprocess.CompletedProcess[str]) -> int:
+    """Exit 0 and a last line `N passed, 0 failed`; returns N."""
+    failures = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert proc.returncode == 0, failures + proc.stderr.splitlines()
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output; stderr:\n{proc.stderr}"
+    m = SUMMARY.fullmatch(lines[-1])
+    assert m, f"last line is not a summary: {lines[-1]!r}"
+    assert m.group(2) == "0", failures
+    return int(m.group(1))
+
+
+def test_client_check_against_a_daemon(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
+    passed = _assert_clean(_client_check(jars, daemon))
+    assert passed >= 30
+
+
+@pytest.mark.asyncio
+async def test_java_pushes_python_reads(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
+    app, shuffle, attempts = "java-to-python", 11, [21, 22, 2**63 + 3]
+    proc = await asyncio.to_thread(_client_check, jars, daemon, "push", app, str(shuffle), *map(str, attempts))
+    _assert_clean(proc)
+
+    async def body() -> None:
+        async with await AsyncClient.connect(daemon.addr) as client:
+            for p in range(PARTITIONS):
+                got: dict[int, bytearray] = {a: bytearray() for a in attempts}
+                async with client.read(app, shuffle, p, p + 1, {"": attempts}) as reader:
+                    async for chunk in reader:
+                        assert chunk.partition == p
+                        got[chunk.attempt] += chunk.data
+                for i, a in enumerate(attempts):
+                    assert bytes(got[a]) == payload(a, p, size(i, p)), (a, p)
+            await client.unregister_shuffle(app, shuffle)
+            stats = await pool_settled(client)
+            assert stats["pool"]["used"] == 0
+
+    await asyncio.wait_for(body(), ASYNC_TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
+    app, shuffle, attempts = "python-to-java", 12, [31, 32, 33]
+
+    async def push(client: AsyncClient) -> None:
+        for i, a in enumerate(attempts):
+            writer = await client.open_writer(app, shuffle, i, a, PARTITIONS)
+            for p in range(PARTITIONS):
+                data = payload(a, p, size(i, p))
+                for off in range(0, len(data), 50_000):
+                    await writer.write(p, data[off : off + 50_000])
+            assert await writer.commit() == [size(i, p) for p in range(PARTITIONS)]
+
+    async with await AsyncClient.connect(daemon.addr) as client:
+        await asyncio.wait_for(push(client), ASYNC_TIMEOUT)
+        proc = await asyncio.to_thread(_client_check, jars, daemon, "verify", app, str(shuffle), *map(str, attempts))
+        passed = _assert_clean(proc)
+        assert passed == PARTITIONS * (1 + len(attempts))
+        await asyncio.wait_for(client.unregister_shuffle(app, shuffle), ASYNC_TIMEOUT)
