@@ -9,7 +9,6 @@ when no JDK is installed.
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,25 +18,15 @@ import pytest
 from shuffled import spark_jar
 from shuffled_client import AsyncClient
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon
+from tests.jvm import SUMMARY, needs_jdk
 
 ROOT = Path(__file__).parents[1]
 JAVA_TIMEOUT = 60
 ASYNC_TIMEOUT = 60
-SUMMARY = re.compile(r"(\d+) passed, (\d+) failed")
 PARTITIONS = 4  # ClientCheck.PARTITIONS
 
 
-def _have_javac() -> bool:
-    try:
-        spark_jar.find_tool("javac")
-    except spark_jar.JvmBuildError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(
-    not _have_javac(), reason="javac not found: install openjdk-17-jdk-headless to build and test the JVM client"
-)
+pytestmark = needs_jdk
 
 
 def size(index: int, partition: int) -> int:

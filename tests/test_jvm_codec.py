@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import zipfile
 from pathlib import Path
@@ -19,24 +18,11 @@ import pytest
 from shuffled import spark_jar
 from shuffled.protocol import frames as F
 from shuffled.protocol.errors import ErrorCode
+from tests.jvm import SUMMARY, needs_jdk
 
 ROOT = Path(__file__).parents[1]
 VECTORS_FILE = ROOT / "proto" / "vectors" / "frames.json"
 JAVA_TIMEOUT = 60
-SUMMARY = re.compile(r"(\d+) passed, (\d+) failed")
-
-
-def _have_javac() -> bool:
-    try:
-        spark_jar.find_tool("javac")
-    except spark_jar.JvmBuildError:
-        return False
-    return True
-
-
-needs_jdk = pytest.mark.skipif(
-    not _have_javac(), reason="javac not found: install openjdk-17-jdk-headless to build and test the JVM client"
-)
 
 
 @pytest.fixture(scope="module")
