@@ -57,6 +57,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.close_reason = ""
         #: after a fatal error: input is read into this and dropped until the peer closes
         self._discard: memoryview | None = None
+        self._next_stream = 1
 
     @property
     def sender(self) -> Sender:
@@ -132,6 +133,12 @@ class FrameConnection(asyncio.BufferedProtocol):
     def is_open(self) -> bool:
         return self.transport is not None and not self.transport.is_closing() and self._discard is None
 
+    def new_stream_id(self) -> int:
+        """Ids for streams this side opens: a counter from 1, wrapping past 2^32-1 (PROTOCOL.md §5)."""
+        sid = self._next_stream
+        self._next_stream = sid + 1 if sid < 0xFFFFFFFF else 1
+        return sid
+
     def fail(self, exc: ShuffledError) -> None:
         """Fatal error: tell the peer why (stream 0), then close.
 
@@ -140,7 +147,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         shut down after the error, further input is dropped, and the socket closes
         when the peer closes too or after `FAIL_LINGER` seconds.
         """
-        if not self.is_open or self._discard is not None:
+        if not self.is_open:  # closing already, or failed before (input is then being discarded)
             return
         self.close_reason = f"{exc.code.name}: {exc.message}"
         transport = self.transport

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..buffers import Buffer
 from ..protocol.credit import OutboundStream, SendScheduler
+from .soon import Soon
 
 DEFAULT_HIGH_WATERMARK = 1 << 20
 DEFAULT_LOW_WATERMARK = 256 << 10
@@ -76,7 +77,7 @@ class Sender:
         self._written = 0
         self.paused = False
         self._draining = False
-        self._scheduled = False
+        self._schedule_flush = Soon(self._flush)
         self.closed = False
         self._loop = asyncio.get_running_loop()
         #: seconds spent paused above the high watermark (for metrics)
@@ -136,12 +137,10 @@ class Sender:
     # -- the loop
 
     def _schedule(self) -> None:
-        if not self._scheduled and not self.closed:
-            self._scheduled = True
-            self._loop.call_soon(self._flush)
+        if not self.closed:
+            self._schedule_flush()
 
     def _flush(self) -> None:
-        self._scheduled = False
         if self.closed or self.transport.is_closing():
             return
         if self._control:

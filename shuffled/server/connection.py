@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..net.connection import FrameConnection, release_payload
+from ..net.soon import Soon
 from ..net.streams import BufferResponseStream
 from ..protocol.codec import (
     encode_add_credit,
@@ -78,9 +79,8 @@ class DaemonConnection(FrameConnection):
         self.channels: dict[int, RemoteInputChannel] = {}
         self.pushes: dict[int, PushSession] = {}
         self.admin_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._next_stream = 1
         self._announce: dict[int, RemoteInputChannel] = {}
-        self._announce_scheduled = False
+        self._flush_announcements_soon = Soon(self._flush_announcements)
 
     # -- lifecycle
 
@@ -127,11 +127,6 @@ class DaemonConnection(FrameConnection):
             if not fut.done():
                 fut.set_exception(lost)
         self.admin_waiters.clear()
-
-    def new_stream_id(self) -> int:
-        sid = self._next_stream
-        self._next_stream = sid + 1 if sid < 0xFFFFFFFF else 1
-        return sid
 
     def _open_streams(self) -> int:
         return len(self.served) + len(self.pushes)
@@ -326,12 +321,9 @@ class DaemonConnection(FrameConnection):
     def announce(self, ch: RemoteInputChannel) -> None:
         """Lazily send AddCredit: collect channels now, send what they owe once per loop turn."""
         self._announce[ch.receiver] = ch
-        if not self._announce_scheduled:
-            self._announce_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_announcements)
+        self._flush_announcements_soon()
 
     def _flush_announcements(self) -> None:
-        self._announce_scheduled = False
         pending, self._announce = self._announce, {}
         if not self.is_open:
             return

@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..buffers import Buffer, LocalPool
+from ..net.soon import Soon
 from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_error, encode_push_credit
 from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CreditViolation, MapOutputStateError, ShuffledError
@@ -38,6 +39,7 @@ class PushSession:
         self.closed = False
         self._waiting: asyncio.Task[None] | None = None
         self._unannounced = 0
+        self._announce_soon = Soon(self._announce)
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -86,8 +88,7 @@ class PushSession:
             self.granted += new
             pool.promised = self.granted
             self._unannounced += new
-            if self._unannounced == new:  # 0 -> positive: one PushCredit per loop turn
-                asyncio.get_running_loop().call_soon(self._announce)
+            self._announce_soon()  # one PushCredit per loop turn carries all new credit
         elif pool.available == 0 and self._waiting is None:
             self._waiting = asyncio.create_task(self._wait_for_memory())
 

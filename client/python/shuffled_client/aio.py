@@ -17,6 +17,7 @@ from typing import Any
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, release_payload
+from shuffled.net.soon import Soon
 from shuffled.net.streams import Chunk, PushEvent, PushStream
 from shuffled.protocol.codec import (
     encode_add_credit,
@@ -106,7 +107,6 @@ class AsyncClient:
         self.daemon_node = ""
         self._conn: _ClientConnection | None = None
         self._ready: asyncio.Future[None] | None = None
-        self._next_stream = 1
         self._writers: dict[int, MapWriter] = {}
         self._readers: dict[int, PartitionReader] = {}
         self._admin: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -189,9 +189,8 @@ class AsyncClient:
             raise self._lost
 
     def _new_stream(self) -> int:
-        sid = self._next_stream
-        self._next_stream = sid + 1 if sid < 0xFFFFFFFF else 1
-        return sid
+        assert self._conn is not None
+        return self._conn.new_stream_id()
 
     def _send(self, frame: bytes) -> None:
         assert self._conn is not None
@@ -440,7 +439,7 @@ class PartitionReader(InputChannel):
         self._ended = False
         self._started = False
         self._current: ReadChunk | None = None
-        self._announce_scheduled = False
+        self._announce_soon = Soon(self._announce)
         self._closed = False
 
     async def _start(self) -> None:
@@ -478,12 +477,9 @@ class PartitionReader(InputChannel):
         self.client._send(encode_cancel(self.receiver))
 
     def announce(self) -> None:
-        if not self._announce_scheduled:
-            self._announce_scheduled = True
-            asyncio.get_running_loop().call_soon(self._announce)
+        self._announce_soon()
 
     def _announce(self) -> None:
-        self._announce_scheduled = False
         n = self.credit.take_announcement()
         if n and not self.credit.closed and self.client._lost is None:
             self.client._send(encode_add_credit(self.receiver, n))

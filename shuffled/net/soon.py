@@ -1,0 +1,28 @@
+"""Run a callback once at the next turn of the event loop, however often it is asked for.
+
+Credit announcements and the send loop both want this: many events in one loop
+turn (frames decoded from one read, buffers recycled in one batch) should cost
+one AddCredit, one PushCredit or one flush, carrying everything accumulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+class Soon:
+    __slots__ = ("_fn", "_scheduled")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn = fn
+        self._scheduled = False
+
+    def __call__(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        self._fn()
