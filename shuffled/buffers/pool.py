@@ -253,7 +253,8 @@ class LocalPool:
         """A buffer now, or None (never waits)."""
         if self._held:
             buf = self._held.pop()
-            self.promised = max(0, self.promised - 1)
+            if self.promised:
+                self.promised -= 1
         elif not self.destroyed and self.size < self.target:
             got = self.owner.try_take(1, self.use_reserve)
             if got is None:

@@ -33,7 +33,6 @@ class PushSession:
         self.writer = req.writer
         self.out = out
         self.pool: LocalPool | None = None
-        self.granted = 0
         self.received = 0
         self.seq = SequenceChecker()
         self.closed = False
@@ -52,12 +51,11 @@ class PushSession:
         self._top_up()
 
     def target(self, length: int) -> tuple[memoryview, Buffer]:
-        if self.granted <= 0 or self.pool is None:
+        # Credit granted and not yet used is exactly the pool's promised segments.
+        if self.pool is None or self.pool.promised <= 0:
             raise CreditViolation(f"writer {self.writer}: PushData without push credit")
         buf = self.pool.request()
-        if buf is None:  # granted segments are promised, so this means a broken pool invariant
-            raise CreditViolation(f"writer {self.writer}: no buffer behind the granted credit")
-        self.granted -= 1
+        assert buf is not None, "a promised segment is always held"
         return buf.memory[:length], buf
 
     def on_data(self, frame: PushData) -> None:
@@ -83,10 +81,9 @@ class PushSession:
             return
         while pool.grow():
             pass
-        new = pool.available - self.granted
+        new = pool.available - pool.promised
         if new > 0:
-            self.granted += new
-            pool.promised = self.granted
+            pool.promised += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
         elif pool.available == 0 and self._waiting is None:
