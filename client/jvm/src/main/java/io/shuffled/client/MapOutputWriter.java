@@ -50,6 +50,7 @@ public final class MapOutputWriter implements AutoCloseable {
     private final byte[][] buffers;
     private final int[] fill;
     private final List<Integer> holding = new ArrayList<>();
+    private byte[] spare; // a flushed partition's buffer, reused by the next partition
     private long nextSequence;
     private long pushes;
     private long bytesWritten;
@@ -124,18 +125,32 @@ public final class MapOutputWriter implements AutoCloseable {
         }
     }
 
+    /**
+     * Pushes what is buffered for {@code partition} now instead of at commit; for callers that write
+     * partitions one after another and are done with this one.
+     */
+    public void flush(int partition) throws IOException {
+        if (partition < 0 || partition >= numPartitions) {
+            throw new IllegalArgumentException("partition " + partition + " outside 0.." + (numPartitions - 1));
+        }
+        raiseIfFailed();
+        if (finished || buffers[partition] == null) {
+            return;
+        }
+        pushBuffered(partition);
+        spare = buffers[partition];
+        buffers[partition] = null;
+        holding.remove(Integer.valueOf(partition));
+    }
+
     /** Pushes what is buffered, commits, and returns the bytes stored per reduce partition (§12). */
     public long[] commit() throws IOException {
         if (finished) {
             throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE, "map output already committed or aborted");
         }
         raiseIfFailed();
-        for (int p = 0; p < numPartitions; p++) {
-            if (fill[p] > 0) {
-                int n = fill[p];
-                fill[p] = 0;
-                push(p, buffers[p], 0, n);
-            }
+        for (int p : holding) {
+            pushBuffered(p);
         }
         finished = true;
         releaseBuffers();
@@ -187,7 +202,10 @@ public final class MapOutputWriter implements AutoCloseable {
 
     private byte[] takeBuffer(int partition) throws IOException {
         byte[] buf;
-        if (holding.size() < maxBuffers) {
+        if (spare != null) {
+            buf = spare;
+            spare = null;
+        } else if (holding.size() < maxBuffers) {
             buf = new byte[segmentSize];
         } else {
             // At the cap: reuse the buffer of the fullest other partition, pushing its bytes first.
@@ -198,11 +216,7 @@ public final class MapOutputWriter implements AutoCloseable {
                 }
             }
             buf = buffers[victim];
-            if (fill[victim] > 0) {
-                int n = fill[victim];
-                fill[victim] = 0;
-                push(victim, buf, 0, n);
-            }
+            pushBuffered(victim);
             buffers[victim] = null;
             holding.remove(Integer.valueOf(victim));
         }
@@ -211,7 +225,17 @@ public final class MapOutputWriter implements AutoCloseable {
         return buf;
     }
 
+    /** Pushes the partially filled buffer of {@code partition}, if it holds bytes. */
+    private void pushBuffered(int partition) throws IOException {
+        int n = fill[partition];
+        if (n > 0) {
+            fill[partition] = 0;
+            push(partition, buffers[partition], 0, n);
+        }
+    }
+
     private void releaseBuffers() {
+        spare = null;
         for (int q : holding) {
             buffers[q] = null;
             fill[q] = 0;

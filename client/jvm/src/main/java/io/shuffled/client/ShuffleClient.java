@@ -15,8 +15,6 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.InterruptedIOException;
 import java.io.OutputStream;
-import java.net.InetSocketAddress;
-import java.net.Socket;
 import java.net.SocketTimeoutException;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
@@ -62,7 +60,7 @@ public final class ShuffleClient implements AutoCloseable {
     }
 
     private final String address;
-    private final Socket socket;
+    private final Transport transport;
     private final OutputStream out;
     private final Object writeLock = new Object();
     private final FrameDecoder decoder;
@@ -77,11 +75,11 @@ public final class ShuffleClient implements AutoCloseable {
     private volatile int segmentSize;
     private volatile String daemonNode = "";
 
-    private ShuffleClient(String address, Socket socket, long timeoutMillis, long writerBufferBytes)
+    private ShuffleClient(String address, Transport transport, long timeoutMillis, long writerBufferBytes)
             throws IOException {
         this.address = address;
-        this.socket = socket;
-        this.out = new BufferedOutputStream(socket.getOutputStream(), 64 << 10);
+        this.transport = transport;
+        this.out = new BufferedOutputStream(transport.output(), 64 << 10);
         this.timeoutMillis = timeoutMillis;
         this.writerBufferBytes = writerBufferBytes;
         this.decoder = new FrameDecoder(this::payloadTarget, Wire.DEFAULT_MAX_PAYLOAD);
@@ -89,7 +87,7 @@ public final class ShuffleClient implements AutoCloseable {
         this.readerThread.setDaemon(true);
     }
 
-    /** Connects to {@code host:port} (or {@code [ipv6]:port}) with the default timeouts. */
+    /** Connects to {@code host:port}, {@code [ipv6]:port} or {@code unix:/path} with the default timeouts. */
     public static ShuffleClient connect(String address) throws IOException {
         return connect(address, "jvm-client", DEFAULT_TIMEOUT_MILLIS, DEFAULT_WRITER_BUFFER_BYTES);
     }
@@ -104,15 +102,15 @@ public final class ShuffleClient implements AutoCloseable {
      */
     public static ShuffleClient connect(String address, String name, long timeoutMillis, long writerBufferBytes)
             throws IOException {
-        InetSocketAddress where = parseAddress(address);
-        Socket socket = new Socket();
         ShuffleClient client;
+        Transport transport = null;
         try {
-            socket.setTcpNoDelay(true);
-            socket.connect(where, (int) Math.min(Integer.MAX_VALUE, timeoutMillis));
-            client = new ShuffleClient(address, socket, timeoutMillis, writerBufferBytes);
+            transport = Transport.open(address, timeoutMillis);
+            client = new ShuffleClient(address, transport, timeoutMillis, writerBufferBytes);
         } catch (IOException e) {
-            socket.close();
+            if (transport != null) {
+                transport.close();
+            }
             throw new ShuffledException(
                     ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
         }
@@ -131,18 +129,6 @@ public final class ShuffleClient implements AutoCloseable {
         return client;
     }
 
-    static InetSocketAddress parseAddress(String address) {
-        int colon = address.lastIndexOf(':');
-        if (colon <= 0 || address.startsWith("unix:")) {
-            throw new IllegalArgumentException("expected host:port or [ipv6]:port, got " + address);
-        }
-        String host = address.substring(0, colon);
-        if (host.startsWith("[") && host.endsWith("]")) {
-            host = host.substring(1, host.length() - 1);
-        }
-        return new InetSocketAddress(host, Integer.parseInt(address.substring(colon + 1)));
-    }
-
     // ------------------------------------------------------------------------------------------ public API
 
     /** The daemon's segment size from HelloAck: the largest payload and the size PushData is filled to. */
@@ -157,6 +143,11 @@ public final class ShuffleClient implements AutoCloseable {
 
     public String address() {
         return address;
+    }
+
+    /** False once the connection broke or was closed; a broken client stays broken (connect anew). */
+    public boolean isOpen() {
+        return lost == null;
     }
 
     /** Opens one map attempt's output and waits for the daemon's first push credit (§12). */
@@ -266,7 +257,7 @@ public final class ShuffleClient implements AutoCloseable {
     public void close() {
         fail(new ShuffledException(ErrorCode.CONNECTION_LOST, "client closed"));
         try {
-            socket.close();
+            transport.close();
         } catch (IOException ignored) {
             // closing anyway
         }
@@ -370,7 +361,7 @@ public final class ShuffleClient implements AutoCloseable {
     private void readLoop() {
         byte[] buf = new byte[64 << 10];
         try {
-            InputStream in = socket.getInputStream();
+            InputStream in = transport.input();
             List<Frame> frames = new ArrayList<>();
             while (true) {
                 int n = in.read(buf);
@@ -484,7 +475,7 @@ public final class ShuffleClient implements AutoCloseable {
 
     private void closeSocketQuietly() {
         try {
-            socket.close();
+            transport.close();
         } catch (IOException ignored) {
             // already closing
         }

@@ -1,0 +1,83 @@
+package io.shuffled.spark;
+
+import io.shuffled.client.ShuffleClient;
+import io.shuffled.client.wire.ErrorCode;
+import io.shuffled.client.wire.ShuffledException;
+import java.io.IOException;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * The connections of one JVM to its daemons: one {@link ShuffleClient} per address, shared by all tasks
+ * (the client multiplexes streams) and reopened after it breaks. A task's daemon is chosen from
+ * {@code spark.shuffled.address} by executor id (or task id, see {@link ShuffledConf.DaemonChoice}); if
+ * it cannot be reached the next address in the list is tried, so a restarted or lost daemon does not
+ * stall every retry.
+ */
+final class DaemonClients implements AutoCloseable {
+    private final ShuffledConf conf;
+    private final String name;
+    private final Map<String, ShuffleClient> clients = new ConcurrentHashMap<>();
+
+    DaemonClients(ShuffledConf conf, String name) {
+        this.conf = conf;
+        this.name = name;
+    }
+
+    /** The daemon a task pushes into and reads through. */
+    ShuffleClient forTask(String executorId, long taskAttemptId) throws IOException {
+        List<String> addresses = conf.addresses;
+        int n = addresses.size();
+        int first = (int) Math.floorMod(
+                conf.choice == ShuffledConf.DaemonChoice.TASK ? taskAttemptId : executorKey(executorId), (long) n);
+        ShuffledException last = null;
+        for (int i = 0; i < n; i++) {
+            try {
+                return client(addresses.get((first + i) % n));
+            } catch (ShuffledException e) {
+                if (e.code() != ErrorCode.CONNECTION_LOST) {
+                    throw e;
+                }
+                last = e;
+            }
+        }
+        throw last;
+    }
+
+    /** An open client for {@code address}, connecting (again) if needed. */
+    ShuffleClient client(String address) throws IOException {
+        ShuffleClient c = clients.get(address);
+        if (c != null && c.isOpen()) {
+            return c;
+        }
+        synchronized (this) {
+            c = clients.get(address);
+            if (c != null && c.isOpen()) {
+                return c;
+            }
+            if (c != null) {
+                c.close();
+            }
+            c = ShuffleClient.connect(address, name, conf.timeoutMillis, conf.writerBufferBytes);
+            clients.put(address, c);
+            return c;
+        }
+    }
+
+    private static long executorKey(String executorId) {
+        try {
+            return Long.parseLong(executorId);
+        } catch (NumberFormatException e) {
+            return "driver".equals(executorId) ? 0 : executorId.hashCode();
+        }
+    }
+
+    @Override
+    public synchronized void close() {
+        for (ShuffleClient c : clients.values()) {
+            c.close();
+        }
+        clients.clear();
+    }
+}

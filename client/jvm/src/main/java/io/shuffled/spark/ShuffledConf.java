@@ -1,0 +1,72 @@
+package io.shuffled.spark;
+
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.SparkConf;
+
+/**
+ * The plugin's settings, read once from the SparkConf. Every key starts with {@code spark.shuffled.};
+ * README's "Spark" section lists them with defaults.
+ */
+final class ShuffledConf {
+    static final String ADDRESS = "spark.shuffled.address";
+    static final String DAEMON_CHOICE = "spark.shuffled.daemonChoice";
+    static final String ADMIN_ADDRESS = "spark.shuffled.adminAddress";
+    static final String TIMEOUT = "spark.shuffled.timeout";
+    static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
+
+    static final String DEFAULT_ADDRESS = "127.0.0.1:7337";
+
+    /** How a task picks its daemon among {@link #addresses}. */
+    enum DaemonChoice {
+        /** By executor id: every task of an executor uses the same daemon (production: one address). */
+        EXECUTOR,
+        /** By task attempt id: spreads one JVM's tasks over several daemons (tests on one machine). */
+        TASK
+    }
+
+    final List<String> addresses;
+    final DaemonChoice choice;
+    final String adminAddress;
+    final long timeoutMillis;
+    final long writerBufferBytes;
+
+    ShuffledConf(SparkConf conf) {
+        addresses = parseAddresses(conf.get(ADDRESS, DEFAULT_ADDRESS));
+        String choiceName = conf.get(DAEMON_CHOICE, "executor").trim();
+        try {
+            choice = DaemonChoice.valueOf(choiceName.toUpperCase(java.util.Locale.ROOT));
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException(
+                    DAEMON_CHOICE + " must be 'executor' or 'task', got '" + choiceName + "'", e);
+        }
+        adminAddress = conf.get(ADMIN_ADDRESS, addresses.get(0)).trim();
+        timeoutMillis = conf.getTimeAsMs(TIMEOUT, "60s");
+        writerBufferBytes = conf.getSizeAsBytes(WRITER_BUFFER, "16m");
+        if (timeoutMillis <= 0) {
+            throw new IllegalArgumentException(TIMEOUT + " must be positive");
+        }
+        if (writerBufferBytes <= 0) {
+            throw new IllegalArgumentException(WRITER_BUFFER + " must be positive");
+        }
+    }
+
+    private static List<String> parseAddresses(String value) {
+        List<String> out = new ArrayList<>();
+        for (String part : value.split(",")) {
+            String a = part.trim();
+            if (a.isEmpty()) {
+                continue;
+            }
+            if (!a.startsWith("unix:") && a.lastIndexOf(':') <= 0) {
+                throw new IllegalArgumentException(
+                        ADDRESS + ": expected host:port, [ipv6]:port or unix:/path, got '" + a + "'");
+            }
+            out.add(a);
+        }
+        if (out.isEmpty()) {
+            throw new IllegalArgumentException(ADDRESS + " names no daemon");
+        }
+        return List.copyOf(out);
+    }
+}

@@ -1,0 +1,76 @@
+package io.shuffled.spark;
+
+import io.shuffled.client.ShuffleClient;
+import java.io.IOException;
+import java.util.Map;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.shuffle.api.ShuffleDriverComponents;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The driver's part: frees shuffle data in the daemons when Spark drops a shuffle (the ContextCleaner,
+ * after the shuffle's RDD is garbage) and when the application stops. Requests go to
+ * {@code spark.shuffled.adminAddress} (default: the first daemon address), which passes them on to every
+ * daemon it knows. Spark's own cleanup (map output tracker, block manager) still runs: Spark calls this
+ * in addition to it.
+ *
+ * <p>{@link #supportsReliableStorage} is true: map output lives in the daemons, not in executors, so Spark
+ * keeps it when an executor goes away and allows dynamic allocation without its external shuffle
+ * service.
+ */
+final class ShuffledDriverComponents implements ShuffleDriverComponents {
+    private static final Logger LOG = LoggerFactory.getLogger(ShuffledDriverComponents.class);
+
+    private final ShuffledConf conf;
+
+    ShuffledDriverComponents(ShuffledConf conf) {
+        this.conf = conf;
+    }
+
+    @Override
+    public Map<String, String> initializeApplication() {
+        return Map.of();
+    }
+
+    @Override
+    public void cleanupApplication() {
+        String app = appId();
+        if (app != null) {
+            admin("remove application " + app, c -> c.removeApplication(app));
+        }
+    }
+
+    @Override
+    public void removeShuffle(int shuffleId, boolean blocking) {
+        String app = appId();
+        if (app != null) {
+            admin("unregister shuffle " + app + "/" + shuffleId, c -> c.unregisterShuffle(app, shuffleId));
+        }
+    }
+
+    @Override
+    public boolean supportsReliableStorage() {
+        return true;
+    }
+
+    private interface AdminCall {
+        Map<String, Object> apply(ShuffleClient client) throws IOException;
+    }
+
+    /** Cleanup must never fail the application: a daemon that cannot be reached is logged. */
+    private void admin(String what, AdminCall call) {
+        try (ShuffleClient client = ShuffleClient.connect(
+                conf.adminAddress, "spark-driver", conf.timeoutMillis, ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES)) {
+            Map<String, Object> result = call.apply(client);
+            LOG.info("shuffled: {} at {}: {}", what, conf.adminAddress, result);
+        } catch (IOException | RuntimeException e) {
+            LOG.warn("shuffled: could not {} at {}: {}", what, conf.adminAddress, e.toString());
+        }
+    }
+
+    private static String appId() {
+        SparkEnv env = SparkEnv.get();
+        return env == null ? null : env.conf().getOption("spark.app.id").getOrElse(() -> null);
+    }
+}

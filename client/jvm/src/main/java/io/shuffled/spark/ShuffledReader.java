@@ -1,0 +1,279 @@
+package io.shuffled.spark;
+
+import io.shuffled.client.PartitionReader;
+import io.shuffled.client.ShuffleClient;
+import io.shuffled.client.wire.ShuffledException;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.InterruptibleIterator;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.serializer.DeserializationStream;
+import org.apache.spark.serializer.SerializerInstance;
+import org.apache.spark.serializer.SerializerManager;
+import org.apache.spark.shuffle.BaseShuffleHandle;
+import org.apache.spark.shuffle.FetchFailedException;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.storage.BlockId;
+import org.apache.spark.storage.BlockManagerId;
+import org.apache.spark.storage.ShuffleBlockBatchId;
+import org.apache.spark.storage.ShuffleBlockId;
+import org.apache.spark.util.collection.ExternalSorter;
+import scala.Option;
+import scala.Product2;
+import scala.Tuple2;
+import scala.Tuple3;
+import scala.collection.AbstractIterator;
+import scala.collection.Iterator;
+import scala.collection.Seq;
+import scala.math.Ordering;
+
+/**
+ * Reads reduce partitions [start, end) of the map outputs [startMap, endMap) through the task's daemon.
+ *
+ * <p>Which map attempts to read, and where each one's output lives, comes from Spark's
+ * {@code MapOutputTracker}, exactly as for the built-in shuffle; a location names a daemon
+ * ({@link DaemonLocation}). One read stream is opened per daemon, all at once (so every daemon starts
+ * sending under its initial credit), and consumed one after another. Each (partition, attempt) pair is
+ * one block, deserialized as the built-in reader does, and Spark's {@code Aggregator} and
+ * {@link ExternalSorter} then combine and sort the records as the built-in reader does.
+ *
+ * <p>A read error that means lost shuffle data (the daemon has no such output, it or its peer is down,
+ * the connection broke) becomes a {@link FetchFailedException} naming that daemon's location, so Spark
+ * forgets the outputs on it and recomputes them; other errors fail the task with the daemon's message.
+ */
+final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
+    private final BaseShuffleHandle<K, ?, C> handle;
+    private final int startMap;
+    private final int endMap;
+    private final int start;
+    private final int end;
+    private final TaskContext context;
+    private final ShuffleReadMetricsReporter metrics;
+    private final DaemonClients clients;
+
+    ShuffledReader(BaseShuffleHandle<K, ?, C> handle, int startMap, int endMap, int start, int end,
+            TaskContext context, ShuffleReadMetricsReporter metrics, DaemonClients clients) {
+        this.handle = handle;
+        this.startMap = startMap;
+        this.endMap = endMap;
+        this.start = start;
+        this.end = end;
+        this.context = context;
+        this.metrics = metrics;
+        this.clients = clients;
+    }
+
+    /** The map attempts one daemon holds for this read. */
+    private record Location(BlockManagerId id, String daemon, List<Long> attempts, long firstMapId, int firstMapIndex) {}
+
+    @Override
+    @SuppressWarnings("unchecked")
+    public Iterator<Product2<K, C>> read() {
+        ShuffleDependency<K, ?, C> dep = handle.dependency();
+        SparkEnv env = SparkEnv.get();
+        List<Location> locations = locate(env, dep.shuffleId());
+        Records records = new Records(env, dep, locations);
+        context.addTaskCompletionListener((org.apache.spark.util.TaskCompletionListener) ctx -> records.close());
+        Iterator<Product2<K, Object>> plain = new InterruptibleIterator<>(context, records);
+        Iterator<Product2<K, C>> combined;
+        if (dep.aggregator().isDefined()) {
+            if (dep.mapSideCombine()) {
+                combined = (Iterator<Product2<K, C>>) (Iterator<?>) dep.aggregator().get()
+                        .combineCombinersByKey((Iterator<Product2<K, C>>) (Iterator<?>) plain, context);
+            } else {
+                combined = (Iterator<Product2<K, C>>) (Iterator<?>) ((org.apache.spark.Aggregator<K, Object, C>)
+                        dep.aggregator().get()).combineValuesByKey(plain, context);
+            }
+        } else {
+            combined = (Iterator<Product2<K, C>>) (Iterator<?>) plain;
+        }
+        Option<Ordering<K>> ordering = dep.keyOrdering();
+        if (ordering.isDefined()) {
+            ExternalSorter<K, C, C> sorter =
+                    new ExternalSorter<>(context, Option.empty(), Option.empty(), ordering, dep.serializer());
+            combined = sorter.insertAllAndUpdateMetrics(combined);
+        }
+        return combined instanceof InterruptibleIterator ? combined : new InterruptibleIterator<>(context, combined);
+    }
+
+    private List<Location> locate(SparkEnv env, int shuffleId) {
+        Iterator<Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>>> found =
+                env.mapOutputTracker().getMapSizesByExecutorId(shuffleId, startMap, endMap, start, end);
+        Map<BlockManagerId, Location> byDaemon = new LinkedHashMap<>();
+        while (found.hasNext()) {
+            Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>> entry = found.next();
+            Iterator<Tuple3<BlockId, Object, Object>> blocks = entry._2().iterator();
+            while (blocks.hasNext()) {
+                Tuple3<BlockId, Object, Object> block = blocks.next();
+                long mapId = mapIdOf(block._1());
+                Location loc = byDaemon.computeIfAbsent(entry._1(), id -> new Location(
+                        id, DaemonLocation.daemonOf(id), new ArrayList<>(), mapId, (Integer) block._3()));
+                if (!loc.attempts().contains(mapId)) {
+                    loc.attempts().add(mapId);
+                }
+            }
+        }
+        return new ArrayList<>(byDaemon.values());
+    }
+
+    private static long mapIdOf(BlockId block) {
+        if (block instanceof ShuffleBlockId b) {
+            return b.mapId();
+        }
+        if (block instanceof ShuffleBlockBatchId b) {
+            return b.mapId();
+        }
+        throw new IllegalStateException("shuffled cannot read " + block + " (push-based shuffle must be off)");
+    }
+
+    /** The deserialized records of every location, one block after another. */
+    private final class Records extends AbstractIterator<Product2<K, Object>> {
+        private final SparkEnv env;
+        private final ShuffleDependency<K, ?, C> dep;
+        private final List<Location> locations;
+        private final SerializerInstance serializer;
+        private final SerializerManager serializers;
+        private final List<PartitionReader> streams = new ArrayList<>();
+        private ShuffleClient client;
+        private int index = -1;
+        private PairInput input;
+        private DeserializationStream block;
+        private Iterator<Tuple2<Object, Object>> blockRecords;
+        private boolean local;
+
+        Records(SparkEnv env, ShuffleDependency<K, ?, C> dep, List<Location> locations) {
+            this.env = env;
+            this.dep = dep;
+            this.locations = locations;
+            this.serializer = dep.serializer().newInstance();
+            this.serializers = env.serializerManager();
+        }
+
+        @Override
+        public boolean hasNext() {
+            try {
+                return advance();
+            } catch (IOException e) {
+                throw sneaky(failure(e));
+            }
+        }
+
+        @Override
+        @SuppressWarnings("unchecked")
+        public Product2<K, Object> next() {
+            if (!hasNext()) {
+                throw new java.util.NoSuchElementException();
+            }
+            metrics.incRecordsRead(1);
+            return (Product2<K, Object>) (Product2<?, ?>) blockRecords.next();
+        }
+
+        private boolean advance() throws IOException {
+            while (blockRecords == null || !blockRecords.hasNext()) {
+                closeBlock();
+                if (input == null || !input.nextPair()) {
+                    if (!nextLocation()) {
+                        close();
+                        return false;
+                    }
+                    continue;
+                }
+                if (local) {
+                    metrics.incLocalBlocksFetched(1);
+                } else {
+                    metrics.incRemoteBlocksFetched(1);
+                }
+                BlockId id = new ShuffleBlockId(dep.shuffleId(), input.attempt(), input.partition());
+                block = serializer.deserializeStream(serializers.wrapStream(id, input));
+                blockRecords = block.asKeyValueIterator();
+            }
+            return true;
+        }
+
+        /** Opens every location's stream on first use; then moves to the next location. */
+        private boolean nextLocation() throws IOException {
+            if (index < 0) {
+                open();
+            }
+            index++;
+            if (index >= locations.size()) {
+                return false;
+            }
+            local = locations.get(index).daemon().equals(client.daemonNode());
+            input = new PairInput(streams.get(index), (bytes, waitNanos) -> {
+                if (local) {
+                    metrics.incLocalBytesRead(bytes);
+                } else {
+                    metrics.incRemoteBytesRead(bytes);
+                }
+                metrics.incFetchWaitTime(waitNanos / 1_000_000);
+            });
+            return true;
+        }
+
+        private void open() throws IOException {
+            if (locations.isEmpty()) {
+                return;
+            }
+            client = clients.forTask(env.executorId(), context.taskAttemptId());
+            String app = env.conf().getAppId();
+            for (Location loc : locations) {
+                long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
+                String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
+                streams.add(client.read(app, dep.shuffleId(), start, end, Map.of(where, attempts)));
+            }
+        }
+
+        private void closeBlock() {
+            if (block != null) {
+                block.close();
+                block = null;
+            }
+            blockRecords = null;
+        }
+
+        void close() {
+            closeBlock();
+            for (PartitionReader r : streams) {
+                r.close();
+            }
+            streams.clear();
+        }
+
+        /** What Spark should see for a failed read: a fetch failure if the data is lost, else the error. */
+        private Exception failure(IOException e) {
+            close();
+            if (e instanceof ShuffledException s && !s.code().fetchFailure()) {
+                return e;
+            }
+            boolean atLocation = index >= 0 && index < locations.size() && client != null;
+            BlockManagerId blame;
+            long mapId = -1;
+            int mapIndex = -1;
+            if (atLocation) {
+                Location loc = locations.get(index);
+                blame = loc.id();
+                mapId = loc.firstMapId();
+                mapIndex = loc.firstMapIndex();
+            } else {
+                // The task's own daemon could not be reached: its outputs are as good as lost.
+                String daemon = client != null ? client.daemonNode() : "unreachable";
+                blame = DaemonLocation.of(daemon, env.blockManager().blockManagerId().host());
+            }
+            return new FetchFailedException(blame, dep.shuffleId(), mapId, mapIndex, start,
+                    "shuffled read of partitions [" + start + ", " + end + ") failed: " + e.getMessage(), e);
+        }
+    }
+
+    /** Throws a checked exception through Scala's iterator methods, as Spark's own readers do. */
+    @SuppressWarnings("unchecked")
+    private static <E extends Throwable> RuntimeException sneaky(Throwable e) throws E {
+        throw (E) e;
+    }
+}

@@ -1,0 +1,178 @@
+package io.shuffled.spark;
+
+import io.shuffled.client.MapOutputWriter;
+import io.shuffled.client.ShuffleClient;
+import java.io.IOException;
+import java.io.OutputStream;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.scheduler.MapStatus;
+import org.apache.spark.scheduler.MapStatus$;
+import org.apache.spark.serializer.SerializationStream;
+import org.apache.spark.serializer.SerializerInstance;
+import org.apache.spark.serializer.SerializerManager;
+import org.apache.spark.shuffle.BaseShuffleHandle;
+import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
+import org.apache.spark.shuffle.ShuffleWriter;
+import org.apache.spark.storage.ShuffleBlockId;
+import org.apache.spark.util.collection.ExternalSorter;
+import scala.Option;
+import scala.Product2;
+import scala.Tuple2;
+import scala.collection.Iterator;
+import scala.reflect.ClassTag;
+import scala.reflect.ClassTag$;
+
+/**
+ * Writes one map task's output into the executor's daemon.
+ *
+ * <p>Records go through Spark's own {@link ExternalSorter} (the same one the built-in sort shuffle uses:
+ * map-side combine when the dependency asks for it, grouping by reduce partition, spilling under Spark's
+ * memory manager). The sorter hands back one partition at a time; each is written as one serialization
+ * stream, wrapped by Spark's {@link SerializerManager} (compression and encryption as configured), into
+ * the map attempt's push stream. So the bytes stored for a (partition, attempt) pair are exactly what
+ * the built-in shuffle would put in that block, and any Spark serializer reads them back.
+ *
+ * <p>A partition's last partial buffer is pushed when the sorter moves on, so the daemon receives data
+ * while the task still runs, and the JVM holds one partition buffer at a time. Commit is atomic on the
+ * daemon; its per-partition byte counts go into the {@link MapStatus}, which AQE uses to coalesce
+ * partitions and split skewed ones. Any failure aborts the attempt, so nothing of it is ever read.
+ */
+final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
+    @SuppressWarnings("unchecked")
+    private static final ClassTag<Object> ANY = (ClassTag<Object>) (ClassTag<?>) ClassTag$.MODULE$.Any();
+
+    private final BaseShuffleHandle<K, V, C> handle;
+    private final long mapId;
+    private final TaskContext context;
+    private final ShuffleWriteMetricsReporter metrics;
+    private final DaemonClients clients;
+    private MapOutputWriter output;
+    private MapStatus status;
+    private long[] lengths = new long[0];
+    private boolean stopped;
+
+    ShuffledWriter(
+            BaseShuffleHandle<K, V, C> handle,
+            long mapId,
+            TaskContext context,
+            ShuffleWriteMetricsReporter metrics,
+            DaemonClients clients) {
+        this.handle = handle;
+        this.mapId = mapId;
+        this.context = context;
+        this.metrics = metrics;
+        this.clients = clients;
+    }
+
+    @Override
+    public void write(Iterator<Product2<K, V>> records) throws IOException {
+        ShuffleDependency<K, V, C> dep = handle.dependency();
+        ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
+                ? new ExternalSorter<K, V, C>(
+                        context, dep.aggregator(), Option.apply(dep.partitioner()), dep.keyOrdering(), dep.serializer())
+                : new ExternalSorter<K, V, V>(
+                        context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep.serializer());
+        try {
+            sorter.insertAll(records);
+            SparkEnv env = SparkEnv.get();
+            ShuffleClient client = clients.forTask(env.executorId(), context.taskAttemptId());
+            int partitions = dep.partitioner().numPartitions();
+            output = client.openWriter(
+                    env.conf().getAppId(), dep.shuffleId(), context.partitionId(), mapId, partitions);
+            long started = System.nanoTime();
+            long written = writePartitions(sorter, dep, env.serializerManager());
+            lengths = output.commit();
+            metrics.incWriteTime(System.nanoTime() - started);
+            metrics.incRecordsWritten(written);
+            long bytes = 0;
+            for (long n : lengths) {
+                bytes += n;
+            }
+            metrics.incBytesWritten(bytes);
+            String host = env.blockManager().blockManagerId().host();
+            status = MapStatus$.MODULE$.apply(DaemonLocation.of(client.daemonNode(), host), lengths, mapId);
+        } finally {
+            sorter.stop();
+        }
+    }
+
+    /** Serializes every partition the sorter yields into the push stream; returns the records written. */
+    private long writePartitions(ExternalSorter<K, V, ?> sorter, ShuffleDependency<K, V, C> dep,
+            SerializerManager serializers) throws IOException {
+        SerializerInstance serializer = dep.serializer().newInstance();
+        PartitionOutput sink = new PartitionOutput(output);
+        long records = 0;
+        Iterator<? extends Tuple2<Object, ? extends Iterator<? extends Product2<K, ?>>>> parts =
+                sorter.partitionedIterator();
+        while (parts.hasNext()) {
+            Tuple2<Object, ? extends Iterator<? extends Product2<K, ?>>> part = parts.next();
+            Iterator<? extends Product2<K, ?>> it = part._2();
+            if (!it.hasNext()) {
+                continue;
+            }
+            int partition = (Integer) part._1();
+            sink.partition = partition;
+            SerializationStream stream = serializer.serializeStream(
+                    serializers.wrapStream(new ShuffleBlockId(dep.shuffleId(), mapId, partition), sink));
+            while (it.hasNext()) {
+                Product2<K, ?> record = it.next();
+                stream.writeKey(record._1(), ANY);
+                stream.writeValue(record._2(), ANY);
+                records++;
+            }
+            stream.close();
+            output.flush(partition);
+        }
+        return records;
+    }
+
+    @Override
+    public Option<MapStatus> stop(boolean success) {
+        if (stopped) {
+            return Option.empty();
+        }
+        stopped = true;
+        if (success && status != null) {
+            return Option.apply(status);
+        }
+        if (output != null) {
+            output.close(); // aborts unless committed: a failed attempt leaves nothing readable
+        }
+        return Option.empty();
+    }
+
+    @Override
+    public long[] getPartitionLengths() {
+        return lengths;
+    }
+
+    /**
+     * The bytes of the partition being serialized, handed to the push stream. Closing the serialization
+     * stream closes this too; that must not end the push stream, which spans every partition.
+     */
+    private static final class PartitionOutput extends OutputStream {
+        private final MapOutputWriter output;
+        int partition;
+
+        PartitionOutput(MapOutputWriter output) {
+            this.output = output;
+        }
+
+        @Override
+        public void write(int b) throws IOException {
+            output.write(partition, new byte[] {(byte) b}, 0, 1);
+        }
+
+        @Override
+        public void write(byte[] b, int off, int len) throws IOException {
+            output.write(partition, b, off, len);
+        }
+
+        @Override
+        public void close() {
+            // the push stream outlives one partition
+        }
+    }
+}
