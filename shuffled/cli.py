@@ -1,4 +1,4 @@
-"""Command line: `shuffled serve`, `shuffled demo`, `shuffled stats`."""
+"""Command line: `shuffled serve`, `demo`, `stats`, `spark-jar`, `spark-conf`."""
 
 from __future__ import annotations
 
@@ -123,6 +123,28 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--partitions", type=int, default=8, help="reduce partitions (default 8)")
     demo.add_argument("--megabytes", type=int, default=64, help="total data to shuffle (default 64)")
 
+    jar = sub.add_parser(
+        "spark-jar",
+        help="build the Spark plugin jar (javac against the pyspark jars) and print its path",
+        description="Compiles client/jvm with javac --release 17 against the installed pyspark's jars and "
+        "packages client/jvm/build/shuffled-spark.jar; skipped when the jar is newer than every source.",
+    )
+    jar.add_argument("--force", action="store_true", help="rebuild even if the jar is up to date")
+
+    conf = sub.add_parser(
+        "spark-conf",
+        help="build the plugin jar if needed and print the Spark settings that use shuffled",
+        description="Prints spark-defaults.conf lines (or spark-submit --conf flags) that switch Spark's "
+        "shuffle to shuffled, with the jar's absolute path.",
+    )
+    conf.add_argument(
+        "--address",
+        default="127.0.0.1:7337",
+        metavar="ADDR",
+        help="the executors' daemon: host:port or unix:/path (default 127.0.0.1:7337)",
+    )
+    conf.add_argument("--submit", action="store_true", help="print --conf flags for spark-submit/pyspark")
+
     stats = sub.add_parser("stats", help="print a running daemon's pool, store and stream counters as JSON")
     stats.add_argument("address", help="daemon address, host:port or unix:/path")
     return parser
@@ -156,6 +178,22 @@ async def _serve(config: DaemonConfig) -> None:
     await daemon.stop()
 
 
+def _spark_command(args: argparse.Namespace) -> int:
+    from . import spark_jar
+
+    try:
+        jar = spark_jar.build_jar(force=getattr(args, "force", False))
+    except spark_jar.JvmBuildError as exc:
+        print(f"shuffled {args.command}: {exc}", file=sys.stderr)
+        return 1
+    if args.command == "spark-jar":
+        print(jar)
+        return 0
+    for key, value in spark_jar.spark_conf(jar, [args.address]).items():
+        print(f"--conf {key}={value}" if args.submit else f"{key} {value}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
@@ -178,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args.maps, args.partitions, args.megabytes)
+    if args.command in ("spark-jar", "spark-conf"):
+        return _spark_command(args)
     if args.command == "stats":
         from shuffled_client import Client
 

@@ -174,6 +174,30 @@ def build_test_classes(out_dir: Path | None = None, force: bool = False) -> Path
     return jar_path
 
 
+#: What switches Spark to shuffled: the shuffle manager (map and reduce side) and the ShuffleDataIO plugin
+#: whose driver components free daemon data and tell Spark that map output outlives executors.
+PLUGIN_CLASSES = {
+    "spark.shuffle.manager": "io.shuffled.spark.ShuffledShuffleManager",
+    "spark.shuffle.sort.io.plugin.class": "io.shuffled.spark.ShuffledDataIO",
+}
+
+
+def spark_conf(jar: Path, addresses: list[str], daemon_choice: str = "executor") -> dict[str, str]:
+    """The Spark settings that run a job through shuffled (README "Spark" explains each one).
+
+    ``addresses`` are the daemons an executor may use (normally one: its host's daemon, as
+    ``host:port`` or ``unix:/path``); ``daemon_choice`` ``task`` spreads one JVM's tasks over them (tests).
+    """
+    conf = {
+        "spark.jars": str(jar),
+        **PLUGIN_CLASSES,
+        "spark.shuffled.address": ",".join(addresses),
+    }
+    if daemon_choice != "executor":
+        conf["spark.shuffled.daemonChoice"] = daemon_choice
+    return conf
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shuffled.spark_jar", description="Build the JVM client jar.")
     parser.add_argument("--out-dir", type=Path, default=None, help=f"where the jars go (default {BUILD_DIR})")

@@ -146,6 +146,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private DeserializationStream block;
         private Iterator<Tuple2<Object, Object>> blockRecords;
         private boolean local;
+        private boolean merged;
 
         Records(SparkEnv env, ShuffleDependency<K, ?, C> dep, List<Location> locations) {
             this.env = env;
@@ -179,7 +180,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 closeBlock();
                 if (input == null || !input.nextPair()) {
                     if (!nextLocation()) {
-                        close();
+                        finish();
                         return false;
                     }
                     continue;
@@ -227,6 +228,15 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
                 String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
                 streams.add(client.read(app, dep.shuffleId(), start, end, Map.of(where, attempts)));
+            }
+        }
+
+        /** At the end: the task's read metrics take this reader's counts (as Spark's own reader does). */
+        private void finish() {
+            close();
+            if (!merged) {
+                merged = true;
+                context.taskMetrics().mergeShuffleReadMetrics();
             }
         }
 

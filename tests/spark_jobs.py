@@ -1,0 +1,173 @@
+"""The PySpark jobs the Spark tests run twice, through shuffled and through Spark's built-in shuffle.
+
+Each job returns plain Python values that compare exactly: sorted rows where the job's output order is
+not defined, rows in order where it is (orderBy, sortByKey, partition sizes of repartition). The data is
+generated, deterministic and small, so a whole run takes seconds; every job shuffles at least once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+Job = Callable[[SparkSession], Any]
+
+#: Settings both kinds of session share: joins always shuffle (no broadcast), few partitions (fast).
+COMMON_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.default.parallelism": "4",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+
+def facts(spark: SparkSession, rows: int = 20_000) -> DataFrame:
+    return spark.range(0, rows, numPartitions=4).select(
+        F.col("id"),
+        (F.col("id") % 101).alias("k"),
+        (F.col("id") * 7919 % 1000).alias("v"),
+        F.concat(F.lit("name-"), (F.col("id") % 37).cast("string")).alias("s"),
+    )
+
+
+def dims(spark: SparkSession) -> DataFrame:
+    return spark.range(0, 303, numPartitions=2).select((F.col("id") % 101).alias("k"), F.col("id").alias("w"))
+
+
+def rows(df: DataFrame) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in df.collect()]
+
+
+def executed_plan(df: DataFrame) -> str:
+    """The final physical plan (after AQE re-planning), to check which operators really ran."""
+    return str(df._jdf.queryExecution().executedPlan().toString())  # noqa: SLF001
+
+
+def groupby_agg(spark: SparkSession) -> Any:
+    out = facts(spark).groupBy("k").agg(F.sum("v"), F.count("*"), F.max("id"), F.countDistinct("s"))
+    return sorted(rows(out))
+
+
+def _join(spark: SparkSession, hint: str, operator: str) -> Any:
+    df = facts(spark, 5_000).join(dims(spark).hint(hint), "k").select("id", "k", "v", "w")
+    result = sorted(rows(df))
+    plan = executed_plan(df)
+    assert operator in plan, f"expected {operator} in the plan:\n{plan}"
+    return result
+
+
+def join_sort_merge(spark: SparkSession) -> Any:
+    return _join(spark, "merge", "SortMergeJoin")
+
+
+def join_shuffled_hash(spark: SparkSession) -> Any:
+    return _join(spark, "shuffle_hash", "ShuffledHashJoin")
+
+
+def order_by(spark: SparkSession) -> Any:
+    return rows(facts(spark).orderBy(F.col("v").desc(), "id"))
+
+
+def window(spark: SparkSession) -> Any:
+    w = Window.partitionBy("k").orderBy("v", "id")
+    df = facts(spark).select("id", "k", F.row_number().over(w).alias("n"), F.sum("v").over(w).alias("running"))
+    return sorted(rows(df))
+
+
+def distinct(spark: SparkSession) -> Any:
+    return sorted(rows(facts(spark).select("s", "k").distinct()))
+
+
+def _pairs(spark: SparkSession) -> Any:
+    return spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
+
+
+def rdd_reduce_by_key(spark: SparkSession) -> Any:
+    return sorted(_pairs(spark).reduceByKey(lambda a, b: a + b).collect())
+
+
+def rdd_group_by_key(spark: SparkSession) -> Any:
+    return sorted((k, sorted(vs)) for k, vs in _pairs(spark).groupByKey().collect())
+
+
+def rdd_sort_by_key(spark: SparkSession) -> Any:
+    data = spark.sparkContext.parallelize([(i * 7919 % 20_011, i) for i in range(20_000)], 4)
+    return data.sortByKey(numPartitions=3).collect()
+
+
+def rdd_repartition(spark: SparkSession) -> Any:
+    data = spark.sparkContext.parallelize(range(10_000), 3).repartition(5)
+    return data.glom().map(len).collect(), sorted(data.collect())
+
+
+def aqe_coalesce(spark: SparkSession) -> Any:
+    """200 shuffle partitions of a small aggregate: AQE must coalesce them from the map output sizes."""
+    spark.conf.set("spark.sql.shuffle.partitions", "200")
+    try:
+        df = facts(spark).groupBy("k").agg(F.sum("v").alias("total"))
+        result = sorted(rows(df))
+        plan = executed_plan(df)
+        assert "coalesced" in plan, f"AQE did not coalesce:\n{plan}"
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", COMMON_CONF["spark.sql.shuffle.partitions"])
+    return result
+
+
+SKEW_CONF = {
+    "spark.sql.adaptive.skewJoin.enabled": "true",
+    "spark.sql.adaptive.skewJoin.skewedPartitionFactor": "2",
+    "spark.sql.adaptive.skewJoin.skewedPartitionThresholdInBytes": "4k",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": "4k",
+    "spark.sql.adaptive.coalescePartitions.enabled": "false",
+}
+
+
+def aqe_skew_join(spark: SparkSession) -> Any:
+    """Most rows share key 0: AQE must split that partition, using the per-partition sizes of the map output."""
+    for key, value in SKEW_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        left = spark.range(0, 40_000, numPartitions=4).select(
+            F.when(F.col("id") % 10 < 8, F.lit(0)).otherwise(F.col("id") % 50).alias("k"), F.col("id")
+        )
+        joined = left.join(dims(spark).hint("merge"), "k")
+        # Grouped by another column: the join's own partitioning is not needed afterwards, so AQE may split.
+        df = joined.groupBy((F.col("id") % 7).alias("g")).agg(F.count("*"), F.sum("k"), F.sum("w"))
+        result = sorted(rows(df))
+        plan = executed_plan(df)
+        assert "skew=true" in plan, f"AQE did not split the skewed partition:\n{plan}"
+    finally:
+        for key in SKEW_CONF:
+            spark.conf.unset(key)
+    return result
+
+
+#: Every job both shuffles run; the tests compare their results one by one.
+JOBS: dict[str, Job] = {
+    job.__name__: job
+    for job in (
+        groupby_agg,
+        join_sort_merge,
+        join_shuffled_hash,
+        order_by,
+        window,
+        distinct,
+        rdd_reduce_by_key,
+        rdd_group_by_key,
+        rdd_sort_by_key,
+        rdd_repartition,
+        aqe_coalesce,
+        aqe_skew_join,
+    )
+}
+
+
+def session(master: str, conf: dict[str, str]) -> SparkSession:
+    builder = SparkSession.builder.master(master).appName("shuffled-tests")
+    for key, value in {**COMMON_CONF, **conf}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,126 @@
+"""PySpark through shuffled in local[2]: results equal Spark's built-in shuffle, metrics, cleanup, failures.
+
+Two daemons run on 127.0.0.2 and 127.0.0.3 and each task picks one by its task id
+(``spark.shuffled.daemonChoice=task``), so map output lands on both and most reads cross the
+daemon-to-daemon connection. ``local[2,4]`` allows four attempts per task, as a cluster would.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import spark_jobs
+from tests.cluster import DaemonProcess
+from tests.spark_support import (
+    daemon_stats,
+    needs_spark,
+    plugin_conf,
+    restart,
+    spark_daemons,
+    stage_data,
+    wait_for,
+)
+
+pytestmark = [needs_spark, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def daemons() -> Iterator[list[DaemonProcess]]:
+    with spark_daemons(["127.0.0.2", "127.0.0.3"]) as ds:
+        yield ds
+
+
+@pytest.fixture(scope="module")
+def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
+    session = spark_jobs.session("local[2,4]", plugin_conf(plugin_jar, daemons, "task"))
+    yield session
+    session.stop()
+
+
+@pytest.mark.parametrize("name", list(spark_jobs.JOBS))
+def test_job_matches_builtin_shuffle(spark: Any, builtin: dict[str, Any], name: str) -> None:
+    assert spark_jobs.JOBS[name](spark) == builtin[name]
+
+
+def test_map_output_lands_in_both_daemons(spark: Any, daemons: list[DaemonProcess]) -> None:
+    spark_jobs.rdd_reduce_by_key(spark)
+    for d in daemons:
+        store = daemon_stats(d)["store"]
+        assert store["commits"] > 0 and store["stored_bytes"] > 0, f"{d.addr} received nothing: {store}"
+
+
+def test_shuffle_metrics_are_reported(spark: Any) -> None:
+    """AQE and the UI read these: records and bytes written by map tasks, records read by reducers."""
+    result = spark.range(0, 6_000, numPartitions=3).repartition(2, "id").collect()
+    assert len(result) == 6_000
+    stages = stage_data(spark)
+    writer = next(s for s in stages if s.shuffleWriteRecords() == 6_000)
+    assert writer.shuffleWriteBytes() > 0
+    reader = next(s for s in stages if s.shuffleReadRecords() == 6_000 and s.stageId() > writer.stageId())
+    assert reader.shuffleLocalBytesRead() + reader.shuffleRemoteBytesRead() == writer.shuffleWriteBytes()
+
+
+def test_map_task_failing_once_gives_exactly_once_results(spark: Any, builtin: dict[str, Any]) -> None:
+    def fail_first_attempt(index: int, rows: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        yield from rows
+        if index == 1 and TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("injected failure of the first attempt")
+
+    data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
+    result = sorted(data.mapPartitionsWithIndex(fail_first_attempt).reduceByKey(lambda a, b: a + b).collect())
+    assert result == builtin["rdd_reduce_by_key"]
+
+
+def test_reduce_task_failing_once_gives_exactly_once_results(spark: Any, builtin: dict[str, Any]) -> None:
+    def fail_first_attempt(index: int, rows: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        out = list(rows)
+        if index == 0 and TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("injected failure of the first attempt")
+        return iter(out)
+
+    data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
+    summed = data.reduceByKey(lambda a, b: a + b).mapPartitionsWithIndex(fail_first_attempt)
+    assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
+
+
+def test_removed_shuffles_are_freed_in_every_daemon(spark: Any, daemons: list[DaemonProcess]) -> None:
+    """Spark's ContextCleaner drops a shuffle → the driver plugin frees it in the daemons (told to one,
+    which passes it on to its peer)."""
+    spark_jobs.rdd_reduce_by_key(spark)
+    sc = spark.sparkContext._jsc.sc()  # noqa: SLF001
+    cleaner = sc.cleaner().get()
+    for shuffle_id in range(sc.newShuffleId()):  # every id handed out so far (newShuffleId takes one more)
+        cleaner.doCleanupShuffle(shuffle_id, True)
+    for d in daemons:
+        wait_for(lambda d=d: daemon_stats(d)["store"]["stored_segments"] == 0, 20, f"{d.addr} freed its shuffles")
+
+
+def test_daemon_killed_before_reduce_is_recomputed(
+    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess]
+) -> None:
+    """A daemon that held map output dies (SIGKILL) between a shuffle's map stage and a job reading it:
+    reads of its data fail as fetch failures, Spark reruns the lost map tasks into the surviving daemon,
+    and the result is still exact. Then the daemon is restarted on its address for the other tests."""
+    data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
+    summed = data.reduceByKey(lambda a, b: a + b)
+    assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
+    victim = daemons[1]
+    assert daemon_stats(victim)["store"]["stored_bytes"] > 0
+    attempts_before = {(s.stageId(), s.attemptId()) for s in stage_data(spark)}
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    try:
+        assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
+        retried = [s for s in stage_data(spark) if (s.stageId(), s.attemptId()) not in attempts_before]
+        assert any(s.attemptId() > 0 for s in retried), "no stage was resubmitted after the fetch failure"
+    finally:
+        daemons[1] = restart(victim, daemons)
