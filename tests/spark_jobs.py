@@ -44,7 +44,7 @@ def rows(df: DataFrame) -> list[tuple[Any, ...]]:
 
 def executed_plan(df: DataFrame) -> str:
     """The final physical plan (after AQE re-planning), to check which operators really ran."""
-    return str(df._jdf.queryExecution().executedPlan().toString())  # noqa: SLF001
+    return str(df._jdf.queryExecution().executedPlan().toString())
 
 
 def groupby_agg(spark: SparkSession) -> Any:

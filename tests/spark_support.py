@@ -74,10 +74,10 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
 def stage_data(spark: Any) -> list[Any]:
     """Spark's status store entries for every stage attempt so far (task metrics summed per stage)."""
     sc = spark.sparkContext
-    gateway = sc._gateway  # noqa: SLF001
+    gateway = sc._gateway
     no_quantiles = gateway.new_array(gateway.jvm.double, 0)
     empty = gateway.jvm.java.util.Collections.emptyList()
-    stages = sc._jsc.sc().statusStore().stageList(None, False, False, no_quantiles, empty)  # noqa: SLF001
+    stages = sc._jsc.sc().statusStore().stageList(None, False, False, no_quantiles, empty)
     return [stages.apply(i) for i in range(stages.size())]
 
 

@@ -96,7 +96,7 @@ def test_removed_shuffles_are_freed_in_every_daemon(spark: Any, daemons: list[Da
     """Spark's ContextCleaner drops a shuffle → the driver plugin frees it in the daemons (told to one,
     which passes it on to its peer)."""
     spark_jobs.rdd_reduce_by_key(spark)
-    sc = spark.sparkContext._jsc.sc()  # noqa: SLF001
+    sc = spark.sparkContext._jsc.sc()
     cleaner = sc.cleaner().get()
     for shuffle_id in range(sc.newShuffleId()):  # every id handed out so far (newShuffleId takes one more)
         cleaner.doCleanupShuffle(shuffle_id, True)
