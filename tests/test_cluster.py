@@ -54,6 +54,15 @@ async def _collect(reader_iter: object) -> dict[tuple[int, int], bytes]:
     return {k: bytes(v) for k, v in got.items()}
 
 
+async def _pair_runs(reader_iter: object) -> list[tuple[int, int]]:
+    """The (attempt, partition) pairs in arrival order, one entry per run of consecutive chunks."""
+    runs: list[tuple[int, int]] = []
+    async for chunk in reader_iter:  # type: ignore[attr-defined]
+        if not runs or runs[-1] != (chunk.attempt, chunk.partition):
+            runs.append((chunk.attempt, chunk.partition))
+    return runs
+
+
 async def test_every_partition_from_every_daemon_byte_exact(cluster: Cluster) -> None:
     async def body() -> None:
         clients = await _connect_all(cluster)
@@ -83,6 +92,11 @@ async def test_every_partition_from_every_daemon_byte_exact(cluster: Cluster) ->
             got = await _collect(client.read(APP, shuffle, 0, PARTITIONS, locations))
             assert len(got) == 12 * sum(1 for s in SIZES if s)
             assert all(att < 9000 for att, _ in got)
+            # One location per request: each pair's chunks arrive together (PROTOCOL.md §10.1), which
+            # the Spark reader relies on to read a pair as one stream.
+            for where, atts in locations.items():
+                runs = await _pair_runs(client.read(APP, shuffle, 0, PARTITIONS, {where: atts}))
+                assert len(runs) == len(set(runs)) == len(atts) * sum(1 for s in SIZES if s), runs
 
         await loser.abort()
         result = await clients[0].unregister_shuffle(APP, shuffle)
