@@ -122,6 +122,11 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--maps", type=int, default=4, help="map tasks per daemon (default 4)")
     demo.add_argument("--partitions", type=int, default=8, help="reduce partitions (default 8)")
     demo.add_argument("--megabytes", type=int, default=64, help="total data to shuffle (default 64)")
+    demo.add_argument(
+        "--spark",
+        action="store_true",
+        help="then build the Spark plugin and run a PySpark job (groupBy, join, orderBy) through both daemons",
+    )
 
     jar = sub.add_parser(
         "spark-jar",
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        return run_demo(args.maps, args.partitions, args.megabytes)
+        return run_demo(args.maps, args.partitions, args.megabytes, spark=args.spark)
     if args.command in ("spark-jar", "spark-conf"):
         return _spark_command(args)
     if args.command == "stats":

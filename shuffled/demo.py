@@ -100,7 +100,7 @@ async def _run(addrs: list[str], maps: int, partitions: int, total: int) -> None
         await c.close()
 
 
-def run_demo(maps: int, partitions: int, megabytes: int) -> int:
+def run_demo(maps: int, partitions: int, megabytes: int, spark: bool = False) -> int:
     port = _free_port()
     addrs = [f"{h}:{port}" for h in HOSTS]
     procs = []
@@ -111,6 +111,10 @@ def run_demo(maps: int, partitions: int, megabytes: int) -> int:
 
         uvloop.run(asyncio.wait_for(_run(addrs, maps, partitions, megabytes << 20), 300))
         print("demo ok")
+        if spark:
+            from .spark_demo import run_spark_demo
+
+            run_spark_demo(addrs)
         return 0
     finally:
         for p in procs:

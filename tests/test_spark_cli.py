@@ -1,0 +1,46 @@
+"""`shuffled spark-conf`, and what a PySpark user sees when the daemon is not there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import spark_jobs
+from tests.cluster import free_port
+from tests.spark_support import needs_spark
+
+pytestmark = needs_spark
+
+
+def test_spark_conf_prints_settings_that_name_the_built_jar() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "shuffled", "spark-conf", "--submit", "--address", "unix:/run/shuffled.sock"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.splitlines()
+    settings = dict(line.removeprefix("--conf ").split("=", 1) for line in out)
+    assert settings["spark.shuffle.manager"] == "io.shuffled.spark.ShuffledShuffleManager"
+    assert settings["spark.shuffle.sort.io.plugin.class"] == "io.shuffled.spark.ShuffledDataIO"
+    assert settings["spark.shuffled.address"] == "unix:/run/shuffled.sock"
+    assert Path(settings["spark.jars"]).is_file()
+
+
+@pytest.mark.timeout(300)
+def test_job_without_a_daemon_fails_fast_with_the_reason(builtin: dict[str, Any], plugin_jar: Path) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    from shuffled import spark_jar
+
+    nobody = f"127.0.0.9:{free_port(['127.0.0.9'])}"
+    spark = spark_jobs.session("local[2,2]", spark_jar.spark_conf(plugin_jar, [nobody]))
+    try:
+        with pytest.raises(Py4JJavaError, match=f"cannot connect to shuffled at {nobody}"):
+            spark_jobs.rdd_reduce_by_key(spark)
+    finally:
+        spark.stop()
