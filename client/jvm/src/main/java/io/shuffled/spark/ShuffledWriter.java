@@ -27,11 +27,13 @@ import scala.reflect.ClassTag$;
 /**
  * Writes one map task's output into the executor's daemon.
  *
- * <p>Records go through Spark's own {@link ExternalSorter} (the same one the built-in sort shuffle uses:
- * map-side combine when the dependency asks for it, grouping by reduce partition, spilling under Spark's
- * memory manager). The sorter hands back one partition at a time; each is written as one serialization
- * stream, wrapped by Spark's {@link SerializerManager} (compression and encryption as configured), into
- * the map attempt's push stream. So the bytes stored for a (partition, attempt) pair are exactly what
+ * <p>Each reduce partition is written as one serialization stream, wrapped by Spark's
+ * {@link SerializerManager} (compression and encryption as configured), into the map attempt's push
+ * stream. Records that need map-side combine, or a shuffle with more partitions than Spark's
+ * {@code spark.shuffle.sort.bypassMergeThreshold}, go through Spark's own {@link ExternalSorter} first
+ * (the one the built-in sort shuffle uses: combining, grouping by partition, spilling under Spark's
+ * memory manager), which hands back one partition at a time. Otherwise records are serialized as they
+ * arrive, one open stream per partition, as Spark's bypass-merge writer does. So the bytes stored for a (partition, attempt) pair are exactly what
  * the built-in shuffle would put in that block, and any Spark serializer reads them back.
  *
  * <p>A partition's last partial buffer is pushed when the sorter moves on, so the daemon receives data
@@ -69,40 +71,84 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
     @Override
     public void write(Iterator<Product2<K, V>> records) throws IOException {
         ShuffleDependency<K, V, C> dep = handle.dependency();
-        ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
-                ? new ExternalSorter<K, V, C>(
-                        context, dep.aggregator(), Option.apply(dep.partitioner()), dep.keyOrdering(), dep.serializer())
-                : new ExternalSorter<K, V, V>(
-                        context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep.serializer());
-        try {
-            sorter.insertAll(records);
-            SparkEnv env = SparkEnv.get();
-            ShuffleClient client = clients.forTask(env.executorId(), context.taskAttemptId());
-            int partitions = dep.partitioner().numPartitions();
-            output = client.openWriter(
-                    env.conf().getAppId(), dep.shuffleId(), context.partitionId(), mapId, partitions);
-            long started = System.nanoTime();
-            long written = writePartitions(sorter, dep, env.serializerManager());
-            lengths = output.commit();
-            metrics.incWriteTime(System.nanoTime() - started);
-            metrics.incRecordsWritten(written);
-            long bytes = 0;
-            for (long n : lengths) {
-                bytes += n;
+        SparkEnv env = SparkEnv.get();
+        int partitions = dep.partitioner().numPartitions();
+        long started;
+        long written;
+        ShuffleClient client = clients.forTask(env.executorId(), context.taskAttemptId());
+        if (!dep.mapSideCombine() && partitions <= bypassThreshold(env)) {
+            output = client.openWriter(env.conf().getAppId(), dep.shuffleId(), context.partitionId(), mapId, partitions);
+            started = System.nanoTime();
+            written = writeUnsorted(records, dep, env.serializerManager());
+        } else {
+            ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
+                    ? new ExternalSorter<K, V, C>(context, dep.aggregator(), Option.apply(dep.partitioner()),
+                            dep.keyOrdering(), dep.serializer())
+                    : new ExternalSorter<K, V, V>(
+                            context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep.serializer());
+            try {
+                sorter.insertAll(records);
+                output = client.openWriter(
+                        env.conf().getAppId(), dep.shuffleId(), context.partitionId(), mapId, partitions);
+                started = System.nanoTime();
+                written = writePartitions(sorter, dep, env.serializerManager());
+            } finally {
+                sorter.stop();
             }
-            metrics.incBytesWritten(bytes);
-            String host = env.blockManager().blockManagerId().host();
-            status = MapStatus$.MODULE$.apply(DaemonLocation.of(client.daemonNode(), host), lengths, mapId);
-        } finally {
-            sorter.stop();
         }
+        lengths = output.commit();
+        metrics.incWriteTime(System.nanoTime() - started);
+        metrics.incRecordsWritten(written);
+        long bytes = 0;
+        for (long n : lengths) {
+            bytes += n;
+        }
+        metrics.incBytesWritten(bytes);
+        String host = env.blockManager().blockManagerId().host();
+        status = MapStatus$.MODULE$.apply(DaemonLocation.of(client.daemonNode(), host), lengths, mapId);
+    }
+
+    /** Spark's own limit for its unsorted ("bypass merge") writer, which needs a stream per partition. */
+    private static int bypassThreshold(SparkEnv env) {
+        return env.conf().getInt("spark.shuffle.sort.bypassMergeThreshold", 200);
+    }
+
+    /**
+     * Without map-side combine and with few partitions, records are serialized as they come, into one
+     * open stream per partition (as Spark's bypass-merge writer does with files): no sort, no copy of
+     * the records, and full buffers are pushed while the task still computes.
+     */
+    private long writeUnsorted(Iterator<Product2<K, V>> records, ShuffleDependency<K, V, C> dep,
+            SerializerManager serializers) throws IOException {
+        SerializerInstance serializer = dep.serializer().newInstance();
+        int partitions = dep.partitioner().numPartitions();
+        SerializationStream[] streams = new SerializationStream[partitions];
+        long count = 0;
+        while (records.hasNext()) {
+            Product2<K, V> record = records.next();
+            int partition = dep.partitioner().getPartition(record._1());
+            SerializationStream stream = streams[partition];
+            if (stream == null) {
+                stream = streams[partition] = serializer.serializeStream(serializers.wrapStream(
+                        new ShuffleBlockId(dep.shuffleId(), mapId, partition), new PartitionOutput(output, partition)));
+            }
+            stream.writeKey(record._1(), ANY);
+            stream.writeValue(record._2(), ANY);
+            count++;
+        }
+        for (SerializationStream stream : streams) {
+            if (stream != null) {
+                stream.close();
+            }
+        }
+        return count;
     }
 
     /** Serializes every partition the sorter yields into the push stream; returns the records written. */
     private long writePartitions(ExternalSorter<K, V, ?> sorter, ShuffleDependency<K, V, C> dep,
             SerializerManager serializers) throws IOException {
         SerializerInstance serializer = dep.serializer().newInstance();
-        PartitionOutput sink = new PartitionOutput(output);
+        PartitionOutput sink = new PartitionOutput(output, 0);
         long records = 0;
         Iterator<? extends Tuple2<Object, ? extends Iterator<? extends Product2<K, ?>>>> parts =
                 sorter.partitionedIterator();
@@ -156,8 +202,9 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         private final MapOutputWriter output;
         int partition;
 
-        PartitionOutput(MapOutputWriter output) {
+        PartitionOutput(MapOutputWriter output, int partition) {
             this.output = output;
+            this.partition = partition;
         }
 
         @Override

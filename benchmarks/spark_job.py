@@ -1,0 +1,120 @@
+"""Helper process of the `spark` scenario: SQL queries in one Spark session; one JSON line of results.
+
+Run as ``python -m benchmarks.spark_job --mode builtin|plugin --rows N ...``. Each mode runs in a
+process (and JVM) of its own, so neither inherits the other's JIT warm-up or heap. Every query's
+shuffles are dropped after it (as Spark's ContextCleaner would after garbage collection), so the
+daemons hold one query's data at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from shuffled import spark_jar
+
+
+def _facts(spark: SparkSession, rows: int) -> DataFrame:
+    return spark.range(0, rows, numPartitions=8).select(
+        F.col("id"),
+        (F.col("id") % 100_000).alias("k"),
+        (F.col("id") * 2_654_435_761 % 1_000_003).alias("v"),
+        F.concat(F.lit("customer-"), (F.col("id") % 5_000).cast("string")).alias("name"),
+    )
+
+
+def join_then_aggregate(spark: SparkSession, rows: int) -> DataFrame:
+    dims = spark.range(0, 100_000, numPartitions=2).select(F.col("id").alias("k"), (F.col("id") % 100).alias("g"))
+    return _facts(spark, rows).join(dims, "k").groupBy("g").agg(F.count("*"), F.sum("v"), F.max("name"))
+
+
+def wide_aggregate(spark: SparkSession, rows: int) -> DataFrame:
+    per_key = _facts(spark, rows).groupBy((F.col("id") % 2_000_000).alias("key")).agg(F.sum("v").alias("s"))
+    return per_key.agg(F.count("*"), F.sum("s"), F.max("s"))
+
+
+def window_top3(spark: SparkSession, rows: int) -> DataFrame:
+    w = Window.partitionBy((F.col("k") % 1000).alias("bucket")).orderBy(F.col("v").desc(), "id")
+    ranked = _facts(spark, rows).withColumn("n", F.row_number().over(w)).where("n <= 3")
+    return ranked.agg(F.count("*"), F.sum("v"), F.sum("id"))
+
+
+QUERIES: dict[str, Callable[[SparkSession, int], DataFrame]] = {
+    q.__name__: q for q in (join_then_aggregate, wide_aggregate, window_top3)
+}
+
+
+def _shuffle_write_bytes(spark: SparkSession) -> int:
+    sc = spark.sparkContext
+    gateway = sc._gateway
+    stages = sc._jsc.sc().statusStore().stageList(
+        None, False, False, gateway.new_array(gateway.jvm.double, 0), gateway.jvm.java.util.Collections.emptyList()
+    )
+    return int(sum(stages.apply(i).shuffleWriteBytes() for i in range(stages.size())))
+
+
+def _drop_shuffles(spark: SparkSession) -> None:
+    sc = spark.sparkContext._jsc.sc()
+    cleaner = sc.cleaner().get()
+    for shuffle_id in range(sc.newShuffleId()):
+        cleaner.doCleanupShuffle(shuffle_id, True)
+
+
+def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path) -> dict[str, Any]:
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": "4g",
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.autoBroadcastJoinThreshold": "-1",
+        "spark.jars": str(jar),
+    }
+    if mode == "plugin":
+        conf.update(spark_jar.spark_conf(jar, addresses, daemon_choice="task"))
+    builder = SparkSession.builder.master("local[2]").appName(f"shuffled-bench-{mode}")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    out: dict[str, Any] = {"mode": mode, "queries": {}}
+    try:
+        for name, query in QUERIES.items():
+            before = _shuffle_write_bytes(spark)
+            t0 = time.perf_counter()
+            result = [tuple(r) for r in query(spark, rows).collect()]
+            seconds = time.perf_counter() - t0
+            out["queries"][name] = {
+                "seconds": seconds,
+                "shuffle_bytes": _shuffle_write_bytes(spark) - before,
+                "result": hashlib.sha256(repr(sorted(result)).encode()).hexdigest(),
+            }
+            _drop_shuffles(spark)
+    finally:
+        spark.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spark_job")
+    parser.add_argument("--mode", choices=["builtin", "plugin"], required=True)
+    parser.add_argument("--rows", type=int, required=True)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--addresses", default="", help="daemons, comma-separated (plugin mode)")
+    parser.add_argument("--jar", type=Path, required=True)
+    args = parser.parse_args(argv)
+    addresses = [a for a in args.addresses.split(",") if a]
+    print(json.dumps(run(args.mode, args.rows, args.partitions, addresses, args.jar)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
