@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,8 @@ class DaemonProcess:
     proc: subprocess.Popen[str]
     pool_size: int
     log: list[str] = field(default_factory=list)
+    #: host:port of the /metrics, /healthz and /readyz endpoint (from the ready line)
+    http: str = ""
 
     @property
     def addr(self) -> str:
@@ -65,6 +68,7 @@ class DaemonProcess:
 
 def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] | None = None) -> DaemonProcess:
     cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", pool_size]
+    cmd += ["--metrics-port", "0"]  # several daemons (and test runs) share loopback hosts
     proc = subprocess.Popen(cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     d = DaemonProcess(host, port, proc, int(pool_size.rstrip("M")) << 20)
@@ -75,6 +79,8 @@ def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] 
         for line in proc.stderr:
             d.log.append(line)
             if " msg=ready " in line:
+                m = re.search(r" http=(\S+)", line)
+                d.http = m.group(1) if m else ""
                 ready.set()
         ready.set()
 

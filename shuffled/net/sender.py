@@ -32,12 +32,14 @@ _BATCH_FRAMES = 64
 class Outbound(OutboundStream[Any]):
     """An outbound stream that knows how to frame its items."""
 
-    __slots__ = ("sender",)
+    __slots__ = ("blocked_since", "sender")
     prefix_size = 0
 
     def __init__(self, stream: int, credit: int) -> None:
         super().__init__(stream, credit)
         self.sender: Sender | None = None
+        #: loop time since when data waits for credit (None: not waiting)
+        self.blocked_since: float | None = None
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
@@ -85,6 +87,8 @@ class Sender:
         self.paused_seconds = 0.0
         self.frames_sent = 0
         self.bytes_sent = 0
+        #: seconds streams of this connection had data queued and no credit (counted when credit arrives)
+        self.zero_credit_seconds = 0.0
 
     # -- what the connection calls
 
@@ -98,6 +102,9 @@ class Sender:
         if self.closed:
             return
         stream.sender = self
+        if stream.blocked_since is not None and stream.credit > 0:
+            self.zero_credit_seconds += self._loop.time() - stream.blocked_since
+            stream.blocked_since = None
         self.scheduler.wake(stream)
         if self.scheduler:
             self._schedule()
@@ -182,6 +189,8 @@ class Sender:
                 buf.release()
             frames += 1
             stream.on_sent(item, is_event)
+            if stream.credit == 0 and stream.backlog and stream.blocked_since is None:
+                stream.blocked_since = self._loop.time()
         if not parts:
             return
         self._inflight.extend(lent)
