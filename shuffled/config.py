@@ -91,7 +91,7 @@ class Setting:
             if not all(isinstance(v, str) for v in value):
                 raise ValueError("expected a list of strings")
             return [v.strip() for v in value if v.strip()]
-        if isinstance(value, int | float) and self.parse in (parse_size, _parse_int, _parse_float):
+        if isinstance(value, int | float) and self.parse in (parse_size, _parse_int, _parse_float, _parse_mode):
             if self.parse is not _parse_float and not isinstance(value, int):
                 raise ValueError(f"{value!r} is not a whole number")
             return float(value) if self.parse is _parse_float else value
@@ -125,12 +125,28 @@ def _optional(text: str) -> str | None:
     return text or None
 
 
+def _parse_mode(text: str) -> int:
+    try:
+        mode = int(text.strip(), 8)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an octal file mode such as 0660") from None
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"{text!r} is not a file mode (0000..0777)")
+    return mode
+
+
 @dataclass
 class DaemonConfig:
     host: str = setting("127.0.0.1", "address to listen on, for local clients and peer daemons (one TCP port)")
     port: int = setting(7337, "TCP port for clients and peers; 0 picks a free one (the `ready` log line says which)")
     unix_socket: str | None = setting(
         None, "also accept local clients on this Unix socket", parse=_optional, default_text="off", metavar="PATH"
+    )
+    unix_socket_mode: int = setting(
+        0o660,
+        "permissions of the Unix socket (octal); clients need write permission to connect",
+        parse=_parse_mode,
+        metavar="MODE",
     )
     advertise: str | None = setting(
         None,
@@ -210,6 +226,7 @@ class DaemonConfig:
                 raise ConfigError(what)
 
         need(0 <= self.port < 65536, f"port {self.port} is not in 0..65535")
+        need(0 <= self.unix_socket_mode <= 0o777, "unix-socket-mode must be a file mode (0000..0777)")
         need(-1 <= self.metrics_port < 65536, f"metrics-port {self.metrics_port} is not in -1..65535")
         need(self.segment_size >= 4096 and self.segment_size % 4096 == 0, "segment-size must be a multiple of 4096")
         need(self.pool_size >= 16 * self.segment_size, "pool-size must hold at least 16 segments")
@@ -253,6 +270,8 @@ class SettingInfo:
             return self.meta.default_text or "none"
         if self.meta.parse is parse_size:
             return format_size(value)
+        if self.meta.parse is _parse_mode:
+            return f"{value:04o}"
         if isinstance(value, list):
             return ",".join(value) if value else (self.meta.default_text or "none")
         if isinstance(value, float):
@@ -355,8 +374,8 @@ def _toml_value(s: SettingInfo, value: Any) -> str:
         return ""
     if isinstance(value, list):
         return "[" + ", ".join(f'"{v}"' for v in value) + "]"
-    if s.meta.parse is parse_size:
-        return f'"{format_size(value)}"'
+    if s.meta.parse in (parse_size, _parse_mode):
+        return f'"{s.show(value)}"'
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return s.show(value)

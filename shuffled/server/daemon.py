@@ -61,6 +61,7 @@ class Daemon:
             if os.path.exists(cfg.unix_socket):
                 os.unlink(cfg.unix_socket)
             self._servers.append(await loop.create_unix_server(lambda: DaemonConnection(self), cfg.unix_socket))
+            os.chmod(cfg.unix_socket, cfg.unix_socket_mode)
         if cfg.data_dir:
             os.makedirs(cfg.data_dir, exist_ok=True)
         if cfg.metrics_port >= 0:
