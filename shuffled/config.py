@@ -244,7 +244,7 @@ class DaemonConfig:
 _FLAG_NAMES = {"exclusive": "exclusive-buffers", "floating": "floating-buffers", "push_max": "push-window"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SettingInfo:
     attr: str
     name: str

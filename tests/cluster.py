@@ -78,8 +78,8 @@ def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] 
         assert proc.stderr is not None
         for line in proc.stderr:
             d.log.append(line)
-            if " msg=ready " in line:
-                m = re.search(r" http=(\S+)", line)
+            if " msg=ready " in line or '"msg": "ready"' in line:  # --log-format kv or json
+                m = re.search(r'\bhttp(?:=|": ")([^\s"]+)', line)
                 d.http = m.group(1) if m else ""
                 ready.set()
         ready.set()
@@ -155,3 +155,25 @@ def rss(pid: int) -> int:
 
 def env_without_proxy() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+
+def http_get(address: str, path: str, timeout: float = 10.0) -> tuple[int, str]:
+    """GET http://address/path → (status, body); HTTP errors are returned, not raised."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric_samples(exposition: str) -> dict[str, float]:
+    """Prometheus text exposition → {'name{labels}': value} (labels as written by the daemon)."""
+    out: dict[str, float] = {}
+    for line in exposition.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
