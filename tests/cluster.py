@@ -162,8 +162,9 @@ def http_get(address: str, path: str, timeout: float = 10.0) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
     try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as resp:
+        with opener.open(f"http://{address}{path}", timeout=timeout) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

@@ -118,7 +118,9 @@ def test_flags_of_earlier_versions_still_work() -> None:
 def test_reference_and_unknown_variables(tmp_path: Path) -> None:
     ref = _cli("config", "reference")
     assert ref.returncode == 0 and ref.stdout == settings.render_markdown()
-    assert settings.unknown_env({"SHUFFLED_POOL_SIZ": "1G", "SHUFFLED_PORT": "1", "OTHER": "x"}) == ["SHUFFLED_POOL_SIZ"]
+    assert settings.unknown_env({"SHUFFLED_POOL_SIZ": "1G", "SHUFFLED_PORT": "1", "OTHER": "x"}) == [
+        "SHUFFLED_POOL_SIZ"
+    ]
 
 
 def test_serve_refuses_a_bad_config_file(tmp_path: Path) -> None:

@@ -94,8 +94,9 @@ async def test_metrics_count_bytes_pushed_served_and_relayed(pair: Cluster) -> N
         assert after_a['shuffled_connections{role="client"}'] == 1
         assert after_a['shuffled_connections{role="peer"}'] == 1
         assert after_a["shuffled_store_bytes"] >= total
-        assert after_a["shuffled_pool_used_segments"] + after_a["shuffled_pool_free_segments"] == (
-            after_a["shuffled_pool_segments"]
+        assert (
+            after_a["shuffled_pool_used_segments"] + after_a["shuffled_pool_free_segments"]
+            == (after_a["shuffled_pool_segments"])
         )
         await a.close()
         await b.close()
@@ -202,9 +203,7 @@ async def test_sigterm_refuses_new_pushes_and_finishes_open_work() -> None:
         got = bytearray(first.data)
 
         d.proc.send_signal(signal.SIGTERM)
-        await wait_until(
-            lambda: asyncio.to_thread(http_get, d.http, "/readyz"), lambda r: r[0] == 503, what="draining"
-        )
+        await wait_until(lambda: asyncio.to_thread(http_get, d.http, "/readyz"), lambda r: r[0] == 503, what="draining")
         with pytest.raises(ShuffledError) as refused:
             await late.open_writer("s-app", 0, 2, 3, 2)
         assert refused.value.code.name == "SHUTTING_DOWN" and refused.value.retryable
