@@ -306,6 +306,7 @@ async def test_real_prometheus_scrapes_a_daemon_and_sees_bytes_rise(daemon: Daem
         )
         assert after == before + 4 * MiB
         status, rules = await asyncio.to_thread(http_get, api, "/api/v1/rules")
+        assert status == 200, rules
         names = {r["name"] for g in json.loads(rules)["data"]["groups"] for r in g["rules"]}
         assert {"ShuffledDown", "ShuffledPoolExhausted", "ShuffledDiskNearlyFull"} <= names
 

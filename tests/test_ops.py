@@ -141,7 +141,7 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
         assert http_get(address, "/healthz") == (200, "ok\n")
         assert http_get(address, "/readyz") == (200, "ready\n")
         loop.call_soon_threadsafe(release.wait, 30)  # the stall under test
-        status, text = _poll(lambda: (r := http_get(address, "/healthz"))[0] == 503 and r, 20, "healthz 503")
+        _, text = _poll(lambda: (r := http_get(address, "/healthz"))[0] == 503 and r, 20, "healthz 503")
         assert "event loop stalled" in text
         assert http_get(address, "/metrics", timeout=15)[0] == 503
         assert http_get(address, "/readyz", timeout=15)[0] == 503
@@ -168,13 +168,13 @@ async def test_readyz_follows_the_pool_and_the_drain(tmp_path: Path) -> None:
         assert await ready() == (200, "ready\n")
         pool = (await c.stats())["pool"]
         await _push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"]) * SEGMENT])  # leaves only the reserve
-        status, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when the pool is full")
+        _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when the pool is full")
         assert "pool exhausted" in text
         await c.unregister_shuffle("r-app", 0)
         await wait_until(ready, lambda r: r[0] == 200, what="ready after unregister")
         w = await c.open_writer("r-app", 1, 0, 2, 1)  # keeps the drain waiting
         d.proc.send_signal(signal.SIGTERM)
-        status, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when draining")
+        _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when draining")
         assert "draining" in text
         await w.commit()
 
