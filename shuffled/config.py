@@ -180,18 +180,23 @@ class DaemonConfig:
         metavar="LIST",
     )
     exclusive: int = setting(
-        DEFAULT_EXCLUSIVE, "buffers per remote channel of a read: its initial credit (Flink's default)", metavar="N"
+        DEFAULT_EXCLUSIVE,
+        "buffers per remote channel of a read: its initial credit (Flink's default)",
+        unit="buffers",
+        metavar="N",
     )
     floating: int = setting(
         DEFAULT_FLOATING,
         "buffers per read shared by its channels, taken as the senders' backlog grows (Flink's default)",
+        unit="buffers",
         metavar="N",
     )
     #: push credit window per map output: guaranteed / at most
     push_min: int = 2
     push_max: int = setting(
         16,
-        "most push credit (buffers) one map output holds when memory allows (at least 2 are guaranteed)",
+        "most push credit one map output holds when memory allows (at least 2 are guaranteed)",
+        unit="buffers",
         metavar="N",
     )
     #: share of the pool kept for reading so stored data can always be read back
@@ -217,8 +222,10 @@ class DaemonConfig:
     ready_disk_free: float = setting(
         0.05, "/readyz fails when the data directory's file system has less than this share free", unit="ratio"
     )
-    log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
-    log_format: str = setting("kv", "log line format: `kv` (key=value) or `json`", choices=("kv", "json"))
+    log_level: str = setting("info", "least severe log level written", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting(
+        "kv", "log line format: logfmt `key=value` pairs or one JSON object per line", choices=("kv", "json")
+    )
 
     def validate(self) -> None:
         def need(ok: bool, what: str) -> None:
