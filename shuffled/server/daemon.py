@@ -183,7 +183,8 @@ class Daemon:
                 "served_local_buffers": counters.served_local_buffers,
                 "relayed_bytes": counters.relayed_bytes,
                 "relayed_buffers": counters.relayed_buffers,
-                **counters.totals(conns, asyncio.get_running_loop().time()),
+                # every connection not yet folded in, open or failing, so totals never go backwards
+                **counters.totals(list(self.connections), asyncio.get_running_loop().time()),
             },
             "credit": {
                 "push_granted": counters.push_credit_granted,
