@@ -202,6 +202,12 @@ def test_promtool_checks_config_and_rules(tmp_path: Path) -> None:
     promtool = _tool("promtool")
     rules = _run(promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml"))
     assert rules.returncode == 0 and "SUCCESS" in rules.stdout, rules.stdout + rules.stderr
+    unit = _run(promtool, "test", "rules", "alerts-test.yml", cwd=DEPLOY / "prometheus")
+    assert unit.returncode == 0 and "SUCCESS" in unit.stdout, unit.stdout + unit.stderr
+    (alerts,) = _yaml_docs(DEPLOY / "prometheus" / "alerts.yml")
+    (tests,) = _yaml_docs(DEPLOY / "prometheus" / "alerts-test.yml")
+    tested = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t["exp_alerts"]}
+    assert tested == {r["alert"] for g in alerts["groups"] for r in g["rules"]}, "every alert has a firing test"
     work = _prometheus_dir(tmp_path, "127.0.0.1:7338")
     config = _run(promtool, "check", "config", "prometheus.yml", cwd=work)
     assert config.returncode == 0, config.stdout + config.stderr
