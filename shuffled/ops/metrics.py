@@ -191,7 +191,7 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             "Time connections spent paused above the high write watermark",
             labels=["role"],
         ),
-        t["paused_seconds"],
+        {role: us / 1e6 for role, us in t["paused_us"].items()},
     )
 
     credit = s["credit"]
@@ -212,7 +212,7 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             "their reader's credit with data queued (kind=read)",
             labels=["kind"],
         ),
-        {"push": credit["push_wait_seconds"], "read": sum(t["zero_credit_seconds"].values())},
+        {"push": credit["push_wait_us"] / 1e6, "read": sum(t["zero_credit_us"].values()) / 1e6},
     )
 
     errors = s["errors"]

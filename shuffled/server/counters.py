@@ -4,6 +4,10 @@ Adding to an int attribute is the cheapest thing Python can do per buffer, so th
 data path never touches a metrics library. Per-connection counters (bytes in and
 out, time paused or without credit) live on the connection while it is open and
 are folded in here when it closes, so totals never go backwards.
+
+The snapshot (`totals`, `Daemon.stats`) holds integers only: it is also the admin
+`stats` answer, and MessagePack bodies on the wire carry no floats (durations are
+whole microseconds there).
 """
 
 from __future__ import annotations
@@ -18,8 +22,16 @@ if TYPE_CHECKING:
 ROLES = ("client", "peer")
 
 
-def _per_role() -> dict[str, float]:
+def _per_role() -> dict[str, int]:
+    return dict.fromkeys(ROLES, 0)
+
+
+def _seconds_per_role() -> dict[str, float]:
     return dict.fromkeys(ROLES, 0.0)
+
+
+def micros(seconds: float) -> int:
+    return round(seconds * 1e6)
 
 
 @dataclass(slots=True)
@@ -37,12 +49,12 @@ class Counters:
     #: seconds push sessions waited for memory with no credit left (back-pressure on pushers)
     push_wait_seconds: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
-    opened: dict[str, float] = field(default_factory=_per_role)
+    opened: dict[str, int] = field(default_factory=_per_role)
     # folded in from closed connections, by role
-    sent_bytes: dict[str, float] = field(default_factory=_per_role)
-    received_bytes: dict[str, float] = field(default_factory=_per_role)
-    paused_seconds: dict[str, float] = field(default_factory=_per_role)
-    zero_credit_seconds: dict[str, float] = field(default_factory=_per_role)
+    sent_bytes: dict[str, int] = field(default_factory=_per_role)
+    received_bytes: dict[str, int] = field(default_factory=_per_role)
+    paused_seconds: dict[str, float] = field(default_factory=_seconds_per_role)
+    zero_credit_seconds: dict[str, float] = field(default_factory=_seconds_per_role)
 
     def fold(self, conn: DaemonConnection) -> None:
         """A connection closed: keep what it counted."""
@@ -73,6 +85,6 @@ class Counters:
         return {
             "sent_bytes": sent,
             "received_bytes": received,
-            "paused_seconds": paused,
-            "zero_credit_seconds": zero,
+            "paused_us": {role: micros(v) for role, v in paused.items()},
+            "zero_credit_us": {role: micros(v) for role, v in zero.items()},
         }

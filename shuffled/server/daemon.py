@@ -20,7 +20,7 @@ from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
 from ..protocol.errors import InvalidRequest, ShuffledError
 from .connection import DaemonConnection
-from .counters import Counters
+from .counters import Counters, micros
 from .peers import PeerManager
 from .store import Store
 
@@ -151,7 +151,7 @@ class Daemon:
         counters = self.counters
         return {
             "node": self.node,
-            "start_time": self.start_time,
+            "start_time": int(self.start_time),
             "draining": self.draining,
             "ready": not self.readiness(),
             "pool": {
@@ -191,7 +191,9 @@ class Daemon:
                 "push_outstanding": sum(p.pool.promised for p in pushes if p.pool is not None),
                 "read_granted": counters.read_credit_granted,
                 "read_outstanding": sum(ch.credit.sender_credit for c in conns for ch in c.channels.values()),
-                "push_wait_seconds": counters.push_wait_seconds + sum(p.waiting_for(time.monotonic()) for p in pushes),
+                "push_wait_us": micros(
+                    counters.push_wait_seconds + sum(p.waiting_for(time.monotonic()) for p in pushes)
+                ),
             },
             "errors": dict(counters.errors),
             "filesystem": {"capacity_bytes": disk[0], "free_bytes": disk[1]} if disk else {},
