@@ -163,8 +163,8 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
 
 @pytest.mark.asyncio
 async def test_readyz_follows_the_pool_and_the_drain(tmp_path: Path) -> None:
-    """Ready while pushes can get memory; not ready when only the read reserve is left,
-    ready again once the data is unregistered, and not ready once draining."""
+    """Ready while pushes can get memory; not ready when only the read reserve is left (a new push
+    then waits, counted as back-pressure), ready again once the data is unregistered, not ready once draining."""
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M", ["--data-dir", str(tmp_path)])
 
     async def ready() -> tuple[int, str]:
@@ -177,8 +177,16 @@ async def test_readyz_follows_the_pool_and_the_drain(tmp_path: Path) -> None:
         await _push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"]) * SEGMENT])  # leaves only the reserve
         _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when the pool is full")
         assert "pool exhausted" in text
+        # A new push now waits for memory with no credit: back-pressure shows in the metrics.
+        blocked = asyncio.create_task(c.open_writer("r-app", 2, 0, 3, 1))
+        await wait_until(
+            lambda: _scrape(d),
+            lambda m: m['shuffled_zero_credit_seconds_total{kind="push"}'] > 0 and m["shuffled_pool_waiting_requests"],
+            what="push back-pressure counted",
+        )
         await c.unregister_shuffle("r-app", 0)
         await wait_until(ready, lambda r: r[0] == 200, what="ready after unregister")
+        await (await blocked).abort()
         w = await c.open_writer("r-app", 1, 0, 2, 1)  # keeps the drain waiting
         d.proc.send_signal(signal.SIGTERM)
         _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when draining")
@@ -208,6 +216,12 @@ async def test_sigterm_refuses_new_pushes_and_finishes_open_work() -> None:
         first = await reader.next_chunk()
         assert first is not None
         got = bytearray(first.data)
+        # The reader holds its credit: the daemon's stream waits with a backlog (read back-pressure).
+        await wait_until(
+            lambda: _scrape(d),
+            lambda m: m['shuffled_zero_credit_seconds_total{kind="read"}'] > 0 and m["shuffled_backlog_buffers"] > 0,
+            what="read back-pressure counted",
+        )
 
         d.proc.send_signal(signal.SIGTERM)
         await wait_until(lambda: asyncio.to_thread(http_get, d.http, "/readyz"), lambda r: r[0] == 503, what="draining")

@@ -58,6 +58,8 @@ class Outbound(OutboundStream[Any]):
 
     def shutdown(self) -> None:
         """Stop the stream and release what it still queues."""
+        if self.sender is not None:
+            self.sender.unblocked(self)
         for item in self.close():
             self.discard(item)
 
@@ -103,11 +105,16 @@ class Sender:
             return
         stream.sender = self
         if stream.blocked_since is not None and stream.credit > 0:
-            self.zero_credit_seconds += self._loop.time() - stream.blocked_since
-            stream.blocked_since = None
+            self.unblocked(stream)
         self.scheduler.wake(stream)
         if self.scheduler:
             self._schedule()
+
+    def unblocked(self, stream: Outbound) -> None:
+        """The stream no longer waits for credit (credit came, or it ended): count the time it did."""
+        if stream.blocked_since is not None:
+            self.zero_credit_seconds += self._loop.time() - stream.blocked_since
+            stream.blocked_since = None
 
     def pause_writing(self) -> None:
         self.paused = True

@@ -49,7 +49,9 @@ class PushSession:
 
     async def start(self) -> None:
         cfg = self.conn.daemon.config
+        self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
         pool = await self.conn.daemon.pool.create_local_pool(cfg.push_min, cfg.push_max)
+        self._stop_waiting()
         if self.closed:
             pool.destroy()
             return
@@ -156,7 +158,7 @@ class PushSession:
         self.conn.pushes.pop(self.writer, None)
         if self._waiting is not None:
             self._waiting.cancel()
-            self._stop_waiting()
+        self._stop_waiting()
         if self.task is not None and not self.task.done():
             self.task.cancel()
         if self.pool is not None:
