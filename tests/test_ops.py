@@ -306,3 +306,24 @@ async def test_json_logs_have_one_line_per_connection_event_and_none_per_buffer(
     assert len(opened) == 1 and opened[0]["role"] == "client" and opened[0]["peer"].startswith("127.0.0.1:")
     assert len(closed) == 1 and closed[0]["reason"] == "closed by peer"
     assert len(events) < 12, events  # ready, open, close, stopping, drained, stopped: nothing per buffer
+
+
+def test_metrics_endpoint_port_taken_or_turned_off() -> None:
+    """A taken metrics port stops the start with a message naming it; -1 runs without the endpoint."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "shuffled", "serve", "--port", "0", "--pool-size", "4M"]
+        result = subprocess.run([*cmd, "--metrics-port", str(port)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"metrics endpoint 127.0.0.1:{port}" in result.stderr
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "4M", ["--metrics-port", "-1"])
+    try:
+        assert d.http == "-"  # the ready line says there is no endpoint
+    finally:
+        d.stop()

@@ -40,7 +40,10 @@ class OpsServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._beat_handle: asyncio.TimerHandle | None = None
         server_class = _Server6 if ":" in host else _Server
-        self._httpd = server_class((host, port), _Handler)
+        try:
+            self._httpd = server_class((host, port), _Handler)
+        except OSError as exc:
+            raise OSError(exc.errno, f"metrics endpoint {host}:{port}: {exc.strerror}") from None
         self._httpd.ops = self
         self._thread: threading.Thread | None = None
 
