@@ -195,6 +195,20 @@ def test_systemd_unit_runs_the_example_config() -> None:
     assert config.data_dir is not None and config.data_dir.startswith(f"/var/lib/{service['StateDirectory']}/")
 
 
+def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
+    """systemd's own checker, with ExecStart pointing at this installation's `shuffled` script."""
+    tool = _tool("systemd-analyze")
+    script = shutil.which("shuffled")
+    if script is None:
+        pytest.skip("the shuffled script is not installed (pip install -e .)")
+    unit = tmp_path / "shuffled.service"
+    text = (DEPLOY / "systemd" / "shuffled.service").read_text()
+    unit.write_text(re.sub(r"(?m)^ExecStart=\S+", f"ExecStart={script}", text))
+    result = _run(tool, "verify", str(unit))
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if str(unit) in line]
+    assert result.returncode == 0 and not problems, result.stdout + result.stderr
+
+
 # -- Prometheus and Grafana
 
 
