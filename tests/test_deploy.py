@@ -122,6 +122,8 @@ def _env_config(container: dict[str, Any], extra: dict[str, str] | None = None) 
 
 
 def _check_daemon_container(container: dict[str, Any], config: DaemonConfig) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert container["image"] == f"shuffled:{version}"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["shuffled"] == config.port and ports["shuffled-http"] == config.metrics_port
     assert config.metrics_host == "0.0.0.0" and config.host == "0.0.0.0"  # probes come from the kubelet
