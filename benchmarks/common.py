@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shuffled.server.daemon import DaemonConfig
+from shuffled.config import DaemonConfig
 from shuffled_client import AsyncClient
 from shuffled_client.aio import PartitionReader
 
@@ -370,7 +370,7 @@ class DaemonProcess(ManagedProcess):
 
     def __init__(self, host: str, pool_size: int, unix_socket: str | None = None, profile: str | None = None) -> None:
         argv = [sys.executable, "-m"] + (["cProfile", "-o", profile, "-m"] if profile else [])
-        argv += ["shuffled", "serve", "--host", host, "--port", "0"]
+        argv += ["shuffled", "serve", "--host", host, "--port", "0", "--metrics-port", "0"]
         argv += ["--pool-size", f"{round_up_mib(pool_size) // MiB}M", "--log-level", "info"]
         if unix_socket:
             argv += ["--unix-socket", unix_socket]

@@ -56,8 +56,12 @@ QUERIES: dict[str, Callable[[SparkSession, int], DataFrame]] = {
 def _shuffle_write_bytes(spark: SparkSession) -> int:
     sc = spark.sparkContext
     gateway = sc._gateway
-    stages = sc._jsc.sc().statusStore().stageList(
-        None, False, False, gateway.new_array(gateway.jvm.double, 0), gateway.jvm.java.util.Collections.emptyList()
+    stages = (
+        sc._jsc.sc()
+        .statusStore()
+        .stageList(
+            None, False, False, gateway.new_array(gateway.jvm.double, 0), gateway.jvm.java.util.Collections.emptyList()
+        )
     )
     return int(sum(stages.apply(i).shuffleWriteBytes() for i in range(stages.size())))
 

@@ -1,4 +1,4 @@
-"""Command line: `shuffled serve`, `demo`, `stats`, `spark-jar`, `spark-conf`."""
+"""Command line: `shuffled serve`, `demo`, `stats`, `config`, `spark-jar`, `spark-conf`."""
 
 from __future__ import annotations
 
@@ -6,41 +6,14 @@ import argparse
 import asyncio
 import json
 import logging
-import re
 import signal
 import sys
 from typing import Any
 
-from .server.daemon import Daemon, DaemonConfig
+from . import config as settings
+from .logs import event, setup_logging
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'256M', '32KiB', '1g', '4096' → bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 4096, 32K, 256M or 2G")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
-
-
-class _KeyValueFormatter(logging.Formatter):
-    """One line per event: time, level, logger, then the message's own key=value pairs."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
-        line = f"ts={ts} level={record.levelname.lower()} logger={record.name} msg={record.getMessage()}"
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
-
-
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+log = logging.getLogger("shuffled.daemon")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -59,58 +32,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run the daemon in the foreground",
         description="Run the daemon until SIGTERM or SIGINT. Clients and peer daemons use the same TCP port.",
     )
-    d = DaemonConfig()
-    serve.add_argument("--host", default=d.host, help=f"address to listen on for clients and peers (default {d.host})")
-    serve.add_argument("--port", type=int, default=d.port, help=f"TCP port; 0 picks a free one (default {d.port})")
-    serve.add_argument("--unix-socket", metavar="PATH", help="also accept local clients on this Unix socket")
-    serve.add_argument(
-        "--advertise",
-        metavar="HOST:PORT",
-        help="address other daemons and readers use for this daemon (default: HOST:PORT as bound)",
-    )
-    serve.add_argument(
-        "--pool-size",
-        type=parse_size,
-        default=d.pool_size,
-        metavar="SIZE",
-        help="off-heap memory reserved at start, e.g. 256M or 4G; never grows (default 256M)",
-    )
-    serve.add_argument(
-        "--segment-size",
-        type=parse_size,
-        default=d.segment_size,
-        metavar="SIZE",
-        help="size of one buffer and the largest data frame payload (default 32K)",
-    )
-    serve.add_argument("--data-dir", metavar="DIR", help="directory for spill files (created if missing)")
-    serve.add_argument(
-        "--peers",
-        default="",
-        metavar="HOST:PORT,...",
-        help="other daemons of the cluster, told when a shuffle or application is removed",
-    )
-    serve.add_argument(
-        "--exclusive-buffers",
-        type=int,
-        default=d.exclusive,
-        metavar="N",
-        help=f"buffers per remote channel of a read, its initial credit (default {d.exclusive}, as in Flink)",
-    )
-    serve.add_argument(
-        "--floating-buffers",
-        type=int,
-        default=d.floating,
-        metavar="N",
-        help=f"buffers per read shared by its channels, taken as backlog grows (default {d.floating}, as in Flink)",
-    )
-    serve.add_argument(
-        "--push-window",
-        type=int,
-        default=d.push_max,
-        metavar="N",
-        help=f"most push credit (buffers) one map output may hold when memory allows (default {d.push_max})",
-    )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    settings.add_flags(serve)
 
     demo = sub.add_parser(
         "demo",
@@ -152,35 +74,51 @@ def _build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("stats", help="print a running daemon's pool, store and stream counters as JSON")
     stats.add_argument("address", help="daemon address, host:port or unix:/path")
+
+    config = sub.add_parser("config", help="print the effective configuration or the settings reference")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = config_sub.add_parser(
+        "show",
+        help="print the configuration `serve` would run with (same flags, file and environment) as TOML",
+        description="Prints every setting as TOML with where its value came from; the output is a valid --config file.",
+    )
+    settings.add_flags(show)
+    config_sub.add_parser("reference", help="print the settings table (Markdown, as in the README)")
     return parser
 
 
-def _config_from(args: argparse.Namespace) -> DaemonConfig:
-    return DaemonConfig(
-        host=args.host,
-        port=args.port,
-        unix_socket=args.unix_socket,
-        advertise=args.advertise,
-        pool_size=args.pool_size,
-        segment_size=args.segment_size,
-        data_dir=args.data_dir,
-        peers=[p.strip() for p in args.peers.split(",") if p.strip()],
-        exclusive=args.exclusive_buffers,
-        floating=args.floating_buffers,
-        push_max=args.push_window,
-    )
+def _load_config(args: argparse.Namespace, command: str) -> tuple[settings.DaemonConfig, dict[str, str]] | None:
+    try:
+        return settings.load(args)
+    except settings.ConfigError as exc:
+        print(f"shuffled {command}: invalid configuration: {exc}", file=sys.stderr)
+        return None
 
 
-async def _serve(config: DaemonConfig) -> None:
+async def _serve(config: settings.DaemonConfig) -> int:
+    """Run until a signal; drain on the first, stop at once on a second."""
+    from .server.daemon import Daemon
+
     daemon = Daemon(config)
     await daemon.start()
-    stop = asyncio.Event()
+    signals: asyncio.Queue[str] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    logging.getLogger("shuffled.daemon").info("stopping reason=signal")
+        loop.add_signal_handler(sig, signals.put_nowait, sig.name)
+    first = await signals.get()
+    event(log, "stopping", signal=first, drain_timeout_s=config.drain_timeout)
+    drain = asyncio.create_task(daemon.drain(config.drain_timeout))
+    second = asyncio.create_task(signals.get())
+    await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if not drain.done():
+        drain.cancel()
+        event(log, "stopping now", logging.WARNING, signal=second.result())
+        code = 1
+    second.cancel()
     await daemon.stop()
+    event(log, "stopped", exit_code=code)
+    return code
 
 
 def _spark_command(args: argparse.Namespace) -> int:
@@ -202,20 +140,28 @@ def _spark_command(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
-        setup_logging(args.log_level)
-        try:
-            config = _config_from(args)
-            config.validate()
-        except ValueError as exc:
-            print(f"shuffled serve: invalid configuration: {exc}", file=sys.stderr)
+        loaded = _load_config(args, "serve")
+        if loaded is None:
             return 2
+        config = loaded[0]
+        setup_logging(config.log_level, config.log_format)
+        for name in settings.unknown_env():
+            event(log, "unknown environment variable ignored", logging.WARNING, name=name)
         import uvloop
 
         try:
-            uvloop.run(_serve(config))
+            return uvloop.run(_serve(config))
         except OSError as exc:
             print(f"shuffled serve: cannot listen: {exc}", file=sys.stderr)
             return 1
+    if args.command == "config":
+        if args.config_command == "reference":
+            print(settings.render_markdown(), end="")
+            return 0
+        loaded = _load_config(args, "config show")
+        if loaded is None:
+            return 2
+        print(settings.render_toml(*loaded), end="")
         return 0
     if args.command == "demo":
         from .demo import run_demo

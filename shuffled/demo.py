@@ -30,6 +30,7 @@ def _free_port() -> int:
 
 def _start(host: str, port: int, peers: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", "256M"]
+    cmd += ["--metrics-port", "0"]
     proc = subprocess.Popen([*cmd, "--peers", peers], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + 30

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,8 @@ class DaemonProcess:
     proc: subprocess.Popen[str]
     pool_size: int
     log: list[str] = field(default_factory=list)
+    #: host:port of the /metrics, /healthz and /readyz endpoint (from the ready line)
+    http: str = ""
 
     @property
     def addr(self) -> str:
@@ -65,6 +68,7 @@ class DaemonProcess:
 
 def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] | None = None) -> DaemonProcess:
     cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", pool_size]
+    cmd += ["--metrics-port", "0"]  # several daemons (and test runs) share loopback hosts
     proc = subprocess.Popen(cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     d = DaemonProcess(host, port, proc, int(pool_size.rstrip("M")) << 20)
@@ -74,7 +78,9 @@ def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] 
         assert proc.stderr is not None
         for line in proc.stderr:
             d.log.append(line)
-            if " msg=ready " in line:
+            if " msg=ready " in line or '"msg": "ready"' in line:  # --log-format kv or json
+                m = re.search(r'\bhttp(?:=|": ")([^\s"]+)', line)
+                d.http = m.group(1) if m else ""
                 ready.set()
         ready.set()
 
@@ -149,3 +155,26 @@ def rss(pid: int) -> int:
 
 def env_without_proxy() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+
+def http_get(address: str, path: str, timeout: float = 10.0) -> tuple[int, str]:
+    """GET http://address/path → (status, body); HTTP errors are returned, not raised."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
+    try:
+        with opener.open(f"http://{address}{path}", timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric_samples(exposition: str) -> dict[str, float]:
+    """Prometheus text exposition → {'name{labels}': value} (labels as written by the daemon)."""
+    out: dict[str, float] = {}
+    for line in exposition.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out

@@ -58,6 +58,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         #: after a fatal error: input is read into this and dropped until the peer closes
         self._discard: memoryview | None = None
         self._next_stream = 1
+        self.bytes_received = 0
 
     @property
     def sender(self) -> Sender:
@@ -83,6 +84,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         return self.reader.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.bytes_received += nbytes
         if self._discard is not None:
             return
         try:

@@ -32,12 +32,14 @@ _BATCH_FRAMES = 64
 class Outbound(OutboundStream[Any]):
     """An outbound stream that knows how to frame its items."""
 
-    __slots__ = ("sender",)
+    __slots__ = ("blocked_since", "sender")
     prefix_size = 0
 
     def __init__(self, stream: int, credit: int) -> None:
         super().__init__(stream, credit)
         self.sender: Sender | None = None
+        #: loop time since when data waits for credit (None: not waiting)
+        self.blocked_since: float | None = None
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
@@ -56,6 +58,8 @@ class Outbound(OutboundStream[Any]):
 
     def shutdown(self) -> None:
         """Stop the stream and release what it still queues."""
+        if self.sender is not None:
+            self.sender.unblocked(self)
         for item in self.close():
             self.discard(item)
 
@@ -85,6 +89,8 @@ class Sender:
         self.paused_seconds = 0.0
         self.frames_sent = 0
         self.bytes_sent = 0
+        #: seconds streams of this connection had data queued and no credit (counted when credit arrives)
+        self.zero_credit_seconds = 0.0
 
     # -- what the connection calls
 
@@ -98,9 +104,17 @@ class Sender:
         if self.closed:
             return
         stream.sender = self
+        if stream.blocked_since is not None and stream.credit > 0:
+            self.unblocked(stream)
         self.scheduler.wake(stream)
         if self.scheduler:
             self._schedule()
+
+    def unblocked(self, stream: Outbound) -> None:
+        """The stream no longer waits for credit (credit came, or it ended): count the time it did."""
+        if stream.blocked_since is not None:
+            self.zero_credit_seconds += self._loop.time() - stream.blocked_since
+            stream.blocked_since = None
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -182,6 +196,8 @@ class Sender:
                 buf.release()
             frames += 1
             stream.on_sent(item, is_event)
+            if stream.credit == 0 and stream.backlog and stream.blocked_since is None:
+                stream.blocked_since = self._loop.time()
         if not parts:
             return
         self._inflight.extend(lent)

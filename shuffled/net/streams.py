@@ -32,12 +32,15 @@ class Chunk:
 class BufferResponseStream(Outbound):
     """Daemon → consumer: data chunks, then END_OF_PARTITION (an event: needs no credit)."""
 
-    __slots__ = ("on_end",)
+    __slots__ = ("on_end", "opened_at", "relayed")
 
     def __init__(self, stream: int, credit: int, on_end: Callable[[BufferResponseStream], None] | None = None) -> None:
         super().__init__(stream, credit)
         #: called once END_OF_PARTITION went to the transport (the stream is then finished)
         self.on_end = on_end
+        #: for the read latency metric: when the request came, and whether other daemons' data is relayed
+        self.opened_at = 0.0
+        self.relayed = False
 
     def on_sent(self, item: Any, is_event: bool) -> None:
         if is_event and self.on_end is not None:

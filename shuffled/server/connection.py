@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+from ..logs import event
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream
@@ -19,7 +21,6 @@ from ..protocol.codec import (
     encode_add_credit,
     encode_admin_request,
     encode_admin_response,
-    encode_error,
     encode_error_from,
     encode_hello,
     encode_partition_request,
@@ -31,6 +32,7 @@ from ..protocol.errors import (
     MapOutputStateError,
     ProtocolError,
     ShuffledError,
+    ShuttingDown,
     UnknownStream,
     error_from_code,
 )
@@ -99,17 +101,32 @@ class DaemonConnection(FrameConnection):
         if self.role is Role.DAEMON and self.node:
             self.daemon.peers.lost(self.node, self)
         if self.role is not None:
-            log.info(
-                "connection closed peer=%s role=%s node=%s reason=%s",
-                self.peer,
-                self.role.name.lower(),
-                self.node or "-",
-                self.close_reason,
+            event(
+                log, "connection closed", peer=self.peer, role=self.role_label, node=self.node, reason=self.close_reason
             )
         self._release_all()
+        self.daemon.counters.fold(self)
 
     def on_failed(self) -> None:
         self._release_all()
+
+    @property
+    def role_label(self) -> str | None:
+        """'client' or 'peer' once the handshake said which (the metrics label)."""
+        if self.role is None:
+            return None
+        return "peer" if self.role is Role.DAEMON else "client"
+
+    def fail(self, exc: ShuffledError) -> None:
+        if self.is_open:
+            self.daemon.counters.errors[exc.code.name] += 1
+        super().fail(exc)
+
+    def send_error(self, stream: int, exc: ShuffledError) -> None:
+        """Report an error on one stream (counted by code for the metrics)."""
+        self.daemon.counters.errors[exc.code.name] += 1
+        if self.is_open:
+            self.sender.send_control(encode_error_from(stream, exc))
 
     def _release_all(self) -> None:
         """Fail consumers, close served streams, abort pushes: nothing may outlive the connection."""
@@ -177,7 +194,7 @@ class DaemonConnection(FrameConnection):
                     session.on_data(frame)
                 else:
                     release_payload(frame)
-                    self._stream_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
+                    self.send_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
             case CommitMapOutput(writer, pushes):
                 if (session := self._session(writer)) is not None:
                     session.commit(pushes)
@@ -201,7 +218,7 @@ class DaemonConnection(FrameConnection):
         if self.dialed is not None:
             if isinstance(frame, HelloAck):
                 if frame.info.get("node") not in (None, self.dialed):
-                    log.warning("peer %s calls itself %s", self.dialed, frame.info.get("node"))
+                    event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=frame.info.get("node"))
                 self.ready.set_result(None)
                 return
             if isinstance(frame, ErrorResponse):
@@ -235,16 +252,14 @@ class DaemonConnection(FrameConnection):
         self.ready.set_result(None)
         ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
         self.sender.send_control(encode_hello(ack))
-        log.info("connection open peer=%s role=%s node=%s", self.peer, self.role.name.lower(), self.node or "-")
-
-    def _stream_error(self, stream: int, exc: ShuffledError) -> None:
-        self.sender.send_control(encode_error_from(stream, exc))
+        self.daemon.counters.opened[self.role_label or "client"] += 1
+        event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)
 
     def _session(self, writer: int) -> PushSession | None:
         """The writer's session, or None after a per-stream error saying why (the connection lives on)."""
         session = self.pushes.get(writer)
         if session is None:
-            self._stream_error(writer, UnknownStream(f"no open map output for writer {writer}"))
+            self.send_error(writer, UnknownStream(f"no open map output for writer {writer}"))
         elif session.pool is None:
             session.fail(MapOutputStateError("commit or abort before the daemon granted push credit"))
             return None
@@ -257,7 +272,7 @@ class DaemonConnection(FrameConnection):
         if sid in self.served or sid in self.gates or sid in self.pushes:
             raise ProtocolError(f"stream id {sid} is already in use")
         if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
-            self._stream_error(sid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+            self.send_error(sid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
             return False
         return True
 
@@ -296,11 +311,16 @@ class DaemonConnection(FrameConnection):
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
             chunks = daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else []
         except ShuffledError as exc:
-            self._stream_error(rid, exc)
+            self.send_error(rid, exc)
             return
         stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+        stream.opened_at = time.monotonic()
+        stream.relayed = bool(remote)
+        counters = daemon.counters
         for chunk in chunks:
             stream.push_data(chunk)
+            counters.served_local_bytes += chunk.buffer.length
+        counters.served_local_buffers += len(chunks)
         self.served[rid] = stream
         if remote:
             gate = InputGate(self, stream, req, remote)
@@ -313,9 +333,11 @@ class DaemonConnection(FrameConnection):
     def _stream_ended(self, stream: BufferResponseStream) -> None:
         if self.served.get(stream.stream) is stream:
             del self.served[stream.stream]
+        self.daemon.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
 
     def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
         self.channels[ch.receiver] = ch
+        self.daemon.counters.read_credit_granted += req.credit
         self.sender.send_control(encode_partition_request(req))
 
     def announce(self, ch: RemoteInputChannel) -> None:
@@ -330,6 +352,7 @@ class DaemonConnection(FrameConnection):
         for ch in pending.values():
             n = ch.credit.take_announcement()
             if n and not ch.closed:
+                self.daemon.counters.read_credit_granted += n
                 self.sender.send_control(encode_add_credit(ch.receiver, n))
 
     # -- pushes
@@ -339,10 +362,13 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError("only clients push map output")
         if not self._check_new_stream(req.writer):
             return
+        if self.daemon.draining:
+            self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
+            return
         try:
             out = self.daemon.store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)
         except ShuffledError as exc:
-            self._stream_error(req.writer, exc)
+            self.send_error(req.writer, exc)
             return
         session = PushSession(self, req, out)
         self.pushes[req.writer] = session
@@ -364,8 +390,7 @@ class DaemonConnection(FrameConnection):
         try:
             result = await self.daemon.admin(req.op, req.args)
         except ShuffledError as exc:
-            if self.is_open:
-                self.sender.send_control(encode_error(req.request, exc.code, exc.message))
+            self.send_error(req.request, exc)
             return
         if self.is_open:
             self.sender.send_control(encode_admin_response(req.request, result))

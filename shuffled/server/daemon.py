@@ -1,61 +1,30 @@
-"""The daemon: one buffer pool, one store, listeners for clients and peers."""
+"""The daemon: one buffer pool, one store, listeners for clients and peers.
+
+`stats()` is the one snapshot of everything the daemon counts: `shuffled stats`
+prints it and the metrics endpoint turns it into Prometheus metrics.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from dataclasses import dataclass, field
+import shutil
+import time
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
+from ..config import DaemonConfig
+from ..logs import event
+from ..ops.http import OpsServer
+from ..ops.metrics import DaemonMetrics
 from ..protocol.errors import InvalidRequest, ShuffledError
 from .connection import DaemonConnection
+from .counters import Counters, micros
 from .peers import PeerManager
 from .store import Store
 
 log = logging.getLogger("shuffled.daemon")
-
-MiB = 1 << 20
-
-
-@dataclass
-class DaemonConfig:
-    host: str = "127.0.0.1"
-    port: int = 7337
-    unix_socket: str | None = None
-    #: address other daemons and readers use for this one (default host:port)
-    advertise: str | None = None
-    pool_size: int = 256 * MiB
-    segment_size: int = 32 << 10
-    data_dir: str | None = None
-    peers: list[str] = field(default_factory=list)
-    exclusive: int = DEFAULT_EXCLUSIVE
-    floating: int = DEFAULT_FLOATING
-    #: push credit window per map output: guaranteed / at most
-    push_min: int = 2
-    push_max: int = 16
-    #: share of the pool kept for reading so stored data can always be read back
-    read_reserve: float = 0.125
-    high_watermark: int = 1 * MiB
-    low_watermark: int = 256 << 10
-    connect_timeout: float = 10.0
-    admin_timeout: float = 30.0
-
-    def validate(self) -> None:
-        def need(ok: bool, what: str) -> None:
-            if not ok:
-                raise ValueError(what)
-
-        need(0 <= self.port < 65536, f"port {self.port} is not in 0..65535")
-        need(self.segment_size >= 4096 and self.segment_size % 4096 == 0, "segment-size must be a multiple of 4096")
-        need(self.pool_size >= 16 * self.segment_size, "pool-size must hold at least 16 segments")
-        need(self.exclusive >= 1, "exclusive-buffers must be >= 1")
-        need(self.floating >= 0, "floating-buffers must be >= 0")
-        need(1 <= self.push_min <= self.push_max, f"push-window must be >= {self.push_min}")
-        need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
-        need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
 
 
 class Daemon:
@@ -72,6 +41,13 @@ class Daemon:
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
         self._servers: list[asyncio.AbstractServer] = []
+        self.counters = Counters()
+        self.metrics = DaemonMetrics()
+        self.started = False
+        #: set on SIGTERM/SIGINT: new pushes are refused, readiness is false
+        self.draining = False
+        self.start_time = time.time()
+        self.ops: OpsServer | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -85,19 +61,78 @@ class Daemon:
             if os.path.exists(cfg.unix_socket):
                 os.unlink(cfg.unix_socket)
             self._servers.append(await loop.create_unix_server(lambda: DaemonConnection(self), cfg.unix_socket))
+            os.chmod(cfg.unix_socket, cfg.unix_socket_mode)
         if cfg.data_dir:
             os.makedirs(cfg.data_dir, exist_ok=True)
-        log.info(
-            "ready node=%s unix=%s pool_bytes=%d segments=%d segment_size=%d read_reserve=%d",
-            self.node,
-            cfg.unix_socket or "-",
-            self.pool.total * cfg.segment_size,
-            self.pool.total,
-            cfg.segment_size,
-            self.pool.reserve,
+        if cfg.metrics_port >= 0:
+            self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
+            self.ops.start()
+        self.started = True
+        event(
+            log,
+            "ready",
+            node=self.node,
+            unix=cfg.unix_socket,
+            pool_bytes=self.pool.total * cfg.segment_size,
+            segments=self.pool.total,
+            segment_size=cfg.segment_size,
+            read_reserve=self.pool.reserve,
+            http=self.ops.address if self.ops else None,
         )
 
+    def busy(self) -> dict[str, int]:
+        """Work a drain waits for: open pushes and reads served or relayed."""
+        conns = list(self.connections)
+        return {
+            "pushes": sum(len(c.pushes) for c in conns),
+            "reads": sum(len(c.served) for c in conns),
+        }
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new pushes, let open pushes and reads finish; True if they did within `timeout`.
+
+        Waiting polls a few times a second: a drain runs once per process life and
+        polling needs no hook in every place a push or read can end.
+        """
+        self.draining = True
+        busy = self.busy()
+        event(log, "draining", timeout_s=timeout, **busy)
+        deadline = time.monotonic() + timeout
+        while any(busy.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            busy = self.busy()
+        done = not any(busy.values())
+        event(log, "drained" if done else "drain timed out", logging.INFO if done else logging.WARNING, **busy)
+        return done
+
+    def readiness(self) -> list[str]:
+        """Why this daemon should not get new pushes now (empty: ready)."""
+        reasons = []
+        if not self.started:
+            reasons.append("starting")
+        if self.draining:
+            reasons.append("draining: shutting down")
+        pool = self.pool
+        if pool.free <= pool.reserve:
+            reasons.append(f"pool exhausted: {pool.used} of {pool.total} segments used, the rest is the read reserve")
+        disk = self.disk_space()
+        if disk is not None and disk[1] < self.config.ready_disk_free * disk[0]:
+            reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.config.data_dir}")
+        return reasons
+
+    def disk_space(self) -> tuple[int, int] | None:
+        """(capacity, free bytes) of the data directory's file system, if there is one."""
+        if not self.config.data_dir:
+            return None
+        try:
+            usage = shutil.disk_usage(self.config.data_dir)
+        except OSError:
+            return None
+        return usage.total, usage.free
+
     async def stop(self) -> None:
+        if self.ops is not None:
+            self.ops.stop()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
@@ -111,8 +146,14 @@ class Daemon:
 
     def stats(self) -> dict[str, Any]:
         conns = [c for c in self.connections if c.is_open]
+        pushes = [p for c in conns for p in c.pushes.values()]
+        disk = self.disk_space()
+        counters = self.counters
         return {
             "node": self.node,
+            "start_time": int(self.start_time),
+            "draining": self.draining,
+            "ready": not self.readiness(),
             "pool": {
                 "segment_size": self.pool.segment_size,
                 "total": self.pool.total,
@@ -120,21 +161,51 @@ class Daemon:
                 "used": self.pool.used,
                 "reserve": self.pool.reserve,
                 "local_pools": self.pool.local_pools,
+                "waiting": self.pool.waiting,
             },
             "store": self.store.stats(),
             "connections": {
-                "clients": sum(1 for c in conns if c.role is not None and c.role.name == "CLIENT"),
-                "peers": sum(1 for c in conns if c.role is not None and c.role.name == "DAEMON"),
+                "clients": sum(1 for c in conns if c.role_label == "client"),
+                "peers": sum(1 for c in conns if c.role_label == "peer"),
+                "opened": dict(counters.opened),
             },
             "streams": {
                 "served": sum(len(c.served) for c in conns),
-                "pushing": sum(len(c.pushes) for c in conns),
+                "pushing": len(pushes),
                 "remote_channels": sum(len(c.channels) for c in conns),
                 "inflight_buffers": sum(c.sender.inflight for c in conns),
+                "backlog_buffers": sum(s.backlog for c in conns for s in c.served.values()),
             },
+            "traffic": {
+                "pushed_bytes": counters.pushed_bytes,
+                "pushed_buffers": counters.pushed_buffers,
+                "served_local_bytes": counters.served_local_bytes,
+                "served_local_buffers": counters.served_local_buffers,
+                "relayed_bytes": counters.relayed_bytes,
+                "relayed_buffers": counters.relayed_buffers,
+                # every connection not yet folded in, open or failing, so totals never go backwards
+                **counters.totals(list(self.connections), asyncio.get_running_loop().time()),
+            },
+            "credit": {
+                "push_granted": counters.push_credit_granted,
+                "push_outstanding": sum(p.pool.promised for p in pushes if p.pool is not None),
+                "read_granted": counters.read_credit_granted,
+                "read_outstanding": sum(ch.credit.sender_credit for c in conns for ch in c.channels.values()),
+                "push_wait_us": micros(
+                    counters.push_wait_seconds + sum(p.waiting_for(time.monotonic()) for p in pushes)
+                ),
+            },
+            "errors": dict(counters.errors),
+            "filesystem": {"capacity_bytes": disk[0], "free_bytes": disk[1]} if disk else {},
         }
 
     async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        started = time.monotonic()
+        result = await self._admin(op, args)
+        self.metrics.observe_admin(op, time.monotonic() - started)
+        return result
+
+    async def _admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "stats":
             return self.stats()
         if op not in ("unregister_shuffle", "remove_application"):

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from ..logs import event
 from ..protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class PeerManager:
         fut = self._arrival.pop(node, None)
         if fut is not None and not fut.done():
             fut.set_result(conn)
-        log.info("peer connected node=%s direction=%s", node, "out" if conn.dialed else "in")
+        event(log, "peer connected", node=node, direction="out" if conn.dialed else "in")
 
     def lost(self, node: str, conn: DaemonConnection) -> None:
         if self.conns.get(node) is conn:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from ..buffers import Buffer, LocalPool
+from ..logs import event
 from ..net.soon import Soon
-from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_error, encode_push_credit
+from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_push_credit
 from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CreditViolation, MapOutputStateError, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
@@ -30,6 +32,10 @@ log = logging.getLogger("shuffled.push")
 class PushSession:
     def __init__(self, conn: DaemonConnection, req: OpenMapOutput, out: MapOutput) -> None:
         self.conn = conn
+        self.counters = conn.daemon.counters
+        self.opened_at = time.monotonic()
+        #: monotonic time since when the session waits for memory with no credit left (None: not waiting)
+        self.waiting_since: float | None = None
         self.writer = req.writer
         self.out = out
         self.pool: LocalPool | None = None
@@ -43,7 +49,9 @@ class PushSession:
 
     async def start(self) -> None:
         cfg = self.conn.daemon.config
+        self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
         pool = await self.conn.daemon.pool.create_local_pool(cfg.push_min, cfg.push_max)
+        self._stop_waiting()
         if self.closed:
             pool.destroy()
             return
@@ -72,6 +80,9 @@ class PushSession:
             self.fail(exc)
             return
         self.received += 1
+        counters = self.counters
+        counters.pushed_buffers += 1
+        counters.pushed_bytes += frame.length
         self._top_up()
 
     def _top_up(self) -> None:
@@ -84,10 +95,12 @@ class PushSession:
         new = pool.available - pool.promised
         if new > 0:
             pool.promised += new
+            self.counters.push_credit_granted += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
         elif pool.available == 0 and self._waiting is None:
             self._waiting = asyncio.create_task(self._wait_for_memory())
+            self.waiting_since = time.monotonic()
 
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0
@@ -100,7 +113,16 @@ class PushSession:
             await self.pool.grow_wait()
         finally:
             self._waiting = None
+            self._stop_waiting()
         self._top_up()
+
+    def waiting_for(self, now: float) -> float:
+        """Seconds this session has been waiting for memory so far."""
+        return now - self.waiting_since if self.waiting_since is not None else 0.0
+
+    def _stop_waiting(self) -> None:
+        self.counters.push_wait_seconds += self.waiting_for(time.monotonic())
+        self.waiting_since = None
 
     def commit(self, pushes: int) -> None:
         if pushes != self.received:
@@ -112,6 +134,7 @@ class PushSession:
             self.fail(exc)
             return
         self._close()
+        self.conn.daemon.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.sender.send_control(encode_commit_ack(self.writer, lengths))
 
     def abort(self) -> None:
@@ -120,11 +143,10 @@ class PushSession:
         self.conn.sender.send_control(encode_abort_ack(self.writer))
 
     def fail(self, exc: ShuffledError) -> None:
-        log.info("push failed writer=%s code=%s reason=%s", self.writer, exc.code.name, exc.message)
+        event(log, "push failed", writer=self.writer, code=exc.code.name, reason=exc.message)
         self.conn.daemon.store.abort(self.out)
         self._close()
-        if self.conn.is_open:
-            self.conn.sender.send_control(encode_error(self.writer, exc.code, exc.message))
+        self.conn.send_error(self.writer, exc)
 
     def drop(self) -> None:
         """The client vanished: abort, free everything."""
@@ -136,6 +158,7 @@ class PushSession:
         self.conn.pushes.pop(self.writer, None)
         if self._waiting is not None:
             self._waiting.cancel()
+        self._stop_waiting()
         if self.task is not None and not self.task.done():
             self.task.cancel()
         if self.pool is not None:

@@ -16,9 +16,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..buffers import LocalPool
+from ..logs import event
 from ..net.channel import InputChannel
 from ..net.streams import BufferResponseStream, Chunk
-from ..protocol.codec import encode_cancel, encode_error
+from ..protocol.codec import encode_cancel
 from ..protocol.credit import ChannelCredit, FloatingPool
 from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
@@ -140,6 +141,9 @@ class InputGate:
         if self.closed:
             chunk.buffer.release()
             return
+        counters = self.client.daemon.counters
+        counters.relayed_buffers += 1
+        counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)
         self.client.sender.wake(self.out)
 
@@ -153,17 +157,10 @@ class InputGate:
     def fail(self, exc: ShuffledError) -> None:
         if self.closed:
             return
-        log.info(
-            "read failed app=%s shuffle=%s code=%s reason=%s",
-            self.req.app,
-            self.req.shuffle,
-            exc.code.name,
-            exc.message,
-        )
+        event(log, "read failed", app=self.req.app, shuffle=self.req.shuffle, code=exc.code.name, reason=exc.message)
         self.out.shutdown()
         self.client.served.pop(self.out.stream, None)
-        if self.client.is_open:
-            self.client.sender.send_control(encode_error(self.out.stream, exc.code, exc.message))
+        self.client.send_error(self.out.stream, exc)
         self._release(cancel=True)
 
     def close(self) -> None:

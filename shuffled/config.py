@@ -1,0 +1,417 @@
+"""The daemon's settings: one table, read from a TOML file, then `SHUFFLED_…` variables, then flags.
+
+Every setting is one field of `DaemonConfig` with `setting(...)` metadata (help,
+unit, parser). The TOML key (`pool_size`), the environment variable
+(`SHUFFLED_POOL_SIZE`), the command-line flag (`--pool-size`), `shuffled config
+show` and the README's reference table are all derived from that field, so a new
+setting is one field and cannot be half documented. Values are refused at start
+with a message naming the setting and where its value came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
+
+MiB = 1 << 20
+ENV_PREFIX = "SHUFFLED_"
+#: the file to read when no --config flag is given
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+
+
+class ConfigError(ValueError):
+    """A setting with a value the daemon refuses; the message names the setting."""
+
+
+def parse_size(text: str) -> int:
+    """'256M', '32KiB', '1g', '4096' → bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size such as 4096, 32K, 256M or 2G")
+    return int(m.group(1)) << _UNITS[m.group(2).lower()]
+
+
+def format_size(n: int) -> str:
+    for suffix, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift}{suffix}"
+    return str(n)
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
+def _parse_list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the outside world knows about one field of DaemonConfig."""
+
+    help: str
+    unit: str
+    parse: Callable[[str], Any]
+    #: shown instead of the raw default in docs (e.g. "HOST:PORT as bound")
+    default_text: str | None
+    choices: tuple[str, ...]
+    metavar: str | None
+
+    def convert(self, value: Any) -> Any:
+        """A value from TOML (native type or string) or from text (env, flag) → the field's value."""
+        if isinstance(value, bool):
+            raise ValueError(f"{value!r} is not allowed here")
+        if self.parse is _parse_list and isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise ValueError("expected a list of strings")
+            return [v.strip() for v in value if v.strip()]
+        if isinstance(value, int | float) and self.parse in (parse_size, _parse_int, _parse_float, _parse_mode):
+            if self.parse is not _parse_float and not isinstance(value, int):
+                raise ValueError(f"{value!r} is not a whole number")
+            return float(value) if self.parse is _parse_float else value
+        if not isinstance(value, str):
+            raise ValueError(f"{value!r} has the wrong type")
+        result = self.parse(value)
+        if self.choices and result not in self.choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(self.choices)}")
+        return result
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    unit: str = "",
+    parse: Callable[[str], Any] | None = None,
+    default_text: str | None = None,
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+) -> Any:
+    """A DaemonConfig field that is also a documented, overridable setting."""
+    parsers: dict[type, Callable[[str], Any]] = {int: _parse_int, float: _parse_float}
+    meta = {"setting": Setting(help, unit, parse or parsers.get(type(default), str), default_text, choices, metavar)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _optional(text: str) -> str | None:
+    return text or None
+
+
+def _parse_mode(text: str) -> int:
+    try:
+        mode = int(text.strip(), 8)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an octal file mode such as 0660") from None
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"{text!r} is not a file mode (0000..0777)")
+    return mode
+
+
+@dataclass
+class DaemonConfig:
+    host: str = setting("127.0.0.1", "address to listen on, for local clients and peer daemons (one TCP port)")
+    port: int = setting(7337, "TCP port for clients and peers; 0 picks a free one (the `ready` log line says which)")
+    unix_socket: str | None = setting(
+        None, "also accept local clients on this Unix socket", parse=_optional, default_text="off", metavar="PATH"
+    )
+    unix_socket_mode: int = setting(
+        0o660,
+        "permissions of the Unix socket (octal); clients need write permission to connect",
+        parse=_parse_mode,
+        metavar="MODE",
+    )
+    advertise: str | None = setting(
+        None,
+        "the name other daemons and readers use for this daemon; must be the same string everywhere",
+        parse=_optional,
+        default_text="HOST:PORT as bound",
+        metavar="HOST:PORT",
+    )
+    pool_size: int = setting(
+        256 * MiB,
+        "off-heap memory reserved at start (`4096`, `32K`, `256M`, `4G`); never grows",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
+    )
+    segment_size: int = setting(
+        32 << 10,
+        "one buffer, and the largest data frame payload; every daemon of a cluster needs the same value",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
+    )
+    data_dir: str | None = setting(
+        None, "directory for spill files (created if missing)", parse=_optional, default_text="none", metavar="DIR"
+    )
+    peers: list[str] = setting(
+        [],
+        "the other daemons (`HOST:PORT,...`), told when a shuffle or an application is removed",
+        parse=_parse_list,
+        default_text="none",
+        metavar="LIST",
+    )
+    exclusive: int = setting(
+        DEFAULT_EXCLUSIVE,
+        "buffers per remote channel of a read: its initial credit (Flink's default)",
+        unit="buffers",
+        metavar="N",
+    )
+    floating: int = setting(
+        DEFAULT_FLOATING,
+        "buffers per read shared by its channels, taken as the senders' backlog grows (Flink's default)",
+        unit="buffers",
+        metavar="N",
+    )
+    #: push credit window per map output: guaranteed / at most
+    push_min: int = 2
+    push_max: int = setting(
+        16,
+        "most push credit one map output holds when memory allows (at least 2 are guaranteed)",
+        unit="buffers",
+        metavar="N",
+    )
+    #: share of the pool kept for reading so stored data can always be read back
+    read_reserve: float = 0.125
+    high_watermark: int = 1 * MiB
+    low_watermark: int = 256 << 10
+    connect_timeout: float = 10.0
+    admin_timeout: float = 30.0
+    metrics_host: str | None = setting(
+        None,
+        "address of the HTTP endpoint serving /metrics, /healthz and /readyz",
+        parse=_optional,
+        default_text="HOST",
+        metavar="HOST",
+    )
+    metrics_port: int = setting(
+        7338, "port of the HTTP endpoint; 0 picks a free one (logged), -1 turns the endpoint off"
+    )
+    drain_timeout: float = setting(
+        20.0, "on SIGTERM/SIGINT, how long open pushes and reads may take to finish before the daemon exits", unit="s"
+    )
+    stall_timeout: float = setting(10.0, "/healthz fails when the event loop has not run for this long", unit="s")
+    ready_disk_free: float = setting(
+        0.05, "/readyz fails when the data directory's file system has less than this share free", unit="ratio"
+    )
+    log_level: str = setting("info", "least severe log level written", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting(
+        "kv", "log line format: logfmt `key=value` pairs or one JSON object per line", choices=("kv", "json")
+    )
+
+    def validate(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise ConfigError(what)
+
+        need(0 <= self.port < 65536, f"port {self.port} is not in 0..65535")
+        need(0 <= self.unix_socket_mode <= 0o777, "unix-socket-mode must be a file mode (0000..0777)")
+        need(-1 <= self.metrics_port < 65536, f"metrics-port {self.metrics_port} is not in -1..65535")
+        need(self.segment_size >= 4096 and self.segment_size % 4096 == 0, "segment-size must be a multiple of 4096")
+        need(self.pool_size >= 16 * self.segment_size, "pool-size must hold at least 16 segments")
+        need(self.exclusive >= 1, "exclusive-buffers must be >= 1")
+        need(self.floating >= 0, "floating-buffers must be >= 0")
+        need(1 <= self.push_min <= self.push_max, f"push-window must be >= {self.push_min}")
+        need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
+        need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
+        need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
+        need(self.stall_timeout > 0, "stall-timeout must be > 0")
+        need(0.0 <= self.ready_disk_free < 1.0, "ready-disk-free must be in [0, 1)")
+
+
+#: flags that predate the table keep their names
+_FLAG_NAMES = {"exclusive": "exclusive-buffers", "floating": "floating-buffers", "push_max": "push-window"}
+
+
+@dataclass(frozen=True, eq=False)
+class SettingInfo:
+    attr: str
+    name: str
+    meta: Setting
+    default: Any
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name
+
+    @property
+    def key(self) -> str:
+        """TOML key."""
+        return self.name.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    def show(self, value: Any) -> str:
+        """A value as text, in the units the setting is written in."""
+        if value is None:
+            return self.meta.default_text or "none"
+        if self.meta.parse is parse_size:
+            return format_size(value)
+        if self.meta.parse is _parse_mode:
+            return f"{value:04o}"
+        if isinstance(value, list):
+            return ",".join(value) if value else (self.meta.default_text or "none")
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
+
+
+def settings() -> list[SettingInfo]:
+    """The table: every DaemonConfig field that carries setting metadata, in declaration order."""
+    out = []
+    for f in dataclasses.fields(DaemonConfig):
+        meta = f.metadata.get("setting")
+        if meta is None:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out.append(SettingInfo(f.name, _FLAG_NAMES.get(f.name, f.name.replace("_", "-")), meta, default))
+    return out
+
+
+# -- loading
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (plus --config); defaults stay None so only given flags override."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML file with settings (keys as in `shuffled config show`); default ${CONFIG_ENV}",
+    )
+    for s in settings():
+        unit = f" [{s.meta.unit}]" if s.meta.unit else ""
+        parser.add_argument(
+            s.flag,
+            dest=f"setting_{s.attr}",
+            metavar=s.meta.metavar or ("|".join(s.meta.choices) if s.meta.choices else s.key.upper()),
+            help=f"{s.meta.help}{unit} (default {s.show(s.default)}; ${s.env})".replace("%", "%%"),
+        )
+
+
+def load(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[DaemonConfig, dict[str, str]]:
+    """The effective configuration and where each setting came from ("default", a file, "env", "flag")."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    table = settings()
+    path = getattr(args, "config", None) or environ.get(CONFIG_ENV)
+    if path:
+        for s, raw in _read_toml(path, table).items():
+            values[s.attr] = _convert(s, raw, path)
+            sources[s.attr] = path
+    for s in table:
+        if s.env in environ:
+            values[s.attr] = _convert(s, environ[s.env], s.env)
+            sources[s.attr] = "env"
+        raw = getattr(args, f"setting_{s.attr}", None)
+        if raw is not None:
+            values[s.attr] = _convert(s, raw, s.flag)
+            sources[s.attr] = "flag"
+    config = DaemonConfig(**values)
+    config.validate()
+    return config, {s.attr: sources.get(s.attr, "default") for s in table}
+
+
+def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """`SHUFFLED_…` variables that name no setting (most likely typos)."""
+    environ = os.environ if environ is None else environ
+    known = {s.env for s in settings()} | {CONFIG_ENV}
+    return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
+
+
+def _convert(s: SettingInfo, raw: Any, where: str) -> Any:
+    try:
+        return s.meta.convert(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{s.name} (from {where}): {exc}") from None
+
+
+def _read_toml(path: str, table: list[SettingInfo]) -> dict[SettingInfo, Any]:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    by_key = {s.key: s for s in table}
+    unknown = sorted(k for k in doc if k not in by_key)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
+    return {by_key[k]: v for k, v in doc.items()}
+
+
+# -- showing
+
+
+def _toml_value(s: SettingInfo, value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    if s.meta.parse in (parse_size, _parse_mode):
+        return f'"{s.show(value)}"'
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return s.show(value)
+
+
+def render_toml(config: DaemonConfig, sources: Mapping[str, str]) -> str:
+    """The effective configuration as a TOML file that `--config` reads back (unset settings commented out)."""
+    lines = []
+    for s in settings():
+        value = getattr(config, s.attr)
+        text = _toml_value(s, value)
+        origin = sources.get(s.attr, "default")
+        if not text:
+            lines.append(f"# {s.key} = ...  # {origin}: {s.show(value)}")
+        else:
+            lines.append(f"{s.key} = {text}  # {origin}")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown() -> str:
+    """The README's reference table (tests check that README holds exactly this)."""
+    rows = [
+        "| setting (flag / `SHUFFLED_…` / TOML key) | default | unit | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for s in settings():
+        default = s.show(s.default)
+        choices = f" (`{'`, `'.join(s.meta.choices)}`)" if s.meta.choices else ""
+        rows.append(
+            f"| `{s.flag}` / `{s.env}` / `{s.key}` | `{default}` | {s.meta.unit or '-'} | {s.meta.help}{choices} |"
+        )
+    return "\n".join(rows) + "\n"

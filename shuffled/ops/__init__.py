@@ -1,0 +1,1 @@
+"""Operating the daemon: Prometheus metrics and the HTTP endpoint for /metrics, /healthz and /readyz."""

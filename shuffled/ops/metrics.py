@@ -1,0 +1,237 @@
+"""Prometheus metrics: the only module that imports prometheus_client.
+
+The daemon counts with plain ints on its own objects (see server/counters.py) and
+`Daemon.stats()` gathers them into one snapshot. A custom collector turns that
+snapshot into metric families when Prometheus scrapes, so the data path never
+calls into this library. Only per-request latencies are observed as they happen,
+into histograms (once per push, read or admin call, never per buffer).
+
+Labels are bounded: role (client, peer), source (local, relayed), kind (push,
+read), error code names, admin operations. Nothing is labelled per application
+or shuffle.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from .. import __version__
+from ..protocol.errors import ErrorCode
+
+#: latency buckets from 1 ms to 5 min: pushes and reads of a map output or partition
+_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: admin operations whose latency series exist from the start (others appear when first answered)
+ADMIN_OPS = ("stats", "unregister_shuffle", "remove_application")
+
+
+class DaemonMetrics:
+    """One registry per daemon (several daemons may share a process in tests and benchmarks)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._collector = _SnapshotCollector()
+        self.registry.register(self._collector)
+        ProcessCollector(registry=self.registry)
+        self._push = Histogram(
+            "shuffled_push_duration_seconds",
+            "Time from opening a map output to its commit",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        read = Histogram(
+            "shuffled_read_duration_seconds",
+            "Time from a read request to the end of its stream; source=relayed when other daemons' data is in it",
+            ["source"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self._read = {False: read.labels("local"), True: read.labels("relayed")}
+        self._admin = Histogram(
+            "shuffled_admin_duration_seconds",
+            "Time to answer an admin call, including telling peer daemons",
+            ["op"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        for op in ADMIN_OPS:
+            self._admin.labels(op)
+        self._lock = threading.Lock()
+
+    def observe_push(self, seconds: float) -> None:
+        self._push.observe(seconds)
+
+    def observe_read(self, seconds: float, relayed: bool) -> None:
+        self._read[relayed].observe(seconds)
+
+    def observe_admin(self, op: str, seconds: float) -> None:
+        """Only answered calls are observed, so `op` is one the daemon knows: the label stays bounded."""
+        self._admin.labels(op).observe(seconds)
+
+    def render(self, snapshot: dict[str, Any]) -> tuple[bytes, str]:
+        """The text exposition of this snapshot (from any thread) and its content type."""
+        with self._lock:
+            self._collector.snapshot = snapshot
+            try:
+                return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            finally:
+                self._collector.snapshot = None
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the snapshot; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        if self.snapshot is not None:
+            yield from families(self.snapshot)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _labelled(family: GaugeMetricFamily | CounterMetricFamily, label_values: dict[str, float]) -> Metric:
+    for label, value in label_values.items():
+        family.add_metric([label], value)
+    return family
+
+
+def families(s: dict[str, Any]) -> Iterator[Metric]:
+    """Metric families for one `Daemon.stats()` snapshot."""
+    info = GaugeMetricFamily("shuffled_info", "Daemon version and node name", labels=["version", "node"])
+    info.add_metric([__version__, s["node"]], 1)
+    yield info
+    yield _gauge("shuffled_start_time_seconds", "Start time of the daemon since the Unix epoch", s["start_time"])
+    yield _gauge("shuffled_ready", "1 when the daemon accepts pushes (what /readyz says)", int(s["ready"]))
+    yield _gauge("shuffled_draining", "1 while the daemon shuts down", int(s["draining"]))
+
+    pool = s["pool"]
+    yield _gauge("shuffled_pool_segment_size_bytes", "Size of one pool segment (one buffer)", pool["segment_size"])
+    yield _gauge("shuffled_pool_segments", "Segments in the buffer pool (fixed at start)", pool["total"])
+    yield _gauge("shuffled_pool_used_segments", "Pool segments in use", pool["used"])
+    yield _gauge("shuffled_pool_free_segments", "Pool segments free", pool["free"])
+    yield _gauge("shuffled_pool_reserved_segments", "Free segments kept for reading back stored data", pool["reserve"])
+    yield _gauge(
+        "shuffled_pool_local_pools", "Local pools (one per push stream and per relayed read)", pool["local_pools"]
+    )
+    yield _gauge("shuffled_pool_waiting_requests", "Requests waiting for pool memory (back-pressure)", pool["waiting"])
+
+    store = s["store"]
+    yield _gauge("shuffled_store_applications", "Applications with data on this daemon", store["applications"])
+    yield _gauge("shuffled_store_shuffles", "Shuffles with data on this daemon", store["shuffles"])
+    yield _gauge("shuffled_store_segments", "Pool segments holding pushed data", store["stored_segments"])
+    yield _gauge("shuffled_store_bytes", "Committed bytes held", store["stored_bytes"])
+    yield _gauge("shuffled_open_map_outputs", "Map outputs being pushed", store["open_map_outputs"])
+    yield _counter("shuffled_map_outputs_committed", "Map outputs committed", store.get("commits", 0))
+    yield _counter(
+        "shuffled_map_outputs_aborted", "Map outputs aborted or lost with their client", store.get("aborts", 0)
+    )
+
+    conns = s["connections"]
+    yield _labelled(
+        GaugeMetricFamily("shuffled_connections", "Open connections by role", labels=["role"]),
+        {"client": conns["clients"], "peer": conns["peers"]},
+    )
+    yield _labelled(
+        CounterMetricFamily("shuffled_connections_opened", "Connections accepted or dialled", labels=["role"]),
+        conns["opened"],
+    )
+    streams = s["streams"]
+    yield _labelled(
+        GaugeMetricFamily("shuffled_streams", "Open streams by kind", labels=["kind"]),
+        {"served": streams["served"], "push": streams["pushing"], "remote_channel": streams["remote_channels"]},
+    )
+    yield _gauge(
+        "shuffled_inflight_buffers", "Buffers written to sockets and not yet flushed", streams["inflight_buffers"]
+    )
+    yield _gauge(
+        "shuffled_backlog_buffers", "Buffers queued on served streams (their backlog)", streams["backlog_buffers"]
+    )
+
+    t = s["traffic"]
+    yield _counter("shuffled_pushed_bytes", "Bytes pushed into this daemon by clients", t["pushed_bytes"])
+    yield _counter("shuffled_pushed_buffers", "Buffers pushed into this daemon by clients", t["pushed_buffers"])
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_served_bytes",
+            "Data bytes queued to readers: source=local from this daemon's store, relayed from other daemons",
+            labels=["source"],
+        ),
+        {"local": t["served_local_bytes"], "relayed": t["relayed_bytes"]},
+    )
+    yield _labelled(
+        CounterMetricFamily("shuffled_served_buffers", "Data buffers queued to readers", labels=["source"]),
+        {"local": t["served_local_buffers"], "relayed": t["relayed_buffers"]},
+    )
+    yield _labelled(
+        CounterMetricFamily("shuffled_transport_sent_bytes", "Bytes written to connections", labels=["role"]),
+        t["sent_bytes"],
+    )
+    yield _labelled(
+        CounterMetricFamily("shuffled_transport_received_bytes", "Bytes read from connections", labels=["role"]),
+        t["received_bytes"],
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_write_paused_seconds",
+            "Time connections spent paused above the high write watermark",
+            labels=["role"],
+        ),
+        {role: us / 1e6 for role, us in t["paused_us"].items()},
+    )
+
+    credit = s["credit"]
+    yield _labelled(
+        CounterMetricFamily("shuffled_credit_granted", "Credit (buffers) this daemon granted", labels=["kind"]),
+        {"push": credit["push_granted"], "read": credit["read_granted"]},
+    )
+    yield _labelled(
+        GaugeMetricFamily(
+            "shuffled_credit_outstanding", "Credit granted by this daemon and not yet used", labels=["kind"]
+        ),
+        {"push": credit["push_outstanding"], "read": credit["read_outstanding"]},
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_zero_credit_seconds",
+            "Back-pressure: time pushes waited for memory (kind=push) and served streams waited for "
+            "their reader's credit with data queued (kind=read)",
+            labels=["kind"],
+        ),
+        {"push": credit["push_wait_us"] / 1e6, "read": sum(t["zero_credit_us"].values()) / 1e6},
+    )
+
+    errors = s["errors"]
+    yield _labelled(
+        CounterMetricFamily("shuffled_errors", "Errors reported to clients and peers by wire code", labels=["code"]),
+        {code.name: errors.get(code.name, 0) for code in ErrorCode},
+    )
+
+    disk = s.get("disk", {})
+    yield _counter("shuffled_spills", "Spills of pool data to disk", disk.get("spills", 0))
+    yield _counter("shuffled_spilled_bytes", "Bytes spilled to disk", disk.get("spilled_bytes", 0))
+    yield _gauge("shuffled_disk_used_bytes", "Bytes in spill files", disk.get("used_bytes", 0))
+    yield _gauge("shuffled_disk_files", "Spill files", disk.get("files", 0))
+    fs = s.get("filesystem") or {}
+    if fs:
+        yield _gauge(
+            "shuffled_filesystem_capacity_bytes", "Size of the data directory's file system", fs["capacity_bytes"]
+        )
+        yield _gauge(
+            "shuffled_filesystem_free_bytes", "Free bytes on the data directory's file system", fs["free_bytes"]
+        )

@@ -1,0 +1,90 @@
+"""Plain counters the daemon bumps on its hot path; metrics read them at scrape time.
+
+Adding to an int attribute is the cheapest thing Python can do per buffer, so the
+data path never touches a metrics library. Per-connection counters (bytes in and
+out, time paused or without credit) live on the connection while it is open and
+are folded in here when it closes, so totals never go backwards.
+
+The snapshot (`totals`, `Daemon.stats`) holds integers only: it is also the admin
+`stats` answer, and MessagePack bodies on the wire carry no floats (durations are
+whole microseconds there).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .connection import DaemonConnection
+
+ROLES = ("client", "peer")
+
+
+def _per_role() -> dict[str, int]:
+    return dict.fromkeys(ROLES, 0)
+
+
+def _seconds_per_role() -> dict[str, float]:
+    return dict.fromkeys(ROLES, 0.0)
+
+
+def micros(seconds: float) -> int:
+    return round(seconds * 1e6)
+
+
+@dataclass(slots=True)
+class Counters:
+    pushed_bytes: int = 0
+    pushed_buffers: int = 0
+    #: stored data queued to readers (clients or peers) from this daemon's own store
+    served_local_bytes: int = 0
+    served_local_buffers: int = 0
+    #: data from other daemons relayed to this daemon's clients
+    relayed_bytes: int = 0
+    relayed_buffers: int = 0
+    push_credit_granted: int = 0
+    read_credit_granted: int = 0
+    #: seconds push sessions waited for memory with no credit left (back-pressure on pushers)
+    push_wait_seconds: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    opened: dict[str, int] = field(default_factory=_per_role)
+    # folded in from closed connections, by role
+    sent_bytes: dict[str, int] = field(default_factory=_per_role)
+    received_bytes: dict[str, int] = field(default_factory=_per_role)
+    paused_seconds: dict[str, float] = field(default_factory=_seconds_per_role)
+    zero_credit_seconds: dict[str, float] = field(default_factory=_seconds_per_role)
+
+    def fold(self, conn: DaemonConnection) -> None:
+        """A connection closed: keep what it counted."""
+        role = conn.role_label
+        if role is None:
+            return
+        sender = conn.sender
+        self.sent_bytes[role] += sender.bytes_sent
+        self.received_bytes[role] += conn.bytes_received
+        self.paused_seconds[role] += sender.paused_seconds
+        self.zero_credit_seconds[role] += sender.zero_credit_seconds
+
+    def totals(self, conns: list[DaemonConnection], now: float) -> dict[str, Any]:
+        """Closed connections' totals plus what the open ones counted so far."""
+        sent, received = dict(self.sent_bytes), dict(self.received_bytes)
+        paused, zero = dict(self.paused_seconds), dict(self.zero_credit_seconds)
+        for conn in conns:
+            role = conn.role_label
+            if role is None:
+                continue
+            sender = conn.sender
+            sent[role] += sender.bytes_sent
+            received[role] += conn.bytes_received
+            paused[role] += sender.paused_seconds + (now - sender.paused_since if sender.paused_since else 0.0)
+            zero[role] += sender.zero_credit_seconds + sum(
+                now - s.blocked_since for s in conn.served.values() if s.blocked_since is not None
+            )
+        return {
+            "sent_bytes": sent,
+            "received_bytes": received,
+            "paused_us": {role: micros(v) for role, v in paused.items()},
+            "zero_credit_us": {role: micros(v) for role, v in zero.items()},
+        }

@@ -1,0 +1,329 @@
+"""Operating real daemons: metrics that count what moved, health and readiness probes,
+structured logs, and graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shuffled.config import DaemonConfig
+from shuffled.server.daemon import Daemon
+from shuffled_client import AsyncClient, ConnectionLost, PartitionNotFound, ShuffledError
+from tests.cluster import (
+    Cluster,
+    DaemonProcess,
+    free_port,
+    http_get,
+    metric_samples,
+    payload,
+    start_daemon,
+    wait_until,
+)
+
+KiB = 1 << 10
+SEGMENT = 32 * KiB
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Cluster]:
+    c = Cluster(2, pool_size="64M")
+    yield c
+    c.stop()
+
+
+async def _scrape(d: DaemonProcess) -> dict[str, float]:
+    status, body = await asyncio.to_thread(http_get, d.http, "/metrics")
+    assert status == 200, body
+    return metric_samples(body)
+
+
+async def _push(client: AsyncClient, app: str, shuffle: int, attempt: int, sizes: list[int]) -> None:
+    w = await client.open_writer(app, shuffle, 0, attempt, len(sizes))
+    for p, size in enumerate(sizes):
+        await w.write(p, payload(attempt, p, size))
+    assert await w.commit() == sizes
+
+
+@pytest.mark.asyncio
+async def test_metrics_count_bytes_pushed_served_and_relayed(pair: Cluster) -> None:
+    """Counters match exactly what a push, a local read and a relayed read moved."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        before_a, before_b = await _scrape(da), await _scrape(db)
+        sizes = [100 * KiB, 40 * KiB, 3 * SEGMENT]
+        await _push(a, "m-app", 1, 1, sizes)
+        await _push(b, "m-app", 1, 2, sizes)
+        async with a.read("m-app", 1, 0, 3, {"": [1], db.addr: [2]}) as reader:
+            got = await reader.read_all()
+        assert len(got) == 2 * sum(sizes)
+        with pytest.raises(PartitionNotFound):
+            async with a.read("m-app", 1, 0, 1, {"": [99]}) as missing:
+                await missing.read_all()
+        stats = await a.stats()
+        after_a, after_b = await _scrape(da), await _scrape(db)
+
+        def floats(value: Any) -> list[Any]:
+            if isinstance(value, dict):
+                return [f for v in value.values() for f in floats(v)]
+            return [value] if isinstance(value, float) else []
+
+        assert not floats(stats), "admin bodies are MessagePack without floats (JVM clients refuse them)"
+
+        def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+            return after[key] - before.get(key, 0.0)
+
+        total = sum(sizes)
+        assert delta(after_a, before_a, "shuffled_pushed_bytes_total") == total
+        assert delta(after_a, before_a, "shuffled_pushed_buffers_total") == 4 + 2 + 3  # 32 KiB buffers per partition
+        assert delta(after_a, before_a, "shuffled_map_outputs_committed_total") == 1
+        assert delta(after_a, before_a, 'shuffled_served_bytes_total{source="local"}') == total
+        assert delta(after_a, before_a, 'shuffled_served_bytes_total{source="relayed"}') == total
+        assert delta(after_b, before_b, 'shuffled_served_bytes_total{source="local"}') == total  # to A, a peer
+        assert delta(after_a, before_a, 'shuffled_transport_sent_bytes_total{role="client"}') > 2 * total
+        assert delta(after_b, before_b, 'shuffled_transport_sent_bytes_total{role="peer"}') > total
+        assert delta(after_a, before_a, 'shuffled_transport_received_bytes_total{role="client"}') > total
+        assert delta(after_a, before_a, 'shuffled_errors_total{code="PARTITION_NOT_FOUND"}') == 1
+        assert delta(after_a, before_a, "shuffled_push_duration_seconds_count") == 1
+        assert delta(after_a, before_a, 'shuffled_read_duration_seconds_count{source="relayed"}') == 1
+        assert delta(after_a, before_a, 'shuffled_admin_duration_seconds_count{op="stats"}') == 1
+        assert delta(after_a, before_a, 'shuffled_credit_granted_total{kind="push"}') >= 7
+        assert delta(after_a, before_a, 'shuffled_credit_granted_total{kind="read"}') >= 2
+        assert after_a['shuffled_connections{role="client"}'] == 1
+        assert after_a['shuffled_connections{role="peer"}'] == 1
+        assert after_a["shuffled_store_bytes"] >= total
+        assert (
+            after_a["shuffled_pool_used_segments"] + after_a["shuffled_pool_free_segments"]
+            == (after_a["shuffled_pool_segments"])
+        )
+        await a.close()
+        await b.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+def _poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Wait (bounded) until check() returns something truthy; for blocking tests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
+    """A loop blocked by a stuck callback turns /healthz to 503 (the probe restarts it);
+    /metrics and /readyz do not hang either. When the loop runs again, /healthz recovers."""
+    started, release, stop_flag = threading.Event(), threading.Event(), threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def run() -> None:
+        config = DaemonConfig(port=0, metrics_port=0, pool_size=4 << 20, stall_timeout=0.5)
+        daemon = Daemon(config)
+        await daemon.start()
+        holder["daemon"], holder["loop"] = daemon, asyncio.get_running_loop()
+        started.set()
+        while not stop_flag.is_set():
+            await asyncio.sleep(0.05)
+        await daemon.stop()
+
+    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    thread.start()
+    assert started.wait(30)
+    daemon, loop = holder["daemon"], holder["loop"]
+    try:
+        address = daemon.ops.address
+        assert http_get(address, "/healthz") == (200, "ok\n")
+        assert http_get(address, "/readyz") == (200, "ready\n")
+        loop.call_soon_threadsafe(release.wait, 30)  # the stall under test
+        _, text = _poll(lambda: (r := http_get(address, "/healthz"))[0] == 503 and r, 20, "healthz 503")
+        assert "event loop stalled" in text
+        assert http_get(address, "/metrics", timeout=15)[0] == 503
+        assert http_get(address, "/readyz", timeout=15)[0] == 503
+        release.set()
+        _poll(lambda: http_get(address, "/healthz")[0] == 200, 20, "healthz back to 200")
+        assert http_get(address, "/nope")[0] == 404
+    finally:
+        release.set()
+        stop_flag.set()
+        thread.join(30)
+
+
+@pytest.mark.asyncio
+async def test_readyz_follows_the_pool_and_the_drain(tmp_path: Path) -> None:
+    """Ready while pushes can get memory; not ready when only the read reserve is left (a new push
+    then waits, counted as back-pressure), ready again once the data is unregistered, not ready once draining."""
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M", ["--data-dir", str(tmp_path)])
+
+    async def ready() -> tuple[int, str]:
+        return await asyncio.to_thread(http_get, d.http, "/readyz")
+
+    async def body() -> None:
+        c = await AsyncClient.connect(d.addr)
+        assert await ready() == (200, "ready\n")
+        pool = (await c.stats())["pool"]
+        await _push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"]) * SEGMENT])  # leaves only the reserve
+        _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when the pool is full")
+        assert "pool exhausted" in text
+        # A new push now waits for memory with no credit: back-pressure shows in the metrics.
+        blocked = asyncio.create_task(c.open_writer("r-app", 2, 0, 3, 1))
+        await wait_until(
+            lambda: _scrape(d),
+            lambda m: m['shuffled_zero_credit_seconds_total{kind="push"}'] > 0 and m["shuffled_pool_waiting_requests"],
+            what="push back-pressure counted",
+        )
+        await c.unregister_shuffle("r-app", 0)
+        await wait_until(ready, lambda r: r[0] == 200, what="ready after unregister")
+        await (await blocked).abort()
+        w = await c.open_writer("r-app", 1, 0, 2, 1)  # keeps the drain waiting
+        d.proc.send_signal(signal.SIGTERM)
+        _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when draining")
+        assert "draining" in text
+        await w.commit()
+
+    try:
+        await asyncio.wait_for(body(), 60)
+        assert d.proc.wait(30) == 0
+    finally:
+        d.stop()
+
+
+@pytest.mark.asyncio
+async def test_sigterm_refuses_new_pushes_and_finishes_open_work() -> None:
+    """SIGTERM: new pushes get the retryable SHUTTING_DOWN; a push in flight commits, a read in
+    progress reads everything; then the daemon exits 0 by itself."""
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--drain-timeout", "60"])
+
+    async def body() -> None:
+        pusher, reader_client, late = [await AsyncClient.connect(d.addr) for _ in range(3)]
+        sizes = [2 << 20, 1 << 20]
+        await _push(reader_client, "s-app", 0, 1, sizes)
+        w = await pusher.open_writer("s-app", 0, 1, 2, 2)
+        await w.write(0, payload(2, 0, 100 * KiB))
+        reader = reader_client.read("s-app", 0, 0, 2, {"": [1]})
+        first = await reader.next_chunk()
+        assert first is not None
+        got = bytearray(first.data)
+        # The reader holds its credit: the daemon's stream waits with a backlog (read back-pressure).
+        await wait_until(
+            lambda: _scrape(d),
+            lambda m: m['shuffled_zero_credit_seconds_total{kind="read"}'] > 0 and m["shuffled_backlog_buffers"] > 0,
+            what="read back-pressure counted",
+        )
+
+        d.proc.send_signal(signal.SIGTERM)
+        await wait_until(lambda: asyncio.to_thread(http_get, d.http, "/readyz"), lambda r: r[0] == 503, what="draining")
+        with pytest.raises(ShuffledError) as refused:
+            await late.open_writer("s-app", 0, 2, 3, 2)
+        assert refused.value.code.name == "SHUTTING_DOWN" and refused.value.retryable
+
+        await w.write(1, payload(2, 1, 50 * KiB))
+        assert await w.commit() == [100 * KiB, 50 * KiB]
+        while (chunk := await reader.next_chunk()) is not None:
+            got += chunk.data
+        await reader.aclose()
+        assert bytes(got) == payload(1, 0, sizes[0]) + payload(1, 1, sizes[1])
+
+    try:
+        await asyncio.wait_for(body(), 60)
+        assert await asyncio.to_thread(d.proc.wait, 30) == 0
+        log = "".join(d.log)
+        assert " msg=drained " in log and "msg=stopped exit_code=0" in log
+    finally:
+        d.stop()
+
+
+@pytest.mark.asyncio
+async def test_drain_timeout_bounds_the_shutdown_and_a_second_signal_ends_it() -> None:
+    """A push that never commits holds the drain only until the drain timeout (then exit 0);
+    with a long timeout, a second signal stops the daemon at once (exit 1)."""
+
+    async def stuck_push(d: DaemonProcess) -> AsyncClient:
+        c = await AsyncClient.connect(d.addr)
+        w = await c.open_writer("t-app", 0, 0, 1, 1)
+        await w.write(0, payload(1, 0, 3 * SEGMENT))
+        await wait_until(c.stats, lambda s: s["streams"]["pushing"] == 1, what="push open")
+        return c
+
+    async def draining(d: DaemonProcess) -> None:
+        await wait_until(lambda: asyncio.to_thread(http_get, d.http, "/readyz"), lambda r: r[0] == 503, what="drain")
+
+    short = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--drain-timeout", "1"])
+    long = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--drain-timeout", "600"])
+    try:
+        c1, c2 = await stuck_push(short), await stuck_push(long)
+        short.proc.send_signal(signal.SIGTERM)
+        long.proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(draining(long), 30)
+        long.proc.send_signal(signal.SIGINT)  # Ctrl-C counts the same as SIGTERM
+        assert await asyncio.to_thread(short.proc.wait, 30) == 0
+        assert await asyncio.to_thread(long.proc.wait, 30) == 1
+        assert "drain timed out" in "".join(short.log)
+        assert "stopping now" in "".join(long.log)
+        with pytest.raises(ConnectionLost):
+            await asyncio.wait_for(c1.stats(), 10)
+        await c1.close()
+        await c2.close()
+    finally:
+        short.stop()
+        long.stop()
+
+
+@pytest.mark.asyncio
+async def test_json_logs_have_one_line_per_connection_event_and_none_per_buffer() -> None:
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--log-format", "json"])
+
+    async def body() -> None:
+        c = await AsyncClient.connect(d.addr)
+        await _push(c, "j-app", 0, 1, [200 * SEGMENT])  # 200 buffers
+        await c.close()
+        await wait_until(
+            lambda: asyncio.sleep(0, list(d.log)),
+            lambda lines: any('"connection closed"' in line for line in lines),
+            what="close logged",
+        )
+
+    try:
+        await asyncio.wait_for(body(), 60)
+    finally:
+        d.stop()
+    events = [json.loads(line) for line in d.log]
+    assert {"ts", "level", "logger", "msg"} <= set(events[0])
+    opened = [e for e in events if e["msg"] == "connection open"]
+    closed = [e for e in events if e["msg"] == "connection closed"]
+    assert len(opened) == 1 and opened[0]["role"] == "client" and opened[0]["peer"].startswith("127.0.0.1:")
+    assert len(closed) == 1 and closed[0]["reason"] == "closed by peer"
+    assert len(events) < 12, events  # ready, open, close, stopping, drained, stopped: nothing per buffer
+
+
+def test_metrics_endpoint_port_taken_or_turned_off() -> None:
+    """A taken metrics port stops the start with a message naming it; -1 runs without the endpoint."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "shuffled", "serve", "--port", "0", "--pool-size", "4M"]
+        result = subprocess.run([*cmd, "--metrics-port", str(port)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"metrics endpoint 127.0.0.1:{port}" in result.stderr
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "4M", ["--metrics-port", "-1"])
+    try:
+        assert d.http == "-"  # the ready line says there is no endpoint
+    finally:
+        d.stop()
