@@ -42,14 +42,21 @@ def wide_aggregate(spark: SparkSession, rows: int) -> DataFrame:
     return per_key.agg(F.count("*"), F.sum("s"), F.max("s"))
 
 
-def window_top3(spark: SparkSession, rows: int) -> DataFrame:
+def self_join(spark: SparkSession, rows: int) -> DataFrame:
+    """Both sides shuffled in full: every row of the table crosses the shuffle twice."""
+    facts = _facts(spark, rows)
+    other = facts.select(F.col("id"), (F.col("v") % 7).alias("m"))
+    return facts.join(other, "id").groupBy("m").agg(F.count("*"), F.sum("v"), F.max("name"))
+
+
+def window_rank(spark: SparkSession, rows: int) -> DataFrame:
     w = Window.partitionBy((F.col("k") % 1000).alias("bucket")).orderBy(F.col("v").desc(), "id")
-    ranked = _facts(spark, rows).withColumn("n", F.row_number().over(w)).where("n <= 3")
-    return ranked.agg(F.count("*"), F.sum("v"), F.sum("id"))
+    ranked = _facts(spark, rows).withColumn("r", F.rank().over(w))
+    return ranked.agg(F.count("*"), F.sum(F.col("r") * (F.col("v") % 3)))
 
 
 QUERIES: dict[str, Callable[[SparkSession, int], DataFrame]] = {
-    q.__name__: q for q in (join_then_aggregate, wide_aggregate, window_top3)
+    q.__name__: q for q in (join_then_aggregate, wide_aggregate, self_join, window_rank)
 }
 
 
