@@ -40,17 +40,22 @@ def jars() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonProcess]:
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M")
+def unix_socket(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("jvm") / "shuffled.sock"
+
+
+@pytest.fixture(scope="module")
+def daemon(unix_socket: Path) -> Iterator[DaemonProcess]:
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--unix-socket", str(unix_socket)])
     try:
         yield d
     finally:
         d.stop()
 
 
-def _client_check(jars: tuple[Path, Path], daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+def _client_check(jars: tuple[Path, Path], address: str, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), "io.shuffled.client.ClientCheck"]
-    return subprocess.run([*cmd, daemon.addr, *args], capture_output=True, text=True, timeout=JAVA_TIMEOUT, cwd=ROOT)
+    return subprocess.run([*cmd, address, *args], capture_output=True, text=True, timeout=JAVA_TIMEOUT, cwd=ROOT)
 
 
 def _assert_clean(proc: subprocess.CompletedProcess[str]) -> int:
@@ -65,15 +70,19 @@ def _assert_clean(proc: subprocess.CompletedProcess[str]) -> int:
     return int(m.group(1))
 
 
-def test_client_check_against_a_daemon(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
-    passed = _assert_clean(_client_check(jars, daemon))
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_client_check_against_a_daemon(
+    jars: tuple[Path, Path], daemon: DaemonProcess, unix_socket: Path, transport: str
+) -> None:
+    address = daemon.addr if transport == "tcp" else f"unix:{unix_socket}"
+    passed = _assert_clean(_client_check(jars, address))
     assert passed >= 30
 
 
 @pytest.mark.asyncio
 async def test_java_pushes_python_reads(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
     app, shuffle, attempts = "java-to-python", 11, [21, 22, 2**63 + 3]
-    proc = await asyncio.to_thread(_client_check, jars, daemon, "push", app, str(shuffle), *map(str, attempts))
+    proc = await asyncio.to_thread(_client_check, jars, daemon.addr, "push", app, str(shuffle), *map(str, attempts))
     _assert_clean(proc)
 
     async def body() -> None:
@@ -108,7 +117,8 @@ async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonP
 
     async with await AsyncClient.connect(daemon.addr) as client:
         await asyncio.wait_for(push(client), ASYNC_TIMEOUT)
-        proc = await asyncio.to_thread(_client_check, jars, daemon, "verify", app, str(shuffle), *map(str, attempts))
+        args = ["verify", app, str(shuffle), *map(str, attempts)]
+        proc = await asyncio.to_thread(_client_check, jars, daemon.addr, *args)
         passed = _assert_clean(proc)
         assert passed == PARTITIONS * (1 + len(attempts))
         await asyncio.wait_for(client.unregister_shuffle(app, shuffle), ASYNC_TIMEOUT)
