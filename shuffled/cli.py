@@ -82,7 +82,57 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="size of one buffer and the largest data frame payload (default 32K)",
     )
-    serve.add_argument("--data-dir", metavar="DIR", help="directory for spill files (created if missing)")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="directory for spill files and their journals (created if missing); without it nothing is "
+        "spilled or kept across restarts",
+    )
+    serve.add_argument(
+        "--spill-high",
+        type=float,
+        default=d.spill_high,
+        metavar="SHARE",
+        help=f"share of pool segments in use at which data spills to --data-dir (default {d.spill_high})",
+    )
+    serve.add_argument(
+        "--spill-low",
+        type=float,
+        default=d.spill_low,
+        metavar="SHARE",
+        help=f"share of pool segments in use at which spilling stops and pushes resume (default {d.spill_low})",
+    )
+    serve.add_argument(
+        "--app-memory-quota",
+        type=parse_size,
+        default=d.app_memory_quota,
+        metavar="SIZE",
+        help="pool memory one application's data may hold; beyond it the data spills, or pushes are refused "
+        "without --data-dir (default 0: no cap)",
+    )
+    serve.add_argument(
+        "--app-disk-quota",
+        type=parse_size,
+        default=d.app_disk_quota,
+        metavar="SIZE",
+        help="spill file bytes one application may hold; beyond it pushes are refused (default 0: no cap)",
+    )
+    serve.add_argument(
+        "--app-ttl",
+        type=float,
+        default=d.app_ttl,
+        metavar="SECONDS",
+        help=f"drop an application's data after this long without pushes, commits or reads (default "
+        f"{d.app_ttl:.0f}; 0: never)",
+    )
+    serve.add_argument(
+        "--flush-after",
+        type=float,
+        default=d.flush_after,
+        metavar="SECONDS",
+        help="write a shuffle's committed data to disk once it had no commit for this long "
+        "(default 0: only under memory pressure)",
+    )
     serve.add_argument(
         "--peers",
         default="",
@@ -141,6 +191,12 @@ def _config_from(args: argparse.Namespace) -> DaemonConfig:
         exclusive=args.exclusive_buffers,
         floating=args.floating_buffers,
         push_max=args.push_window,
+        spill_high=args.spill_high,
+        spill_low=args.spill_low,
+        app_memory_quota=args.app_memory_quota,
+        app_disk_quota=args.app_disk_quota,
+        app_ttl=args.app_ttl,
+        flush_after=args.flush_after,
     )
 
 

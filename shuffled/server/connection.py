@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
-from ..net.streams import BufferResponseStream
+from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.codec import (
     encode_add_credit,
     encode_admin_request,
@@ -54,6 +55,7 @@ from ..protocol.frames import (
     PushData,
     Role,
 )
+from .feed import DiskFedStream
 from .peers import split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
@@ -294,21 +296,60 @@ class DaemonConnection(FrameConnection):
                 split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
-            chunks = daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else []
+            items, on_disk = (
+                daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else ([], 0)
+            )
         except ShuffledError as exc:
             self._stream_error(rid, exc)
             return
-        stream = BufferResponseStream(rid, req.credit, self._stream_ended)
-        for chunk in chunks:
-            stream.push_data(chunk)
+        gate: InputGate | None = None
+        if on_disk:
+            fed = DiskFedStream(
+                rid, req.credit, self._stream_ended, daemon, items, lambda: self._local_done(rid), self._failer(rid)
+            )
+            fed.sender = self.sender
+            stream: BufferResponseStream = fed
+        else:
+            stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+            for chunk in items:
+                assert isinstance(chunk, Chunk)
+                stream.push_data(chunk)
         self.served[rid] = stream
         if remote:
-            gate = InputGate(self, stream, req, remote)
+            gate = InputGate(self, stream, req, remote, local_pending=bool(on_disk))
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
-        else:
+        elif not on_disk:
             stream.end()
         self.sender.wake(stream)
+        if on_disk:
+            fed.pump()
+
+    def _local_done(self, rid: int) -> None:
+        """A disk-fed local part is fully queued: the stream ends, or its gate counts one part done."""
+        gate = self.gates.get(rid)
+        if gate is not None:
+            gate.channel_done()
+            return
+        stream = self.served.get(rid)
+        if stream is not None:
+            stream.end()
+            self.sender.wake(stream)
+
+    def _failer(self, rid: int) -> Callable[[ShuffledError], None]:
+        def fail(exc: ShuffledError) -> None:
+            gate = self.gates.get(rid)
+            if gate is not None:
+                gate.fail(exc)
+                return
+            stream = self.served.pop(rid, None)
+            if stream is not None:
+                log.info("read failed stream=%d code=%s reason=%s", rid, exc.code.name, exc.message)
+                stream.shutdown()
+                if self.is_open:
+                    self._stream_error(rid, exc)
+
+        return fail
 
     def _stream_ended(self, stream: BufferResponseStream) -> None:
         if self.served.get(stream.stream) is stream:

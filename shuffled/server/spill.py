@@ -1,0 +1,212 @@
+"""Moving stored data from the pool to disk: under memory pressure, over a quota, on request, at stop.
+
+Pressure uses two watermarks on the share of pool segments in use. Passing the
+high one starts a spill of the largest in-memory reduce partitions and holds back
+new push credit (sessions wait on `admitted()`); once usage is below the low one,
+or nothing more can be spilled, push credit flows again. The wait is the same
+back-pressure a full pool applies, just earlier, so the disk has time to catch up.
+
+One spill writes one partition's in-memory chunks with one `writev` on the disk's
+writer thread, then the journal record describing them; only when both are done
+are the segments released. Spills run one at a time (there is one writer thread
+anyway), which also keeps a flush from overtaking a spill of the same partition.
+
+A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the chunks stay in
+memory; map outputs that were still open and had data in the failed spill are
+aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
+the task) and their memory comes back. Committed data keeps being served from
+memory. Pressure spilling then backs off for `RETRY_AFTER` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..protocol.errors import StorageError
+from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
+from .store import MapState, ShuffleData, Store, StoredChunk, Subpartition
+
+if TYPE_CHECKING:
+    from ..buffers import GlobalPool
+
+log = logging.getLogger("shuffled.spill")
+
+#: seconds pressure spilling pauses after a failed write
+RETRY_AFTER = 1.0
+
+
+class Spiller:
+    def __init__(self, store: Store, pool: GlobalPool, disk: Disk | None, high: float, low: float) -> None:
+        self.store = store
+        self.pool = pool
+        self.disk = disk
+        self.high = int(pool.total * high)
+        self.low = int(pool.total * low)
+        self.low_share = low
+        #: pushes get no new credit while set (above the high watermark, until below the low one)
+        self.paused = False
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._apps: set[str] = set()
+        self._failed_at = -RETRY_AFTER
+
+    async def admitted(self) -> None:
+        """Returns when pushes may take memory again."""
+        await self._resume.wait()
+
+    def check(self, app: str | None = None) -> None:
+        """After data was added: start spilling if the pool or the application's quota asks for it."""
+        if self.disk is None:
+            return
+        if app is not None and self.store.over_memory_quota(app):
+            self._apps.add(app)
+        loop = asyncio.get_running_loop()
+        if self.pool.used >= self.high and loop.time() - self._failed_at >= RETRY_AFTER and not self.paused:
+            self.paused = True
+            self._resume.clear()
+        if (self.paused or self._apps) and self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if self._apps:
+                    app = next(iter(self._apps))
+                    target = int(self.store.memory_quota * self.low_share)
+                    usage = self.store.usage.get(app)
+                    if usage is None or usage.segments <= target or not await self._spill_one(app):
+                        self._apps.discard(app)
+                    continue
+                if not self.paused or self.pool.used <= self.low or not await self._spill_one(None):
+                    return
+        except Exception:
+            log.exception("spilling failed")
+        finally:
+            self._task = None
+            self._apps.clear()
+            self.paused = False
+            self._resume.set()
+
+    async def _spill_one(self, app: str | None) -> bool:
+        """Spill the largest in-memory partition (of `app`, or of anyone); False if none or the disk failed."""
+        for data, sub in self.store.spill_candidates(app)[:1]:
+            return await self.spill(data, sub) >= 0
+        return False
+
+    async def flush(self, shuffles: list[ShuffleData]) -> int:
+        """Write every in-memory chunk of these shuffles to disk; returns the bytes written (-1: a write failed)."""
+        total = 0
+        for data in shuffles:
+            for sub in list(data.subpartitions.values()):
+                if sub.memory_segments:
+                    n = await self.spill(data, sub)
+                    if n < 0:
+                        return -1
+                    total += n
+        return total
+
+    async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
+        """Spill one partition's in-memory chunks. Returns bytes written, or -1 if the write failed."""
+        disk = self.disk
+        assert disk is not None
+        async with self._lock:
+            if data.removed:
+                return 0
+            chunks = self.store.take_for_spill(sub)
+            if not chunks:
+                return 0
+            views = []
+            for chunk in chunks:
+                assert chunk.buffer is not None
+                chunk.buffer.retain()  # the write's own reference: an abort meanwhile cannot recycle it
+                views.append(chunk.buffer.data())
+            directory = self.open_journal(data)
+            if sub.file is None:
+                sub.file = SpillFile(disk.data_path(directory, sub.partition))
+                data.files += 1
+                disk.stats.files += 1
+            described = [(c.attempt, c.length) for c in chunks]
+            p = sub.partition
+
+            def record(done: Appended) -> bytes:
+                offset, entries = done.offset, []
+                for (attempt, length), crc in zip(described, done.crcs, strict=True):
+                    entries.append([attempt, offset, length, crc])
+                    offset += length
+                return encode_record({"k": "chunks", "p": p, "c": entries})
+
+            try:
+                done = await disk.append(sub.file, views, f"{directory}/{JOURNAL}", record)
+            except OSError as exc:
+                self._write_failed(data, sub, chunks, exc)
+                return -1
+            finally:
+                for chunk in chunks:
+                    if chunk.buffer is not None:
+                        chunk.buffer.release()
+                    # (a chunk dropped meanwhile gave up the store's reference; the view's segment
+                    # stayed ours until here)
+            written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
+            sub.file.size = done.offset + written
+            disk.stats.spills += 1
+            disk.stats.spilled_bytes += written
+            if not data.removed:  # else `removed` already settled the shuffle's disk accounting
+                disk.stats.used_bytes += written
+            return written
+
+    def open_journal(self, data: ShuffleData) -> str:
+        """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
+        disk = self.disk
+        assert disk is not None
+        if data.directory is None:
+            data.directory = disk.shuffle_dir(data.app, data.shuffle)
+            head = {"k": "shuffle", "app": data.app, "shuffle": data.shuffle, "partitions": data.partitions}
+            records = [encode_record(head)]
+            records += [self._commit_record(data, a) for a in data.committed]
+            self._journal(data, b"".join(records))
+        return data.directory
+
+    def committed(self, data: ShuffleData, attempt: int) -> None:
+        """Journal a commit once the shuffle has files (before that, it lives in memory only)."""
+        if data.directory is not None and self.disk is not None:
+            self._journal(data, self._commit_record(data, attempt))
+
+    def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
+        lengths = data.lengths[attempt]
+        return encode_record({"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": lengths})
+
+    def _journal(self, data: ShuffleData, record: bytes) -> None:
+        assert self.disk is not None and data.directory is not None
+        task = asyncio.create_task(self.disk.append_journal(f"{data.directory}/{JOURNAL}", record))
+        task.add_done_callback(_log_journal_failure)
+
+    def _write_failed(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError) -> None:
+        assert self.disk is not None
+        self.disk.stats.errors += 1
+        self._failed_at = asyncio.get_running_loop().time()
+        log.warning("spill failed app=%s shuffle=%s partition=%d reason=%s", data.app, data.shuffle, sub.partition, exc)
+        self.store.unspilled(sub, chunks)
+        reason = StorageError(f"writing map output to disk failed on this daemon: {exc.strerror or exc}")
+        for attempt in {c.attempt for c in chunks}:
+            out = data.open.get(attempt)
+            if out is not None and out.state is MapState.OPEN and out.on_failure is not None:
+                out.on_failure(reason)
+
+    async def removed(self, shuffles: list[ShuffleData]) -> None:
+        """Delete the files of dropped shuffles (after any spill of theirs still being written)."""
+        if self.disk is None:
+            return
+        for data in shuffles:
+            if data.directory is not None:
+                await self.disk.remove(data.directory)
+                self.disk.stats.used_bytes -= data.disk_bytes
+                self.disk.stats.files -= data.files
+
+
+def _log_journal_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("journal write failed (the data it describes will not survive a restart): %s", task.exception())
