@@ -175,8 +175,11 @@ class Daemon:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
-        for conn in list(self.connections):
+        conns = list(self.connections)
+        for conn in conns:
             conn.close("daemon stopping")
+        if conns:  # their open map outputs are aborted when they are gone, before anything is persisted
+            await asyncio.wait([c.lost for c in conns], timeout=5)
         for server in self._servers:
             await server.wait_closed()
         if self.config.unix_socket and os.path.exists(self.config.unix_socket):
@@ -189,7 +192,6 @@ class Daemon:
             self._housekeeping.cancel()
         if self.disk is None:
             return
-        await asyncio.sleep(0)  # closed connections abort their open map outputs first
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
         written = await self.spiller.flush(shuffles)
         await self.disk.sync()

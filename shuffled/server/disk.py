@@ -163,20 +163,22 @@ class Disk:
     def data_path(self, directory: str, partition: int) -> str:
         return os.path.join(directory, f"p{partition}.data")
 
-    async def _on(self, executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    @staticmethod
+    def _on(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Submit now (so the writer thread sees jobs in call order); await the result later."""
+        return asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
     # -- writes (one thread, FIFO)
 
-    async def append(
+    def append(
         self, file: SpillFile, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
-    ) -> Appended:
+    ) -> asyncio.Future[Appended]:
         """Append chunks to a data file, then the journal record that describes them.
 
         On any error the data file is cut back to where it was, so nothing half
         written is ever described (or served).
         """
-        return await self._on(self._writer, self._append, file.path, views, journal, record)
+        return self._on(self._writer, self._append, file.path, views, journal, record)
 
     @staticmethod
     def _append(path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]) -> Appended:
@@ -196,8 +198,8 @@ class Disk:
             os.close(fd)
         return done
 
-    async def append_journal(self, journal: str, data: bytes) -> None:
-        await self._on(self._writer, self._journal_append, journal, data)
+    def append_journal(self, journal: str, data: bytes) -> asyncio.Future[None]:
+        return self._on(self._writer, self._journal_append, journal, data)
 
     @staticmethod
     def _journal_append(journal: str, data: bytes) -> None:
@@ -213,9 +215,9 @@ class Disk:
         finally:
             os.close(fd)
 
-    async def remove(self, directory: str) -> None:
+    def remove(self, directory: str) -> asyncio.Future[None]:
         """Delete a shuffle's directory (after every write submitted before), and its app dir once empty."""
-        await self._on(self._writer, self._remove, directory)
+        return self._on(self._writer, self._remove, directory)
 
     @staticmethod
     def _remove(directory: str) -> None:
@@ -225,15 +227,17 @@ class Disk:
         except OSError:
             pass  # other shuffles of the application remain
 
-    async def sync(self) -> None:
-        """Wait until every write submitted so far is done."""
-        await self._on(self._writer, lambda: None)
+    def sync(self) -> asyncio.Future[None]:
+        """Done when every write submitted so far is."""
+        return self._on(self._writer, lambda: None)
 
     # -- reads (a few threads; one read stream's loads are sequential)
 
-    async def read(self, fd: int | None, path: str, offset: int, views: Sequence[memoryview]) -> tuple[int, list[int]]:
-        """Fill `views` from `path` at `offset` (opening it unless `fd` is given); returns the fd and CRCs."""
-        return await self._on(self._readers, self._read, fd, path, offset, views)
+    def read(
+        self, fd: int | None, path: str, offset: int, views: Sequence[memoryview]
+    ) -> asyncio.Future[tuple[int, list[int]]]:
+        """Fill `views` from `path` at `offset` (opening it unless `fd` is given); resolves to the fd and CRCs."""
+        return self._on(self._readers, self._read, fd, path, offset, views)
 
     @staticmethod
     def _read(fd: int | None, path: str, offset: int, views: Sequence[memoryview]) -> tuple[int, list[int]]:
@@ -293,15 +297,15 @@ class Disk:
             return None
 
     def _replay(self, directory: str, records: list[dict[str, Any]]) -> LoadedShuffle | None:
-        if not records or records[0].get("k") != "shuffle":
+        head = next((r for r in records if r.get("k") == "shuffle"), None)
+        if head is None:
             return None
-        head = records[0]
         out = LoadedShuffle(str(head["app"]), int(head["shuffle"]), int(head["partitions"]), directory)
         if app_dir_name(out.app) != os.path.basename(os.path.dirname(directory)):
             return None
         chunks: dict[int, list[tuple[int, int, int, int]]] = {}
         commits: dict[int, tuple[int, dict[int, int]]] = {}
-        for r in records[1:]:
+        for r in records:
             if r.get("k") == "chunks":
                 chunks.setdefault(int(r["p"]), []).extend((int(a), int(o), int(n), int(c)) for a, o, n, c in r["c"])
             elif r.get("k") == "commit":

@@ -94,7 +94,7 @@ class PushSession:
         pool = self.pool
         if pool is None or self.closed:
             return
-        spilling = self.conn.daemon.spiller.paused
+        spilling = self.conn.daemon.spiller.holding(self.out.shuffle.app)
         while not spilling and pool.grow():
             pass
         new = pool.available - pool.promised
@@ -113,7 +113,7 @@ class PushSession:
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None
         try:
-            await self.conn.daemon.spiller.admitted()
+            await self.conn.daemon.spiller.admitted(self.out.shuffle.app)
             await self.pool.grow_wait()
         finally:
             self._waiting = None

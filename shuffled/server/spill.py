@@ -51,19 +51,27 @@ class Spiller:
         self._resume.set()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._apps: set[str] = set()
+        #: applications over their memory quota: their pushes wait on the event until spilled below it
+        self._apps: dict[str, asyncio.Event] = {}
         self._failed_at = -RETRY_AFTER
 
-    async def admitted(self) -> None:
-        """Returns when pushes may take memory again."""
+    def holding(self, app: str) -> bool:
+        """True while pushes of `app` get no new memory."""
+        return self.paused or app in self._apps
+
+    async def admitted(self, app: str) -> None:
+        """Returns when pushes of `app` may take memory again."""
         await self._resume.wait()
+        held = self._apps.get(app)
+        if held is not None:
+            await held.wait()
 
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
         if self.disk is None:
             return
-        if app is not None and self.store.over_memory_quota(app):
-            self._apps.add(app)
+        if app is not None and app not in self._apps and self.store.over_memory_quota(app):
+            self._apps[app] = asyncio.Event()
         loop = asyncio.get_running_loop()
         if self.pool.used >= self.high and loop.time() - self._failed_at >= RETRY_AFTER and not self.paused:
             self.paused = True
@@ -79,7 +87,7 @@ class Spiller:
                     target = int(self.store.memory_quota * self.low_share)
                     usage = self.store.usage.get(app)
                     if usage is None or usage.segments <= target or not await self._spill_one(app):
-                        self._apps.discard(app)
+                        self._apps.pop(app).set()
                     continue
                 if not self.paused or self.pool.used <= self.low or not await self._spill_one(None):
                     return
@@ -87,6 +95,8 @@ class Spiller:
             log.exception("spilling failed")
         finally:
             self._task = None
+            for held in self._apps.values():
+                held.set()
             self._apps.clear()
             self.paused = False
             self._resume.set()
@@ -119,11 +129,11 @@ class Spiller:
             chunks = self.store.take_for_spill(sub)
             if not chunks:
                 return 0
-            views = []
-            for chunk in chunks:
-                assert chunk.buffer is not None
-                chunk.buffer.retain()  # the write's own reference: an abort meanwhile cannot recycle it
-                views.append(chunk.buffer.data())
+            # The write's own references: an abort meanwhile drops the store's, never the memory being written.
+            held = [c.buffer for c in chunks if c.buffer is not None]
+            for buf in held:
+                buf.retain()
+            views = [buf.data() for buf in held]
             directory = self.open_journal(data)
             if sub.file is None:
                 sub.file = SpillFile(disk.data_path(directory, sub.partition))
@@ -145,11 +155,8 @@ class Spiller:
                 self._write_failed(data, sub, chunks, exc)
                 return -1
             finally:
-                for chunk in chunks:
-                    if chunk.buffer is not None:
-                        chunk.buffer.release()
-                    # (a chunk dropped meanwhile gave up the store's reference; the view's segment
-                    # stayed ours until here)
+                for buf in held:
+                    buf.release()
             written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
             sub.file.size = done.offset + written
             disk.stats.spills += 1
@@ -181,8 +188,7 @@ class Spiller:
 
     def _journal(self, data: ShuffleData, record: bytes) -> None:
         assert self.disk is not None and data.directory is not None
-        task = asyncio.create_task(self.disk.append_journal(f"{data.directory}/{JOURNAL}", record))
-        task.add_done_callback(_log_journal_failure)
+        self.disk.append_journal(f"{data.directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
 
     def _write_failed(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError) -> None:
         assert self.disk is not None
@@ -207,6 +213,6 @@ class Spiller:
                 self.disk.stats.files -= data.files
 
 
-def _log_journal_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("journal write failed (the data it describes will not survive a restart): %s", task.exception())
+def _log_journal_failure(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("journal write failed (the data it describes will not survive a restart): %s", done.exception())
