@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push
+from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push, spill
 from .common import (
     BASELINE_MAX_AGE,
     BenchmarkFailure,
@@ -48,6 +48,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "push": push,
     "memory": memory,
     "latency": latency,
+    "spill": spill,
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
