@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             uvloop.run(_serve(config))
         except OSError as exc:
-            print(f"shuffled serve: cannot listen: {exc}", file=sys.stderr)
+            print(f"shuffled serve: cannot start: {exc}", file=sys.stderr)
             return 1
         return 0
     if args.command == "demo":

@@ -421,6 +421,26 @@ async def test_full_disk_aborts_the_map_output_and_never_serves_partial_data(
         cleanup()
 
 
+async def test_flush_after_writes_idle_committed_shuffles_to_disk(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """With --flush-after, a shuffle that stopped receiving commits (its map stage is done) moves
+    to disk by itself: its memory is free for the next stage and it is read back from the files."""
+
+    async def body() -> None:
+        d = stop_later(daemon(tmp_path / "data", extra=["--flush-after", "0.5"]))
+        c = await AsyncClient.connect(d.addr)
+        sizes = [1 * MiB, 512 * KiB]
+        await push(c, 8, 1, sizes)
+        await push(c, 8, 2, sizes)
+        s = await wait_until(c.stats, lambda s: s["store"]["stored_segments"] == 0, what="idle shuffle flushed")
+        assert s["disk"]["used_bytes"] == 2 * sum(sizes) and s["pool"]["used"] == 0
+        assert await read_by_attempt(c, 8, 0, 2, {"": [1, 2]}) == expected([1, 2], sizes)
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
 async def test_flush_without_data_dir_is_a_clear_error(stop_later: Callable[[DaemonProcess], DaemonProcess]) -> None:
     async def body() -> None:
         d = stop_later(daemon(None))

@@ -75,6 +75,11 @@ class DaemonConfig:
         need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
         need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
         need(0.0 < self.spill_low < self.spill_high <= 1.0, "need 0 < spill-low < spill-high <= 1")
+        need(
+            self.spill_high <= 1.0 - self.read_reserve,
+            f"spill-high must be at most {1.0 - self.read_reserve} (pushes never use the read reserve, "
+            "so a higher watermark would never be reached)",
+        )
         need(self.app_memory_quota >= 0, "app-memory-quota must be >= 0")
         need(self.app_disk_quota >= 0, "app-disk-quota must be >= 0")
         need(self.app_ttl >= 0, "app-ttl must be >= 0 seconds (0: never expire)")
@@ -94,7 +99,10 @@ class Daemon:
         reserve = max(int(segments * config.read_reserve), 3 * config.exclusive + config.floating)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
-        self.disk = Disk(config.data_dir) if config.data_dir else None
+        try:
+            self.disk = Disk(config.data_dir) if config.data_dir else None
+        except OSError as exc:
+            raise OSError(f"data dir {config.data_dir} is not usable: {exc}") from exc
         self.store.can_spill = self.disk is not None
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
         self.peers = PeerManager(self)

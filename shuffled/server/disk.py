@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import logging
 import os
 import shutil
@@ -78,8 +79,11 @@ def decode_records(raw: bytes) -> tuple[list[dict[str, Any]], int]:
 
 
 def app_dir_name(app: str) -> str:
-    """A file name for an application id that cannot escape the data dir ('..', '/')."""
-    return "app-" + quote(app, safe="")[:200]
+    """A file name for an application id that cannot escape the data dir ('..', '/'); long ids get a hash."""
+    name = quote(app, safe="")
+    if len(name) > 200:
+        name = name[:100] + "-" + hashlib.sha256(app.encode()).hexdigest()
+    return "app-" + name
 
 
 def _write_all(fd: int, views: Sequence[memoryview]) -> None:

@@ -103,9 +103,8 @@ class Spiller:
 
     async def _spill_one(self, app: str | None) -> bool:
         """Spill the largest in-memory partition (of `app`, or of anyone); False if none or the disk failed."""
-        for data, sub in self.store.spill_candidates(app)[:1]:
-            return await self.spill(data, sub) >= 0
-        return False
+        found = self.store.largest_in_memory(app)
+        return found is not None and await self.spill(*found) >= 0
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
         """Write every in-memory chunk of these shuffles to disk; returns the bytes written (-1: a write failed)."""

@@ -281,18 +281,18 @@ class Store:
         """A spill failed: the chunks stay in memory, ahead of anything pushed meanwhile."""
         sub.memory[:0] = [c for c in chunks if c.buffer is not None and not c.dead]
 
-    def spill_candidates(self, app: str | None = None) -> list[tuple[ShuffleData, Subpartition]]:
-        """Partitions holding memory, largest first (of one application, or of all)."""
-        found = [
-            (sub.memory_segments, data, sub)
-            for name, shuffles in self.apps.items()
-            if app is None or name == app
-            for data in shuffles.values()
-            for sub in data.subpartitions.values()
-            if sub.memory_segments
-        ]
-        found.sort(key=lambda t: -t[0])
-        return [(data, sub) for _, data, sub in found]
+    def largest_in_memory(self, app: str | None = None) -> tuple[ShuffleData, Subpartition] | None:
+        """The partition holding the most memory (of one application, or of all); None if none holds any."""
+        best: tuple[ShuffleData, Subpartition] | None = None
+        most = 0
+        for name, shuffles in self.apps.items():
+            if app is not None and name != app:
+                continue
+            for data in shuffles.values():
+                for sub in data.subpartitions.values():
+                    if sub.memory_segments > most:
+                        best, most = (data, sub), sub.memory_segments
+        return best
 
     # -- read side
 
