@@ -226,7 +226,12 @@ async def test_ttl_and_start_remove_what_nobody_can_serve(
             return await c.stats()
 
         await push(c, 1, 2, [64 * KiB] * 2, app="busy-app")
-        s = await wait_until(busy, lambda s: s["store"]["applications"] == 1, timeout=30, what="idle app expired")
+        s = await wait_until(
+            busy,
+            lambda s: s["store"]["applications"] == 1 and s["disk"]["files"] == 0,
+            timeout=30,
+            what="idle app expired and its files deleted",
+        )
         assert s["store"]["stored_segments"] == 4 and s["disk"]["used_bytes"] == 0
         assert files_under(data) == []
         await c.remove_application("busy-app")

@@ -160,25 +160,31 @@ class Daemon:
 
     async def _housekeep(self) -> None:
         """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk."""
-        cfg = self.config
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
-            now = time.monotonic()
-            if cfg.app_ttl:
-                for app, usage in list(self.store.usage.items()):
-                    busy = any(d.open for d in self.store.apps.get(app, {}).values())
-                    if not busy and now - usage.last_active > cfg.app_ttl:
-                        log.info("application expired app=%s idle_seconds=%.0f", app, now - usage.last_active)
-                        await self._drop(*self.store.remove_application(app))
-            if cfg.flush_after and self.disk is not None:
-                idle = [
-                    d
-                    for shuffles in self.store.apps.values()
-                    for d in shuffles.values()
-                    if d.segments and not d.open and now - d.last_commit > cfg.flush_after
-                ]
-                await self.spiller.flush(idle)
-            self.spiller.check()
+            try:
+                await self._housekeep_once()
+            except Exception:  # a bug here must not stop expiry and flushing for good
+                log.exception("housekeeping failed")
+
+    async def _housekeep_once(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        if cfg.app_ttl:
+            for app, usage in list(self.store.usage.items()):
+                busy = any(d.open for d in self.store.apps.get(app, {}).values())
+                if not busy and now - usage.last_active > cfg.app_ttl:
+                    log.info("application expired app=%s idle_seconds=%.0f", app, now - usage.last_active)
+                    await self._drop(*self.store.remove_application(app))
+        if cfg.flush_after and self.disk is not None:
+            idle = [
+                d
+                for shuffles in self.store.apps.values()
+                for d in shuffles.values()
+                if d.segments and not d.open and now - d.last_commit > cfg.flush_after
+            ]
+            await self.spiller.flush(idle)
+        self.spiller.check()
 
     async def stop(self) -> None:
         for server in self._servers:

@@ -72,8 +72,11 @@ class Spiller:
             return
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
             self._apps[app] = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        if self.pool.used >= self.high and loop.time() - self._failed_at >= RETRY_AFTER and not self.paused:
+        if (
+            self.pool.used >= self.high
+            and not self.paused
+            and asyncio.get_running_loop().time() - self._failed_at >= RETRY_AFTER
+        ):
             self.paused = True
             self._resume.clear()
         if (self.paused or self._apps) and self._task is None:
