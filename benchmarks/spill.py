@@ -25,7 +25,9 @@ from .common import (
     Context,
     MiB,
     ScenarioResult,
+    bounded,
     drain,
+    median,
     mib_per_s,
     push,
     reader_client_pool,
@@ -118,10 +120,13 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         result.notes.append("dd not installed: no disk baseline")
     else:
         data_dir.mkdir(exist_ok=True)
-        dd_cached = mib_per_s(nbytes, _dd(data_dir / "dd.bin", nbytes, sync=False))
-        dd_synced = mib_per_s(nbytes, _dd(data_dir / "dd.bin", nbytes, sync=True))
-        result.add("dd 1 MiB blocks, page cache", dd_cached, "MiB/s")
-        result.add("dd 1 MiB blocks, fdatasync", dd_synced, "MiB/s")
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for _ in bounded(ctx.repeats, ctx.pick(60.0, 10.0)):
+            for sync in (False, True):  # alternating keeps drift out of their comparison
+                rates[sync].append(mib_per_s(nbytes, _dd(data_dir / "dd.bin", nbytes, sync)))
+        dd_cached = median(rates[False])
+        result.add("dd 1 MiB blocks, page cache", dd_cached, "MiB/s", samples=rates[False])
+        result.add("dd 1 MiB blocks, fdatasync", median(rates[True]), "MiB/s", samples=rates[True])
         result.add(
             "spill write rate (during push)",
             mib_per_s(spilled["spilled"], spilled["push_s"]),
@@ -132,5 +137,6 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     result.notes.append(
         f"{nbytes // MiB} MiB = {MAPS} map outputs x {PARTITIONS} partitions, 1 MiB writes, local reads of all "
         f"partitions at once; {spilled['spilled'] / MiB:,.0f} MiB spilled; data dir {data_dir.parent} "
-        "(the spill files' pages are evicted before the cold read)"
+        "(the spill files' pages are evicted before the cold read); dd: medians of "
+        f"{len(rates[False]) if shutil.which('dd') else 0} runs each"
     )
