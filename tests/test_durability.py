@@ -57,15 +57,15 @@ def files_under(root: Path) -> list[str]:
 
 
 async def push(
-    client: AsyncClient, shuffle: int, attempt: int, sizes: list[int], app: str = APP, commit: bool = True
+    client: AsyncClient, shuffle: int, attempt: int, sizes: list[int], app: str = APP, map_index: int | None = None
 ) -> None:
-    w = await client.open_writer(app, shuffle, attempt % 1000, attempt, len(sizes))
+    index = attempt % 1000 if map_index is None else map_index
+    w = await client.open_writer(app, shuffle, index, attempt, len(sizes))
     for p, size in enumerate(sizes):
         data = payload(attempt, p, size)
         for i in range(0, size, MiB):
             await w.write(p, data[i : i + MiB])
-    if commit:
-        assert await w.commit() == sizes
+    assert await w.commit() == sizes
 
 
 async def read_by_attempt(
@@ -157,7 +157,8 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
             for p, n in enumerate(sizes):
                 await w.write(p, payload(base + 3, p, n)[n // 2 :])
             assert await w.commit() == sizes
-            await push(client, 2, base + 4, sizes)  # committed, never named by the readers
+            # A second attempt of the first one's map index: stored beside it, never named by the readers.
+            await push(client, 2, base + 4, sizes, map_index=(base + 1) % 1000)
         want = expected([11, 12, 13, 21, 22, 23], sizes)
         relayed = await read_by_attempt(b, 2, 0, 4, {"": [21, 22, 23], da.addr: [11, 12, 13]})
         assert relayed == want
