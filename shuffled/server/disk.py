@@ -86,16 +86,20 @@ def app_dir_name(app: str) -> str:
     return "app-" + name
 
 
+def _consume(pending: list[memoryview], n: int) -> None:
+    """Drop the first `n` bytes from a list of views (after a short writev/preadv)."""
+    while n and pending:
+        if n >= len(pending[0]):
+            n -= len(pending.pop(0))
+        else:
+            pending[0] = pending[0][n:]
+            n = 0
+
+
 def _write_all(fd: int, views: Sequence[memoryview]) -> None:
     pending = [v for v in views if len(v)]
     while pending:
-        n = os.writev(fd, pending[:_IOV_MAX])
-        while n and pending:
-            if n >= len(pending[0]):
-                n -= len(pending.pop(0))
-            else:
-                pending[0] = pending[0][n:]
-                n = 0
+        _consume(pending, os.writev(fd, pending[:_IOV_MAX]))
 
 
 def _read_exact(fd: int, views: Sequence[memoryview], offset: int) -> None:
@@ -105,12 +109,7 @@ def _read_exact(fd: int, views: Sequence[memoryview], offset: int) -> None:
         if n == 0:
             raise EOFError(f"spill file ends before offset {offset}")
         offset += n
-        while n and pending:
-            if n >= len(pending[0]):
-                n -= len(pending.pop(0))
-            else:
-                pending[0] = pending[0][n:]
-                n = 0
+        _consume(pending, n)
 
 
 @dataclass(slots=True, eq=False)
