@@ -204,8 +204,8 @@ async def test_duplicate_push_is_dropped_and_its_credit_returned(
 async def test_ttl_and_start_remove_what_nobody_can_serve(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """Leftovers without a valid journal are deleted at start; an application idle past its
-    TTL loses its memory and files; an active one does not."""
+    """Leftovers without a valid journal are deleted at start (only under the daemon's own app-*
+    dirs); an application idle past its TTL loses its memory and files; an active one does not."""
 
     async def body() -> None:
         data = tmp_path / "data"
@@ -213,9 +213,11 @@ async def test_ttl_and_start_remove_what_nobody_can_serve(
         (data / "app-ghost" / "4" / "p0.data").write_bytes(b"x" * 5000)
         (data / "app-torn" / "1").mkdir(parents=True)
         (data / "app-torn" / "1" / "journal").write_bytes(b"\0\0\0\x10garbage")
-        (data / "stray.tmp").write_bytes(b"?")
+        (data / "app-ghost" / "stray.tmp").write_bytes(b"?")
+        (data / "not-ours.txt").write_bytes(b"an operator's note")
         d = stop_later(daemon(data, extra=["--app-ttl", "2"]))
-        assert files_under(data) == []
+        assert files_under(data) == ["not-ours.txt"]
+        (data / "not-ours.txt").unlink()
         c = await AsyncClient.connect(d.addr)
         await push(c, 1, 1, [256 * KiB] * 2, app="idle-app")
         await c.flush("idle-app")

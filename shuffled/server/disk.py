@@ -260,11 +260,12 @@ class Disk:
     # -- start: what the data dir holds
 
     def load(self) -> list[LoadedShuffle]:
-        """Read every journal; delete whatever cannot be served (runs before the daemon listens)."""
+        """Read every journal; delete whatever under an `app-*` dir cannot be served (before the daemon listens)."""
         loaded: list[LoadedShuffle] = []
         for app_entry in sorted(os.scandir(self.root), key=lambda e: e.name):
-            if not app_entry.is_dir(follow_symlinks=False):
-                _unlink(app_entry.path)
+            if not app_entry.name.startswith("app-") or not app_entry.is_dir(follow_symlinks=False):
+                # Not ours (lost+found on a mount point, an operator's file): never deleted.
+                log.warning("ignoring an entry of the data dir this daemon did not write path=%s", app_entry.path)
                 continue
             for entry in sorted(os.scandir(app_entry.path), key=lambda e: e.name):
                 shuffle = self._load_shuffle(entry.path) if entry.is_dir(follow_symlinks=False) else None
