@@ -98,24 +98,16 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     spilled = await _shuffle(ctx, max(16 * MiB, nbytes // 8), nbytes, data_dir)
     ctx.progress(f"spilling: push {mib_per_s(nbytes, spilled['push_s']):,.0f} MiB/s")
 
-    push_mem = mib_per_s(nbytes, memory["push_s"])
-    read_mem = mib_per_s(nbytes, memory["read_s"])
-    result.add("push, all in memory", push_mem, "MiB/s")
-    result.add(
-        "push, spilling (pool = 1/8)",
-        mib_per_s(nbytes, spilled["push_s"]),
-        "MiB/s",
-        baseline_name="in memory",
-        baseline=push_mem,
-    )
-    result.add("read, all in memory", read_mem, "MiB/s")
-    result.add(
-        "read, mostly from disk (cold)",
-        mib_per_s(nbytes, spilled["read_s"]),
-        "MiB/s",
-        baseline_name="in memory",
-        baseline=read_mem,
-    )
+    for what, key, spilling in (("push", "push_s", "spilling (pool = 1/8)"), ("read", "read_s", "from disk (cold)")):
+        in_memory = mib_per_s(nbytes, memory[key])
+        result.add(f"{what}, all in memory", in_memory, "MiB/s")
+        result.add(
+            f"{what}, {spilling}",
+            mib_per_s(nbytes, spilled[key]),
+            "MiB/s",
+            baseline_name="in memory",
+            baseline=in_memory,
+        )
     if shutil.which("dd") is None:
         result.notes.append("dd not installed: no disk baseline")
     else:
