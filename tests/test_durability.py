@@ -8,6 +8,7 @@ import hashlib
 import resource
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def stop_later() -> Iterator[Callable[[DaemonProcess], DaemonProcess]]:
 
 
 def files_under(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    """Every file below `root` except the daemons' LOCK files."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != "LOCK")
 
 
 async def push(
@@ -446,6 +448,20 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
         await c.close()
 
     await asyncio.wait_for(body(), 60)
+
+
+async def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """It would otherwise delete the first one's files as leftovers it cannot serve."""
+    first = stop_later(daemon(tmp_path / "data"))
+    argv = [sys.executable, "-m", "shuffled", "serve", "--port", "0", "--data-dir", str(tmp_path / "data")]
+    second = await asyncio.wait_for(
+        asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60), 90
+    )
+    assert second.returncode == 1
+    assert f"another daemon (pid {first.pid}) uses this data dir" in second.stderr
+    assert first.proc.poll() is None
 
 
 async def test_flush_without_data_dir_is_a_clear_error(stop_later: Callable[[DaemonProcess], DaemonProcess]) -> None:

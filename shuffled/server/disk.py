@@ -2,8 +2,9 @@
 
 Layout under `--data-dir`:
 
-    <app dir>/<shuffle>/journal        records: u32 length, u32 CRC32C of the body, msgpack map
-    <app dir>/<shuffle>/p<N>.data      chunks of reduce partition N, in spill order
+    LOCK                               flock'ed by the one daemon using the dir (holds its pid)
+    app-<id>/<shuffle>/journal         records: u32 length, u32 CRC32C of the body, msgpack map
+    app-<id>/<shuffle>/p<N>.data       chunks of reduce partition N, in spill order
 
 The journal says what the data files mean: a header naming the shuffle, one
 record per spill (each chunk's map attempt, offset, length and CRC32C) and one per
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -45,6 +47,8 @@ T = TypeVar("T")
 
 _RECORD = struct.Struct(">II")
 JOURNAL = "journal"
+#: held (flock) by the daemon using the data dir
+LOCK = "LOCK"
 #: most iovecs handed to one writev/preadv call (Linux IOV_MAX is 1024)
 _IOV_MAX = 512
 
@@ -156,9 +160,23 @@ class Disk:
     def __init__(self, root: str, read_threads: int = 2) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
+        self._lock = self._take_lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shuffled-write")
         self._readers = ThreadPoolExecutor(read_threads, thread_name_prefix="shuffled-read")
         self.stats = DiskStats()
+
+    def _take_lock(self) -> int:
+        """One daemon per data dir: a second one would delete the first one's files as leftovers."""
+        fd = os.open(os.path.join(self.root, LOCK), os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OSError(errno.EBUSY, f"another daemon (pid {holder}) uses this data dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
 
     def shuffle_dir(self, app: str, shuffle: int) -> str:
         return os.path.join(self.root, app_dir_name(app), str(shuffle))
@@ -256,6 +274,7 @@ class Disk:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        os.close(self._lock)  # releases the lock
 
     # -- start: what the data dir holds
 
@@ -263,6 +282,8 @@ class Disk:
         """Read every journal; delete whatever under an `app-*` dir cannot be served (before the daemon listens)."""
         loaded: list[LoadedShuffle] = []
         for app_entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if app_entry.name == LOCK:
+                continue
             if not app_entry.name.startswith("app-") or not app_entry.is_dir(follow_symlinks=False):
                 # Not ours (lost+found on a mount point, an operator's file): never deleted.
                 log.warning("ignoring an entry of the data dir this daemon did not write path=%s", app_entry.path)
