@@ -58,7 +58,7 @@ async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_p
         assert pool.used == 5, "the write still holds the segments it is writing"
         gate.set()
         assert await task == 500
-        assert pool.used == 0 and store.stats()["stored_segments"] == 0
+        assert pool.used == 0 and store.stats()["stored_segments"] == store.memory_segments == 0
         assert store.snapshot("app", 1, 0, 2, []) == ([], 0)
         disk.close()
 
@@ -100,6 +100,7 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         gate.set()
         await task
         store.commit(out)
+        assert store.memory_segments == store.stats()["stored_segments"] == 1
         items, on_disk = store.snapshot("app", 1, 0, 1, [5])
         assert on_disk == 2 and len(items) == 3
         assert [type(i).__name__ for i in items] == ["DiskChunk", "DiskChunk", "Chunk"]

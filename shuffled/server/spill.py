@@ -45,6 +45,8 @@ class Spiller:
         self.high = int(pool.total * high)
         self.low = int(pool.total * low)
         self.low_share = low
+        #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
+        self.worth_spilling = max(1, pool.total // 16)
         #: pushes get no new credit while set (above the high watermark, until below the low one)
         self.paused = False
         self._resume = asyncio.Event()
@@ -75,6 +77,7 @@ class Spiller:
         if (
             self.pool.used >= self.high
             and not self.paused
+            and self.store.memory_segments >= self.worth_spilling
             and asyncio.get_running_loop().time() - self._failed_at >= RETRY_AFTER
         ):
             self.paused = True

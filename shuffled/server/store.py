@@ -132,6 +132,8 @@ class Store:
         self.disk_quota = disk_quota
         #: spill is possible (a data dir is set): the memory quota spills instead of refusing
         self.can_spill = False
+        #: pool segments all stored chunks hold (what spilling can free)
+        self.memory_segments = 0
         self.commits = 0
         self.aborts = 0
 
@@ -201,6 +203,7 @@ class Store:
         sub.memory_segments += 1
         out.lengths[partition] += buffer.length
         data.segments += 1
+        self.memory_segments += 1
         usage.segments += 1
 
     def over_memory_quota(self, app: str) -> bool:
@@ -251,6 +254,7 @@ class Store:
         buf.release()
         sub.memory_segments -= 1
         data.segments -= 1
+        self.memory_segments -= 1
         data.usage.segments -= 1
 
     # -- spill side (the Spiller does the I/O)
