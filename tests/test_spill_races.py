@@ -100,7 +100,7 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         gate.set()
         await task
         store.commit(out)
-        assert store.memory_segments == store.stats()["stored_segments"] == 1
+        assert store.memory_segments == store.stats()["stored_segments"] == 3  # partition 1 and the new chunk
         items, on_disk = store.snapshot("app", 1, 0, 1, [5])
         assert on_disk == 2 and len(items) == 3
         assert [type(i).__name__ for i in items] == ["DiskChunk", "DiskChunk", "Chunk"]
