@@ -128,6 +128,24 @@ async def test_twenty_times_the_pool_spills_with_bounded_rss_and_reads_back_byte
     await asyncio.wait_for(body(), 240)
 
 
+async def test_one_map_output_eight_times_a_tiny_pool(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """A 2 MiB pool keeps a quarter of itself as read reserve, more than --read-reserve says; the
+    spill mark must still be reachable by pushes, or one big uncommitted map output would wait
+    forever for memory. It spills, commits and reads back byte-exact."""
+
+    async def body() -> None:
+        d = stop_later(daemon(tmp_path / "data", pool="2M"))
+        c = await AsyncClient.connect(d.addr)
+        await push(c, 1, 1, [16 * MiB, 1])
+        assert await read_by_attempt(c, 1, 0, 2, {"": [1]}) == expected([1], [16 * MiB, 1])
+        assert (await c.stats())["disk"]["spills"] > 0
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
 async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_peer(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:

@@ -42,8 +42,10 @@ class Spiller:
         self.store = store
         self.pool = pool
         self.disk = disk
-        self.high = int(pool.total * high)
-        self.low = int(pool.total * low)
+        # Pushes never take the read reserve, so the high mark must lie below it to be reachable
+        # (small pools get a proportionally larger reserve than `read_reserve` says).
+        self.high = min(int(pool.total * high), pool.total - pool.reserve - 1)
+        self.low = min(int(pool.total * low), self.high - 1)
         self.low_share = low
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
