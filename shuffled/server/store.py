@@ -7,7 +7,8 @@ chunks fed by every local map task, each chunk tagged with its map attempt, so a
 reader gets one sequential stream per host and the daemon can filter attempts.
 
 A chunk lives in a pool segment or, once spilled, at an offset of its partition's
-file. Every live in-memory chunk of a partition, committed or not, is also listed
+file; committed spilled chunks are kept as 24-byte rows of `SpilledChunks`, not
+as objects, so a daemon with much data on disk stays small. Every live in-memory chunk of a partition, committed or not, is also listed
 in push order in `Subpartition.memory`: a spill writes that whole list, so for any
 one (partition, attempt) the chunks on disk are a prefix, in file order, of what
 was pushed, and the chunks in memory are the rest. A read therefore serves each
@@ -23,6 +24,7 @@ frees its memory once the last of them let go. This module does no I/O.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -52,6 +54,7 @@ class StoredChunk:
     crc: int = 0
     #: its attempt was aborted or its shuffle removed: never spilled or served again
     dead: bool = False
+    committed: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,13 +69,50 @@ class DiskChunk:
     attempt: int
 
 
+class SpilledChunks:
+    """A partition's committed chunks that live in its spill file: 24 bytes each in four arrays.
+
+    A spilled chunk needs only where it is and what it must checksum to, and a
+    daemon may hold millions of them; as objects they would cost several times more.
+    """
+
+    __slots__ = ("attempts", "crcs", "lengths", "offsets")
+
+    def __init__(self) -> None:
+        self.attempts = array("Q")
+        self.offsets = array("Q")
+        self.lengths = array("I")
+        self.crcs = array("I")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def append(self, attempt: int, offset: int, length: int, crc: int) -> None:
+        self.attempts.append(attempt)
+        self.offsets.append(offset)
+        self.lengths.append(length)
+        self.crcs.append(crc)
+
+    def select(self, path: str, partition: int, wanted: set[int]) -> list[DiskChunk]:
+        """The chunks of these attempts, in file order (one sequential pass)."""
+        found = [
+            DiskChunk(path, self.offsets[i], self.lengths[i], self.crcs[i], partition, a)
+            for i, a in enumerate(self.attempts)
+            if a in wanted
+        ]
+        found.sort(key=lambda c: c.offset)
+        return found
+
+
 @dataclass(slots=True, eq=False)
 class Subpartition:
     """One reduce partition on this host (Flink's ResultSubpartition, blocking)."""
 
     partition: int
-    #: committed chunks, in commit order
+    #: committed chunks in memory, in commit order
     chunks: list[StoredChunk] = field(default_factory=list)
+    #: committed chunks in the spill file
+    spilled: SpilledChunks = field(default_factory=SpilledChunks)
     #: live in-memory chunks, committed or not, in push order (what a spill writes)
     memory: list[StoredChunk] = field(default_factory=list)
     memory_segments: int = 0
@@ -219,7 +259,11 @@ class Store:
         data.committed[out.attempt] = out.map_index
         data.lengths[out.attempt] = {p: n for p, n in enumerate(out.lengths) if n}
         for sub, chunk in out.pending:
-            sub.chunks.append(chunk)
+            chunk.committed = True
+            if chunk.buffer is not None:
+                sub.chunks.append(chunk)
+            else:  # spilled before the commit
+                sub.spilled.append(chunk.attempt, chunk.offset, chunk.length, chunk.crc)
             sub.bytes += chunk.length
             data.bytes += chunk.length
         out.pending = []
@@ -270,12 +314,18 @@ class Store:
     ) -> int:
         """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
         written = 0
+        moved = False
         for chunk, crc in zip(chunks, crcs, strict=True):
             chunk.offset = offset + written
             chunk.crc = crc
             written += chunk.length
             if chunk.buffer is not None and not chunk.dead:
                 self._release_memory(data, sub, chunk)
+                if chunk.committed:
+                    sub.spilled.append(chunk.attempt, chunk.offset, chunk.length, crc)
+                    moved = True
+        if moved:
+            sub.chunks = [c for c in sub.chunks if c.buffer is not None]
         if not data.removed:  # a dropped shuffle settled its disk accounting when it was dropped
             data.disk_bytes += written
             data.usage.disk_bytes += written
@@ -326,23 +376,16 @@ class Store:
             sub = data.subpartitions.get(p)
             if sub is None:
                 continue
-            memory: list[Chunk] = []
-            disk: list[StoredChunk] = []
-            for chunk in sub.chunks:
-                if chunk.attempt not in wanted:
-                    continue
-                if chunk.buffer is not None:
-                    chunk.buffer.retain()
-                    memory.append(Chunk(chunk.buffer, p, chunk.attempt))
-                else:
-                    disk.append(chunk)
-            if disk:
+            if sub.spilled:
                 assert sub.file is not None
-                path = sub.file.path
-                disk.sort(key=lambda c: c.offset)
-                out.extend(DiskChunk(path, c.offset, c.length, c.crc, p, c.attempt) for c in disk)
+                disk = sub.spilled.select(sub.file.path, p, wanted)
+                out.extend(disk)
                 on_disk += len(disk)
-            out.extend(memory)
+            for chunk in sub.chunks:
+                if chunk.attempt in wanted:
+                    assert chunk.buffer is not None
+                    chunk.buffer.retain()
+                    out.append(Chunk(chunk.buffer, p, chunk.attempt))
         return out, on_disk
 
     # -- restart
@@ -357,7 +400,7 @@ class Store:
         for p, items in loaded.chunks.items():
             sub = data.subpartitions[p] = Subpartition(p, file=files[p])
             for attempt, offset, length, crc in items:
-                sub.chunks.append(StoredChunk(attempt, length, None, offset, crc))
+                sub.spilled.append(attempt, offset, length, crc)
                 sub.bytes += length
             data.bytes += sub.bytes
         disk_bytes = sum(f.size for f in files.values())
