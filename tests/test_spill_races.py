@@ -109,3 +109,28 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         disk.close()
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_commit_during_a_spill_serves_the_chunks_from_the_file(tmp_path: Path) -> None:
+    """Chunks committed while being written are served from memory until the write is done, then from disk."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 9, 6)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        store.commit(out)
+        before, on_disk = store.snapshot("app", 1, 0, 1, [9])
+        assert on_disk == 0 and len(before) == 3
+        for item in before:
+            item.buffer.release()  # type: ignore[union-attr]
+        gate.set()
+        await task
+        after, on_disk = store.snapshot("app", 1, 0, 2, [9])
+        assert on_disk == 3 and [type(i).__name__ for i in after] == ["DiskChunk"] * 3 + ["Chunk"] * 3
+        assert [i.offset for i in after[:3]] == [0, 100, 200]  # type: ignore[union-attr]
+        for item in after[3:]:
+            item.buffer.release()  # type: ignore[union-attr]
+        assert pool.used == store.memory_segments == 3
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
