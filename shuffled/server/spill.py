@@ -72,16 +72,11 @@ class Spiller:
 
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
-        if self.disk is None:
+        if self.disk is None or asyncio.get_running_loop().time() - self._failed_at < RETRY_AFTER:
             return
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
             self._apps[app] = asyncio.Event()
-        if (
-            self.pool.used >= self.high
-            and not self.paused
-            and self.store.memory_segments >= self.worth_spilling
-            and asyncio.get_running_loop().time() - self._failed_at >= RETRY_AFTER
-        ):
+        if self.pool.used >= self.high and not self.paused and self.store.memory_segments >= self.worth_spilling:
             self.paused = True
             self._resume.clear()
         if (self.paused or self._apps) and self._task is None:
