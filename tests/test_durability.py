@@ -193,6 +193,37 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
     await asyncio.wait_for(body(), 120)
 
 
+async def test_unregister_during_a_read_of_spilled_data(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """A read of spilled data that is under way when its shuffle is unregistered finishes the file it
+    has open (the bytes are right) and fails with PARTITION_NOT_FOUND at the next one, whose file is
+    gone; every segment comes back and no file is left."""
+
+    async def body() -> None:
+        d = stop_later(daemon(tmp_path / "data"))
+        c = await AsyncClient.connect(d.addr)
+        sizes = [4 * MiB, 64 * KiB]
+        await push(c, 9, 1, sizes)
+        await c.flush(APP, 9)
+        reader = c.read(APP, 9, 0, 2, {"": [1]})
+        first = await reader.next_chunk()  # held: the daemon can load at most the reader's credit ahead
+        assert first is not None and first.partition == 0
+        got = bytearray(first.data)
+        await c.unregister_shuffle(APP, 9)
+        assert files_under(tmp_path / "data") == []
+        with pytest.raises(PartitionNotFound, match="gone"):
+            while (chunk := await reader.next_chunk()) is not None:
+                assert chunk.partition == 0
+                got += chunk.data
+        assert bytes(got) == payload(1, 0, sizes[0])
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
 async def test_duplicate_push_is_dropped_and_its_credit_returned(
     stop_later: Callable[[DaemonProcess], DaemonProcess],
 ) -> None:
