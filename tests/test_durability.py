@@ -128,6 +128,47 @@ async def test_twenty_times_the_pool_spills_with_bounded_rss_and_reads_back_byte
     await asyncio.wait_for(body(), 240)
 
 
+async def test_pushes_reads_and_unregisters_overlapping_while_spilling(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """Rounds in which shuffle k is pushed (spilling), shuffle k-1 read back and shuffle k-2
+    unregistered, all at once: every read byte-exact, and at the end no segment used, no file left."""
+
+    async def body() -> None:
+        d = stop_later(daemon(tmp_path / "data", pool="16M"))
+        c = await AsyncClient.connect(d.addr)
+        sizes = [3 * MiB] * 8
+        want = {p: hashlib.sha256(payload(1, p, n)).digest() for p, n in enumerate(sizes)}
+
+        async def check(shuffle: int) -> None:
+            for p in range(len(sizes)):
+                h = hashlib.sha256()
+                async with c.read(APP, shuffle, p, p + 1, {"": [1]}) as reader:
+                    async for chunk in reader:
+                        h.update(chunk.data)
+                assert h.digest() == want[p], f"shuffle {shuffle} partition {p}"
+
+        async def nothing() -> None:
+            pass
+
+        for k in range(1, 7):
+            await asyncio.gather(
+                push(c, k, 1, sizes),
+                check(k - 1) if k > 1 else nothing(),
+                c.unregister_shuffle(APP, k - 2) if k > 2 else nothing(),
+            )
+        await check(6)
+        for k in (5, 6):
+            await c.unregister_shuffle(APP, k)
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0 and s["disk"]["used_bytes"] == 0
+        assert s["disk"]["spills"] > 0
+        assert files_under(tmp_path / "data") == []
+        await c.close()
+
+    await asyncio.wait_for(body(), 120)
+
+
 async def test_one_map_output_eight_times_a_tiny_pool(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
