@@ -115,6 +115,7 @@ class Daemon:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        restored = self._restore()  # before listening: no request may see a half-restored store
         server = await loop.create_server(lambda: DaemonConnection(self), cfg.host, cfg.port, reuse_address=True)
         self._servers.append(server)
         port = server.sockets[0].getsockname()[1]
@@ -124,7 +125,6 @@ class Daemon:
             if os.path.exists(cfg.unix_socket):
                 os.unlink(cfg.unix_socket)
             self._servers.append(await loop.create_unix_server(lambda: DaemonConnection(self), cfg.unix_socket))
-        restored = self._restore()
         self._housekeeping = asyncio.create_task(self._housekeep())
         log.info(
             "ready node=%s unix=%s pool_bytes=%d segments=%d segment_size=%d read_reserve=%d data_dir=%s "
