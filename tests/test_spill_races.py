@@ -134,3 +134,25 @@ async def test_commit_during_a_spill_serves_the_chunks_from_the_file(tmp_path: P
         disk.close()
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_a_spill_cancelled_during_its_write_still_completes(tmp_path: Path) -> None:
+    """A flush cut short (e.g. at stop) must not lose the chunks it took: they end up in the file."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 4, 4)
+        store.commit(out)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        task.cancel()
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await disk.sync()  # the write is done, and its bookkeeping ran before this returns
+        items, on_disk = store.snapshot("app", 1, 0, 2, [4])
+        assert on_disk == 2 and pool.used == store.memory_segments == 2
+        for item in items[2:]:
+            item.buffer.release()  # type: ignore[union-attr]
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)

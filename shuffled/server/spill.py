@@ -29,7 +29,7 @@ from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
 from .store import MapState, ShuffleData, Store, StoredChunk, Subpartition
 
 if TYPE_CHECKING:
-    from ..buffers import GlobalPool
+    from ..buffers import Buffer, GlobalPool
 
 log = logging.getLogger("shuffled.spill")
 
@@ -122,50 +122,58 @@ class Spiller:
         return total
 
     async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
-        """Spill one partition's in-memory chunks. Returns bytes written, or -1 if the write failed."""
-        disk = self.disk
-        assert disk is not None
+        """Spill one partition's in-memory chunks. Returns bytes written, or -1 if the write failed.
+
+        Once the chunks are taken, the write and its bookkeeping run to the end even if
+        the caller is cancelled (a flush cut short at stop): otherwise the chunks would
+        belong neither to memory nor to the file.
+        """
         async with self._lock:
             if data.removed:
                 return 0
             chunks = self.store.take_for_spill(sub)
             if not chunks:
                 return 0
-            # The write's own references: an abort meanwhile drops the store's, never the memory being written.
+            # The write's own references, taken now: an abort from here on drops only the store's.
             held = [c.buffer for c in chunks if c.buffer is not None]
             for buf in held:
                 buf.retain()
-            views = [buf.data() for buf in held]
-            directory = self.open_journal(data)
-            if sub.file is None:
-                sub.file = SpillFile(disk.data_path(directory, sub.partition))
-                data.files += 1
-                disk.stats.files += 1
-            described = [(c.attempt, c.length) for c in chunks]
-            p = sub.partition
+            return await asyncio.shield(self._write(data, sub, chunks, held))
 
-            def record(done: Appended) -> bytes:
-                offset, entries = done.offset, []
-                for (attempt, length), crc in zip(described, done.crcs, strict=True):
-                    entries.append([attempt, offset, length, crc])
-                    offset += length
-                return encode_record({"k": "chunks", "p": p, "c": entries})
+    async def _write(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], held: list[Buffer]) -> int:
+        disk = self.disk
+        assert disk is not None
+        views = [buf.data() for buf in held]
+        directory = self.open_journal(data)
+        if sub.file is None:
+            sub.file = SpillFile(disk.data_path(directory, sub.partition))
+            data.files += 1
+            disk.stats.files += 1
+        described = [(c.attempt, c.length) for c in chunks]
+        p = sub.partition
 
-            try:
-                done = await disk.append(sub.file, views, f"{directory}/{JOURNAL}", record)
-            except OSError as exc:
-                self._write_failed(data, sub, chunks, exc)
-                return -1
-            finally:
-                for buf in held:
-                    buf.release()
-            written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
-            sub.file.size = done.offset + written
-            disk.stats.spills += 1
-            disk.stats.spilled_bytes += written
-            if not data.removed:  # else `removed` already settled the shuffle's disk accounting
-                disk.stats.used_bytes += written
-            return written
+        def record(done: Appended) -> bytes:
+            offset, entries = done.offset, []
+            for (attempt, length), crc in zip(described, done.crcs, strict=True):
+                entries.append([attempt, offset, length, crc])
+                offset += length
+            return encode_record({"k": "chunks", "p": p, "c": entries})
+
+        try:
+            done = await disk.append(sub.file, views, f"{directory}/{JOURNAL}", record)
+        except OSError as exc:
+            self._write_failed(data, sub, chunks, exc)
+            return -1
+        finally:
+            for buf in held:
+                buf.release()
+        written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
+        sub.file.size = done.offset + written
+        disk.stats.spills += 1
+        disk.stats.spilled_bytes += written
+        if not data.removed:  # else `removed` already settled the shuffle's disk accounting
+            disk.stats.used_bytes += written
+        return written
 
     def open_journal(self, data: ShuffleData) -> str:
         """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
