@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push, spark
+from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push, spark, spill
 from .common import (
     BASELINE_MAX_AGE,
     BenchmarkFailure,
@@ -48,6 +48,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "push": push,
     "memory": memory,
     "latency": latency,
+    "spill": spill,
     "spark": spark,
 }
 

@@ -368,12 +368,20 @@ class DaemonProcess(ManagedProcess):
     when it stops (SIGTERM makes it exit normally, so the file is complete).
     """
 
-    def __init__(self, host: str, pool_size: int, unix_socket: str | None = None, profile: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        pool_size: int,
+        unix_socket: str | None = None,
+        profile: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> None:
         argv = [sys.executable, "-m"] + (["cProfile", "-o", profile, "-m"] if profile else [])
         argv += ["shuffled", "serve", "--host", host, "--port", "0", "--metrics-port", "0"]
         argv += ["--pool-size", f"{round_up_mib(pool_size) // MiB}M", "--log-level", "info"]
         if unix_socket:
             argv += ["--unix-socket", unix_socket]
+        argv += extra
         super().__init__(f"daemon {host}", argv, r"\bready node=(\S+)", ready_on="stderr")
         self.host = host
         self.pool_size = round_up_mib(pool_size)
@@ -470,8 +478,10 @@ class Context:
     # -- daemons and clients
 
     @contextlib.asynccontextmanager
-    async def daemons(self, *pools: int, unix: bool = False) -> AsyncIterator[list[DaemonProcess]]:
-        """Start one daemon per pool size on 127.0.0.2, 127.0.0.3, ...; stop them all on the way out."""
+    async def daemons(
+        self, *pools: int, unix: bool = False, extra: Sequence[str] = ()
+    ) -> AsyncIterator[list[DaemonProcess]]:
+        """Start one daemon per pool size on 127.0.0.2, 127.0.0.3, ... (each with `extra` flags); stop them all."""
         started: list[DaemonProcess] = []
         try:
             for i, pool in enumerate(pools):
@@ -481,7 +491,7 @@ class Context:
                     sock = str(self.tmp_dir / f"d{self._unix_count}.sock")
                 host = f"127.0.0.{FIRST_HOST + i}"
                 prof = str(self.out_dir / f"{self.scenario}-{host}.prof") if self.profile else None
-                d = DaemonProcess(host, pool, sock, prof)
+                d = DaemonProcess(host, pool, sock, prof, extra)
                 started.append(d)
                 await d.wait_ready()
             self.progress("daemons " + ", ".join(f"{d.node} ({d.pool_size // MiB} MiB pool)" for d in started))

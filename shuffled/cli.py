@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return uvloop.run(_serve(config))
         except OSError as exc:
-            print(f"shuffled serve: cannot listen: {exc}", file=sys.stderr)
+            print(f"shuffled serve: cannot start: {exc}", file=sys.stderr)
             return 1
     if args.command == "config":
         if args.config_command == "reference":

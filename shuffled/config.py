@@ -170,7 +170,44 @@ class DaemonConfig:
         metavar="SIZE",
     )
     data_dir: str | None = setting(
-        None, "directory for spill files (created if missing)", parse=_optional, default_text="none", metavar="DIR"
+        None,
+        "directory for spill files and their journals (created if missing); without it nothing is spilled or "
+        "kept across restarts",
+        parse=_optional,
+        default_text="none",
+        metavar="DIR",
+    )
+    spill_high: float = setting(
+        0.85, "share of pool segments in use at which stored data spills to the data directory", unit="ratio"
+    )
+    spill_low: float = setting(
+        0.70, "share of pool segments in use at which spilling stops and pushes get memory again", unit="ratio"
+    )
+    app_memory_quota: int = setting(
+        0,
+        "pool memory one application's data may hold; beyond it the data spills, or pushes are refused without a "
+        "data directory (0: no cap)",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
+    )
+    app_disk_quota: int = setting(
+        0,
+        "spill file bytes one application may hold; beyond it pushes are refused with QUOTA_EXCEEDED (0: no cap)",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
+    )
+    app_ttl: float = setting(
+        24 * 3600.0,
+        "an application without pushes, commits or reads for this long is dropped, memory and files (0: never)",
+        unit="s",
+    )
+    flush_after: float = setting(
+        0.0,
+        "a shuffle without a commit for this long has its committed data written to disk (0: only under memory "
+        "pressure)",
+        unit="s",
     )
     peers: list[str] = setting(
         [],
@@ -245,6 +282,20 @@ class DaemonConfig:
         need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
         need(self.stall_timeout > 0, "stall-timeout must be > 0")
         need(0.0 <= self.ready_disk_free < 1.0, "ready-disk-free must be in [0, 1)")
+        need(0.0 < self.spill_low < self.spill_high <= 1.0, "need 0 < spill-low < spill-high <= 1")
+        need(
+            self.spill_high <= 1.0 - self.read_reserve,
+            f"spill-high must be at most {1.0 - self.read_reserve} (pushes never use the read reserve, "
+            "so a higher watermark would never be reached)",
+        )
+        need(self.app_memory_quota >= 0, "app-memory-quota must be >= 0")
+        need(self.app_disk_quota >= 0, "app-disk-quota must be >= 0")
+        need(self.app_ttl >= 0, "app-ttl must be >= 0 seconds (0: never expire)")
+        need(self.flush_after >= 0, "flush-after must be >= 0 seconds (0: off)")
+        need(
+            not self.app_memory_quota or self.app_memory_quota >= 2 * self.push_max * self.segment_size,
+            "app-memory-quota must hold at least two push windows",
+        )
 
 
 #: flags that predate the table keep their names

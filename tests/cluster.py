@@ -66,10 +66,18 @@ class DaemonProcess:
                 self.proc.wait(10)
 
 
-def start_daemon(host: str, port: int, pool_size: str = "64M", extra: list[str] | None = None) -> DaemonProcess:
+def start_daemon(
+    host: str,
+    port: int,
+    pool_size: str = "64M",
+    extra: list[str] | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> DaemonProcess:
     cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", pool_size]
     cmd += ["--metrics-port", "0"]  # several daemons (and test runs) share loopback hosts
-    proc = subprocess.Popen(cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=preexec
+    )
     assert proc.stderr is not None
     d = DaemonProcess(host, port, proc, int(pool_size.rstrip("M")) << 20)
     ready = threading.Event()

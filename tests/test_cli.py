@@ -29,6 +29,11 @@ def test_cli_help_names_every_serve_flag() -> None:
         (["--port", "70000"], "port"),
         (["--exclusive-buffers", "0"], "exclusive-buffers"),
         (["--push-window", "1"], "push-window"),
+        (["--spill-high", "0.5", "--spill-low", "0.6"], "spill-low < spill-high"),
+        (["--spill-high", "0.95"], "read reserve"),
+        (["--app-memory-quota", "64K"], "app-memory-quota"),
+        (["--app-ttl", "-1"], "app-ttl"),
+        (["--flush-after", "-1"], "flush-after"),
     ],
 )
 def test_cli_refuses_bad_settings_naming_them(args: list[str], says: str) -> None:

@@ -173,21 +173,32 @@ class ChannelCredit:
 class SequenceChecker:
     """Every buffer of a stream carries the next sequence number; anything else is an error."""
 
-    __slots__ = ("expected",)
+    __slots__ = ("expected", "seen")
 
     def __init__(self) -> None:
         self.expected = 0
+        self.seen = 0
+
+    def is_duplicate(self, sequence: int) -> bool:
+        """A number already seen: behind the expected one by less than half the u32 space.
+
+        A pusher that lost a reply may send a buffer again with its old number;
+        the receiver drops it instead of storing the bytes twice (PROTOCOL.md §12).
+        """
+        behind = (self.expected - sequence) & 0xFFFFFFFF
+        return 0 < behind <= min(self.seen, 1 << 31)
 
     def check(self, sequence: int) -> None:
         if sequence != self.expected:
             raise SequenceGap(f"expected buffer {self.expected}, got {sequence}")
         self.expected = (self.expected + 1) & 0xFFFFFFFF
+        self.seen += 1
 
 
 class OutboundStream(Generic[T]):
     """Sender side of one stream: a queue of data items and events under credit."""
 
-    __slots__ = ("_data", "_items", "closed", "credit", "scheduled", "sequence", "stream")
+    __slots__ = ("_data", "_items", "closed", "credit", "deferred", "scheduled", "sequence", "stream")
 
     def __init__(self, stream: int, credit: int) -> None:
         if credit < 0:
@@ -197,12 +208,19 @@ class OutboundStream(Generic[T]):
         self.sequence = 0
         self._items: deque[tuple[bool, T]] = deque()
         self._data = 0
+        #: data items the stream will queue later (e.g. still on disk): announced as backlog too
+        self.deferred = 0
         self.scheduled = False
         self.closed = False
 
     @property
     def backlog(self) -> int:
-        """Data items queued (what the receiver is told it should make room for)."""
+        """Data items queued or still to come (what the receiver is told it should make room for)."""
+        return self._data + self.deferred
+
+    @property
+    def queued(self) -> int:
+        """Data items queued and ready to send once there is credit."""
         return self._data
 
     def push_data(self, item: T) -> None:
@@ -233,7 +251,7 @@ class OutboundStream(Generic[T]):
         self._items.popleft()
         seq = self.sequence
         self.sequence = (seq + 1) & 0xFFFFFFFF
-        return item, seq, self._data, is_event
+        return item, seq, self._data + self.deferred, is_event
 
     def close(self) -> list[T]:
         """Stop sending; returns the items never sent so the caller can release them."""
@@ -241,6 +259,7 @@ class OutboundStream(Generic[T]):
         items = [item for _, item in self._items]
         self._items.clear()
         self._data = 0
+        self.deferred = 0
         return items
 
 

@@ -28,6 +28,9 @@ class ErrorCode(IntEnum):
     DUPLICATE_CONNECTION = 14
     INVALID_REQUEST = 15
     CONNECTION_LOST = 16
+    STORAGE_ERROR = 17
+    QUOTA_EXCEEDED = 18
+    CORRUPT_DATA = 19
 
 
 class ShuffledError(Exception):
@@ -132,6 +135,30 @@ class ConnectionLost(ShuffledError):
     code = ErrorCode.CONNECTION_LOST
     fetch_failure = True
     retryable = True
+
+
+class StorageError(ShuffledError):
+    """The daemon could not write or read its disk (full, I/O error); the map output was aborted.
+
+    Not a fetch failure: the data was never acknowledged, so the Spark task fails
+    with this reason and is retried, possibly once the disk has room again.
+    """
+
+    code = ErrorCode.STORAGE_ERROR
+    retryable = True
+
+
+class QuotaExceeded(ShuffledError):
+    """The application holds more memory or disk on this daemon than its quota allows."""
+
+    code = ErrorCode.QUOTA_EXCEEDED
+
+
+class CorruptData(ShuffledError):
+    """Stored data failed its checksum: it is lost, so Spark must recompute the map output."""
+
+    code = ErrorCode.CORRUPT_DATA
+    fetch_failure = True
 
 
 def _subclasses(cls: type[ShuffledError]) -> list[type[ShuffledError]]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..logs import event
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
-from ..net.streams import BufferResponseStream
+from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.codec import (
     encode_add_credit,
     encode_admin_request,
@@ -56,6 +57,7 @@ from ..protocol.frames import (
     PushData,
     Role,
 )
+from .feed import DiskFedStream
 from .peers import split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
@@ -309,26 +311,65 @@ class DaemonConnection(FrameConnection):
                 split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
-            chunks = daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else []
+            items, on_disk = (
+                daemon.store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else ([], 0)
+            )
         except ShuffledError as exc:
             self.send_error(rid, exc)
             return
-        stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+        gate: InputGate | None = None
+        if on_disk:
+            fed = DiskFedStream(
+                rid, req.credit, self._stream_ended, daemon, items, lambda: self._local_done(rid), self._failer(rid)
+            )
+            fed.sender = self.sender
+            stream: BufferResponseStream = fed
+        else:
+            stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+            counters = daemon.counters
+            for chunk in items:
+                assert isinstance(chunk, Chunk)
+                stream.push_data(chunk)
+                counters.served_local_bytes += chunk.buffer.length
+            counters.served_local_buffers += len(items)
         stream.opened_at = time.monotonic()
         stream.relayed = bool(remote)
-        counters = daemon.counters
-        for chunk in chunks:
-            stream.push_data(chunk)
-            counters.served_local_bytes += chunk.buffer.length
-        counters.served_local_buffers += len(chunks)
         self.served[rid] = stream
         if remote:
-            gate = InputGate(self, stream, req, remote)
+            gate = InputGate(self, stream, req, remote, local_pending=bool(on_disk))
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
-        else:
+        elif not on_disk:
             stream.end()
         self.sender.wake(stream)
+        if on_disk:
+            fed.pump()
+
+    def _local_done(self, rid: int) -> None:
+        """A disk-fed local part is fully queued: the stream ends, or its gate counts one part done."""
+        gate = self.gates.get(rid)
+        if gate is not None:
+            gate.channel_done()
+            return
+        stream = self.served.get(rid)
+        if stream is not None:
+            stream.end()
+            self.sender.wake(stream)
+
+    def _failer(self, rid: int) -> Callable[[ShuffledError], None]:
+        def fail(exc: ShuffledError) -> None:
+            gate = self.gates.get(rid)
+            if gate is not None:
+                gate.fail(exc)
+                return
+            stream = self.served.pop(rid, None)
+            if stream is not None:
+                event(log, "read failed", logging.WARNING, stream=rid, code=exc.code.name, reason=exc.message)
+                stream.shutdown()
+                if self.is_open:
+                    self.send_error(rid, exc)
+
+        return fail
 
     def _stream_ended(self, stream: BufferResponseStream) -> None:
         if self.served.get(stream.stream) is stream:

@@ -1,4 +1,4 @@
-"""The daemon: one buffer pool, one store, listeners for clients and peers.
+"""The daemon: one buffer pool, one store, the disk behind it, listeners for clients and peers.
 
 `stats()` is the one snapshot of everything the daemon counts: `shuffled stats`
 prints it and the metrics endpoint turns it into Prometheus metrics.
@@ -18,13 +18,18 @@ from ..config import DaemonConfig
 from ..logs import event
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..protocol.errors import InvalidRequest, ShuffledError
+from ..protocol.errors import InvalidRequest, ShuffledError, StorageError
 from .connection import DaemonConnection
 from .counters import Counters, micros
+from .disk import Disk, DiskStats, SpillFile
 from .peers import PeerManager
-from .store import Store
+from .spill import Spiller
+from .store import ShuffleData, Store
 
 log = logging.getLogger("shuffled.daemon")
+
+#: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
+HOUSEKEEPING_INTERVAL = 1.0
 
 
 class Daemon:
@@ -35,7 +40,13 @@ class Daemon:
         # At least one read from three daemons must always fit in the reserve.
         reserve = max(int(segments * config.read_reserve), 3 * config.exclusive + config.floating)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
-        self.store = Store()
+        self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
+        try:
+            self.disk = Disk(config.data_dir) if config.data_dir else None
+        except OSError as exc:
+            raise OSError(f"data dir {config.data_dir} is not usable: {exc}") from exc
+        self.store.can_spill = self.disk is not None
+        self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
         self.peers = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
@@ -48,10 +59,12 @@ class Daemon:
         self.draining = False
         self.start_time = time.time()
         self.ops: OpsServer | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
+        restored = self._restore()  # before listening: no request may see a half-restored store
         server = await loop.create_server(lambda: DaemonConnection(self), cfg.host, cfg.port, reuse_address=True)
         self._servers.append(server)
         port = server.sockets[0].getsockname()[1]
@@ -62,11 +75,10 @@ class Daemon:
                 os.unlink(cfg.unix_socket)
             self._servers.append(await loop.create_unix_server(lambda: DaemonConnection(self), cfg.unix_socket))
             os.chmod(cfg.unix_socket, cfg.unix_socket_mode)
-        if cfg.data_dir:
-            os.makedirs(cfg.data_dir, exist_ok=True)
         if cfg.metrics_port >= 0:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
+        self._housekeeping = asyncio.create_task(self._housekeep())
         self.started = True
         event(
             log,
@@ -77,6 +89,8 @@ class Daemon:
             segments=self.pool.total,
             segment_size=cfg.segment_size,
             read_reserve=self.pool.reserve,
+            data_dir=self.disk.root if self.disk else None,
+            restored_shuffles=restored,
             http=self.ops.address if self.ops else None,
         )
 
@@ -130,24 +144,89 @@ class Daemon:
             return None
         return usage.total, usage.free
 
+    def _restore(self) -> int:
+        """Serve again what a previous run left on disk and can prove; everything else was deleted by `load`."""
+        if self.disk is None:
+            return 0
+        loaded = self.disk.load()
+        for shuffle in loaded:
+            files = {
+                p: SpillFile(self.disk.data_path(shuffle.directory, p), size) for p, size in shuffle.file_sizes.items()
+            }
+            self.store.restore(shuffle, files)
+            event(
+                log,
+                "restored",
+                app=shuffle.app,
+                shuffle=shuffle.shuffle,
+                attempts=len(shuffle.committed),
+                bytes=sum(n for lengths in shuffle.committed.values() for n in lengths[1].values()),
+            )
+        return len(loaded)
+
+    async def _housekeep(self) -> None:
+        """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk."""
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            try:
+                await self._housekeep_once()
+            except Exception:  # a bug here must not stop expiry and flushing for good
+                log.exception("housekeeping failed")
+
+    async def _housekeep_once(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        if cfg.app_ttl:
+            for app, usage in list(self.store.usage.items()):
+                busy = any(d.open for d in self.store.apps.get(app, {}).values())
+                if not busy and now - usage.last_active > cfg.app_ttl:
+                    event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
+                    await self._drop(*self.store.remove_application(app))
+        if cfg.flush_after and self.disk is not None:
+            idle = [
+                d
+                for shuffles in self.store.apps.values()
+                for d in shuffles.values()
+                if d.segments and not d.open and now - d.last_commit > cfg.flush_after
+            ]
+            await self.spiller.flush(idle)
+        self.spiller.check()
+
     async def stop(self) -> None:
         if self.ops is not None:
             self.ops.stop()
         for server in self._servers:
             server.close()
-        for conn in list(self.connections):
+        conns = list(self.connections)
+        for conn in conns:
             conn.close("daemon stopping")
+        if conns:  # their open map outputs are aborted when they are gone, before anything is persisted
+            await asyncio.wait([c.lost for c in conns], timeout=5)
         for server in self._servers:
             await server.wait_closed()
         if self.config.unix_socket and os.path.exists(self.config.unix_socket):
             os.unlink(self.config.unix_socket)
+        await self._persist()
+
+    async def _persist(self) -> None:
+        """Write every committed byte still in memory to disk, so a restart serves it."""
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        if self.disk is None:
+            return
+        shuffles = [d for s in self.store.apps.values() for d in s.values()]
+        written = await self.spiller.flush(shuffles)
+        await self.disk.sync()
+        self.disk.close()
+        event(log, "persisted", shuffles=len(shuffles), bytes_written=max(written, 0), complete=written >= 0)
 
     # -- admin operations (clients, peers, CLI)
 
     def stats(self) -> dict[str, Any]:
         conns = [c for c in self.connections if c.is_open]
         pushes = [p for c in conns for p in c.pushes.values()]
-        disk = self.disk_space()
+        fs = self.disk_space()
+        disk = self.disk.stats if self.disk is not None else DiskStats()
         counters = self.counters
         return {
             "node": self.node,
@@ -164,6 +243,12 @@ class Daemon:
                 "waiting": self.pool.waiting,
             },
             "store": self.store.stats(),
+            "disk": {
+                "spills": disk.spills,
+                "spilled_bytes": disk.spilled_bytes,
+                "used_bytes": disk.used_bytes,
+                "files": disk.files,
+            },
             "connections": {
                 "clients": sum(1 for c in conns if c.role_label == "client"),
                 "peers": sum(1 for c in conns if c.role_label == "peer"),
@@ -196,7 +281,7 @@ class Daemon:
                 ),
             },
             "errors": dict(counters.errors),
-            "filesystem": {"capacity_bytes": disk[0], "free_bytes": disk[1]} if disk else {},
+            "filesystem": {"capacity_bytes": fs[0], "free_bytes": fs[1]} if fs else {},
         }
 
     async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -208,22 +293,42 @@ class Daemon:
     async def _admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "stats":
             return self.stats()
-        if op not in ("unregister_shuffle", "remove_application"):
+        if op not in ("unregister_shuffle", "remove_application", "flush"):
             raise InvalidRequest(f"unknown admin operation {op!r}")
         app = args.get("app")
         if not isinstance(app, str) or not app:
             raise InvalidRequest(f"{op} needs 'app'")
+        shuffle = args.get("shuffle")
+        if (op == "unregister_shuffle" or shuffle is not None) and (
+            not isinstance(shuffle, int) or isinstance(shuffle, bool)
+        ):
+            raise InvalidRequest(f"{op} needs an integer 'shuffle'")
+        if op == "flush":
+            return await self._flush(app, shuffle)
         if op == "unregister_shuffle":
-            shuffle = args.get("shuffle")
-            if not isinstance(shuffle, int) or isinstance(shuffle, bool):
-                raise InvalidRequest("unregister_shuffle needs an integer 'shuffle'")
-            freed = self.store.unregister_shuffle(app, shuffle)
+            assert isinstance(shuffle, int)
+            freed = await self._drop(*self.store.unregister_shuffle(app, shuffle))
         else:
-            freed = self.store.remove_application(app)
+            freed = await self._drop(*self.store.remove_application(app))
         result: dict[str, Any] = {"freed_segments": freed}
         if args.get("propagate"):
             result["peers"] = await self._propagate(op, {**args, "propagate": False})
         return result
+
+    async def _drop(self, freed: int, dropped: list[ShuffleData]) -> int:
+        await self.spiller.removed(dropped)
+        return freed
+
+    async def _flush(self, app: str, shuffle: int | None) -> dict[str, Any]:
+        """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it)."""
+        if self.disk is None:
+            raise InvalidRequest("this daemon has no --data-dir to flush to")
+        shuffles = self.store.apps.get(app, {})
+        chosen = [d for s, d in shuffles.items() if shuffle is None or s == shuffle]
+        written = await self.spiller.flush(chosen)
+        if written < 0:
+            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory")
+        return {"flushed_bytes": written}
 
     async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:
         """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""

@@ -4,7 +4,13 @@ A PushSession owns a LocalPool: every segment it holds and has not filled is one
 unit of push credit the client was granted, so a PushData always has memory to
 land in. A filled segment moves to the store (out of the pool) and the pool asks
 the global pool for a replacement; only when one is free is new credit granted.
-A full pool therefore stops pushers (back-pressure) instead of growing.
+A full pool therefore stops pushers (back-pressure) instead of growing. While the
+spiller works above its high watermark, sessions take no new memory at all until
+it is done (`Spiller.admitted`).
+
+A PushData whose sequence number was already received (a writer retrying after a
+lost reply) is dropped: its bytes are not stored twice, and the segment it landed
+in becomes push credit again.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ class PushSession:
         self.pool: LocalPool | None = None
         self.received = 0
         self.seq = SequenceChecker()
+        self.duplicates = 0
         self.closed = False
+        out.on_failure = self.fail
         self._waiting: asyncio.Task[None] | None = None
         self._unannounced = 0
         self._announce_soon = Soon(self._announce)
@@ -70,10 +78,16 @@ class PushSession:
         buf: Buffer = frame.payload
         buf.length = frame.length
         assert self.pool is not None
-        self.pool.detach(buf, self.conn.daemon.pool.give)
+        if self.seq.is_duplicate(frame.sequence):
+            self.duplicates += 1
+            buf.release()  # back into this session's pool: credit again
+            self._top_up()
+            return
+        daemon = self.conn.daemon
+        self.pool.detach(buf, daemon.pool.give)
         try:
             self.seq.check(frame.sequence)
-            self.conn.daemon.store.add(self.out, frame.partition, buf)
+            daemon.store.add(self.out, frame.partition, buf)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()
@@ -83,6 +97,7 @@ class PushSession:
         counters = self.counters
         counters.pushed_buffers += 1
         counters.pushed_bytes += frame.length
+        daemon.spiller.check(self.out.shuffle.app)
         self._top_up()
 
     def _top_up(self) -> None:
@@ -90,7 +105,8 @@ class PushSession:
         pool = self.pool
         if pool is None or self.closed:
             return
-        while pool.grow():
+        spilling = self.conn.daemon.spiller.holding(self.out.shuffle.app)
+        while not spilling and pool.grow():
             pass
         new = pool.available - pool.promised
         if new > 0:
@@ -110,6 +126,7 @@ class PushSession:
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None
         try:
+            await self.conn.daemon.spiller.admitted(self.out.shuffle.app)
             await self.pool.grow_wait()
         finally:
             self._waiting = None
@@ -128,11 +145,13 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
+        daemon = self.conn.daemon
         try:
-            lengths = self.conn.daemon.store.commit(self.out)
+            lengths = daemon.store.commit(self.out)
         except ShuffledError as exc:
             self.fail(exc)
             return
+        daemon.spiller.committed(self.out.shuffle, self.out.attempt)
         self._close()
         self.conn.daemon.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.sender.send_control(encode_commit_ack(self.writer, lengths))

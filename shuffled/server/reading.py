@@ -86,6 +86,7 @@ class InputGate:
         out: BufferResponseStream,
         req: PartitionRequest,
         remote: dict[str, list[int]],
+        local_pending: bool = False,
     ) -> None:
         self.client = client
         self.out = out
@@ -93,7 +94,8 @@ class InputGate:
         self.remote = remote
         self.pool: LocalPool | None = None
         self.channels: list[RemoteInputChannel] = []
-        self.pending = len(remote)
+        #: parts still to finish: one per remote daemon, plus the local data while it is loaded from disk
+        self.pending = len(remote) + local_pending
         self.closed = False
         self.task: asyncio.Task[None] | None = None
 

@@ -6,21 +6,34 @@ reader sees all of an attempt or none of it). A reduce partition is one list of
 chunks fed by every local map task, each chunk tagged with its map attempt, so a
 reader gets one sequential stream per host and the daemon can filter attempts.
 
-Memory lives in pool segments: each stored chunk holds one reference on its
-buffer; readers take their own reference per queued chunk, so dropping a shuffle
-while it is being read frees its memory once the last reader let go.
-Spill (the durability issue) slots in behind `Subpartition`: chunks may then
-refer to file ranges instead of buffers.
+A chunk lives in a pool segment or, once spilled, at an offset of its partition's
+file; committed spilled chunks are kept as 24-byte rows of `SpilledChunks`, not
+as objects, so a daemon with much data on disk stays small. Every live in-memory
+chunk of a partition, committed or not, is also listed in push order in
+`Subpartition.memory`: a spill writes that whole list, so for any
+one (partition, attempt) the chunks on disk are a prefix, in file order, of what
+was pushed, and the chunks in memory are the rest. A read therefore serves each
+partition's disk chunks sorted by offset (one sequential pass over the file) and
+then its memory chunks.
+
+Memory lives in pool segments: each in-memory chunk holds one reference on its
+buffer, dropped exactly once (spilled, aborted or removed); readers and spills take
+their own references, so dropping a shuffle while it is being read or spilled
+frees its memory once the last of them let go. This module does no I/O.
 """
 
 from __future__ import annotations
 
+import time
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from ..buffers import Buffer
 from ..net.streams import Chunk
-from ..protocol.errors import InvalidRequest, MapOutputStateError, PartitionNotFound
+from ..protocol.errors import InvalidRequest, MapOutputStateError, PartitionNotFound, QuotaExceeded, ShuffledError
+from .disk import LoadedShuffle, SpillFile
 
 MAX_PARTITIONS = 1 << 24
 
@@ -32,21 +45,99 @@ class MapState(Enum):
 
 
 @dataclass(slots=True, eq=False)
+class StoredChunk:
+    attempt: int
+    length: int
+    #: the pool segment while in memory; None once spilled or dropped
+    buffer: Buffer | None
+    #: offset in the partition's spill file once spilled
+    offset: int = -1
+    crc: int = 0
+    #: its attempt was aborted or its shuffle removed: never spilled or served again
+    dead: bool = False
+    committed: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class DiskChunk:
+    """A spilled chunk a read has to load: where it is and what it must checksum to."""
+
+    path: str
+    offset: int
+    length: int
+    crc: int
+    partition: int
+    attempt: int
+
+
+class SpilledChunks:
+    """A partition's committed chunks that live in its spill file: 24 bytes each in four arrays.
+
+    A spilled chunk needs only where it is and what it must checksum to, and a
+    daemon may hold millions of them; as objects they would cost several times more.
+    """
+
+    __slots__ = ("attempts", "crcs", "lengths", "offsets")
+
+    def __init__(self) -> None:
+        self.attempts = array("Q")
+        self.offsets = array("Q")
+        self.lengths = array("I")
+        self.crcs = array("I")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def append(self, attempt: int, offset: int, length: int, crc: int) -> None:
+        self.attempts.append(attempt)
+        self.offsets.append(offset)
+        self.lengths.append(length)
+        self.crcs.append(crc)
+
+    def select(self, path: str, partition: int, wanted: set[int]) -> list[DiskChunk]:
+        """The chunks of these attempts, in file order (one sequential pass)."""
+        found = [
+            DiskChunk(path, self.offsets[i], self.lengths[i], self.crcs[i], partition, a)
+            for i, a in enumerate(self.attempts)
+            if a in wanted
+        ]
+        found.sort(key=lambda c: c.offset)
+        return found
+
+
+@dataclass(slots=True, eq=False)
+class Subpartition:
+    """One reduce partition on this host (Flink's ResultSubpartition, blocking)."""
+
+    partition: int
+    #: committed chunks in memory, in commit order
+    chunks: list[StoredChunk] = field(default_factory=list)
+    #: committed chunks in the spill file
+    spilled: SpilledChunks = field(default_factory=SpilledChunks)
+    #: live in-memory chunks, committed or not, in push order (what a spill writes)
+    memory: list[StoredChunk] = field(default_factory=list)
+    memory_segments: int = 0
+    bytes: int = 0
+    file: SpillFile | None = None
+
+
+@dataclass(slots=True, eq=False)
 class MapOutput:
     shuffle: ShuffleData
     map_index: int
     attempt: int
-    pending: list[Chunk] = field(default_factory=list)
+    pending: list[tuple[Subpartition, StoredChunk]] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     state: MapState = MapState.OPEN
+    #: fails the push session (e.g. when spilling its data hit a full disk)
+    on_failure: Callable[[ShuffledError], None] | None = None
 
 
 @dataclass(slots=True)
-class Subpartition:
-    """One reduce partition on this host (Flink's ResultSubpartition, blocking)."""
-
-    chunks: list[Chunk] = field(default_factory=list)
-    bytes: int = 0
+class AppUsage:
+    segments: int = 0
+    disk_bytes: int = 0
+    last_active: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True, eq=False)
@@ -56,16 +147,34 @@ class ShuffleData:
     app: str
     shuffle: int
     partitions: int
+    usage: AppUsage
     subpartitions: dict[int, Subpartition] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)  # attempt -> map index
     open: dict[int, MapOutput] = field(default_factory=dict)  # attempt -> map output
+    #: committed attempt -> bytes per partition (only nonzero ones), for the journal
+    lengths: dict[int, dict[int, int]] = field(default_factory=dict)
     segments: int = 0
     bytes: int = 0
+    disk_bytes: int = 0
+    files: int = 0
+    #: the shuffle's directory once it has a journal on disk
+    directory: str | None = None
+    removed: bool = False
+    last_commit: float = field(default_factory=time.monotonic)
 
 
 class Store:
-    def __init__(self) -> None:
+    def __init__(self, segment_size: int = 32 << 10, memory_quota: int = 0, disk_quota: int = 0) -> None:
         self.apps: dict[str, dict[int, ShuffleData]] = {}
+        self.usage: dict[str, AppUsage] = {}
+        self.segment_size = segment_size
+        #: per application, in segments and bytes; 0 = no cap
+        self.memory_quota = memory_quota // segment_size
+        self.disk_quota = disk_quota
+        #: spill is possible (a data dir is set): the memory quota spills instead of refusing
+        self.can_spill = False
+        #: pool segments all stored chunks hold (what spilling can free)
+        self.memory_segments = 0
         self.commits = 0
         self.aborts = 0
 
@@ -78,29 +187,69 @@ class Store:
             raise InvalidRequest(f"partition count {partitions} outside 1..{MAX_PARTITIONS}")
         if shuffle < 0 or map_index < 0 or attempt < 0:
             raise InvalidRequest("shuffle id, map index and attempt id must be >= 0")
-        shuffles = self.apps.setdefault(app, {})
-        data = shuffles.get(shuffle)
-        if data is None:
-            data = shuffles[shuffle] = ShuffleData(app, shuffle, partitions)
-        elif data.partitions != partitions:
+        usage = self.usage.get(app)
+        if usage is not None:
+            self._check_disk_quota(app, usage)
+        data = self._shuffle(app, shuffle, partitions)
+        if data.partitions != partitions:
             raise InvalidRequest(f"shuffle {app}/{shuffle} has {data.partitions} partitions, writer says {partitions}")
         if attempt in data.committed or attempt in data.open:
             raise MapOutputStateError(f"map attempt {attempt} of {app}/{shuffle} is already open or committed")
         out = MapOutput(data, map_index, attempt, lengths=[0] * partitions)
         data.open[attempt] = out
+        data.usage.last_active = time.monotonic()
         return out
+
+    def _shuffle(self, app: str, shuffle: int, partitions: int) -> ShuffleData:
+        shuffles = self.apps.setdefault(app, {})
+        data = shuffles.get(shuffle)
+        if data is None:
+            usage = self.usage.setdefault(app, AppUsage())
+            data = shuffles[shuffle] = ShuffleData(app, shuffle, partitions, usage)
+        return data
+
+    def _check_disk_quota(self, app: str, usage: AppUsage) -> None:
+        if self.disk_quota and usage.disk_bytes >= self.disk_quota:
+            raise QuotaExceeded(
+                f"application {app} holds {usage.disk_bytes} bytes on this daemon's disk, "
+                f"its quota is {self.disk_quota} (--app-disk-quota)"
+            )
 
     def add(self, out: MapOutput, partition: int, buffer: Buffer) -> None:
         """Take ownership of a pushed buffer (its one reference moves to the store)."""
         if out.state is not MapState.OPEN:
             buffer.release()
             raise MapOutputStateError(f"push to a map output that is {out.state.value}")
-        if not 0 <= partition < out.shuffle.partitions:
+        data = out.shuffle
+        if not 0 <= partition < data.partitions:
             buffer.release()
-            raise InvalidRequest(f"partition {partition} outside 0..{out.shuffle.partitions - 1}")
-        out.pending.append(Chunk(buffer, partition, out.attempt))
+            raise InvalidRequest(f"partition {partition} outside 0..{data.partitions - 1}")
+        usage = data.usage
+        try:
+            self._check_disk_quota(data.app, usage)
+            if self.memory_quota and not self.can_spill and usage.segments >= self.memory_quota:
+                raise QuotaExceeded(
+                    f"application {data.app} holds {usage.segments} segments of this daemon's memory, its quota "
+                    f"is {self.memory_quota} (--app-memory-quota; without --data-dir nothing can be spilled)"
+                )
+        except QuotaExceeded:
+            buffer.release()
+            raise
+        sub = data.subpartitions.get(partition)
+        if sub is None:
+            sub = data.subpartitions[partition] = Subpartition(partition)
+        chunk = StoredChunk(out.attempt, buffer.length, buffer)
+        out.pending.append((sub, chunk))
+        sub.memory.append(chunk)
+        sub.memory_segments += 1
         out.lengths[partition] += buffer.length
-        out.shuffle.segments += 1
+        data.segments += 1
+        self.memory_segments += 1
+        usage.segments += 1
+
+    def over_memory_quota(self, app: str) -> bool:
+        usage = self.usage.get(app)
+        return bool(self.memory_quota) and usage is not None and usage.segments > self.memory_quota
 
     def commit(self, out: MapOutput) -> list[int]:
         if out.state is not MapState.OPEN:
@@ -109,15 +258,18 @@ class Store:
         out.state = MapState.COMMITTED
         del data.open[out.attempt]
         data.committed[out.attempt] = out.map_index
-        for chunk in out.pending:
-            sub = data.subpartitions.get(chunk.partition)
-            if sub is None:
-                sub = data.subpartitions[chunk.partition] = Subpartition()
-            sub.chunks.append(chunk)
-            sub.bytes += chunk.buffer.length
-            data.bytes += chunk.buffer.length
+        data.lengths[out.attempt] = {p: n for p, n in enumerate(out.lengths) if n}
+        for sub, chunk in out.pending:
+            chunk.committed = True
+            if chunk.buffer is not None:
+                sub.chunks.append(chunk)
+            else:  # spilled before the commit
+                sub.spilled.append(chunk.attempt, chunk.offset, chunk.length, chunk.crc)
+            sub.bytes += chunk.length
+            data.bytes += chunk.length
         out.pending = []
         self.commits += 1
+        data.last_commit = data.usage.last_active = time.monotonic()
         return out.lengths
 
     def abort(self, out: MapOutput) -> None:
@@ -126,20 +278,90 @@ class Store:
         out.state = MapState.ABORTED
         data = out.shuffle
         data.open.pop(out.attempt, None)
-        for chunk in out.pending:
-            chunk.buffer.release()
-        data.segments -= len(out.pending)
+        touched: dict[int, Subpartition] = {}
+        for sub, chunk in out.pending:
+            self._drop(data, sub, chunk)
+            touched[sub.partition] = sub
+        for sub in touched.values():
+            sub.memory = [c for c in sub.memory if not c.dead]
         out.pending = []
         self.aborts += 1
 
+    def _drop(self, data: ShuffleData, sub: Subpartition, chunk: StoredChunk) -> None:
+        """The chunk is gone for good: give back its memory (spilled bytes stay until the file goes)."""
+        chunk.dead = True
+        if chunk.buffer is not None:
+            self._release_memory(data, sub, chunk)
+
+    def _release_memory(self, data: ShuffleData, sub: Subpartition, chunk: StoredChunk) -> None:
+        buf, chunk.buffer = chunk.buffer, None
+        assert buf is not None
+        buf.release()
+        sub.memory_segments -= 1
+        data.segments -= 1
+        self.memory_segments -= 1
+        data.usage.segments -= 1
+
+    # -- spill side (the Spiller does the I/O)
+
+    def take_for_spill(self, sub: Subpartition) -> list[StoredChunk]:
+        """The partition's in-memory chunks, in push order; new pushes start a fresh list."""
+        chunks = [c for c in sub.memory if c.buffer is not None and not c.dead]
+        sub.memory = []
+        return chunks
+
+    def spilled(
+        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int, crcs: list[int]
+    ) -> int:
+        """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
+        written = 0
+        moved = False
+        for chunk, crc in zip(chunks, crcs, strict=True):
+            chunk.offset = offset + written
+            chunk.crc = crc
+            written += chunk.length
+            if chunk.buffer is not None and not chunk.dead:
+                self._release_memory(data, sub, chunk)
+                if chunk.committed:
+                    sub.spilled.append(chunk.attempt, chunk.offset, chunk.length, crc)
+                    moved = True
+        if moved:
+            sub.chunks = [c for c in sub.chunks if c.buffer is not None]
+        if not data.removed:  # a dropped shuffle settled its disk accounting when it was dropped
+            data.disk_bytes += written
+            data.usage.disk_bytes += written
+        return written
+
+    def unspilled(self, sub: Subpartition, chunks: list[StoredChunk]) -> None:
+        """A spill failed: the chunks stay in memory, ahead of anything pushed meanwhile."""
+        sub.memory[:0] = [c for c in chunks if c.buffer is not None and not c.dead]
+
+    def largest_in_memory(self, app: str | None = None) -> tuple[ShuffleData, Subpartition] | None:
+        """The partition holding the most memory (of one application, or of all); None if none holds any."""
+        best: tuple[ShuffleData, Subpartition] | None = None
+        most = 0
+        for name, shuffles in self.apps.items():
+            if app is not None and name != app:
+                continue
+            for data in shuffles.values():
+                for sub in data.subpartitions.values():
+                    if sub.memory_segments > most:
+                        best, most = (data, sub), sub.memory_segments
+        return best
+
     # -- read side
 
-    def snapshot(self, app: str, shuffle: int, start: int, end: int, attempts: list[int]) -> list[Chunk]:
-        """Chunks of partitions [start, end) from exactly these committed attempts, each retained once."""
+    def snapshot(
+        self, app: str, shuffle: int, start: int, end: int, attempts: list[int]
+    ) -> tuple[list[Chunk | DiskChunk], int]:
+        """Chunks of partitions [start, end) from exactly these committed attempts, and how many are on disk.
+
+        In-memory chunks are retained once each (the reader's reference).
+        """
         data = self.apps.get(app, {}).get(shuffle)
         if data is None:
             if not attempts:
-                return []
+                return [], 0
             raise PartitionNotFound(f"shuffle {app}/{shuffle} is not held by this daemon")
         if not 0 <= start <= end <= data.partitions:
             raise InvalidRequest(f"partition range [{start}, {end}) outside 0..{data.partitions}")
@@ -147,17 +369,45 @@ class Store:
         if missing:
             shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
             raise PartitionNotFound(f"map attempts not committed here for {app}/{shuffle}: {shown}")
+        data.usage.last_active = time.monotonic()
         wanted = set(attempts)
-        out: list[Chunk] = []
+        out: list[Chunk | DiskChunk] = []
+        on_disk = 0
         for p in range(start, end):
             sub = data.subpartitions.get(p)
             if sub is None:
                 continue
+            if sub.spilled:
+                assert sub.file is not None
+                disk = sub.spilled.select(sub.file.path, p, wanted)
+                out.extend(disk)
+                on_disk += len(disk)
             for chunk in sub.chunks:
                 if chunk.attempt in wanted:
+                    assert chunk.buffer is not None
                     chunk.buffer.retain()
-                    out.append(chunk)
-        return out
+                    out.append(Chunk(chunk.buffer, p, chunk.attempt))
+        return out, on_disk
+
+    # -- restart
+
+    def restore(self, loaded: LoadedShuffle, files: dict[int, SpillFile]) -> None:
+        """Committed data found on disk at start becomes servable again."""
+        data = self._shuffle(loaded.app, loaded.shuffle, loaded.partitions)
+        data.directory = loaded.directory
+        for attempt, (map_index, lengths) in loaded.committed.items():
+            data.committed[attempt] = map_index
+            data.lengths[attempt] = lengths
+        for p, items in loaded.chunks.items():
+            sub = data.subpartitions[p] = Subpartition(p, file=files[p])
+            for attempt, offset, length, crc in items:
+                sub.spilled.append(attempt, offset, length, crc)
+                sub.bytes += length
+            data.bytes += sub.bytes
+        disk_bytes = sum(f.size for f in files.values())
+        data.files += len(files)
+        data.disk_bytes += disk_bytes
+        data.usage.disk_bytes += disk_bytes
 
     # -- cleanup
 
@@ -167,25 +417,30 @@ class Store:
             self.abort(out)
         for sub in data.subpartitions.values():
             for chunk in sub.chunks:
-                chunk.buffer.release()
+                self._drop(data, sub, chunk)
+            sub.memory = []
         data.subpartitions.clear()
         data.committed.clear()
-        data.segments = 0
+        data.removed = True
+        data.usage.disk_bytes -= data.disk_bytes
         return freed
 
-    def unregister_shuffle(self, app: str, shuffle: int) -> int:
-        """Drop a shuffle; returns the segments it held (freed now or when readers let go)."""
+    def unregister_shuffle(self, app: str, shuffle: int) -> tuple[int, list[ShuffleData]]:
+        """Drop a shuffle; returns the segments it held (freed now or when readers let go) and what was dropped."""
         shuffles = self.apps.get(app)
         if not shuffles or shuffle not in shuffles:
-            return 0
-        freed = self._free(shuffles.pop(shuffle))
+            return 0, []
+        data = shuffles.pop(shuffle)
+        freed = self._free(data)
         if not shuffles:
             del self.apps[app]
-        return freed
+            self.usage.pop(app, None)
+        return freed, [data]
 
-    def remove_application(self, app: str) -> int:
+    def remove_application(self, app: str) -> tuple[int, list[ShuffleData]]:
         shuffles = self.apps.pop(app, {})
-        return sum(self._free(d) for d in shuffles.values())
+        self.usage.pop(app, None)
+        return sum(self._free(d) for d in shuffles.values()), list(shuffles.values())
 
     def stats(self) -> dict[str, int]:
         shuffles = [d for s in self.apps.values() for d in s.values()]

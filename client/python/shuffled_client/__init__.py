@@ -2,11 +2,14 @@
 
 from shuffled.protocol.errors import (
     ConnectionLost,
+    CorruptData,
     InvalidRequest,
     MapOutputStateError,
     PartitionNotFound,
     PeerUnavailable,
+    QuotaExceeded,
     ShuffledError,
+    StorageError,
 )
 
 from .aio import AsyncClient, MapWriter, PartitionReader, ReadChunk
@@ -16,14 +19,17 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ConnectionLost",
+    "CorruptData",
     "InvalidRequest",
     "MapOutputStateError",
     "MapWriter",
     "PartitionNotFound",
     "PartitionReader",
     "PeerUnavailable",
+    "QuotaExceeded",
     "ReadChunk",
     "Reader",
     "ShuffledError",
+    "StorageError",
     "Writer",
 ]

@@ -168,6 +168,15 @@ class AsyncClient:
     async def remove_application(self, app: str, propagate: bool = True) -> dict[str, Any]:
         return await self._admin_call("remove_application", {"app": app, "propagate": propagate})
 
+    async def flush(self, app: str, shuffle: int | None = None) -> dict[str, Any]:
+        """Write the daemon's in-memory data of a shuffle (or of every shuffle of `app`) to its disk.
+
+        Call it when a map stage is complete: the memory is then free for the next
+        stage, and the data survives a daemon restart. Needs a daemon with --data-dir.
+        """
+        args: dict[str, Any] = {"app": app} if shuffle is None else {"app": app, "shuffle": shuffle}
+        return await self._admin_call("flush", args)
+
     async def stats(self) -> dict[str, Any]:
         return await self._admin_call("stats", {})
 

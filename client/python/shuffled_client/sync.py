@@ -42,6 +42,10 @@ class Client:
         result: dict[str, Any] = self._run(self._aio.remove_application(app, propagate))
         return result
 
+    def flush(self, app: str, shuffle: int | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._run(self._aio.flush(app, shuffle))
+        return result
+
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = self._run(self._aio.stats())
         return result

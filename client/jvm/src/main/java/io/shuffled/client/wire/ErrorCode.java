@@ -23,7 +23,10 @@ public enum ErrorCode {
     INTERNAL(13, false, false),
     DUPLICATE_CONNECTION(14, false, true),
     INVALID_REQUEST(15, false, false),
-    CONNECTION_LOST(16, true, true);
+    CONNECTION_LOST(16, true, true),
+    STORAGE_ERROR(17, false, true),
+    QUOTA_EXCEEDED(18, false, false),
+    CORRUPT_DATA(19, true, false);
 
     private final int code;
     private final boolean fetchFailure;

@@ -1,0 +1,134 @@
+"""`spill`: push and read throughput when spilling to disk vs in memory; spill write rate vs `dd` on the same disk.
+
+Two daemons get the same map outputs: one with a pool that holds the whole
+shuffle, one with an eighth of that and a `--data-dir` in the run's temporary
+directory, so most bytes go through spill files. Both are read back by local
+clients, every partition at once. Before the spilled read, the spill files'
+pages are dropped from the page cache (fsync, then posix_fadvise DONTNEED on
+those files only), so it really reads the disk. `dd` then writes the same number
+of bytes into the same directory in 1 MiB blocks through the page cache, as a
+spill does (no fsync), and once more with conv=fdatasync. The spill write rate
+is the bytes the daemon spilled over the time the pushes took (pushes wait while
+it spills, so the two move together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .common import (
+    Context,
+    MiB,
+    ScenarioResult,
+    bounded,
+    drain,
+    median,
+    mib_per_s,
+    push,
+    reader_client_pool,
+    require,
+    store_pool,
+)
+
+APP = "bench-spill"
+PARTITIONS = 8
+MAPS = 4
+
+
+def _drop_page_cache(root: Path) -> int:
+    """Write back and evict the cached pages of the files under `root`; returns how many files."""
+    n = 0
+    for path in root.rglob("*.data"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        n += 1
+    return n
+
+
+def _dd(target: Path, nbytes: int, sync: bool) -> float:
+    """Seconds `dd` takes to write `nbytes` of zeros to `target` in 1 MiB blocks."""
+    argv = ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={nbytes // MiB}", "status=none"]
+    t0 = time.perf_counter()
+    subprocess.run(argv + (["conv=fdatasync"] if sync else []), check=True, timeout=300)
+    seconds = time.perf_counter() - t0
+    target.unlink()
+    return seconds
+
+
+async def _shuffle(ctx: Context, pool: int, nbytes: int, data_dir: Path | None) -> dict[str, float]:
+    """Push MAPS map outputs over PARTITIONS partitions into one daemon, then read every partition back."""
+    extra = ["--data-dir", str(data_dir)] if data_dir else []
+    per = nbytes // MAPS // PARTITIONS
+    out: dict[str, float] = {}
+    async with ctx.daemons(pool, extra=extra) as (d,):
+        async with ctx.client(d.node) as writer, ctx.client(d.node, reader_client_pool(PARTITIONS)) as reader:
+            t0 = time.perf_counter()
+            stored = await asyncio.gather(
+                *(push(writer, APP, 1, m + 1, [per] * PARTITIONS, map_index=m) for m in range(MAPS))
+            )
+            out["push_s"] = time.perf_counter() - t0
+            require(sum(stored) == nbytes, f"stored {sum(stored)} bytes of {nbytes}")
+            stats = await writer.stats()
+            out["spilled"] = stats["disk"]["spilled_bytes"]
+            if data_dir is not None:
+                require(out["spilled"] > nbytes // 2, f"only {out['spilled']} of {nbytes} bytes spilled")
+                _drop_page_cache(data_dir)
+            locations = {"": list(range(1, MAPS + 1))}
+            t0 = time.perf_counter()
+            got = await asyncio.gather(*(drain(reader.read(APP, 1, p, p + 1, locations)) for p in range(PARTITIONS)))
+            out["read_s"] = time.perf_counter() - t0
+            require(sum(got) == nbytes, f"read {sum(got)} bytes of {nbytes}")
+    return out
+
+
+async def run(ctx: Context, result: ScenarioResult) -> None:
+    nbytes = ctx.pick(1024 * MiB, 128 * MiB)
+    data_dir = ctx.tmp_dir / "spill-data"
+    memory = await _shuffle(ctx, store_pool(nbytes, PARTITIONS), nbytes, None)
+    ctx.progress(f"in memory: push {mib_per_s(nbytes, memory['push_s']):,.0f} MiB/s")
+    spilled = await _shuffle(ctx, max(16 * MiB, nbytes // 8), nbytes, data_dir)
+    ctx.progress(f"spilling: push {mib_per_s(nbytes, spilled['push_s']):,.0f} MiB/s")
+
+    for what, key, spilling in (("push", "push_s", "spilling (pool = 1/8)"), ("read", "read_s", "from disk (cold)")):
+        in_memory = mib_per_s(nbytes, memory[key])
+        result.add(f"{what}, all in memory", in_memory, "MiB/s")
+        result.add(
+            f"{what}, {spilling}",
+            mib_per_s(nbytes, spilled[key]),
+            "MiB/s",
+            baseline_name="in memory",
+            baseline=in_memory,
+        )
+    if shutil.which("dd") is None:
+        result.notes.append("dd not installed: no disk baseline")
+    else:
+        data_dir.mkdir(exist_ok=True)
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for _ in bounded(ctx.repeats, ctx.pick(60.0, 10.0)):
+            for sync in (False, True):  # alternating keeps drift out of their comparison
+                rates[sync].append(mib_per_s(nbytes, _dd(data_dir / "dd.bin", nbytes, sync)))
+        dd_cached = median(rates[False])
+        result.add("dd 1 MiB blocks, page cache", dd_cached, "MiB/s", samples=rates[False])
+        result.add("dd 1 MiB blocks, fdatasync", median(rates[True]), "MiB/s", samples=rates[True])
+        result.add(
+            "spill write rate (during push)",
+            mib_per_s(spilled["spilled"], spilled["push_s"]),
+            "MiB/s",
+            baseline_name="dd",
+            baseline=dd_cached,
+        )
+    result.notes.append(
+        f"{nbytes // MiB} MiB = {MAPS} map outputs x {PARTITIONS} partitions, 1 MiB writes, local reads of all "
+        f"partitions at once; {spilled['spilled'] / MiB:,.0f} MiB spilled; data dir {data_dir.parent} "
+        "(the spill files' pages are evicted before the cold read); dd: medians of "
+        f"{len(rates[False]) if shutil.which('dd') else 0} runs each"
+    )

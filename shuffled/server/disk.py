@@ -1,0 +1,380 @@
+"""Spill files on local disk: append-only data per reduce partition and one checksummed journal per shuffle.
+
+Layout under `--data-dir`:
+
+    LOCK                               flock'ed by the one daemon using the dir (holds its pid)
+    app-<id>/<shuffle>/journal         records: u32 length, u32 CRC32C of the body, msgpack map
+    app-<id>/<shuffle>/p<N>.data       chunks of reduce partition N, in spill order
+
+The journal says what the data files mean: a header naming the shuffle, one
+record per spill (each chunk's map attempt, offset, length and CRC32C) and one per
+committed map attempt (its byte length per partition). A restarted daemon serves
+an attempt only if its commit record is intact and every byte it committed is
+described by intact chunk records inside the files; reads check each chunk's
+CRC32C. Data is written before the record describing it, so a crash between the
+two leaves only bytes nobody points at.
+
+The event loop never touches a file: every write, journal append and deletion
+runs on one writer thread, in submission order (a shuffle's deletion can never
+overtake its last spill, a record never lands before its header), and reads run
+on a small pool of reader threads. Buffers are handed to the threads as
+memoryviews of pool segments; the threads write from and read into them without
+copying (`os.writev`, `os.preadv`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import struct
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import crc32c
+import msgpack
+
+from ..logs import event
+
+log = logging.getLogger("shuffled.disk")
+
+T = TypeVar("T")
+
+_RECORD = struct.Struct(">II")
+JOURNAL = "journal"
+#: held (flock) by the daemon using the data dir
+LOCK = "LOCK"
+#: most iovecs handed to one writev/preadv call (Linux IOV_MAX is 1024)
+_IOV_MAX = 512
+
+
+def checksum(data: memoryview | bytes) -> int:
+    return int(crc32c.crc32c(data))
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(record, use_bin_type=True)
+    return _RECORD.pack(len(body), checksum(body)) + body
+
+
+def decode_records(raw: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Intact records from the start of a journal, and the offset where they end (a torn tail is dropped)."""
+    records: list[dict[str, Any]] = []
+    pos = 0
+    while pos + _RECORD.size <= len(raw):
+        length, crc = _RECORD.unpack_from(raw, pos)
+        body = raw[pos + _RECORD.size : pos + _RECORD.size + length]
+        if len(body) < length or checksum(body) != crc:
+            break
+        try:
+            record = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception:
+            break
+        if not isinstance(record, dict):
+            break
+        records.append(record)
+        pos += _RECORD.size + length
+    return records, pos
+
+
+def app_dir_name(app: str) -> str:
+    """A file name for an application id that cannot escape the data dir ('..', '/'); long ids get a hash."""
+    name = quote(app, safe="")
+    if len(name) > 200:
+        name = name[:100] + "-" + hashlib.sha256(app.encode()).hexdigest()
+    return "app-" + name
+
+
+def _consume(pending: list[memoryview], n: int) -> None:
+    """Drop the first `n` bytes from a list of views (after a short writev/preadv)."""
+    while n and pending:
+        if n >= len(pending[0]):
+            n -= len(pending.pop(0))
+        else:
+            pending[0] = pending[0][n:]
+            n = 0
+
+
+def _write_all(fd: int, views: Sequence[memoryview]) -> None:
+    pending = [v for v in views if len(v)]
+    while pending:
+        _consume(pending, os.writev(fd, pending[:_IOV_MAX]))
+
+
+def _read_exact(fd: int, views: Sequence[memoryview], offset: int) -> None:
+    pending = [v for v in views if len(v)]
+    while pending:
+        n = os.preadv(fd, pending[:_IOV_MAX], offset)
+        if n == 0:
+            raise EOFError(f"spill file ends before offset {offset}")
+        offset += n
+        _consume(pending, n)
+
+
+@dataclass(slots=True, eq=False)
+class SpillFile:
+    """One reduce partition's data file; `size` counts every byte appended (also those of aborted attempts)."""
+
+    path: str
+    size: int = 0
+
+
+@dataclass(slots=True)
+class Appended:
+    offset: int
+    crcs: list[int]
+
+
+@dataclass(slots=True)
+class DiskStats:
+    spills: int = 0
+    spilled_bytes: int = 0
+    used_bytes: int = 0
+    files: int = 0
+    errors: int = 0
+
+
+@dataclass
+class LoadedShuffle:
+    """What a journal on disk proves: the attempts that can be served and their chunks per partition."""
+
+    app: str
+    shuffle: int
+    partitions: int
+    directory: str
+    #: attempt -> (map index, bytes per partition)
+    committed: dict[int, tuple[int, dict[int, int]]] = field(default_factory=dict)
+    #: partition -> [(attempt, offset, length, crc)] of committed attempts, in file order
+    chunks: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    file_sizes: dict[int, int] = field(default_factory=dict)
+
+
+class Disk:
+    """The data dir: where shuffles' files live, and the threads that touch them."""
+
+    def __init__(self, root: str, read_threads: int = 2) -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self._lock = self._take_lock()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shuffled-write")
+        self._readers = ThreadPoolExecutor(read_threads, thread_name_prefix="shuffled-read")
+        self.stats = DiskStats()
+
+    def _take_lock(self) -> int:
+        """One daemon per data dir: a second one would delete the first one's files as leftovers."""
+        fd = os.open(os.path.join(self.root, LOCK), os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OSError(errno.EBUSY, f"another daemon (pid {holder}) uses this data dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def shuffle_dir(self, app: str, shuffle: int) -> str:
+        return os.path.join(self.root, app_dir_name(app), str(shuffle))
+
+    def data_path(self, directory: str, partition: int) -> str:
+        return os.path.join(directory, f"p{partition}.data")
+
+    @staticmethod
+    def _on(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Submit now (so the writer thread sees jobs in call order); await the result later."""
+        return asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    # -- writes (one thread, FIFO)
+
+    def append(
+        self, file: SpillFile, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
+    ) -> asyncio.Future[Appended]:
+        """Append chunks to a data file, then the journal record that describes them.
+
+        On any error the data file is cut back to where it was, so nothing half
+        written is ever described (or served).
+        """
+        return self._on(self._writer, self._append, file.path, views, journal, record)
+
+    @staticmethod
+    def _append(path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]) -> Appended:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o640)
+        try:
+            offset = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                crcs = [checksum(v) for v in views]
+                _write_all(fd, views)
+                done = Appended(offset, crcs)
+                Disk._journal_append(journal, record(done))
+            except BaseException:
+                os.ftruncate(fd, offset)
+                raise
+        finally:
+            os.close(fd)
+        return done
+
+    def append_journal(self, journal: str, data: bytes) -> asyncio.Future[None]:
+        return self._on(self._writer, self._journal_append, journal, data)
+
+    @staticmethod
+    def _journal_append(journal: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(journal), exist_ok=True)
+        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                _write_all(fd, [memoryview(data)])
+            except BaseException:
+                os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
+
+    def remove(self, directory: str) -> asyncio.Future[None]:
+        """Delete a shuffle's directory (after every write submitted before), and its app dir once empty."""
+        return self._on(self._writer, self._remove, directory)
+
+    @staticmethod
+    def _remove(directory: str) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(directory))
+        except OSError:
+            pass  # other shuffles of the application remain
+
+    def sync(self) -> asyncio.Future[None]:
+        """Done when every write submitted so far is."""
+        return self._on(self._writer, lambda: None)
+
+    # -- reads (a few threads; one read stream's loads are sequential)
+
+    def read(
+        self, fd: int | None, path: str, offset: int, views: Sequence[memoryview]
+    ) -> asyncio.Future[tuple[int, list[int]]]:
+        """Fill `views` from `path` at `offset` (opening it unless `fd` is given); resolves to the fd and CRCs."""
+        return self._on(self._readers, self._read, fd, path, offset, views)
+
+    @staticmethod
+    def _read(fd: int | None, path: str, offset: int, views: Sequence[memoryview]) -> tuple[int, list[int]]:
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            _read_exact(fd, views, offset)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, [checksum(v) for v in views]
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        os.close(self._lock)  # releases the lock
+
+    # -- start: what the data dir holds
+
+    def load(self) -> list[LoadedShuffle]:
+        """Read every journal; delete whatever under an `app-*` dir cannot be served (before the daemon listens)."""
+        loaded: list[LoadedShuffle] = []
+        for app_entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if app_entry.name == LOCK:
+                continue
+            if not app_entry.name.startswith("app-") or not app_entry.is_dir(follow_symlinks=False):
+                # Not ours (lost+found on a mount point, an operator's file): never deleted.
+                event(
+                    log,
+                    "ignoring an entry of the data dir this daemon did not write",
+                    logging.WARNING,
+                    path=app_entry.path,
+                )
+                continue
+            for entry in sorted(os.scandir(app_entry.path), key=lambda e: e.name):
+                shuffle = self._load_shuffle(entry.path) if entry.is_dir(follow_symlinks=False) else None
+                if shuffle is None or not shuffle.committed:
+                    event(log, "removing leftover spill data it cannot serve", path=entry.path)
+                    self._remove(entry.path) if entry.is_dir(follow_symlinks=False) else _unlink(entry.path)
+                else:
+                    loaded.append(shuffle)
+            try:
+                os.rmdir(app_entry.path)
+            except OSError:
+                pass
+        for s in loaded:
+            self.stats.files += len(s.file_sizes)
+            self.stats.used_bytes += sum(s.file_sizes.values())
+        return loaded
+
+    def _load_shuffle(self, directory: str) -> LoadedShuffle | None:
+        journal = os.path.join(directory, JOURNAL)
+        try:
+            with open(journal, "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        records, end = decode_records(raw)
+        if end < len(raw):
+            event(
+                log, "journal has a torn or corrupt tail; dropped", logging.WARNING, path=journal, bytes=len(raw) - end
+            )
+            os.truncate(journal, end)
+        try:
+            return self._replay(directory, records)
+        except (KeyError, TypeError, ValueError) as exc:
+            event(log, "journal does not describe a shuffle", logging.WARNING, path=journal, reason=exc)
+            return None
+
+    def _replay(self, directory: str, records: list[dict[str, Any]]) -> LoadedShuffle | None:
+        head = next((r for r in records if r.get("k") == "shuffle"), None)
+        if head is None:
+            return None
+        out = LoadedShuffle(str(head["app"]), int(head["shuffle"]), int(head["partitions"]), directory)
+        if app_dir_name(out.app) != os.path.basename(os.path.dirname(directory)):
+            return None
+        chunks: dict[int, list[tuple[int, int, int, int]]] = {}
+        commits: dict[int, tuple[int, dict[int, int]]] = {}
+        for r in records:
+            if r.get("k") == "chunks":
+                chunks.setdefault(int(r["p"]), []).extend((int(a), int(o), int(n), int(c)) for a, o, n, c in r["c"])
+            elif r.get("k") == "commit":
+                commits[int(r["attempt"])] = (int(r["map"]), {int(p): int(n) for p, n in r["lengths"].items()})
+        sizes: dict[int, int] = {}
+        for p in chunks:
+            try:
+                sizes[p] = os.stat(self.data_path(directory, p)).st_size
+            except FileNotFoundError:
+                sizes[p] = -1
+        # An attempt is servable only if every byte its commit names is in intact chunks inside the files.
+        for attempt, (map_index, lengths) in commits.items():
+            ok = True
+            for p, length in lengths.items():
+                mine = [(o, n) for a, o, n, _ in chunks.get(p, ()) if a == attempt]
+                if sum(n for _, n in mine) != length or any(o + n > sizes.get(p, -1) for o, n in mine):
+                    ok = False
+                    break
+            if ok:
+                out.committed[attempt] = (map_index, lengths)
+        for p, items in chunks.items():
+            kept = sorted((c for c in items if c[0] in out.committed), key=lambda c: c[1])
+            if kept:
+                out.chunks[p] = kept
+        keep = {JOURNAL} | {os.path.basename(self.data_path(directory, p)) for p in out.chunks}
+        for entry in os.scandir(directory):
+            if entry.name not in keep:
+                _unlink(entry.path)
+        out.file_sizes = {p: sizes[p] for p in out.chunks}
+        return out
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            event(log, "cannot remove", logging.WARNING, path=path, reason=exc)

@@ -1,0 +1,242 @@
+"""Moving stored data from the pool to disk: under memory pressure, over a quota, on request, at stop.
+
+Pressure uses two watermarks on the share of pool segments in use. Passing the
+high one starts a spill of the largest in-memory reduce partitions and holds back
+new push credit (sessions wait on `admitted()`); once usage is below the low one,
+or nothing more can be spilled, push credit flows again. The wait is the same
+back-pressure a full pool applies, just earlier, so the disk has time to catch up.
+
+One spill writes one partition's in-memory chunks with one `writev` on the disk's
+writer thread, then the journal record describing them; only when both are done
+are the segments released. Spills run one at a time (there is one writer thread
+anyway), which also keeps a flush from overtaking a spill of the same partition.
+
+A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the chunks stay in
+memory; map outputs that were still open and had data in the failed spill are
+aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
+the task) and their memory comes back. Committed data keeps being served from
+memory. Pressure spilling then backs off for `RETRY_AFTER` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..logs import event
+from ..protocol.errors import StorageError
+from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
+from .store import MapState, ShuffleData, Store, StoredChunk, Subpartition
+
+if TYPE_CHECKING:
+    from ..buffers import Buffer, GlobalPool
+
+log = logging.getLogger("shuffled.spill")
+
+#: seconds pressure spilling pauses after a failed write
+RETRY_AFTER = 1.0
+
+
+class Spiller:
+    def __init__(self, store: Store, pool: GlobalPool, disk: Disk | None, high: float, low: float) -> None:
+        self.store = store
+        self.pool = pool
+        self.disk = disk
+        # Pushes never take the read reserve, so the high mark must lie below it to be reachable
+        # (small pools get a proportionally larger reserve than `read_reserve` says).
+        self.high = min(int(pool.total * high), pool.total - pool.reserve - 1)
+        self.low = min(int(pool.total * low), self.high - 1)
+        self.low_share = low
+        #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
+        self.worth_spilling = max(1, pool.total // 16)
+        #: pushes get no new credit while set (above the high watermark, until below the low one)
+        self.paused = False
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        #: applications over their memory quota: their pushes wait on the event until spilled below it
+        self._apps: dict[str, asyncio.Event] = {}
+        self._failed_at = -RETRY_AFTER
+
+    def holding(self, app: str) -> bool:
+        """True while pushes of `app` get no new memory."""
+        return self.paused or app in self._apps
+
+    async def admitted(self, app: str) -> None:
+        """Returns when pushes of `app` may take memory again."""
+        await self._resume.wait()
+        held = self._apps.get(app)
+        if held is not None:
+            await held.wait()
+
+    def check(self, app: str | None = None) -> None:
+        """After data was added: start spilling if the pool or the application's quota asks for it."""
+        if self.disk is None or asyncio.get_running_loop().time() - self._failed_at < RETRY_AFTER:
+            return
+        if app is not None and app not in self._apps and self.store.over_memory_quota(app):
+            self._apps[app] = asyncio.Event()
+        if self.pool.used >= self.high and not self.paused and self.store.memory_segments >= self.worth_spilling:
+            self.paused = True
+            self._resume.clear()
+        if (self.paused or self._apps) and self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if self._apps:
+                    app = next(iter(self._apps))
+                    target = int(self.store.memory_quota * self.low_share)
+                    usage = self.store.usage.get(app)
+                    if usage is None or usage.segments <= target or not await self._spill_one(app):
+                        self._apps.pop(app).set()
+                    continue
+                if not self.paused or self.pool.used <= self.low or not await self._spill_one(None):
+                    return
+        except Exception:
+            log.exception("spilling failed")
+        finally:
+            self._task = None
+            for held in self._apps.values():
+                held.set()
+            self._apps.clear()
+            self.paused = False
+            self._resume.set()
+
+    async def _spill_one(self, app: str | None) -> bool:
+        """Spill the largest in-memory partition (of `app`, or of anyone); False if none or the disk failed."""
+        found = self.store.largest_in_memory(app)
+        return found is not None and await self.spill(*found) >= 0
+
+    async def flush(self, shuffles: list[ShuffleData]) -> int:
+        """Write every in-memory chunk of these shuffles to disk; returns the bytes written (-1: a write failed)."""
+        total = 0
+        for data in shuffles:
+            for sub in list(data.subpartitions.values()):
+                if sub.memory_segments:
+                    n = await self.spill(data, sub)
+                    if n < 0:
+                        return -1
+                    total += n
+        return total
+
+    async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
+        """Spill one partition's in-memory chunks. Returns bytes written, or -1 if the write failed.
+
+        Once the chunks are taken, the write and its bookkeeping run to the end even if
+        the caller is cancelled (a flush cut short at stop): otherwise the chunks would
+        belong neither to memory nor to the file.
+        """
+        async with self._lock:
+            if data.removed:
+                return 0
+            chunks = self.store.take_for_spill(sub)
+            if not chunks:
+                return 0
+            # The write's own references, taken now: an abort from here on drops only the store's.
+            held = [c.buffer for c in chunks if c.buffer is not None]
+            for buf in held:
+                buf.retain()
+            return await asyncio.shield(self._write(data, sub, chunks, held))
+
+    async def _write(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], held: list[Buffer]) -> int:
+        disk = self.disk
+        assert disk is not None
+        views = [buf.data() for buf in held]
+        directory = self.open_journal(data)
+        if sub.file is None:
+            sub.file = SpillFile(disk.data_path(directory, sub.partition))
+            data.files += 1
+            disk.stats.files += 1
+        described = [(c.attempt, c.length) for c in chunks]
+        p = sub.partition
+
+        def record(done: Appended) -> bytes:
+            offset, entries = done.offset, []
+            for (attempt, length), crc in zip(described, done.crcs, strict=True):
+                entries.append([attempt, offset, length, crc])
+                offset += length
+            return encode_record({"k": "chunks", "p": p, "c": entries})
+
+        try:
+            done = await disk.append(sub.file, views, f"{directory}/{JOURNAL}", record)
+        except OSError as exc:
+            self._write_failed(data, sub, chunks, exc)
+            return -1
+        finally:
+            for buf in held:
+                buf.release()
+        written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
+        sub.file.size = done.offset + written
+        disk.stats.spills += 1
+        disk.stats.spilled_bytes += written
+        if not data.removed:  # else `removed` already settled the shuffle's disk accounting
+            disk.stats.used_bytes += written
+        return written
+
+    def open_journal(self, data: ShuffleData) -> str:
+        """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
+        disk = self.disk
+        assert disk is not None
+        if data.directory is None:
+            data.directory = disk.shuffle_dir(data.app, data.shuffle)
+            head = {"k": "shuffle", "app": data.app, "shuffle": data.shuffle, "partitions": data.partitions}
+            records = [encode_record(head)]
+            records += [self._commit_record(data, a) for a in data.committed]
+            self._journal(data, b"".join(records))
+        return data.directory
+
+    def committed(self, data: ShuffleData, attempt: int) -> None:
+        """Journal a commit once the shuffle has files (before that, it lives in memory only)."""
+        if data.directory is not None and self.disk is not None:
+            self._journal(data, self._commit_record(data, attempt))
+
+    def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
+        lengths = data.lengths[attempt]
+        return encode_record({"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": lengths})
+
+    def _journal(self, data: ShuffleData, record: bytes) -> None:
+        assert self.disk is not None and data.directory is not None
+        self.disk.append_journal(f"{data.directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
+
+    def _write_failed(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError) -> None:
+        assert self.disk is not None
+        self.disk.stats.errors += 1
+        self._failed_at = asyncio.get_running_loop().time()
+        event(
+            log,
+            "spill failed",
+            logging.WARNING,
+            app=data.app,
+            shuffle=data.shuffle,
+            partition=sub.partition,
+            reason=exc,
+        )
+        self.store.unspilled(sub, chunks)
+        reason = StorageError(f"writing map output to disk failed on this daemon: {exc.strerror or exc}")
+        for attempt in {c.attempt for c in chunks}:
+            out = data.open.get(attempt)
+            if out is not None and out.state is MapState.OPEN and out.on_failure is not None:
+                out.on_failure(reason)
+
+    async def removed(self, shuffles: list[ShuffleData]) -> None:
+        """Delete the files of dropped shuffles (after any spill of theirs still being written)."""
+        if self.disk is None:
+            return
+        for data in shuffles:
+            if data.directory is not None:
+                await self.disk.remove(data.directory)
+                self.disk.stats.used_bytes -= data.disk_bytes
+                self.disk.stats.files -= data.files
+
+
+def _log_journal_failure(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        event(
+            log,
+            "journal write failed (the data it describes will not survive a restart)",
+            logging.WARNING,
+            reason=done.exception(),
+        )

@@ -1,0 +1,158 @@
+"""Races between a spill's write (on the disk's writer thread) and the event loop, in one process with
+a real pool and real files: the writer thread is held at a gate so the race happens every time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from shuffled.buffers import GlobalPool
+from shuffled.server.disk import Disk
+from shuffled.server.spill import Spiller
+from shuffled.server.store import MapOutput, Store
+
+pytestmark = pytest.mark.asyncio
+
+SEGMENT = 32 << 10
+
+
+def _setup(tmp_path: Path) -> tuple[GlobalPool, Store, Disk, Spiller]:
+    pool = GlobalPool(64 * SEGMENT, SEGMENT)
+    store = Store(SEGMENT)
+    store.can_spill = True
+    disk = Disk(str(tmp_path))
+    return pool, store, disk, Spiller(store, pool, disk, 0.85, 0.7)
+
+
+def _push(pool: GlobalPool, store: Store, attempt: int, chunks: int) -> MapOutput:
+    out = store.open_map_output("app", 1, attempt, attempt, 2)
+    for i in range(chunks):
+        (buf,) = pool.try_take(1) or []
+        buf.set_recycler(pool.give)
+        buf.memory[:100] = bytes([attempt]) * 100
+        buf.length = 100
+        store.add(out, i % 2, buf)
+    return out
+
+
+async def _spill_while_held(disk: Disk, spiller: Spiller, store: Store) -> tuple[asyncio.Task[int], threading.Event]:
+    """Start a spill of the largest partition with the writer thread blocked in front of it."""
+    gate = threading.Event()
+    disk._writer.submit(gate.wait, 10)
+    found = store.largest_in_memory()
+    assert found is not None
+    task = asyncio.create_task(spiller.spill(*found))
+    await asyncio.sleep(0)  # the spill took its chunks and queued its write behind the gate
+    return task, gate
+
+
+async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_path: Path) -> None:
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 7, 10)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        store.abort(out)
+        assert pool.used == 5, "the write still holds the segments it is writing"
+        gate.set()
+        assert await task == 500
+        assert pool.used == 0 and store.stats()["stored_segments"] == store.memory_segments == 0
+        assert store.snapshot("app", 1, 0, 2, []) == ([], 0)
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_unregister_during_a_spill_deletes_the_files_after_the_write(tmp_path: Path) -> None:
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 3, 8)
+        store.commit(out)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        freed, dropped = store.unregister_shuffle("app", 1)
+        assert freed == 8
+        removal = asyncio.create_task(spiller.removed(dropped))
+        gate.set()
+        await task
+        await removal
+        assert pool.used == 0
+        assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["LOCK"]
+        assert disk.stats.used_bytes == 0 and disk.stats.files == 0
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path) -> None:
+    """Chunks pushed while their partition is being written stay in memory, after it in read order."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 5, 4)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        (buf,) = pool.try_take(1) or []
+        buf.set_recycler(pool.give)
+        buf.memory[:3] = b"new"
+        buf.length = 3
+        store.add(out, 0, buf)
+        gate.set()
+        await task
+        store.commit(out)
+        assert store.memory_segments == store.stats()["stored_segments"] == 3  # partition 1 and the new chunk
+        items, on_disk = store.snapshot("app", 1, 0, 1, [5])
+        assert on_disk == 2 and len(items) == 3
+        assert [type(i).__name__ for i in items] == ["DiskChunk", "DiskChunk", "Chunk"]
+        for item in items[2:]:
+            item.buffer.release()  # type: ignore[union-attr]
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_commit_during_a_spill_serves_the_chunks_from_the_file(tmp_path: Path) -> None:
+    """Chunks committed while being written are served from memory until the write is done, then from disk."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 9, 6)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        store.commit(out)
+        before, on_disk = store.snapshot("app", 1, 0, 1, [9])
+        assert on_disk == 0 and len(before) == 3
+        for item in before:
+            item.buffer.release()  # type: ignore[union-attr]
+        gate.set()
+        await task
+        after, on_disk = store.snapshot("app", 1, 0, 2, [9])
+        assert on_disk == 3 and [type(i).__name__ for i in after] == ["DiskChunk"] * 3 + ["Chunk"] * 3
+        assert [i.offset for i in after[:3]] == [0, 100, 200]  # type: ignore[union-attr]
+        for item in after[3:]:
+            item.buffer.release()  # type: ignore[union-attr]
+        assert pool.used == store.memory_segments == 3
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_spill_cancelled_during_its_write_still_completes(tmp_path: Path) -> None:
+    """A flush cut short (e.g. at stop) must not lose the chunks it took: they end up in the file."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 4, 4)
+        store.commit(out)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        task.cancel()
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await disk.sync()  # the write is done, and its bookkeeping ran before this returns
+        items, on_disk = store.snapshot("app", 1, 0, 2, [4])
+        assert on_disk == 2 and pool.used == store.memory_segments == 2
+        for item in items[2:]:
+            item.buffer.release()  # type: ignore[union-attr]
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
