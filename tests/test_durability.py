@@ -36,7 +36,8 @@ APP = "app-durable"
 
 def daemon(data: Path | None, pool: str = "32M", extra: list[str] | None = None, **kw: object) -> DaemonProcess:
     host = "127.0.0.1"
-    args = (["--data-dir", str(data)] if data is not None else []) + (extra or [])
+    # A short drain: restart tests stop the daemon with a push still open, which must be aborted, not awaited.
+    args = (["--data-dir", str(data)] if data is not None else []) + ["--drain-timeout", "1"] + (extra or [])
     return start_daemon(host, free_port([host]), pool, args, **kw)  # type: ignore[arg-type]
 
 
