@@ -19,7 +19,9 @@ COPY client/python ./client/python
 RUN pip install --no-compile . && rm -rf /opt/shuffled/build
 
 # Listen on all interfaces inside the container; the metrics endpoint serves the
-# Kubernetes probes, so it must be reachable from the kubelet.
+# Kubernetes probes, so it must be reachable from the kubelet. The daemon then needs
+# SHUFFLED_ADVERTISE (its address as other daemons reach it) from whoever runs the
+# image: deploy/kubernetes sets it from the pod IP; `docker run -e SHUFFLED_ADVERTISE=...`.
 ENV SHUFFLED_HOST=0.0.0.0 \
     SHUFFLED_METRICS_HOST=0.0.0.0 \
     SHUFFLED_UNIX_SOCKET=/run/shuffled/shuffled.sock \

@@ -270,6 +270,11 @@ class DaemonConfig:
                 raise ConfigError(what)
 
         need(0 <= self.port < 65536, f"port {self.port} is not in 0..65535")
+        need(
+            self.advertise is not None or self.host not in _WILDCARD_HOSTS,
+            f"advertise must be set when host is {self.host!r}: other daemons and Spark's readers find this "
+            "daemon by that name, and a wildcard address names every host at once",
+        )
         need(0 <= self.unix_socket_mode <= 0o777, "unix-socket-mode must be a file mode (0000..0777)")
         need(-1 <= self.metrics_port < 65536, f"metrics-port {self.metrics_port} is not in -1..65535")
         need(self.segment_size >= 4096 and self.segment_size % 4096 == 0, "segment-size must be a multiple of 4096")
@@ -297,6 +302,9 @@ class DaemonConfig:
             "app-memory-quota must hold at least two push windows",
         )
 
+
+#: listen addresses that are not a name for this host
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 #: flags that predate the table keep their names
 _FLAG_NAMES = {"exclusive": "exclusive-buffers", "floating": "floating-buffers", "push_max": "push-window"}

@@ -63,6 +63,8 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
         ("", {}, ["--drain-timeout", "-1"], "drain-timeout must be >= 0"),
         ("", {}, ["--drain-timeout", "nan"], "drain-timeout"),
         ("", {"SHUFFLED_SEGMENT_SIZE": "1000"}, [], "segment-size must be a multiple of 4096"),
+        # every daemon would be named 0.0.0.0:7337, so Spark's readers could not tell them apart
+        ('host = "0.0.0.0"', {}, [], "advertise must be set when host is '0.0.0.0'"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(
@@ -132,6 +134,7 @@ def test_serve_refuses_a_bad_config_file(tmp_path: Path) -> None:
 
 
 def test_example_config_in_deploy_loads() -> None:
-    config, sources = load(_args("--config", str(ROOT / "deploy" / "shuffled.toml")), {})
+    # It listens on 0.0.0.0; the systemd unit supplies the name (SHUFFLED_ADVERTISE).
+    config, sources = load(_args("--config", str(ROOT / "deploy" / "shuffled.toml")), {"SHUFFLED_ADVERTISE": "h:7337"})
     assert config.metrics_host == "0.0.0.0" and config.unix_socket == "/run/shuffled/shuffled.sock"
     assert sources["pool_size"].endswith("shuffled.toml")

@@ -85,7 +85,10 @@ def test_dockerfile_runs_the_package_entry_point_on_its_ports() -> None:
     assert user.split(":")[0] not in ("root", "0")
     shuffled_env = _image_env()
     assert not settings.unknown_env(shuffled_env)
-    config, _ = settings.load(None, shuffled_env)
+    # The image listens on 0.0.0.0, so whoever runs it names the daemon (the manifests set it from the pod IP).
+    with pytest.raises(settings.ConfigError, match="advertise must be set"):
+        settings.load(None, shuffled_env)
+    config, _ = settings.load(None, {**shuffled_env, "SHUFFLED_ADVERTISE": "10.1.2.3:7337"})
     assert config.metrics_host == "0.0.0.0" and config.host == "0.0.0.0"
     for args in get("COPY"):
         for src in args.split()[:-1]:
@@ -190,7 +193,11 @@ def test_systemd_unit_runs_the_example_config() -> None:
         and argv[1] == "serve"
         and argv[2:] == ["--config", "/etc/shuffled/shuffled.toml"]
     )
-    config, _ = settings.load(_build_parser().parse_args(["serve", "--config", str(DEPLOY / "shuffled.toml")]), {})
+    # The unit names the daemon (the example config listens on 0.0.0.0); %H is systemd's host name specifier.
+    key, value = service["Environment"].replace("%H", "host-a").split("=", 1)
+    args = _build_parser().parse_args(["serve", "--config", str(DEPLOY / "shuffled.toml")])
+    config, _ = settings.load(args, {key: value})
+    assert config.advertise == f"host-a:{config.port}"
     assert int(service["TimeoutStopSec"]) > config.drain_timeout
     assert service["KillSignal"] == "SIGTERM"
     assert config.unix_socket == f"/run/{service['RuntimeDirectory']}/shuffled.sock"

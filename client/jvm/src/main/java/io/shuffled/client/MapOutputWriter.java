@@ -188,14 +188,34 @@ public final class MapOutputWriter implements AutoCloseable {
         awaitDone("AbortAck");
     }
 
-    /** Aborts unless committed; errors while aborting are swallowed (the output is gone either way). */
+    /**
+     * Aborts unless committed. If that cannot be confirmed (the commit's answer or the abort's did not
+     * come, or the thread was interrupted), the abort is sent without waiting: the daemon must not keep
+     * an open attempt on a connection the whole executor shares.
+     */
     @Override
     public void close() {
         try {
             abort();
-        } catch (IOException ignored) {
-            // the connection or stream failed: the daemon discards the output
+        } catch (IOException e) {
+            abandon();
         }
+    }
+
+    /** Sends AbortMapOutput without waiting for its answer and stops listening to the stream. */
+    void abandon() {
+        lock.lock();
+        try {
+            if (done || failure != null) {
+                return; // committed, or the daemon already ended the stream (and discarded the output)
+            }
+            finished = true;
+        } finally {
+            lock.unlock();
+        }
+        releaseBuffers();
+        client.forget(stream);
+        client.sendQuietly(new Frame.AbortMapOutput(stream));
     }
 
     // ------------------------------------------------------------------------------------------ internals

@@ -166,7 +166,12 @@ public final class ShuffleClient implements AutoCloseable {
             streams.remove(id);
             throw e;
         }
-        writer.awaitOpened();
+        try {
+            writer.awaitOpened();
+        } catch (IOException | RuntimeException e) {
+            writer.abandon(); // interrupted or timed out: the daemon must not keep the open attempt
+            throw e;
+        }
         return writer;
     }
 

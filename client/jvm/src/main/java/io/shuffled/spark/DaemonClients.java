@@ -25,8 +25,21 @@ final class DaemonClients implements AutoCloseable {
         this.name = name;
     }
 
-    /** The daemon a task pushes into and reads through. */
+    /** What a task does with its daemon; may fail over to the next one (see {@link #withDaemon}). */
+    interface DaemonCall<T> {
+        T apply(ShuffleClient client) throws IOException;
+    }
+
+    /** The daemon a task reads through. */
     ShuffleClient forTask(String executorId, long taskAttemptId) throws IOException {
+        return withDaemon(executorId, taskAttemptId, c -> c);
+    }
+
+    /**
+     * Runs {@code call} against the task's daemon, or the next address in the list if that daemon cannot
+     * be reached or is shutting down (it refuses new pushes while it drains).
+     */
+    <T> T withDaemon(String executorId, long taskAttemptId, DaemonCall<T> call) throws IOException {
         List<String> addresses = conf.addresses;
         int n = addresses.size();
         int first = (int) Math.floorMod(
@@ -34,9 +47,9 @@ final class DaemonClients implements AutoCloseable {
         ShuffledException last = null;
         for (int i = 0; i < n; i++) {
             try {
-                return client(addresses.get((first + i) % n));
+                return call.apply(client(addresses.get((first + i) % n)));
             } catch (ShuffledException e) {
-                if (e.code() != ErrorCode.CONNECTION_LOST) {
+                if (e.code() != ErrorCode.CONNECTION_LOST && e.code() != ErrorCode.SHUTTING_DOWN) {
                     throw e;
                 }
                 last = e;

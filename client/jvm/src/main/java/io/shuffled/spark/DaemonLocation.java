@@ -17,6 +17,10 @@ final class DaemonLocation {
     private DaemonLocation() {}
 
     static BlockManagerId of(String daemonNode, String executorHost) {
+        if (daemonNode.isEmpty() || daemonNode.startsWith("0.0.0.0:") || daemonNode.startsWith("[::]:")) {
+            throw new IllegalStateException("the shuffled daemon calls itself '" + daemonNode + "', which does not "
+                    + "tell daemons apart: start it with --advertise HOST:PORT");
+        }
         int port = 1; // BlockManagerId insists on a positive port; only the executor id is used to find data
         int colon = daemonNode.lastIndexOf(':');
         if (colon > 0) {

@@ -32,6 +32,9 @@ final class ShuffledConf {
     final long writerBufferBytes;
 
     ShuffledConf(SparkConf conf) {
+        refuse(conf, "spark.shuffle.useOldFetchProtocol",
+                "map statuses must name map task attempts, so that a retried attempt is a new map output");
+        refuse(conf, "spark.shuffle.push.enabled", "push-based shuffle merges blocks in Spark's own shuffle service");
         addresses = parseAddresses(conf.get(ADDRESS, DEFAULT_ADDRESS));
         String choiceName = conf.get(DAEMON_CHOICE, "executor").trim();
         try {
@@ -48,6 +51,13 @@ final class ShuffledConf {
         }
         if (writerBufferBytes <= 0) {
             throw new IllegalArgumentException(WRITER_BUFFER + " must be positive");
+        }
+    }
+
+    /** Spark settings shuffled cannot work with: refused at start rather than failing jobs later. */
+    private static void refuse(SparkConf conf, String key, String why) {
+        if (conf.getBoolean(key, false)) {
+            throw new IllegalArgumentException("shuffled needs " + key + "=false: " + why);
         }
     }
 

@@ -5,9 +5,12 @@ import io.shuffled.client.ShuffleClient;
 import io.shuffled.client.wire.ShuffledException;
 import java.io.IOException;
 import java.util.ArrayList;
+import java.io.InterruptedIOException;
 import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import org.apache.spark.InterruptibleIterator;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkEnv;
@@ -38,8 +41,9 @@ import scala.math.Ordering;
  *
  * <p>Which map attempts to read, and where each one's output lives, comes from Spark's
  * {@code MapOutputTracker}, exactly as for the built-in shuffle; a location names a daemon
- * ({@link DaemonLocation}). One read stream is opened per daemon, all at once (so every daemon starts
- * sending under its initial credit), and consumed one after another. Each (partition, attempt) pair is
+ * ({@link DaemonLocation}). One read stream is opened per daemon, a few ahead of the one being read
+ * (so the next daemons already send under their initial credit), and they are consumed one after
+ * another. Each (partition, attempt) pair is
  * one block, deserialized as the built-in reader does, and Spark's {@code Aggregator} and
  * {@link ExternalSorter} then combine and sort the records as the built-in reader does.
  *
@@ -48,6 +52,9 @@ import scala.math.Ordering;
  * forgets the outputs on it and recomputes them; other errors fail the task with the daemon's message.
  */
 final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
+    /** Read streams open beyond the one being read (each holds up to its credit in buffers). */
+    static final int OPEN_AHEAD = 3;
+
     private final BaseShuffleHandle<K, ?, C> handle;
     private final int startMap;
     private final int endMap;
@@ -70,7 +77,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
     }
 
     /** The map attempts one daemon holds for this read. */
-    private record Location(BlockManagerId id, String daemon, List<Long> attempts, long firstMapId, int firstMapIndex) {}
+    private record Location(BlockManagerId id, String daemon, Set<Long> attempts, long firstMapId, int firstMapIndex) {}
 
     @Override
     @SuppressWarnings("unchecked")
@@ -112,11 +119,10 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             while (blocks.hasNext()) {
                 Tuple3<BlockId, Object, Object> block = blocks.next();
                 long mapId = mapIdOf(block._1());
-                Location loc = byDaemon.computeIfAbsent(entry._1(), id -> new Location(
-                        id, DaemonLocation.daemonOf(id), new ArrayList<>(), mapId, (Integer) block._3()));
-                if (!loc.attempts().contains(mapId)) {
-                    loc.attempts().add(mapId);
-                }
+                byDaemon.computeIfAbsent(entry._1(), id -> new Location(
+                                id, DaemonLocation.daemonOf(id), new LinkedHashSet<>(), mapId, (Integer) block._3()))
+                        .attempts()
+                        .add(mapId);
             }
         }
         return new ArrayList<>(byDaemon.values());
@@ -147,6 +153,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private Iterator<Tuple2<Object, Object>> blockRecords;
         private boolean local;
         private boolean merged;
+        private Exception failed;
 
         Records(SparkEnv env, ShuffleDependency<K, ?, C> dep, List<Location> locations) {
             this.env = env;
@@ -158,10 +165,14 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
 
         @Override
         public boolean hasNext() {
+            if (failed != null) {
+                throw sneaky(failed); // asked again after the read failed: the same answer
+            }
             try {
                 return advance();
             } catch (IOException e) {
-                throw sneaky(failure(e));
+                failed = failure(e);
+                throw sneaky(failed);
             }
         }
 
@@ -197,14 +208,24 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             return true;
         }
 
-        /** Opens every location's stream on first use; then moves to the next location. */
+        /**
+         * Moves to the next location. Streams are opened up to {@link #OPEN_AHEAD} locations ahead of the
+         * one being read, so the next daemons already send under their initial credit while this one is
+         * read, and a task's buffered memory stays bounded however many daemons hold its input.
+         */
         private boolean nextLocation() throws IOException {
-            if (index < 0) {
-                open();
-            }
             index++;
             if (index >= locations.size()) {
                 return false;
+            }
+            if (client == null) {
+                client = clients.forTask(env.executorId(), context.taskAttemptId());
+            }
+            while (streams.size() < Math.min(locations.size(), index + 1 + OPEN_AHEAD)) {
+                Location loc = locations.get(streams.size());
+                long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
+                String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
+                streams.add(client.read(env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts)));
             }
             local = locations.get(index).daemon().equals(client.daemonNode());
             input = new PairInput(streams.get(index), (bytes, waitNanos) -> {
@@ -216,19 +237,6 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 metrics.incFetchWaitTime(waitNanos / 1_000_000);
             });
             return true;
-        }
-
-        private void open() throws IOException {
-            if (locations.isEmpty()) {
-                return;
-            }
-            client = clients.forTask(env.executorId(), context.taskAttemptId());
-            String app = env.conf().getAppId();
-            for (Location loc : locations) {
-                long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
-                String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
-                streams.add(client.read(app, dep.shuffleId(), start, end, Map.of(where, attempts)));
-            }
         }
 
         /** At the end: the task's read metrics take this reader's counts (as Spark's own reader does). */
@@ -254,25 +262,29 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 r.close();
             }
             streams.clear();
+            index = locations.size(); // nothing more is opened
         }
 
-        /** What Spark should see for a failed read: a fetch failure if the data is lost, else the error. */
+        /**
+         * What Spark should see for a failed read: a fetch failure if data is lost, else the error itself.
+         * The blame goes to the daemon being read, unless the task's own daemon connection broke: then its
+         * daemon is the one in doubt (and a healthy remote daemon keeps its outputs).
+         */
         private Exception failure(IOException e) {
+            int at = index;
             close();
-            if (e instanceof ShuffledException s && !s.code().fetchFailure()) {
-                return e;
+            if (e instanceof InterruptedIOException || (e instanceof ShuffledException s && !s.code().fetchFailure())) {
+                return e; // a kill or a bug, not lost data
             }
-            boolean atLocation = index >= 0 && index < locations.size() && client != null;
             BlockManagerId blame;
             long mapId = -1;
             int mapIndex = -1;
-            if (atLocation) {
-                Location loc = locations.get(index);
+            if (client != null && client.isOpen() && at >= 0 && at < locations.size()) {
+                Location loc = locations.get(at);
                 blame = loc.id();
                 mapId = loc.firstMapId();
                 mapIndex = loc.firstMapIndex();
             } else {
-                // The task's own daemon could not be reached: its outputs are as good as lost.
                 String daemon = client != null ? client.daemonNode() : "unreachable";
                 blame = DaemonLocation.of(daemon, env.blockManager().blockManagerId().host());
             }

@@ -36,8 +36,10 @@ import scala.reflect.ClassTag$;
  * arrive, one open stream per partition, as Spark's bypass-merge writer does. So the bytes stored for a (partition, attempt) pair are exactly what
  * the built-in shuffle would put in that block, and any Spark serializer reads them back.
  *
- * <p>A partition's last partial buffer is pushed when the sorter moves on, so the daemon receives data
- * while the task still runs, and the JVM holds one partition buffer at a time. Commit is atomic on the
+ * <p>On the sorted path a partition's last partial buffer is pushed when the sorter moves on, so the JVM
+ * holds one partition buffer at a time; on the unsorted path each partition's buffer is pushed when full
+ * (at most {@code spark.shuffled.writerBufferSize} of partial buffers in all). Either way the daemon
+ * receives data while the task still runs. Commit is atomic on the
  * daemon; its per-partition byte counts go into the {@link MapStatus}, which AQE uses to coalesce
  * partitions and split skewed ones. Any failure aborts the attempt, so nothing of it is ever read.
  */
@@ -73,12 +75,13 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         ShuffleDependency<K, V, C> dep = handle.dependency();
         SparkEnv env = SparkEnv.get();
         int partitions = dep.partitioner().numPartitions();
-        long started;
+        String app = env.conf().getAppId();
+        ShuffleClient client = clients.withDaemon(env.executorId(), context.taskAttemptId(), c -> {
+            output = c.openWriter(app, dep.shuffleId(), context.partitionId(), mapId, partitions);
+            return c;
+        });
         long written;
-        ShuffleClient client = clients.forTask(env.executorId(), context.taskAttemptId());
         if (!dep.mapSideCombine() && partitions <= bypassThreshold(env)) {
-            output = client.openWriter(env.conf().getAppId(), dep.shuffleId(), context.partitionId(), mapId, partitions);
-            started = System.nanoTime();
             written = writeUnsorted(records, dep, env.serializerManager());
         } else {
             ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
@@ -88,14 +91,12 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
                             context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep.serializer());
             try {
                 sorter.insertAll(records);
-                output = client.openWriter(
-                        env.conf().getAppId(), dep.shuffleId(), context.partitionId(), mapId, partitions);
-                started = System.nanoTime();
                 written = writePartitions(sorter, dep, env.serializerManager());
             } finally {
                 sorter.stop();
             }
         }
+        long started = System.nanoTime();
         lengths = output.commit();
         metrics.incWriteTime(System.nanoTime() - started);
         metrics.incRecordsWritten(written);
@@ -130,7 +131,8 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             SerializationStream stream = streams[partition];
             if (stream == null) {
                 stream = streams[partition] = serializer.serializeStream(serializers.wrapStream(
-                        new ShuffleBlockId(dep.shuffleId(), mapId, partition), new PartitionOutput(output, partition)));
+                        new ShuffleBlockId(dep.shuffleId(), mapId, partition),
+                        new PartitionOutput(output, partition, metrics)));
             }
             stream.writeKey(record._1(), ANY);
             stream.writeValue(record._2(), ANY);
@@ -148,7 +150,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
     private long writePartitions(ExternalSorter<K, V, ?> sorter, ShuffleDependency<K, V, C> dep,
             SerializerManager serializers) throws IOException {
         SerializerInstance serializer = dep.serializer().newInstance();
-        PartitionOutput sink = new PartitionOutput(output, 0);
+        PartitionOutput sink = new PartitionOutput(output, 0, metrics);
         long records = 0;
         Iterator<? extends Tuple2<Object, ? extends Iterator<? extends Product2<K, ?>>>> parts =
                 sorter.partitionedIterator();
@@ -169,7 +171,9 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
                 records++;
             }
             stream.close();
+            long started = System.nanoTime();
             output.flush(partition);
+            metrics.incWriteTime(System.nanoTime() - started);
         }
         return records;
     }
@@ -200,21 +204,26 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
      */
     private static final class PartitionOutput extends OutputStream {
         private final MapOutputWriter output;
+        private final ShuffleWriteMetricsReporter metrics;
         int partition;
 
-        PartitionOutput(MapOutputWriter output, int partition) {
+        PartitionOutput(MapOutputWriter output, int partition, ShuffleWriteMetricsReporter metrics) {
             this.output = output;
             this.partition = partition;
+            this.metrics = metrics;
         }
 
         @Override
         public void write(int b) throws IOException {
-            output.write(partition, new byte[] {(byte) b}, 0, 1);
+            write(new byte[] {(byte) b}, 0, 1);
         }
 
+        /** Spark's write time is the time spent handing bytes on (here: copying and pushing under credit). */
         @Override
         public void write(byte[] b, int off, int len) throws IOException {
+            long started = System.nanoTime();
             output.write(partition, b, off, len);
+            metrics.incWriteTime(System.nanoTime() - started);
         }
 
         @Override

@@ -3,6 +3,7 @@ package io.shuffled.client;
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.ShuffledException;
 import java.io.ByteArrayOutputStream;
+import java.io.InterruptedIOException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
@@ -192,6 +193,18 @@ public final class ClientCheck {
         expectError(ErrorCode.PARTITION_NOT_FOUND, "closed (aborted) writer's attempt is not readable",
                 () -> client.read(app, shuffle, 2, 3, Map.of("", new long[] {6666})).next());
 
+        // a task interrupted while it waits for its first push credit: the attempt must not stay open
+        Thread.currentThread().interrupt();
+        try {
+            client.openWriter(app, shuffle, 7, 7777, PARTITIONS);
+            fail("interrupted openWriter: no error");
+        } catch (InterruptedIOException e) {
+            ok("interrupted openWriter throws InterruptedIOException");
+        } finally {
+            Thread.interrupted();
+        }
+        check(waitNoOpenOutputs(client), "interrupted openWriter leaves no open map output in the daemon");
+
         Map<String, Object> before = client.stats();
         check(longAt(before, "store", "stored_segments") > 0, "stats: data stored before unregister");
         Map<String, Object> freed = client.unregisterShuffle(app, shuffle);
@@ -214,6 +227,20 @@ public final class ClientCheck {
             s = client.stats();
         }
         return s;
+    }
+
+    /** Polls stats until the daemon holds no open map output and no push stream. */
+    private static boolean waitNoOpenOutputs(ShuffleClient client) throws Exception {
+        long deadline = System.nanoTime() + 20_000_000_000L;
+        Map<String, Object> s = client.stats();
+        while (longAt(s, "store", "open_map_outputs") + longAt(s, "streams", "pushing") != 0) {
+            if (System.nanoTime() > deadline) {
+                return false;
+            }
+            Thread.sleep(20);
+            s = client.stats();
+        }
+        return true;
     }
 
     @SuppressWarnings("unchecked")
