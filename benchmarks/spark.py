@@ -1,12 +1,14 @@
 """`spark`: Spark SQL queries with joins and aggregations on generated data, through shuffled and
 through Spark's built-in sort shuffle, in the same run.
 
-Each mode runs in a fresh process and JVM (`benchmarks.spark_job`), local[2], 16 shuffle
-partitions, with broadcast joins off so every join shuffles both sides. The plugin's tasks are spread
-over two daemons (127.0.0.2, 127.0.0.3), so most reads cross the daemon-to-daemon connection. The
-modes alternate (built-in, plugin, plugin, built-in in the full run) to keep machine drift out of the
-ratio. Every run's query results must be identical; the shuffled bytes are Spark's own shuffle write
-metrics. The ratio is plugin time / built-in time (goal ≤ 1.0).
+Each run is a fresh process and JVM (`benchmarks.spark_job`), local[2], 16 shuffle partitions, with
+broadcast joins off so every join shuffles both sides. Two plugin set-ups: one daemon (what one host
+runs: the executor pushes into and reads from its own daemon, as the built-in shuffle reads its own
+files) and two daemons (127.0.0.2, 127.0.0.3) with tasks spread over both, so half the reads are
+relayed over the daemon-to-daemon connection (what a cluster adds, and the built-in shuffle would
+fetch over the network too). Runs alternate (built-in, one, two, one, built-in in the full run) to
+keep machine drift out of the ratios. Every run's query results must be identical; the shuffled bytes
+are Spark's own shuffle write metrics. Ratios are plugin time / built-in time (goal ≤ 1.0).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def _jar() -> str:
         raise Skip(f"cannot build the Spark plugin: {exc}") from exc
 
 
+BUILTIN, ONE, TWO = "built-in", "one daemon", "two daemons"
+
+
 async def _run_mode(ctx: Context, mode: str, rows: int, addresses: str, jar: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks.spark_job", "--mode", mode, "--rows", str(rows)]
     argv += ["--addresses", addresses, "--jar", jar]
@@ -54,40 +59,45 @@ async def _run_mode(ctx: Context, mode: str, rows: int, addresses: str, jar: str
 async def run(ctx: Context, result: ScenarioResult) -> None:
     jar = await asyncio.to_thread(_jar)
     rows = ctx.pick(20_000_000, 200_000)
-    order = ctx.pick(["builtin", "plugin", "plugin", "builtin"], ["builtin", "plugin"])
+    order = ctx.pick([BUILTIN, ONE, TWO, ONE, BUILTIN], [BUILTIN, ONE, TWO])
     runs: list[dict[str, Any]] = []
-    async with ctx.daemons(ctx.pick(1536 * MiB, 128 * MiB), ctx.pick(1536 * MiB, 128 * MiB)) as daemons:
-        addresses = ",".join(d.node for d in daemons)
-        for mode in order:
-            out = await _run_mode(ctx, mode, rows, addresses, jar)
+    pool = ctx.pick(1536 * MiB, 128 * MiB)
+    async with ctx.daemons(pool, pool) as daemons:
+        for setup in order:
+            used = daemons[: {BUILTIN: 0, ONE: 1, TWO: 2}[setup]]
+            mode = "builtin" if setup == BUILTIN else "plugin"
+            out = await _run_mode(ctx, mode, rows, ",".join(d.node for d in used), jar)
+            out["setup"] = setup
             runs.append(out)
             times = ", ".join(f"{q} {v['seconds']:.1f}s" for q, v in out["queries"].items())
-            ctx.progress(f"{mode}: {times}")
+            ctx.progress(f"{setup}: {times}")
 
     queries = list(runs[0]["queries"])
     for q in queries:
         digests = {r["queries"][q]["result"] for r in runs}
         require(len(digests) == 1, f"{q}: results differ between runs/modes ({len(digests)} distinct)")
 
-    def seconds(mode: str, query: str) -> list[float]:
-        return [r["queries"][query]["seconds"] for r in runs if r["mode"] == mode]
+    def seconds(setup: str, query: str) -> float:
+        return median([r["queries"][query]["seconds"] for r in runs if r["setup"] == setup])
 
     plot = Plot("spark.png", "Spark SQL queries: job time", "", "seconds (median)")
     for q in queries:
-        plugin, builtin = median(seconds("plugin", q)), median(seconds("builtin", q))
-        result.add(f"{q}: plugin time", plugin, "s", baseline_name="built-in", baseline=builtin)
-        plot.bars[f"{q}\nbuilt-in"] = builtin
-        plot.bars[f"{q}\nshuffled"] = plugin
-    totals = {m: [sum(r["queries"][q]["seconds"] for q in queries) for r in runs if r["mode"] == m] for m in order}
-    result.add(
-        "all queries: plugin time",
-        median(totals["plugin"]),
-        "s",
-        baseline_name="built-in",
-        baseline=median(totals["builtin"]),
-        goal=Goal("ratio", "<=", 1.0),
-        samples=totals["plugin"],
-    )
+        builtin = seconds(BUILTIN, q)
+        plot.bars[f"{q}: built-in"] = builtin
+        for setup in (ONE, TWO):
+            result.add(f"{q}: plugin, {setup}", seconds(setup, q), "s", baseline_name="built-in", baseline=builtin)
+            plot.bars[f"{q}: shuffled, {setup}"] = seconds(setup, q)
+    totals = {s: [sum(r["queries"][q]["seconds"] for q in queries) for r in runs if r["setup"] == s] for s in order}
+    for setup in (ONE, TWO):
+        result.add(
+            f"all queries: plugin, {setup}",
+            median(totals[setup]),
+            "s",
+            baseline_name="built-in",
+            baseline=median(totals[BUILTIN]),
+            goal=Goal("ratio", "<=", 1.0),
+            samples=totals[setup],
+        )
     shuffled = sum(v["shuffle_bytes"] for v in runs[0]["queries"].values())
     result.notes.append(
         f"{rows:,} rows, {shuffled / 2**30:.2f} GiB shuffled per run (Spark's shuffle write bytes, compressed), "
