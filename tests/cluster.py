@@ -131,6 +131,18 @@ async def wait_until(
     return value
 
 
+def poll_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """The blocking counterpart of `wait_until`, for tests without an event loop (Spark, HTTP probes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
 async def pool_settled(client: AsyncClient, timeout: float = 20.0) -> dict[str, Any]:
     """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left."""
 

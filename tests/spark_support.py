@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,18 +56,6 @@ def restart(daemon: DaemonProcess, peers: list[DaemonProcess]) -> DaemonProcess:
 def daemon_stats(daemon: DaemonProcess) -> dict[str, Any]:
     with Client(daemon.addr, timeout=10) as client:
         return client.stats()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll a condition outside an event loop (daemon stats, Spark status) until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout}s: {what}")
-        time.sleep(0.05)
 
 
 def stage_data(spark: Any) -> list[Any]:

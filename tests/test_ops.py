@@ -7,8 +7,7 @@ import asyncio
 import json
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.cluster import (
     http_get,
     metric_samples,
     payload,
+    poll_until,
     start_daemon,
     wait_until,
 )
@@ -111,18 +111,6 @@ async def test_metrics_count_bytes_pushed_served_and_relayed(pair: Cluster) -> N
     await asyncio.wait_for(body(), 60)
 
 
-def _poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Wait (bounded) until check() returns something truthy; for blocking tests."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout}s: {what}")
-        time.sleep(0.05)
-
-
 def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
     """A loop blocked by a stuck callback turns /healthz to 503 (the probe restarts it);
     /metrics and /readyz do not hang either. When the loop runs again, /healthz recovers."""
@@ -148,12 +136,12 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
         assert http_get(address, "/healthz") == (200, "ok\n")
         assert http_get(address, "/readyz") == (200, "ready\n")
         loop.call_soon_threadsafe(release.wait, 30)  # the stall under test
-        _, text = _poll(lambda: (r := http_get(address, "/healthz"))[0] == 503 and r, 20, "healthz 503")
+        _, text = poll_until(lambda: (r := http_get(address, "/healthz"))[0] == 503 and r, 20, "healthz 503")
         assert "event loop stalled" in text
         assert http_get(address, "/metrics", timeout=15)[0] == 503
         assert http_get(address, "/readyz", timeout=15)[0] == 503
         release.set()
-        _poll(lambda: http_get(address, "/healthz")[0] == 200, 20, "healthz back to 200")
+        poll_until(lambda: http_get(address, "/healthz")[0] == 200, 20, "healthz back to 200")
         assert http_get(address, "/nope")[0] == 404
     finally:
         release.set()

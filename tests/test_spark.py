@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests import spark_jobs
-from tests.cluster import DaemonProcess
+from tests.cluster import DaemonProcess, poll_until
 from tests.spark_support import (
     daemon_stats,
     needs_spark,
@@ -23,7 +23,6 @@ from tests.spark_support import (
     restart,
     spark_daemons,
     stage_data,
-    wait_for,
 )
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
@@ -101,7 +100,7 @@ def test_removed_shuffles_are_freed_in_every_daemon(spark: Any, daemons: list[Da
     for shuffle_id in range(sc.newShuffleId()):  # every id handed out so far (newShuffleId takes one more)
         cleaner.doCleanupShuffle(shuffle_id, True)
     for d in daemons:
-        wait_for(lambda d=d: daemon_stats(d)["store"]["stored_segments"] == 0, 20, f"{d.addr} freed its shuffles")
+        poll_until(lambda d=d: daemon_stats(d)["store"]["stored_segments"] == 0, 20, f"{d.addr} freed its shuffles")
 
 
 def test_daemon_killed_before_reduce_is_recomputed(

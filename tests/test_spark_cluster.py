@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tests import spark_jobs
-from tests.cluster import DaemonProcess
-from tests.spark_support import daemon_stats, needs_spark, plugin_conf, spark_daemons, wait_for
+from tests.cluster import DaemonProcess, poll_until
+from tests.spark_support import daemon_stats, needs_spark, plugin_conf, spark_daemons
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -77,7 +77,7 @@ def test_map_output_outlives_its_executors(spark: Any, builtin: dict[str, Any]) 
     assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
     assert map_runs.value == 20_000
     jsc = sc._jsc.sc()
-    wait_for(lambda: jsc.getExecutorIds().size() == 0, 60, "idle executors were removed")
+    poll_until(lambda: jsc.getExecutorIds().size() == 0, 60, "idle executors were removed")
     assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
     assert map_runs.value == 20_000, "the map stage ran again: its output was lost with the executors"
 
@@ -87,5 +87,5 @@ def test_application_end_frees_every_daemon(spark: Any, daemons: list[DaemonProc
     assert any(daemon_stats(d)["store"]["stored_segments"] > 0 for d in daemons)
     spark.stop()
     for d in daemons:
-        wait_for(lambda d=d: daemon_stats(d)["store"]["applications"] == 0, 20, f"{d.addr} dropped {app}")
+        poll_until(lambda d=d: daemon_stats(d)["store"]["applications"] == 0, 20, f"{d.addr} dropped {app}")
         assert daemon_stats(d)["store"]["stored_segments"] == 0

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests import spark_jobs
-from tests.cluster import DaemonProcess
-from tests.spark_support import daemon_stats, needs_spark, plugin_conf, spark_daemons, stage_data, wait_for
+from tests.cluster import DaemonProcess, poll_until
+from tests.spark_support import daemon_stats, needs_spark, plugin_conf, spark_daemons, stage_data
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -72,7 +72,7 @@ def test_speculative_map_attempts_give_exact_results(
         speculative += [t for t in (tasks.apply(i) for i in range(tasks.size())) if t.speculative()]
     assert speculative, "no speculative task ran"
     # The killed straggler's map output was aborted in its daemon, not left behind.
-    wait_for(lambda: sum(daemon_stats(d)["store"]["aborts"] for d in daemons) >= 1, 30, "the straggler aborted")
+    poll_until(lambda: sum(daemon_stats(d)["store"]["aborts"] for d in daemons) >= 1, 30, "the straggler aborted")
 
 
 def test_jobs_match_builtin_on_standalone(spark: Any, builtin: dict[str, Any]) -> None:
