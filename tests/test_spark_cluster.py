@@ -1,6 +1,6 @@
 """PySpark on ``local-cluster[2,1,1024]``: two executor JVMs, each with its own daemon (127.0.0.4 and
-127.0.0.5, chosen by executor id), Kryo serialization and dynamic allocation without
-Spark's external shuffle service.
+127.0.0.5, chosen by executor id), Kryo serialization, Spark's IO encryption and dynamic allocation
+without Spark's external shuffle service.
 
 The tests run in file order on one session: the built-in comparisons first, then dynamic allocation
 (executors go idle and exit while their map output stays in the daemons), and last the application's
@@ -36,6 +36,8 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
     conf.update(
         {
             "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+            # Shuffle blocks encrypted by Spark: the daemons store and relay ciphertext.
+            "spark.io.encryption.enabled": "true",
             "spark.dynamicAllocation.enabled": "true",
             "spark.shuffle.service.enabled": "false",
             "spark.dynamicAllocation.shuffleTracking.enabled": "false",
