@@ -1,4 +1,5 @@
-"""`shuffled spark-conf`, and what a PySpark user sees when the daemon is not there."""
+"""`shuffled spark-conf`, executors on the daemon's Unix socket, and what a PySpark user sees when the
+daemon is not there."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 import pytest
 
 from tests import spark_jobs
-from tests.cluster import free_port
-from tests.spark_support import needs_spark
+from tests.cluster import free_port, start_daemon
+from tests.spark_support import daemon_stats, needs_spark
 
 pytestmark = needs_spark
 
@@ -29,6 +30,25 @@ def test_spark_conf_prints_settings_that_name_the_built_jar() -> None:
     assert settings["spark.shuffle.sort.io.plugin.class"] == "io.shuffled.spark.ShuffledDataIO"
     assert settings["spark.shuffled.address"] == "unix:/run/shuffled.sock"
     assert Path(settings["spark.jars"]).is_file()
+
+
+@pytest.mark.timeout(300)
+def test_job_through_the_unix_socket(builtin: dict[str, Any], plugin_jar: Path, tmp_path: Path) -> None:
+    """The deployment default: executors reach their daemon over a Unix socket (deploy/)."""
+    from shuffled import spark_jar
+
+    sock = tmp_path / "shuffled.sock"
+    daemon = start_daemon("127.0.0.10", free_port(["127.0.0.10"]), "64M", ["--unix-socket", str(sock)])
+    try:
+        spark = spark_jobs.session("local[2]", spark_jar.spark_conf(plugin_jar, [f"unix:{sock}"]))
+        try:
+            assert spark_jobs.rdd_reduce_by_key(spark) == builtin["rdd_reduce_by_key"]
+            assert spark_jobs.groupby_agg(spark) == builtin["groupby_agg"]
+            assert daemon_stats(daemon)["store"]["commits"] > 0
+        finally:
+            spark.stop()
+    finally:
+        daemon.stop()
 
 
 @pytest.mark.timeout(300)
