@@ -73,7 +73,9 @@ async def _run_one(ctx: Context, name: str, results: list[ScenarioResult]) -> No
     ctx.scenario = name
     ctx.progress("start")
     t0 = time.monotonic()
-    limit = asyncio.timeout(ctx.time_limit)
+    # A scenario that starts JVMs may need longer than the quick default; it says so in QUICK_TIME_LIMIT.
+    seconds = getattr(module, "QUICK_TIME_LIMIT", ctx.time_limit) if ctx.quick else ctx.time_limit
+    limit = asyncio.timeout(seconds)
     profiler = cProfile.Profile() if ctx.profile else None
     try:
         async with limit:
@@ -89,7 +91,7 @@ async def _run_one(ctx: Context, name: str, results: list[ScenarioResult]) -> No
         result.status, result.error = "skipped", str(exc)
     except TimeoutError as exc:
         if limit.expired():
-            result.status, result.error = "failed", f"did not finish within its {ctx.time_limit:.0f}s limit"
+            result.status, result.error = "failed", f"did not finish within its {seconds:.0f}s limit"
         else:
             result.status, result.error = "failed", f"an operation timed out {exc}".strip()
             traceback.print_exc(file=sys.stderr)

@@ -80,7 +80,7 @@ def _drop_shuffles(spark: SparkSession) -> None:
         cleaner.doCleanupShuffle(shuffle_id, True)
 
 
-def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path) -> dict[str, Any]:
+def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, queries: list[str]) -> dict[str, Any]:
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -98,7 +98,8 @@ def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path) 
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, Any] = {"mode": mode, "queries": {}}
     try:
-        for name, query in QUERIES.items():
+        for name in queries:
+            query = QUERIES[name]
             before = _shuffle_write_bytes(spark)
             t0 = time.perf_counter()
             result = [tuple(r) for r in query(spark, rows).collect()]
@@ -121,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--addresses", default="", help="daemons, comma-separated (plugin mode)")
     parser.add_argument("--jar", type=Path, required=True)
+    parser.add_argument("--queries", default=",".join(QUERIES), help="which queries, comma-separated")
     args = parser.parse_args(argv)
     addresses = [a for a in args.addresses.split(",") if a]
-    print(json.dumps(run(args.mode, args.rows, args.partitions, addresses, args.jar)), flush=True)
+    queries = [q for q in args.queries.split(",") if q]
+    unknown = set(queries) - set(QUERIES)
+    if unknown:
+        parser.error(f"unknown queries {', '.join(sorted(unknown))}; choose from {', '.join(QUERIES)}")
+    print(json.dumps(run(args.mode, args.rows, args.partitions, addresses, args.jar, queries)), flush=True)
     return 0
 
 

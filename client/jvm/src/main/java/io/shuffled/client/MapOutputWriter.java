@@ -304,6 +304,10 @@ public final class MapOutputWriter implements AutoCloseable {
     }
 
     private void awaitCondition(String what, boolean untilOpened) throws IOException {
+        if (Thread.currentThread().isInterrupted()) {
+            // A pending interrupt (a killed task) stops the caller even when the answer is already in.
+            throw new InterruptedIOException("interrupted waiting for " + what);
+        }
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
         lock.lock();
         try {
