@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from shuffled.buffers import GlobalPool
+from shuffled.protocol.integrity import checksum
 from shuffled.server.disk import Disk
 from shuffled.server.spill import Spiller
 from shuffled.server.store import MapOutput, Store
@@ -34,7 +35,7 @@ def _push(pool: GlobalPool, store: Store, attempt: int, chunks: int) -> MapOutpu
         buf.set_recycler(pool.give)
         buf.memory[:100] = bytes([attempt]) * 100
         buf.length = 100
-        store.add(out, i % 2, buf)
+        store.add(out, i % 2, buf, checksum(buf.data()))
     return out
 
 
@@ -96,7 +97,7 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         buf.set_recycler(pool.give)
         buf.memory[:3] = b"new"
         buf.length = 3
-        store.add(out, 0, buf)
+        store.add(out, 0, buf, checksum(buf.data()))
         gate.set()
         await task
         store.commit(out)

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import crc32c
 import msgpack
 
 from ..logs import event
+from ..protocol.integrity import checksum
 
 log = logging.getLogger("shuffled.disk")
 
@@ -53,10 +53,6 @@ JOURNAL = "journal"
 LOCK = "LOCK"
 #: most iovecs handed to one writev/preadv call (Linux IOV_MAX is 1024)
 _IOV_MAX = 512
-
-
-def checksum(data: memoryview | bytes) -> int:
-    return int(crc32c.crc32c(data))
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -128,8 +124,9 @@ class SpillFile:
 
 @dataclass(slots=True)
 class Appended:
+    """Where appended chunks start in their data file (their CRC32Cs are the ones the writers sent)."""
+
     offset: int
-    crcs: list[int]
 
 
 @dataclass(slots=True)
@@ -210,9 +207,8 @@ class Disk:
         try:
             offset = os.lseek(fd, 0, os.SEEK_END)
             try:
-                crcs = [checksum(v) for v in views]
                 _write_all(fd, views)
-                done = Appended(offset, crcs)
+                done = Appended(offset)
                 Disk._journal_append(journal, record(done))
             except BaseException:
                 os.ftruncate(fd, offset)

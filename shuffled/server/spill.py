@@ -150,12 +150,14 @@ class Spiller:
             sub.file = SpillFile(disk.data_path(directory, sub.partition))
             data.files += 1
             disk.stats.files += 1
-        described = [(c.attempt, c.length) for c in chunks]
+        # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as they are now:
+        # memory that went bad since is then caught when the chunk is read back.
+        described = [(c.attempt, c.length, c.crc) for c in chunks]
         p = sub.partition
 
         def record(done: Appended) -> bytes:
             offset, entries = done.offset, []
-            for (attempt, length), crc in zip(described, done.crcs, strict=True):
+            for attempt, length, crc in described:
                 entries.append([attempt, offset, length, crc])
                 offset += length
             return encode_record({"k": "chunks", "p": p, "c": entries})
@@ -168,7 +170,7 @@ class Spiller:
         finally:
             for buf in held:
                 buf.release()
-        written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
+        written = self.store.spilled(data, sub, chunks, done.offset)
         sub.file.size = done.offset + written
         disk.stats.spills += 1
         disk.stats.spilled_bytes += written

@@ -215,8 +215,8 @@ class Store:
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
             )
 
-    def add(self, out: MapOutput, partition: int, buffer: Buffer) -> None:
-        """Take ownership of a pushed buffer (its one reference moves to the store)."""
+    def add(self, out: MapOutput, partition: int, buffer: Buffer, crc: int) -> None:
+        """Take ownership of a pushed buffer (its one reference moves to the store) and its checked CRC32C."""
         if out.state is not MapState.OPEN:
             buffer.release()
             raise MapOutputStateError(f"push to a map output that is {out.state.value}")
@@ -238,7 +238,7 @@ class Store:
         sub = data.subpartitions.get(partition)
         if sub is None:
             sub = data.subpartitions[partition] = Subpartition(partition)
-        chunk = StoredChunk(out.attempt, buffer.length, buffer)
+        chunk = StoredChunk(out.attempt, buffer.length, buffer, crc=crc)
         out.pending.append((sub, chunk))
         sub.memory.append(chunk)
         sub.memory_segments += 1
@@ -311,14 +311,14 @@ class Store:
         return chunks
 
     def spilled(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int, crcs: list[int]
+        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int
     ) -> int:
         """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
         written = 0
         moved = False
-        for chunk, crc in zip(chunks, crcs, strict=True):
+        for chunk in chunks:
+            crc = chunk.crc
             chunk.offset = offset + written
-            chunk.crc = crc
             written += chunk.length
             if chunk.buffer is not None and not chunk.dead:
                 self._release_memory(data, sub, chunk)
@@ -386,7 +386,7 @@ class Store:
                 if chunk.attempt in wanted:
                     assert chunk.buffer is not None
                     chunk.buffer.retain()
-                    out.append(Chunk(chunk.buffer, p, chunk.attempt))
+                    out.append(Chunk(chunk.buffer, p, chunk.attempt, chunk.crc))
         return out, on_disk
 
     # -- restart
