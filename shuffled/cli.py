@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"shuffled serve: cannot start: {exc}", file=sys.stderr)
             return 1
+        except settings.ConfigError as exc:
+            print(f"shuffled serve: invalid configuration: {exc}", file=sys.stderr)
+            return 2
     if args.command == "config":
         if args.config_command == "reference":
             print(settings.render_markdown(), end="")

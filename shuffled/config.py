@@ -242,6 +242,14 @@ class DaemonConfig:
     low_watermark: int = 256 << 10
     connect_timeout: float = 10.0
     admin_timeout: float = 30.0
+    secret_file: str | None = setting(
+        None,
+        "file holding the cluster's shared secret (trailing whitespace ignored): clients and peer daemons must "
+        "prove they know it on connect (HMAC challenge-response); without it anyone who can connect is trusted",
+        parse=_optional,
+        default_text="off",
+        metavar="PATH",
+    )
     metrics_host: str | None = setting(
         None,
         "address of the HTTP endpoint serving /metrics, /healthz and /readyz",

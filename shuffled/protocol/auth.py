@@ -76,3 +76,59 @@ def secret_bytes(secret: str | bytes) -> bytes:
 def read_secret_file(path: str) -> bytes:
     with open(path, "rb") as f:
         return secret_bytes(f.read())
+
+
+class DialerAuth:
+    """The dialer's half of the handshake: nonce in Hello, answer to AuthChallenge, HelloAck check.
+
+    A dialer with a secret insists that the acceptor proves it too: a daemon that
+    does not authenticate could be anyone, and would be handed map output.
+    """
+
+    def __init__(self, secret: bytes | None) -> None:
+        self.secret = secret
+        self.nonce = new_nonce()
+        self.challenged = False
+
+    def hello_info(self, info: dict[str, object]) -> dict[str, object]:
+        return {**info, "nonce": self.nonce}
+
+    def answer(self, acceptor_nonce: str, acceptor_proof_: str, who: str) -> str:
+        """The proof to send in AuthResponse ("" without a secret: the acceptor then refuses us, saying why)."""
+        if self.challenged:
+            raise AuthFailed(f"{who} sent AuthChallenge twice")
+        self.challenged = True
+        if self.secret is None:
+            return ""
+        check_nonce(acceptor_nonce, who)
+        if not proof_matches(acceptor_proof(self.secret, self.nonce, acceptor_nonce), acceptor_proof_):
+            raise AuthFailed(f"{who} failed to prove it knows the shared secret (a different secret, or not shuffled)")
+        return dialer_proof(self.secret, self.nonce, acceptor_nonce)
+
+    def accepted(self, who: str) -> None:
+        """HelloAck arrived: fine unless we have a secret and the acceptor never proved its own."""
+        if self.secret is not None and not self.challenged:
+            raise AuthFailed(f"{who} does not authenticate (it has no secret configured), but this side has one")
+
+
+class AcceptorAuth:
+    """The acceptor's half: AuthChallenge after Hello, then the dialer's AuthResponse must match."""
+
+    def __init__(self, secret: bytes, dialer_nonce: object, who: str) -> None:
+        self.secret = secret
+        self.dialer_nonce = check_nonce(dialer_nonce, who)
+        self.nonce = new_nonce()
+        self.who = who
+
+    def challenge(self) -> tuple[str, str]:
+        """(nonce, proof) for AuthChallenge."""
+        return self.nonce, acceptor_proof(self.secret, self.dialer_nonce, self.nonce)
+
+    def check(self, proof: str | None) -> None:
+        """Raises AuthFailed unless `proof` (None: the dialer sent another frame instead) is right."""
+        if proof is None:
+            raise AuthFailed(f"{self.who} did not authenticate (this daemon requires a secret)")
+        if not proof:
+            raise AuthFailed(f"{self.who} has no secret configured (this daemon requires one)")
+        if not proof_matches(dialer_proof(self.secret, self.dialer_nonce, self.nonce), proof):
+            raise AuthFailed(f"{self.who} sent a wrong proof: its secret differs from this daemon's")

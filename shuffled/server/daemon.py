@@ -14,10 +14,11 @@ import time
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import DaemonConfig
+from ..config import ConfigError, DaemonConfig
 from ..logs import event
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
+from ..protocol.auth import read_secret_file
 from ..protocol.errors import InvalidRequest, ShuffledError, StorageError
 from .connection import DaemonConnection
 from .counters import Counters, micros
@@ -51,6 +52,11 @@ class Daemon:
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
+        try:
+            #: the cluster secret every client and peer proves on connect; None: authentication is off
+            self.secret = read_secret_file(config.secret_file) if config.secret_file else None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"secret-file {config.secret_file}: {exc}") from None
         self._servers: list[asyncio.AbstractServer] = []
         self.counters = Counters()
         self.metrics = DaemonMetrics()
@@ -80,6 +86,13 @@ class Daemon:
             self.ops.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
         self.started = True
+        if self.secret is None:
+            event(
+                log,
+                "authentication off",
+                logging.WARNING,
+                reason="no secret-file configured: any process that can connect may push, read and delete data",
+            )
         event(
             log,
             "ready",
