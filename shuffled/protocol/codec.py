@@ -53,7 +53,6 @@ from .frames import (
     PushData,
     Role,
 )
-from .integrity import checksum
 
 _U64 = ">Q"
 
@@ -171,17 +170,25 @@ def encode_buffer_response(
 ) -> bytes:
     """Whole frame as bytes: for tests, vectors and events (no payload). `crc` None: the payload's CRC32C."""
     if crc is None:
-        crc = checksum(payload) if kind == BufferKind.DATA else 0
+        crc = _checksum(payload) if kind == BufferKind.DATA else 0
     prefix = bytearray(BUFFER_RESPONSE_PREFIX.size)
     pack_buffer_response_prefix(prefix, 0, receiver, sequence, backlog, partition, kind, attempt, len(payload), crc)
     return bytes(prefix) + payload
+
+
+def _checksum(payload: bytes) -> int:
+    # Imported here: the crc32c package pulls in importlib.metadata (and socket) when imported, and the codec
+    # stays importable without any IO module; the hot paths pack the CRC their caller computed.
+    from .integrity import checksum
+
+    return checksum(payload)
 
 
 def encode_push_data(writer: int, sequence: int, partition: int, payload: bytes, crc: int | None = None) -> bytes:
     """Whole frame as bytes: for tests and vectors. `crc` None: the payload's CRC32C."""
     prefix = bytearray(PUSH_DATA_PREFIX.size)
     pack_push_data_prefix(
-        prefix, 0, writer, sequence, partition, len(payload), checksum(payload) if crc is None else crc
+        prefix, 0, writer, sequence, partition, len(payload), _checksum(payload) if crc is None else crc
     )
     return bytes(prefix) + payload
 

@@ -124,9 +124,10 @@ class SpillFile:
 
 @dataclass(slots=True)
 class Appended:
-    """Where appended chunks start in their data file (their CRC32Cs are the ones the writers sent)."""
+    """Where appended chunks start in their data file, and the CRC32C of each as written."""
 
     offset: int
+    crcs: list[int]
 
 
 @dataclass(slots=True)
@@ -207,8 +208,9 @@ class Disk:
         try:
             offset = os.lseek(fd, 0, os.SEEK_END)
             try:
+                crcs = [checksum(v) for v in views]
                 _write_all(fd, views)
-                done = Appended(offset)
+                done = Appended(offset, crcs)
                 Disk._journal_append(journal, record(done))
             except BaseException:
                 os.ftruncate(fd, offset)
