@@ -305,6 +305,10 @@ public final class MapOutputWriter implements AutoCloseable {
     }
 
     private void awaitCondition(String what, boolean untilOpened) throws IOException {
+        if (Thread.currentThread().isInterrupted()) {
+            // An interrupted task stops here even if the reply already arrived (no race with the reader thread).
+            throw new InterruptedIOException("interrupted waiting for " + what);
+        }
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
         lock.lock();
         try {
