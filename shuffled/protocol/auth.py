@@ -102,7 +102,7 @@ class DialerAuth:
             return ""
         check_nonce(acceptor_nonce, who)
         if not proof_matches(acceptor_proof(self.secret, self.nonce, acceptor_nonce), acceptor_proof_):
-            raise AuthFailed(f"{who} failed to prove it knows the shared secret (a different secret, or not shuffled)")
+            raise AuthFailed(f"{who} could not prove it has our secret: the secrets differ (or it is not shuffled)")
         return dialer_proof(self.secret, self.nonce, acceptor_nonce)
 
     def accepted(self, who: str) -> None:

@@ -530,7 +530,7 @@ public final class ShuffleClient implements AutoCloseable {
             String expected = Auth.acceptorProof(secret, nonce, challenge.nonce());
             if (challenge.nonce().length() < Auth.NONCE_HEX || !Auth.proofMatches(expected, challenge.proof())) {
                 authFailed("shuffled at " + address
-                        + " failed to prove it knows the shared secret (a different secret, or not shuffled)");
+                        + " could not prove it has this client's secret: the secrets differ (or it is not shuffled)");
                 return;
             }
             proof = Auth.dialerProof(secret, nonce, challenge.nonce());

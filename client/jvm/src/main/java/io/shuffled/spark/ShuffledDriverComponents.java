@@ -48,7 +48,7 @@ final class ShuffledDriverComponents implements ShuffleDriverComponents {
                     client.daemonNode());
         } catch (ShuffledException e) {
             if (e.code() == ErrorCode.AUTH_FAILED) {
-                throw new IllegalStateException("shuffled at " + conf.adminAddress + " refused this application: "
+                throw new IllegalStateException("shuffled: authentication with " + conf.adminAddress + " failed: "
                         + e.getMessage() + " (check " + ShuffledConf.SECRET + " against the daemons' secret-file)", e);
             }
             LOG.warn("shuffled: could not reach {} at start: {}", conf.adminAddress, e.toString());
