@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shuffled.protocol.integrity import checksum
 from shuffled.protocol import frames as F
 from shuffled.protocol.codec import FrameReader, decode_all, encode
 from shuffled.protocol.errors import ProtocolError, ShuffledError
+from shuffled.protocol.integrity import checksum
 
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)

@@ -125,9 +125,7 @@ async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonP
 
 
 @pytest.mark.asyncio
-async def test_java_client_authenticates_and_keeps_applications_apart(
-    jars: tuple[Path, Path], tmp_path: Path
-) -> None:
+async def test_java_client_authenticates_and_keeps_applications_apart(jars: tuple[Path, Path], tmp_path: Path) -> None:
     """ClientCheck's auth mode: wrong and missing secrets refused, tokens enforced, CRC32C on the way."""
     secret = tmp_path / "secret"
     secret.write_text("jvm-cluster-secret\n")

@@ -63,7 +63,7 @@ def test_wrong_secret_fails_fast_and_the_right_one_runs(
     try:
         conf = {**spark_jar.spark_conf(plugin_jar, [d.addr]), "spark.shuffled.timeout": "30s"}
         started = time.monotonic()
-        with pytest.raises(Py4JJavaError, match="shuffled: authentication with .* failed: .*the secrets differ"):
+        with pytest.raises(Py4JJavaError, match=r"shuffled: authentication with .* failed: .*the secrets differ"):
             spark_jobs.session("local[2]", {**conf, "spark.shuffled.secret": "not-the-secret"})
         assert time.monotonic() - started < 60
         assert any('msg="authentication failed"' in line for line in d.log)

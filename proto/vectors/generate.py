@@ -24,11 +24,11 @@ from typing import Any
 
 import msgpack
 
-from shuffled.protocol import frames as F
 from shuffled.protocol import auth
+from shuffled.protocol import frames as F
 from shuffled.protocol.codec import encode
-from shuffled.protocol.integrity import checksum
 from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.integrity import checksum
 
 OUT = Path(__file__).with_name("frames.json")
 

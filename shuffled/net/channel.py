@@ -11,8 +11,8 @@ from __future__ import annotations
 from ..buffers import Buffer, LocalPool
 from ..protocol.credit import ChannelCredit, SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, ShuffledError
-from ..protocol.integrity import checksum
 from ..protocol.frames import BufferKind, BufferResponse
+from ..protocol.integrity import checksum
 from .streams import Chunk
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from ..buffers import Buffer
 from ..protocol.codec import pack_buffer_response_prefix, pack_push_data_prefix
-from ..protocol.integrity import checksum
 from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
@@ -18,6 +17,7 @@ from ..protocol.frames import (
     BufferKind,
     FrameType,
 )
+from ..protocol.integrity import checksum
 from .sender import Outbound
 
 

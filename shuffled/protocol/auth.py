@@ -1,4 +1,4 @@
-"""Challenge–response authentication on Hello, and per-application tokens (proto/PROTOCOL.md §6.1, §6.2).
+"""Challenge-response authentication on Hello, and per-application tokens (proto/PROTOCOL.md §6.1, §6.2).
 
 Both sides contribute a random nonce and each proves it knows the shared secret
 with an HMAC-SHA256 over both nonces, under a label saying which side it is: a

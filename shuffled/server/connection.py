@@ -18,6 +18,7 @@ from ..logs import event
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream, Chunk
+from ..protocol.auth import AcceptorAuth, DialerAuth
 from ..protocol.codec import (
     encode_add_credit,
     encode_admin_request,
@@ -28,7 +29,6 @@ from ..protocol.codec import (
     encode_hello,
     encode_partition_request,
 )
-from ..protocol.auth import AcceptorAuth, DialerAuth
 from ..protocol.errors import (
     AuthFailed,
     ConnectionLost,

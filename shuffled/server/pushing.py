@@ -26,8 +26,8 @@ from ..net.soon import Soon
 from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_push_credit
 from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, ShuffledError
-from ..protocol.integrity import checksum
 from ..protocol.frames import OpenMapOutput, PushData
+from ..protocol.integrity import checksum
 from .store import MapOutput
 
 if TYPE_CHECKING:

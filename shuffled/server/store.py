@@ -34,7 +34,14 @@ from enum import Enum
 from ..buffers import Buffer
 from ..net.streams import Chunk
 from ..protocol.auth import token_digest
-from ..protocol.errors import AuthFailed, InvalidRequest, MapOutputStateError, PartitionNotFound, QuotaExceeded, ShuffledError
+from ..protocol.errors import (
+    AuthFailed,
+    InvalidRequest,
+    MapOutputStateError,
+    PartitionNotFound,
+    QuotaExceeded,
+    ShuffledError,
+)
 from .disk import LoadedShuffle, SpillFile
 
 MAX_PARTITIONS = 1 << 24
@@ -335,9 +342,7 @@ class Store:
         sub.memory = []
         return chunks
 
-    def spilled(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int
-    ) -> int:
+    def spilled(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int) -> int:
         """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
         written = 0
         moved = False

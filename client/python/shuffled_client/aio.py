@@ -19,6 +19,7 @@ from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, release_payload
 from shuffled.net.soon import Soon
 from shuffled.net.streams import Chunk, PushEvent, PushStream
+from shuffled.protocol.auth import DialerAuth, app_token, secret_bytes
 from shuffled.protocol.codec import (
     encode_add_credit,
     encode_admin_request,
@@ -29,7 +30,6 @@ from shuffled.protocol.codec import (
     encode_partition_request,
 )
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
-from shuffled.protocol.auth import DialerAuth, app_token, secret_bytes
 from shuffled.protocol.errors import (
     AuthFailed,
     ConnectionLost,

@@ -30,9 +30,7 @@ class Client:
         self._loop = asyncio.new_event_loop()
         try:
             self._aio = self._run(
-                AsyncClient.connect(
-                    address, pool_size=pool_size, timeout=timeout, secret=secret, app_secret=app_secret
-                )
+                AsyncClient.connect(address, pool_size=pool_size, timeout=timeout, secret=secret, app_secret=app_secret)
             )
         except BaseException:
             self._loop.close()
