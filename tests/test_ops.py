@@ -162,10 +162,12 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
 
 
 @pytest.mark.asyncio
-async def test_readyz_follows_the_pool_and_the_drain(tmp_path: Path) -> None:
+async def test_readyz_follows_the_pool_and_the_drain() -> None:
     """Ready while pushes can get memory; not ready when only the read reserve is left (a new push
-    then waits, counted as back-pressure), ready again once the data is unregistered, not ready once draining."""
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M", ["--data-dir", str(tmp_path)])
+    then waits, counted as back-pressure), ready again once the data is unregistered, not ready once draining.
+    No data dir: nothing can spill, so the full pool stays full until the test frees it (with one, the
+    test would race the spill)."""
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M")
 
     async def ready() -> tuple[int, str]:
         return await asyncio.to_thread(http_get, d.http, "/readyz")
