@@ -311,3 +311,16 @@ async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data() -> N
             await direct.close()
 
     await asyncio.wait_for(body(), TIMEOUT)
+
+
+def test_stats_command_with_the_secret_file(pair: list[DaemonProcess], secret_file: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "shuffled", "stats", pair[0].addr]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "has no secret configured" in refused.stderr
+    ok = subprocess.run([*cmd, "--secret-file", str(secret_file)], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["node"] == pair[0].addr
