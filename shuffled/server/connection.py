@@ -75,12 +75,14 @@ log = logging.getLogger("shuffled.conn")
 
 
 class DaemonConnection(FrameConnection):
-    def __init__(self, daemon: Daemon, dialed: str | None = None) -> None:
+    def __init__(self, daemon: Daemon, dialed: str | None = None, tls: bool = False) -> None:
         cfg = daemon.config
         super().__init__(max_payload=cfg.segment_size, high=cfg.high_watermark, low=cfg.low_watermark)
         self.daemon = daemon
         #: the peer's address when this daemon dialled it
         self.dialed = dialed
+        #: over the peer TLS port (either direction)
+        self.tls = tls
         self.role: Role | None = None
         self.node = dialed or ""
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -274,6 +276,9 @@ class DaemonConnection(FrameConnection):
             if not isinstance(node, str) or not node:
                 raise ProtocolError("a daemon's Hello must name its node address")
             self.node = node
+        if self.daemon.peer_tls is not None and self.tls != (frame.role is Role.DAEMON):
+            where = "the plain port" if self.tls else f"port {self.daemon.config.peer_tls_port} with TLS"
+            raise AuthFailed(f"{'peer daemons' if not self.tls else 'clients'} must connect on {where}")
         secret = self.daemon.secret
         if secret is None:
             self._accept(frame)
