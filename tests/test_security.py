@@ -88,6 +88,15 @@ async def _read(c: AsyncClient, app: str, locations: dict[str, list[int]], end: 
         return await reader.read_all()
 
 
+async def _challenged(addr: str, role: Role, info: dict[str, Any]) -> tuple[Raw, AuthChallenge]:
+    """A raw connection that sent Hello (with `info`) and got the daemon's AuthChallenge."""
+    raw = await Raw.open(addr)
+    await raw.send(codec.encode_hello(Hello(role, info=info)))
+    challenge = await raw.frame()
+    assert isinstance(challenge, AuthChallenge)
+    return raw, challenge
+
+
 def _state(stats: dict[str, Any]) -> tuple[Any, ...]:
     """What a refused dialer must not change."""
     return stats["store"], stats["connections"], stats["streams"], stats["pool"]["used"]
@@ -128,18 +137,13 @@ async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[Da
         assert isinstance(err, ErrorResponse) and err.stream == 0 and err.code == ErrorCode.AUTH_FAILED
         assert await raw.closed()
 
-        raw = await Raw.open(d.addr)
-        await raw.send(codec.encode_hello(Hello(Role.CLIENT, info={"nonce": "a" * 32})))
-        assert isinstance(await raw.frame(), AuthChallenge)
+        raw, _ = await _challenged(d.addr, Role.CLIENT, {"nonce": "a" * 32})
         await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "sneaky", 1, 0, 1, 1)))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
         assert "did not authenticate" in err.message
 
-        raw = await Raw.open(d.addr)
-        await raw.send(codec.encode_hello(Hello(Role.DAEMON, info={"node": "10.9.9.9:1", "nonce": "b" * 32})))
-        challenge = await raw.frame()
-        assert isinstance(challenge, AuthChallenge)
+        raw, challenge = await _challenged(d.addr, Role.DAEMON, {"node": "10.9.9.9:1", "nonce": "b" * 32})
         replayed = dialer_proof(SECRET.encode(), "c" * 32, challenge.nonce)  # right secret, other nonce
         await raw.send(codec.encode_auth_response(replayed))
         err = await raw.frame()
@@ -233,10 +237,7 @@ async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pai
     async def body() -> None:
         d = pair[0]
         c = await _connect(d)
-        raw = await Raw.open(d.addr)
-        await raw.send(codec.encode_hello(Hello(Role.CLIENT, info={"nonce": "d" * 32})))
-        challenge = await raw.frame()
-        assert isinstance(challenge, AuthChallenge)
+        raw, challenge = await _challenged(d.addr, Role.CLIENT, {"nonce": "d" * 32})
         await raw.send(codec.encode_auth_response(dialer_proof(SECRET.encode(), "d" * 32, challenge.nonce)))
         assert isinstance(await raw.frame(), HelloAck)
         await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "crc-app", 1, 0, 9, 2)))
