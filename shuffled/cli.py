@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -74,6 +75,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("stats", help="print a running daemon's pool, store and stream counters as JSON")
     stats.add_argument("address", help="daemon address, host:port or unix:/path")
+    stats.add_argument(
+        "--secret-file",
+        default=os.environ.get("SHUFFLED_SECRET_FILE"),
+        metavar="PATH",
+        help="the cluster secret, for a daemon that requires one (default: $SHUFFLED_SECRET_FILE)",
+    )
 
     config = sub.add_parser("config", help="print the effective configuration or the settings reference")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -154,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"shuffled serve: cannot start: {exc}", file=sys.stderr)
             return 1
+        except settings.ConfigError as exc:
+            print(f"shuffled serve: invalid configuration: {exc}", file=sys.stderr)
+            return 2
     if args.command == "config":
         if args.config_command == "reference":
             print(settings.render_markdown(), end="")
@@ -172,8 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stats":
         from shuffled_client import Client
 
-        with Client(args.address) as client:
-            result: dict[str, Any] = client.stats()
+        from .protocol.auth import read_secret_file
+        from .protocol.errors import ShuffledError
+
+        try:
+            secret = read_secret_file(args.secret_file) if args.secret_file else None
+            with Client(args.address, secret=secret) as client:
+                result: dict[str, Any] = client.stats()
+        except (OSError, ValueError, ShuffledError) as exc:
+            print(f"shuffled stats: {exc}", file=sys.stderr)
+            return 1
         print(json.dumps(result, indent=2, sort_keys=True))
         return 0
     return 2

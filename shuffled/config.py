@@ -242,6 +242,37 @@ class DaemonConfig:
     low_watermark: int = 256 << 10
     connect_timeout: float = 10.0
     admin_timeout: float = 30.0
+    secret_file: str | None = setting(
+        None,
+        "file holding the cluster's shared secret (trailing whitespace ignored): clients and peer daemons must "
+        "prove they know it on connect (HMAC challenge-response); without it anyone who can connect is trusted",
+        parse=_optional,
+        default_text="off",
+        metavar="PATH",
+    )
+    peer_tls_port: int = setting(
+        0,
+        "TCP port for TLS connections between daemons, the same on every daemon; with it peers must use TLS "
+        "(mutual, certificates below) and the plain port serves clients only (0: peers use the plain port)",
+    )
+    peer_tls_cert: str | None = setting(
+        None,
+        "this daemon's certificate chain (PEM), shown to peers on the TLS port both ways; its names must "
+        "include the host of this daemon's node name",
+        parse=_optional,
+        default_text="none",
+        metavar="PATH",
+    )
+    peer_tls_key: str | None = setting(
+        None, "the private key of peer-tls-cert (PEM)", parse=_optional, default_text="none", metavar="PATH"
+    )
+    peer_tls_ca: str | None = setting(
+        None,
+        "CA certificates (PEM) a peer's certificate must chain to",
+        parse=_optional,
+        default_text="none",
+        metavar="PATH",
+    )
     metrics_host: str | None = setting(
         None,
         "address of the HTTP endpoint serving /metrics, /healthz and /readyz",
@@ -297,6 +328,11 @@ class DaemonConfig:
         need(self.app_disk_quota >= 0, "app-disk-quota must be >= 0")
         need(self.app_ttl >= 0, "app-ttl must be >= 0 seconds (0: never expire)")
         need(self.flush_after >= 0, "flush-after must be >= 0 seconds (0: off)")
+        tls = (self.peer_tls_cert, self.peer_tls_key, self.peer_tls_ca)
+        need(
+            (self.peer_tls_port == 0 and not any(tls)) or (0 < self.peer_tls_port < 65536 and all(tls)),
+            "peer TLS needs peer-tls-port, peer-tls-cert, peer-tls-key and peer-tls-ca together",
+        )
         need(
             not self.app_memory_quota or self.app_memory_quota >= 2 * self.push_max * self.segment_size,
             "app-memory-quota must hold at least two push windows",

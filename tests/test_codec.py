@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from shuffled.protocol import frames as F
 from shuffled.protocol.codec import FrameReader, decode_all, encode
 from shuffled.protocol.errors import ProtocolError, ShuffledError
+from shuffled.protocol.integrity import checksum
 
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
@@ -25,6 +26,8 @@ frames = st.one_of(
     st.builds(F.HelloAck, role=st.sampled_from(F.Role), info=st.dictionaries(st.sampled_from(["node"]), text)),
     st.builds(F.ErrorResponse, stream=u32, code=st.integers(0, 65535), message=text),
     st.builds(F.Close),
+    st.builds(F.AuthChallenge, nonce=text, proof=text),
+    st.builds(F.AuthResponse, proof=text),
     st.builds(
         F.PartitionRequest,
         receiver=u32,
@@ -34,6 +37,7 @@ frames = st.one_of(
         start=small,
         end=small,
         locations=st.dictionaries(text, st.lists(u64, max_size=5), max_size=3),
+        token=st.none() | text,
     ),
     st.builds(F.AddCredit, receiver=u32, credit=st.integers(1, 2**32 - 1)),
     st.builds(
@@ -48,7 +52,16 @@ frames = st.one_of(
         payload=payload,
     ),
     st.builds(F.CancelPartitionRequest, receiver=u32),
-    st.builds(F.OpenMapOutput, writer=u32, app=text, shuffle=small, map_index=small, attempt=small, partitions=small),
+    st.builds(
+        F.OpenMapOutput,
+        writer=u32,
+        app=text,
+        shuffle=small,
+        map_index=small,
+        attempt=small,
+        partitions=small,
+        token=st.none() | text,
+    ),
     st.builds(F.PushCredit, writer=u32, credit=st.integers(1, 2**32 - 1)),
     st.builds(F.PushData, writer=u32, sequence=u32, partition=u32, length=st.just(0), payload=payload),
     st.builds(F.CommitMapOutput, writer=u32, pushes=u32),
@@ -61,10 +74,11 @@ frames = st.one_of(
 
 
 def _normalise(frame: F.Frame) -> F.Frame:
-    """Data frames decode with length set and the payload as bytes."""
+    """Data frames decode with length set, the payload as bytes and the CRC32C the encoder computed."""
     if isinstance(frame, F.BufferResponse | F.PushData):
         frame.payload = bytes(frame.payload or b"")
         frame.length = len(frame.payload)
+        frame.crc = checksum(frame.payload)
     return frame
 
 

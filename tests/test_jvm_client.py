@@ -122,3 +122,26 @@ async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonP
         passed = _assert_clean(proc)
         assert passed == PARTITIONS * (1 + len(attempts))
         await asyncio.wait_for(client.unregister_shuffle(app, shuffle), ASYNC_TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_java_client_authenticates_and_keeps_applications_apart(jars: tuple[Path, Path], tmp_path: Path) -> None:
+    """ClientCheck's auth mode: wrong and missing secrets refused, tokens enforced, CRC32C on the way."""
+    secret = tmp_path / "secret"
+    secret.write_text("jvm-cluster-secret\n")
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--secret-file", str(secret)])
+    try:
+        proc = await asyncio.to_thread(_client_check, jars, d.addr, "auth", "jvm-cluster-secret")
+        assert _assert_clean(proc) >= 10
+        assert any('msg="authentication failed"' in line for line in d.log)
+    finally:
+        d.stop()
+
+
+@pytest.mark.asyncio
+async def test_java_reader_refuses_a_buffer_that_fails_its_crc(jars: tuple[Path, Path]) -> None:
+    from tests.test_security import corrupting_peer
+
+    async with corrupting_peer() as peer:
+        proc = await asyncio.to_thread(_client_check, jars, peer, "corrupt", "c-app", "1", "1")
+        assert _assert_clean(proc) == 1

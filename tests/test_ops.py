@@ -8,7 +8,6 @@ import json
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,7 +149,7 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
 
 
 @pytest.mark.asyncio
-async def test_readyz_follows_the_pool_and_the_drain(tmp_path: Path) -> None:
+async def test_readyz_follows_the_pool_and_the_drain() -> None:
     """Ready while pushes can get memory; not ready when only the read reserve is left (a new push
     then waits, counted as back-pressure), ready again once the data is unregistered, not ready once draining.
     No data directory: with one, the daemon would spill instead of staying full."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,33 @@ def test_job_without_a_daemon_fails_fast_with_the_reason(builtin: dict[str, Any]
             spark_jobs.rdd_reduce_by_key(spark)
     finally:
         spark.stop()
+
+
+@pytest.mark.timeout(300)
+def test_wrong_secret_fails_fast_and_the_right_one_runs(
+    builtin: dict[str, Any], plugin_jar: Path, tmp_path: Path
+) -> None:
+    """A session whose spark.shuffled.secret differs from the daemons' secret-file stops at start, naming
+    the reason; with the right secret (and an application secret) a job runs and gives Spark's results."""
+    from py4j.protocol import Py4JJavaError
+
+    from shuffled import spark_jar
+
+    secret = tmp_path / "secret"
+    secret.write_text("the-cluster-secret\n")
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--secret-file", str(secret)])
+    try:
+        conf = {**spark_jar.spark_conf(plugin_jar, [d.addr]), "spark.shuffled.timeout": "30s"}
+        started = time.monotonic()
+        with pytest.raises(Py4JJavaError, match=r"shuffled: authentication with .* failed: .*the secrets differ"):
+            spark_jobs.session("local[2]", {**conf, "spark.shuffled.secret": "not-the-secret"})
+        assert time.monotonic() - started < 60
+        assert any('msg="authentication failed"' in line for line in d.log)
+        right = {**conf, "spark.shuffled.secret": "the-cluster-secret", "spark.shuffled.appSecret": "app-secret"}
+        spark = spark_jobs.session("local[2]", right)
+        try:
+            assert spark_jobs.rdd_reduce_by_key(spark) == builtin["rdd_reduce_by_key"]
+        finally:
+            spark.stop()
+    finally:
+        d.stop()

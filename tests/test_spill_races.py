@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from shuffled.buffers import GlobalPool
+from shuffled.protocol.integrity import checksum
 from shuffled.server.disk import Disk
 from shuffled.server.spill import Spiller
-from shuffled.server.store import MapOutput, Store
+from shuffled.server.store import DiskChunk, MapOutput, Store
 
 pytestmark = pytest.mark.asyncio
 
@@ -34,7 +35,7 @@ def _push(pool: GlobalPool, store: Store, attempt: int, chunks: int) -> MapOutpu
         buf.set_recycler(pool.give)
         buf.memory[:100] = bytes([attempt]) * 100
         buf.length = 100
-        store.add(out, i % 2, buf)
+        store.add(out, i % 2, buf, checksum(buf.data()))
     return out
 
 
@@ -96,7 +97,7 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         buf.set_recycler(pool.give)
         buf.memory[:3] = b"new"
         buf.length = 3
-        store.add(out, 0, buf)
+        store.add(out, 0, buf, checksum(buf.data()))
         gate.set()
         await task
         store.commit(out)
@@ -153,6 +154,35 @@ async def test_a_spill_cancelled_during_its_write_still_completes(tmp_path: Path
         assert on_disk == 2 and pool.used == store.memory_segments == 2
         for item in items[2:]:
             item.buffer.release()  # type: ignore[union-attr]
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_memory_changed_since_the_push_is_not_hidden_by_a_spill(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal keeps the CRC32C the writer sent, not one of the bytes as they are when spilled: a chunk
+    that changed in memory fails its check when read back, and the spill logs the corruption."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 6, 2)
+        store.commit(out)
+        chunk = store.apps["app"][1].subpartitions[0].chunks[0]
+        pushed_crc = chunk.crc
+        assert chunk.buffer is not None
+        chunk.buffer.memory[10] ^= 0xFF  # a bit flip in RAM after the push was checked
+        found = store.largest_in_memory()
+        assert found is not None
+        with caplog.at_level("ERROR", logger="shuffled.spill"):
+            await spiller.spill(*found)
+        assert any("memory corruption" in r.getMessage() for r in caplog.records)
+        items, on_disk = store.snapshot("app", 1, 0, 1, [6])
+        assert on_disk == 1 and isinstance(items[0], DiskChunk) and items[0].crc == pushed_crc
+        with open(items[0].path, "rb") as f:
+            f.seek(items[0].offset)
+            assert checksum(f.read(items[0].length)) != pushed_crc  # so the read fails with CORRUPT_DATA
         disk.close()
 
     await asyncio.wait_for(body(), 30)

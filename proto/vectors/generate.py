@@ -24,9 +24,11 @@ from typing import Any
 
 import msgpack
 
+from shuffled.protocol import auth
 from shuffled.protocol import frames as F
 from shuffled.protocol.codec import encode
 from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.integrity import checksum
 
 OUT = Path(__file__).with_name("frames.json")
 
@@ -39,6 +41,8 @@ _TYPE_OF: dict[type, F.FrameType] = {
     F.HelloAck: F.FrameType.HELLO_ACK,
     F.ErrorResponse: F.FrameType.ERROR,
     F.Close: F.FrameType.CLOSE,
+    F.AuthChallenge: F.FrameType.AUTH_CHALLENGE,
+    F.AuthResponse: F.FrameType.AUTH_RESPONSE,
     F.PartitionRequest: F.FrameType.PARTITION_REQUEST,
     F.AddCredit: F.FrameType.ADD_CREDIT,
     F.BufferResponse: F.FrameType.BUFFER_RESPONSE,
@@ -62,6 +66,8 @@ def to_json(frame: F.Frame) -> dict[str, Any]:
         value = getattr(frame, f.name)
         if f.name == "length" and isinstance(frame, F.BufferResponse | F.PushData):
             continue  # implied by the payload
+        if f.name == "token" and value is None:
+            continue  # an optional key the frame does not carry
         if f.name == "payload":
             out["payload_hex"] = bytes(value or b"").hex()
         elif isinstance(value, F.Role | F.BufferKind):
@@ -75,6 +81,8 @@ def to_json(frame: F.Frame) -> dict[str, Any]:
 
 def data(frame: F.BufferResponse | F.PushData) -> F.BufferResponse | F.PushData:
     frame.length = len(frame.payload)
+    is_event = isinstance(frame, F.BufferResponse) and frame.kind != F.BufferKind.DATA
+    frame.crc = 0 if is_event else checksum(frame.payload)
     return frame
 
 
@@ -135,9 +143,27 @@ STATS_RESULT: dict[str, Any] = {
     "streams": {"served": 1, "pushing": 1, "remote_channels": 2, "inflight_buffers": 0},
 }
 
+#: the authentication example of PROTOCOL.md §6.1 and §6.2: inputs and the proofs/token they give
+AUTH_SECRET = b"correct horse battery staple"
+DIALER_NONCE = "00112233445566778899aabbccddeeff"
+ACCEPTOR_NONCE = "ffeeddccbbaa99887766554433221100"
+APP_SECRET = b"app-secret-1"
+AUTH_APP = "app-20240101-0001"
+ACCEPTOR_PROOF = auth.acceptor_proof(AUTH_SECRET, DIALER_NONCE, ACCEPTOR_NONCE)
+DIALER_PROOF = auth.dialer_proof(AUTH_SECRET, DIALER_NONCE, ACCEPTOR_NONCE)
+APP_TOKEN = auth.app_token(APP_SECRET, AUTH_APP)
+
 VALID: list[tuple[str, F.Frame]] = [
     ("Hello from a client", F.Hello(F.Role.CLIENT, info={"name": "spark-executor-7"})),
+    ("Hello from a client, with a nonce", F.Hello(F.Role.CLIENT, info={"name": "exec-1", "nonce": DIALER_NONCE})),
     ("Hello from a daemon", F.Hello(F.Role.DAEMON, info={"node": "10.0.0.2:7337", "segment_size": 32768})),
+    (
+        "Hello from a daemon, with a nonce",
+        F.Hello(F.Role.DAEMON, info={"node": "10.0.0.2:7337", "segment_size": 32768, "nonce": DIALER_NONCE}),
+    ),
+    ("AuthChallenge", F.AuthChallenge(ACCEPTOR_NONCE, ACCEPTOR_PROOF)),
+    ("AuthResponse", F.AuthResponse(DIALER_PROOF)),
+    ("AuthResponse without a secret", F.AuthResponse("")),
     ("HelloAck", F.HelloAck(F.Role.DAEMON, info={"node": "10.0.0.1:7337", "segment_size": 32768})),
     (
         "Error on stream 0 (fatal for the connection)",
@@ -156,6 +182,12 @@ VALID: list[tuple[str, F.Frame]] = [
     (
         "PartitionRequest, no locations",
         F.PartitionRequest(receiver=2, credit=2, app="a", shuffle=0, start=0, end=0, locations={}),
+    ),
+    (
+        "PartitionRequest with an application token",
+        F.PartitionRequest(
+            receiver=4, credit=2, app=AUTH_APP, shuffle=3, start=0, end=1, locations={"": [42]}, token=APP_TOKEN
+        ),
     ),
     ("AddCredit", F.AddCredit(1, 3)),
     ("AddCredit, largest values", F.AddCredit(U32_MAX, U32_MAX)),
@@ -181,6 +213,10 @@ VALID: list[tuple[str, F.Frame]] = [
         "OpenMapOutput, attempt id 2^64-1",
         F.OpenMapOutput(writer=6, app="app-20240101-0001", shuffle=3, map_index=0, attempt=U64_MAX, partitions=1),
     ),
+    (
+        "OpenMapOutput with an application token",
+        F.OpenMapOutput(writer=7, app=AUTH_APP, shuffle=3, map_index=1, attempt=4712, partitions=2, token=APP_TOKEN),
+    ),
     ("PushCredit", F.PushCredit(5, 16)),
     ("PushData", data(F.PushData(5, 0, 199, 0, b"key=value\n" * 3))),
     ("PushData, largest sequence", data(F.PushData(5, U32_MAX, 0, 0, b"\x00"))),
@@ -200,6 +236,10 @@ VALID: list[tuple[str, F.Frame]] = [
     (
         "AdminRequest, remove_application (as forwarded to a peer)",
         F.AdminRequest(3, "remove_application", {"app": "app-20240101-0001", "propagate": False}),
+    ),
+    (
+        "AdminRequest, remove_application with an application token",
+        F.AdminRequest(4, "remove_application", {"app": AUTH_APP, "propagate": True, "token": APP_TOKEN}),
     ),
     (
         "AdminResponse, unregister_shuffle with peers",
@@ -253,7 +293,11 @@ def hello_body(magic: bytes = F.MAGIC, version: int = F.VERSION, role: int = F.R
 
 
 def buffer_response(stream: int, kind: int, payload: bytes) -> bytes:
-    fixed = struct.pack(">IIIHHQ", 0, 0, 0, kind, 0, 0)
+    return buffer_response_crc(stream, kind, payload, 0)
+
+
+def buffer_response_crc(stream: int, kind: int, payload: bytes, crc: int) -> bytes:
+    fixed = struct.pack(">IIIHHQI", 0, 0, 0, kind, 0, 0, crc)
     return frame(F.FrameType.BUFFER_RESPONSE, stream, fixed + payload)
 
 
@@ -263,7 +307,7 @@ P = ErrorCode.PROTOCOL
 
 #: (name, bytes, wire error code the receiver reports on stream 0, reason, detected only at end of input)
 INVALID: list[tuple[str, bytes, int, str, bool]] = [
-    ("unknown frame type", header(0, 0x05, 1), P, "0x05 is not a frame type", False),
+    ("unknown frame type", header(0, 0x07, 1), P, "0x07 is not a frame type", False),
     ("frame type 0", header(0, 0x00), P, "0x00 is not a frame type", False),
     ("nonzero flags", header(4, F.FrameType.ADD_CREDIT, 1, flags=0x01) + b"\0\0\0\1", P, "flags must be 0", False),
     (
@@ -297,6 +341,34 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
         False,
     ),
     (
+        "BufferResponse END_OF_PARTITION with a nonzero crc",
+        buffer_response_crc(1, F.BufferKind.END_OF_PARTITION, b"", 1),
+        P,
+        "an event's crc is 0",
+        False,
+    ),
+    (
+        "AuthChallenge without a proof",
+        frame(F.FrameType.AUTH_CHALLENGE, 0, packb({"nonce": ACCEPTOR_NONCE})),
+        P,
+        "nonce and proof are required strings",
+        False,
+    ),
+    (
+        "AuthResponse with a binary proof",
+        frame(F.FrameType.AUTH_RESPONSE, 0, packb({"proof": b"\x01"})),
+        P,
+        "proof is a str, never bin",
+        False,
+    ),
+    (
+        "PartitionRequest with a non-string token",
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "token": 5})),
+        P,
+        "token, when present, is a str",
+        False,
+    ),
+    (
         "BufferResponse of unknown kind",
         buffer_response(1, 2, b""),
         P,
@@ -305,16 +377,23 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     ("Hello with bad magic", frame(F.FrameType.HELLO, 0, hello_body(magic=b"SHFE")), P, "magic must be SHFD", False),
     (
-        "Hello version 2",
-        frame(F.FrameType.HELLO, 0, hello_body(version=2)),
+        "Hello version 1",
+        frame(F.FrameType.HELLO, 0, hello_body(version=1)),
         ErrorCode.UNSUPPORTED_VERSION,
-        "only version 1 is spoken (UnsupportedVersion)",
+        "only version 2 is spoken (UnsupportedVersion)",
+        False,
+    ),
+    (
+        "Hello version 3",
+        frame(F.FrameType.HELLO, 0, hello_body(version=3)),
+        ErrorCode.UNSUPPORTED_VERSION,
+        "only version 2 is spoken (UnsupportedVersion)",
         False,
     ),
     ("Hello with unknown role", frame(F.FrameType.HELLO, 0, hello_body(role=3)), P, "role must be 1 or 2", False),
     (
         "Hello without an info map",
-        frame(F.FrameType.HELLO, 0, struct.pack(">4sHBB", F.MAGIC, 1, 1, 0)),
+        frame(F.FrameType.HELLO, 0, struct.pack(">4sHBB", F.MAGIC, F.VERSION, 1, 0)),
         P,
         "the info map is required (an empty one is 0x80)",
         False,
@@ -328,22 +407,22 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     (
         "HelloAck whose info is an array",
-        frame(F.FrameType.HELLO_ACK, 0, struct.pack(">4sHBB", F.MAGIC, 1, 2, 0) + packb(["node"])),
+        frame(F.FrameType.HELLO_ACK, 0, struct.pack(">4sHBB", F.MAGIC, F.VERSION, 2, 0) + packb(["node"])),
         P,
         "info must be a msgpack map",
         False,
     ),
     (
         "BufferResponse payload over the default limit",
-        header(24 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.BUFFER_RESPONSE, 1)
-        + struct.pack(">IIIHHQ", 0, 0, 0, 0, 0, 0),
+        header(28 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.BUFFER_RESPONSE, 1)
+        + struct.pack(">IIIHHQI", 0, 0, 0, 0, 0, 0, 0),
         P,
         "payload of 32769 bytes > 32768; rejected as soon as the header is read, before the payload",
         False,
     ),
     (
         "PushData payload over the default limit",
-        header(8 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.PUSH_DATA, 1) + struct.pack(">II", 0, 0),
+        header(12 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.PUSH_DATA, 1) + struct.pack(">III", 0, 0, 0),
         P,
         "payload of 32769 bytes > 32768; rejected as soon as the header is read, before the payload",
         False,
@@ -357,16 +436,16 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     (
         "BufferResponse shorter than its fixed part",
-        header(20, F.FrameType.BUFFER_RESPONSE, 1) + bytes(20),
+        header(24, F.FrameType.BUFFER_RESPONSE, 1) + bytes(24),
         P,
-        "length 20 < 24-byte fixed part",
+        "length 24 < 28-byte fixed part",
         False,
     ),
     (
         "PushData shorter than its fixed part",
-        header(4, F.FrameType.PUSH_DATA, 1) + bytes(4),
+        header(8, F.FrameType.PUSH_DATA, 1) + bytes(8),
         P,
-        "length 4 < 8-byte fixed part",
+        "length 8 < 12-byte fixed part",
         False,
     ),
     ("Error body shorter than its code", frame(F.FrameType.ERROR, 0, b"\0"), P, "code is a u16", False),
@@ -506,6 +585,11 @@ DECODE_ONLY: list[tuple[str, bytes, F.Frame]] = [
         frame(F.FrameType.ADMIN_REQUEST, 4, packb({"op": "stats"})),
         F.AdminRequest(4, "stats", {}),
     ),
+    (
+        "PushData whose crc does not match its payload (decodes; the stream then fails with CORRUPT_DATA)",
+        frame(F.FrameType.PUSH_DATA, 5, struct.pack(">III", 0, 1, 0xDEADBEEF) + b"abc"),
+        F.PushData(writer=5, sequence=0, partition=1, length=3, payload=b"abc", crc=0xDEADBEEF),
+    ),
 ]
 
 
@@ -515,12 +599,13 @@ def build() -> dict[str, Any]:
     assert len(set(names)) == len(names), "vector names must be unique"
     return {
         "description": (
-            "Golden vectors for the shuffled wire protocol, version 1 (see proto/PROTOCOL.md). "
+            "Golden vectors for the shuffled wire protocol, version 2 (see proto/PROTOCOL.md). "
             "'vectors': frames an encoder must produce byte for byte and a decoder must read back. "
             "'decode_only': inputs a decoder must accept that the reference encoder never writes. "
             "'invalid': inputs a decoder must reject; 'code' is the error code it reports on stream 0, "
             "'at_eof' marks inputs that are only wrong because the connection ends inside a frame. "
-            "Decoders use the default payload limit, 32768 bytes. Integers may exceed 2^63-1 (u64)."
+            "Decoders use the default payload limit, 32768 bytes. Integers may exceed 2^63-1 (u64). "
+            "'auth': the proofs and the application token of PROTOCOL.md §6 for the given inputs (secrets as hex)."
         ),
         "protocol_version": F.VERSION,
         "max_payload": F.DEFAULT_MAX_PAYLOAD,
@@ -530,6 +615,16 @@ def build() -> dict[str, Any]:
             {"name": name, "hex": raw.hex(), "code": int(code), "reason": reason, "at_eof": at_eof}
             for name, raw, code, reason, at_eof in INVALID
         ],
+        "auth": {
+            "secret_hex": AUTH_SECRET.hex(),
+            "dialer_nonce": DIALER_NONCE,
+            "acceptor_nonce": ACCEPTOR_NONCE,
+            "acceptor_proof": ACCEPTOR_PROOF,
+            "dialer_proof": DIALER_PROOF,
+            "app_secret_hex": APP_SECRET.hex(),
+            "app": AUTH_APP,
+            "app_token": APP_TOKEN,
+        },
     }
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from ..buffers import Buffer, LocalPool
 from ..protocol.credit import ChannelCredit, SequenceChecker
-from ..protocol.errors import CreditViolation, ShuffledError
+from ..protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ..protocol.frames import BufferKind, BufferResponse
+from ..protocol.integrity import checksum
 from .streams import Chunk
 
 
@@ -75,7 +76,18 @@ class InputChannel:
         buf.set_recycler(self._recycle)
         if announce:
             self.announce()
-        self.deliver(Chunk(buf, frame.partition, frame.attempt))
+        crc = checksum(buf.data())
+        if crc != frame.crc:
+            buf.release()  # back to the pool: it becomes credit again, but the stream ends here
+            self.on_stream_error(
+                CorruptData(
+                    f"buffer {frame.sequence} of partition {frame.partition} (map attempt {frame.attempt}) on read "
+                    f"stream {self.receiver} failed its CRC32C check (got {crc:08x}, the writer sent "
+                    f"{frame.crc or 0:08x})"
+                )
+            )
+            return
+        self.deliver(Chunk(buf, frame.partition, frame.attempt, crc))
 
     def _recycle(self, buf: Buffer) -> None:
         pool = self.local_pool()

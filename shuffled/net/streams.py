@@ -17,6 +17,7 @@ from ..protocol.frames import (
     BufferKind,
     FrameType,
 )
+from ..protocol.integrity import checksum
 from .sender import Outbound
 
 
@@ -27,6 +28,8 @@ class Chunk:
     buffer: Buffer
     partition: int
     attempt: int
+    #: CRC32C of the bytes, as the writer computed it (a writer's own chunks get theirs when pushed)
+    crc: int = 0
 
 
 class BufferResponseStream(Outbound):
@@ -50,12 +53,23 @@ class BufferResponseStream(Outbound):
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
         if is_event:
-            pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, 0)
+            pack_buffer_response_prefix(
+                into, offset, self.stream, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, 0, 0
+            )
             return BUFFER_RESPONSE_PREFIX.size, None
         chunk: Chunk = item
         buf = chunk.buffer
         pack_buffer_response_prefix(
-            into, offset, self.stream, seq, backlog, chunk.partition, BufferKind.DATA, chunk.attempt, buf.length
+            into,
+            offset,
+            self.stream,
+            seq,
+            backlog,
+            chunk.partition,
+            BufferKind.DATA,
+            chunk.attempt,
+            buf.length,
+            chunk.crc,
         )
         return BUFFER_RESPONSE_PREFIX.size, buf
 
@@ -88,6 +102,7 @@ class PushStream(Outbound):
             HEADER.pack_into(into, offset, 0, FrameType.ABORT_MAP_OUTPUT, 0, 0, self.stream)
             return HEADER.size, None
         chunk: Chunk = item
-        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, chunk.buffer.length)
+        buf = chunk.buffer
+        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, buf.length, checksum(buf.data()))
         self.pushed += 1
         return PUSH_DATA_PREFIX.size, chunk.buffer

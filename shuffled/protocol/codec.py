@@ -34,6 +34,8 @@ from .frames import (
     AddCredit,
     AdminRequest,
     AdminResponse,
+    AuthChallenge,
+    AuthResponse,
     BufferKind,
     BufferResponse,
     CancelPartitionRequest,
@@ -85,15 +87,26 @@ def encode_close() -> bytes:
     return _frame(FrameType.CLOSE, 0)
 
 
+def encode_auth_challenge(nonce: str, proof: str) -> bytes:
+    return _frame(FrameType.AUTH_CHALLENGE, 0, _packb({"nonce": nonce, "proof": proof}))
+
+
+def encode_auth_response(proof: str) -> bytes:
+    return _frame(FrameType.AUTH_RESPONSE, 0, _packb({"proof": proof}))
+
+
+def _with_token(fields: dict[str, Any], token: str | None) -> dict[str, Any]:
+    if token is not None:
+        fields["token"] = token
+    return fields
+
+
 def encode_partition_request(req: PartitionRequest) -> bytes:
     body = _packb(
-        {
-            "app": req.app,
-            "shuffle": req.shuffle,
-            "start": req.start,
-            "end": req.end,
-            "locations": req.locations,
-        }
+        _with_token(
+            {"app": req.app, "shuffle": req.shuffle, "start": req.start, "end": req.end, "locations": req.locations},
+            req.token,
+        )
     )
     return _frame(FrameType.PARTITION_REQUEST, req.receiver, U32.pack(req.credit) + body)
 
@@ -116,6 +129,7 @@ def pack_buffer_response_prefix(
     kind: int,
     attempt: int,
     payload_len: int,
+    crc: int,
 ) -> None:
     """Write header + fixed part of a BufferResponse; the payload follows as its own slice."""
     BUFFER_RESPONSE_PREFIX.pack_into(
@@ -132,41 +146,65 @@ def pack_buffer_response_prefix(
         kind,
         0,
         attempt,
+        crc,
     )
 
 
 def pack_push_data_prefix(
-    into: bytearray | memoryview, offset: int, writer: int, sequence: int, partition: int, payload_len: int
+    into: bytearray | memoryview, offset: int, writer: int, sequence: int, partition: int, payload_len: int, crc: int
 ) -> None:
     PUSH_DATA_PREFIX.pack_into(
-        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, partition
+        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, partition, crc
     )
 
 
 def encode_buffer_response(
-    receiver: int, sequence: int, backlog: int, partition: int, kind: int, attempt: int, payload: bytes
+    receiver: int,
+    sequence: int,
+    backlog: int,
+    partition: int,
+    kind: int,
+    attempt: int,
+    payload: bytes,
+    crc: int | None = None,
 ) -> bytes:
-    """Whole frame as bytes: for tests, vectors and events (no payload)."""
+    """Whole frame as bytes: for tests, vectors and events (no payload). `crc` None: the payload's CRC32C."""
+    if crc is None:
+        crc = _checksum(payload) if kind == BufferKind.DATA else 0
     prefix = bytearray(BUFFER_RESPONSE_PREFIX.size)
-    pack_buffer_response_prefix(prefix, 0, receiver, sequence, backlog, partition, kind, attempt, len(payload))
+    pack_buffer_response_prefix(prefix, 0, receiver, sequence, backlog, partition, kind, attempt, len(payload), crc)
     return bytes(prefix) + payload
 
 
-def encode_push_data(writer: int, sequence: int, partition: int, payload: bytes) -> bytes:
+def _checksum(payload: bytes) -> int:
+    # Imported here: the crc32c package pulls in importlib.metadata (and socket) when imported, and the codec
+    # stays importable without any IO module; the hot paths pack the CRC their caller computed.
+    from .integrity import checksum
+
+    return checksum(payload)
+
+
+def encode_push_data(writer: int, sequence: int, partition: int, payload: bytes, crc: int | None = None) -> bytes:
+    """Whole frame as bytes: for tests and vectors. `crc` None: the payload's CRC32C."""
     prefix = bytearray(PUSH_DATA_PREFIX.size)
-    pack_push_data_prefix(prefix, 0, writer, sequence, partition, len(payload))
+    pack_push_data_prefix(
+        prefix, 0, writer, sequence, partition, len(payload), _checksum(payload) if crc is None else crc
+    )
     return bytes(prefix) + payload
 
 
 def encode_open_map_output(m: OpenMapOutput) -> bytes:
     body = _packb(
-        {
-            "app": m.app,
-            "shuffle": m.shuffle,
-            "map_index": m.map_index,
-            "attempt": m.attempt,
-            "partitions": m.partitions,
-        }
+        _with_token(
+            {
+                "app": m.app,
+                "shuffle": m.shuffle,
+                "map_index": m.map_index,
+                "attempt": m.attempt,
+                "partitions": m.partitions,
+            },
+            m.token,
+        )
     )
     return _frame(FrameType.OPEN_MAP_OUTPUT, m.writer, body)
 
@@ -209,6 +247,10 @@ def encode(frame: Frame) -> bytes:
             return encode_error(stream, code, message)
         case Close():
             return encode_close()
+        case AuthChallenge(nonce, proof):
+            return encode_auth_challenge(nonce, proof)
+        case AuthResponse(proof):
+            return encode_auth_response(proof)
         case PartitionRequest():
             return encode_partition_request(frame)
         case AddCredit(receiver, credit):
@@ -222,6 +264,7 @@ def encode(frame: Frame) -> bytes:
                 frame.kind,
                 frame.attempt,
                 bytes(frame.payload or b""),
+                frame.crc,
             )
         case CancelPartitionRequest(receiver):
             return encode_cancel(receiver)
@@ -230,7 +273,9 @@ def encode(frame: Frame) -> bytes:
         case PushCredit(writer, credit):
             return encode_push_credit(writer, credit)
         case PushData():
-            return encode_push_data(frame.writer, frame.sequence, frame.partition, bytes(frame.payload or b""))
+            return encode_push_data(
+                frame.writer, frame.sequence, frame.partition, bytes(frame.payload or b""), frame.crc
+            )
         case CommitMapOutput(writer, pushes):
             return encode_commit(writer, pushes)
         case CommitAck(writer, lengths):
@@ -277,6 +322,13 @@ def _field(m: dict[str, Any], name: str, kind: type | tuple[type, ...], what: st
     return value
 
 
+def _token(m: dict[str, Any], what: str) -> str | None:
+    value = m.get("token")
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"{what}: field 'token' must be a string")
+    return value
+
+
 def _u32(body: memoryview, what: str) -> int:
     if len(body) != 4:
         raise ProtocolError(f"{what}: body must be 4 bytes, got {len(body)}")
@@ -319,6 +371,11 @@ def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
     name = ftype.name
     if ftype in (FrameType.HELLO, FrameType.HELLO_ACK):
         return _decode_hello(ftype, body)
+    if ftype == FrameType.AUTH_CHALLENGE:
+        m = _unpack_map(body, name)
+        return AuthChallenge(_field(m, "nonce", str, name), _field(m, "proof", str, name))
+    if ftype == FrameType.AUTH_RESPONSE:
+        return AuthResponse(_field(_unpack_map(body, name), "proof", str, name))
     if ftype == FrameType.ERROR:
         if len(body) < ERROR_FIXED.size:
             raise ProtocolError("Error: body shorter than its code")
@@ -369,6 +426,7 @@ def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
             start=start,
             end=end,
             locations=_decode_locations(m.get("locations")),
+            token=_token(m, name),
         )
     if ftype == FrameType.OPEN_MAP_OUTPUT:
         m = _unpack_map(body, name)
@@ -379,6 +437,7 @@ def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
             map_index=_field(m, "map_index", int, name),
             attempt=_field(m, "attempt", int, name),
             partitions=_field(m, "partitions", int, name),
+            token=_token(m, name),
         )
     if ftype == FrameType.ADMIN_REQUEST:
         m = _unpack_map(body, name)
@@ -579,22 +638,22 @@ class FrameReader:
         stream = self._stream
         frame: BufferResponse | PushData
         if ftype == FrameType.BUFFER_RESPONSE:
-            seq, backlog, partition, kind, _, attempt = BUFFER_RESPONSE_FIXED.unpack(fixed)
+            seq, backlog, partition, kind, _, attempt, crc = BUFFER_RESPONSE_FIXED.unpack(fixed)
             length = self._length - BUFFER_RESPONSE_FIXED.size
             try:
                 bkind = BufferKind(kind)
             except ValueError:
                 raise ProtocolError(f"BufferResponse: unknown kind {kind}") from None
-            if bkind != BufferKind.DATA and length:
-                raise ProtocolError("BufferResponse: an event carries no payload")
-            frame = BufferResponse(stream, seq, backlog, partition, bkind, attempt, length)
+            if bkind != BufferKind.DATA and (length or crc):
+                raise ProtocolError("BufferResponse: an event carries no payload and a zero crc")
+            frame = BufferResponse(stream, seq, backlog, partition, bkind, attempt, length, None, crc)
             if bkind != BufferKind.DATA:
                 self._pending = frame
                 return len(fixed)
         else:
-            seq, partition = PUSH_DATA_FIXED.unpack(fixed)
+            seq, partition, crc = PUSH_DATA_FIXED.unpack(fixed)
             length = self._length - PUSH_DATA_FIXED.size
-            frame = PushData(stream, seq, partition, length)
+            frame = PushData(stream, seq, partition, length, None, crc)
         self._pending = frame
         got = self._sink(ftype, stream, partition, length)
         if got is None:

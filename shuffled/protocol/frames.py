@@ -13,19 +13,20 @@ from enum import IntEnum
 from typing import Any
 
 MAGIC = b"SHFD"
-VERSION = 1
+VERSION = 2
 
 #: length u32 (bytes after this header), type u8, flags u8, reserved u16, stream u32
 HEADER = struct.Struct(">IBBHI")
 HEADER_SIZE = HEADER.size  # 12
 
-#: BufferResponse fixed part: sequence u32, backlog u32, partition u32, kind u16, reserved u16, attempt u64
-BUFFER_RESPONSE_FIXED = struct.Struct(">IIIHHQ")
-#: PushData fixed part: sequence u32, partition u32
-PUSH_DATA_FIXED = struct.Struct(">II")
+#: BufferResponse fixed part: sequence u32, backlog u32, partition u32, kind u16, reserved u16, attempt u64,
+#: crc u32 (CRC32C of the payload, 0 for events)
+BUFFER_RESPONSE_FIXED = struct.Struct(">IIIHHQI")
+#: PushData fixed part: sequence u32, partition u32, crc u32 (CRC32C of the payload)
+PUSH_DATA_FIXED = struct.Struct(">III")
 #: header and fixed part in one pack_into call
-BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIIHHQ")
-PUSH_DATA_PREFIX = struct.Struct(">IBBHIII")
+BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIIHHQI")
+PUSH_DATA_PREFIX = struct.Struct(">IBBHIIII")
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
@@ -44,6 +45,8 @@ class FrameType(IntEnum):
     HELLO_ACK = 0x02
     ERROR = 0x03
     CLOSE = 0x04
+    AUTH_CHALLENGE = 0x05
+    AUTH_RESPONSE = 0x06
     PARTITION_REQUEST = 0x10
     ADD_CREDIT = 0x11
     BUFFER_RESPONSE = 0x12
@@ -84,6 +87,21 @@ class HelloAck:
 
 
 @dataclass(slots=True)
+class AuthChallenge:
+    """Acceptor → dialer after Hello when the acceptor has a secret: its nonce and its proof."""
+
+    nonce: str
+    proof: str
+
+
+@dataclass(slots=True)
+class AuthResponse:
+    """Dialer → acceptor: the dialer's proof ("" when it has no secret)."""
+
+    proof: str
+
+
+@dataclass(slots=True)
 class ErrorResponse:
     stream: int  # 0: fatal for the whole connection
     code: int
@@ -105,6 +123,8 @@ class PartitionRequest:
     end: int
     #: daemon address ("" = the daemon receiving the request) -> map attempt ids held there
     locations: dict[str, list[int]]
+    #: the application token (PROTOCOL.md §6.2); None: the request carries none
+    token: str | None = None
 
 
 @dataclass(slots=True)
@@ -124,6 +144,8 @@ class BufferResponse:
     length: int
     #: what the payload sink returned for this frame (e.g. a pool Buffer), None if discarded
     payload: Any = None
+    #: CRC32C of the payload as the writer computed it (0 for events); None: computed when encoded
+    crc: int | None = None
 
 
 @dataclass(slots=True)
@@ -139,6 +161,8 @@ class OpenMapOutput:
     map_index: int
     attempt: int
     partitions: int
+    #: the application token (PROTOCOL.md §6.2); None: the request carries none
+    token: str | None = None
 
 
 @dataclass(slots=True)
@@ -154,6 +178,8 @@ class PushData:
     partition: int
     length: int
     payload: Any = None
+    #: CRC32C of the payload as the writer computed it; None: computed when encoded
+    crc: int | None = None
 
 
 @dataclass(slots=True)
@@ -194,6 +220,8 @@ class AdminResponse:
 Frame = (
     Hello
     | HelloAck
+    | AuthChallenge
+    | AuthResponse
     | ErrorResponse
     | Close
     | PartitionRequest

@@ -18,15 +18,19 @@ from ..logs import event
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream, Chunk
+from ..protocol.auth import AcceptorAuth, DialerAuth
 from ..protocol.codec import (
     encode_add_credit,
     encode_admin_request,
     encode_admin_response,
+    encode_auth_challenge,
+    encode_auth_response,
     encode_error_from,
     encode_hello,
     encode_partition_request,
 )
 from ..protocol.errors import (
+    AuthFailed,
     ConnectionLost,
     InvalidRequest,
     LimitExceeded,
@@ -43,6 +47,8 @@ from ..protocol.frames import (
     AddCredit,
     AdminRequest,
     AdminResponse,
+    AuthChallenge,
+    AuthResponse,
     BufferResponse,
     CancelPartitionRequest,
     Close,
@@ -69,12 +75,14 @@ log = logging.getLogger("shuffled.conn")
 
 
 class DaemonConnection(FrameConnection):
-    def __init__(self, daemon: Daemon, dialed: str | None = None) -> None:
+    def __init__(self, daemon: Daemon, dialed: str | None = None, tls: bool = False) -> None:
         cfg = daemon.config
         super().__init__(max_payload=cfg.segment_size, high=cfg.high_watermark, low=cfg.low_watermark)
         self.daemon = daemon
         #: the peer's address when this daemon dialled it
         self.dialed = dialed
+        #: over the peer TLS port (either direction)
+        self.tls = tls
         self.role: Role | None = None
         self.node = dialed or ""
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -84,6 +92,10 @@ class DaemonConnection(FrameConnection):
         self.pushes: dict[int, PushSession] = {}
         self.admin_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._announce: dict[int, RemoteInputChannel] = {}
+        #: the handshake's authentication state: ours as a dialer, or the challenge we sent as an acceptor
+        self._dialer_auth = DialerAuth(daemon.secret) if dialed is not None else None
+        self._acceptor_auth: AcceptorAuth | None = None
+        self._hello: Hello | None = None
         self._flush_announcements_soon = Soon(self._flush_announcements)
 
     # -- lifecycle
@@ -92,7 +104,10 @@ class DaemonConnection(FrameConnection):
         self.daemon.connections.add(self)
         if self.dialed is not None:
             self.role = Role.DAEMON
-            info = {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size}
+            assert self._dialer_auth is not None
+            info = self._dialer_auth.hello_info(
+                {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size}
+            )
             self.sender.send_control(encode_hello(Hello(Role.DAEMON, info=info)))
 
     def on_lost(self) -> None:
@@ -217,24 +232,66 @@ class DaemonConnection(FrameConnection):
                 raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
 
     def _handshake(self, frame: Frame) -> None:
-        if self.dialed is not None:
-            if isinstance(frame, HelloAck):
-                if frame.info.get("node") not in (None, self.dialed):
-                    event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=frame.info.get("node"))
-                self.ready.set_result(None)
-                return
-            if isinstance(frame, ErrorResponse):
-                exc = error_from_code(frame.code, frame.message)
+        try:
+            if self.dialed is not None:
+                self._dialer_handshake(frame)
+            elif self._acceptor_auth is not None:
+                self._acceptor_auth.check(frame.proof if isinstance(frame, AuthResponse) else None)
+                assert self._hello is not None
+                self._accept(self._hello)
+            else:
+                self._on_hello(frame)
+        except AuthFailed as exc:
+            event(log, "authentication failed", logging.WARNING, peer=self.peer, node=self.node, reason=exc.message)
+            if not self.ready.done():
                 self.ready.set_exception(exc)
-                self.close(f"handshake refused: {exc.message}")
-                return
-            raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
+                self.ready.exception()  # retrieved: the dialer's caller sees it through the peer manager
+            self.fail(exc)
+
+    def _dialer_handshake(self, frame: Frame) -> None:
+        assert self.dialed is not None and self._dialer_auth is not None
+        if isinstance(frame, AuthChallenge):
+            proof = self._dialer_auth.answer(frame.nonce, frame.proof, f"daemon {self.dialed}")
+            self.sender.send_control(encode_auth_response(proof))
+            return
+        if isinstance(frame, HelloAck):
+            self._dialer_auth.accepted(f"daemon {self.dialed}")
+            if frame.info.get("node") not in (None, self.dialed):
+                event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=frame.info.get("node"))
+            self.ready.set_result(None)
+            return
+        if isinstance(frame, ErrorResponse):
+            exc = error_from_code(frame.code, frame.message)
+            self.ready.set_exception(exc)
+            self.close(f"handshake refused: {exc.message}")
+            return
+        raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
+
+    def _on_hello(self, frame: Frame) -> None:
+        """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
         if not isinstance(frame, Hello):
             raise ProtocolError(f"the first frame must be Hello, got {type(frame).__name__}")
         if frame.role is Role.DAEMON:
             node = frame.info.get("node")
             if not isinstance(node, str) or not node:
                 raise ProtocolError("a daemon's Hello must name its node address")
+            self.node = node
+        if self.daemon.peer_tls is not None and self.tls != (frame.role is Role.DAEMON):
+            where = "the plain port" if self.tls else f"port {self.daemon.config.peer_tls_port} with TLS"
+            raise AuthFailed(f"{'peer daemons' if not self.tls else 'clients'} must connect on {where}")
+        secret = self.daemon.secret
+        if secret is None:
+            self._accept(frame)
+            return
+        who = f"daemon {self.node}" if frame.role is Role.DAEMON else f"client {self.peer}"
+        self._acceptor_auth = AcceptorAuth(secret, frame.info.get("nonce"), who)
+        self._hello = frame
+        self.sender.send_control(encode_auth_challenge(*self._acceptor_auth.challenge()))
+
+    def _accept(self, frame: Hello) -> None:
+        self._acceptor_auth = self._hello = None
+        if frame.role is Role.DAEMON:
+            node = self.node
             theirs = frame.info.get("segment_size")
             if theirs != self.daemon.config.segment_size:
                 self.fail(
@@ -249,7 +306,6 @@ class DaemonConnection(FrameConnection):
             except ShuffledError as exc:
                 self.fail(exc)
                 return
-            self.node = node
         self.role = frame.role
         self.ready.set_result(None)
         ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
@@ -307,6 +363,7 @@ class DaemonConnection(FrameConnection):
         try:
             if remote and self.role is not Role.CLIENT:
                 raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
+            self._authorize(req.app, req.token)
             for addr in remote:
                 split_address(addr)
             if req.start > req.end:
@@ -406,11 +463,14 @@ class DaemonConnection(FrameConnection):
         if self.daemon.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
+        store = self.daemon.store
         try:
-            out = self.daemon.store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)
+            self._authorize(req.app, req.token)
+            out = store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)
         except ShuffledError as exc:
             self.send_error(req.writer, exc)
             return
+        store.bind(req.app, req.token)
         session = PushSession(self, req, out)
         self.pushes[req.writer] = session
         session.task = asyncio.create_task(session.start())
@@ -427,8 +487,21 @@ class DaemonConnection(FrameConnection):
         finally:
             self.admin_waiters.pop(sid, None)
 
+    def _authorize(self, app: str, token: object) -> None:
+        """Per-application isolation: AUTH_FAILED unless the request's token is the application's."""
+        if token is not None and not isinstance(token, str):
+            raise InvalidRequest("'token' must be a string")
+        try:
+            self.daemon.store.authorize(app, token, trusted=self.role is Role.DAEMON)
+        except AuthFailed as exc:
+            event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
+            raise
+
     async def _on_admin(self, req: AdminRequest) -> None:
         try:
+            app = req.args.get("app")
+            if isinstance(app, str) and req.op != "stats":
+                self._authorize(app, req.args.get("token"))
             result = await self.daemon.admin(req.op, req.args)
         except ShuffledError as exc:
             self.send_error(req.request, exc)

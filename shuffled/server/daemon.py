@@ -10,14 +10,17 @@ import asyncio
 import logging
 import os
 import shutil
+import ssl
 import time
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import DaemonConfig
+from ..config import ConfigError, DaemonConfig
 from ..logs import event
+from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
+from ..protocol.auth import read_secret_file
 from ..protocol.errors import InvalidRequest, ShuffledError, StorageError
 from .connection import DaemonConnection
 from .counters import Counters, micros
@@ -51,6 +54,19 @@ class Daemon:
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
+        try:
+            #: the cluster secret every client and peer proves on connect; None: authentication is off
+            self.secret = read_secret_file(config.secret_file) if config.secret_file else None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"secret-file {config.secret_file}: {exc}") from None
+        #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
+        self.peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
+        if config.peer_tls_port:
+            assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca  # validate() checked
+            try:
+                self.peer_tls = peer_contexts(config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"peer TLS certificates: {exc}") from None
         self._servers: list[asyncio.AbstractServer] = []
         self.counters = Counters()
         self.metrics = DaemonMetrics()
@@ -70,6 +86,15 @@ class Daemon:
         port = server.sockets[0].getsockname()[1]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         self.node = cfg.advertise or f"{host}:{port}"
+        if self.peer_tls is not None:
+            tls_server = await loop.create_server(
+                lambda: DaemonConnection(self, tls=True),
+                cfg.host,
+                cfg.peer_tls_port,
+                ssl=self.peer_tls[0],
+                reuse_address=True,
+            )
+            self._servers.append(tls_server)
         if cfg.unix_socket:
             if os.path.exists(cfg.unix_socket):
                 os.unlink(cfg.unix_socket)
@@ -80,6 +105,13 @@ class Daemon:
             self.ops.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
         self.started = True
+        if self.secret is None:
+            event(
+                log,
+                "authentication off",
+                logging.WARNING,
+                reason="no secret-file configured: any process that can connect may push, read and delete data",
+            )
         event(
             log,
             "ready",
@@ -90,6 +122,7 @@ class Daemon:
             segment_size=cfg.segment_size,
             read_reserve=self.pool.reserve,
             data_dir=self.disk.root if self.disk else None,
+            peer_tls_port=cfg.peer_tls_port or None,
             restored_shuffles=restored,
             http=self.ops.address if self.ops else None,
         )

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import crc32c
 import msgpack
 
 from ..logs import event
+from ..protocol.integrity import checksum
 
 log = logging.getLogger("shuffled.disk")
 
@@ -53,10 +53,6 @@ JOURNAL = "journal"
 LOCK = "LOCK"
 #: most iovecs handed to one writev/preadv call (Linux IOV_MAX is 1024)
 _IOV_MAX = 512
-
-
-def checksum(data: memoryview | bytes) -> int:
-    return int(crc32c.crc32c(data))
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -128,6 +124,8 @@ class SpillFile:
 
 @dataclass(slots=True)
 class Appended:
+    """Where appended chunks start in their data file, and the CRC32C of each as written."""
+
     offset: int
     crcs: list[int]
 

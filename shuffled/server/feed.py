@@ -142,7 +142,7 @@ class DiskFedStream(BufferResponseStream):
         for buf, chunk in zip(buffers, batch, strict=True):
             self.items.popleft()
             self.deferred -= 1
-            self.push_data(Chunk(buf, chunk.partition, chunk.attempt))
+            self.push_data(Chunk(buf, chunk.partition, chunk.attempt, chunk.crc))
         self.pump()
 
     def shutdown(self) -> None:

@@ -58,9 +58,16 @@ class PeerManager:
         loop = asyncio.get_running_loop()
         try:
             host, port = split_address(addr)
+            tls = self.daemon.peer_tls[1] if self.daemon.peer_tls is not None else None
             try:
                 _, conn = await asyncio.wait_for(
-                    loop.create_connection(lambda: DaemonConnection(self.daemon, dialed=addr), host, port),
+                    loop.create_connection(
+                        lambda: DaemonConnection(self.daemon, dialed=addr, tls=tls is not None),
+                        host,
+                        cfg.peer_tls_port if tls is not None else port,
+                        ssl=tls,
+                        server_hostname=host if tls is not None else None,
+                    ),
                     cfg.connect_timeout,
                 )
                 try:

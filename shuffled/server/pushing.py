@@ -25,8 +25,9 @@ from ..logs import event
 from ..net.soon import Soon
 from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_push_credit
 from ..protocol.credit import SequenceChecker
-from ..protocol.errors import CreditViolation, MapOutputStateError, ShuffledError
+from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
+from ..protocol.integrity import checksum
 from .store import MapOutput
 
 if TYPE_CHECKING:
@@ -87,7 +88,13 @@ class PushSession:
         self.pool.detach(buf, daemon.pool.give)
         try:
             self.seq.check(frame.sequence)
-            daemon.store.add(self.out, frame.partition, buf)
+            crc = checksum(buf.data())
+            if crc != frame.crc:
+                raise CorruptData(
+                    f"PushData {frame.sequence} of writer {self.writer} (partition {frame.partition}) failed its "
+                    f"CRC32C check (got {crc:08x}, the writer sent {frame.crc or 0:08x}); the attempt is discarded"
+                )
+            daemon.store.add(self.out, frame.partition, buf, crc)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()

@@ -131,6 +131,7 @@ class InputGate:
                         self.req.start,
                         self.req.end,
                         {"": attempts},
+                        self.req.token,  # the daemon holding the data checks the client's token too
                     ),
                 )
         except ShuffledError as exc:

@@ -150,12 +150,14 @@ class Spiller:
             sub.file = SpillFile(disk.data_path(directory, sub.partition))
             data.files += 1
             disk.stats.files += 1
-        described = [(c.attempt, c.length) for c in chunks]
+        # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as written:
+        # memory that went bad since is then caught when the chunk is read back.
+        described = [(c.attempt, c.length, c.crc) for c in chunks]
         p = sub.partition
 
         def record(done: Appended) -> bytes:
             offset, entries = done.offset, []
-            for (attempt, length), crc in zip(described, done.crcs, strict=True):
+            for attempt, length, crc in described:
                 entries.append([attempt, offset, length, crc])
                 offset += length
             return encode_record({"k": "chunks", "p": p, "c": entries})
@@ -168,7 +170,19 @@ class Spiller:
         finally:
             for buf in held:
                 buf.release()
-        written = self.store.spilled(data, sub, chunks, done.offset, done.crcs)
+        changed = [c for c, crc in zip(chunks, done.crcs, strict=True) if c.crc != crc]
+        if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
+            event(
+                log,
+                "memory corruption",
+                logging.ERROR,
+                app=data.app,
+                shuffle=data.shuffle,
+                partition=p,
+                attempt=changed[0].attempt,
+                chunks=len(changed),
+            )
+        written = self.store.spilled(data, sub, chunks, done.offset)
         sub.file.size = done.offset + written
         disk.stats.spills += 1
         disk.stats.spilled_bytes += written

@@ -24,6 +24,7 @@ frees its memory once the last of them let go. This module does no I/O.
 
 from __future__ import annotations
 
+import hmac
 import time
 from array import array
 from collections.abc import Callable
@@ -32,7 +33,15 @@ from enum import Enum
 
 from ..buffers import Buffer
 from ..net.streams import Chunk
-from ..protocol.errors import InvalidRequest, MapOutputStateError, PartitionNotFound, QuotaExceeded, ShuffledError
+from ..protocol.auth import token_digest
+from ..protocol.errors import (
+    AuthFailed,
+    InvalidRequest,
+    MapOutputStateError,
+    PartitionNotFound,
+    QuotaExceeded,
+    ShuffledError,
+)
 from .disk import LoadedShuffle, SpillFile
 
 MAX_PARTITIONS = 1 << 24
@@ -177,6 +186,29 @@ class Store:
         self.memory_segments = 0
         self.commits = 0
         self.aborts = 0
+        #: application -> digest of the token it is bound to (b"": bound to requests without one)
+        self.app_keys: dict[str, bytes] = {}
+
+    # -- isolation
+
+    def authorize(self, app: str, token: str | None, *, trusted: bool) -> None:
+        """Refuse a request about `app` whose token is not the one the application is bound to.
+
+        `trusted` (a peer daemon, which proved the cluster secret) may act without a
+        token, e.g. a propagated removal; a token it forwards for a client is checked.
+        """
+        bound = self.app_keys.get(app)
+        if bound is None or (trusted and token is None):
+            return
+        if not hmac.compare_digest(bound, token_digest(token)):
+            why = "carries no token" if token is None else "carries a different token"
+            raise AuthFailed(
+                f"application {app} belongs to other credentials: this request {why} (a different app secret?)"
+            )
+
+    def bind(self, app: str, token: str | None) -> None:
+        """The first map output of an application binds it to its writer's token (kept as a digest)."""
+        self.app_keys.setdefault(app, token_digest(token))
 
     # -- push side
 
@@ -215,8 +247,8 @@ class Store:
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
             )
 
-    def add(self, out: MapOutput, partition: int, buffer: Buffer) -> None:
-        """Take ownership of a pushed buffer (its one reference moves to the store)."""
+    def add(self, out: MapOutput, partition: int, buffer: Buffer, crc: int) -> None:
+        """Take ownership of a pushed buffer (its one reference moves to the store) and its checked CRC32C."""
         if out.state is not MapState.OPEN:
             buffer.release()
             raise MapOutputStateError(f"push to a map output that is {out.state.value}")
@@ -238,7 +270,7 @@ class Store:
         sub = data.subpartitions.get(partition)
         if sub is None:
             sub = data.subpartitions[partition] = Subpartition(partition)
-        chunk = StoredChunk(out.attempt, buffer.length, buffer)
+        chunk = StoredChunk(out.attempt, buffer.length, buffer, crc=crc)
         out.pending.append((sub, chunk))
         sub.memory.append(chunk)
         sub.memory_segments += 1
@@ -310,15 +342,13 @@ class Store:
         sub.memory = []
         return chunks
 
-    def spilled(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int, crcs: list[int]
-    ) -> int:
+    def spilled(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int) -> int:
         """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
         written = 0
         moved = False
-        for chunk, crc in zip(chunks, crcs, strict=True):
+        for chunk in chunks:
+            crc = chunk.crc
             chunk.offset = offset + written
-            chunk.crc = crc
             written += chunk.length
             if chunk.buffer is not None and not chunk.dead:
                 self._release_memory(data, sub, chunk)
@@ -386,7 +416,7 @@ class Store:
                 if chunk.attempt in wanted:
                     assert chunk.buffer is not None
                     chunk.buffer.retain()
-                    out.append(Chunk(chunk.buffer, p, chunk.attempt))
+                    out.append(Chunk(chunk.buffer, p, chunk.attempt, chunk.crc))
         return out, on_disk
 
     # -- restart
@@ -440,6 +470,7 @@ class Store:
     def remove_application(self, app: str) -> tuple[int, list[ShuffleData]]:
         shuffles = self.apps.pop(app, {})
         self.usage.pop(app, None)
+        self.app_keys.pop(app, None)
         return sum(self._free(d) for d in shuffles.values()), list(shuffles.values())
 
     def stats(self) -> dict[str, int]:

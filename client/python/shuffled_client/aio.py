@@ -19,9 +19,11 @@ from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, release_payload
 from shuffled.net.soon import Soon
 from shuffled.net.streams import Chunk, PushEvent, PushStream
+from shuffled.protocol.auth import DialerAuth, app_token, secret_bytes
 from shuffled.protocol.codec import (
     encode_add_credit,
     encode_admin_request,
+    encode_auth_response,
     encode_cancel,
     encode_hello,
     encode_open_map_output,
@@ -29,6 +31,7 @@ from shuffled.protocol.codec import (
 )
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
 from shuffled.protocol.errors import (
+    AuthFailed,
     ConnectionLost,
     InvalidRequest,
     MapOutputStateError,
@@ -39,6 +42,7 @@ from shuffled.protocol.errors import (
 from shuffled.protocol.frames import (
     AbortAck,
     AdminResponse,
+    AuthChallenge,
     BufferResponse,
     Close,
     CommitAck,
@@ -74,7 +78,8 @@ class _ClientConnection(FrameConnection):
 
     def on_made(self) -> None:
         self.client._conn = self  # before any frame arrives, so HelloAck can find it
-        self.sender.send_control(encode_hello(Hello(Role.CLIENT, info={"name": "shuffled_client"})))
+        info = self.client._auth.hello_info({"name": "shuffled_client"})
+        self.sender.send_control(encode_hello(Hello(Role.CLIENT, info=info)))
 
     def payload_target(
         self, ftype: FrameType, stream: int, partition: int, length: int
@@ -97,8 +102,19 @@ class _ClientConnection(FrameConnection):
 class AsyncClient:
     """One connection to the local daemon, shared by any number of writers and readers."""
 
-    def __init__(self, address: str, pool_size: int, exclusive: int, floating: int) -> None:
+    def __init__(
+        self,
+        address: str,
+        pool_size: int,
+        exclusive: int,
+        floating: int,
+        secret: str | bytes | None = None,
+        app_secret: str | bytes | None = None,
+    ) -> None:
         self.address = address
+        self._auth = DialerAuth(secret_bytes(secret) if secret is not None else None)
+        self._app_secret = secret_bytes(app_secret) if app_secret is not None else None
+        self._tokens: dict[str, str] = {}
         self._pool_size = pool_size
         self.exclusive = exclusive
         self.floating = floating
@@ -121,9 +137,18 @@ class AsyncClient:
         exclusive: int = DEFAULT_EXCLUSIVE,
         floating: int = DEFAULT_FLOATING,
         timeout: float = 30.0,
+        secret: str | bytes | None = None,
+        app_secret: str | bytes | None = None,
     ) -> AsyncClient:
-        """Connect to a daemon at 'host:port' or 'unix:/path' and do the handshake."""
-        client = cls(address, pool_size, exclusive, floating)
+        """Connect to a daemon at 'host:port' or 'unix:/path' and do the handshake.
+
+        `secret` is the cluster's shared secret (the daemon's --secret-file); with it
+        the client and the daemon prove to each other that they know it, and a wrong
+        one fails here with AuthFailed. `app_secret` proves which applications this
+        client may touch: the first writer of an application binds it to its
+        secret, and requests about it with another secret fail with AuthFailed.
+        """
+        client = cls(address, pool_size, exclusive, floating, secret, app_secret)
         kind, where = parse_address(address)
         loop = asyncio.get_running_loop()
         client._ready = loop.create_future()
@@ -148,7 +173,9 @@ class AsyncClient:
         writer = MapWriter(self, self._new_stream(), partitions)
         self._writers[writer.stream.stream] = writer
         self._send(
-            encode_open_map_output(OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions))
+            encode_open_map_output(
+                OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app))
+            )
         )
         await writer._opened
         return writer
@@ -160,7 +187,8 @@ class AsyncClient:
         attempt ids whose output it holds. Use as `async with` / `async for`.
         """
         self._check()
-        return PartitionReader(self, self._new_stream(), PartitionRequest(0, 0, app, shuffle, start, end, locations))
+        req = PartitionRequest(0, 0, app, shuffle, start, end, locations, self._token(app))
+        return PartitionReader(self, self._new_stream(), req)
 
     async def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
         return await self._admin_call("unregister_shuffle", {"app": app, "shuffle": shuffle, "propagate": propagate})
@@ -193,6 +221,15 @@ class AsyncClient:
 
     # -- internals
 
+    def _token(self, app: str) -> str | None:
+        """The application token requests about `app` carry (None without an app secret)."""
+        if self._app_secret is None:
+            return None
+        token = self._tokens.get(app)
+        if token is None:
+            token = self._tokens[app] = app_token(self._app_secret, app)
+        return token
+
     def _check(self) -> None:
         if self._lost is not None:
             raise self._lost
@@ -207,6 +244,9 @@ class AsyncClient:
 
     async def _admin_call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         self._check()
+        token = self._token(args["app"]) if "app" in args else None
+        if token is not None:
+            args = {**args, "token": token}
         sid = self._new_stream()
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._admin[sid] = fut
@@ -239,7 +279,21 @@ class AsyncClient:
                     fut.set_result(result)
             case ErrorResponse(stream, code, message):
                 self._on_error(stream, error_from_code(code, message))
+            case AuthChallenge(nonce, proof):
+                try:
+                    self._send(encode_auth_response(self._auth.answer(nonce, proof, f"shuffled at {self.address}")))
+                except AuthFailed as exc:
+                    self._fail_all(exc)
+                    assert self._conn is not None
+                    self._conn.close(exc.message)
             case HelloAck():
+                try:
+                    self._auth.accepted(f"shuffled at {self.address}")
+                except AuthFailed as exc:
+                    self._fail_all(exc)
+                    assert self._conn is not None
+                    self._conn.close(exc.message)
+                    return
                 self.segment_size = int(frame.info.get("segment_size", 32 << 10))
                 self.daemon_node = str(frame.info.get("node", ""))
                 segments = max(self._pool_size // self.segment_size, 16)
@@ -463,7 +517,9 @@ class PartitionReader(InputChannel):
         r = self.req
         self.client._send(
             encode_partition_request(
-                PartitionRequest(self.receiver, self.credit.exclusive, r.app, r.shuffle, r.start, r.end, r.locations)
+                PartitionRequest(
+                    self.receiver, self.credit.exclusive, r.app, r.shuffle, r.start, r.end, r.locations, r.token
+                )
             )
         )
 

@@ -17,10 +17,21 @@ T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, address: str, *, pool_size: int = DEFAULT_CLIENT_POOL, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        pool_size: int = DEFAULT_CLIENT_POOL,
+        timeout: float = 30.0,
+        secret: str | bytes | None = None,
+        app_secret: str | bytes | None = None,
+    ) -> None:
+        """See AsyncClient.connect for `secret` and `app_secret`."""
         self._loop = asyncio.new_event_loop()
         try:
-            self._aio = self._run(AsyncClient.connect(address, pool_size=pool_size, timeout=timeout))
+            self._aio = self._run(
+                AsyncClient.connect(address, pool_size=pool_size, timeout=timeout, secret=secret, app_secret=app_secret)
+            )
         except BaseException:
             self._loop.close()
             raise

@@ -291,7 +291,8 @@ public final class MapOutputWriter implements AutoCloseable {
             lock.unlock();
         }
         ByteBuffer prefix = ByteBuffer.allocate(FrameEncoder.PUSH_DATA_PREFIX);
-        FrameEncoder.writePushDataPrefix(prefix, stream, seq, partition, len);
+        long crc = Wire.crc32c(ByteBuffer.wrap(data, off, len)); // once per buffer, checked by the daemon
+        FrameEncoder.writePushDataPrefix(prefix, stream, seq, partition, len, crc);
         client.send(prefix.array(), data, off, len);
     }
 

@@ -224,6 +224,8 @@ public final class PartitionReader implements AutoCloseable {
                 }
                 long announce = 0;
                 boolean gap = false;
+                // Checked before taking the lock: one CRC32C per buffer, on the reader thread (§7.6).
+                long crc = b.isEvent() || b.payload() == null ? 0 : Wire.crc32c(b.payload());
                 lock.lock();
                 try {
                     if (closed || ended || error != null) {
@@ -233,6 +235,12 @@ public final class PartitionReader implements AutoCloseable {
                         error = new ShuffledException(ErrorCode.SEQUENCE_GAP, "read stream " + stream
                                 + ": expected sequence " + expectedSequence + ", got " + b.sequence());
                         gap = true;
+                    } else if (!b.isEvent() && b.payload() != null && crc != b.crc()) {
+                        error = new ShuffledException(ErrorCode.CORRUPT_DATA, "read stream " + stream + ": buffer "
+                                + b.sequence() + " of partition " + b.partition() + " (map attempt "
+                                + Long.toUnsignedString(b.attempt()) + ") failed its CRC32C check (got "
+                                + Long.toHexString(crc) + ", the writer sent " + Long.toHexString(b.crc()) + ")");
+                        gap = true; // the stream ends here: cancel it at the daemon
                     } else {
                         expectedSequence = (expectedSequence + 1) & Wire.MAX_U32;
                         if (b.isEvent()) {

@@ -1,5 +1,6 @@
 package io.shuffled.client;
 
+import io.shuffled.client.wire.Auth;
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.Frame;
 import io.shuffled.client.wire.FrameDecoder;
@@ -74,10 +75,25 @@ public final class ShuffleClient implements AutoCloseable {
     private volatile ShuffledException lost;
     private volatile int segmentSize;
     private volatile String daemonNode = "";
+    /** The cluster secret (§6.1), null: none; the nonce this client sent in Hello. */
+    private final byte[] secret;
+    private final String nonce = Auth.newNonce();
+    private volatile boolean challenged;
+    /** The application secret (§6.2), null: requests carry no token; tokens by application id. */
+    private final byte[] appSecret;
+    private final Map<String, String> tokens = new ConcurrentHashMap<>();
 
-    private ShuffleClient(String address, Transport transport, long timeoutMillis, long writerBufferBytes)
+    private ShuffleClient(
+            String address,
+            Transport transport,
+            long timeoutMillis,
+            long writerBufferBytes,
+            String secret,
+            String appSecret)
             throws IOException {
         this.address = address;
+        this.secret = secret == null ? null : Auth.secretBytes(secret);
+        this.appSecret = appSecret == null ? null : Auth.secretBytes(appSecret);
         this.transport = transport;
         this.out = new BufferedOutputStream(transport.output(), 64 << 10);
         this.timeoutMillis = timeoutMillis;
@@ -102,11 +118,26 @@ public final class ShuffleClient implements AutoCloseable {
      */
     public static ShuffleClient connect(String address, String name, long timeoutMillis, long writerBufferBytes)
             throws IOException {
+        return connect(address, name, timeoutMillis, writerBufferBytes, null, null);
+    }
+
+    /**
+     * Connects with credentials (§6.1, §6.2).
+     *
+     * @param secret the cluster's shared secret (the daemon's {@code --secret-file}), or null; with it the
+     *     client and the daemon prove to each other that they know it, and a wrong one fails here with
+     *     {@link ErrorCode#AUTH_FAILED}
+     * @param appSecret the application's secret, or null: requests then carry a token derived from it, and
+     *     a daemon refuses requests about an application whose first writer had another one
+     */
+    public static ShuffleClient connect(
+            String address, String name, long timeoutMillis, long writerBufferBytes, String secret, String appSecret)
+            throws IOException {
         ShuffleClient client;
         Transport transport = null;
         try {
             transport = Transport.open(address, timeoutMillis);
-            client = new ShuffleClient(address, transport, timeoutMillis, writerBufferBytes);
+            client = new ShuffleClient(address, transport, timeoutMillis, writerBufferBytes, secret, appSecret);
         } catch (IOException e) {
             if (transport != null) {
                 transport.close();
@@ -118,6 +149,7 @@ public final class ShuffleClient implements AutoCloseable {
         try {
             Map<String, Object> info = new LinkedHashMap<>();
             info.put("name", name);
+            info.put("nonce", client.nonce);
             client.send(FrameEncoder.encode(new Frame.Hello(Role.CLIENT, info)));
             Frame.HelloAck ack = client.await(client.ready, "HelloAck");
             client.daemonNode = ack.node() == null ? "" : ack.node();
@@ -161,7 +193,8 @@ public final class ShuffleClient implements AutoCloseable {
         MapOutputWriter writer = new MapOutputWriter(this, id, numPartitions, segmentSize, writerBufferBytes);
         streams.put(id, writer.handler());
         try {
-            send(FrameEncoder.encode(new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions)));
+            send(FrameEncoder.encode(
+                    new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions, token(app))));
         } catch (IOException e) {
             streams.remove(id);
             throw e;
@@ -189,7 +222,8 @@ public final class ShuffleClient implements AutoCloseable {
         streams.put(id, reader.handler());
         try {
             send(FrameEncoder.encode(new Frame.PartitionRequest(
-                    id, PartitionReader.EXCLUSIVE, app, shuffle, startPartition, endPartition, locations)));
+                    id, PartitionReader.EXCLUSIVE, app, shuffle, startPartition, endPartition, locations,
+                    token(app))));
         } catch (IOException e) {
             streams.remove(id);
             throw e;
@@ -207,6 +241,7 @@ public final class ShuffleClient implements AutoCloseable {
         args.put("app", app);
         args.put("shuffle", shuffle);
         args.put("propagate", propagate);
+        putToken(args, app);
         return admin("unregister_shuffle", args);
     }
 
@@ -219,7 +254,20 @@ public final class ShuffleClient implements AutoCloseable {
         Map<String, Object> args = new LinkedHashMap<>();
         args.put("app", app);
         args.put("propagate", propagate);
+        putToken(args, app);
         return admin("remove_application", args);
+    }
+
+    /** The application token requests about {@code app} carry (§6.2); null without an application secret. */
+    private String token(String app) {
+        return appSecret == null ? null : tokens.computeIfAbsent(app, a -> Auth.appToken(appSecret, a));
+    }
+
+    private void putToken(Map<String, Object> args, String app) {
+        String token = token(app);
+        if (token != null) {
+            args.put("token", token);
+        }
     }
 
     /** The daemon's statistics: the raw msgpack map (ints are Long, nested maps are Maps). */
@@ -406,9 +454,21 @@ public final class ShuffleClient implements AutoCloseable {
     }
 
     private void dispatch(Frame frame) throws ProtocolException {
+        if (frame instanceof Frame.AuthChallenge challenge) {
+            if (ready.isDone() || challenged) {
+                throw new ProtocolException("AuthChallenge after the handshake");
+            }
+            answer(challenge);
+            return;
+        }
         if (frame instanceof Frame.HelloAck ack) {
             if (ready.isDone()) {
                 throw new ProtocolException("HelloAck after the handshake");
+            }
+            if (secret != null && !challenged) {
+                authFailed("shuffled at " + address
+                        + " does not authenticate (it has no secret configured), but this client has one");
+                return;
             }
             decoder.setMaxPayload(ack.segmentSize());
             ready.complete(ack);
@@ -462,6 +522,41 @@ public final class ShuffleClient implements AutoCloseable {
     }
 
     /** Fails the connection once: every open stream and pending wait get {@code error}. */
+    /** The dialer's half of §6.1: check the daemon's proof, then prove ours ("" without a secret). */
+    private void answer(Frame.AuthChallenge challenge) {
+        challenged = true;
+        String proof = "";
+        if (secret != null) {
+            String expected = Auth.acceptorProof(secret, nonce, challenge.nonce());
+            if (challenge.nonce().length() < Auth.NONCE_HEX || !Auth.proofMatches(expected, challenge.proof())) {
+                authFailed("shuffled at " + address
+                        + " could not prove it has this client's secret: the secrets differ (or it is not shuffled)");
+                return;
+            }
+            proof = Auth.dialerProof(secret, nonce, challenge.nonce());
+        }
+        try {
+            send(FrameEncoder.encode(new Frame.AuthResponse(proof)));
+        } catch (IOException e) {
+            fail(new ShuffledException(ErrorCode.CONNECTION_LOST, "connection to " + address + " lost: " + e));
+            closeSocketQuietly();
+        }
+    }
+
+    private void authFailed(String message) {
+        ShuffledException error = new ShuffledException(ErrorCode.AUTH_FAILED, message);
+        try {
+            synchronized (writeLock) {
+                out.write(FrameEncoder.encode(new Frame.ErrorResponse(0, ErrorCode.AUTH_FAILED.code(), message)));
+                out.flush();
+            }
+        } catch (IOException | RuntimeException ignored) {
+            // best effort: the daemon learns why
+        }
+        fail(error);
+        closeSocketQuietly();
+    }
+
     private void fail(ShuffledException error) {
         synchronized (this) {
             if (lost != null) {

@@ -72,7 +72,8 @@ final class DaemonClients implements AutoCloseable {
             if (c != null) {
                 c.close();
             }
-            c = ShuffleClient.connect(address, name, conf.timeoutMillis, conf.writerBufferBytes);
+            c = ShuffleClient.connect(
+                    address, name, conf.timeoutMillis, conf.writerBufferBytes, conf.secret, conf.appSecret);
             clients.put(address, c);
             return c;
         }

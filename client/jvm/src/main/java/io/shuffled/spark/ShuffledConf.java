@@ -14,6 +14,9 @@ final class ShuffledConf {
     static final String ADMIN_ADDRESS = "spark.shuffled.adminAddress";
     static final String TIMEOUT = "spark.shuffled.timeout";
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
+    static final String SECRET = "spark.shuffled.secret";
+    static final String SECRET_FILE = "spark.shuffled.secretFile";
+    static final String APP_SECRET = "spark.shuffled.appSecret";
 
     static final String DEFAULT_ADDRESS = "127.0.0.1:7337";
 
@@ -30,6 +33,10 @@ final class ShuffledConf {
     final String adminAddress;
     final long timeoutMillis;
     final long writerBufferBytes;
+    /** The cluster secret every daemon checks on connect (PROTOCOL.md §6.1); null: none configured. */
+    final String secret;
+    /** The application's own secret (§6.2): its tokens keep other applications away from its data. */
+    final String appSecret;
 
     ShuffledConf(SparkConf conf) {
         refuse(conf, "spark.shuffle.useOldFetchProtocol",
@@ -51,6 +58,33 @@ final class ShuffledConf {
         }
         if (writerBufferBytes <= 0) {
             throw new IllegalArgumentException(WRITER_BUFFER + " must be positive");
+        }
+        secret = secret(conf);
+        String app = conf.get(APP_SECRET, "");
+        if (app.isBlank() && conf.getBoolean("spark.authenticate", false)) {
+            app = conf.get("spark.authenticate.secret", "");
+        }
+        appSecret = app.isBlank() ? null : app;
+    }
+
+    /** {@code spark.shuffled.secret}, else the content of {@code spark.shuffled.secretFile} (read where it runs). */
+    private static String secret(SparkConf conf) {
+        String value = conf.get(SECRET, "");
+        if (!value.isBlank()) {
+            return value;
+        }
+        String file = conf.get(SECRET_FILE, "").trim();
+        if (file.isEmpty()) {
+            return null;
+        }
+        try {
+            String text = java.nio.file.Files.readString(java.nio.file.Path.of(file));
+            if (text.isBlank()) {
+                throw new IllegalArgumentException(SECRET_FILE + " " + file + " is empty");
+            }
+            return text;
+        } catch (java.io.IOException e) {
+            throw new IllegalArgumentException(SECRET_FILE + ": cannot read " + file + ": " + e, e);
         }
     }
 

@@ -1,6 +1,8 @@
 package io.shuffled.spark;
 
 import io.shuffled.client.ShuffleClient;
+import io.shuffled.client.wire.ErrorCode;
+import io.shuffled.client.wire.ShuffledException;
 import java.io.IOException;
 import java.util.Map;
 import org.apache.spark.SparkEnv;
@@ -22,14 +24,37 @@ import org.slf4j.LoggerFactory;
 final class ShuffledDriverComponents implements ShuffleDriverComponents {
     private static final Logger LOG = LoggerFactory.getLogger(ShuffledDriverComponents.class);
 
+    /** Bound of the start-up credentials check: an unreachable daemon must not hold up the application. */
+    private static final long PROBE_TIMEOUT_MILLIS = 5_000;
+
     private final ShuffledConf conf;
 
     ShuffledDriverComponents(ShuffledConf conf) {
         this.conf = conf;
     }
 
+    /**
+     * Checks the credentials with the admin daemon once, so that a wrong {@code spark.shuffled.secret}
+     * stops the application at start with the daemon's reason instead of failing every task later. A
+     * daemon that cannot be reached is only logged: tasks report it if it stays away.
+     */
     @Override
     public Map<String, String> initializeApplication() {
+        long timeout = Math.min(conf.timeoutMillis, PROBE_TIMEOUT_MILLIS);
+        try (ShuffleClient client = ShuffleClient.connect(
+                conf.adminAddress, "spark-driver", timeout, ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES,
+                conf.secret, conf.appSecret)) {
+            LOG.info("shuffled: {} ({}) accepted this application's credentials", conf.adminAddress,
+                    client.daemonNode());
+        } catch (ShuffledException e) {
+            if (e.code() == ErrorCode.AUTH_FAILED) {
+                throw new IllegalStateException("shuffled: authentication with " + conf.adminAddress + " failed: "
+                        + e.getMessage() + " (check " + ShuffledConf.SECRET + " against the daemons' secret-file)", e);
+            }
+            LOG.warn("shuffled: could not reach {} at start: {}", conf.adminAddress, e.toString());
+        } catch (IOException | RuntimeException e) {
+            LOG.warn("shuffled: could not reach {} at start: {}", conf.adminAddress, e.toString());
+        }
         return Map.of();
     }
 
@@ -61,7 +86,8 @@ final class ShuffledDriverComponents implements ShuffleDriverComponents {
     /** Cleanup must never fail the application: a daemon that cannot be reached is logged. */
     private void admin(String what, AdminCall call) {
         try (ShuffleClient client = ShuffleClient.connect(
-                conf.adminAddress, "spark-driver", conf.timeoutMillis, ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES)) {
+                conf.adminAddress, "spark-driver", conf.timeoutMillis, ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES,
+                conf.secret, conf.appSecret)) {
             Map<String, Object> result = call.apply(client);
             LOG.info("shuffled: {} at {}: {}", what, conf.adminAddress, result);
         } catch (IOException | RuntimeException e) {

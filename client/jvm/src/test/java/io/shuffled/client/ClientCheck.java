@@ -19,6 +19,8 @@ import java.util.Map;
  * ClientCheck HOST:PORT                          the full check (push, read back, errors, cleanup)
  * ClientCheck HOST:PORT push APP SHUFFLE A...    push attempts A... with the test pattern and commit
  * ClientCheck HOST:PORT verify APP SHUFFLE A...  read every partition back and compare with the pattern
+ * ClientCheck HOST:PORT auth SECRET               against a daemon with that secret: handshake, app tokens
+ * ClientCheck HOST:PORT corrupt APP SHUFFLE A     a read whose data fails its CRC32C ends with CORRUPT_DATA
  * </pre>
  *
  * <p>The pattern is the one of {@code tests/cluster.py payload()}; sizes come from {@link #size}, so the
@@ -56,6 +58,16 @@ public final class ClientCheck {
             System.exit(2);
         }
         ClientCheck c = new ClientCheck();
+        if (args.length == 3 && args[1].equals("auth")) {
+            try {
+                c.authCheck(args[0], args[2]);
+            } catch (Exception e) {
+                c.fail("unexpected " + e);
+                e.printStackTrace();
+            }
+            System.out.println(c.passed + " passed, " + c.failed + " failed");
+            System.exit(c.failed == 0 ? 0 : 1);
+        }
         try (ShuffleClient client = ShuffleClient.connect(args[0])) {
             String mode = args.length > 1 ? args[1] : "check";
             if (mode.equals("check")) {
@@ -68,6 +80,14 @@ public final class ClientCheck {
                     c.push(client, app, shuffle, attempts);
                 } else if (mode.equals("verify")) {
                     c.verify(client, app, shuffle, attempts);
+                } else if (mode.equals("corrupt")) {
+                    c.expectError(ErrorCode.CORRUPT_DATA, "a buffer that fails its CRC32C ends the read", () -> {
+                        try (PartitionReader r = client.read(app, shuffle, 0, PARTITIONS, Map.of("", attempts))) {
+                            while (r.next() != null) {
+                                // drain until the error
+                            }
+                        }
+                    });
                 } else {
                     throw new IllegalArgumentException("unknown mode " + mode);
                 }
@@ -117,6 +137,34 @@ public final class ClientCheck {
     }
 
     // ------------------------------------------------------------------------------------------ modes
+
+    /** Against a daemon started with {@code secret} in its secret-file (PROTOCOL.md §6.1, §6.2). */
+    private void authCheck(String address, String secret) throws Exception {
+        long timeout = 20_000;
+        long buffer = ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES;
+        String app = "java-auth-" + ProcessHandle.current().pid();
+        long[] attempts = {7, 8};
+        expectError(ErrorCode.AUTH_FAILED, "a wrong secret is refused at connect",
+                () -> ShuffleClient.connect(address, "wrong", timeout, buffer, secret + "x", null).close());
+        expectError(ErrorCode.AUTH_FAILED, "no secret is refused at connect",
+                () -> ShuffleClient.connect(address, "none", timeout, buffer, null, null).close());
+        try (ShuffleClient owner = ShuffleClient.connect(address, "owner", timeout, buffer, secret + "\n", "app-a");
+                ShuffleClient other = ShuffleClient.connect(address, "other", timeout, buffer, secret, "app-b")) {
+            push(owner, app, 1, attempts); // the data carries CRC32Cs the daemon checks
+            verify(owner, app, 1, attempts); // and the reader checks them on arrival
+            expectError(ErrorCode.AUTH_FAILED, "another application secret cannot read", () -> {
+                try (PartitionReader r = other.read(app, 1, 0, PARTITIONS, Map.of("", attempts))) {
+                    r.next();
+                }
+            });
+            expectError(ErrorCode.AUTH_FAILED, "another application secret cannot remove the application",
+                    () -> other.removeApplication(app, false));
+            check(other.isOpen(), "a refused request leaves the connection open");
+            verify(owner, app, 1, attempts);
+            check(owner.removeApplication(app, false).get("freed_segments") instanceof Long,
+                    "the owner removes its application");
+        }
+    }
 
     private void fullCheck(ShuffleClient client) throws Exception {
         String app = "java-check-" + ProcessHandle.current().pid();

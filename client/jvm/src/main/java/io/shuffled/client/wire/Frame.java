@@ -108,6 +108,41 @@ public sealed interface Frame {
         }
     }
 
+    /** AuthChallenge (0x05), stream 0: the acceptor's nonce and proof (§6.1). */
+    record AuthChallenge(String nonce, String proof) implements Frame {
+        public AuthChallenge {
+            Objects.requireNonNull(nonce, "nonce");
+            Objects.requireNonNull(proof, "proof");
+        }
+
+        @Override
+        public FrameType type() {
+            return FrameType.AUTH_CHALLENGE;
+        }
+
+        @Override
+        public long stream() {
+            return 0;
+        }
+    }
+
+    /** AuthResponse (0x06), stream 0: the dialer's proof, "" without a secret (§6.1). */
+    record AuthResponse(String proof) implements Frame {
+        public AuthResponse {
+            Objects.requireNonNull(proof, "proof");
+        }
+
+        @Override
+        public FrameType type() {
+            return FrameType.AUTH_RESPONSE;
+        }
+
+        @Override
+        public long stream() {
+            return 0;
+        }
+    }
+
     /** Close (0x04), stream 0, empty (§7.3). */
     record Close() implements Frame {
         @Override
@@ -123,10 +158,18 @@ public sealed interface Frame {
 
     /**
      * PartitionRequest (0x10): opens read stream {@code receiver} (§7.4). {@code locations} maps daemon
-     * addresses ("" = the receiving daemon) to u64 map attempt ids, in wire order.
+     * addresses ("" = the receiving daemon) to u64 map attempt ids, in wire order. {@code token}: the
+     * application token (§6.2), null when the request carries none.
      */
     record PartitionRequest(
-            long receiver, long credit, String app, long shuffle, long start, long end, Map<String, long[]> locations)
+            long receiver,
+            long credit,
+            String app,
+            long shuffle,
+            long start,
+            long end,
+            Map<String, long[]> locations,
+            String token)
             implements Frame {
         public PartitionRequest {
             Wire.checkU32("receiver", receiver);
@@ -137,6 +180,12 @@ public sealed interface Frame {
                 copy.put(Objects.requireNonNull(e.getKey(), "location address"), e.getValue().clone());
             }
             locations = Collections.unmodifiableMap(copy);
+        }
+
+        public PartitionRequest(
+                long receiver, long credit, String app, long shuffle, long start, long end,
+                Map<String, long[]> locations) {
+            this(receiver, credit, app, shuffle, start, end, locations, null);
         }
 
         @Override
@@ -155,7 +204,8 @@ public sealed interface Frame {
                 return false;
             }
             if (receiver != p.receiver || credit != p.credit || shuffle != p.shuffle || start != p.start
-                    || end != p.end || !app.equals(p.app) || locations.size() != p.locations.size()) {
+                    || end != p.end || !app.equals(p.app) || !Objects.equals(token, p.token)
+                    || locations.size() != p.locations.size()) {
                 return false;
             }
             for (Map.Entry<String, long[]> e : locations.entrySet()) {
@@ -169,7 +219,7 @@ public sealed interface Frame {
 
         @Override
         public int hashCode() {
-            int h = Objects.hash(receiver, credit, app, shuffle, start, end);
+            int h = Objects.hash(receiver, credit, app, shuffle, start, end, token);
             for (Map.Entry<String, long[]> e : locations.entrySet()) {
                 h += e.getKey().hashCode() ^ Arrays.hashCode(e.getValue()); // order-independent, like Map
             }
@@ -187,7 +237,7 @@ public sealed interface Frame {
                 sb.append(sep).append('"').append(e.getKey()).append("\"=").append(unsignedList(e.getValue()));
                 sep = ", ";
             }
-            return sb.append("}]").toString();
+            return sb.append("}, token=").append(token).append(']').toString();
         }
     }
 
@@ -214,7 +264,8 @@ public sealed interface Frame {
 
     /**
      * BufferResponse (0x12): a data buffer or the END_OF_PARTITION event of read stream {@code receiver}
-     * (§7.6). {@code attempt} is a u64. An event has length 0 and a null payload.
+     * (§7.6). {@code attempt} is a u64. An event has length 0, a null payload and crc 0. {@code crc} is
+     * the CRC32C (u32) the writer computed; the receiver compares it with the payload's.
      */
     record BufferResponse(
             long receiver,
@@ -224,9 +275,11 @@ public sealed interface Frame {
             BufferKind kind,
             long attempt,
             int length,
-            ByteBuffer payload)
+            ByteBuffer payload,
+            long crc)
             implements Frame {
         public BufferResponse {
+            Wire.checkU32("crc", crc);
             Wire.checkU32("receiver", receiver);
             Wire.checkU32("sequence", sequence);
             Wire.checkU32("backlog", backlog);
@@ -240,10 +293,21 @@ public sealed interface Frame {
                     throw new IllegalArgumentException("an END_OF_PARTITION event carries no payload");
                 }
                 payload = null;
+                if (crc != 0) {
+                    throw new IllegalArgumentException("an END_OF_PARTITION event has crc 0");
+                }
             } else if (payload != null && payload.remaining() != length) {
                 throw new IllegalArgumentException(
                         "payload has " + payload.remaining() + " bytes, length says " + length);
             }
+        }
+
+        /** With the crc of {@code payload} (0 for an event or a discarded payload). */
+        public BufferResponse(
+                long receiver, long sequence, long backlog, long partition, BufferKind kind, long attempt, int length,
+                ByteBuffer payload) {
+            this(receiver, sequence, backlog, partition, kind, attempt, length, payload,
+                    kind == BufferKind.DATA && payload != null ? Wire.crc32c(payload) : 0);
         }
 
         /** A DATA buffer whose payload is {@code payload}'s remaining bytes. */
@@ -291,11 +355,17 @@ public sealed interface Frame {
     }
 
     /** OpenMapOutput (0x20): opens push stream {@code writer} for one map attempt (§7.8); attempt is a u64. */
-    record OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions)
+    record OpenMapOutput(
+            long writer, String app, long shuffle, long mapIndex, long attempt, long partitions, String token)
             implements Frame {
         public OpenMapOutput {
             Wire.checkU32("writer", writer);
             Objects.requireNonNull(app, "app");
+        }
+
+        /** Without an application token (§6.2). */
+        public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions) {
+            this(writer, app, shuffle, mapIndex, attempt, partitions, null);
         }
 
         @Override
@@ -330,9 +400,11 @@ public sealed interface Frame {
         }
     }
 
-    /** PushData (0x22): one payload for reduce partition {@code partition} (§7.10). */
-    record PushData(long writer, long sequence, long partition, int length, ByteBuffer payload) implements Frame {
+    /** PushData (0x22): one payload for reduce partition {@code partition} and its CRC32C (§7.10). */
+    record PushData(long writer, long sequence, long partition, int length, ByteBuffer payload, long crc)
+            implements Frame {
         public PushData {
+            Wire.checkU32("crc", crc);
             Wire.checkU32("writer", writer);
             Wire.checkU32("sequence", sequence);
             Wire.checkU32("partition", partition);
@@ -343,6 +415,11 @@ public sealed interface Frame {
                 throw new IllegalArgumentException(
                         "payload has " + payload.remaining() + " bytes, length says " + length);
             }
+        }
+
+        /** With the crc of {@code payload} (0 for a discarded payload). */
+        public PushData(long writer, long sequence, long partition, int length, ByteBuffer payload) {
+            this(writer, sequence, partition, length, payload, payload != null ? Wire.crc32c(payload) : 0);
         }
 
         public PushData(long writer, long sequence, long partition, ByteBuffer payload) {

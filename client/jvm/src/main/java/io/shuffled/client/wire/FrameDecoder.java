@@ -269,26 +269,28 @@ public final class FrameDecoder {
             int kindCode = fixed.getShort() & 0xffff;
             fixed.getShort(); // reserved: receivers ignore it (§7.6)
             long attempt = fixed.getLong();
+            long crc = Integer.toUnsignedLong(fixed.getInt());
             BufferKind kind = BufferKind.fromCode(kindCode);
             if (kind == null) {
                 throw new ProtocolException("BufferResponse: unknown kind " + kindCode);
             }
             if (kind != BufferKind.DATA) {
-                if (payloadLength != 0) {
-                    throw new ProtocolException("BufferResponse: an event carries no payload");
+                if (payloadLength != 0 || crc != 0) {
+                    throw new ProtocolException("BufferResponse: an event carries no payload and a zero crc");
                 }
-                out.accept(new Frame.BufferResponse(stream, sequence, backlog, partition, kind, attempt, 0, null));
+                out.accept(new Frame.BufferResponse(stream, sequence, backlog, partition, kind, attempt, 0, null, 0));
                 return;
             }
             ByteBuffer region = target(partition, payloadLength);
             pending = new Frame.BufferResponse(
-                    stream, sequence, backlog, partition, kind, attempt, payloadLength, region);
+                    stream, sequence, backlog, partition, kind, attempt, payloadLength, region, crc);
             startPayload(region, payloadLength, out);
         } else {
             long sequence = Integer.toUnsignedLong(fixed.getInt());
             partition = Integer.toUnsignedLong(fixed.getInt());
+            long crc = Integer.toUnsignedLong(fixed.getInt());
             ByteBuffer region = target(partition, payloadLength);
-            pending = new Frame.PushData(stream, sequence, partition, payloadLength, region);
+            pending = new Frame.PushData(stream, sequence, partition, payloadLength, region, crc);
             startPayload(region, payloadLength, out);
         }
     }
@@ -332,6 +334,14 @@ public final class FrameDecoder {
         switch (type) {
             case HELLO, HELLO_ACK:
                 return decodeHello(type, buf, off, len);
+            case AUTH_CHALLENGE: {
+                Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
+                return new Frame.AuthChallenge(str(m, "nonce", name), str(m, "proof", name));
+            }
+            case AUTH_RESPONSE: {
+                Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
+                return new Frame.AuthResponse(str(m, "proof", name));
+            }
             case ERROR: {
                 if (len < Wire.ERROR_FIXED) {
                     throw new ProtocolException("Error: body shorter than its code");
@@ -397,7 +407,8 @@ public final class FrameDecoder {
                         int64(m, "shuffle", name),
                         int64(m, "start", name),
                         int64(m, "end", name),
-                        locations(m.get("locations")));
+                        locations(m.get("locations")),
+                        optionalStr(m, "token", name));
             }
             case OPEN_MAP_OUTPUT: {
                 Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
@@ -407,7 +418,8 @@ public final class FrameDecoder {
                         int64(m, "shuffle", name),
                         int64(m, "map_index", name),
                         u64(m.get("attempt"), name + ": field 'attempt'"),
-                        int64(m, "partitions", name));
+                        int64(m, "partitions", name),
+                        optionalStr(m, "token", name));
             }
             case ADMIN_REQUEST: {
                 Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
@@ -481,6 +493,10 @@ public final class FrameDecoder {
 
     private static ProtocolException wrongType(String what, String key) {
         return new ProtocolException(what + ": field '" + key + "' missing or of the wrong type");
+    }
+
+    private static String optionalStr(Map<String, Object> m, String key, String what) throws ProtocolException {
+        return m.get(key) == null ? null : str(m, key, what);
     }
 
     private static String str(Map<String, Object> m, String key, String what) throws ProtocolException {

@@ -26,14 +26,14 @@ public final class FrameEncoder {
     public static byte[] encode(Frame frame) {
         if (frame instanceof Frame.BufferResponse b) {
             ByteBuffer out = ByteBuffer.allocate(BUFFER_RESPONSE_PREFIX + b.length());
-            writeBufferResponsePrefix(
-                    out, b.receiver(), b.sequence(), b.backlog(), b.partition(), b.kind(), b.attempt(), b.length());
+            writeBufferResponsePrefix(out, b.receiver(), b.sequence(), b.backlog(), b.partition(), b.kind(),
+                    b.attempt(), b.length(), b.crc());
             putPayload(out, b.payload(), b.length());
             return out.array();
         }
         if (frame instanceof Frame.PushData p) {
             ByteBuffer out = ByteBuffer.allocate(PUSH_DATA_PREFIX + p.length());
-            writePushDataPrefix(out, p.writer(), p.sequence(), p.partition(), p.length());
+            writePushDataPrefix(out, p.writer(), p.sequence(), p.partition(), p.length(), p.crc());
             putPayload(out, p.payload(), p.length());
             return out.array();
         }
@@ -65,8 +65,9 @@ public final class FrameEncoder {
             long partition,
             BufferKind kind,
             long attempt,
-            int payloadLength) {
-        if (kind != BufferKind.DATA && payloadLength != 0) {
+            int payloadLength,
+            long crc) {
+        if (kind != BufferKind.DATA && (payloadLength != 0 || crc != 0)) {
             throw new IllegalArgumentException("an END_OF_PARTITION event carries no payload");
         }
         if (payloadLength < 0) {
@@ -78,17 +79,23 @@ public final class FrameEncoder {
                 .putInt((int) Wire.checkU32("partition", partition))
                 .putShort((short) kind.code())
                 .putShort((short) 0)
-                .putLong(attempt);
+                .putLong(attempt)
+                .putInt((int) Wire.checkU32("crc", crc));
     }
 
-    /** Header and fixed part of a PushData whose payload of {@code payloadLength} bytes follows. */
+    /**
+     * Header and fixed part of a PushData whose payload of {@code payloadLength} bytes follows, with the
+     * payload's CRC32C ({@link Wire#crc32c}).
+     */
     public static void writePushDataPrefix(
-            ByteBuffer out, long writer, long sequence, long partition, int payloadLength) {
+            ByteBuffer out, long writer, long sequence, long partition, int payloadLength, long crc) {
         if (payloadLength < 0) {
             throw new IllegalArgumentException("negative payload length");
         }
         writeHeader(out, FrameType.PUSH_DATA, writer, (long) Wire.PUSH_DATA_FIXED + payloadLength);
-        out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("partition", partition));
+        out.putInt((int) Wire.checkU32("sequence", sequence))
+                .putInt((int) Wire.checkU32("partition", partition))
+                .putInt((int) Wire.checkU32("crc", crc));
     }
 
     private static void putPayload(ByteBuffer out, ByteBuffer payload, int length) {
@@ -122,6 +129,19 @@ public final class FrameEncoder {
             byte[] text = e.message().getBytes(StandardCharsets.UTF_8); // lone surrogates become '?'
             return ByteBuffer.allocate(Wire.ERROR_FIXED + text.length).putShort((short) e.code()).put(text).array();
         }
+        if (frame instanceof Frame.AuthChallenge c) {
+            MsgPack.Writer w = new MsgPack.Writer();
+            w.writeMapHeader(2);
+            w.writeString("nonce").writeString(c.nonce());
+            w.writeString("proof").writeString(c.proof());
+            return w.toByteArray();
+        }
+        if (frame instanceof Frame.AuthResponse r) {
+            MsgPack.Writer w = new MsgPack.Writer();
+            w.writeMapHeader(1);
+            w.writeString("proof").writeString(r.proof());
+            return w.toByteArray();
+        }
         if (frame instanceof Frame.Close
                 || frame instanceof Frame.CancelPartitionRequest
                 || frame instanceof Frame.AbortMapOutput
@@ -130,7 +150,7 @@ public final class FrameEncoder {
         }
         if (frame instanceof Frame.PartitionRequest p) {
             MsgPack.Writer w = new MsgPack.Writer(128);
-            w.writeMapHeader(5);
+            w.writeMapHeader(p.token() == null ? 5 : 6);
             w.writeString("app").writeString(p.app());
             w.writeString("shuffle").writeSigned(p.shuffle());
             w.writeString("start").writeSigned(p.start());
@@ -142,6 +162,9 @@ public final class FrameEncoder {
                     w.writeUnsigned(attempt);
                 }
             }
+            if (p.token() != null) {
+                w.writeString("token").writeString(p.token());
+            }
             ByteBuffer out = ByteBuffer.allocate(4 + w.size()).putInt((int) p.credit());
             w.writeTo(out);
             return out.array();
@@ -151,12 +174,15 @@ public final class FrameEncoder {
         }
         if (frame instanceof Frame.OpenMapOutput m) {
             MsgPack.Writer w = new MsgPack.Writer(96);
-            w.writeMapHeader(5);
+            w.writeMapHeader(m.token() == null ? 5 : 6);
             w.writeString("app").writeString(m.app());
             w.writeString("shuffle").writeSigned(m.shuffle());
             w.writeString("map_index").writeSigned(m.mapIndex());
             w.writeString("attempt").writeUnsigned(m.attempt());
             w.writeString("partitions").writeSigned(m.partitions());
+            if (m.token() != null) {
+                w.writeString("token").writeString(m.token());
+            }
             return w.toByteArray();
         }
         if (frame instanceof Frame.PushCredit c) {

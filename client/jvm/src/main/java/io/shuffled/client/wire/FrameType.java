@@ -13,6 +13,8 @@ public enum FrameType {
     HELLO_ACK(0x02, -1, false, true, true),
     ERROR(0x03, -1, true, true, true),
     CLOSE(0x04, -1, true, true, true),
+    AUTH_CHALLENGE(0x05, -1, false, true, true),
+    AUTH_RESPONSE(0x06, -1, true, false, true),
     PARTITION_REQUEST(0x10, -1, true, false, true),
     ADD_CREDIT(0x11, -1, true, false, true),
     BUFFER_RESPONSE(0x12, Wire.BUFFER_RESPONSE_FIXED, false, true, true),
@@ -66,7 +68,7 @@ public enum FrameType {
 
     /** Hello, HelloAck and Close travel on stream 0 only (§5). */
     public boolean connectionLevel() {
-        return this == HELLO || this == HELLO_ACK || this == CLOSE;
+        return this == HELLO || this == HELLO_ACK || this == CLOSE || this == AUTH_CHALLENGE || this == AUTH_RESPONSE;
     }
 
     /** A client may send this frame to its daemon (C→D or "any" in §7). */

@@ -1,7 +1,9 @@
 package io.shuffled.client.wire;
 
+import java.nio.ByteBuffer;
+
 /**
- * Fixed numbers of the shuffled wire protocol, version 1 (proto/PROTOCOL.md).
+ * Fixed numbers of the shuffled wire protocol, version 2 (proto/PROTOCOL.md).
  *
  * <p>All binary integers on the wire are big-endian and unsigned. This codec keeps u32 values in a
  * {@code long} (0..{@link #MAX_U32}) and u64 values in a {@code long} read as unsigned
@@ -13,7 +15,7 @@ public final class Wire {
     /** {@code SHFD}, body offset 0 of Hello and HelloAck (§7.1). */
     public static final int MAGIC = 0x53484644;
     /** The one protocol version this codec speaks (§6). */
-    public static final int VERSION = 1;
+    public static final int VERSION = 2;
 
     /** length u32, type u8, flags u8, reserved u16, stream u32 (§4). */
     public static final int HEADER_SIZE = 12;
@@ -21,10 +23,10 @@ public final class Wire {
     public static final int HELLO_FIXED = 8;
     /** code u16 (§7.2). */
     public static final int ERROR_FIXED = 2;
-    /** sequence, backlog, partition (u32 each), kind u16, reserved u16, attempt u64 (§7.6). */
-    public static final int BUFFER_RESPONSE_FIXED = 24;
-    /** sequence u32, partition u32 (§7.10). */
-    public static final int PUSH_DATA_FIXED = 8;
+    /** sequence, backlog, partition (u32 each), kind u16, reserved u16, attempt u64, crc u32 (§7.6). */
+    public static final int BUFFER_RESPONSE_FIXED = 28;
+    /** sequence u32, partition u32, crc u32 (§7.10). */
+    public static final int PUSH_DATA_FIXED = 12;
 
     /** Largest body of any frame except BufferResponse and PushData (§9). */
     public static final int MAX_CONTROL_BODY = 8 << 20;
@@ -41,6 +43,13 @@ public final class Wire {
 
     public static final long MAX_U32 = 0xFFFF_FFFFL;
     public static final int MAX_U16 = 0xFFFF;
+
+    /** CRC32C of {@code payload}'s remaining bytes (its position is not moved): the data frames' {@code crc}. */
+    public static long crc32c(ByteBuffer payload) {
+        java.util.zip.CRC32C crc = new java.util.zip.CRC32C();
+        crc.update(payload.duplicate());
+        return crc.getValue();
+    }
 
     static long checkU32(String what, long value) {
         if (value < 0 || value > MAX_U32) {

@@ -101,7 +101,7 @@ public final class CodecSelfTest {
 
     private static byte[] helloBody(int role, Map<String, ?> info) {
         byte[] map = new MsgPack.Writer().writeValue(info).toByteArray();
-        return ByteBuffer.allocate(8 + map.length).putInt(Wire.MAGIC).putShort((short) 1).put((byte) role)
+        return ByteBuffer.allocate(8 + map.length).putInt(Wire.MAGIC).putShort((short) Wire.VERSION).put((byte) role)
                 .put((byte) 0).put(map).array();
     }
 
@@ -525,6 +525,10 @@ public final class CodecSelfTest {
                 new Frame.HelloAck(Role.DAEMON, mapOf("node", "n:1", "segment_size", 4096)),
                 new Frame.ErrorResponse(5, ErrorCode.PEER_UNAVAILABLE, "gone \u2717"),
                 new Frame.Close(),
+                new Frame.AuthChallenge(Auth.newNonce(), "p"),
+                new Frame.AuthResponse(""),
+                new Frame.PartitionRequest(4, 2, "app", 1, 0, 1, Map.of("", new long[] {1L}), "tok"),
+                new Frame.OpenMapOutput(5, "app", 0, 0, 1L, 2, "tok"),
                 new Frame.PartitionRequest(1, 0, "app", 2, 0, 9, Map.of("", new long[] {-1L, 0L}, "h:1",
                         new long[] {300})),
                 new Frame.AddCredit(1, 0xFFFF_FFFFL),
@@ -580,11 +584,11 @@ public final class CodecSelfTest {
             byte[] whole = FrameEncoder.encode(b);
             equal(payload.position(), 2);
             ByteBuffer prefix = ByteBuffer.allocate(FrameEncoder.BUFFER_RESPONSE_PREFIX);
-            FrameEncoder.writeBufferResponsePrefix(prefix, 3, 4, 5, 6, BufferKind.DATA, 1L << 63, 4);
+            FrameEncoder.writeBufferResponsePrefix(prefix, 3, 4, 5, 6, BufferKind.DATA, 1L << 63, 4, Wire.crc32c(payload));
             require(Arrays.equals(Arrays.copyOf(whole, prefix.capacity()), prefix.array()), "BufferResponse prefix");
             equal(new String(whole, prefix.capacity(), 4), "cdef");
             ByteBuffer p2 = ByteBuffer.allocate(FrameEncoder.PUSH_DATA_PREFIX);
-            FrameEncoder.writePushDataPrefix(p2, 9, 0xFFFF_FFFFL, 2, 4);
+            FrameEncoder.writePushDataPrefix(p2, 9, 0xFFFF_FFFFL, 2, 4, Wire.crc32c(ByteBuffer.wrap(new byte[4])));
             byte[] whole2 = FrameEncoder.encode(new Frame.PushData(9, 0xFFFF_FFFFL, 2, ByteBuffer.wrap(new byte[4])));
             require(Arrays.equals(Arrays.copyOf(whole2, p2.capacity()), p2.array()), "PushData prefix");
         });
@@ -609,7 +613,7 @@ public final class CodecSelfTest {
             for (FrameType t : FrameType.values()) {
                 equal(FrameType.fromCode(t.code()), t);
             }
-            require(FrameType.fromCode(0) == null && FrameType.fromCode(0x05) == null
+            require(FrameType.fromCode(0) == null && FrameType.fromCode(0x07) == null
                     && FrameType.fromCode(0x32) == null && FrameType.fromCode(-1) == null, "unknown codes");
         });
         check("constants: error codes are 1..n and unknown ones map to INTERNAL", () -> {

@@ -76,6 +76,16 @@ public final class VectorCheck {
             require(maxPayload == Wire.DEFAULT_MAX_PAYLOAD, "file says " + maxPayload);
         });
         fileCheck("every frame type, buffer kind and role has a vector", () -> coverage(root.path("vectors")));
+        fileCheck("auth: proofs and application token (§6.1, §6.2)", () -> {
+            JsonNode a = root.path("auth");
+            byte[] secret = HEX.parseHex(a.path("secret_hex").asText());
+            String dn = a.path("dialer_nonce").asText();
+            String an = a.path("acceptor_nonce").asText();
+            require(Auth.acceptorProof(secret, dn, an).equals(a.path("acceptor_proof").asText()), "acceptor proof");
+            require(Auth.dialerProof(secret, dn, an).equals(a.path("dialer_proof").asText()), "dialer proof");
+            byte[] appSecret = HEX.parseHex(a.path("app_secret_hex").asText());
+            require(Auth.appToken(appSecret, a.path("app").asText()).equals(a.path("app_token").asText()), "token");
+        });
         fileCheck("all vectors back to back, one byte at a time and in random splits", () -> backToBack(root));
     }
 
@@ -253,14 +263,16 @@ public final class VectorCheck {
         FIELDS.put("HELLO_ACK", List.of("role", "version", "info"));
         FIELDS.put("ERROR", List.of("stream", "code", "message"));
         FIELDS.put("CLOSE", List.of());
+        FIELDS.put("AUTH_CHALLENGE", List.of("nonce", "proof"));
+        FIELDS.put("AUTH_RESPONSE", List.of("proof"));
         FIELDS.put("PARTITION_REQUEST", List.of("receiver", "credit", "app", "shuffle", "start", "end", "locations"));
         FIELDS.put("ADD_CREDIT", List.of("receiver", "credit"));
         FIELDS.put("BUFFER_RESPONSE",
-                List.of("receiver", "sequence", "backlog", "partition", "kind", "attempt", "payload_hex"));
+                List.of("receiver", "sequence", "backlog", "partition", "kind", "attempt", "payload_hex", "crc"));
         FIELDS.put("CANCEL_PARTITION_REQUEST", List.of("receiver"));
         FIELDS.put("OPEN_MAP_OUTPUT", List.of("writer", "app", "shuffle", "map_index", "attempt", "partitions"));
         FIELDS.put("PUSH_CREDIT", List.of("writer", "credit"));
-        FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "partition", "payload_hex"));
+        FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "partition", "payload_hex", "crc"));
         FIELDS.put("COMMIT_MAP_OUTPUT", List.of("writer", "pushes"));
         FIELDS.put("COMMIT_ACK", List.of("writer", "lengths"));
         FIELDS.put("ABORT_MAP_OUTPUT", List.of("writer"));
@@ -277,6 +289,8 @@ public final class VectorCheck {
         Set<String> present = new TreeSet<>();
         f.fieldNames().forEachRemaining(present::add);
         present.remove("type");
+        String token = f.has("token") ? text(f, "token") : null; // optional key (§6.2)
+        present.remove("token");
         require(present.equals(new TreeSet<>(fields)), type + " has fields " + present + ", expected " + fields);
         switch (type) {
             case "HELLO":
@@ -287,6 +301,10 @@ public final class VectorCheck {
                 return new Frame.ErrorResponse(u32(f, "stream"), (int) u32(f, "code"), text(f, "message"));
             case "CLOSE":
                 return new Frame.Close();
+            case "AUTH_CHALLENGE":
+                return new Frame.AuthChallenge(text(f, "nonce"), text(f, "proof"));
+            case "AUTH_RESPONSE":
+                return new Frame.AuthResponse(text(f, "proof"));
             case "PARTITION_REQUEST": {
                 Map<String, long[]> locations = new LinkedHashMap<>();
                 Iterator<Map.Entry<String, JsonNode>> it = f.path("locations").fields();
@@ -299,7 +317,7 @@ public final class VectorCheck {
                     locations.put(e.getKey(), ids);
                 }
                 return new Frame.PartitionRequest(u32(f, "receiver"), u32(f, "credit"), text(f, "app"),
-                        i64(f, "shuffle"), i64(f, "start"), i64(f, "end"), locations);
+                        i64(f, "shuffle"), i64(f, "start"), i64(f, "end"), locations, token);
             }
             case "ADD_CREDIT":
                 return new Frame.AddCredit(u32(f, "receiver"), u32(f, "credit"));
@@ -308,18 +326,19 @@ public final class VectorCheck {
                 byte[] payload = HEX.parseHex(text(f, "payload_hex"));
                 return new Frame.BufferResponse(u32(f, "receiver"), u32(f, "sequence"), u32(f, "backlog"),
                         u32(f, "partition"), kind, u64(f.get("attempt"), "attempt"), payload.length,
-                        kind == BufferKind.DATA ? ByteBuffer.wrap(payload) : null);
+                        kind == BufferKind.DATA ? ByteBuffer.wrap(payload) : null, u32(f, "crc"));
             }
             case "CANCEL_PARTITION_REQUEST":
                 return new Frame.CancelPartitionRequest(u32(f, "receiver"));
             case "OPEN_MAP_OUTPUT":
                 return new Frame.OpenMapOutput(u32(f, "writer"), text(f, "app"), i64(f, "shuffle"),
-                        i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"));
+                        i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"), token);
             case "PUSH_CREDIT":
                 return new Frame.PushCredit(u32(f, "writer"), u32(f, "credit"));
             case "PUSH_DATA":
-                return new Frame.PushData(u32(f, "writer"), u32(f, "sequence"), u32(f, "partition"),
-                        ByteBuffer.wrap(HEX.parseHex(text(f, "payload_hex"))));
+                byte[] pushed = HEX.parseHex(text(f, "payload_hex"));
+                return new Frame.PushData(u32(f, "writer"), u32(f, "sequence"), u32(f, "partition"), pushed.length,
+                        ByteBuffer.wrap(pushed), u32(f, "crc"));
             case "COMMIT_MAP_OUTPUT":
                 return new Frame.CommitMapOutput(u32(f, "writer"), u32(f, "pushes"));
             case "COMMIT_ACK": {

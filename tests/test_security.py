@@ -1,0 +1,327 @@
+"""Authentication, per-application isolation and integrity against real daemon processes.
+
+A wrong or missing secret is refused at the handshake with AUTH_FAILED, a log line, and nothing
+created; a client with another application's secret cannot read, remove or push that application's
+data; a flipped byte is caught by the daemon on push and by the reader on arrival (CORRUPT_DATA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shuffled.protocol import codec
+from shuffled.protocol.auth import dialer_proof
+from shuffled.protocol.errors import AuthFailed, CorruptData, ErrorCode, PeerUnavailable
+from shuffled.protocol.frames import (
+    AuthChallenge,
+    BufferKind,
+    ErrorResponse,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    Role,
+)
+from shuffled_client import AsyncClient
+from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
+from tests.test_bad_input import Raw
+
+pytestmark = pytest.mark.asyncio
+
+SECRET = "s3cret-of-the-cluster"
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("auth") / "secret"
+    path.write_text(SECRET + "\n")  # a trailing newline (echo > file) does not count
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(secret_file: Path) -> Iterator[list[DaemonProcess]]:
+    """Two daemons sharing the cluster secret, each told about the other."""
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    port = free_port(hosts)
+    peers = ",".join(f"{h}:{port}" for h in hosts)
+    daemons = [start_daemon(h, port, "16M", ["--secret-file", str(secret_file), "--peers", peers]) for h in hosts]
+    yield daemons
+    for d in daemons:
+        d.stop()
+
+
+def _logged(d: DaemonProcess, text: str) -> bool:
+    return any(text in line for line in d.log)
+
+
+async def _wait_logged(d: DaemonProcess, text: str) -> None:
+    """The daemon's stderr is read by a thread: wait for the line to arrive."""
+
+    async def probe() -> bool:
+        return _logged(d, text)
+
+    await wait_until(probe, bool, what=f"log line {text!r}")
+
+
+async def _connect(d: DaemonProcess, app_secret: str | None = None) -> AsyncClient:
+    return await AsyncClient.connect(d.addr, secret=SECRET, app_secret=app_secret, timeout=10)
+
+
+async def _push(c: AsyncClient, app: str, attempt: int, sizes: list[int]) -> None:
+    w = await c.open_writer(app, 1, 0, attempt, len(sizes))
+    for p, n in enumerate(sizes):
+        await w.write(p, payload(attempt, p, n))
+    assert await w.commit() == sizes
+
+
+async def _read(c: AsyncClient, app: str, locations: dict[str, list[int]], end: int = 2) -> bytes:
+    async with c.read(app, 1, 0, end, locations) as reader:
+        return await reader.read_all()
+
+
+async def _challenged(addr: str, role: Role, info: dict[str, Any]) -> tuple[Raw, AuthChallenge]:
+    """A raw connection that sent Hello (with `info`) and got the daemon's AuthChallenge."""
+    raw = await Raw.open(addr)
+    await raw.send(codec.encode_hello(Hello(role, info=info)))
+    challenge = await raw.frame()
+    assert isinstance(challenge, AuthChallenge)
+    return raw, challenge
+
+
+def _state(stats: dict[str, Any]) -> tuple[Any, ...]:
+    """What a refused dialer must not change."""
+    return stats["store"], stats["connections"], stats["streams"], stats["pool"]["used"]
+
+
+async def test_right_secret_works_and_wrong_or_missing_ones_are_refused(pair: list[DaemonProcess]) -> None:
+    async def body() -> None:
+        d = pair[0]
+        c = await _connect(d)
+        await _push(c, "auth-app", 1, [100, 50_000])
+        assert await _read(c, "auth-app", {"": [1]}) == payload(1, 0, 100) + payload(1, 1, 50_000)
+        before = _state(await c.stats())
+        with pytest.raises(AuthFailed, match="secrets differ"):
+            await AsyncClient.connect(d.addr, secret="not the secret", timeout=10)
+        with pytest.raises(AuthFailed, match="has no secret configured"):
+            await AsyncClient.connect(d.addr, timeout=10)
+        await _wait_logged(d, "no secret configured")
+        assert _logged(d, 'msg="authentication failed"')
+        assert _state(await c.stats()) == before
+        # the connection that did authenticate is unaffected
+        assert await _read(c, "auth-app", {"": [1]}, end=1) == payload(1, 0, 100)
+        await c.remove_application("auth-app")
+        await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[DaemonProcess]) -> None:
+    """Raw clients: no nonce, a request instead of AuthResponse, a proof for other nonces."""
+
+    async def body() -> None:
+        d = pair[0]
+        c = await _connect(d)
+        before = _state(await c.stats())
+        raw = await Raw.open(d.addr)
+        await raw.send(codec.encode_hello(Hello(Role.CLIENT, info={"name": "no-nonce"})))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 0 and err.code == ErrorCode.AUTH_FAILED
+        assert await raw.closed()
+
+        raw, _ = await _challenged(d.addr, Role.CLIENT, {"nonce": "a" * 32})
+        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "sneaky", 1, 0, 1, 1)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
+        assert "did not authenticate" in err.message
+
+        raw, challenge = await _challenged(d.addr, Role.DAEMON, {"node": "10.9.9.9:1", "nonce": "b" * 32})
+        replayed = dialer_proof(SECRET.encode(), "c" * 32, challenge.nonce)  # right secret, other nonce
+        await raw.send(codec.encode_auth_response(replayed))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
+        assert "wrong proof" in err.message
+        stats = await c.stats()
+        assert _state(stats) == before
+        assert stats["connections"]["peers"] <= 1  # only the real peer, never the fake node
+        await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+async def test_a_client_with_a_secret_refuses_a_daemon_without_one(tmp_path: Path) -> None:
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
+    try:
+        await asyncio.wait_for(_wait_logged(d, 'msg="authentication off"'), TIMEOUT)
+        with pytest.raises(AuthFailed, match="does not authenticate"):
+            await asyncio.wait_for(AsyncClient.connect(d.addr, secret=SECRET, timeout=10), TIMEOUT)
+    finally:
+        d.stop()
+
+
+async def test_peers_authenticate_with_the_cluster_secret(pair: list[DaemonProcess], tmp_path: Path) -> None:
+    """A relayed read works between daemons sharing the secret; a daemon with another secret is refused."""
+
+    async def body() -> None:
+        a, b = pair
+        ca, cb = await _connect(a), await _connect(b)
+        await _push(cb, "peer-app", 2, [10, 70_000])
+        assert await _read(ca, "peer-app", {b.addr: [2]}) == payload(2, 0, 10) + payload(2, 1, 70_000)
+
+        wrong = tmp_path / "wrong"
+        wrong.write_text("another secret")
+        rogue = start_daemon("127.0.0.3", free_port(["127.0.0.3"]), "16M", ["--secret-file", str(wrong)])
+        try:
+            cr = await AsyncClient.connect(rogue.addr, secret="another secret", timeout=10)
+            before = _state(await cb.stats())
+            with pytest.raises(PeerUnavailable, match="secrets differ"):
+                await _read(cr, "peer-app", {b.addr: [2]})
+            await _wait_logged(b, "authentication failed")
+            assert _state(await cb.stats()) == before
+            await cr.close()
+        finally:
+            rogue.stop()
+        await cb.remove_application("peer-app")
+        for c in (ca, cb):
+            await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+async def test_an_application_is_kept_from_other_application_secrets(pair: list[DaemonProcess]) -> None:
+    async def body() -> None:
+        a, b = pair
+        owner = await _connect(b, app_secret="secret-of-app-1")
+        await _push(owner, "app-1", 3, [500, 40_000])
+        expected = payload(3, 0, 500) + payload(3, 1, 40_000)
+        other = await _connect(b, app_secret="secret-of-app-2")
+        nobody = await _connect(b)
+        relay = await _connect(a, app_secret="secret-of-app-2")
+        for c in (other, nobody):
+            with pytest.raises(AuthFailed, match="belongs to other credentials"):
+                await _read(c, "app-1", {"": [3]})
+            with pytest.raises(AuthFailed):
+                await c.unregister_shuffle("app-1", 1, propagate=False)
+            with pytest.raises(AuthFailed):
+                await c.remove_application("app-1", propagate=False)
+            with pytest.raises(AuthFailed):
+                await c.open_writer("app-1", 1, 1, 4, 2)
+        with pytest.raises(AuthFailed):  # a relaying daemon forwards the token; the data's daemon checks it
+            await _read(relay, "app-1", {b.addr: [3]})
+        await _wait_logged(b, 'msg="request refused"')
+        # Nothing was removed, the refused connections still work for their own application.
+        assert await _read(owner, "app-1", {"": [3]}) == expected
+        await _push(other, "app-2", 5, [7, 7])
+        assert await _read(owner, "app-1", {"": [3]}) == expected
+        # The owner reads through the other daemon too, and removes its application everywhere.
+        relay_owner = await _connect(a, app_secret="secret-of-app-1")
+        assert await _read(relay_owner, "app-1", {b.addr: [3]}) == expected
+        result = await owner.remove_application("app-1")
+        assert result["freed_segments"] > 0 and result["peers"] == {a.addr: "ok"}
+        await other.remove_application("app-2")
+        for c in (owner, other, nobody, relay, relay_owner):
+            await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pair: list[DaemonProcess]) -> None:
+    async def body() -> None:
+        d = pair[0]
+        c = await _connect(d)
+        raw, challenge = await _challenged(d.addr, Role.CLIENT, {"nonce": "d" * 32})
+        await raw.send(codec.encode_auth_response(dialer_proof(SECRET.encode(), "d" * 32, challenge.nonce)))
+        assert isinstance(await raw.frame(), HelloAck)
+        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "crc-app", 1, 0, 9, 2)))
+        assert isinstance(await raw.frame(), PushCredit)
+        data = b"x" * 1000
+        good = codec.encode_push_data(1, 0, 0, data)
+        flipped = bytearray(codec.encode_push_data(1, 1, 1, data))
+        flipped[-17] ^= 0x01  # one bit of the payload, after the CRC was computed
+        await raw.send(good + bytes(flipped))
+        err = await raw.frame()
+        while isinstance(err, PushCredit):
+            err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.CORRUPT_DATA
+        assert "CRC32C" in err.message
+        s = await pool_settled(c)
+        assert s["store"]["open_map_outputs"] == 0 and s["store"]["stored_segments"] == 0, s
+        assert s["errors"].get("CORRUPT_DATA", 0) >= 1
+        # the connection survives: the same raw client may push again
+        await raw.send(codec.encode_open_map_output(OpenMapOutput(2, "crc-app", 1, 0, 10, 2)))
+        assert isinstance(await raw.frame(), PushCredit)
+        raw.writer.close()
+        await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@asynccontextmanager
+async def corrupting_peer() -> AsyncIterator[str]:
+    """A 'daemon' without a secret that answers every read with one buffer whose CRC32C does not match."""
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        raw = Raw(r, w)
+        hello = await raw.frame()
+        assert isinstance(hello, Hello)
+        await raw.send(codec.encode_hello(HelloAck(Role.DAEMON, info={"node": node, "segment_size": 32 << 10})))
+        try:
+            while True:
+                req = await raw.frame()
+                if isinstance(req, PartitionRequest):
+                    data = b"rows" * 100
+                    bad = codec.encode_buffer_response(req.receiver, 0, 0, req.start, BufferKind.DATA, 1, data, 12345)
+                    await raw.send(bad)
+        except (TimeoutError, EOFError, ConnectionError):
+            return
+
+    server = await asyncio.start_server(serve, "127.0.0.7", 0)
+    node = f"127.0.0.7:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield node
+    finally:
+        server.close()
+
+
+async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data() -> None:
+    """The Python reader checks every buffer; so does a daemon relaying another daemon's data."""
+
+    async def body() -> None:
+        async with corrupting_peer() as peer:
+            direct = await AsyncClient.connect(peer, timeout=10)
+            with pytest.raises(CorruptData, match="CRC32C"):
+                await _read(direct, "c-app", {"": [1]})
+            d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
+            try:
+                c = await AsyncClient.connect(d.addr, timeout=10)
+                with pytest.raises(CorruptData, match="CRC32C"):
+                    await _read(c, "c-app", {peer: [1]})
+                s = await pool_settled(c)
+                assert s["pool"]["used"] == 0 and s["errors"].get("CORRUPT_DATA", 0) >= 1, s
+                await c.close()
+            finally:
+                d.stop()
+            await direct.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+def test_stats_command_with_the_secret_file(pair: list[DaemonProcess], secret_file: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "shuffled", "stats", pair[0].addr]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "has no secret configured" in refused.stderr
+    ok = subprocess.run([*cmd, "--secret-file", str(secret_file)], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["node"] == pair[0].addr
