@@ -33,8 +33,6 @@ from shuffled_client import AsyncClient
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.test_bad_input import Raw
 
-pytestmark = pytest.mark.asyncio
-
 SECRET = "s3cret-of-the-cluster"
 TIMEOUT = 60
 
@@ -102,6 +100,7 @@ def _state(stats: dict[str, Any]) -> tuple[Any, ...]:
     return stats["store"], stats["connections"], stats["streams"], stats["pool"]["used"]
 
 
+@pytest.mark.asyncio
 async def test_right_secret_works_and_wrong_or_missing_ones_are_refused(pair: list[DaemonProcess]) -> None:
     async def body() -> None:
         d = pair[0]
@@ -124,6 +123,7 @@ async def test_right_secret_works_and_wrong_or_missing_ones_are_refused(pair: li
     await asyncio.wait_for(body(), TIMEOUT)
 
 
+@pytest.mark.asyncio
 async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[DaemonProcess]) -> None:
     """Raw clients: no nonce, a request instead of AuthResponse, a proof for other nonces."""
 
@@ -157,6 +157,7 @@ async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[Da
     await asyncio.wait_for(body(), TIMEOUT)
 
 
+@pytest.mark.asyncio
 async def test_a_client_with_a_secret_refuses_a_daemon_without_one(tmp_path: Path) -> None:
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
     try:
@@ -167,6 +168,7 @@ async def test_a_client_with_a_secret_refuses_a_daemon_without_one(tmp_path: Pat
         d.stop()
 
 
+@pytest.mark.asyncio
 async def test_peers_authenticate_with_the_cluster_secret(pair: list[DaemonProcess], tmp_path: Path) -> None:
     """A relayed read works between daemons sharing the secret; a daemon with another secret is refused."""
 
@@ -196,6 +198,7 @@ async def test_peers_authenticate_with_the_cluster_secret(pair: list[DaemonProce
     await asyncio.wait_for(body(), TIMEOUT)
 
 
+@pytest.mark.asyncio
 async def test_an_application_is_kept_from_other_application_secrets(pair: list[DaemonProcess]) -> None:
     async def body() -> None:
         a, b = pair
@@ -233,6 +236,7 @@ async def test_an_application_is_kept_from_other_application_secrets(pair: list[
     await asyncio.wait_for(body(), TIMEOUT)
 
 
+@pytest.mark.asyncio
 async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pair: list[DaemonProcess]) -> None:
     async def body() -> None:
         d = pair[0]
@@ -291,6 +295,7 @@ async def corrupting_peer() -> AsyncIterator[str]:
         server.close()
 
 
+@pytest.mark.asyncio
 async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data() -> None:
     """The Python reader checks every buffer; so does a daemon relaying another daemon's data."""
 
