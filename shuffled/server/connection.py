@@ -34,11 +34,11 @@ from ..protocol.errors import (
     ProtocolError,
     ShuffledError,
     ShuttingDown,
+    TimedOut,
     UnknownStream,
     error_from_code,
 )
 from ..protocol.frames import (
-    MAX_STREAMS_PER_CONNECTION,
     AbortMapOutput,
     AddCredit,
     AdminRequest,
@@ -61,6 +61,7 @@ from .feed import DiskFedStream
 from .peers import split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
+from .watchdog import tune_socket
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -85,11 +86,27 @@ class DaemonConnection(FrameConnection):
         self.admin_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._announce: dict[int, RemoteInputChannel] = {}
         self._flush_announcements_soon = Soon(self._flush_announcements)
+        self.admin_running = 0
+        #: the peer's IP address ("unix" for a Unix socket): connection limits count per address
+        self.host = "?"
+        #: the first fatal error (a TimedOut one is what dependent streams fail with)
+        self.failure: ShuffledError | None = None
+        # deadline state, kept by the watchdog
+        self.made_at = asyncio.get_running_loop().time()
+        self.silent_since = self.made_at
+        self.rx_seen = 0
+        self.pinged = False
+        self.depended = False
 
     # -- lifecycle
 
     def on_made(self) -> None:
         self.daemon.connections.add(self)
+        assert self.transport is not None
+        peer = self.transport.get_extra_info("peername")
+        self.host = str(peer[0]) if isinstance(peer, tuple) else "unix"
+        cfg = self.daemon.config
+        self._tune(cfg.peer_timeout if self.dialed is not None else 0.0)
         if self.dialed is not None:
             self.role = Role.DAEMON
             info = {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size}
@@ -119,10 +136,35 @@ class DaemonConnection(FrameConnection):
             return None
         return "peer" if self.role is Role.DAEMON else "client"
 
+    def _tune(self, user_timeout: float) -> None:
+        assert self.transport is not None
+        tune_socket(self.transport.get_extra_info("socket"), self.daemon.config.tcp_keepalive, user_timeout)
+
     def fail(self, exc: ShuffledError) -> None:
         if self.is_open:
             self.daemon.counters.errors[exc.code.name] += 1
+            self.failure = exc
         super().fail(exc)
+
+    def depends_on_peer(self) -> bool:
+        """Streams or requests wait on the other side: it must keep answering."""
+        return bool(self.channels or self.served or self.admin_waiters)
+
+    def has_streams(self) -> bool:
+        return bool(self.channels or self.served or self.pushes or self.gates or self.admin_waiters) or (
+            self.admin_running > 0
+        )
+
+    def ping(self) -> None:
+        """Ask a silent peer for a sign of life; the answer (any bytes) is all that matters."""
+        self.sender.send_control(encode_admin_request(self.new_stream_id(), "ping", {}))
+
+    def new_stream_id(self) -> int:
+        """Never an id still in use after the counter wrapped."""
+        sid = super().new_stream_id()
+        while sid in self.channels or sid in self.admin_waiters:
+            sid = super().new_stream_id()
+        return sid
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         """Report an error on one stream (counted by code for the metrics)."""
@@ -132,7 +174,9 @@ class DaemonConnection(FrameConnection):
 
     def _release_all(self) -> None:
         """Fail consumers, close served streams, abort pushes: nothing may outlive the connection."""
-        lost = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
+        lost: ShuffledError = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
+        if isinstance(self.failure, TimedOut):
+            lost = TimedOut(self.failure.message)
         for ch in list(self.channels.values()):
             ch.fail(lost)
         for gate in list(self.gates.values()):
@@ -204,6 +248,14 @@ class DaemonConnection(FrameConnection):
                 if (session := self._session(writer)) is not None:
                     session.abort()
             case AdminRequest():
+                limit = self.daemon.config.max_admin_per_connection
+                if self.admin_running >= limit:
+                    self.send_error(
+                        frame.request,
+                        LimitExceeded(f"max-admin-per-connection ({limit}) admin requests are already in progress"),
+                    )
+                    return
+                self.admin_running += 1
                 task = asyncio.create_task(self._on_admin(frame))
                 self.daemon.background.add(task)
                 task.add_done_callback(self.daemon.background.discard)
@@ -231,6 +283,7 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
         if not isinstance(frame, Hello):
             raise ProtocolError(f"the first frame must be Hello, got {type(frame).__name__}")
+        self._check_connection_limit(frame.role)
         if frame.role is Role.DAEMON:
             node = frame.info.get("node")
             if not isinstance(node, str) or not node:
@@ -250,12 +303,25 @@ class DaemonConnection(FrameConnection):
                 self.fail(exc)
                 return
             self.node = node
+            self._tune(self.daemon.config.peer_timeout)
         self.role = frame.role
         self.ready.set_result(None)
         ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
         self.sender.send_control(encode_hello(ack))
         self.daemon.counters.opened[self.role_label or "client"] += 1
         event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)
+
+    def _check_connection_limit(self, role: Role) -> None:
+        """Refuse one more client (or peer) connection from an address that already has its maximum."""
+        cfg = self.daemon.config
+        peer = role is Role.DAEMON
+        limit = cfg.max_connections_per_peer if peer else cfg.max_connections_per_client
+        same = sum(1 for c in self.daemon.connections if c.role is role and c.host == self.host and c.is_open)
+        if same >= limit:
+            kind = "peer" if peer else "client"
+            raise LimitExceeded(
+                f"max-connections-per-{kind} ({limit}) reached: {same} {kind} connections from {self.host} are open"
+            )
 
     def _session(self, writer: int) -> PushSession | None:
         """The writer's session, or None after a per-stream error saying why (the connection lives on)."""
@@ -273,8 +339,9 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError("stream id 0 is reserved for the connection")
         if sid in self.served or sid in self.gates or sid in self.pushes:
             raise ProtocolError(f"stream id {sid} is already in use")
-        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
-            self.send_error(sid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+        limit = self.daemon.config.max_streams_per_connection
+        if self._open_streams() >= limit:
+            self.send_error(sid, LimitExceeded(f"max-streams-per-connection ({limit}) streams are open on this connection"))
             return False
         return True
 
@@ -403,6 +470,12 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError("only clients push map output")
         if not self._check_new_stream(req.writer):
             return
+        limit = self.daemon.config.max_pushes_per_connection
+        if len(self.pushes) >= limit:
+            self.send_error(
+                req.writer, LimitExceeded(f"max-pushes-per-connection ({limit}) map outputs are open on this connection")
+            )
+            return
         if self.daemon.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
@@ -433,5 +506,7 @@ class DaemonConnection(FrameConnection):
         except ShuffledError as exc:
             self.send_error(req.request, exc)
             return
+        finally:
+            self.admin_running -= 1
         if self.is_open:
             self.sender.send_control(encode_admin_response(req.request, result))

@@ -25,6 +25,7 @@ from .disk import Disk, DiskStats, SpillFile
 from .peers import PeerManager
 from .spill import Spiller
 from .store import ShuffleData, Store
+from .watchdog import watch
 
 log = logging.getLogger("shuffled.daemon")
 
@@ -60,6 +61,7 @@ class Daemon:
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -79,6 +81,7 @@ class Daemon:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
+        self._watchdog = asyncio.create_task(watch(self))
         self.started = True
         event(
             log,
@@ -195,6 +198,8 @@ class Daemon:
     async def stop(self) -> None:
         if self.ops is not None:
             self.ops.stop()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for server in self._servers:
             server.close()
         conns = list(self.connections)
@@ -293,6 +298,8 @@ class Daemon:
     async def _admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "stats":
             return self.stats()
+        if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
+            return {}
         if op not in ("unregister_shuffle", "remove_application", "flush"):
             raise InvalidRequest(f"unknown admin operation {op!r}")
         app = args.get("app")
