@@ -341,7 +341,9 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError(f"stream id {sid} is already in use")
         limit = self.daemon.config.max_streams_per_connection
         if self._open_streams() >= limit:
-            self.send_error(sid, LimitExceeded(f"max-streams-per-connection ({limit}) streams are open on this connection"))
+            self.send_error(
+                sid, LimitExceeded(f"max-streams-per-connection ({limit}) streams are open on this connection")
+            )
             return False
         return True
 
@@ -473,7 +475,8 @@ class DaemonConnection(FrameConnection):
         limit = self.daemon.config.max_pushes_per_connection
         if len(self.pushes) >= limit:
             self.send_error(
-                req.writer, LimitExceeded(f"max-pushes-per-connection ({limit}) map outputs are open on this connection")
+                req.writer,
+                LimitExceeded(f"max-pushes-per-connection ({limit}) map outputs are open on this connection"),
             )
             return
         if self.daemon.draining:

@@ -62,7 +62,11 @@ def check(conn: DaemonConnection, now: float, cfg: DaemonConfig) -> None:
         conn.pinged = False
     if not conn.ready.done():
         if now - conn.made_at >= cfg.handshake_timeout:
-            conn.fail(TimedOut(f"no handshake within handshake-timeout ({cfg.handshake_timeout:g} s)"))
+            conn.fail(
+                TimedOut(
+                    f"no handshake within {now - conn.made_at:.1f} s (handshake-timeout {cfg.handshake_timeout:g} s)"
+                )
+            )
         return
     if conn.role is Role.DAEMON and cfg.peer_timeout:
         depends = conn.depends_on_peer()
