@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
+from .protocol.frames import MAX_CONTROL_BODY, U32
+
+#: a CommitAck body is a u32 count and a u64 per partition, within the control body limit
+MAX_COMMIT_PARTITIONS = (MAX_CONTROL_BODY - U32.size) // 8
 
 MiB = 1 << 20
 ENV_PREFIX = "SHUFFLED_"
@@ -255,6 +259,13 @@ class DaemonConfig:
         unit="streams",
         metavar="N",
     )
+    max_partitions: int = setting(
+        MAX_COMMIT_PARTITIONS,
+        "most reduce partitions a shuffle may have; more are refused with LIMIT_EXCEEDED (the default is the most "
+        "a CommitAck, 8 bytes per partition, can carry)",
+        unit="partitions",
+        metavar="N",
+    )
     max_admin_per_connection: int = setting(
         64, "admin requests one connection may have in progress at once", unit="requests", metavar="N"
     )
@@ -346,6 +357,10 @@ class DaemonConfig:
         for name in ("streams", "pushes", "admin"):
             limit = getattr(self, f"max_{name}_per_connection")
             need(limit >= 1, f"max-{name}-per-connection must be >= 1")
+        need(
+            1 <= self.max_partitions <= MAX_COMMIT_PARTITIONS,
+            f"max-partitions must be in 1..{MAX_COMMIT_PARTITIONS} (a CommitAck carries no more)",
+        )
         need(self.max_connections_per_client >= 1, "max-connections-per-client must be >= 1")
         need(self.max_connections_per_peer >= 1, "max-connections-per-peer must be >= 1")
         need(self.handshake_timeout > 0, "handshake-timeout must be > 0 seconds")

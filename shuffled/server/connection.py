@@ -28,6 +28,7 @@ from ..protocol.codec import (
 )
 from ..protocol.errors import (
     ConnectionLost,
+    CreditViolation,
     InvalidRequest,
     LimitExceeded,
     MapOutputStateError,
@@ -43,6 +44,7 @@ from ..protocol.frames import (
     AddCredit,
     AdminRequest,
     AdminResponse,
+    BufferKind,
     BufferResponse,
     CancelPartitionRequest,
     Close,
@@ -220,6 +222,7 @@ class DaemonConnection(FrameConnection):
             case BufferResponse():
                 ch = self.channels.get(frame.receiver)
                 if ch is not None:
+                    self._check_landed(frame, frame.kind is BufferKind.DATA)
                     ch.on_buffer(frame)
                 else:
                     release_payload(frame)  # the read was cancelled while this arrived
@@ -237,10 +240,11 @@ class DaemonConnection(FrameConnection):
             case PushData():
                 session = self.pushes.get(frame.writer)
                 if session is not None:
+                    self._check_landed(frame, True)
                     session.on_data(frame)
                 else:
                     release_payload(frame)
-                    self.send_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
+                    self._unknown_writer(frame.writer)
             case CommitMapOutput(writer, pushes):
                 if (session := self._session(writer)) is not None:
                     session.commit(pushes)
@@ -323,11 +327,28 @@ class DaemonConnection(FrameConnection):
                 f"max-connections-per-{kind} ({limit}) reached: {same} {kind} connections from {self.host} are open"
             )
 
+    @staticmethod
+    def _check_landed(frame: BufferResponse | PushData, has_payload: bool) -> None:
+        """A data frame whose stream was opened by a frame of the same read had nowhere to land.
+
+        Frames of one read are decoded before any is handled, so a PushData right
+        behind its OpenMapOutput found no session, hence no credit, when its bytes
+        arrived: that is data sent before credit was granted.
+        """
+        if has_payload and frame.payload is None:
+            stream = frame.receiver if isinstance(frame, BufferResponse) else frame.writer
+            raise CreditViolation(f"stream {stream}: data frame sent before credit was granted")
+
+    def _unknown_writer(self, writer: int) -> None:
+        if writer == 0:
+            raise ProtocolError("stream id 0 is reserved for the connection")
+        self.send_error(writer, UnknownStream(f"no open map output for writer {writer}"))
+
     def _session(self, writer: int) -> PushSession | None:
         """The writer's session, or None after a per-stream error saying why (the connection lives on)."""
         session = self.pushes.get(writer)
         if session is None:
-            self.send_error(writer, UnknownStream(f"no open map output for writer {writer}"))
+            self._unknown_writer(writer)
         elif session.pool is None:
             session.fail(MapOutputStateError("commit or abort before the daemon granted push credit"))
             return None

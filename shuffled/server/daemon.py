@@ -47,6 +47,7 @@ class Daemon:
         except OSError as exc:
             raise OSError(f"data dir {config.data_dir} is not usable: {exc}") from exc
         self.store.can_spill = self.disk is not None
+        self.store.max_partitions = config.max_partitions
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
         self.peers = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
