@@ -135,6 +135,8 @@ class Generator:
         """A seed or a random frame, broken in one of the ways a decoder must survive."""
         r = self.rng
         base = bytearray(r.choice(self.seeds) if r.random() < 0.5 else self.valid())
+        if len(base) < HEADER.size:
+            return bytes(base)  # a truncated header already (an invalid vector)
         how = r.randrange(7)
         if how == 0:  # flip bits anywhere
             for _ in range(r.randrange(1, 4)):
@@ -146,7 +148,7 @@ class Generator:
             n = int.from_bytes(base[:4], "big") + r.choice([-3, -1, 1, 2, 100])
             base[:4] = max(0, n).to_bytes(4, "big")
         elif how == 3:  # bytes inserted into the body
-            i = r.randrange(min(HEADER.size, len(base)), len(base) + 1)
+            i = r.randrange(HEADER.size, len(base) + 1)
             base[i:i] = r.randbytes(r.randrange(1, 9))
         elif how == 4:  # random bytes
             base = bytearray(r.randbytes(r.randrange(1, 200)))
