@@ -42,6 +42,8 @@ class Faults:
     #: xor these bytes into the header of a frame: (frame type, nth, byte index in header, mask)
     corrupt: tuple[FrameType, int, int, int] | None = None
     mark: Mark | None = None
+    #: set when the mark's action happened
+    fired: asyncio.Event = field(default_factory=asyncio.Event)
     #: frames seen per type (for tests to wait on)
     seen: Counter[int] = field(default_factory=Counter)
 
@@ -127,6 +129,7 @@ class FaultProxy:
                 send = i if i < len(buf) else len(buf)  # hold back a header that is not whole yet
                 if mark_at is not None and mark_at[0] < base + send:
                     await self._forward(dst, f, bytes(buf[: mark_at[0] - base]))
+                    f.fired.set()
                     if mark_at[1] == "cut":
                         pair.cut()
                         return

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import pytest_asyncio
@@ -95,6 +95,18 @@ async def _others_still_read(trio: Cluster, client: AsyncClient, shuffle: int) -
     assert await _read(client, shuffle, trio.daemons[2].addr, 3) == _expected(3)
 
 
+async def _finish(
+    trio: Cluster, client: AsyncClient, other: asyncio.Task[None], retry: Callable[[], Awaitable[bytes]] | None = None
+) -> None:
+    """The unaffected read completed; every pool settles; a retry (if any) reads B's data whole; clean up."""
+    await other
+    await _all_settled(trio)
+    if retry is not None:
+        assert await retry() == _expected(1)
+    await client.close()
+    await _cleanup(trio)
+
+
 async def test_cut_mid_frame_fails_the_relayed_read_cleanly(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
     async def body() -> None:
         p, addr = proxy
@@ -105,13 +117,9 @@ async def test_cut_mid_frame_fails_the_relayed_read_cleanly(trio: Cluster, proxy
         with pytest.raises(ConnectionLost) as err:
             await faulty
         assert err.value.fetch_failure
-        await other
-        await _all_settled(trio)
         # The link is healthy again: A dials anew and the same read succeeds.
         p.down.mark = None
-        assert await _read(client, 1, addr, 1) == _expected(1)
-        await client.close()
-        await _cleanup(trio)
+        await _finish(trio, client, other, lambda: _read(client, 1, addr, 1))
 
     await asyncio.wait_for(body(), 60)
 
@@ -128,12 +136,8 @@ async def test_corrupt_header_is_a_protocol_error_on_that_connection_only(
         with pytest.raises(ShuffledError) as err:
             await faulty
         assert err.value.code == ErrorCode.CONNECTION_LOST and "PROTOCOL" in err.value.message, err.value
-        await other
-        stats = await client.stats()
-        assert stats["errors"].get("PROTOCOL", 0) >= 1
-        await _all_settled(trio)
-        await client.close()
-        await _cleanup(trio)
+        assert (await client.stats())["errors"].get("PROTOCOL", 0) >= 1
+        await _finish(trio, client, other)
 
     await asyncio.wait_for(body(), 60)
 
@@ -146,8 +150,7 @@ async def test_blackhole_mid_payload_times_out_within_the_peer_timeout(
         p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 4, 2000, "blackhole")
         client, faulty = await _faulty_read(trio, addr, 3)
         other = asyncio.create_task(_others_still_read(trio, client, 3))
-        while not p.down.blackhole:  # the fault itself is the event this waits for
-            await asyncio.sleep(0.01)
+        await p.down.fired.wait()
         started = time.monotonic()
         with pytest.raises(TimedOut) as err:
             await faulty
@@ -155,10 +158,7 @@ async def test_blackhole_mid_payload_times_out_within_the_peer_timeout(
         # Detected by silence, not sooner, and within the bound plus one watchdog tick and some slack.
         assert PEER_TIMEOUT * 0.8 <= waited <= PEER_TIMEOUT + 1.5, waited
         assert "peer-timeout" in err.value.message and err.value.fetch_failure
-        await other
-        await _all_settled(trio)  # B gives up on A the same way and frees its stream
-        await client.close()
-        await _cleanup(trio)
+        await _finish(trio, client, other)  # B gives up on A the same way and frees its stream
 
     await asyncio.wait_for(body(), 60)
 
@@ -174,9 +174,6 @@ async def test_slow_but_live_link_is_not_declared_dead(trio: Cluster, proxy: tup
         started = time.monotonic()
         assert await faulty == _expected(1)
         assert time.monotonic() - started > PEER_TIMEOUT
-        await _others_still_read(trio, client, 4)
-        await _all_settled(trio)
-        await client.close()
-        await _cleanup(trio)
+        await _finish(trio, client, asyncio.create_task(_others_still_read(trio, client, 4)))
 
     await asyncio.wait_for(body(), 60)

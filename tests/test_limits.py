@@ -21,7 +21,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, pool_settled
+from tests.cluster import Cluster, pool_settled, wait_until
 from tests.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
@@ -128,8 +128,7 @@ async def test_client_connections_beyond_the_limit_are_refused(limited: Cluster)
                 return False
             return True
 
-        while not await asyncio.wait_for(admitted(), 5):  # the daemon notices the close soon
-            await asyncio.sleep(0.02)
+        await wait_until(admitted, bool, timeout=10, what="a client admitted once another closed")
         assert (await clients[-1].stats())["connections"]["clients"] == 6
         for c in clients:
             await c.close()
