@@ -15,6 +15,8 @@ With CRCs, payload corruption becomes CORRUPT_DATA on the read.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -175,5 +177,28 @@ async def test_slow_but_live_link_is_not_declared_dead(trio: Cluster, proxy: tup
         assert await faulty == _expected(1)
         assert time.monotonic() - started > PEER_TIMEOUT
         await _finish(trio, client, asyncio.create_task(_others_still_read(trio, client, 4)))
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_frozen_peer_process_is_detected_and_found_again(trio: Cluster) -> None:
+    """No proxy: daemon C is stopped with SIGSTOP (its kernel still acknowledges TCP, nothing answers)."""
+
+    async def body() -> None:
+        a, _, c = trio.daemons
+        await _push(c, 5, 3)
+        async with await AsyncClient.connect(a.addr) as client:
+            assert await _read(client, 5, c.addr, 3) == _expected(3)  # the A-C connection is up
+            os.kill(c.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(TimedOut, match="peer-timeout"):
+                    await _read(client, 5, c.addr, 3)
+                assert time.monotonic() - started <= PEER_TIMEOUT + 1.5
+            finally:
+                os.kill(c.pid, signal.SIGCONT)
+            assert await _read(client, 5, c.addr, 3) == _expected(3)  # A dials C again
+        await _all_settled(trio)
+        await _cleanup(trio)
 
     await asyncio.wait_for(body(), 60)

@@ -186,3 +186,33 @@ async def test_idle_connections_close_and_busy_ones_stay(limited: Cluster) -> No
         await busy.close()
 
     await asyncio.wait_for(body(), 20)
+
+
+async def test_reads_a_daemon_relays_to_one_peer_are_bounded_too() -> None:
+    """The receiver ids a relaying daemon opens on one peer connection count against the same limit."""
+    pair = Cluster(2, pool_size="16M", extra=["--max-streams-per-connection", "2"])
+
+    async def body() -> None:
+        a, b = pair.daemons
+        async with await AsyncClient.connect(b.addr) as c:
+            w = await c.open_writer("lim-r", 1, 0, 1, 1)
+            await w.write(0, b"r" * (2 << 20))  # more than a read's buffers: relayed reads stay open
+            await w.commit()
+        clients = [await AsyncClient.connect(a.addr) for _ in range(3)]
+        readers = [c.read("lim-r", 1, 0, 1, {b.addr: [1]}) for c in clients]
+        for r in readers[:2]:
+            assert await r.next_chunk() is not None  # open, holding their buffers, unread
+        with pytest.raises(LimitExceeded, match=r"max-streams-per-connection \(2\) reads from daemon"):
+            await readers[2].next_chunk()
+        for r, c in zip(readers, clients, strict=True):
+            await r.aclose()
+            await c.remove_application("lim-r")
+            await c.close()
+        for d in pair.daemons:
+            async with await AsyncClient.connect(d.addr) as c:
+                assert (await pool_settled(c))["pool"]["used"] == 0
+
+    try:
+        await asyncio.wait_for(body(), 30)
+    finally:
+        pair.stop()
