@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
-from .protocol.frames import MAX_CONTROL_BODY, U32
+from .protocol.frames import MAX_CONTROL_BODY, MAX_STREAMS_PER_CONNECTION, U32
 
 #: a CommitAck body is a u32 count and a u64 per partition, within the control body limit
 MAX_COMMIT_PARTITIONS = (MAX_CONTROL_BODY - U32.size) // 8
@@ -247,7 +247,7 @@ class DaemonConfig:
     connect_timeout: float = 10.0
     admin_timeout: float = 30.0
     max_streams_per_connection: int = setting(
-        65536,
+        MAX_STREAMS_PER_CONNECTION,
         "read and push streams one party may have open on one connection (a reduce task opens one read per "
         "daemon); the next one gets LIMIT_EXCEEDED",
         unit="streams",
