@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
+from .protocol.frames import MAX_CONTROL_BODY, MAX_STREAMS_PER_CONNECTION, U32
+
+#: a CommitAck body is a u32 count and a u64 per partition, within the control body limit
+MAX_COMMIT_PARTITIONS = (MAX_CONTROL_BODY - U32.size) // 8
 
 MiB = 1 << 20
 ENV_PREFIX = "SHUFFLED_"
@@ -273,6 +277,63 @@ class DaemonConfig:
         default_text="none",
         metavar="PATH",
     )
+    max_streams_per_connection: int = setting(
+        MAX_STREAMS_PER_CONNECTION,
+        "read and push streams one party may have open on one connection (a reduce task opens one read per "
+        "daemon); the next one gets LIMIT_EXCEEDED",
+        unit="streams",
+        metavar="N",
+    )
+    max_pushes_per_connection: int = setting(
+        4096,
+        "map outputs one client connection may have open at once (one per running map task)",
+        unit="streams",
+        metavar="N",
+    )
+    max_partitions: int = setting(
+        MAX_COMMIT_PARTITIONS,
+        "most reduce partitions a shuffle may have; more are refused with LIMIT_EXCEEDED (the default is the most "
+        "a CommitAck, 8 bytes per partition, can carry)",
+        unit="partitions",
+        metavar="N",
+    )
+    max_admin_per_connection: int = setting(
+        64, "admin requests one connection may have in progress at once", unit="requests", metavar="N"
+    )
+    max_connections_per_client: int = setting(
+        1024,
+        "client connections from one address (all Unix-socket clients count as one); more are refused with "
+        "LIMIT_EXCEEDED",
+        unit="connections",
+        metavar="N",
+    )
+    max_connections_per_peer: int = setting(
+        64,
+        "peer daemon connections from one address (one per daemon is normal); more are refused with LIMIT_EXCEEDED",
+        unit="connections",
+        metavar="N",
+    )
+    handshake_timeout: float = setting(
+        10.0, "a connection that has not completed its Hello within this long is closed with TIMEOUT", unit="s"
+    )
+    idle_timeout: float = setting(
+        0.0,
+        "a connection with no open stream that sends nothing for this long is closed (0: never; the Python "
+        "client does not reconnect by itself)",
+        unit="s",
+    )
+    peer_timeout: float = setting(
+        30.0,
+        "a peer daemon that sends nothing for this long while streams depend on it (a ping goes out after a "
+        "third of it) is declared dead: its streams fail with TIMEOUT and the connection closes (0: off)",
+        unit="s",
+    )
+    tcp_keepalive: float = setting(
+        30.0,
+        "idle time before TCP keepalive probes on TCP connections (then every third of it, 3 probes), so a "
+        "vanished host is noticed by the kernel (0: off)",
+        unit="s",
+    )
     metrics_host: str | None = setting(
         None,
         "address of the HTTP endpoint serving /metrics, /healthz and /readyz",
@@ -323,6 +384,22 @@ class DaemonConfig:
             self.spill_high <= 1.0 - self.read_reserve,
             f"spill-high must be at most {1.0 - self.read_reserve} (pushes never use the read reserve, "
             "so a higher watermark would never be reached)",
+        )
+        for name in ("streams", "pushes", "admin"):
+            limit = getattr(self, f"max_{name}_per_connection")
+            need(limit >= 1, f"max-{name}-per-connection must be >= 1")
+        need(
+            1 <= self.max_partitions <= MAX_COMMIT_PARTITIONS,
+            f"max-partitions must be in 1..{MAX_COMMIT_PARTITIONS} (a CommitAck carries no more)",
+        )
+        need(self.max_connections_per_client >= 1, "max-connections-per-client must be >= 1")
+        need(self.max_connections_per_peer >= 1, "max-connections-per-peer must be >= 1")
+        need(self.handshake_timeout > 0, "handshake-timeout must be > 0 seconds")
+        for name in ("idle_timeout", "peer_timeout", "tcp_keepalive"):
+            need(getattr(self, name) >= 0, f"{name.replace('_', '-')} must be >= 0 seconds (0: off)")
+        need(
+            self.tcp_keepalive == 0 or self.tcp_keepalive >= 3,
+            "tcp-keepalive must be 0 (off) or >= 3 seconds (probes go every third of it)",
         )
         need(self.app_memory_quota >= 0, "app-memory-quota must be >= 0")
         need(self.app_disk_quota >= 0, "app-disk-quota must be >= 0")

@@ -31,6 +31,7 @@ class ErrorCode(IntEnum):
     STORAGE_ERROR = 17
     QUOTA_EXCEEDED = 18
     CORRUPT_DATA = 19
+    TIMEOUT = 21
 
 
 class ShuffledError(Exception):
@@ -159,6 +160,18 @@ class CorruptData(ShuffledError):
 
     code = ErrorCode.CORRUPT_DATA
     fetch_failure = True
+
+
+class TimedOut(ShuffledError):
+    """A party did not answer within a configured bound (handshake, idle, a peer daemon gone silent).
+
+    A fetch failure: a read whose data sits behind a silent daemon cannot finish,
+    so Spark should treat the data as lost; retrying may reach the daemon again.
+    """
+
+    code = ErrorCode.TIMEOUT
+    fetch_failure = True
+    retryable = True
 
 
 def _subclasses(cls: type[ShuffledError]) -> list[type[ShuffledError]]:

@@ -36,7 +36,7 @@ ERROR_FIXED = struct.Struct(">H")
 MAX_CONTROL_BODY = 8 << 20
 #: Default largest data payload; a daemon announces its own (its segment size) in HelloAck.
 DEFAULT_MAX_PAYLOAD = 32 << 10
-#: Stream ids a party may have open on one connection at once.
+#: Default of the streams a daemon lets one party open on one connection (its max-streams-per-connection).
 MAX_STREAMS_PER_CONNECTION = 65536
 
 

@@ -32,23 +32,25 @@ from ..protocol.codec import (
 from ..protocol.errors import (
     AuthFailed,
     ConnectionLost,
+    CreditViolation,
     InvalidRequest,
     LimitExceeded,
     MapOutputStateError,
     ProtocolError,
     ShuffledError,
     ShuttingDown,
+    TimedOut,
     UnknownStream,
     error_from_code,
 )
 from ..protocol.frames import (
-    MAX_STREAMS_PER_CONNECTION,
     AbortMapOutput,
     AddCredit,
     AdminRequest,
     AdminResponse,
     AuthChallenge,
     AuthResponse,
+    BufferKind,
     BufferResponse,
     CancelPartitionRequest,
     Close,
@@ -67,6 +69,7 @@ from .feed import DiskFedStream
 from .peers import split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
+from .watchdog import tune_socket
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -97,11 +100,27 @@ class DaemonConnection(FrameConnection):
         self._acceptor_auth: AcceptorAuth | None = None
         self._hello: Hello | None = None
         self._flush_announcements_soon = Soon(self._flush_announcements)
+        self.admin_running = 0
+        #: the peer's IP address ("unix" for a Unix socket): connection limits count per address
+        self.host = "?"
+        #: the first fatal error (a TimedOut one is what dependent streams fail with)
+        self.failure: ShuffledError | None = None
+        # deadline state, kept by the watchdog
+        self.made_at = asyncio.get_running_loop().time()
+        self.silent_since = self.made_at
+        self.rx_seen = 0
+        self.pinged = False
+        self.depended = False
 
     # -- lifecycle
 
     def on_made(self) -> None:
         self.daemon.connections.add(self)
+        assert self.transport is not None
+        peer = self.transport.get_extra_info("peername")
+        self.host = str(peer[0]) if isinstance(peer, tuple) else "unix"
+        cfg = self.daemon.config
+        self._tune(cfg.peer_timeout if self.dialed is not None else 0.0)
         if self.dialed is not None:
             self.role = Role.DAEMON
             assert self._dialer_auth is not None
@@ -134,10 +153,35 @@ class DaemonConnection(FrameConnection):
             return None
         return "peer" if self.role is Role.DAEMON else "client"
 
+    def _tune(self, user_timeout: float) -> None:
+        assert self.transport is not None
+        tune_socket(self.transport.get_extra_info("socket"), self.daemon.config.tcp_keepalive, user_timeout)
+
     def fail(self, exc: ShuffledError) -> None:
         if self.is_open:
             self.daemon.counters.errors[exc.code.name] += 1
+            self.failure = exc
         super().fail(exc)
+
+    def depends_on_peer(self) -> bool:
+        """Streams or requests wait on the other side: it must keep answering."""
+        return bool(self.channels or self.served or self.admin_waiters)
+
+    def has_streams(self) -> bool:
+        return bool(self.channels or self.served or self.pushes or self.gates or self.admin_waiters) or (
+            self.admin_running > 0
+        )
+
+    def ping(self) -> None:
+        """Ask a silent peer for a sign of life; the answer (any bytes) is all that matters."""
+        self.sender.send_control(encode_admin_request(self.new_stream_id(), "ping", {}))
+
+    def new_stream_id(self) -> int:
+        """Never an id still in use after the counter wrapped."""
+        sid = super().new_stream_id()
+        while sid in self.channels or sid in self.admin_waiters:
+            sid = super().new_stream_id()
+        return sid
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         """Report an error on one stream (counted by code for the metrics)."""
@@ -147,7 +191,9 @@ class DaemonConnection(FrameConnection):
 
     def _release_all(self) -> None:
         """Fail consumers, close served streams, abort pushes: nothing may outlive the connection."""
-        lost = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
+        lost: ShuffledError = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
+        if isinstance(self.failure, TimedOut):
+            lost = TimedOut(self.failure.message)
         for ch in list(self.channels.values()):
             ch.fail(lost)
         for gate in list(self.gates.values()):
@@ -191,6 +237,7 @@ class DaemonConnection(FrameConnection):
             case BufferResponse():
                 ch = self.channels.get(frame.receiver)
                 if ch is not None:
+                    self._check_landed(frame, frame.kind is BufferKind.DATA)
                     ch.on_buffer(frame)
                 else:
                     release_payload(frame)  # the read was cancelled while this arrived
@@ -208,10 +255,11 @@ class DaemonConnection(FrameConnection):
             case PushData():
                 session = self.pushes.get(frame.writer)
                 if session is not None:
+                    self._check_landed(frame, True)
                     session.on_data(frame)
                 else:
                     release_payload(frame)
-                    self.send_error(frame.writer, UnknownStream(f"no open map output for writer {frame.writer}"))
+                    self._unknown_writer(frame.writer)
             case CommitMapOutput(writer, pushes):
                 if (session := self._session(writer)) is not None:
                     session.commit(pushes)
@@ -219,6 +267,14 @@ class DaemonConnection(FrameConnection):
                 if (session := self._session(writer)) is not None:
                     session.abort()
             case AdminRequest():
+                limit = self.daemon.config.max_admin_per_connection
+                if self.admin_running >= limit:
+                    self.send_error(
+                        frame.request,
+                        LimitExceeded(f"max-admin-per-connection ({limit}) admin requests are already in progress"),
+                    )
+                    return
+                self.admin_running += 1
                 task = asyncio.create_task(self._on_admin(frame))
                 self.daemon.background.add(task)
                 task.add_done_callback(self.daemon.background.discard)
@@ -271,6 +327,7 @@ class DaemonConnection(FrameConnection):
         """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
         if not isinstance(frame, Hello):
             raise ProtocolError(f"the first frame must be Hello, got {type(frame).__name__}")
+        self._check_connection_limit(frame.role)
         if frame.role is Role.DAEMON:
             node = frame.info.get("node")
             if not isinstance(node, str) or not node:
@@ -306,6 +363,7 @@ class DaemonConnection(FrameConnection):
             except ShuffledError as exc:
                 self.fail(exc)
                 return
+            self._tune(self.daemon.config.peer_timeout)
         self.role = frame.role
         self.ready.set_result(None)
         ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
@@ -313,11 +371,40 @@ class DaemonConnection(FrameConnection):
         self.daemon.counters.opened[self.role_label or "client"] += 1
         event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)
 
+    def _check_connection_limit(self, role: Role) -> None:
+        """Refuse one more client (or peer) connection from an address that already has its maximum."""
+        cfg = self.daemon.config
+        peer = role is Role.DAEMON
+        limit = cfg.max_connections_per_peer if peer else cfg.max_connections_per_client
+        same = sum(1 for c in self.daemon.connections if c.role is role and c.host == self.host and c.is_open)
+        if same >= limit:
+            kind = "peer" if peer else "client"
+            raise LimitExceeded(
+                f"max-connections-per-{kind} ({limit}) reached: {same} {kind} connections from {self.host} are open"
+            )
+
+    @staticmethod
+    def _check_landed(frame: BufferResponse | PushData, has_payload: bool) -> None:
+        """A data frame whose stream was opened by a frame of the same read had nowhere to land.
+
+        Frames of one read are decoded before any is handled, so a PushData right
+        behind its OpenMapOutput found no session, hence no credit, when its bytes
+        arrived: that is data sent before credit was granted.
+        """
+        if has_payload and frame.payload is None:
+            stream = frame.receiver if isinstance(frame, BufferResponse) else frame.writer
+            raise CreditViolation(f"stream {stream}: data frame sent before credit was granted")
+
+    def _unknown_writer(self, writer: int) -> None:
+        if writer == 0:
+            raise ProtocolError("stream id 0 is reserved for the connection")
+        self.send_error(writer, UnknownStream(f"no open map output for writer {writer}"))
+
     def _session(self, writer: int) -> PushSession | None:
         """The writer's session, or None after a per-stream error saying why (the connection lives on)."""
         session = self.pushes.get(writer)
         if session is None:
-            self.send_error(writer, UnknownStream(f"no open map output for writer {writer}"))
+            self._unknown_writer(writer)
         elif session.pool is None:
             session.fail(MapOutputStateError("commit or abort before the daemon granted push credit"))
             return None
@@ -329,8 +416,11 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError("stream id 0 is reserved for the connection")
         if sid in self.served or sid in self.gates or sid in self.pushes:
             raise ProtocolError(f"stream id {sid} is already in use")
-        if self._open_streams() >= MAX_STREAMS_PER_CONNECTION:
-            self.send_error(sid, LimitExceeded(f"more than {MAX_STREAMS_PER_CONNECTION} streams on one connection"))
+        limit = self.daemon.config.max_streams_per_connection
+        if self._open_streams() >= limit:
+            self.send_error(
+                sid, LimitExceeded(f"max-streams-per-connection ({limit}) streams are open on this connection")
+            )
             return False
         return True
 
@@ -460,6 +550,13 @@ class DaemonConnection(FrameConnection):
             raise ProtocolError("only clients push map output")
         if not self._check_new_stream(req.writer):
             return
+        limit = self.daemon.config.max_pushes_per_connection
+        if len(self.pushes) >= limit:
+            self.send_error(
+                req.writer,
+                LimitExceeded(f"max-pushes-per-connection ({limit}) map outputs are open on this connection"),
+            )
+            return
         if self.daemon.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
@@ -506,5 +603,7 @@ class DaemonConnection(FrameConnection):
         except ShuffledError as exc:
             self.send_error(req.request, exc)
             return
+        finally:
+            self.admin_running -= 1
         if self.is_open:
             self.sender.send_control(encode_admin_response(req.request, result))

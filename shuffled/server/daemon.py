@@ -28,6 +28,7 @@ from .disk import Disk, DiskStats, SpillFile
 from .peers import PeerManager
 from .spill import Spiller
 from .store import ShuffleData, Store
+from .watchdog import watch
 
 log = logging.getLogger("shuffled.daemon")
 
@@ -49,6 +50,7 @@ class Daemon:
         except OSError as exc:
             raise OSError(f"data dir {config.data_dir} is not usable: {exc}") from exc
         self.store.can_spill = self.disk is not None
+        self.store.max_partitions = config.max_partitions
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
         self.peers = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
@@ -76,6 +78,7 @@ class Daemon:
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -104,6 +107,7 @@ class Daemon:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
+        self._watchdog = asyncio.create_task(watch(self))
         self.started = True
         if self.secret is None:
             event(
@@ -228,6 +232,8 @@ class Daemon:
     async def stop(self) -> None:
         if self.ops is not None:
             self.ops.stop()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for server in self._servers:
             server.close()
         conns = list(self.connections)
@@ -326,6 +332,8 @@ class Daemon:
     async def _admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "stats":
             return self.stats()
+        if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
+            return {}
         if op not in ("unregister_shuffle", "remove_application", "flush"):
             raise InvalidRequest(f"unknown admin operation {op!r}")
         app = args.get("app")

@@ -118,6 +118,11 @@ class InputGate:
                 peer = await daemon.peers.get(addr)
                 if self.closed:
                     return
+                if len(peer.channels) >= cfg.max_streams_per_connection:
+                    raise LimitExceeded(
+                        f"max-streams-per-connection ({cfg.max_streams_per_connection}) reads from daemon {addr} "
+                        "are open on its connection"
+                    )
                 credit = ChannelCredit(cfg.exclusive, floating)
                 ch = RemoteInputChannel(self, peer, peer.new_stream_id(), credit)
                 self.channels.append(ch)

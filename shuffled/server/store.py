@@ -37,6 +37,7 @@ from ..protocol.auth import token_digest
 from ..protocol.errors import (
     AuthFailed,
     InvalidRequest,
+    LimitExceeded,
     MapOutputStateError,
     PartitionNotFound,
     QuotaExceeded,
@@ -136,7 +137,9 @@ class MapOutput:
     map_index: int
     attempt: int
     pending: list[tuple[Subpartition, StoredChunk]] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
+    #: bytes pushed per partition, sparse: an open map output costs nothing per declared partition
+    #: (a writer may declare 2^24 of them; the full list exists only while the commit is answered)
+    lengths: dict[int, int] = field(default_factory=dict)
     state: MapState = MapState.OPEN
     #: fails the push session (e.g. when spilling its data hit a full disk)
     on_failure: Callable[[ShuffledError], None] | None = None
@@ -182,6 +185,8 @@ class Store:
         self.disk_quota = disk_quota
         #: spill is possible (a data dir is set): the memory quota spills instead of refusing
         self.can_spill = False
+        #: most reduce partitions a shuffle may declare here (a daemon setting, at most MAX_PARTITIONS)
+        self.max_partitions = MAX_PARTITIONS
         #: pool segments all stored chunks hold (what spilling can free)
         self.memory_segments = 0
         self.commits = 0
@@ -217,6 +222,8 @@ class Store:
             raise InvalidRequest("application id must not be empty")
         if not 0 < partitions <= MAX_PARTITIONS:
             raise InvalidRequest(f"partition count {partitions} outside 1..{MAX_PARTITIONS}")
+        if partitions > self.max_partitions:
+            raise LimitExceeded(f"partition count {partitions} above max-partitions ({self.max_partitions})")
         if shuffle < 0 or map_index < 0 or attempt < 0:
             raise InvalidRequest("shuffle id, map index and attempt id must be >= 0")
         usage = self.usage.get(app)
@@ -227,7 +234,7 @@ class Store:
             raise InvalidRequest(f"shuffle {app}/{shuffle} has {data.partitions} partitions, writer says {partitions}")
         if attempt in data.committed or attempt in data.open:
             raise MapOutputStateError(f"map attempt {attempt} of {app}/{shuffle} is already open or committed")
-        out = MapOutput(data, map_index, attempt, lengths=[0] * partitions)
+        out = MapOutput(data, map_index, attempt)
         data.open[attempt] = out
         data.usage.last_active = time.monotonic()
         return out
@@ -274,7 +281,7 @@ class Store:
         out.pending.append((sub, chunk))
         sub.memory.append(chunk)
         sub.memory_segments += 1
-        out.lengths[partition] += buffer.length
+        out.lengths[partition] = out.lengths.get(partition, 0) + buffer.length
         data.segments += 1
         self.memory_segments += 1
         usage.segments += 1
@@ -290,7 +297,7 @@ class Store:
         out.state = MapState.COMMITTED
         del data.open[out.attempt]
         data.committed[out.attempt] = out.map_index
-        data.lengths[out.attempt] = {p: n for p, n in enumerate(out.lengths) if n}
+        data.lengths[out.attempt] = {p: n for p, n in out.lengths.items() if n}
         for sub, chunk in out.pending:
             chunk.committed = True
             if chunk.buffer is not None:
@@ -302,7 +309,7 @@ class Store:
         out.pending = []
         self.commits += 1
         data.last_commit = data.usage.last_active = time.monotonic()
-        return out.lengths
+        return [out.lengths.get(p, 0) for p in range(data.partitions)]
 
     def abort(self, out: MapOutput) -> None:
         if out.state is not MapState.OPEN:
@@ -403,8 +410,11 @@ class Store:
         wanted = set(attempts)
         out: list[Chunk | DiskChunk] = []
         on_disk = 0
-        for p in range(start, end):
-            sub = data.subpartitions.get(p)
+        # Partitions that hold data, without walking a huge range that holds little.
+        subs = data.subpartitions
+        wanted_parts = range(start, end) if end - start <= len(subs) else sorted(p for p in subs if start <= p < end)
+        for p in wanted_parts:
+            sub = subs.get(p)
             if sub is None:
                 continue
             if sub.spilled:

@@ -312,6 +312,11 @@ public final class MapOutputWriter implements AutoCloseable {
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
         lock.lock();
         try {
+            if (Thread.interrupted()) {
+                // An interrupted task never waits, even when the answer is already here: otherwise
+                // whether it fails would depend on how fast the daemon answered.
+                throw new InterruptedException();
+            }
             while (failure == null && !(untilOpened ? opened : done)) {
                 long left = deadline - System.nanoTime();
                 if (left <= 0) {

@@ -26,7 +26,8 @@ public enum ErrorCode {
     CONNECTION_LOST(16, true, true),
     STORAGE_ERROR(17, false, true),
     QUOTA_EXCEEDED(18, false, false),
-    CORRUPT_DATA(19, true, false);
+    CORRUPT_DATA(19, true, false),
+    TIMEOUT(21, true, true);
 
     private final int code;
     private final boolean fetchFailure;

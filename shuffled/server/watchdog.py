@@ -1,0 +1,109 @@
+"""Deadlines on connections: the handshake, idle connections, and peer daemons that stop answering.
+
+TCP alone does not notice a peer that is still connected but silent: a host that
+vanished without a reset is found by keepalive probes only after minutes, and a
+daemon whose process hangs, or a network path that drops everything while a
+middlebox keeps the connection up, is never found. Streams relayed from such a
+peer would wait forever and hold their buffers.
+
+So one task looks at every connection a few times per bound. A peer connection on
+which streams depend must keep sending bytes; after a third of `peer_timeout` of
+silence it is sent an admin `ping`, which a live daemon answers at once whatever
+its credit and back-pressure state, and after the whole `peer_timeout` it is
+declared dead: its streams fail with TIMEOUT and the connection closes. Watching
+bytes received rather than frames costs nothing on the data path (the connection
+counts them anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from ..logs import event
+from ..protocol.errors import TimedOut
+from ..protocol.frames import Role
+
+if TYPE_CHECKING:
+    from ..config import DaemonConfig
+    from .connection import DaemonConnection
+    from .daemon import Daemon
+
+log = logging.getLogger("shuffled.watchdog")
+
+
+def tick_interval(cfg: DaemonConfig) -> float:
+    """A fifth of the smallest bound, between 50 ms and 1 s: a timeout fires at most 20% late."""
+    bounds = [t for t in (cfg.handshake_timeout, cfg.idle_timeout, cfg.peer_timeout) if t > 0]
+    return min(1.0, max(0.05, min(bounds) / 5))
+
+
+async def watch(daemon: Daemon) -> None:
+    loop = asyncio.get_running_loop()
+    interval = tick_interval(daemon.config)
+    while True:
+        await asyncio.sleep(interval)
+        now = loop.time()
+        for conn in list(daemon.connections):
+            try:
+                check(conn, now, daemon.config)
+            except Exception:  # a bug here must not stop the deadlines of every other connection
+                log.exception("checking deadlines failed peer=%s", conn.peer)
+
+
+def check(conn: DaemonConnection, now: float, cfg: DaemonConfig) -> None:
+    if not conn.is_open:
+        return
+    if conn.bytes_received != conn.rx_seen:
+        conn.rx_seen = conn.bytes_received
+        conn.silent_since = now
+        conn.pinged = False
+    if not conn.ready.done():
+        if now - conn.made_at >= cfg.handshake_timeout:
+            conn.fail(
+                TimedOut(
+                    f"no handshake within {now - conn.made_at:.1f} s (handshake-timeout {cfg.handshake_timeout:g} s)"
+                )
+            )
+        return
+    if conn.role is Role.DAEMON and cfg.peer_timeout:
+        depends = conn.depends_on_peer()
+        if depends and not conn.depended:
+            conn.silent_since = max(conn.silent_since, now)  # the clock starts when something waits
+        conn.depended = depends
+        if depends:
+            _check_peer(conn, now - conn.silent_since, cfg.peer_timeout)
+            return
+    silent = now - conn.silent_since
+    if cfg.idle_timeout and silent >= cfg.idle_timeout and not conn.has_streams():
+        conn.fail(TimedOut(f"connection idle for {silent:.1f} s (idle-timeout {cfg.idle_timeout:g} s)"))
+
+
+def _check_peer(conn: DaemonConnection, silent: float, bound: float) -> None:
+    if silent >= bound:
+        event(log, "peer timed out", logging.WARNING, node=conn.node, silent_s=round(silent, 1), bound_s=bound)
+        conn.fail(TimedOut(f"daemon {conn.node} sent nothing for {silent:.1f} s (peer-timeout {bound:g} s)"))
+    elif silent >= bound / 3 and not conn.pinged:
+        conn.pinged = True
+        conn.ping()
+
+
+def tune_socket(sock: socket.socket | None, keepalive: float, user_timeout: float) -> None:
+    """TCP keepalive (idle, then 3 probes a third of it apart) and, for peers, TCP_USER_TIMEOUT.
+
+    TCP_USER_TIMEOUT makes the kernel drop a connection whose sent data stays
+    unacknowledged that long: a peer host that vanished mid-transfer is then a
+    closed connection even before the watchdog's own bound.
+    """
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    if keepalive:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        idle = max(1, int(keepalive))
+        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 3)), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if user_timeout and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout * 1000))

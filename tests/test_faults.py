@@ -1,0 +1,204 @@
+"""Network faults between two daemons, injected by a TCP proxy (tests/faultproxy.py).
+
+Daemon A (127.0.0.1) relays a client's read of data held by daemon B (127.0.0.2),
+dialling B through the proxy; daemon C (127.0.0.3) holds data read over a direct
+connection, the "other streams" that must not notice anything. Each test checks the
+affected read fails with a clear error (or completes, for slow but live links),
+the unaffected reads complete, and every daemon's pool returns to exactly its
+stored data.
+
+Until CRC32C lands, a flipped payload byte cannot be detected by the daemon: these
+tests corrupt frame *headers*, which must be a PROTOCOL error on that connection.
+With CRCs, payload corruption becomes CORRUPT_DATA on the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
+import pytest_asyncio
+
+from shuffled.protocol.errors import ConnectionLost, ErrorCode, ShuffledError, TimedOut
+from shuffled.protocol.frames import FrameType
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, DaemonProcess, payload, pool_settled
+from tests.faultproxy import FaultProxy, Mark
+
+pytestmark = pytest.mark.asyncio
+
+PEER_TIMEOUT = 2.0
+APP = "fault-app"
+SIZE = 1 << 20  # per partition: 32 buffers of 32 KiB
+PARTS = 2
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[Cluster]:
+    c = Cluster(3, pool_size="32M", extra=["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10"])
+    yield c
+    c.stop()
+
+
+@pytest_asyncio.fixture
+async def proxy(trio: Cluster) -> AsyncIterator[tuple[FaultProxy, str]]:
+    p = FaultProxy("127.0.0.7", trio.daemons[1].addr)
+    addr = await p.start()
+    yield p, addr
+    await p.close()
+
+
+async def _push(d: DaemonProcess, shuffle: int, attempt: int) -> None:
+    async with await AsyncClient.connect(d.addr) as c:
+        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS)
+        for p in range(PARTS):
+            await w.write(p, payload(attempt, p, SIZE))
+        await w.commit()
+
+
+def _expected(attempt: int) -> bytes:
+    return b"".join(payload(attempt, p, SIZE) for p in range(PARTS))
+
+
+async def _read(c: AsyncClient, shuffle: int, where: str, attempt: int) -> bytes:
+    async with c.read(APP, shuffle, 0, PARTS, {where: [attempt]}) as r:
+        return await r.read_all()  # type: ignore[no-any-return]
+
+
+async def _all_settled(trio: Cluster) -> None:
+    for d in trio.daemons:
+        async with await AsyncClient.connect(d.addr) as c:
+            s = await pool_settled(c)
+            assert s["pool"]["used"] == s["store"]["stored_segments"], s
+
+
+async def _cleanup(trio: Cluster) -> None:
+    async with await AsyncClient.connect(trio.daemons[0].addr) as c:
+        await c.remove_application(APP)
+    for d in trio.daemons:
+        async with await AsyncClient.connect(d.addr) as c:
+            assert (await pool_settled(c))["pool"]["used"] == 0
+
+
+async def _faulty_read(trio: Cluster, proxy_addr: str, shuffle: int) -> tuple[AsyncClient, asyncio.Task[bytes]]:
+    """Data on B (attempt 1) and C (attempt 3); start the read of B's through the proxy, relayed by A."""
+    a, b, c = trio.daemons
+    await _push(b, shuffle, 1)
+    await _push(c, shuffle, 3)
+    client = await AsyncClient.connect(a.addr)
+    return client, asyncio.create_task(_read(client, shuffle, proxy_addr, 1))
+
+
+async def _others_still_read(trio: Cluster, client: AsyncClient, shuffle: int) -> None:
+    assert await _read(client, shuffle, trio.daemons[2].addr, 3) == _expected(3)
+
+
+async def _finish(
+    trio: Cluster, client: AsyncClient, other: asyncio.Task[None], retry: Callable[[], Awaitable[bytes]] | None = None
+) -> None:
+    """The unaffected read completed; every pool settles; a retry (if any) reads B's data whole; clean up."""
+    await other
+    await _all_settled(trio)
+    if retry is not None:
+        assert await retry() == _expected(1)
+    await client.close()
+    await _cleanup(trio)
+
+
+async def test_cut_mid_frame_fails_the_relayed_read_cleanly(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
+    async def body() -> None:
+        p, addr = proxy
+        # 1000 bytes into the 5th BufferResponse: inside a payload, with buffers already relayed.
+        p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 5, 1000, "cut")
+        client, faulty = await _faulty_read(trio, addr, 1)
+        other = asyncio.create_task(_others_still_read(trio, client, 1))
+        with pytest.raises(ConnectionLost) as err:
+            await faulty
+        assert err.value.fetch_failure
+        # The link is healthy again: A dials anew and the same read succeeds.
+        p.down.mark = None
+        await _finish(trio, client, other, lambda: _read(client, 1, addr, 1))
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_corrupt_header_is_a_protocol_error_on_that_connection_only(
+    trio: Cluster, proxy: tuple[FaultProxy, str]
+) -> None:
+    async def body() -> None:
+        p, addr = proxy
+        # The type byte of the 3rd BufferResponse becomes 0x7f, a type that does not exist.
+        p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, 4, 0x12 ^ 0x7F)
+        client, faulty = await _faulty_read(trio, addr, 2)
+        other = asyncio.create_task(_others_still_read(trio, client, 2))
+        with pytest.raises(ShuffledError) as err:
+            await faulty
+        assert err.value.code == ErrorCode.CONNECTION_LOST and "PROTOCOL" in err.value.message, err.value
+        assert (await client.stats())["errors"].get("PROTOCOL", 0) >= 1
+        await _finish(trio, client, other)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_blackhole_mid_payload_times_out_within_the_peer_timeout(
+    trio: Cluster, proxy: tuple[FaultProxy, str]
+) -> None:
+    async def body() -> None:
+        p, addr = proxy
+        p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 4, 2000, "blackhole")
+        client, faulty = await _faulty_read(trio, addr, 3)
+        other = asyncio.create_task(_others_still_read(trio, client, 3))
+        await p.down.fired.wait()
+        started = time.monotonic()
+        with pytest.raises(TimedOut) as err:
+            await faulty
+        waited = time.monotonic() - started
+        # Detected by silence, not sooner, and within the bound plus one watchdog tick and some slack.
+        assert PEER_TIMEOUT * 0.8 <= waited <= PEER_TIMEOUT + 1.5, waited
+        assert "peer-timeout" in err.value.message and err.value.fetch_failure
+        await _finish(trio, client, other)  # B gives up on A the same way and frees its stream
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_slow_but_live_link_is_not_declared_dead(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
+    """A read through a delayed, throttled link takes longer than the peer timeout and still completes."""
+
+    async def body() -> None:
+        p, addr = proxy
+        p.down.delay = p.up.delay = 0.02
+        p.down.rate = (PARTS * SIZE) // int(2 * PEER_TIMEOUT)  # the whole read takes about twice the bound
+        client, faulty = await _faulty_read(trio, addr, 4)
+        started = time.monotonic()
+        assert await faulty == _expected(1)
+        assert time.monotonic() - started > PEER_TIMEOUT
+        await _finish(trio, client, asyncio.create_task(_others_still_read(trio, client, 4)))
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_frozen_peer_process_is_detected_and_found_again(trio: Cluster) -> None:
+    """No proxy: daemon C is stopped with SIGSTOP (its kernel still acknowledges TCP, nothing answers)."""
+
+    async def body() -> None:
+        a, _, c = trio.daemons
+        await _push(c, 5, 3)
+        async with await AsyncClient.connect(a.addr) as client:
+            assert await _read(client, 5, c.addr, 3) == _expected(3)  # the A-C connection is up
+            os.kill(c.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(TimedOut, match="peer-timeout"):
+                    await _read(client, 5, c.addr, 3)
+                assert time.monotonic() - started <= PEER_TIMEOUT + 1.5
+            finally:
+                os.kill(c.pid, signal.SIGCONT)
+            assert await _read(client, 5, c.addr, 3) == _expected(3)  # A dials C again
+        await _all_settled(trio)
+        await _cleanup(trio)
+
+    await asyncio.wait_for(body(), 60)

@@ -1,0 +1,133 @@
+"""Fuzzed frames against a running daemon (see tests/fuzzing.py): no crash, no hang, another
+client keeps pushing and reading correct data throughout, and the pool is fully recycled.
+
+SHUFFLED_FUZZ_FRAMES scales the run (default 100 000); `python3 -m tests.fuzzing` runs longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shuffled.config import MAX_COMMIT_PARTITIONS
+from shuffled.protocol import codec
+from shuffled.protocol.errors import ErrorCode, LimitExceeded
+from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, payload, pool_settled
+from tests.fuzzing import APPS, check_recycled, fuzz
+from tests.test_bad_input import Raw
+
+pytestmark = pytest.mark.asyncio
+
+FRAMES = int(os.environ.get("SHUFFLED_FUZZ_FRAMES", "100000"))
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[Cluster]:
+    c = Cluster(1, pool_size="32M")
+    yield c
+    c.stop()
+
+
+async def _bystander(addr: str, stop: asyncio.Event) -> int:
+    """Push and read back verified data until told to stop; returns the rounds done."""
+    rounds = 0
+    async with await AsyncClient.connect(addr) as c:
+        while not stop.is_set() or rounds == 0:
+            rounds += 1
+            w = await c.open_writer("bystander", rounds, 0, 1, 2)
+            await w.write(1, payload(rounds, 1, 200_000))
+            await w.commit()
+            async with c.read("bystander", rounds, 1, 2, {"": [1]}) as r:
+                assert await r.read_all() == payload(rounds, 1, 200_000)
+            await c.unregister_shuffle("bystander", rounds)
+    return rounds
+
+
+async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
+    async def body() -> None:
+        d = target.daemons[0]
+        stop = asyncio.Event()
+        bystander = asyncio.create_task(_bystander(d.addr, stop))
+        started = time.monotonic()
+        out = await fuzz(d.addr, FRAMES, seed=7)
+        elapsed = time.monotonic() - started
+        stop.set()
+        rounds = await bystander
+        print(
+            f"\nfuzzed {out.frames} frames ({out.bytes} bytes) on {out.connections} connections in {elapsed:.1f}s; "
+            f"{out.replies} replies; {out.fatal} ended by a fatal error; bystander did {rounds} rounds"
+        )
+        assert out.frames >= FRAMES and out.hung == 0
+        assert d.proc.poll() is None, "the daemon died"
+        assert 0 < out.fatal < out.connections  # both the fatal paths and the survivable ones ran
+        assert out.replies > FRAMES // 5  # most frames were handled, not discarded behind an early fatal one
+        errors = await check_recycled(d.addr, [*APPS, "bystander"])
+        assert errors.get("PROTOCOL", 0) > 0 and errors.get("UNKNOWN_STREAM", 0) > 0, errors
+
+    await asyncio.wait_for(body(), 240)
+
+
+# -- what the fuzzer found, kept as plain regressions
+
+
+async def _fatal(addr: str, frames: bytes) -> tuple[int, str]:
+    raw = await Raw.open(addr)
+    await raw.hello()
+    await raw.send(frames)
+    while not isinstance(f := await raw.frame(), ErrorResponse) or f.stream != 0:
+        pass
+    assert await raw.closed()
+    return f.code, f.message
+
+
+async def test_push_data_behind_its_open_in_one_write_is_a_credit_violation(target: Cluster) -> None:
+    """It used to crash the handler (INTERNAL): the payload had no buffer to land in."""
+
+    async def body() -> None:
+        d = target.daemons[0]
+        frames = codec.encode_open_map_output(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + codec.encode_push_data(
+            1, 0, 0, b"early"
+        )
+        code, message = await _fatal(d.addr, frames)
+        assert code == ErrorCode.CREDIT_VIOLATION and "credit" in message, message
+        async with await AsyncClient.connect(d.addr) as c:
+            s = await pool_settled(c)
+            assert s["store"]["open_map_outputs"] == 0 and "INTERNAL" not in s["errors"], s
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_stream_zero_in_a_push_frame_is_a_protocol_error(target: Cluster) -> None:
+    """It used to be answered with UNKNOWN_STREAM on stream 0, which means 'fatal', on a connection kept open."""
+
+    async def body() -> None:
+        for frame in (codec.encode_push_data(0, 0, 0, b"x"), codec.encode_commit(0, 0), codec.encode_abort(0)):
+            code, message = await _fatal(target.daemons[0].addr, frame)
+            assert code == ErrorCode.PROTOCOL and "stream id 0" in message
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_shuffle_beyond_max_partitions_is_refused(target: Cluster) -> None:
+    """A 2^24-partition map output once cost 128 MiB of zeros and a commit blocked the daemon for seconds."""
+
+    async def body() -> None:
+        async with await AsyncClient.connect(target.daemons[0].addr) as c:
+            with pytest.raises(LimitExceeded, match=r"max-partitions \(1048575\)"):
+                await c.open_writer("fz-r", 2, 0, 1, 1 << 24)
+            top = MAX_COMMIT_PARTITIONS  # the largest allowed: cheap while open
+            w = await c.open_writer("fz-r", 3, 0, 1, top)
+            await w.write(top - 1, b"last")
+            lengths = await w.commit()
+            assert len(lengths) == top and lengths[-1] == 4 and sum(lengths) == 4
+            async with c.read("fz-r", 3, 0, top, {"": [1]}) as r:  # a huge range holding one chunk
+                assert await r.read_all() == b"last"
+            await c.remove_application("fz-r")
+
+    await asyncio.wait_for(body(), 30)

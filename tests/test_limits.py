@@ -1,0 +1,218 @@
+"""Limits and deadlines against a live daemon configured with small bounds: every refusal is an
+error naming the setting, on the stream or connection that went over it, and nothing else is hurt."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from shuffled.protocol import codec
+from shuffled.protocol.errors import ErrorCode, LimitExceeded
+from shuffled.protocol.frames import (
+    AdminResponse,
+    ErrorResponse,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    Role,
+)
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, pool_settled, wait_until
+from tests.test_bad_input import Raw
+
+pytestmark = pytest.mark.asyncio
+
+LIMITS = {
+    "--max-streams-per-connection": "4",
+    "--max-pushes-per-connection": "2",
+    "--max-admin-per-connection": "2",
+    "--max-connections-per-client": "6",
+    "--max-connections-per-peer": "2",
+    "--handshake-timeout": "1",
+    "--idle-timeout": "3",
+}
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[Cluster]:
+    c = Cluster(1, pool_size="16M", extra=[x for kv in LIMITS.items() for x in kv])
+    yield c
+    c.stop()
+
+
+def _addr(c: Cluster) -> str:
+    return c.daemons[0].addr
+
+
+async def _error(raw: Raw) -> ErrorResponse:
+    f = await raw.frame()
+    assert isinstance(f, ErrorResponse), f
+    return f
+
+
+async def test_streams_beyond_the_limit_are_refused_per_stream(limited: Cluster) -> None:
+    async def body() -> None:
+        async with await AsyncClient.connect(_addr(limited)) as c:
+            w = await c.open_writer("lim", 1, 0, 1, 1)
+            await w.write(0, b"d" * 100_000)
+            await w.commit()
+        raw = await Raw.open(_addr(limited))
+        await raw.hello()
+        for rid in range(1, 6):  # no credit: each read stays open with its data queued
+            await raw.send(codec.encode_partition_request(PartitionRequest(rid, 0, "lim", 1, 0, 1, {"": [1]})))
+        err = await _error(raw)
+        assert (err.stream, err.code) == (5, ErrorCode.LIMIT_EXCEEDED)
+        assert "max-streams-per-connection (4)" in err.message
+        await raw.send(codec.encode_cancel(1))  # one fewer open: the next one is served
+        await raw.send(codec.encode_partition_request(PartitionRequest(6, 1, "lim", 1, 0, 1, {"": [1]})))
+        f = await raw.frame()
+        assert not isinstance(f, ErrorResponse) and f.receiver == 6  # type: ignore[attr-defined]
+        raw.writer.close()
+        async with await AsyncClient.connect(_addr(limited)) as c:
+            await c.remove_application("lim")
+            assert (await pool_settled(c))["pool"]["used"] == 0
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_map_outputs_beyond_the_limit_are_refused_per_stream(limited: Cluster) -> None:
+    async def body() -> None:
+        raw = await Raw.open(_addr(limited))
+        await raw.hello()
+        for writer in (1, 2, 3):
+            await raw.send(codec.encode_open_map_output(OpenMapOutput(writer, "lim-p", 1, writer, writer, 2)))
+        frames = [await raw.frame() for _ in range(3)]
+        errors = [f for f in frames if isinstance(f, ErrorResponse)]
+        assert [(e.stream, e.code) for e in errors] == [(3, ErrorCode.LIMIT_EXCEEDED)]
+        assert "max-pushes-per-connection (2)" in errors[0].message
+        assert sum(isinstance(f, PushCredit) for f in frames) == 2
+        raw.writer.close()
+        async with await AsyncClient.connect(_addr(limited)) as c:
+            s = await pool_settled(c)
+            assert s["pool"]["used"] == 0 and s["store"]["open_map_outputs"] == 0
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_admin_requests_beyond_the_limit_are_refused_and_each_gets_one_answer(limited: Cluster) -> None:
+    async def body() -> None:
+        raw = await Raw.open(_addr(limited))
+        await raw.hello()
+        await raw.send(b"".join(codec.encode_admin_request(i, "stats", {}) for i in range(1, 41)))
+        answers = [await raw.frame() for _ in range(40)]
+        assert sorted(f.stream if isinstance(f, ErrorResponse) else f.request for f in answers) == list(range(1, 41))  # type: ignore[attr-defined]
+        refused = [f for f in answers if isinstance(f, ErrorResponse)]
+        assert refused and all(f.code == ErrorCode.LIMIT_EXCEEDED for f in refused)
+        assert "max-admin-per-connection (2)" in refused[0].message
+        assert any(isinstance(f, AdminResponse) for f in answers)
+        raw.writer.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_client_connections_beyond_the_limit_are_refused(limited: Cluster) -> None:
+    async def body() -> None:
+        clients = [await AsyncClient.connect(_addr(limited)) for _ in range(6)]
+        with pytest.raises(LimitExceeded, match=r"max-connections-per-client \(6\)"):
+            await AsyncClient.connect(_addr(limited))
+        await clients.pop().close()
+
+        async def admitted() -> bool:
+            try:
+                clients.append(await AsyncClient.connect(_addr(limited)))
+            except LimitExceeded:
+                return False
+            return True
+
+        await wait_until(admitted, bool, timeout=10, what="a client admitted once another closed")
+        assert (await clients[-1].stats())["connections"]["clients"] == 6
+        for c in clients:
+            await c.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_peer_connections_beyond_the_limit_are_refused(limited: Cluster) -> None:
+    """Daemons saying Hello from one address under different names: the third is one too many."""
+
+    async def body() -> None:
+        raws = []
+        for n in range(1, 4):
+            raw = await Raw.open(_addr(limited))
+            await raw.send(
+                codec.encode_hello(Hello(Role.DAEMON, info={"node": f"127.0.0.1:{n}", "segment_size": 32768}))
+            )
+            raws.append(raw)
+        for r in raws[:2]:
+            assert isinstance(await r.frame(), HelloAck)
+        err = await _error(raws[2])
+        assert (err.stream, err.code) == (0, ErrorCode.LIMIT_EXCEEDED)
+        assert "max-connections-per-peer (2)" in err.message and "127.0.0.1" in err.message
+        for r in raws:
+            r.writer.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x00\x00\x00\x15\x01"])
+async def test_a_connection_without_a_hello_times_out(limited: Cluster, sent: bytes) -> None:
+    async def body() -> None:
+        raw = await Raw.open(_addr(limited))
+        await raw.send(sent)  # nothing, or a few bytes of a header
+        err = await _error(raw)
+        assert (err.stream, err.code) == (0, ErrorCode.TIMEOUT) and "handshake-timeout 1 s" in err.message
+        assert await raw.closed()
+
+    await asyncio.wait_for(body(), 10)
+
+
+async def test_idle_connections_close_and_busy_ones_stay(limited: Cluster) -> None:
+    async def body() -> None:
+        busy = await AsyncClient.connect(_addr(limited))
+        w = await busy.open_writer("lim-i", 1, 0, 1, 1)
+        idle = await Raw.open(_addr(limited))
+        await idle.hello()
+        err = await _error(idle)  # after about --idle-timeout
+        assert (err.stream, err.code) == (0, ErrorCode.TIMEOUT) and "idle-timeout 3 s" in err.message
+        assert await idle.closed()
+        # The connection with an open map output was just as quiet, and lives on.
+        await w.write(0, b"late")
+        assert await w.commit() == [4]
+        await busy.remove_application("lim-i")
+        await busy.close()
+
+    await asyncio.wait_for(body(), 20)
+
+
+async def test_reads_a_daemon_relays_to_one_peer_are_bounded_too() -> None:
+    """The receiver ids a relaying daemon opens on one peer connection count against the same limit."""
+    pair = Cluster(2, pool_size="16M", extra=["--max-streams-per-connection", "2"])
+
+    async def body() -> None:
+        a, b = pair.daemons
+        async with await AsyncClient.connect(b.addr) as c:
+            w = await c.open_writer("lim-r", 1, 0, 1, 1)
+            await w.write(0, b"r" * (2 << 20))  # more than a read's buffers: relayed reads stay open
+            await w.commit()
+        clients = [await AsyncClient.connect(a.addr) for _ in range(3)]
+        readers = [c.read("lim-r", 1, 0, 1, {b.addr: [1]}) for c in clients]
+        for r in readers[:2]:
+            assert await r.next_chunk() is not None  # open, holding their buffers, unread
+        with pytest.raises(LimitExceeded, match=r"max-streams-per-connection \(2\) reads from daemon"):
+            await readers[2].next_chunk()
+        for r, c in zip(readers, clients, strict=True):
+            await r.aclose()
+            await c.remove_application("lim-r")
+            await c.close()
+        for d in pair.daemons:
+            async with await AsyncClient.connect(d.addr) as c:
+                assert (await pool_settled(c))["pool"]["used"] == 0
+
+    try:
+        await asyncio.wait_for(body(), 30)
+    finally:
+        pair.stop()
