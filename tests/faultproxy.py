@@ -39,7 +39,7 @@ class Faults:
     rate: int = 0
     #: drop every byte (the connection stays open): a network path that lost everything
     blackhole: bool = False
-    #: xor these bytes into the header of a frame: (frame type, nth, byte index in header, mask)
+    #: xor a byte of a frame: (frame type, nth, byte index from the frame's start (header or payload), mask)
     corrupt: tuple[FrameType, int, int, int] | None = None
     mark: Mark | None = None
     #: set when the mark's action happened
@@ -110,6 +110,7 @@ class FaultProxy:
         base = 0  # stream offset of held[0]
         next_frame = 0  # stream offset of the next frame header
         mark_at: tuple[int, Action] | None = None
+        corrupt_at: tuple[int, int] | None = None  # stream offset of the byte to flip, mask
         try:
             while data := await src.read(65536):
                 if f.blackhole:
@@ -120,12 +121,15 @@ class FaultProxy:
                     length, ftype = buf[i : i + 4], buf[i + 4]
                     f.seen[ftype] += 1
                     if f.corrupt is not None and (f.corrupt[0], f.corrupt[1]) == (ftype, f.seen[ftype]):
-                        buf[i + f.corrupt[2]] ^= f.corrupt[3]
+                        corrupt_at = (base + i + f.corrupt[2], f.corrupt[3])
                     m = f.mark
                     if m is not None and (m.ftype, m.nth) == (ftype, f.seen[ftype]):
                         mark_at = (base + i + m.offset, m.action)
                     i += HEADER.size + int.from_bytes(length, "big")
                 next_frame = base + i
+                if corrupt_at is not None and corrupt_at[0] < base + len(buf):  # the byte is here (unsent)
+                    buf[corrupt_at[0] - base] ^= corrupt_at[1]
+                    corrupt_at = None
                 send = i if i < len(buf) else len(buf)  # hold back a header that is not whole yet
                 if mark_at is not None and mark_at[0] < base + send:
                     await self._forward(dst, f, bytes(buf[: mark_at[0] - base]))

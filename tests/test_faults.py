@@ -7,9 +7,8 @@ affected read fails with a clear error (or completes, for slow but live links),
 the unaffected reads complete, and every daemon's pool returns to exactly its
 stored data.
 
-Until CRC32C lands, a flipped payload byte cannot be detected by the daemon: these
-tests corrupt frame *headers*, which must be a PROTOCOL error on that connection.
-With CRCs, payload corruption becomes CORRUPT_DATA on the read.
+Corruption: a flipped *header* byte must be a PROTOCOL error on that connection; a flipped
+*payload* byte is caught by the relaying daemon's CRC32C check as CORRUPT_DATA on that read.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 import pytest_asyncio
 
-from shuffled.protocol.errors import ConnectionLost, ErrorCode, ShuffledError, TimedOut
-from shuffled.protocol.frames import FrameType
+from shuffled.protocol.errors import ConnectionLost, CorruptData, ErrorCode, ShuffledError, TimedOut
+from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, payload, pool_settled
 from tests.faultproxy import FaultProxy, Mark
@@ -140,6 +139,27 @@ async def test_corrupt_header_is_a_protocol_error_on_that_connection_only(
         assert err.value.code == ErrorCode.CONNECTION_LOST and "PROTOCOL" in err.value.message, err.value
         assert (await client.stats())["errors"].get("PROTOCOL", 0) >= 1
         await _finish(trio, client, other)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_corrupt_payload_byte_is_corrupt_data_at_the_relaying_daemon(
+    trio: Cluster, proxy: tuple[FaultProxy, str]
+) -> None:
+    """One flipped bit inside a relayed buffer's payload: the relaying daemon checks the writer's CRC32C on
+    arrival, so the read fails with CORRUPT_DATA (a fetch failure: Spark recomputes), never with wrong bytes."""
+
+    async def body() -> None:
+        p, addr = proxy
+        fixed = HEADER.size + BUFFER_RESPONSE_FIXED.size
+        p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, fixed + 100, 0x01)
+        client, faulty = await _faulty_read(trio, addr, 5)
+        other = asyncio.create_task(_others_still_read(trio, client, 5))
+        with pytest.raises(CorruptData) as err:
+            await faulty
+        assert err.value.fetch_failure
+        p.down.corrupt = None
+        await _finish(trio, client, other, lambda: _read(client, 5, addr, 1))
 
     await asyncio.wait_for(body(), 60)
 
