@@ -158,6 +158,29 @@ async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[Da
 
 
 @pytest.mark.asyncio
+async def test_a_dialer_that_never_answers_the_challenge_times_out(secret_file: Path) -> None:
+    """The handshake timeout covers the whole exchange: a dialer that takes the challenge and goes quiet
+    is closed with TIMEOUT, having created nothing."""
+    d = start_daemon(
+        "127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--secret-file", str(secret_file), "--handshake-timeout", "1"]
+    )
+
+    async def body() -> None:
+        raw, _ = await _challenged(d.addr, Role.CLIENT, {"nonce": "d" * 32})
+        err = await raw.frame()  # nothing sent after the challenge
+        assert isinstance(err, ErrorResponse) and (err.stream, err.code) == (0, ErrorCode.TIMEOUT), err
+        assert await raw.closed()
+        c = await _connect(d)
+        assert (await c.stats())["connections"]["clients"] == 1  # only this one
+        await c.close()
+
+    try:
+        await asyncio.wait_for(body(), TIMEOUT)
+    finally:
+        d.stop()
+
+
+@pytest.mark.asyncio
 async def test_a_client_with_a_secret_refuses_a_daemon_without_one(tmp_path: Path) -> None:
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
     try:
