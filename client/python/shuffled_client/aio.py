@@ -29,6 +29,7 @@ from shuffled.protocol.codec import (
     encode_open_map_output,
     encode_partition_request,
 )
+from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
 from shuffled.protocol.errors import (
     AuthFailed,
@@ -167,10 +168,17 @@ class AsyncClient:
 
     # -- public API
 
-    async def open_writer(self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int) -> MapWriter:
-        """Open one map attempt's output; waits for the daemon's first push credit."""
+    async def open_writer(
+        self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int, compression: str | None = None
+    ) -> MapWriter:
+        """Open one map attempt's output; waits for the daemon's first push credit.
+
+        `compression="lz4"` compresses each buffer (PROTOCOL.md §10.4); every writer and reader of the
+        application must then use it.
+        """
+        check_codec(compression)
         self._check()
-        writer = MapWriter(self, self._new_stream(), partitions)
+        writer = MapWriter(self, self._new_stream(), partitions, compression)
         self._writers[writer.stream.stream] = writer
         self._send(
             encode_open_map_output(
@@ -180,15 +188,27 @@ class AsyncClient:
         await writer._opened
         return writer
 
-    def read(self, app: str, shuffle: int, start: int, end: int, locations: dict[str, list[int]]) -> PartitionReader:
+    def read(
+        self,
+        app: str,
+        shuffle: int,
+        start: int,
+        end: int,
+        locations: dict[str, list[int]],
+        compression: str | None = None,
+    ) -> PartitionReader:
         """Read reduce partitions [start, end) from the named map attempts.
 
         `locations` maps each daemon address ("" for the local daemon) to the map
         attempt ids whose output it holds. Use as `async with` / `async for`.
+        `compression` must match what the application's writers used.
         """
+        check_codec(compression)
         self._check()
         req = PartitionRequest(0, 0, app, shuffle, start, end, locations, self._token(app))
-        return PartitionReader(self, self._new_stream(), req)
+        reader = PartitionReader(self, self._new_stream(), req)
+        reader.compressed = compression is not None
+        return reader
 
     async def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
         return await self._admin_call("unregister_shuffle", {"app": app, "shuffle": shuffle, "propagate": propagate})
@@ -348,9 +368,13 @@ class AsyncClient:
 class MapWriter:
     """Buffers writes per partition into pool segments and pushes full ones under push credit."""
 
-    def __init__(self, client: AsyncClient, stream_id: int, partitions: int) -> None:
+    def __init__(self, client: AsyncClient, stream_id: int, partitions: int, compression: str | None = None) -> None:
         self.client = client
         self.partitions = partitions
+        self.compression = compression
+        #: bytes written per partition before compression (what `commit()` returns is what the daemon stores)
+        self.uncompressed_lengths = [0] * partitions
+        self._room = OVERHEAD if compression else 0
         self.stream = PushStream(stream_id)
         self._open: dict[int, Buffer] = {}
         loop = asyncio.get_running_loop()
@@ -368,17 +392,18 @@ class MapWriter:
         self._raise_if_failed()
         view = memoryview(data).cast("B")
         self.bytes_written += len(view)
+        self.uncompressed_lengths[partition] += len(view)
         while len(view):
             buf = self._open.get(partition)
             if buf is None:
                 buf = await self._take_buffer()
                 self._open[partition] = buf
-            room = len(buf.memory) - buf.length
-            n = min(room, len(view))
+            capacity = len(buf.memory) - self._room
+            n = min(capacity - buf.length, len(view))
             buf.memory[buf.length : buf.length + n] = view[:n]
             buf.length += n
             view = view[n:]
-            if buf.length == len(buf.memory):
+            if buf.length == capacity:
                 del self._open[partition]
                 self._push(Chunk(buf, partition, 0))
 
@@ -411,6 +436,9 @@ class MapWriter:
         if self.stream.closed:  # the daemon failed this writer: nothing more goes out
             chunk.buffer.release()
             return
+        if self.compression:
+            buf = chunk.buffer
+            buf.length = compress_in_place(buf.memory, buf.length)
         self.stream.push_data(chunk)
         self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
 
@@ -468,23 +496,32 @@ class MapWriter:
 class ReadChunk:
     """One chunk of a reduce partition; `data` is valid until `release()` (or the next iteration)."""
 
-    __slots__ = ("_buffer", "attempt", "partition")
+    __slots__ = ("_buffer", "_compressed", "_data", "attempt", "partition")
 
-    def __init__(self, buffer: Buffer, partition: int, attempt: int) -> None:
+    def __init__(self, buffer: Buffer, partition: int, attempt: int, compressed: bool = False) -> None:
         self._buffer: Buffer | None = buffer
         self.partition = partition
         self.attempt = attempt
+        self._compressed = compressed
+        self._data: memoryview | None = None
 
     @property
     def data(self) -> memoryview:
+        """The chunk's bytes (decompressed on first use for a compressed application; the pool buffer,
+        and so its credit, is held until `release()` either way, which keeps a reader's memory bounded)."""
         if self._buffer is None:
             raise ValueError("chunk already released")
-        return self._buffer.data()
+        if not self._compressed:
+            return self._buffer.data()
+        if self._data is None:
+            self._data = decompress(self._buffer.data())
+        return self._data
 
     def release(self) -> None:
         """Give the buffer back: it becomes credit for the daemon to send the next one."""
         if self._buffer is not None:
             buf, self._buffer = self._buffer, None
+            self._data = None
             buf.release()
 
 
@@ -502,6 +539,8 @@ class PartitionReader(InputChannel):
         self._ended = False
         self._started = False
         self._current: ReadChunk | None = None
+        #: the application's writers compress their buffers (see AsyncClient.read)
+        self.compressed = False
         self._announce_soon = Soon(self._announce)
         self._closed = False
 
@@ -529,7 +568,7 @@ class PartitionReader(InputChannel):
         return self._pool
 
     def deliver(self, chunk: Chunk) -> None:
-        self._queue.append(ReadChunk(chunk.buffer, chunk.partition, chunk.attempt))
+        self._queue.append(ReadChunk(chunk.buffer, chunk.partition, chunk.attempt, self.compressed))
         self._wake.set()
 
     def on_end(self) -> None:

@@ -39,11 +39,23 @@ class Client:
     def _run(self, coro: Any) -> Any:
         return self._loop.run_until_complete(coro)
 
-    def open_writer(self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int) -> Writer:
-        return Writer(self, self._run(self._aio.open_writer(app, shuffle, map_index, attempt, partitions)))
+    def open_writer(
+        self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int, compression: str | None = None
+    ) -> Writer:
+        """See AsyncClient.open_writer for `compression`."""
+        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression)
+        return Writer(self, self._run(aio))
 
-    def read(self, app: str, shuffle: int, start: int, end: int, locations: dict[str, list[int]]) -> Reader:
-        return Reader(self, self._aio.read(app, shuffle, start, end, locations))
+    def read(
+        self,
+        app: str,
+        shuffle: int,
+        start: int,
+        end: int,
+        locations: dict[str, list[int]],
+        compression: str | None = None,
+    ) -> Reader:
+        return Reader(self, self._aio.read(app, shuffle, start, end, locations, compression))
 
     def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
         result: dict[str, Any] = self._run(self._aio.unregister_shuffle(app, shuffle, propagate))
