@@ -30,6 +30,9 @@ MiB = 1 << 20
 ENV_PREFIX = "SHUFFLED_"
 #: the file to read when no --config flag is given
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
+#: the cluster secret itself, for deployments that hand secrets over in the environment; it is never a
+#: setting, so `config show` and logs cannot print it (secret-file is the alternative)
+SECRET_ENV = ENV_PREFIX + "SECRET"
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
@@ -519,7 +522,7 @@ def load(
 def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     """`SHUFFLED_…` variables that name no setting (most likely typos)."""
     environ = os.environ if environ is None else environ
-    known = {s.env for s in settings()} | {CONFIG_ENV}
+    known = {s.env for s in settings()} | {CONFIG_ENV, SECRET_ENV}
     return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
 
 

@@ -158,6 +158,25 @@ async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[Da
 
 
 @pytest.mark.asyncio
+async def test_the_secret_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$SHUFFLED_SECRET instead of --secret-file (e.g. a Kubernetes secret as an environment variable)."""
+    monkeypatch.setenv("SHUFFLED_SECRET", SECRET + "\n")
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
+
+    async def body() -> None:
+        c = await AsyncClient.connect(d.addr, secret=SECRET, timeout=10)
+        await c.close()
+        with pytest.raises(AuthFailed):
+            await AsyncClient.connect(d.addr, secret="not the secret", timeout=10)
+        assert not any("authentication off" in line for line in d.log)
+
+    try:
+        await asyncio.wait_for(body(), TIMEOUT)
+    finally:
+        d.stop()
+
+
+@pytest.mark.asyncio
 async def test_a_dialer_that_never_answers_the_challenge_times_out(secret_file: Path) -> None:
     """The handshake timeout covers the whole exchange: a dialer that takes the challenge and goes quiet
     is closed with TIMEOUT, having created nothing."""

@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import ConfigError, DaemonConfig
+from ..config import SECRET_ENV, ConfigError, DaemonConfig
 from ..logs import event
 from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..protocol.auth import read_secret_file
+from ..protocol.auth import read_secret_file, secret_bytes
 from ..protocol.errors import InvalidRequest, ShuffledError, StorageError
 from .connection import DaemonConnection
 from .counters import Counters, micros
@@ -34,6 +34,18 @@ log = logging.getLogger("shuffled.daemon")
 
 #: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
 HOUSEKEEPING_INTERVAL = 1.0
+
+
+def _cluster_secret(secret_file: str | None, from_env: str | None) -> bytes | None:
+    """The secret from --secret-file or $SHUFFLED_SECRET (one of them, not both)."""
+    if secret_file and from_env is not None:
+        raise ConfigError(f"both secret-file and {SECRET_ENV} are set: use one")
+    try:
+        if secret_file:
+            return read_secret_file(secret_file)
+        return secret_bytes(from_env) if from_env is not None else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"secret-file {secret_file}: {exc}" if secret_file else f"{SECRET_ENV}: {exc}") from None
 
 
 class Daemon:
@@ -56,11 +68,8 @@ class Daemon:
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
-        try:
-            #: the cluster secret every client and peer proves on connect; None: authentication is off
-            self.secret = read_secret_file(config.secret_file) if config.secret_file else None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"secret-file {config.secret_file}: {exc}") from None
+        #: the cluster secret every client and peer proves on connect; None: authentication is off
+        self.secret = _cluster_secret(config.secret_file, os.environ.get(SECRET_ENV))
         #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
         self.peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
         if config.peer_tls_port:
@@ -114,7 +123,7 @@ class Daemon:
                 log,
                 "authentication off",
                 logging.WARNING,
-                reason="no secret-file configured: any process that can connect may push, read and delete data",
+                reason="no secret-file or SHUFFLED_SECRET: any process that can connect may push, read and delete data",
             )
         event(
             log,
