@@ -83,7 +83,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     def seconds(setup: str, query: str) -> float:
         return median([r["queries"][query]["seconds"] for r in runs if r["setup"] == setup])
 
-    plot = Plot("spark.png", "Spark SQL queries: job time", "", "seconds (median)")
+    plot = Plot("spark", "Spark SQL queries: job time", "", "seconds (median)")
     for q in queries:
         builtin = seconds(BUILTIN, q)
         plot.bars[f"{q}: built-in"] = builtin
