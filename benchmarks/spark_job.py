@@ -91,10 +91,7 @@ def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, 
     }
     if mode == "plugin":
         conf.update(spark_jar.spark_conf(jar, addresses, daemon_choice="task"))
-    builder = SparkSession.builder.master("local[2]").appName(f"shuffled-bench-{mode}")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.master("local[2]").appName(f"shuffled-bench-{mode}").config(map=conf).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, Any] = {"mode": mode, "queries": {}}
     try:

@@ -34,10 +34,7 @@ def run_spark_demo(addrs: list[str]) -> None:
         "spark.sql.autoBroadcastJoinThreshold": "-1",
     }
     print("spark conf:\n" + "\n".join(f"  {k} {v}" for k, v in conf.items()))
-    builder = SparkSession.builder.master("local[2]").appName("shuffled-demo")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.master("local[2]").appName("shuffled-demo").config(map=conf).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         orders = spark.range(0, ROWS, numPartitions=4).select(

@@ -167,7 +167,6 @@ JOBS: dict[str, Job] = {
 
 
 def session(master: str, conf: dict[str, str]) -> SparkSession:
-    builder = SparkSession.builder.master(master).appName("shuffled-tests")
-    for key, value in {**COMMON_CONF, **conf}.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return (
+        SparkSession.builder.master(master).appName("shuffled-tests").config(map={**COMMON_CONF, **conf}).getOrCreate()
+    )

@@ -206,9 +206,7 @@ class AsyncClient:
         check_codec(compression)
         self._check()
         req = PartitionRequest(0, 0, app, shuffle, start, end, locations, self._token(app))
-        reader = PartitionReader(self, self._new_stream(), req)
-        reader.compressed = compression is not None
-        return reader
+        return PartitionReader(self, self._new_stream(), req, compressed=compression is not None)
 
     async def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
         return await self._admin_call("unregister_shuffle", {"app": app, "shuffle": shuffle, "propagate": propagate})
@@ -528,7 +526,7 @@ class ReadChunk:
 class PartitionReader(InputChannel):
     """An input gate with one channel (to the local daemon), credit-controlled."""
 
-    def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest) -> None:
+    def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest, compressed: bool = False) -> None:
         super().__init__(receiver, ChannelCredit(client.exclusive, FloatingPool(client.floating)))
         self.client = client
         self.req = req
@@ -540,7 +538,7 @@ class PartitionReader(InputChannel):
         self._started = False
         self._current: ReadChunk | None = None
         #: the application's writers compress their buffers (see AsyncClient.read)
-        self.compressed = False
+        self.compressed = compressed
         self._announce_soon = Soon(self._announce)
         self._closed = False
 
