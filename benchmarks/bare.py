@@ -7,17 +7,23 @@ the daemon reads payloads into 32 KiB pool segments. No framing, no pool, no
 credit: what is left is the event loop and the kernel, so shuffled's ratio to it
 is the share of the machine's loopback capacity the daemon actually delivers.
 
+A bare *relay* (sender → relay → receiver, three processes) is the ceiling of a
+two-hop path such as a read relayed by a second daemon: the relay reads each chunk
+into a fresh 32 KiB buffer and writes that memory onward (no copy), pausing its
+reading while the onward transport is above its high watermark.
+
 The same module also serves the latency baseline: an echo server that a client
 in the benchmark process pings with small messages.
 
-Run as `python -m benchmarks.bare recv|send|echo ...` it is one of those helper
-processes; it prints `ready <port>` once listening and its result as JSON.
+Run as `python -m benchmarks.bare recv|send|relay|echo ...` it is one of those
+helper processes; it prints `ready <port>` once listening and its result as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -28,6 +34,7 @@ from .common import (
     HOST_FOR_HELPERS,
     Baseline,
     Context,
+    ManagedProcess,
     MiB,
     ScenarioResult,
     bounded,
@@ -78,20 +85,49 @@ class _Sender(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.resumed: asyncio.Future[None] | None = None
         self.lost: asyncio.Future[None] = loop.create_future()
+        #: the relay's inbound transport, paused while this one is above its high watermark
+        self.source: asyncio.ReadTransport | None = None
 
     def pause_writing(self) -> None:
         self.resumed = asyncio.get_running_loop().create_future()
+        if self.source is not None:
+            self.source.pause_reading()
 
     def resume_writing(self) -> None:
         if self.resumed is not None and not self.resumed.done():
             self.resumed.set_result(None)
         self.resumed = None
+        if self.source is not None:
+            self.source.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
             self.lost.set_result(None)
         if self.resumed is not None and not self.resumed.done():
             self.resumed.set_exception(ConnectionError("receiver went away"))
+
+
+class _Relay(asyncio.BufferedProtocol):
+    """Forwards what it reads without copying: each read lands in a new buffer whose memory is written onward
+    (uvloop holds written memory until the kernel took it, so a buffer is never reused)."""
+
+    def __init__(self, out: asyncio.WriteTransport, out_proto: _Sender) -> None:
+        self.out = out
+        self.out_proto = out_proto
+        self._buf = memoryview(bytearray(RECV_BUFFER))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.out_proto.source = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.out.write(self._buf[:nbytes])
+        self._buf = memoryview(bytearray(RECV_BUFFER))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.out.close()
 
 
 class _Echo(asyncio.BufferedProtocol):
@@ -143,6 +179,16 @@ async def _send(host: str, port: int, nbytes: int, timeout: float) -> None:
         await proto.lost  # the receiver hangs up once it has everything
 
 
+async def _relay(host: str, to_port: int, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    out, out_proto = await loop.create_connection(_Sender, host, to_port)
+    server = await loop.create_server(lambda: _Relay(out, out_proto), host, 0)
+    print(f"ready {server.sockets[0].getsockname()[1]}", flush=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(out_proto.lost, timeout)  # the receiver hangs up once it has everything
+    server.close()
+
+
 async def _serve_echo(host: str, timeout: float) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(_Echo, host, 0)
@@ -160,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bare", description="bare uvloop helper process")
-    parser.add_argument("role", choices=["recv", "send", "echo"])
+    parser.add_argument("role", choices=["recv", "send", "relay", "echo"])
     parser.add_argument("--host", default=HOST_FOR_HELPERS)
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0, help="where to send (send, relay)")
     parser.add_argument("--bytes", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
     args = parser.parse_args(argv)
@@ -170,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(_receive(args.host, args.bytes, args.timeout))
     elif args.role == "send":
         uvloop.run(_send(args.host, args.port, args.bytes, args.timeout))
+    elif args.role == "relay":
+        uvloop.run(_relay(args.host, args.port, args.timeout))
     else:
         uvloop.run(_serve_echo(args.host, args.timeout))
     return 0
@@ -178,28 +226,35 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- benchmark side
 
 
-async def measure_throughput(nbytes: int, timeout: float) -> float:
-    """One transfer of `nbytes` between a fresh receiver and sender process; bytes/s as the receiver saw it."""
-    recv = helper_process("bare", "recv", "--bytes", str(nbytes), "--timeout", str(timeout))
+async def measure_throughput(nbytes: int, timeout: float, relay: bool = False) -> float:
+    """One transfer of `nbytes` from a fresh sender process to a fresh receiver (through a fresh relay process
+    if `relay`); bytes/s as the receiver saw it."""
+    started: list[ManagedProcess] = []
+
+    def start(*args: str) -> ManagedProcess:
+        started.append(helper_process("bare", *args, "--timeout", str(timeout)))
+        return started[-1]
+
     try:
+        recv = start("recv", "--bytes", str(nbytes))
         port = (await recv.wait_ready()).group(1)
-        send = helper_process("bare", "send", "--port", port, "--bytes", str(nbytes), "--timeout", str(timeout))
-        try:
-            result = json.loads(await recv.next_line(timeout))
-            await send.wait_exit(timeout)
-        finally:
-            send.stop()
+        if relay:
+            port = (await start("relay", "--port", port).wait_ready()).group(1)
+        send = start("send", "--port", port, "--bytes", str(nbytes))
+        result = json.loads(await recv.next_line(timeout))
+        await send.wait_exit(timeout)
     finally:
-        recv.stop()
+        for proc in started:
+            proc.stop()
     require(result["bytes"] >= nbytes, f"bare receiver got {result['bytes']} of {nbytes} bytes")
     return float(result["bytes"]) / float(result["seconds"])
 
 
-async def measure_baseline(ctx: Context) -> Baseline:
-    """The median of `ctx.repeats` transfers (each a new pair of processes, so no warm state carries over)."""
+async def measure_baseline(ctx: Context, relay: bool = False) -> Baseline:
+    """The median of `ctx.repeats` transfers (each with new processes, so no warm state carries over)."""
     nbytes = ctx.pick(1024 * MiB, 256 * MiB)
-    samples = [await measure_throughput(nbytes, 60.0) for _ in bounded(ctx.repeats, 60.0)]
-    return Baseline("bare", median(samples), time.monotonic(), samples)
+    samples = [await measure_throughput(nbytes, 60.0, relay) for _ in bounded(ctx.repeats, 60.0)]
+    return Baseline("bare relay" if relay else "bare", median(samples), time.monotonic(), samples)
 
 
 class _Pinger(asyncio.Protocol):

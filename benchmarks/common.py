@@ -48,7 +48,7 @@ MiB = 1 << 20
 #: the daemon's defaults, read from its own config so sizing here follows it
 DAEMON_DEFAULTS = DaemonConfig()
 SEGMENT = DAEMON_DEFAULTS.segment_size
-#: segments one reader stream pins: exclusive credit plus the gate's floating buffers
+#: most segments one reader stream holds: exclusive credit plus the gate's floating buffers
 SEGMENTS_PER_READER = DAEMON_DEFAULTS.exclusive + DAEMON_DEFAULTS.floating
 DEFAULT_DAEMON_POOL = DAEMON_DEFAULTS.pool_size
 
@@ -119,7 +119,8 @@ def store_pool(nbytes: int, partitions: int = 1) -> int:
 
 
 def relay_pool(readers: int) -> int:
-    """A pool for the daemon that relays: every concurrent read gate pins its segments up front."""
+    """A pool for the daemon that relays, large enough that every concurrent read gate can hold its exclusive
+    and all its floating segments at once (floating ones are only taken while memory is free)."""
     return max(DEFAULT_DAEMON_POOL, round_up_mib(readers * SEGMENTS_PER_READER * SEGMENT * 1.25))
 
 

@@ -16,6 +16,7 @@ import time
 
 from .common import (
     Context,
+    Goal,
     MiB,
     Plot,
     ScenarioResult,
@@ -32,6 +33,10 @@ from .common import (
 )
 
 APP = "bench-many-streams"
+
+
+#: the issue's goals: at most 10 % lost at 64 streams, at most 20 % at 1000
+GOALS = {64: Goal("ratio", ">=", 0.9), 1000: Goal("ratio", ">=", 0.8)}
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
@@ -75,6 +80,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             "MiB/s",
             baseline_name=f"{counts[0]} stream",
             baseline=one,
+            goal=GOALS.get(streams),
             samples=samples,
         )
     result.plots.append(

@@ -15,6 +15,7 @@ import time
 
 from .common import (
     Context,
+    Goal,
     MiB,
     ScenarioResult,
     bounded,
@@ -25,6 +26,10 @@ from .common import (
 )
 
 APP = "bench-push"
+
+
+#: the issue's goal, 1 GB/s (decimal), in this table's unit
+GOAL = Goal("value", ">=", 1e9 / MiB)
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
@@ -58,6 +63,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             "MiB/s",
             baseline_name="bare",
             baseline=bare.mib_s,
+            goal=GOAL,
             samples=samples,
         )
     result.notes.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -108,6 +109,11 @@ async def _serve(config: settings.DaemonConfig) -> int:
 
     daemon = Daemon(config)
     await daemon.start()
+    # What exists now lives as long as the daemon: the cyclic collector need not scan it again. Per buffer
+    # the hot path allocates small, acyclic objects (frames, tuples), which made young collections about
+    # 3 % of a relaying daemon's time (py-spy); collecting them less often costs a little memory.
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
     signals: asyncio.Queue[str] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

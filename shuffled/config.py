@@ -231,7 +231,8 @@ class DaemonConfig:
     )
     floating: int = setting(
         DEFAULT_FLOATING,
-        "buffers per read shared by its channels, taken as the senders' backlog grows (Flink's default)",
+        "most buffers a read shares among its channels, taken as the senders' backlog grows and only while "
+        "memory outside the read reserve is free",
         unit="buffers",
         metavar="N",
     )

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shuffled.buffers.pool import SLACK
 from shuffled.protocol import frames as F
-from shuffled.protocol.codec import FrameReader, decode_all, encode
+from shuffled.protocol.codec import FrameReader, PayloadSink, decode_all, encode
 from shuffled.protocol.errors import ProtocolError, ShuffledError
 from shuffled.protocol.integrity import checksum
 
@@ -82,12 +83,13 @@ def _normalise(frame: F.Frame) -> F.Frame:
     return frame
 
 
-def _decode(data: bytes, splits: list[int] | None = None) -> list[F.Frame]:
-    """Feed the reader in pieces of the given sizes (cycled)."""
+def _decode(data: bytes, splits: list[int] | None = None, slack: int = 0) -> list[F.Frame]:
+    """Feed the reader in pieces of the given sizes (cycled); payload destinations have `slack` scratch
+    bytes after them, as pool segments do, which the reader may fill with the next frame's start."""
 
-    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, bytearray]:
-        buf = bytearray(length)
-        return memoryview(buf), buf
+    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, memoryview]:
+        room = memoryview(bytearray(length + slack))
+        return room, room[:length]
 
     reader = FrameReader(sink, max_payload=1 << 16)
     out: list[F.Frame] = []
@@ -103,16 +105,45 @@ def _decode(data: bytes, splits: list[int] | None = None) -> list[F.Frame]:
     assert not reader.pending_bytes()
     for f in out:
         if isinstance(f, F.BufferResponse | F.PushData):
-            f.payload = bytes(f.payload)
+            f.payload = bytes(f.payload)  # the payload's own bytes only, never the scratch after them
     return out
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(frames, min_size=1, max_size=8), st.lists(st.integers(1, 70), min_size=1, max_size=5))
-def test_round_trip_in_any_split(batch: list[F.Frame], splits: list[int]) -> None:
+@given(
+    st.lists(frames, min_size=1, max_size=8),
+    st.lists(st.integers(1, 70), min_size=1, max_size=5),
+    st.sampled_from([0, 1, 13, 64, 200]),
+)
+def test_round_trip_in_any_split(batch: list[F.Frame], splits: list[int], slack: int) -> None:
     expected = [_normalise(f) for f in batch]
     data = b"".join(encode(f) for f in expected)
-    assert _decode(data, splits) == expected
+    assert _decode(data, splits, slack) == expected
+
+
+def test_one_read_per_data_frame_when_payloads_have_slack() -> None:
+    """With the pool's slack after each segment, the read that finishes a payload also takes the next
+    frame's header, so a busy stream costs one socket read per 32 KiB frame instead of two."""
+    payload = bytes(range(256)) * 128
+    data = b"".join(encode(F.BufferResponse(1, i, 9 - i, 0, F.BufferKind.DATA, 7, 0, payload)) for i in range(10))
+
+    def sink_with(slack: int) -> PayloadSink:
+        def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, None]:
+            return memoryview(bytearray(length + slack)), None
+
+        return sink
+
+    for slack, most_reads in ((SLACK, 11), (0, 20)):
+        reader = FrameReader(sink_with(slack), max_payload=len(payload))
+        reads, pos, got = 0, 0, 0
+        while pos < len(data):  # the socket always has more than the reader asks for
+            target = reader.get_buffer()
+            n = min(len(target), len(data) - pos)
+            target[:n] = data[pos : pos + n]
+            pos += n
+            reads += 1
+            got += len(reader.buffer_updated(n))
+        assert got == 10 and reads <= most_reads, (slack, reads)
 
 
 @settings(max_examples=200)

@@ -1,8 +1,8 @@
 """Credit-based flow control, driven by hypothesis through random interleavings.
 
 A sender (OutboundStreams + SendScheduler) and a receiver (ChannelCredits sharing
-one FloatingPool) talk over two FIFO "wires". Hypothesis chooses the order of
-sends, deliveries, credit announcements, recycles, cancels and new data; after
+one FloatingPool whose buffers need memory that may run short) talk over two FIFO
+"wires". Hypothesis chooses the order of sends, deliveries, credit announcements, recycles, cancels and new data; after
 every step the invariants must hold, and at the end everything drains: every
 buffer recycled exactly once, every floating buffer back in the pool.
 """
@@ -26,15 +26,36 @@ from shuffled.protocol.credit import (
 from shuffled.protocol.errors import CreditViolation, ProtocolError, SequenceGap
 
 
+class MemoryBoundFloating(FloatingPool):
+    """Floating buffers that need memory, of which there may be too little (the daemon's pool when full)."""
+
+    def __init__(self, size: int, memory: int) -> None:
+        super().__init__(size)
+        self.memory = memory
+        self.backed = 0
+
+    def acquire(self) -> bool:
+        if self.memory == 0:
+            return False
+        self.memory -= 1
+        self.backed += 1
+        return True
+
+    def release(self) -> None:
+        self.memory += 1
+        self.backed -= 1
+
+
 class CreditMachine(RuleBasedStateMachine):
     @initialize(
         channels=st.integers(1, 4),
         exclusive=st.integers(1, 3),
         floating=st.integers(0, 6),
+        memory=st.integers(0, 8),
         data=st.lists(st.integers(0, 12), min_size=4, max_size=4),
     )
-    def setup(self, channels: int, exclusive: int, floating: int, data: list[int]) -> None:
-        self.pool = FloatingPool(floating)
+    def setup(self, channels: int, exclusive: int, floating: int, memory: int, data: list[int]) -> None:
+        self.pool = MemoryBoundFloating(floating, memory)
         self.floating_size = floating
         self.recv = [ChannelCredit(exclusive, self.pool, owner=i) for i in range(channels)]
         self.checkers = [SequenceChecker() for _ in range(channels)]
@@ -138,6 +159,11 @@ class CreditMachine(RuleBasedStateMachine):
             self.announce.add(ch)
         self._announce_from(others)
 
+    @rule(n=st.integers(1, 3))
+    def memory_frees(self, n: int) -> None:
+        """Others give memory back; channels short of floating buffers find it with their next buffer."""
+        self.pool.memory += n
+
     @rule(ch=st.integers(0, 3))
     def cancel(self, ch: int) -> None:
         if ch < len(self.recv) and not self.recv[ch].closed:
@@ -157,6 +183,8 @@ class CreditMachine(RuleBasedStateMachine):
             held_floating += c.floating
         assert 0 <= self.pool.free <= self.floating_size
         assert self.pool.free + held_floating == self.floating_size
+        # Every floating buffer held (as credit or in use) is backed by memory, and no more memory is held.
+        assert self.pool.backed == held_floating
         for s, c in zip(self.send, self.recv, strict=True):
             assert s.credit >= 0
             if not c.closed:
@@ -203,6 +231,7 @@ class CreditMachine(RuleBasedStateMachine):
                 assert self.ended[ch]
                 assert self.delivered[ch] == self.queued[ch], "a data buffer was lost"
         assert self.pool.free == self.floating_size, "floating buffers leaked"
+        assert self.pool.backed == 0, "memory behind floating buffers leaked"
         assert len(self.recycled) == sum(self.delivered), "a buffer was not recycled exactly once"
 
 

@@ -173,9 +173,9 @@ async def test_pushes_reads_and_unregisters_overlapping_while_spilling(
 async def test_one_map_output_eight_times_a_tiny_pool(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """A 2 MiB pool keeps a quarter of itself as read reserve, more than --read-reserve says; the
-    spill mark must still be reachable by pushes, or one big uncommitted map output would wait
-    forever for memory. It spills, commits and reads back byte-exact."""
+    """A 2 MiB pool (64 segments, 8 of them the read reserve): the spill mark must still be reachable
+    by pushes, or one big uncommitted map output would wait forever for memory. It spills, commits
+    and reads back byte-exact."""
 
     async def body() -> None:
         d = stop_later(daemon(tmp_path / "data", pool="2M"))

@@ -128,3 +128,33 @@ async def test_local_pool_returns_excess_when_target_shrinks() -> None:
     a.destroy()
     b.destroy()
     assert pool.free == 16
+
+
+@pytest.mark.asyncio
+async def test_floating_segments_come_from_outside_the_reserve_and_go_back() -> None:
+    """A read gate's floating buffers: held only while memory outside the read reserve is free, given back
+    at once when the credit is dropped (or on recycle if the segment is in use)."""
+    pool = GlobalPool(8 * SEG, SEG, reserve=3)
+    gate = await asyncio.wait_for(pool.create_local_pool(2, 2, use_reserve=True), TIMEOUT)
+    assert pool.free == 6
+    assert gate.hold_extra() and gate.hold_extra() and gate.hold_extra()
+    assert gate.size == 5 and pool.free == 3
+    assert not gate.hold_extra(), "a floating buffer must not eat into the read reserve"
+    bufs = [gate.request() for _ in range(5)]
+    assert all(bufs) and gate.request() is None
+    gate.drop_extra()  # its segment is in use: it goes back when recycled, not before
+    assert pool.free == 3
+    first = bufs.pop()
+    assert first is not None
+    first.release()
+    assert pool.free == 4 and gate.size == 4
+    for buf in bufs:
+        assert buf is not None
+        buf.release()
+    assert gate.available == 4  # two exclusive + two floating still backed
+    gate.drop_extra()
+    assert pool.free == 5 and gate.size == 3
+    gate.destroy()
+    assert not gate.hold_extra()
+    gate.drop_extra()
+    assert pool.free == 8 and pool.local_pools == 0

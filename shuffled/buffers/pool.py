@@ -1,5 +1,9 @@
 """Fixed off-heap memory: one anonymous mmap cut into equal segments.
 
+Each segment is followed by `SLACK` bytes that are never data: a socket read that
+fills the end of a payload may run on into them with the start of the next
+frame (its header), which saves one read per frame (see `FrameReader`).
+
 `GlobalPool` (Flink's NetworkBufferPool) owns every segment and never grows;
 `LocalPool` (Flink's LocalBufferPool) is one consumer's share with a guaranteed
 minimum and a maximum, rebalanced when pools come and go. A `Buffer` is a segment
@@ -21,14 +25,18 @@ from collections.abc import Callable
 
 Recycler = Callable[["Buffer"], None]
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+#: scratch bytes after each segment (a multiple of 64, so segments stay cache-line aligned)
+SLACK = 64
 
 
 class Buffer:
-    __slots__ = ("_recycler", "index", "length", "memory", "refs")
+    __slots__ = ("_recycler", "index", "length", "memory", "refs", "room")
 
-    def __init__(self, index: int, memory: memoryview) -> None:
+    def __init__(self, index: int, room: memoryview, size: int) -> None:
         self.index = index
-        self.memory = memory
+        #: the segment and the slack after it: where a payload of up to `size` bytes is read
+        self.room = room
+        self.memory = room[:size]
         self.length = 0
         self.refs = 0
         self._recycler: Recycler | None = None
@@ -77,9 +85,10 @@ class GlobalPool:
         self.reserve = reserve
         # Fault the whole region in now: the pool is reserved memory, and touching
         # pages lazily made the first pushes into a fresh daemon about 2x slower.
-        self._mmap = mmap.mmap(-1, count * segment_size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+        stride = segment_size + SLACK
+        self._mmap = mmap.mmap(-1, count * stride, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
         view = memoryview(self._mmap)
-        self._buffers = [Buffer(i, view[i * segment_size : (i + 1) * segment_size]) for i in range(count)]
+        self._buffers = [Buffer(i, view[i * stride : (i + 1) * stride], segment_size) for i in range(count)]
         self._free: list[Buffer] = list(reversed(self._buffers))
         self._waiters: list[tuple[int, bool, asyncio.Future[list[Buffer]]]] = []
         self._pools: set[LocalPool] = set()
@@ -287,6 +296,26 @@ class LocalPool:
             return
         buf.refs = 0
         self._held.append(buf)
+
+    def hold_extra(self) -> bool:
+        """Hold one segment more than now, taken at once from memory outside the read reserve; False if
+        none is free. Backs a floating credit before it is announced, so the buffer it promises exists."""
+        if self.destroyed:
+            return False
+        got = self.owner.try_take(1)
+        if got is None:
+            return False
+        got[0].refs = 0
+        self._held.append(got[0])
+        self.target = max(self.target, self.min) + 1
+        return True
+
+    def drop_extra(self) -> None:
+        """Undo one `hold_extra`: the segment goes back to the global pool now if it is here, else when
+        it is recycled."""
+        self.target -= 1
+        if len(self._held) > self.promised and self.size > max(self.target, self.min):
+            self.owner.give(self._held.pop())
 
     def detach(self, buf: Buffer, recycler: Recycler) -> None:
         """The buffer leaves this pool for good (e.g. pushed data now owned by the store)."""

@@ -297,9 +297,12 @@ def encode(frame: Frame) -> bytes:
 class PayloadSink(Protocol):
     """Chooses where a data frame's payload lands.
 
-    Returns (destination of exactly `length` bytes, token reported in the frame) or
-    None to discard the payload (e.g. late buffers of a cancelled stream). Raises a
-    ShuffledError (e.g. CreditViolation) to refuse the frame.
+    Returns (destination, token reported in the frame) or None to discard the
+    payload (e.g. late buffers of a cancelled stream). The payload goes in the
+    destination's first `length` bytes; up to `READ_AHEAD` bytes after them, if the
+    destination has them, are scratch the reader may fill with the next frame's
+    header, so one socket read finishes a payload and starts the next frame. Raises
+    a ShuffledError (e.g. CreditViolation) to refuse the frame.
     """
 
     def __call__(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None: ...
@@ -451,7 +454,8 @@ def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
 
 
 _HEADER_ONLY = -1
-_READ_AHEAD = 64
+#: bytes read beyond what the current unit needs: enough for the next data frame's header and fixed part
+READ_AHEAD = 64
 _STAGING = 64 << 10
 
 
@@ -471,6 +475,7 @@ class FrameReader:
         "_max_payload",
         "_need",
         "_pending",
+        "_room",
         "_scratch",
         "_sink",
         "_staging",
@@ -499,6 +504,8 @@ class FrameReader:
         self._length = 0
         self._pending: BufferResponse | PushData | None = None
         self._target: memoryview | None = None
+        #: the target plus the read-ahead scratch after it (what a payload read may fill)
+        self._room: memoryview | None = None
         self._filled = 0
         self._scratch: memoryview | None = None
 
@@ -510,12 +517,12 @@ class FrameReader:
         return self._target is not None or self._ftype is not None or self._end > self._start
 
     def get_buffer(self) -> memoryview:
-        if self._target is not None:
-            return self._target[self._filled :]
+        if self._room is not None:
+            return self._room[self._filled :]
         have = self._end - self._start
-        want = max(self._need - have, _READ_AHEAD)
+        want = max(self._need - have, READ_AHEAD)
         if self._end + want > len(self._staging):
-            self._compact(self._need + _READ_AHEAD)
+            self._compact(self._need + READ_AHEAD)
         return self._sview[self._end : min(len(self._staging), self._end + want)]
 
     def _compact(self, room: int) -> None:
@@ -535,10 +542,19 @@ class FrameReader:
         out: list[Frame] = []
         if self._target is not None:
             self._filled += nbytes
-            if self._filled == len(self._target):
-                out.append(self._finish_payload())
-            return out
-        self._end += nbytes
+            length = len(self._target)
+            if self._filled < length:
+                return out
+            ahead = self._filled - length
+            if ahead:  # the next frame's first bytes, read into the scratch after the payload
+                assert self._room is not None and self._start == self._end == 0
+                self._sview[:ahead] = self._room[length : self._filled]
+                self._end = ahead
+            out.append(self._finish_payload())
+            if not ahead:
+                return out
+        else:
+            self._end += nbytes
         try:
             self._parse(out)
         except ShuffledError as exc:
@@ -550,7 +566,7 @@ class FrameReader:
         """Drop the frame in progress; returns the payload token it held (to release), if any."""
         token = self._pending.payload if self._pending is not None and self._target is not None else None
         self._pending = None
-        self._target = None
+        self._target = self._room = None
         self._filled = 0
         return token
 
@@ -558,7 +574,7 @@ class FrameReader:
         frame = self._pending
         assert frame is not None
         self._pending = None
-        self._target = None
+        self._target = self._room = None
         self._filled = 0
         return frame
 
@@ -657,18 +673,20 @@ class FrameReader:
         self._pending = frame
         got = self._sink(ftype, stream, partition, length)
         if got is None:
-            target = self._discard_target(length)
+            room = self._discard_target(length)
         else:
-            target, frame.payload = got
-            if len(target) != length:
-                raise ValueError("payload sink returned a target of the wrong size")
-        self._target = target if length else None
+            room, frame.payload = got
+            if len(room) < length:
+                raise ValueError("payload sink returned a target smaller than the payload")
+        if length:
+            self._target = room[:length]
+            self._room = room[: length + READ_AHEAD]
         return len(fixed)
 
     def _discard_target(self, length: int) -> memoryview:
-        if self._scratch is None or len(self._scratch) < length:
-            self._scratch = memoryview(bytearray(max(length, self._max_payload)))
-        return self._scratch[:length]
+        if self._scratch is None or len(self._scratch) < length + READ_AHEAD:
+            self._scratch = memoryview(bytearray(max(length, self._max_payload) + READ_AHEAD))
+        return self._scratch
 
 
 def decode_all(

@@ -24,13 +24,23 @@ from .errors import CreditViolation, ProtocolError, SequenceGap
 
 T = TypeVar("T")
 
-#: Flink's defaults: buffers per channel, floating buffers per gate.
+#: Buffers per channel (Flink's default) and at most this many floating buffers per gate. Flink's
+#: floating default is 8, but its gates have a channel per upstream task; a read here has one channel per
+#: daemon, often a single one, and 2 + 8 buffers (320 KiB) in flight is too little to keep a stream busy
+#: across two event loops. Floating buffers are only taken while memory is free (`FloatingPool.acquire`),
+#: so a larger maximum costs nothing when memory is short.
 DEFAULT_EXCLUSIVE = 2
-DEFAULT_FLOATING = 8
+DEFAULT_FLOATING = 32
 
 
 class FloatingPool:
-    """A gate's floating buffers, handed to channels first come, first served."""
+    """A gate's floating buffers, handed to channels first come, first served.
+
+    `size` caps how many the gate's channels hold together. The memory behind them
+    is the shell's business: `acquire` is asked before each buffer becomes credit
+    (and may refuse: memory is short, the channel keeps its exclusive credit and
+    asks again with its next buffer), `release` is told when one comes back.
+    """
 
     def __init__(self, size: int) -> None:
         if size < 0:
@@ -39,8 +49,15 @@ class FloatingPool:
         self.free = size
         self._waiting: deque[ChannelCredit] = deque()
 
+    def acquire(self) -> bool:
+        """Back one more floating buffer with memory now; False if there is none."""
+        return True
+
+    def release(self) -> None:
+        """A floating buffer's memory is no longer needed."""
+
     def take(self, channel: ChannelCredit) -> bool:
-        if self.free > 0:
+        if self.free > 0 and self.acquire():
             self.free -= 1
             return True
         if not channel.waiting:
@@ -51,12 +68,17 @@ class FloatingPool:
     def give_back(self) -> list[ChannelCredit]:
         """One buffer returns; a waiting channel may take it. Returns channels with new credit to announce."""
         self.free += 1
+        self.release()
         announce: list[ChannelCredit] = []
         while self.free and self._waiting:
             channel = self._waiting.popleft()
             channel.waiting = False
             if channel.closed or not channel.needs_floating():
                 continue
+            if not self.acquire():
+                channel.waiting = True
+                self._waiting.appendleft(channel)
+                break
             self.free -= 1
             if channel.add_floating():
                 announce.append(channel)

@@ -53,8 +53,9 @@ class Daemon:
         config.validate()
         self.config = config
         segments = config.pool_size // config.segment_size
-        # At least one read from three daemons must always fit in the reserve.
-        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive + config.floating)
+        # The exclusive buffers of at least one read from three daemons must always fit in the reserve
+        # (floating buffers come from memory outside it, while there is some).
+        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
         try:

@@ -91,9 +91,12 @@ class DiskFedStream(BufferResponseStream):
         room = self.credit - self.queued
         if room <= 0:
             return
+        # No more than memory has free now (at least one, which the read reserve guarantees in time): a
+        # consumer's credit may exceed what a small or busy pool can give at once.
+        limit = min(room, MAX_BATCH, max(1, self.daemon.pool.free))
         batch: list[DiskChunk] = []
         for item in items:
-            if not isinstance(item, DiskChunk) or len(batch) >= min(room, MAX_BATCH):
+            if not isinstance(item, DiskChunk) or len(batch) >= limit:
                 break
             if batch and (item.path != batch[-1].path or item.offset != batch[-1].offset + batch[-1].length):
                 break

@@ -73,7 +73,7 @@ class PushSession:
             raise CreditViolation(f"writer {self.writer}: PushData without push credit")
         buf = self.pool.request()
         assert buf is not None, "a promised segment is always held"
-        return buf.memory[:length], buf
+        return buf.room, buf
 
     def on_data(self, frame: PushData) -> None:
         buf: Buffer = frame.payload

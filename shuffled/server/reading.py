@@ -2,8 +2,9 @@
 
 The gate's local channel is a snapshot of this daemon's own chunks. Each remote
 channel is a PartitionRequest over the shared connection to the daemon holding the
-data; its buffers come from the gate's LocalPool (exclusive per channel, floating
-shared, Flink's defaults 2 and 8) and are relayed to the client as they arrive,
+data; its buffers come from the gate's LocalPool (exclusive per channel, reserved
+when the read opens; floating shared, taken while memory is free) and are relayed
+to the client as they arrive,
 under the client's own credit. A buffer is recycled, giving credit back to the
 remote sender, only after the client's transport has flushed it, so a slow client
 slows only its own remote streams and never the shared connection.
@@ -17,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from ..buffers import LocalPool
 from ..logs import event
-from ..net.channel import InputChannel
+from ..net.channel import InputChannel, PooledFloating
 from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.codec import encode_cancel
-from ..protocol.credit import ChannelCredit, FloatingPool
+from ..protocol.credit import ChannelCredit
 from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
 
@@ -103,17 +104,18 @@ class InputGate:
         daemon = self.client.daemon
         cfg = daemon.config
         try:
-            size = len(self.remote) * cfg.exclusive + cfg.floating
+            size = len(self.remote) * cfg.exclusive
             if size > daemon.pool.reserve:
                 raise LimitExceeded(
-                    f"a read from {len(self.remote)} daemons needs {size} buffers, more than the read reserve "
-                    f"of {daemon.pool.reserve}; use a larger --pool-size or fewer --floating-buffers"
+                    f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the read "
+                    f"reserve of {daemon.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
                 )
             self.pool = await daemon.pool.create_local_pool(size, size, use_reserve=True)
             if self.closed:
                 self.pool.destroy()
                 return
-            floating = FloatingPool(cfg.floating)
+            floating = PooledFloating(cfg.floating)
+            floating.pool = self.pool
             for addr, attempts in self.remote.items():
                 peer = await daemon.peers.get(addr)
                 if self.closed:

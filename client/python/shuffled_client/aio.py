@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
-from shuffled.net.channel import InputChannel
+from shuffled.net.channel import InputChannel, PooledFloating
 from shuffled.net.connection import FrameConnection, release_payload
 from shuffled.net.soon import Soon
 from shuffled.net.streams import Chunk, PushEvent, PushStream
@@ -30,7 +30,7 @@ from shuffled.protocol.codec import (
     encode_partition_request,
 )
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
-from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
+from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit
 from shuffled.protocol.errors import (
     AuthFailed,
     ConnectionLost,
@@ -315,8 +315,9 @@ class AsyncClient:
                 self.segment_size = int(frame.info.get("segment_size", 32 << 10))
                 self.daemon_node = str(frame.info.get("node", ""))
                 segments = max(self._pool_size // self.segment_size, 16)
-                # Readers may use a reserve that writers waiting for memory cannot take.
-                reserve = min(segments // 2, 2 * (self.exclusive + self.floating))
+                # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take
+                # (eight readers' worth); floating buffers come from the rest while it is free.
+                reserve = min(segments // 2, 8 * self.exclusive)
                 self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
                 assert self._conn is not None
                 self._conn.reader.set_max_payload(self.segment_size)
@@ -527,7 +528,8 @@ class PartitionReader(InputChannel):
     """An input gate with one channel (to the local daemon), credit-controlled."""
 
     def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest, compressed: bool = False) -> None:
-        super().__init__(receiver, ChannelCredit(client.exclusive, FloatingPool(client.floating)))
+        self._floating = PooledFloating(client.floating)
+        super().__init__(receiver, ChannelCredit(client.exclusive, self._floating))
         self.client = client
         self.req = req
         self._pool: LocalPool | None = None
@@ -548,8 +550,8 @@ class PartitionReader(InputChannel):
         self._started = True
         pool = self.client.pool
         assert pool is not None
-        size = self.client.exclusive + self.client.floating
-        self._pool = await pool.create_local_pool(size, size, use_reserve=True)
+        self._pool = await pool.create_local_pool(self.client.exclusive, self.client.exclusive, use_reserve=True)
+        self._floating.pool = self._pool
         self.client._readers[self.receiver] = self
         r = self.req
         self.client._send(

@@ -35,8 +35,11 @@ import java.util.concurrent.locks.ReentrantLock;
 public final class PartitionReader implements AutoCloseable {
     /** Buffers each read stream owns; the initial credit of the PartitionRequest. */
     public static final int EXCLUSIVE = 2;
-    /** Buffers the reader may add from its floating pool as the backlog grows. */
-    public static final int FLOATING = 8;
+    /**
+     * Buffers the reader may add from its floating pool as the backlog grows (PROTOCOL.md §11.2: 32, not
+     * Flink's 8, since a read here has one channel).
+     */
+    public static final int FLOATING = 32;
 
     /**
      * One chunk of a reduce partition: part of the bytes map attempt {@code attemptId} wrote for
