@@ -51,6 +51,8 @@ SEGMENT = DAEMON_DEFAULTS.segment_size
 #: most segments one reader stream holds: exclusive credit plus the gate's floating buffers
 SEGMENTS_PER_READER = DAEMON_DEFAULTS.exclusive + DAEMON_DEFAULTS.floating
 DEFAULT_DAEMON_POOL = DAEMON_DEFAULTS.pool_size
+#: pools sized for many readers' full credit windows stop growing here
+MAX_WINDOW_POOL = 512 * MiB
 
 #: the first loopback address handed to a daemon; 127.0.0.1 is left to everything else on the machine
 FIRST_HOST = 2
@@ -119,14 +121,19 @@ def store_pool(nbytes: int, partitions: int = 1) -> int:
 
 
 def relay_pool(readers: int) -> int:
-    """A pool for the daemon that relays, large enough that every concurrent read gate can hold its exclusive
-    and all its floating segments at once (floating ones are only taken while memory is free)."""
-    return max(DEFAULT_DAEMON_POOL, round_up_mib(readers * SEGMENTS_PER_READER * SEGMENT * 1.25))
+    """A pool for the daemon that relays: room for every concurrent read gate's exclusive and floating
+    segments at once, up to `MAX_WINDOW_POOL` (floating ones are only taken while memory is to spare, so
+    beyond that readers share less of it, as they would on a busy daemon)."""
+    want = readers * SEGMENTS_PER_READER * SEGMENT * 1.25
+    floor = readers * DAEMON_DEFAULTS.exclusive * SEGMENT * 2
+    return max(DEFAULT_DAEMON_POOL, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 
 def reader_client_pool(readers: int) -> int:
-    """A client pool large enough that `readers` streams all start at once instead of queueing for memory."""
-    return max(4 * MiB, round_up_mib(readers * SEGMENTS_PER_READER * SEGMENT + 4 * MiB))
+    """A client pool in which `readers` streams all start at once and share floating buffers generously."""
+    want = readers * SEGMENTS_PER_READER * SEGMENT + 4 * MiB
+    floor = readers * DAEMON_DEFAULTS.exclusive * SEGMENT * 2 + 4 * MiB
+    return max(4 * MiB, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 
 # --------------------------------------------------------------------------- results
@@ -570,6 +577,16 @@ async def warm_up_peer(store: AsyncClient, relay: AsyncClient, store_node: str) 
     await push(store, app, shuffle, 1, [1])
     require(await drain(relay.read(app, shuffle, 0, 1, {store_node: [1]})) == 1, "warm-up read lost its byte")
     await store.unregister_shuffle(app, shuffle)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a process has used so far (None: this process)."""
+    if pid is None:
+        return time.process_time()
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 # --------------------------------------------------------------------------- memory sampling

@@ -232,7 +232,7 @@ class DaemonConfig:
     floating: int = setting(
         DEFAULT_FLOATING,
         "most buffers a read shares among its channels, taken as the senders' backlog grows and only while "
-        "memory outside the read reserve is free",
+        "memory is to spare (more than twice the read reserve free)",
         unit="buffers",
         metavar="N",
     )

@@ -196,7 +196,9 @@ async def test_reads_a_daemon_relays_to_one_peer_are_bounded_too() -> None:
         a, b = pair.daemons
         async with await AsyncClient.connect(b.addr) as c:
             w = await c.open_writer("lim-r", 1, 0, 1, 1)
-            await w.write(0, b"r" * (2 << 20))  # more than a read's buffers: relayed reads stay open
+            # More than a relayed read holds in flight (the relay's gate and the client's reader, up to
+            # 2 + 64 buffers each): the reads stay open.
+            await w.write(0, b"r" * (8 << 20))
             await w.commit()
         clients = [await AsyncClient.connect(a.addr) for _ in range(3)]
         readers = [c.read("lim-r", 1, 0, 1, {b.addr: [1]}) for c in clients]

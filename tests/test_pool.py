@@ -131,29 +131,31 @@ async def test_local_pool_returns_excess_when_target_shrinks() -> None:
 
 
 @pytest.mark.asyncio
-async def test_floating_segments_come_from_outside_the_reserve_and_go_back() -> None:
-    """A read gate's floating buffers: held only while memory outside the read reserve is free, given back
-    at once when the credit is dropped (or on recycle if the segment is in use)."""
-    pool = GlobalPool(8 * SEG, SEG, reserve=3)
+async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
+    """A read gate's floating buffers: held only while more than twice the read reserve is free (they
+    must not take what pushes wait for), given back at once when the credit is dropped (or on recycle
+    if the segment is in use)."""
+    pool = GlobalPool(10 * SEG, SEG, reserve=2)
     gate = await asyncio.wait_for(pool.create_local_pool(2, 2, use_reserve=True), TIMEOUT)
-    assert pool.free == 6
-    assert gate.hold_extra() and gate.hold_extra() and gate.hold_extra()
-    assert gate.size == 5 and pool.free == 3
-    assert not gate.hold_extra(), "a floating buffer must not eat into the read reserve"
-    bufs = [gate.request() for _ in range(5)]
+    assert pool.free == 8
+    assert gate.hold_extra() and gate.hold_extra() and gate.hold_extra() and gate.hold_extra()
+    assert gate.size == 6 and pool.free == 4
+    assert not gate.hold_extra(), "floating buffers must leave twice the read reserve free"
+    assert pool.try_take(2) is not None, "a push can still get memory"
+    bufs = [gate.request() for _ in range(6)]
     assert all(bufs) and gate.request() is None
     gate.drop_extra()  # its segment is in use: it goes back when recycled, not before
-    assert pool.free == 3
+    assert pool.free == 2
     first = bufs.pop()
     assert first is not None
     first.release()
-    assert pool.free == 4 and gate.size == 4
+    assert pool.free == 3 and gate.size == 5
     for buf in bufs:
         assert buf is not None
         buf.release()
-    assert gate.available == 4  # two exclusive + two floating still backed
+    assert gate.available == 5  # two exclusive + three floating still backed
     gate.drop_extra()
-    assert pool.free == 5 and gate.size == 3
+    assert pool.free == 4 and gate.size == 4
     gate.destroy()
     assert not gate.hold_extra()
     gate.drop_extra()

@@ -116,6 +116,14 @@ class GlobalPool:
             return None
         return self._pop(n)
 
+    def try_take_spare(self) -> Buffer | None:
+        """One segment for a read's floating buffer, only while more than twice the read reserve is free:
+        floating buffers speed a read up but are not needed for it to finish, so they never take the
+        memory that pushes (and other reads' exclusive buffers) wait for."""
+        if len(self._free) <= 2 * self.reserve:
+            return None
+        return self._pop(1)[0]
+
     def _pop(self, n: int) -> list[Buffer]:
         out = [self._free.pop() for _ in range(n)]
         for b in out:
@@ -298,15 +306,13 @@ class LocalPool:
         self._held.append(buf)
 
     def hold_extra(self) -> bool:
-        """Hold one segment more than now, taken at once from memory outside the read reserve; False if
-        none is free. Backs a floating credit before it is announced, so the buffer it promises exists."""
-        if self.destroyed:
-            return False
-        got = self.owner.try_take(1)
+        """Hold one segment more than now, if the global pool has one to spare (`try_take_spare`). Backs a
+        floating credit before it is announced, so the buffer it promises exists."""
+        got = None if self.destroyed else self.owner.try_take_spare()
         if got is None:
             return False
-        got[0].refs = 0
-        self._held.append(got[0])
+        got.refs = 0
+        self._held.append(got)
         self.target = max(self.target, self.min) + 1
         return True
 

@@ -36,10 +36,10 @@ public final class PartitionReader implements AutoCloseable {
     /** Buffers each read stream owns; the initial credit of the PartitionRequest. */
     public static final int EXCLUSIVE = 2;
     /**
-     * Buffers the reader may add from its floating pool as the backlog grows (PROTOCOL.md §11.2: 32, not
+     * Buffers the reader may add from its floating pool as the backlog grows (PROTOCOL.md §11.2: 64, not
      * Flink's 8, since a read here has one channel).
      */
-    public static final int FLOATING = 32;
+    public static final int FLOATING = 64;
 
     /**
      * One chunk of a reduce partition: part of the bytes map attempt {@code attemptId} wrote for
