@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shuffled.protocol.credit import (
+    ANNOUNCE_BATCH,
     ChannelCredit,
     FloatingPool,
     OutboundStream,
@@ -279,6 +280,23 @@ def test_backlog_takes_floating_and_announces_once() -> None:
     c.on_backlog(0)
     mine, _ = c.on_recycle()
     assert mine is False and pool.free == 3
+
+
+def test_credit_is_held_back_until_a_batch_unless_the_sender_runs_short() -> None:
+    """A sender with plenty of credit is not sent every freed buffer; one running short gets credit at once."""
+    c = ChannelCredit(2, FloatingPool(31))
+    assert c.on_buffer(100) is True  # takes all 31 floating buffers: announced at once
+    assert c.take_announcement() == 31 and c.sender_credit == 32
+    for _ in range(11):
+        assert c.on_buffer(100) is False  # no new credit, and the sender still holds plenty
+    due = [c.on_recycle()[0] for _ in range(11)]
+    assert due == [False] * (ANNOUNCE_BATCH - 1) + [True] * (12 - ANNOUNCE_BATCH)
+    assert c.take_announcement() == 11 and c.sender_credit == 32
+    while c.sender_credit > ANNOUNCE_BATCH:  # the sender uses its credit down to the threshold...
+        assert c.on_buffer(100) is False
+    assert c.on_recycle()[0] is False
+    assert c.on_buffer(100) is True, "...then any unannounced credit is due at once"
+    assert c.take_announcement() == 1
 
 
 def test_floating_goes_to_waiting_channel_first_come_first_served() -> None:

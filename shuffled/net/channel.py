@@ -48,7 +48,7 @@ class InputChannel:
         raise NotImplementedError
 
     def announce(self) -> None:
-        """Unannounced credit went from 0 to positive: arrange an AddCredit."""
+        """Unannounced credit is due (see `ChannelCredit`): arrange an AddCredit."""
         raise NotImplementedError
 
     def deliver(self, chunk: Chunk) -> None:

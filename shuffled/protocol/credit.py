@@ -4,8 +4,8 @@ Receiver side: every remote channel owns `exclusive` buffers, its initial credit
 Its gate shares a `FloatingPool`. With each data buffer the sender announces its
 backlog; the channel then tries to hold `backlog + exclusive` free buffers by
 taking floating ones, each becoming credit. Credit is announced lazily: the shell
-is told to send AddCredit only when unannounced credit goes from 0 to positive,
-and then carries all of it at once. Recycling a buffer gives credit back, or
+is told to send AddCredit only once enough is unannounced (`ANNOUNCE_BATCH`) or
+the sender runs short, and then carries all of it at once. Recycling a buffer gives credit back, or
 returns a floating buffer to the pool when the channel holds more than it needs.
 
 Sender side: `OutboundStream` never releases a data item without credit; events
@@ -32,6 +32,10 @@ T = TypeVar("T")
 #: so a larger maximum costs nothing when memory is short.
 DEFAULT_EXCLUSIVE = 2
 DEFAULT_FLOATING = 64
+#: New credit is held back until this much has accumulated, unless the sender is down to less than this:
+#: each AddCredit costs a socket write at the receiver and a wake-up at the sender, and with a window of
+#: dozens of buffers announcing every freed buffer bought nothing.
+ANNOUNCE_BATCH = 8
 
 
 class FloatingPool:
@@ -137,7 +141,13 @@ class ChannelCredit:
 
     def _add_unannounced(self) -> bool:
         self.unannounced += 1
-        return self.unannounced == 1
+        return self._due()
+
+    def _due(self) -> bool:
+        """Unannounced credit should go out now (see ANNOUNCE_BATCH); the sender is never left without credit
+        while some is unannounced, since it then has fewer than ANNOUNCE_BATCH."""
+        n = self.unannounced
+        return n > 0 and (n >= ANNOUNCE_BATCH or self.sender_credit < ANNOUNCE_BATCH)
 
     def on_buffer(self, backlog: int) -> bool:
         """A data buffer arrived. Returns True when an AddCredit should be scheduled."""
@@ -146,7 +156,7 @@ class ChannelCredit:
         self.sender_credit -= 1
         self.available -= 1
         self.in_use += 1
-        return self.on_backlog(backlog)
+        return self.on_backlog(backlog) or self._due()
 
     def on_backlog(self, backlog: int) -> bool:
         self.backlog = backlog

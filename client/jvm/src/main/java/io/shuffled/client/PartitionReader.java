@@ -24,8 +24,8 @@ import java.util.concurrent.locks.ReentrantLock;
  * ones; when the caller moves on from a chunk its buffer becomes credit again, or returns to the floating
  * pool if the channel holds more than it needs. So at most {@code EXCLUSIVE + FLOATING} received buffers
  * (queued plus the one the caller holds) exist per reader. New credit is announced with one
- * {@code AddCredit} carrying all unannounced credit, sent right after the event that produced it (a
- * received buffer or a consumed chunk) rather than batched per event-loop turn.
+ * {@code AddCredit} carrying all unannounced credit, sent right after the event (a received buffer or a
+ * consumed chunk) that makes it due: {@link #ANNOUNCE_BATCH} unannounced, or the daemon short of credit.
  *
  * <p>Sequence numbers are checked (a gap fails the stream with {@link ErrorCode#SEQUENCE_GAP} and cancels
  * it). An {@code Error} from the daemon surfaces from {@link #next()} as a {@link ShuffledException};
@@ -40,6 +40,11 @@ public final class PartitionReader implements AutoCloseable {
      * Flink's 8, since a read here has one channel).
      */
     public static final int FLOATING = 64;
+    /**
+     * New credit is announced once this much is unannounced, or while the daemon holds less than this
+     * (PROTOCOL.md §11.2): one {@code AddCredit} per released chunk cost a socket write each.
+     */
+    static final int ANNOUNCE_BATCH = 8;
 
     /**
      * One chunk of a reduce partition: part of the bytes map attempt {@code attemptId} wrote for
@@ -205,6 +210,9 @@ public final class PartitionReader implements AutoCloseable {
     private long takeAnnouncementLocked() {
         if (ended || closed || error != null) {
             return 0; // no AddCredit for an ended stream (§11.2)
+        }
+        if (unannounced < ANNOUNCE_BATCH && serverCredit >= ANNOUNCE_BATCH) {
+            return 0; // held back until there is more, or the daemon runs short (§11.2)
         }
         long n = unannounced;
         unannounced = 0;
