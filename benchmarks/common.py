@@ -589,6 +589,40 @@ def cpu_seconds(pid: int | None) -> float:
     return float(times.user + times.system)
 
 
+class CpuMeter:
+    """CPU seconds each process spent in timed sections, per label: with the wall time it shows whether a
+    rate is bound by one process's CPU, by all cores, or by waiting (the floor of a scenario)."""
+
+    def __init__(self, pids: dict[str, int | None]) -> None:
+        self.pids = pids
+        #: label -> [bytes, wall seconds, CPU seconds per process]
+        self.spent: dict[str, list[Any]] = {}
+
+    @contextlib.contextmanager
+    def measure(self, label: str, nbytes: int) -> Iterator[None]:
+        before = {who: cpu_seconds(pid) for who, pid in self.pids.items()}
+        t0 = time.perf_counter()
+        yield
+        wall = time.perf_counter() - t0
+        entry = self.spent.setdefault(label, [0, 0.0, dict.fromkeys(self.pids, 0.0)])
+        entry[0] += nbytes
+        entry[1] += wall
+        for who, pid in self.pids.items():
+            entry[2][who] += cpu_seconds(pid) - before[who]
+
+    def notes(self) -> list[str]:
+        out = []
+        for label, (nbytes, wall, cpu) in self.spent.items():
+            gib = nbytes / (1 << 30)
+            per = ", ".join(f"{who} {secs / gib:.2f}" for who, secs in cpu.items())
+            busy = sum(cpu.values()) / wall
+            out.append(
+                f"{label}: CPU seconds per GiB {per}; wall {wall / gib:.2f} s/GiB, so {busy:.2f} of "
+                f"{os.cpu_count()} cores busy"
+            )
+        return out
+
+
 # --------------------------------------------------------------------------- memory sampling
 
 

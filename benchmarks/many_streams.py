@@ -16,6 +16,7 @@ import time
 
 from .common import (
     Context,
+    CpuMeter,
     Goal,
     MiB,
     Plot,
@@ -48,6 +49,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     async with ctx.daemons(store_pool(total, most), relay_pool(most)) as (a, b):
         async with ctx.client(a.node) as ca, ctx.client(b.node, pool_size=reader_client_pool(most)) as cb:
             await warm_up_peer(ca, cb, a.node)
+            cpu = CpuMeter({"A": a.pid, "B": b.pid, "client": None})
             for shuffle, streams in enumerate(counts, start=1):
                 per = total // streams
                 await push(ca, APP, shuffle, shuffle, [per] * streams)
@@ -56,9 +58,10 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                 finish: list[float] = []
                 for _ in bounded(ctx.repeats, ctx.pick(120.0, 15.0)):
                     t0 = time.perf_counter()
-                    done = await asyncio.gather(
-                        *(timed_read(cb, APP, shuffle, p, locations, t0) for p in range(streams))
-                    )
+                    with cpu.measure(f"{streams} stream(s)", total):
+                        done = await asyncio.gather(
+                            *(timed_read(cb, APP, shuffle, p, locations, t0) for p in range(streams))
+                        )
                     elapsed = time.perf_counter() - t0
                     got = sum(n for n, _ in done)
                     require(got == per * streams, f"{streams} streams read {got} bytes, {per * streams} were pushed")
@@ -72,6 +75,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                 ctx.progress(f"{streams} stream(s): {median(samples):,.0f} MiB/s aggregate")
                 await ca.unregister_shuffle(APP, shuffle)
 
+    result.notes.extend(cpu.notes())
     one = median(rates[counts[0]])
     for streams, samples in rates.items():
         result.add(

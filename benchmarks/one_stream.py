@@ -19,11 +19,11 @@ from .bare import measure_baseline
 from .common import (
     DEFAULT_DAEMON_POOL,
     Context,
+    CpuMeter,
     Goal,
     MiB,
     ScenarioResult,
     bounded,
-    cpu_seconds,
     drain,
     median,
     mib_per_s,
@@ -54,22 +54,16 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
 
             remote: list[float] = []
             local: list[float] = []
-            pids = {"A": a.pid, "B": b.pid, "client": None}
-            #: CPU seconds each process spent, per kind of read, and the wall time of those reads
-            cpu = {kind: dict.fromkeys([*pids, "wall"], 0.0) for kind in ("relayed", "local")}
+            cpu = CpuMeter({"A": a.pid, "B": b.pid, "client": None})
             for _ in bounded(ctx.repeats, ctx.pick(120.0, 20.0)):
                 for kind, samples, client, locations in (
-                    ("relayed", remote, cb, {a.node: [ATTEMPT]}),
-                    ("local", local, ca, {"": [ATTEMPT]}),
+                    ("relayed read", remote, cb, {a.node: [ATTEMPT]}),
+                    ("local read", local, ca, {"": [ATTEMPT]}),
                 ):
-                    before = {who: cpu_seconds(pid) for who, pid in pids.items()}
                     t0 = time.perf_counter()
-                    got = await drain(client.read(APP, SHUFFLE, 0, 1, locations))
-                    elapsed = time.perf_counter() - t0
-                    for who, pid in pids.items():
-                        cpu[kind][who] += cpu_seconds(pid) - before[who]
-                    cpu[kind]["wall"] += elapsed
-                    samples.append(mib_per_s(got, elapsed))
+                    with cpu.measure(kind, nbytes):
+                        got = await drain(client.read(APP, SHUFFLE, 0, 1, locations))
+                    samples.append(mib_per_s(got, time.perf_counter() - t0))
                     require(got == nbytes, f"read returned {got} bytes, {nbytes} were pushed")
                 ctx.progress(f"read via B {remote[-1]:,.0f} MiB/s, from A directly {local[-1]:,.0f} MiB/s")
 
@@ -109,12 +103,4 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     result.notes.append(
         f"{nbytes // MiB} MiB in one partition, 1 MiB client writes; reads are medians of {len(remote)}"
     )
-    for kind, spent in cpu.items():
-        gib = len(remote) * nbytes / (1 << 30)
-        busy = {who: secs / gib for who, secs in spent.items() if who != "wall" and secs > 0}
-        result.notes.append(
-            f"{kind} read, CPU seconds per GiB: "
-            + ", ".join(f"{who} {secs:.2f}" for who, secs in busy.items())
-            + f"; wall {spent['wall'] / gib:.2f} s/GiB, so {sum(busy.values()) * gib / spent['wall']:.2f} "
-            "of the 2 cores busy"
-        )
+    result.notes.extend(cpu.notes())

@@ -80,6 +80,30 @@ async def test_stalled_reader_does_not_block_others_on_the_shared_connection(pai
     await asyncio.wait_for(body(), 120)
 
 
+async def test_relayed_read_announces_the_whole_backlog_to_the_client(pair: Cluster) -> None:
+    """The relaying daemon tells its client the backlog the remote daemon announced, not only the few
+    buffers it holds itself, so the client's window opens to its floating maximum at once."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        await _push_partitions(a, 11, 1, [4 * MiB])  # 128 buffers, all queued at A at once
+        async with b.read(APP, 11, 0, 1, {da.addr: [1]}) as reader:
+            first = await reader.next_chunk()
+            assert first is not None
+            assert reader.credit.backlog >= 100, reader.credit.backlog
+            rest = bytearray(first.data)
+            while (chunk := await reader.next_chunk()) is not None:
+                rest += chunk.data
+        assert rest == payload(1, 0, 4 * MiB)
+        await a.unregister_shuffle(APP, 11)
+        for c in (a, b):
+            assert (await pool_settled(c))["pool"]["used"] == 0
+            await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
 async def test_memory_stays_bounded_moving_ten_times_the_pool(pair: Cluster) -> None:
     """Rounds of push → slow read across daemons → unregister: 10x the pool moves through,
     RSS of both daemons stays within pool + 100 MB, and every segment comes back."""

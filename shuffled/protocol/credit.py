@@ -231,7 +231,7 @@ class SequenceChecker:
 class OutboundStream(Generic[T]):
     """Sender side of one stream: a queue of data items and events under credit."""
 
-    __slots__ = ("_data", "_items", "closed", "credit", "deferred", "scheduled", "sequence", "stream")
+    __slots__ = ("_data", "_items", "closed", "credit", "deferred", "scheduled", "sequence", "stream", "upstream")
 
     def __init__(self, stream: int, credit: int) -> None:
         if credit < 0:
@@ -243,13 +243,16 @@ class OutboundStream(Generic[T]):
         self._data = 0
         #: data items the stream will queue later (e.g. still on disk): announced as backlog too
         self.deferred = 0
+        #: data items a relay's senders still hold for this stream (their announced backlog), announced too:
+        #: the reader's window then follows the whole stream, not the few buffers the relay has at hand
+        self.upstream = 0
         self.scheduled = False
         self.closed = False
 
     @property
     def backlog(self) -> int:
         """Data items queued or still to come (what the receiver is told it should make room for)."""
-        return self._data + self.deferred
+        return self._data + self.deferred + self.upstream
 
     @property
     def queued(self) -> int:
@@ -284,7 +287,7 @@ class OutboundStream(Generic[T]):
         self._items.popleft()
         seq = self.sequence
         self.sequence = (seq + 1) & 0xFFFFFFFF
-        return item, seq, self._data + self.deferred, is_event
+        return item, seq, self._data + self.deferred + self.upstream, is_event
 
     def close(self) -> list[T]:
         """Stop sending; returns the items never sent so the caller can release them."""
@@ -292,7 +295,7 @@ class OutboundStream(Generic[T]):
         items = [item for _, item in self._items]
         self._items.clear()
         self._data = 0
-        self.deferred = 0
+        self.deferred = self.upstream = 0
         return items
 
 

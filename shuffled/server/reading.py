@@ -3,11 +3,13 @@
 The gate's local channel is a snapshot of this daemon's own chunks. Each remote
 channel is a PartitionRequest over the shared connection to the daemon holding the
 data; its buffers come from the gate's LocalPool (exclusive per channel, reserved
-when the read opens; floating shared, taken while memory is free) and are relayed
-to the client as they arrive,
-under the client's own credit. A buffer is recycled, giving credit back to the
-remote sender, only after the client's transport has flushed it, so a slow client
-slows only its own remote streams and never the shared connection.
+when the read opens; floating shared, taken while memory is to spare) and are
+relayed to the client as they arrive, under the client's own credit. A buffer is
+recycled, giving credit back to the remote sender, only after the client's
+transport has flushed it, so a slow client slows only its own remote streams and
+never the shared connection. The backlog the client is told includes what the
+remote daemons announced they still hold, so the client's window grows with the
+whole stream rather than with the few buffers this daemon has at hand.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ log = logging.getLogger("shuffled.read")
 class RemoteInputChannel(InputChannel):
     """A PartitionRequest this daemon made to another daemon on behalf of a gate."""
 
-    __slots__ = ("closed", "conn", "gate")
+    __slots__ = ("closed", "conn", "gate", "upstream")
 
     def __init__(self, gate: InputGate, conn: DaemonConnection, receiver: int, credit: ChannelCredit) -> None:
         super().__init__(receiver, credit)
         self.gate = gate
         self.conn = conn
         self.closed = False
+        #: the backlog the remote daemon last announced, as counted in the client stream's backlog
+        self.upstream = 0
 
     def local_pool(self) -> LocalPool | None:
         return self.gate.pool
@@ -49,7 +53,14 @@ class RemoteInputChannel(InputChannel):
         self.conn.announce(self)
 
     def deliver(self, chunk: Chunk) -> None:
+        self._count_upstream(self.credit.backlog)
         self.gate.relay(chunk)
+
+    def _count_upstream(self, backlog: int) -> None:
+        out = self.gate.out
+        if not out.closed:
+            out.upstream += backlog - self.upstream
+        self.upstream = backlog
 
     def on_end(self) -> None:
         self._finish()
@@ -59,6 +70,7 @@ class RemoteInputChannel(InputChannel):
         self.gate.fail(exc)
 
     def _finish(self) -> None:
+        self._count_upstream(0)
         self.closed = True
         self.conn.channels.pop(self.receiver, None)
         self.release_floating()
