@@ -18,6 +18,7 @@ import time
 from .bare import measure_baseline
 from .common import (
     DEFAULT_DAEMON_POOL,
+    Baseline,
     Context,
     CpuMeter,
     Goal,
@@ -68,38 +69,17 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                 ctx.progress(f"read via B {remote[-1]:,.0f} MiB/s, from A directly {local[-1]:,.0f} MiB/s")
 
     goal = Goal("ratio", ">=", 0.8)
-    result.add(
-        "read A→B→client", median(remote), "MiB/s", baseline_name="bare", baseline=bare.mib_s, goal=goal, samples=remote
-    )
-    result.add(
-        "read A→B→client vs a bare relay",
-        median(remote),
-        "MiB/s",
-        baseline_name="bare relay",
-        baseline=bare_relay.mib_s,
-        goal=goal,
-        samples=remote,
-    )
-    result.add(
-        "bare relay (two hops, 3 processes)",
-        bare_relay.mib_s,
-        "MiB/s",
-        baseline_name="bare",
-        baseline=bare.mib_s,
-        samples=[s / MiB for s in bare_relay.samples],
-    )
-    result.add(
-        "read A→client (local)",
-        median(local),
-        "MiB/s",
-        baseline_name="bare",
-        baseline=bare.mib_s,
-        goal=goal,
-        samples=local,
-    )
-    result.add(
-        "push client→A, cold pool", push_rate, "MiB/s", baseline_name="bare", baseline=bare.mib_s, samples=[push_rate]
-    )
+    rows: list[tuple[str, list[float], Baseline, Goal | None]] = [
+        ("read A→B→client", remote, bare, goal),
+        ("read A→B→client vs a bare relay", remote, bare_relay, goal),
+        ("bare relay (two hops, 3 processes)", [s / MiB for s in bare_relay.samples], bare, None),
+        ("read A→client (local)", local, bare, goal),
+        ("push client→A, cold pool", [push_rate], bare, None),
+    ]
+    for name, samples, base, target in rows:
+        result.add(
+            name, median(samples), "MiB/s", baseline_name=base.name, baseline=base.mib_s, goal=target, samples=samples
+        )
     result.notes.append(
         f"{nbytes // MiB} MiB in one partition, 1 MiB client writes; reads are medians of {len(remote)}"
     )
