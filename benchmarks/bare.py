@@ -53,10 +53,16 @@ ECHO_WARMUP = 20
 
 
 class _Receiver(asyncio.BufferedProtocol):
-    """Counts bytes landing in one reused buffer; times from connection to the last expected byte."""
+    """Counts bytes landing in reused buffers; times from connection to the last expected byte.
 
-    def __init__(self, expected: int, done: asyncio.Future[tuple[int, float]]) -> None:
-        self._buf = memoryview(bytearray(RECV_BUFFER))
+    With `spread` > 1, each read lands in the next of that many 32 KiB buffers, round robin, the way a
+    daemon serving many streams reads into many pool segments rather than one that stays in the CPU cache.
+    """
+
+    def __init__(self, expected: int, done: asyncio.Future[tuple[int, float]], spread: int = 1) -> None:
+        self._region = memoryview(bytearray(spread * RECV_BUFFER))
+        self._spread = spread
+        self._next = 0
         self.expected = expected
         self.done = done
         self.got = 0
@@ -66,7 +72,9 @@ class _Receiver(asyncio.BufferedProtocol):
         self.t0 = time.perf_counter()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buf
+        offset = self._next * RECV_BUFFER
+        self._next = (self._next + 1) % self._spread
+        return self._region[offset : offset + RECV_BUFFER]
 
     def buffer_updated(self, nbytes: int) -> None:
         self.got += nbytes
@@ -154,26 +162,29 @@ def _nodelay(transport: asyncio.BaseTransport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def _receive(host: str, nbytes: int, timeout: float) -> None:
+async def _receive(host: str, nbytes: int, timeout: float, spread: int) -> None:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[tuple[int, float]] = loop.create_future()
-    server = await loop.create_server(lambda: _Receiver(nbytes, done), host, 0)
+    server = await loop.create_server(lambda: _Receiver(nbytes, done, spread), host, 0)
     print(f"ready {server.sockets[0].getsockname()[1]}", flush=True)
     got, seconds = await asyncio.wait_for(done, timeout)
     print(json.dumps({"bytes": got, "seconds": seconds}), flush=True)
     server.close()
 
 
-async def _send(host: str, port: int, nbytes: int, timeout: float) -> None:
+async def _send(host: str, port: int, nbytes: int, timeout: float, spread: int) -> None:
+    """Writes 32 KiB pieces of one buffer, or (`spread` > 1) of that many buffers in turn (see _Receiver)."""
     loop = asyncio.get_running_loop()
     transport, proto = await loop.create_connection(_Sender, host, port)
-    chunk = (bytes(range(256)) * (WRITE_SIZE // 256 + 1))[:WRITE_SIZE]
+    region = memoryview(bytes(range(256)) * (spread * WRITE_SIZE // 256))
     sent = 0
+    piece_no = 0
     async with asyncio.timeout(timeout):
         while sent < nbytes:
-            piece = chunk if nbytes - sent >= WRITE_SIZE else chunk[: nbytes - sent]
-            transport.write(piece)
-            sent += len(piece)
+            offset = piece_no * WRITE_SIZE
+            piece_no = (piece_no + 1) % spread
+            transport.write(region[offset : offset + min(WRITE_SIZE, nbytes - sent)])
+            sent += min(WRITE_SIZE, nbytes - sent)
             if proto.resumed is not None:
                 await proto.resumed
         await proto.lost  # the receiver hangs up once it has everything
@@ -211,11 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="where to send (send, relay)")
     parser.add_argument("--bytes", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
+    parser.add_argument("--spread", type=int, default=1, help="32 KiB buffers used in turn (send, recv)")
     args = parser.parse_args(argv)
     if args.role == "recv":
-        uvloop.run(_receive(args.host, args.bytes, args.timeout))
+        uvloop.run(_receive(args.host, args.bytes, args.timeout, args.spread))
     elif args.role == "send":
-        uvloop.run(_send(args.host, args.port, args.bytes, args.timeout))
+        uvloop.run(_send(args.host, args.port, args.bytes, args.timeout, args.spread))
     elif args.role == "relay":
         uvloop.run(_relay(args.host, args.port, args.timeout))
     else:
@@ -226,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- benchmark side
 
 
-async def measure_throughput(nbytes: int, timeout: float, relay: bool = False) -> float:
+async def measure_throughput(nbytes: int, timeout: float, relay: bool = False, spread: int = 1) -> float:
     """One transfer of `nbytes` from a fresh sender process to a fresh receiver (through a fresh relay process
-    if `relay`); bytes/s as the receiver saw it."""
+    if `relay`; each end using `spread` buffers in turn); bytes/s as the receiver saw it."""
     started: list[ManagedProcess] = []
 
     def start(*args: str) -> ManagedProcess:
@@ -236,11 +248,11 @@ async def measure_throughput(nbytes: int, timeout: float, relay: bool = False) -
         return started[-1]
 
     try:
-        recv = start("recv", "--bytes", str(nbytes))
+        recv = start("recv", "--bytes", str(nbytes), "--spread", str(spread))
         port = (await recv.wait_ready()).group(1)
         if relay:
             port = (await start("relay", "--port", port).wait_ready()).group(1)
-        send = start("send", "--port", port, "--bytes", str(nbytes))
+        send = start("send", "--port", port, "--bytes", str(nbytes), "--spread", str(spread))
         result = json.loads(await recv.next_line(timeout))
         await send.wait_exit(timeout)
     finally:
@@ -250,11 +262,12 @@ async def measure_throughput(nbytes: int, timeout: float, relay: bool = False) -
     return float(result["bytes"]) / float(result["seconds"])
 
 
-async def measure_baseline(ctx: Context, relay: bool = False) -> Baseline:
+async def measure_baseline(ctx: Context, relay: bool = False, spread: int = 1) -> Baseline:
     """The median of `ctx.repeats` transfers (each with new processes, so no warm state carries over)."""
     nbytes = ctx.pick(1024 * MiB, 256 * MiB)
-    samples = [await measure_throughput(nbytes, 60.0, relay) for _ in bounded(ctx.repeats, 60.0)]
-    return Baseline("bare relay" if relay else "bare", median(samples), time.monotonic(), samples)
+    samples = [await measure_throughput(nbytes, 60.0, relay, spread) for _ in bounded(ctx.repeats, 60.0)]
+    name = "bare relay" if relay else "bare" if spread == 1 else f"bare, {spread} buffers"
+    return Baseline(name, median(samples), time.monotonic(), samples)
 
 
 class _Pinger(asyncio.Protocol):

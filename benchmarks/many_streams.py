@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from .bare import measure_baseline
 from .common import (
+    SEGMENTS_PER_READER,
+    Baseline,
     Context,
     CpuMeter,
     Goal,
@@ -38,6 +41,8 @@ APP = "bench-many-streams"
 
 #: the issue's goals: at most 10 % lost at 64 streams, at most 20 % at 1000
 GOALS = {64: Goal("ratio", ">=", 0.9), 1000: Goal("ratio", ">=", 0.8)}
+#: most 32 KiB buffers the spread bare pair cycles through (512 MiB, the size of the relaying daemon's pool)
+MAX_SPREAD = 16384
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
@@ -76,6 +81,14 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                 await ca.unregister_shuffle(APP, shuffle)
 
     result.notes.extend(cpu.notes())
+    # The same comparison for a bare socket pair whose buffers are spread like the streams' credit windows
+    # over the pools: what touching that much memory (instead of one buffer that stays in the CPU cache)
+    # costs the kernel's copies alone. A daemon serving N streams cannot do better than this ratio.
+    spread: dict[int, Baseline] = {}
+    for streams in counts:
+        buffers = min(streams * SEGMENTS_PER_READER, MAX_SPREAD)
+        ctx.progress(f"bare pair with its buffers spread over {buffers} segments (like {streams} stream(s))")
+        spread[streams] = await measure_baseline(ctx, spread=buffers)
     one = median(rates[counts[0]])
     for streams, samples in rates.items():
         result.add(
@@ -86,6 +99,15 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             baseline=one,
             goal=GOALS.get(streams),
             samples=samples,
+        )
+    for streams, base in spread.items():
+        result.add(
+            f"bare pair, buffers spread like {streams} stream(s)",
+            base.mib_s,
+            "MiB/s",
+            baseline_name=f"like {counts[0]} stream",
+            baseline=spread[counts[0]].mib_s,
+            samples=[x / MiB for x in base.samples],
         )
     result.plots.append(
         Plot(
