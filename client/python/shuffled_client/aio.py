@@ -317,7 +317,9 @@ class AsyncClient:
                 segments = max(self._pool_size // self.segment_size, 16)
                 # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take
                 # (eight readers' worth); floating buffers come from the rest while it is free.
-                reserve = min(segments // 2, 8 * self.exclusive)
+                # A quarter of the pool at most, so floating buffers (taken while more than twice the
+                # reserve is free) stay possible with large segments too.
+                reserve = min(segments // 4, 8 * self.exclusive)
                 self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
                 assert self._conn is not None
                 self._conn.reader.set_max_payload(self.segment_size)
