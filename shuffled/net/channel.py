@@ -21,9 +21,9 @@ class PooledFloating(FloatingPool):
     when it becomes credit and given back when the channel no longer needs it, so an idle or memory-short
     daemon never holds floating buffers nobody can use (the pool is set once the gate has one)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, pool: LocalPool | None = None) -> None:
         super().__init__(size)
-        self.pool: LocalPool | None = None
+        self.pool = pool
 
     def acquire(self) -> bool:
         return self.pool is not None and self.pool.hold_extra()

@@ -28,7 +28,7 @@ T = TypeVar("T")
 #: floating default is 8, but its gates have a channel per upstream task; a read here has one channel per
 #: daemon, often a single one, and 2 + 8 buffers (320 KiB) in flight cannot keep a stream busy while the
 #: processes at either end take turns on the CPUs (measured: 8 -> 32 -> 64 took one local stream from
-#: about 1.2 to 1.9 to 2.2 GiB/s). Floating buffers are only taken while memory is free (`FloatingPool.acquire`),
+#: about 1.2 to 1.9 to 2.2 GiB/s). Floating buffers are only taken while memory is to spare (`FloatingPool.acquire`),
 #: so a larger maximum costs nothing when memory is short.
 DEFAULT_EXCLUSIVE = 2
 DEFAULT_FLOATING = 64
@@ -287,7 +287,7 @@ class OutboundStream(Generic[T]):
         self._items.popleft()
         seq = self.sequence
         self.sequence = (seq + 1) & 0xFFFFFFFF
-        return item, seq, self._data + self.deferred + self.upstream, is_event
+        return item, seq, self.backlog, is_event
 
     def close(self) -> list[T]:
         """Stop sending; returns the items never sent so the caller can release them."""

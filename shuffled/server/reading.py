@@ -126,8 +126,7 @@ class InputGate:
             if self.closed:
                 self.pool.destroy()
                 return
-            floating = PooledFloating(cfg.floating)
-            floating.pool = self.pool
+            floating = PooledFloating(cfg.floating, self.pool)
             for addr, attempts in self.remote.items():
                 peer = await daemon.peers.get(addr)
                 if self.closed:

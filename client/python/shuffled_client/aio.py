@@ -315,10 +315,9 @@ class AsyncClient:
                 self.segment_size = int(frame.info.get("segment_size", 32 << 10))
                 self.daemon_node = str(frame.info.get("node", ""))
                 segments = max(self._pool_size // self.segment_size, 16)
-                # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take
-                # (eight readers' worth); floating buffers come from the rest while it is free.
-                # A quarter of the pool at most, so floating buffers (taken while more than twice the
-                # reserve is free) stay possible with large segments too.
+                # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take:
+                # eight readers' worth, but at most a quarter of the pool, so that floating buffers (taken
+                # while more than twice the reserve is free) stay possible with large segments too.
                 reserve = min(segments // 4, 8 * self.exclusive)
                 self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
                 assert self._conn is not None
