@@ -13,8 +13,9 @@ chunk of a partition, committed or not, is also listed in push order in
 `Subpartition.memory`: a spill writes that whole list, so for any
 one (partition, attempt) the chunks on disk are a prefix, in file order, of what
 was pushed, and the chunks in memory are the rest. A read therefore serves each
-partition's disk chunks sorted by offset (one sequential pass over the file) and
-then its memory chunks.
+pair as one run: its disk chunks sorted by offset, then its memory chunks; pairs
+follow each other in the order their data starts in the file, so the file is
+still read mostly front to back.
 
 Memory lives in pool segments: each in-memory chunk holds one reference on its
 buffer, dropped exactly once (spilled, aborted or removed); readers and spills take
@@ -417,16 +418,22 @@ class Store:
             sub = subs.get(p)
             if sub is None:
                 continue
+            # One run per attempt (PROTOCOL.md §10.1: a reader reads a pair as one stream): its spilled
+            # prefix in file order, then the rest from memory. A spill file holds several attempts
+            # interleaved (two map tasks pushing at once), so file order alone would interleave pairs.
+            runs: dict[int, list[Chunk | DiskChunk]] = {}
             if sub.spilled:
                 assert sub.file is not None
-                disk = sub.spilled.select(sub.file.path, p, wanted)
-                out.extend(disk)
-                on_disk += len(disk)
+                for disk in sub.spilled.select(sub.file.path, p, wanted):
+                    runs.setdefault(disk.attempt, []).append(disk)
+                    on_disk += 1
             for chunk in sub.chunks:
                 if chunk.attempt in wanted:
                     assert chunk.buffer is not None
                     chunk.buffer.retain()
-                    out.append(Chunk(chunk.buffer, p, chunk.attempt, chunk.crc))
+                    runs.setdefault(chunk.attempt, []).append(Chunk(chunk.buffer, p, chunk.attempt, chunk.crc))
+            for run in runs.values():
+                out.extend(run)
         return out, on_disk
 
     # -- restart
