@@ -30,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -389,6 +390,9 @@ class DaemonProcess(ManagedProcess):
         argv += ["--pool-size", f"{round_up_mib(pool_size) // MiB}M", "--log-level", "info"]
         if unix_socket:
             argv += ["--unix-socket", unix_socket]
+        if "--data-dir" not in extra:  # the default (data-dir auto) is a system directory that outlives the run
+            self._scratch = tempfile.TemporaryDirectory(prefix="shuffled-bench-")
+            argv += ["--data-dir", self._scratch.name]
         argv += extra
         super().__init__(f"daemon {host}", argv, r"\bready node=(\S+)", ready_on="stderr")
         self.host = host

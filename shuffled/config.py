@@ -34,6 +34,12 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 #: setting, so `config show` and logs cannot print it (secret-file is the alternative)
 SECRET_ENV = ENV_PREFIX + "SECRET"
 
+#: data-dir values that name no directory: derive one from the address, or keep everything in memory
+DATA_DIR_AUTO = "auto"
+DATA_DIR_NONE = "none"
+#: where `data-dir = auto` puts a daemon run as root (systemd's StateDirectory=shuffled is the same place)
+SYSTEM_STATE_ROOT = "/var/lib/shuffled"
+
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
@@ -132,6 +138,11 @@ def _optional(text: str) -> str | None:
     return text or None
 
 
+def _parse_data_dir(text: str) -> str:
+    text = text.strip()
+    return text if text and text.lower() not in (DATA_DIR_AUTO, DATA_DIR_NONE) else (text.lower() or DATA_DIR_NONE)
+
+
 def _parse_mode(text: str) -> int:
     try:
         mode = int(text.strip(), 8)
@@ -176,13 +187,15 @@ class DaemonConfig:
         parse=parse_size,
         metavar="SIZE",
     )
-    data_dir: str | None = setting(
-        None,
-        "directory for spill files and their journals (created if missing); without it nothing is spilled or "
-        "kept across restarts",
-        parse=_optional,
-        default_text="none",
-        metavar="DIR",
+    data_dir: str = setting(
+        DATA_DIR_AUTO,
+        "directory for spill files and their journals (created if missing): the pool is a cache in front of it, "
+        "so a full pool spills instead of stopping pushes, and committed data survives a restart. `auto`: "
+        f"`{SYSTEM_STATE_ROOT}/HOST-PORT` as root, else `$XDG_STATE_HOME/shuffled/HOST-PORT` "
+        "(`~/.local/state/...`); `none`: memory only, and a push that finds the pool full of stored data fails "
+        "at once with STORAGE_ERROR",
+        parse=_parse_data_dir,
+        metavar="DIR|auto|none",
     )
     spill_high: float = setting(
         0.85, "share of pool segments in use at which stored data spills to the data directory", unit="ratio"
@@ -359,6 +372,23 @@ class DaemonConfig:
     log_format: str = setting(
         "kv", "log line format: logfmt `key=value` pairs or one JSON object per line", choices=("kv", "json")
     )
+
+    def data_directory(self) -> str | None:
+        """The directory `data-dir` names (None: memory only).
+
+        `auto` gives every daemon address its own directory, so daemons sharing a host never share one, and a
+        daemon restarted on the same address finds its data again.
+        """
+        if self.data_dir == DATA_DIR_NONE:
+            return None
+        if self.data_dir != DATA_DIR_AUTO:
+            return self.data_dir
+        if os.geteuid() == 0:
+            root = SYSTEM_STATE_ROOT
+        else:
+            root = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "shuffled")
+        name = self.advertise or f"{self.host}:{self.port}"
+        return os.path.join(root, re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-"))
 
     def validate(self) -> None:
         def need(ok: bool, what: str) -> None:

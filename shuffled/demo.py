@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import closing
 
@@ -28,9 +30,9 @@ def _free_port() -> int:
     raise RuntimeError("no free port on both loopback addresses")
 
 
-def _start(host: str, port: int, peers: str) -> subprocess.Popen[str]:
+def _start(host: str, port: int, peers: str, data_dir: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", "256M"]
-    cmd += ["--metrics-port", "0"]
+    cmd += ["--metrics-port", "0", "--data-dir", data_dir]
     proc = subprocess.Popen([*cmd, "--peers", peers], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + 30
@@ -105,9 +107,11 @@ def run_demo(maps: int, partitions: int, megabytes: int, spark: bool = False) ->
     port = _free_port()
     addrs = [f"{h}:{port}" for h in HOSTS]
     procs = []
+    # The demo's data goes away with it (a daemon's default data dir outlives it, for restarts).
+    scratch = tempfile.TemporaryDirectory(prefix="shuffled-demo-")
     try:
         for h in HOSTS:
-            procs.append(_start(h, port, ",".join(addrs)))
+            procs.append(_start(h, port, ",".join(addrs), os.path.join(scratch.name, h)))
         import uvloop
 
         uvloop.run(asyncio.wait_for(_run(addrs, maps, partitions, megabytes << 20), 300))
@@ -125,3 +129,4 @@ def run_demo(maps: int, partitions: int, megabytes: int, spark: bool = False) ->
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        scratch.cleanup()

@@ -3,22 +3,38 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import closing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shuffled_client import AsyncClient
 
 READY_TIMEOUT = 30.0
+
+#: the test run's data dirs (the daemons' default, data-dir auto, is a system directory that outlives the run)
+_DATA_ROOT = Path(tempfile.mkdtemp(prefix="shuffled-test-data-"))
+atexit.register(shutil.rmtree, _DATA_ROOT, True)
+
+
+def daemon_data_dir(host: str, port: int) -> str:
+    """The data dir of the daemon on this address, as `data-dir auto` would give it: a restart on the same
+    address finds its data again. Port 0 names no address, so such a daemon gets a directory of its own."""
+    if port == 0:
+        return tempfile.mkdtemp(prefix=f"{host}-", dir=_DATA_ROOT)
+    return str(_DATA_ROOT / f"{host}-{port}")
 
 
 def free_port(hosts: list[str]) -> int:
@@ -75,6 +91,8 @@ def start_daemon(
 ) -> DaemonProcess:
     cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", pool_size]
     cmd += ["--metrics-port", "0"]  # several daemons (and test runs) share loopback hosts
+    if not any(a == "--data-dir" for a in extra or []):
+        cmd += ["--data-dir", daemon_data_dir(host, port)]
     proc = subprocess.Popen(
         cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=preexec
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,10 @@ def test_cli_refuses_bad_settings_naming_them(args: list[str], says: str) -> Non
     result = _cli("serve", "--port", "0", *args)
     assert result.returncode == 2
     assert says in result.stderr
+
+
+def test_an_unusable_data_dir_is_a_clear_start_up_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    result = _cli("serve", "--port", "0", "--data-dir", str(tmp_path / "file" / "d"))
+    assert result.returncode == 1
+    assert f"data dir {tmp_path / 'file' / 'd'} is not usable" in result.stderr

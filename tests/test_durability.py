@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shuffled.config import DaemonConfig
 from shuffled.protocol import codec
 from shuffled.protocol.frames import CommitAck, OpenMapOutput, PushCredit
 from shuffled_client import (
@@ -37,7 +39,7 @@ APP = "app-durable"
 def daemon(data: Path | None, pool: str = "32M", extra: list[str] | None = None, **kw: object) -> DaemonProcess:
     host = "127.0.0.1"
     # A short drain: restart tests stop the daemon with a push still open, which must be aborted, not awaited.
-    args = (["--data-dir", str(data)] if data is not None else []) + ["--drain-timeout", "1"] + (extra or [])
+    args = ["--data-dir", str(data) if data is not None else "none", "--drain-timeout", "1", *(extra or [])]
     return start_daemon(host, free_port([host]), pool, args, **kw)  # type: ignore[arg-type]
 
 
@@ -523,6 +525,100 @@ async def test_full_disk_aborts_the_map_output_and_never_serves_partial_data(
         await asyncio.wait_for(body(data, preexec), 120)
     finally:
         cleanup()
+
+
+async def test_by_default_a_full_pool_spills_to_the_daemons_own_data_dir(
+    stop_later: Callable[[DaemonProcess], DaemonProcess],
+) -> None:
+    """With data-dir auto (the default), the ready line names the directory derived from the daemon's
+    address, and a shuffle four times the pool spills there instead of stopping the pusher."""
+    host = "127.0.0.1"
+    port = free_port([host])
+    where = Path(str(DaemonConfig(host=host, port=port).data_directory()))
+
+    async def body() -> None:
+        d = stop_later(start_daemon(host, port, "16M", ["--data-dir", "auto"]))
+        assert any(f"data_dir={where} " in line for line in d.log if "msg=ready" in line), d.log
+        c = await AsyncClient.connect(d.addr)
+        for attempt in (1, 2):
+            await push(c, 1, attempt, [16 * MiB, 16 * MiB])
+        assert (await c.stats())["disk"]["spills"] > 0
+        got = await read_by_attempt(c, 1, 0, 2, {"": [1, 2]})
+        assert got == expected([1, 2], [16 * MiB, 16 * MiB])
+        await c.remove_application(APP)
+        assert files_under(where) == []
+        await c.close()
+
+    try:
+        await asyncio.wait_for(body(), 60)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+async def _fill_until_refused(c: AsyncClient, shuffle: int, most: int) -> tuple[StorageError, list[int]]:
+    """Push and commit 1 MiB map outputs until a push is refused; the refusal and the attempts committed."""
+    committed: list[int] = []
+    for attempt in range(1, most + 1):
+        try:
+            await push(c, shuffle, attempt, [512 * KiB, 512 * KiB])
+        except StorageError as exc:
+            return exc, committed
+        committed.append(attempt)
+    raise AssertionError(f"{most} MiB of pushes were all taken")
+
+
+async def test_without_a_data_dir_a_push_into_a_pool_full_of_stored_data_fails_at_once(
+    stop_later: Callable[[DaemonProcess], DaemonProcess],
+) -> None:
+    """data-dir none: once stored data fills the memory pushes may use, the next push fails with
+    STORAGE_ERROR naming the cause, instead of waiting for credit until the client times out
+    (Spark keeps finished queries' shuffles until its driver collects them, so that credit never comes).
+    Removing a shuffle makes room again, and every segment is accounted for."""
+
+    async def body() -> None:
+        d = stop_later(daemon(None, pool="8M"))
+        c = await AsyncClient.connect(d.addr)
+        error, committed = await _fill_until_refused(c, 1, 16)
+        assert "data-dir none" in error.message and not error.fetch_failure
+        assert len(committed) >= 4
+        assert (await c.stats())["errors"]["STORAGE_ERROR"] >= 1
+        assert await read_by_attempt(c, 1, 0, 2, {"": committed}) == expected(committed, [512 * KiB] * 2)
+        await c.unregister_shuffle(APP, 1)
+        await push(c, 2, 1, [512 * KiB, 512 * KiB])
+        await c.remove_application(APP)
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_full_disk_behind_a_full_pool_fails_pushes_at_once(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """Files capped at 2 MiB (RLIMIT_FSIZE) behind an 8 MiB pool: once the disk refuses spills and
+    committed data fills memory, a push fails with STORAGE_ERROR naming the disk's error instead of
+    hanging; the committed data stays readable."""
+
+    async def body() -> None:
+        limit, _ = _small_dir(tmp_path / "small", 2 * MiB, "rlimit")
+        d = stop_later(daemon(tmp_path / "small", pool="8M", preexec=limit))
+        c = await AsyncClient.connect(d.addr)
+        # A push whose data was in a failed spill is aborted; the others commit, until committed data
+        # fills memory and a push has nothing to wait for: that one is refused before it gets credit.
+        committed: dict[int, list[int]] = {}
+        for shuffle in range(1, 33):
+            error, committed[shuffle] = await _fill_until_refused(c, shuffle, 32)
+            if "spilling to" in error.message:
+                break
+        assert "spilling to" in error.message, error.message
+        for shuffle, attempts in committed.items():
+            got = await read_by_attempt(c, shuffle, 0, 2, {"": attempts})
+            assert got == expected(attempts, [512 * KiB] * 2)
+        await c.remove_application(APP)
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
+
+    await asyncio.wait_for(body(), 90)
 
 
 async def test_flush_after_writes_idle_committed_shuffles_to_disk(

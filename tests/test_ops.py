@@ -151,9 +151,9 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
 @pytest.mark.asyncio
 async def test_readyz_follows_the_pool_and_the_drain() -> None:
     """Ready while pushes can get memory; not ready when only the read reserve is left (a new push
-    then waits, counted as back-pressure), ready again once the data is unregistered, not ready once draining.
-    No data directory: with one, the daemon would spill instead of staying full."""
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M")
+    then waits for memory another push holds, counted as back-pressure), ready again once the data is
+    unregistered, not ready once draining. Memory only (data-dir none): with a disk it would spill instead."""
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M", ["--data-dir", "none"])
 
     async def ready() -> tuple[int, str]:
         return await asyncio.to_thread(http_get, d.http, "/readyz")
@@ -162,16 +162,20 @@ async def test_readyz_follows_the_pool_and_the_drain() -> None:
         c = await AsyncClient.connect(d.addr)
         assert await ready() == (200, "ready\n")
         pool = (await c.stats())["pool"]
-        await _push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"]) * SEGMENT])  # leaves only the reserve
+        window = 16  # push-window: what one open map output may hold
+        await _push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"] - window) * SEGMENT])
+        hog = await c.open_writer("r-app", 3, 0, 4, 1)  # its credit takes the rest: only the reserve is free
         _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when the pool is full")
         assert "pool exhausted" in text
-        # A new push now waits for memory with no credit: back-pressure shows in the metrics.
+        # A new push now waits for memory with no credit (the hog's window comes back when it ends):
+        # back-pressure shows in the metrics.
         blocked = asyncio.create_task(c.open_writer("r-app", 2, 0, 3, 1))
         await wait_until(
             lambda: _scrape(d),
             lambda m: m['shuffled_zero_credit_seconds_total{kind="push"}'] > 0 and m["shuffled_pool_waiting_requests"],
             what="push back-pressure counted",
         )
+        await hog.abort()
         await c.unregister_shuffle("r-app", 0)
         await wait_until(ready, lambda r: r[0] == 200, what="ready after unregister")
         await (await blocked).abort()

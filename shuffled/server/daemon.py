@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import SECRET_ENV, ConfigError, DaemonConfig
+from ..config import DATA_DIR_AUTO, SECRET_ENV, ConfigError, DaemonConfig
 from ..logs import event
 from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
@@ -58,10 +58,14 @@ class Daemon:
         reserve = max(int(segments * config.read_reserve), 3 * config.exclusive)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
+        #: where spill files live (None: memory only)
+        self.data_dir = config.data_directory()
         try:
-            self.disk = Disk(config.data_dir) if config.data_dir else None
+            self.disk = Disk(self.data_dir) if self.data_dir else None
         except OSError as exc:
-            raise OSError(f"data dir {config.data_dir} is not usable: {exc}") from exc
+            auto = config.data_dir == DATA_DIR_AUTO
+            how = " (data-dir auto: set --data-dir DIR, or none for memory only)" if auto else ""
+            raise OSError(f"data dir {self.data_dir}{how} is not usable: {exc}") from exc
         self.store.can_spill = self.disk is not None
         self.store.max_partitions = config.max_partitions
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
@@ -135,7 +139,7 @@ class Daemon:
             segments=self.pool.total,
             segment_size=cfg.segment_size,
             read_reserve=self.pool.reserve,
-            data_dir=self.disk.root if self.disk else None,
+            data_dir=self.disk.root if self.disk else "none (memory only: a full pool fails pushes)",
             peer_tls_port=cfg.peer_tls_port or None,
             restored_shuffles=restored,
             http=self.ops.address if self.ops else None,
@@ -178,15 +182,15 @@ class Daemon:
             reasons.append(f"pool exhausted: {pool.used} of {pool.total} segments used, the rest is the read reserve")
         disk = self.disk_space()
         if disk is not None and disk[1] < self.config.ready_disk_free * disk[0]:
-            reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.config.data_dir}")
+            reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.data_dir}")
         return reasons
 
     def disk_space(self) -> tuple[int, int] | None:
         """(capacity, free bytes) of the data directory's file system, if there is one."""
-        if not self.config.data_dir:
+        if not self.data_dir:
             return None
         try:
-            usage = shutil.disk_usage(self.config.data_dir)
+            usage = shutil.disk_usage(self.data_dir)
         except OSError:
             return None
         return usage.total, usage.free
@@ -238,6 +242,9 @@ class Daemon:
             ]
             await self.spiller.flush(idle)
         self.spiller.check()
+        for conn in list(self.connections):
+            for session in list(conn.pushes.values()):
+                session.check_wait()
 
     async def stop(self) -> None:
         if self.ops is not None:

@@ -58,6 +58,8 @@ class PushSession:
 
     async def start(self) -> None:
         cfg = self.conn.daemon.config
+        if self._hopeless():
+            return
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
         pool = await self.conn.daemon.pool.create_local_pool(cfg.push_min, cfg.push_max)
         self._stop_waiting()
@@ -121,9 +123,22 @@ class PushSession:
             self.counters.push_credit_granted += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
-        elif pool.available == 0 and self._waiting is None:
+        elif pool.available == 0 and self._waiting is None and not self._hopeless():
             self._waiting = asyncio.create_task(self._wait_for_memory())
             self.waiting_since = time.monotonic()
+
+    def _hopeless(self) -> bool:
+        """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
+        need = 1 if self.pool is not None else self.conn.daemon.config.push_min
+        error = self.conn.daemon.spiller.push_memory_error(need)
+        if error is not None:
+            self.fail(error)
+        return error is not None
+
+    def check_wait(self) -> None:
+        """A wait that began while memory could still come: end it if that is no longer so."""
+        if self.waiting_since is not None and not self.closed:
+            self._hopeless()
 
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0

@@ -15,7 +15,10 @@ A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the chunks stay i
 memory; map outputs that were still open and had data in the failed spill are
 aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
 the task) and their memory comes back. Committed data keeps being served from
-memory. Pressure spilling then backs off for `RETRY_AFTER` seconds.
+memory. Pressure spilling then backs off for `RETRY_AFTER` seconds. Until a
+spill succeeds again, a push that needs memory which only a spill could free
+fails at once with STORAGE_ERROR (`push_memory_error`) instead of waiting for
+credit that will not come; so does every such push on a daemon without a disk.
 """
 
 from __future__ import annotations
@@ -59,6 +62,30 @@ class Spiller:
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
         self._failed_at = -RETRY_AFTER
+        #: why the last spill failed, until one succeeds (the disk is full or broken meanwhile)
+        self.disk_error: OSError | None = None
+
+    def push_memory_error(self, need: int) -> StorageError | None:
+        """Why a push waiting for `need` more segments would wait for good (None: memory will come).
+
+        Memory held by push windows and reads comes back by itself; memory held by stored data only when it
+        is spilled or its shuffle removed, which Spark may do much later (when its driver collects the
+        shuffle). So a push waits only while stored data leaves room for it or can move to disk.
+        """
+        if self.disk is not None and self.disk_error is None:
+            return None
+        usable = self.pool.total - self.pool.reserve
+        stored = self.store.memory_segments
+        if usable - stored >= need:
+            return None
+        held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
+        if self.disk is None:
+            return StorageError(
+                f"no memory for this push: {held} and this daemon has no data directory to spill to "
+                "(data-dir none); memory comes back when Spark removes shuffles"
+            )
+        why = self.disk_error.strerror if self.disk_error is not None else None
+        return StorageError(f"no memory for this push: {held} and spilling to {self.disk.root} fails: {why}")
 
     def holding(self, app: str) -> bool:
         """True while pushes of `app` get no new memory."""
@@ -182,6 +209,7 @@ class Spiller:
                 attempt=changed[0].attempt,
                 chunks=len(changed),
             )
+        self.disk_error = None
         written = self.store.spilled(data, sub, chunks, done.offset)
         sub.file.size = done.offset + written
         disk.stats.spills += 1
@@ -219,6 +247,7 @@ class Spiller:
         assert self.disk is not None
         self.disk.stats.errors += 1
         self._failed_at = asyncio.get_running_loop().time()
+        self.disk_error = exc
         event(
             log,
             "spill failed",
