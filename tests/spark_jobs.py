@@ -166,6 +166,93 @@ JOBS: dict[str, Job] = {
 }
 
 
+# -- at scale: shuffles of tens of megabytes (many times small daemon pools) with small, exact results
+
+
+def wide(spark: SparkSession, rows: int, parts: int = 8) -> DataFrame:
+    """Rows of ~100 bytes that compress little (a SHA-256 in hex), so shuffled bytes stay large."""
+    return spark.range(0, rows, numPartitions=parts).select(
+        F.col("id"),
+        (F.col("id") % 1009).alias("k"),
+        (F.col("id") * 7919 % 100_003).alias("v"),
+        F.sha2(F.col("id").cast("string"), 256).alias("h"),
+    )
+
+
+def digests(df: DataFrame, *keys: str) -> DataFrame:
+    """Per group: row count and order-independent sums of every row's hash (equal digests: equal rows)."""
+    low32 = F.xxhash64(*df.columns).bitwiseAND(0xFFFFFFFF)  # summed as 64-bit: no overflow (ANSI mode)
+    return df.groupBy(*keys).agg(F.count("*"), F.sum(F.hash(*df.columns)), F.sum(low32))
+
+
+def digest(df: DataFrame, *keys: str) -> Any:
+    return sorted(rows(digests(df, *keys)))
+
+
+SCALE_ROWS = 1_000_000
+
+
+def scale_join_aggregate(spark: SparkSession) -> Any:
+    left = wide(spark, SCALE_ROWS)
+    right = wide(spark, SCALE_ROWS).select("id", F.col("h").alias("h2"), F.col("v").alias("v2"))
+    return digest(left.join(right.hint("merge"), "id"), "k")
+
+
+def scale_window(spark: SparkSession) -> Any:
+    w = Window.partitionBy("k").orderBy("v", "id")
+    ranked = wide(spark, SCALE_ROWS).select("k", "v", "h", F.row_number().over(w).alias("n"))
+    return digest(ranked, "k")
+
+
+def scale_distinct_sort(spark: SparkSession) -> Any:
+    """A distinct of unique values (no map-side reduction), then a global sort checked in order."""
+    unique = wide(spark, SCALE_ROWS).select("h", "k").distinct()
+    ordered = unique.orderBy("h").select("h", F.monotonically_increasing_id().alias("pos"))
+    ordered = ordered.withColumn("rank", F.row_number().over(Window.partitionBy(F.lit(0)).orderBy("pos")))
+    return digest(ordered.select("h", "rank"))
+
+
+def scale_skew_join(spark: SparkSession) -> Any:
+    """Most rows share key 0: AQE splits that partition, reading map ranges of spilled map outputs."""
+    for key, value in {
+        **SKEW_CONF,
+        "spark.sql.adaptive.skewJoin.skewedPartitionThresholdInBytes": "1m",
+        "spark.sql.adaptive.advisoryPartitionSizeInBytes": "1m",
+    }.items():
+        spark.conf.set(key, value)
+    try:
+        left = wide(spark, SCALE_ROWS).withColumn("k", F.when(F.col("id") % 10 < 8, F.lit(0)).otherwise(F.col("k")))
+        joined = left.join(dims(spark).hint("merge"), "k").select("id", "k", "h", "w")
+        df = digests(joined.withColumn("g", F.col("id") % 7), "g")
+        result = sorted(rows(df))
+        assert "skew=true" in executed_plan(df), "AQE did not split the skewed partition"
+    finally:
+        for key in SKEW_CONF:
+            spark.conf.unset(key)
+    return result
+
+
+def scale_rdd_group_by_key(spark: SparkSession) -> Any:
+    def record(i: int) -> tuple[int, str]:
+        import hashlib
+
+        return i % 101, hashlib.sha256(str(i).encode()).hexdigest() * 2
+
+    def summary(values: Any) -> tuple[int, int]:
+        import zlib
+
+        return len(values), sum(zlib.crc32(v.encode()) for v in values)
+
+    data = spark.sparkContext.parallelize(range(1_000_000), 8).map(record)
+    return sorted(data.groupByKey(numPartitions=8).mapValues(summary).collect())
+
+
+SCALE_JOBS: dict[str, Job] = {
+    job.__name__: job
+    for job in (scale_join_aggregate, scale_window, scale_distinct_sort, scale_skew_join, scale_rdd_group_by_key)
+}
+
+
 def session(master: str, conf: dict[str, str]) -> SparkSession:
     return (
         SparkSession.builder.master(master).appName("shuffled-tests").config(map={**COMMON_CONF, **conf}).getOrCreate()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,66 @@ def stage_data(spark: Any) -> list[Any]:
     empty = gateway.jvm.java.util.Collections.emptyList()
     stages = sc._jsc.sc().statusStore().stageList(None, False, False, no_quantiles, empty)
     return [stages.apply(i) for i in range(stages.size())]
+
+
+def _numbers(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Every number in a stats tree, keyed by its dotted path ("disk.spills")."""
+    out: dict[str, float] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_numbers(value, f"{prefix}{key}."))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[prefix + key] = value
+    return out
+
+
+@dataclass
+class JobTraffic:
+    """What one job moved, by Spark's metrics and by each daemon's counters (deltas over the job)."""
+
+    spark_written: int = 0
+    spark_read: int = 0
+    daemon_deltas: list[dict[str, Any]] = field(default_factory=list)
+
+    def total(self, path: str) -> float:
+        return sum(_numbers(d).get(path, 0) for d in self.daemon_deltas)
+
+    def assert_exact(self) -> None:
+        """With no failed or speculative attempt, the daemons committed exactly what Spark's map tasks
+        wrote, and served (from their own store, memory or disk) exactly what its reducers read."""
+        assert self.total("store.committed_bytes") == self.spark_written, self
+        assert self.total("traffic.served_local_bytes") == self.spark_read, self
+
+
+@contextmanager
+def job_traffic(spark: Any, daemons: list[DaemonProcess], exact: bool = True) -> Iterator[JobTraffic]:
+    """Run a job inside: afterwards the daemons must have committed and served its shuffle bytes.
+
+    Deltas, not totals, so a test proves its own job went through the daemons, whatever ran before.
+    """
+    stages_before = {(s.stageId(), s.attemptId()) for s in stage_data(spark)}
+    before = [_numbers(daemon_stats(d)) for d in daemons]
+    traffic = JobTraffic()
+    yield traffic
+    for d, old in zip(daemons, before, strict=True):
+        new = _numbers(daemon_stats(d))
+        delta: dict[str, Any] = {}
+        for path, value in new.items():
+            node = delta
+            *parents, leaf = path.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value - old.get(path, 0)
+        traffic.daemon_deltas.append(delta)
+    for s in stage_data(spark):
+        if (s.stageId(), s.attemptId()) not in stages_before:
+            traffic.spark_written += s.shuffleWriteBytes()
+            traffic.spark_read += s.shuffleLocalBytesRead() + s.shuffleRemoteBytesRead()
+    assert traffic.spark_written > 0, "the job wrote no shuffle data"
+    assert traffic.total("store.committed_bytes") >= traffic.spark_written, traffic
+    assert traffic.total("traffic.served_local_bytes") >= traffic.spark_read > 0, traffic
+    if exact:
+        traffic.assert_exact()
 
 
 def builtin_results(jar: Path) -> dict[str, Any]:

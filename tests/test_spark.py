@@ -18,6 +18,7 @@ from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
 from tests.spark_support import (
     daemon_stats,
+    job_traffic,
     needs_spark,
     plugin_conf,
     restart,
@@ -42,8 +43,11 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
 
 
 @pytest.mark.parametrize("name", list(spark_jobs.JOBS))
-def test_job_matches_builtin_shuffle(spark: Any, builtin: dict[str, Any], name: str) -> None:
-    assert spark_jobs.JOBS[name](spark) == builtin[name]
+def test_job_matches_builtin_shuffle(
+    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess], name: str
+) -> None:
+    with job_traffic(spark, daemons):
+        assert spark_jobs.JOBS[name](spark) == builtin[name]
 
 
 def test_map_output_lands_in_both_daemons(spark: Any, daemons: list[DaemonProcess]) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
-from tests.spark_support import daemon_stats, needs_spark, plugin_conf, spark_daemons
+from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -53,8 +53,11 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
 
 
 @pytest.mark.parametrize("name", ["groupby_agg", "join_sort_merge", "window", "rdd_reduce_by_key", "rdd_sort_by_key"])
-def test_job_matches_builtin_shuffle(spark: Any, builtin: dict[str, Any], name: str) -> None:
-    assert spark_jobs.JOBS[name](spark) == builtin[name]
+def test_job_matches_builtin_shuffle(
+    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess], name: str
+) -> None:
+    with job_traffic(spark, daemons):
+        assert spark_jobs.JOBS[name](spark) == builtin[name]
 
 
 def test_each_executor_pushes_into_its_own_daemon(spark: Any, daemons: list[DaemonProcess]) -> None:

@@ -138,6 +138,7 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("shuffled_store_bytes", "Committed bytes held", store["stored_bytes"])
     yield _gauge("shuffled_open_map_outputs", "Map outputs being pushed", store["open_map_outputs"])
     yield _counter("shuffled_map_outputs_committed", "Map outputs committed", store.get("commits", 0))
+    yield _counter("shuffled_committed_bytes", "Bytes of committed map outputs", store.get("committed_bytes", 0))
     yield _counter(
         "shuffled_map_outputs_aborted", "Map outputs aborted or lost with their client", store.get("aborts", 0)
     )

@@ -191,6 +191,8 @@ class Store:
         #: pool segments all stored chunks hold (what spilling can free)
         self.memory_segments = 0
         self.commits = 0
+        #: bytes of every attempt ever committed here (a counter: what Spark's map tasks wrote)
+        self.committed_bytes = 0
         self.aborts = 0
         #: application -> digest of the token it is bound to (b"": bound to requests without one)
         self.app_keys: dict[str, bytes] = {}
@@ -309,6 +311,7 @@ class Store:
             data.bytes += chunk.length
         out.pending = []
         self.commits += 1
+        self.committed_bytes += sum(out.lengths.values())
         data.last_commit = data.usage.last_active = time.monotonic()
         return [out.lengths.get(p, 0) for p in range(data.partitions)]
 
@@ -499,5 +502,6 @@ class Store:
             "stored_bytes": sum(d.bytes for d in shuffles),
             "open_map_outputs": sum(len(d.open) for d in shuffles),
             "commits": self.commits,
+            "committed_bytes": self.committed_bytes,
             "aborts": self.aborts,
         }

@@ -42,8 +42,7 @@ final class DaemonClients implements AutoCloseable {
     <T> T withDaemon(String executorId, long taskAttemptId, DaemonCall<T> call) throws IOException {
         List<String> addresses = conf.addresses;
         int n = addresses.size();
-        int first = (int) Math.floorMod(
-                conf.choice == ShuffledConf.DaemonChoice.TASK ? taskAttemptId : executorKey(executorId), (long) n);
+        int first = first(executorId, taskAttemptId);
         ShuffledException last = null;
         for (int i = 0; i < n; i++) {
             try {
@@ -56,6 +55,16 @@ final class DaemonClients implements AutoCloseable {
             }
         }
         throw last;
+    }
+
+    /** The address a task tries first: its own daemon, the one to blame when no daemon answers. */
+    String taskDaemon(String executorId, long taskAttemptId) {
+        return conf.addresses.get(first(executorId, taskAttemptId));
+    }
+
+    private int first(String executorId, long taskAttemptId) {
+        long key = conf.choice == ShuffledConf.DaemonChoice.TASK ? taskAttemptId : executorKey(executorId);
+        return (int) Math.floorMod(key, (long) conf.addresses.size());
     }
 
     /** An open client for {@code address}, connecting (again) if needed. */

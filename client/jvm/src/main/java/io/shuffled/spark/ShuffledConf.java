@@ -42,6 +42,9 @@ final class ShuffledConf {
         refuse(conf, "spark.shuffle.useOldFetchProtocol",
                 "map statuses must name map task attempts, so that a retried attempt is a new map output");
         refuse(conf, "spark.shuffle.push.enabled", "push-based shuffle merges blocks in Spark's own shuffle service");
+        refuse(conf, "spark.storage.decommission.shuffleBlocks.enabled",
+                "map output lives in the daemons, not in the executor's block manager, so there is nothing to migrate "
+                        + "(a decommissioned executor's output stays readable)");
         addresses = parseAddresses(conf.get(ADDRESS, DEFAULT_ADDRESS));
         String choiceName = conf.get(DAEMON_CHOICE, "executor").trim();
         try {

@@ -6,6 +6,7 @@ import io.shuffled.client.wire.ShuffledException;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.io.InterruptedIOException;
+import java.net.SocketTimeoutException;
 import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
@@ -154,6 +155,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private boolean local;
         private boolean merged;
         private Exception failed;
+        private long waitNanosUnreported;
 
         Records(SparkEnv env, ShuffleDependency<K, ?, C> dep, List<Location> locations) {
             this.env = env;
@@ -234,9 +236,22 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 } else {
                     metrics.incRemoteBytesRead(bytes);
                 }
-                metrics.incFetchWaitTime(waitNanos / 1_000_000);
+                addFetchWait(waitNanos);
             });
             return true;
+        }
+
+        /**
+         * Spark counts fetch wait in whole milliseconds, and one chunk's wait is mostly far below one: the
+         * nanoseconds are summed and handed over a millisecond at a time, so short waits add up.
+         */
+        private void addFetchWait(long waitNanos) {
+            waitNanosUnreported += waitNanos;
+            long millis = waitNanosUnreported / 1_000_000;
+            if (millis > 0) {
+                metrics.incFetchWaitTime(millis);
+                waitNanosUnreported -= millis * 1_000_000;
+            }
         }
 
         /** At the end: the task's read metrics take this reader's counts (as Spark's own reader does). */
@@ -266,26 +281,33 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         }
 
         /**
-         * What Spark should see for a failed read: a fetch failure if data is lost, else the error itself.
-         * The blame goes to the daemon being read, unless the task's own daemon connection broke: then its
-         * daemon is the one in doubt (and a healthy remote daemon keeps its outputs).
+         * What Spark should see for a failed read: a fetch failure if data is lost or its daemon does not
+         * answer, else the error itself. The blame goes to the daemon being read, unless the task's own
+         * daemon is in doubt: its connection broke, it sent nothing within the timeout (a daemon waiting on
+         * a silent peer fails that stream with TIMEOUT after peer-timeout, shorter than the plugin's
+         * timeout, so a timeout here means the task's daemon itself), or no daemon could be reached. A
+         * healthy remote daemon then keeps its outputs.
          */
         private Exception failure(IOException e) {
             int at = index;
             close();
-            if (e instanceof InterruptedIOException || (e instanceof ShuffledException s && !s.code().fetchFailure())) {
+            boolean timedOut = e instanceof SocketTimeoutException;
+            boolean killed = context.isInterrupted() || (e instanceof InterruptedIOException && !timedOut);
+            if (killed || (e instanceof ShuffledException s && !s.code().fetchFailure())) {
                 return e; // a kill or a bug, not lost data
             }
             BlockManagerId blame;
             long mapId = -1;
             int mapIndex = -1;
-            if (client != null && client.isOpen() && at >= 0 && at < locations.size()) {
+            if (!timedOut && client != null && client.isOpen() && at >= 0 && at < locations.size()) {
                 Location loc = locations.get(at);
                 blame = loc.id();
                 mapId = loc.firstMapId();
                 mapIndex = loc.firstMapIndex();
             } else {
-                String daemon = client != null ? client.daemonNode() : "unreachable";
+                String daemon = client != null
+                        ? client.daemonNode()
+                        : clients.taskDaemon(env.executorId(), context.taskAttemptId());
                 blame = DaemonLocation.of(daemon, env.blockManager().blockManagerId().host());
             }
             return new FetchFailedException(blame, dep.shuffleId(), mapId, mapIndex, start,
