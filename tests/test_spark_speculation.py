@@ -4,6 +4,8 @@ takes one copy's output and kills the other; the result must be exact."""
 
 from __future__ import annotations
 
+import hashlib
+import operator
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +15,13 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
-from tests.spark_support import daemon_stats, needs_spark, plugin_conf, spark_daemons, stage_data
+from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons, stage_data
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
 STRAGGLER_S = 30  # the straggler's duration; speculation must finish the stage long before
+ROWS = 20_000
+STALL_AFTER = 8_000  # of the straggler's 10,000 rows: most of its output is pushed before it stalls
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +54,32 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
             session.stop()
 
 
-def test_speculative_map_attempts_give_exact_results(
-    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess]
-) -> None:
-    def straggle(index: int, rows: Iterator[Any]) -> Iterator[Any]:
+def test_speculative_map_attempts_give_exact_results(spark: Any, daemons: list[DaemonProcess]) -> None:
+    """The straggler pushes most of its output (several 32 KiB buffers per partition) before it stalls, so
+    two attempts of one map task really push into the daemons at once; only one of them may count."""
+    rows = [(i % 53, hashlib.sha256(str(i).encode()).hexdigest()) for i in range(ROWS)]
+    expected: dict[int, int] = {}
+    for key, value in rows:
+        expected[key] = expected.get(key, 0) + int(value[:8], 16)
+
+    def straggle(index: int, part: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        if index == 0 and TaskContext.get().attemptNumber() == 0:
-            time.sleep(STRAGGLER_S)  # the workload: a slow task, not a synchronisation
-        return rows
+        stall = index == 0 and TaskContext.get().attemptNumber() == 0
+        for n, row in enumerate(part):
+            if stall and n == STALL_AFTER:
+                time.sleep(STRAGGLER_S)  # the workload: a slow task, not a synchronisation
+            yield row
 
-    data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 2)
+    # partitionBy streams records into the shuffle as they come (reduceByKey would combine the whole
+    # partition first, so the straggler would push nothing before it stalls); the reduceByKey after it
+    # keeps that partitioning and adds no shuffle.
+    pairs = spark.sparkContext.parallelize(rows, 2).mapPartitionsWithIndex(straggle).partitionBy(2)
+    summed = pairs.mapValues(lambda v: int(v[:8], 16)).reduceByKey(operator.add, 2)
     started = time.monotonic()
-    result = sorted(data.mapPartitionsWithIndex(straggle).reduceByKey(lambda a, b: a + b).collect())
-    assert result == builtin["rdd_reduce_by_key"]
+    with job_traffic(spark, daemons, exact=False) as traffic:
+        result = sorted(summed.collect())
+    assert result == sorted(expected.items())
     assert time.monotonic() - started < STRAGGLER_S, "the stage waited for the straggler: no speculation"
     store = spark.sparkContext._jsc.sc().statusStore()
     speculative = []
@@ -71,6 +87,9 @@ def test_speculative_map_attempts_give_exact_results(
         tasks = store.taskList(s.stageId(), s.attemptId(), 1000)
         speculative += [t for t in (tasks.apply(i) for i in range(tasks.size())) if t.speculative()]
     assert speculative, "no speculative task ran"
+    pushed, committed = traffic.total("traffic.pushed_bytes"), traffic.total("store.committed_bytes")
+    assert pushed > committed, f"the straggler pushed nothing before it stalled ({pushed} pushed, {committed} kept)"
+    assert committed == traffic.spark_written, traffic
     # The killed straggler's map output was aborted in its daemon, not left behind.
     poll_until(lambda: sum(daemon_stats(d)["store"]["aborts"] for d in daemons) >= 1, 30, "the straggler aborted")
 

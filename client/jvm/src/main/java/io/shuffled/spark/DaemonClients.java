@@ -4,6 +4,7 @@ import io.shuffled.client.ShuffleClient;
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.ShuffledException;
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
@@ -13,9 +14,12 @@ import java.util.concurrent.ConcurrentHashMap;
  * (the client multiplexes streams) and reopened after it breaks. A task's daemon is chosen from
  * {@code spark.shuffled.address} by executor id (or task id, see {@link ShuffledConf.DaemonChoice}); if
  * it cannot be reached the next address in the list is tried, so a restarted or lost daemon does not
- * stall every retry.
+ * stall every retry; when none can, the task waits for one to come back, up to the plugin's timeout.
  */
 final class DaemonClients implements AutoCloseable {
+    private static final long FIRST_PAUSE_MILLIS = 50;
+    private static final long MAX_PAUSE_MILLIS = 1000;
+
     private final ShuffledConf conf;
     private final String name;
     private final Map<String, ShuffleClient> clients = new ConcurrentHashMap<>();
@@ -37,9 +41,38 @@ final class DaemonClients implements AutoCloseable {
 
     /**
      * Runs {@code call} against the task's daemon, or the next address in the list if that daemon cannot
-     * be reached or is shutting down (it refuses new pushes while it drains).
+     * be reached or is shutting down (it refuses new pushes while it drains). When no daemon answers, the
+     * round is tried again with a growing pause until {@code spark.shuffled.timeout} has passed: a daemon
+     * that restarts (systemd, Kubernetes) is back within seconds, and a task that failed at once would be
+     * retried at once by Spark and fail again, aborting the job before the daemon is up.
      */
     <T> T withDaemon(String executorId, long taskAttemptId, DaemonCall<T> call) throws IOException {
+        long deadline = System.nanoTime() + conf.timeoutMillis * 1_000_000L;
+        long pauseMillis = FIRST_PAUSE_MILLIS;
+        while (true) {
+            ShuffledException unreachable;
+            try {
+                return eachDaemon(executorId, taskAttemptId, call);
+            } catch (ShuffledException e) {
+                if (!reachNext(e) || System.nanoTime() + pauseMillis * 1_000_000L > deadline) {
+                    throw e;
+                }
+                unreachable = e;
+            }
+            try {
+                Thread.sleep(pauseMillis); // a backoff between rounds, not a synchronisation
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                InterruptedIOException kill = new InterruptedIOException("killed while waiting for a daemon");
+                kill.initCause(unreachable);
+                throw kill;
+            }
+            pauseMillis = Math.min(2 * pauseMillis, MAX_PAUSE_MILLIS);
+        }
+    }
+
+    /** One round over the addresses, the task's own daemon first. */
+    private <T> T eachDaemon(String executorId, long taskAttemptId, DaemonCall<T> call) throws IOException {
         List<String> addresses = conf.addresses;
         int n = addresses.size();
         int first = first(executorId, taskAttemptId);
@@ -48,13 +81,18 @@ final class DaemonClients implements AutoCloseable {
             try {
                 return call.apply(client(addresses.get((first + i) % n)));
             } catch (ShuffledException e) {
-                if (e.code() != ErrorCode.CONNECTION_LOST && e.code() != ErrorCode.SHUTTING_DOWN) {
+                if (!reachNext(e)) {
                     throw e;
                 }
                 last = e;
             }
         }
         throw last;
+    }
+
+    /** Failures that say nothing about the call, only that this daemon cannot take it now. */
+    private static boolean reachNext(ShuffledException e) {
+        return e.code() == ErrorCode.CONNECTION_LOST || e.code() == ErrorCode.SHUTTING_DOWN;
     }
 
     /** The address a task tries first: its own daemon, the one to blame when no daemon answers. */

@@ -155,7 +155,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private boolean local;
         private boolean merged;
         private Exception failed;
-        private long waitNanosUnreported;
+        private final FetchWait fetchWait = new FetchWait();
 
         Records(SparkEnv env, ShuffleDependency<K, ?, C> dep, List<Location> locations) {
             this.env = env;
@@ -236,22 +236,9 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 } else {
                     metrics.incRemoteBytesRead(bytes);
                 }
-                addFetchWait(waitNanos);
+                metrics.incFetchWaitTime(fetchWait.add(waitNanos));
             });
             return true;
-        }
-
-        /**
-         * Spark counts fetch wait in whole milliseconds, and one chunk's wait is mostly far below one: the
-         * nanoseconds are summed and handed over a millisecond at a time, so short waits add up.
-         */
-        private void addFetchWait(long waitNanos) {
-            waitNanosUnreported += waitNanos;
-            long millis = waitNanosUnreported / 1_000_000;
-            if (millis > 0) {
-                metrics.incFetchWaitTime(millis);
-                waitNanosUnreported -= millis * 1_000_000;
-            }
         }
 
         /** At the end: the task's read metrics take this reader's counts (as Spark's own reader does). */
