@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push, spark, spill
+from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push, scale, spark, spill
 from .common import (
     BASELINE_MAX_AGE,
     BenchmarkFailure,
@@ -50,6 +50,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "latency": latency,
     "spill": spill,
     "spark": spark,
+    "scale": scale,
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -73,8 +74,8 @@ async def _run_one(ctx: Context, name: str, results: list[ScenarioResult]) -> No
     ctx.scenario = name
     ctx.progress("start")
     t0 = time.monotonic()
-    # A scenario that starts JVMs may need longer than the quick default; it says so in QUICK_TIME_LIMIT.
-    seconds = getattr(module, "QUICK_TIME_LIMIT", ctx.time_limit) if ctx.quick else ctx.time_limit
+    # A scenario that starts JVMs may need longer than the defaults; it says so in (QUICK_)TIME_LIMIT.
+    seconds = getattr(module, "QUICK_TIME_LIMIT" if ctx.quick else "TIME_LIMIT", ctx.time_limit)
     limit = asyncio.timeout(seconds)
     profiler = cProfile.Profile() if ctx.profile else None
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from .common import (
@@ -31,7 +32,7 @@ from .common import (
 )
 
 
-def _jar() -> str:
+def plugin_jar() -> str:
     try:
         from shuffled import spark_jar
 
@@ -45,9 +46,12 @@ BUILTIN, ONE, TWO = "built-in", "one daemon", "two daemons"
 QUICK_TIME_LIMIT = 90.0
 
 
-async def _run_mode(ctx: Context, mode: str, rows: int, addresses: str, jar: str, queries: str) -> dict[str, Any]:
+async def run_session(
+    ctx: Context, mode: str, rows: int, addresses: str, jar: str, queries: str, extra: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One `benchmarks.spark_job` process (a Spark session of its own); its JSON line of results."""
     argv = [sys.executable, "-m", "benchmarks.spark_job", "--mode", mode, "--rows", str(rows)]
-    argv += ["--addresses", addresses, "--jar", jar] + (["--queries", queries] if queries else [])
+    argv += ["--addresses", addresses, "--jar", jar, *extra] + (["--queries", queries] if queries else [])
     job = ManagedProcess(f"spark {mode}", argv, r"^\{")
     try:
         line = await job.wait_ready(timeout=ctx.time_limit)
@@ -59,7 +63,7 @@ async def _run_mode(ctx: Context, mode: str, rows: int, addresses: str, jar: str
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
-    jar = await asyncio.to_thread(_jar)
+    jar = await asyncio.to_thread(plugin_jar)
     rows = ctx.pick(20_000_000, 100_000)
     order = ctx.pick([BUILTIN, ONE, TWO, ONE, BUILTIN], [BUILTIN, ONE])
     chosen = ctx.pick("", "join_then_aggregate,window_rank")  # "": every query of spark_job
@@ -69,7 +73,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         for setup in order:
             used = daemons[: {BUILTIN: 0, ONE: 1, TWO: 2}[setup]]
             mode = "builtin" if setup == BUILTIN else "plugin"
-            out = await _run_mode(ctx, mode, rows, ",".join(d.node for d in used), jar, chosen)
+            out = await run_session(ctx, mode, rows, ",".join(d.node for d in used), jar, chosen)
             out["setup"] = setup
             runs.append(out)
             times = ", ".join(f"{q} {v['seconds']:.1f}s" for q, v in out["queries"].items())

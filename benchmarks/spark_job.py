@@ -3,7 +3,8 @@
 Run as ``python -m benchmarks.spark_job --mode builtin|plugin --rows N ...``. Each mode runs in a
 process (and JVM) of its own, so neither inherits the other's JIT warm-up or heap. Every query's
 shuffles are dropped after it (as Spark's ContextCleaner would after garbage collection), so the
-daemons hold one query's data at a time.
+daemons hold one query's data at a time; with ``--keep-shuffles`` they are not, as in a long session
+whose driver has not collected garbage yet (the `scale` scenario), and the daemons must spill.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from shuffled import spark_jar
+
+from . import star_schema
 
 
 def _facts(spark: SparkSession, rows: int) -> DataFrame:
@@ -58,6 +61,8 @@ def window_rank(spark: SparkSession, rows: int) -> DataFrame:
 QUERIES: dict[str, Callable[[SparkSession, int], DataFrame]] = {
     q.__name__: q for q in (join_then_aggregate, wide_aggregate, self_join, window_rank)
 }
+#: what --queries may name: these and the star-schema session's
+ALL_QUERIES = {**QUERIES, **star_schema.QUERIES}
 
 
 def _shuffle_write_bytes(spark: SparkSession) -> int:
@@ -80,7 +85,9 @@ def _drop_shuffles(spark: SparkSession) -> None:
         cleaner.doCleanupShuffle(shuffle_id, True)
 
 
-def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, queries: list[str]) -> dict[str, Any]:
+def run(
+    mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, queries: list[str], keep_shuffles: bool
+) -> dict[str, Any]:
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -96,7 +103,7 @@ def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, 
     out: dict[str, Any] = {"mode": mode, "queries": {}}
     try:
         for name in queries:
-            query = QUERIES[name]
+            query = ALL_QUERIES[name]
             before = _shuffle_write_bytes(spark)
             t0 = time.perf_counter()
             result = [tuple(r) for r in query(spark, rows).collect()]
@@ -104,9 +111,10 @@ def run(mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, 
             out["queries"][name] = {
                 "seconds": seconds,
                 "shuffle_bytes": _shuffle_write_bytes(spark) - before,
-                "result": hashlib.sha256(repr(sorted(result)).encode()).hexdigest(),
+                "result": hashlib.sha256(repr(sorted(result, key=repr)).encode()).hexdigest(),
             }
-            _drop_shuffles(spark)
+            if not keep_shuffles:
+                _drop_shuffles(spark)
     finally:
         spark.stop()
     return out
@@ -120,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addresses", default="", help="daemons, comma-separated (plugin mode)")
     parser.add_argument("--jar", type=Path, required=True)
     parser.add_argument("--queries", default=",".join(QUERIES), help="which queries, comma-separated")
+    parser.add_argument("--keep-shuffles", action="store_true", help="do not drop each query's shuffles after it")
     args = parser.parse_args(argv)
     addresses = [a for a in args.addresses.split(",") if a]
     queries = [q for q in args.queries.split(",") if q]
-    unknown = set(queries) - set(QUERIES)
+    unknown = set(queries) - set(ALL_QUERIES)
     if unknown:
-        parser.error(f"unknown queries {', '.join(sorted(unknown))}; choose from {', '.join(QUERIES)}")
-    print(json.dumps(run(args.mode, args.rows, args.partitions, addresses, args.jar, queries)), flush=True)
+        parser.error(f"unknown queries {', '.join(sorted(unknown))}; choose from {', '.join(ALL_QUERIES)}")
+    out = run(args.mode, args.rows, args.partitions, addresses, args.jar, queries, args.keep_shuffles)
+    print(json.dumps(out), flush=True)
     return 0
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import free_port, start_daemon
-from tests.spark_support import daemon_stats, needs_spark
+from tests.spark_support import job_traffic, needs_spark
 
 pytestmark = needs_spark
 
@@ -43,9 +43,9 @@ def test_job_through_the_unix_socket(builtin: dict[str, Any], plugin_jar: Path, 
     try:
         spark = spark_jobs.session("local[2]", spark_jar.spark_conf(plugin_jar, [f"unix:{sock}"]))
         try:
-            assert spark_jobs.rdd_reduce_by_key(spark) == builtin["rdd_reduce_by_key"]
-            assert spark_jobs.groupby_agg(spark) == builtin["groupby_agg"]
-            assert daemon_stats(daemon)["store"]["commits"] > 0
+            for name in ("rdd_reduce_by_key", "groupby_agg"):
+                with job_traffic(spark, [daemon]):
+                    assert spark_jobs.JOBS[name](spark) == builtin[name]
         finally:
             spark.stop()
     finally:

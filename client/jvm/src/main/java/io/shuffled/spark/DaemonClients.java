@@ -7,6 +7,7 @@ import java.io.IOException;
 import java.io.InterruptedIOException;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
 /**
@@ -14,7 +15,8 @@ import java.util.concurrent.ConcurrentHashMap;
  * (the client multiplexes streams) and reopened after it breaks. A task's daemon is chosen from
  * {@code spark.shuffled.address} by executor id (or task id, see {@link ShuffledConf.DaemonChoice}); if
  * it cannot be reached the next address in the list is tried, so a restarted or lost daemon does not
- * stall every retry; when none can, the task waits for one to come back, up to the plugin's timeout.
+ * stall every retry; when none can, the task waits for one that was there to come back, up to the plugin's
+ * timeout.
  */
 final class DaemonClients implements AutoCloseable {
     private static final long FIRST_PAUSE_MILLIS = 50;
@@ -23,6 +25,8 @@ final class DaemonClients implements AutoCloseable {
     private final ShuffledConf conf;
     private final String name;
     private final Map<String, ShuffleClient> clients = new ConcurrentHashMap<>();
+    /** Addresses this JVM has connected to at least once: a daemon that was there is worth waiting for. */
+    private final Set<String> reached = ConcurrentHashMap.newKeySet();
 
     DaemonClients(ShuffledConf conf, String name) {
         this.conf = conf;
@@ -41,10 +45,12 @@ final class DaemonClients implements AutoCloseable {
 
     /**
      * Runs {@code call} against the task's daemon, or the next address in the list if that daemon cannot
-     * be reached or is shutting down (it refuses new pushes while it drains). When no daemon answers, the
-     * round is tried again with a growing pause until {@code spark.shuffled.timeout} has passed: a daemon
-     * that restarts (systemd, Kubernetes) is back within seconds, and a task that failed at once would be
-     * retried at once by Spark and fail again, aborting the job before the daemon is up.
+     * be reached or is shutting down (it refuses new pushes while it drains). When no daemon answers but
+     * this JVM has reached one before, the round is tried again with a growing pause until
+     * {@code spark.shuffled.timeout} has passed: a daemon that restarts (systemd, Kubernetes) is back
+     * within seconds, and a task that failed at once would be retried at once by Spark and fail again,
+     * aborting the job before the daemon is up. A JVM that never reached any daemon fails at once: that is
+     * a wrong address or a daemon that is not running, and waiting would only delay the message.
      */
     <T> T withDaemon(String executorId, long taskAttemptId, DaemonCall<T> call) throws IOException {
         long deadline = System.nanoTime() + conf.timeoutMillis * 1_000_000L;
@@ -54,7 +60,7 @@ final class DaemonClients implements AutoCloseable {
             try {
                 return eachDaemon(executorId, taskAttemptId, call);
             } catch (ShuffledException e) {
-                if (!reachNext(e) || System.nanoTime() + pauseMillis * 1_000_000L > deadline) {
+                if (!reachNext(e) || reached.isEmpty() || System.nanoTime() + pauseMillis * 1_000_000L > deadline) {
                     throw e;
                 }
                 unreachable = e;
@@ -122,6 +128,7 @@ final class DaemonClients implements AutoCloseable {
             c = ShuffleClient.connect(
                     address, name, conf.timeoutMillis, conf.writerBufferBytes, conf.secret, conf.appSecret);
             clients.put(address, c);
+            reached.add(address);
             return c;
         }
     }

@@ -1,0 +1,120 @@
+"""`scale`: a long Spark session of a dozen star-schema SQL queries whose shuffles are never cleaned up,
+through Spark's built-in shuffle and through shuffled, in the same run.
+
+Each session is a process of its own (`benchmarks.spark_job --keep-shuffles`), local[2], 64 shuffle
+partitions, AQE on (Spark's default: coalescing and skew joins), broadcast joins off. Nothing drops a
+query's shuffles, as in a notebook whose driver has not collected garbage yet, so the daemons' stored
+data grows with every query. Two plugin set-ups, two daemons each with tasks spread over both:
+**defaults** (the daemons' default pool, a data directory to spill to) and **small pools**, chosen so
+the session shuffles at least eight times the pools and every daemon spills. The results of every query
+must be identical in every session; the table reports plugin/built-in time for the whole session (goal
+<= 1.0) and each daemon's peak RSS against its pool (goal: at most pool + 100 MiB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from shuffled.config import DaemonConfig
+from shuffled_client import Client
+
+from . import star_schema
+from .common import Context, DaemonProcess, Goal, MiB, Plot, RssSampler, ScenarioResult, require
+from .spark import plugin_jar, run_session
+
+BUILTIN, DEFAULTS, SMALL = "built-in", "defaults", "small pools"
+OVERHEAD_MIB = 100
+#: every session: no shuffle dropped, the 64 shuffle partitions of the issue's workload
+_EXTRA = ("--keep-shuffles", "--partitions", "64")
+#: --quick starts two Spark sessions of the three queries that shuffle most for their time
+QUICK_TIME_LIMIT = 90.0
+#: three sessions of a dozen queries over 10 million sales rows on 2 cores
+TIME_LIMIT = 3600.0
+QUICK_QUERIES = ["customer_segments", "hot_customer_join", "repeat_buyers"]
+
+
+def _default_pool() -> int:
+    return int(DaemonConfig().pool_size)
+
+
+def _spilled(daemons: list[DaemonProcess]) -> list[int]:
+    """Bytes each daemon has written to its spill files so far."""
+    out = []
+    for d in daemons:
+        with Client(d.node, timeout=10) as client:
+            out.append(int(client.stats()["disk"]["spilled_bytes"]))
+    return out
+
+
+async def _plugin_session(
+    ctx: Context, setup: str, pool: int, rows: int, jar: str, queries: str, result: ScenarioResult
+) -> dict[str, Any]:
+    async with ctx.daemons(pool, pool) as daemons:
+        pids = {f"{setup}: {d.host}": d.pid for d in daemons}
+        with RssSampler(pids, 0.5) as rss:
+            out = await run_session(ctx, "plugin", rows, ",".join(d.node for d in daemons), jar, queries, _EXTRA)
+        out["spilled"] = await asyncio.to_thread(_spilled, daemons)
+        for key in pids:
+            result.add(
+                f"peak RSS, {key}",
+                rss.peak(key),
+                "MiB",
+                baseline_name="pool",
+                baseline=pool / MiB,
+                goal=Goal("value", "<=", pool / MiB + OVERHEAD_MIB),
+            )
+        out["rss"] = dict(rss.series)
+    return out
+
+
+async def run(ctx: Context, result: ScenarioResult) -> None:
+    jar = await asyncio.to_thread(plugin_jar)
+    rows = ctx.pick(10_000_000, 200_000)
+    queries = ",".join(ctx.pick(star_schema.QUERIES, QUICK_QUERIES))
+    small_pool = ctx.pick(64 * MiB, 1 * MiB)
+    setups = ctx.pick([BUILTIN, DEFAULTS, SMALL], [BUILTIN, SMALL])
+    runs: dict[str, dict[str, Any]] = {}
+    plot = Plot("scale", "Long Spark session: daemon RSS", "seconds", "RSS (MiB)")
+    for setup in setups:
+        if setup == BUILTIN:
+            out = await run_session(ctx, "builtin", rows, "", jar, queries, _EXTRA)
+        else:
+            pool = _default_pool() if setup == DEFAULTS else small_pool
+            out = await _plugin_session(ctx, setup, pool, rows, jar, queries, result)
+            plot.lines.update(out.pop("rss"))
+        runs[setup] = out
+        total = sum(q["seconds"] for q in out["queries"].values())
+        ctx.progress(f"{setup}: {len(out['queries'])} queries in {total:.1f}s")
+
+    for q in runs[BUILTIN]["queries"]:
+        digests = {r["queries"][q]["result"] for r in runs.values()}
+        require(len(digests) == 1, f"{q}: results differ between the built-in shuffle and shuffled")
+
+    def session_seconds(setup: str) -> float:
+        return float(sum(q["seconds"] for q in runs[setup]["queries"].values()))
+
+    shuffled = sum(q["shuffle_bytes"] for q in runs[BUILTIN]["queries"].values())
+    for setup in setups[1:]:
+        result.add(
+            f"session time, {setup}",
+            session_seconds(setup),
+            "s",
+            baseline_name="built-in",
+            baseline=session_seconds(BUILTIN),
+            goal=Goal("ratio", "<=", 1.0),
+        )
+        pools = 2 * (_default_pool() if setup == DEFAULTS else small_pool)
+        spilled = runs[setup]["spilled"]
+        result.notes.append(
+            f"{setup}: shuffle {shuffled / pools:.1f}x the two pools ({pools // MiB} MiB); "
+            f"spilled {', '.join(f'{b / MiB:,.0f}' for b in spilled)} MiB per daemon"
+        )
+        if setup == SMALL:
+            require(shuffled >= 8 * pools, f"the session shuffled only {shuffled / pools:.1f}x the pools")
+            require(all(b > 0 for b in spilled), f"a daemon did not spill: {spilled}")
+    result.notes.append(
+        f"{rows:,} sales rows, {len(runs[BUILTIN]['queries'])} queries, {shuffled / 2**30:.2f} GiB shuffled per "
+        "session (Spark's shuffle write bytes), no shuffle cleaned up; results identical in every session"
+    )
+    result.plots.append(plot)
