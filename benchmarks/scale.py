@@ -14,6 +14,7 @@ must be identical in every session; the table reports plugin/built-in time for t
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from shuffled.config import DaemonConfig
@@ -23,6 +24,8 @@ from . import star_schema
 from .common import Context, DaemonProcess, Goal, MiB, Plot, RssSampler, ScenarioResult, require
 from .spark import plugin_jar, run_session
 
+#: sales rows of a full run (10 million: about 1.4 GiB shuffled per session)
+ROWS_VARIABLE = "SHUFFLED_BENCH_SCALE_ROWS"
 BUILTIN, DEFAULTS, SMALL = "built-in", "defaults", "small pools"
 OVERHEAD_MIB = 100
 #: every session: no shuffle dropped, the 64 shuffle partitions of the issue's workload
@@ -30,7 +33,7 @@ _EXTRA = ("--keep-shuffles", "--partitions", "64")
 #: --quick starts two Spark sessions of the three queries that shuffle most for their time
 QUICK_TIME_LIMIT = 90.0
 #: three sessions of a dozen queries over 10 million sales rows on 2 cores
-TIME_LIMIT = 3600.0
+TIME_LIMIT = 5400.0
 QUICK_QUERIES = ["customer_segments", "hot_customer_join", "repeat_buyers"]
 
 
@@ -70,7 +73,7 @@ async def _plugin_session(
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
     jar = await asyncio.to_thread(plugin_jar)
-    rows = ctx.pick(10_000_000, 200_000)
+    rows = ctx.pick(int(os.environ.get(ROWS_VARIABLE, 10_000_000)), 200_000)
     queries = ",".join(ctx.pick(star_schema.QUERIES, QUICK_QUERIES))
     small_pool = ctx.pick(64 * MiB, 1 * MiB)
     setups = ctx.pick([BUILTIN, DEFAULTS, SMALL], [BUILTIN, SMALL])

@@ -91,7 +91,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Prints every setting as TOML with where its value came from; the output is a valid --config file.",
     )
     settings.add_flags(show)
-    config_sub.add_parser("reference", help="print the settings table (Markdown, as in the README)")
+    config_sub.add_parser("reference", help="print the settings table (Markdown, as in docs/configuration.md)")
     return parser
 
 

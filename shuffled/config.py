@@ -3,7 +3,7 @@
 Every setting is one field of `DaemonConfig` with `setting(...)` metadata (help,
 unit, parser). The TOML key (`pool_size`), the environment variable
 (`SHUFFLED_POOL_SIZE`), the command-line flag (`--pool-size`), `shuffled config
-show` and the README's reference table are all derived from that field, so a new
+show` and the reference table in docs/configuration.md are all derived from that field, so a new
 setting is one field and cannot be half documented. Values are refused at start
 with a message naming the setting and where its value came from.
 """
@@ -609,7 +609,7 @@ def render_toml(config: DaemonConfig, sources: Mapping[str, str]) -> str:
 
 
 def render_markdown() -> str:
-    """The README's reference table (tests check that README holds exactly this)."""
+    """The reference table of docs/configuration.md (a test checks that it holds exactly this)."""
     rows = [
         "| setting (flag / `SHUFFLED_…` / TOML key) | default | unit | meaning |",
         "| --- | --- | --- | --- |",
