@@ -49,14 +49,19 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
 
 
 def fetch_failures(spark: Any) -> list[str]:
-    """Error messages of every task that failed with a fetch failure so far."""
+    """Error messages of every task that failed with a fetch failure so far.
+
+    Spark's own ``MetadataFetchFailedException`` ("Missing an output location") is left out: a task that
+    starts after the first fetch failure has removed the daemon's map output fails with it before it
+    reaches the plugin, with the built-in shuffle too, and it names no location.
+    """
     store = spark.sparkContext._jsc.sc().statusStore()
     messages = []
     for s in stage_data(spark):
         tasks = store.taskList(s.stageId(), s.attemptId(), 10_000)
         for t in (tasks.apply(i) for i in range(tasks.size())):
             error = t.errorMessage()
-            if error.isDefined() and "FetchFailed" in error.get():
+            if error.isDefined() and "FetchFailed" in error.get() and "MetadataFetchFailed" not in error.get():
                 messages.append(error.get())
     return messages
 
