@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from . import bare, hol, iperf3, latency, many_streams, memory, one_stream, push, scale, spark, spill
+from . import bare, hol, hosts, iperf3, latency, many_streams, memory, one_stream, push, scale, soak, spark, spill
 from .common import (
     BASELINE_MAX_AGE,
     BenchmarkFailure,
@@ -51,6 +51,8 @@ SCENARIOS: dict[str, ModuleType] = {
     "spill": spill,
     "spark": spark,
     "scale": scale,
+    "hosts": hosts,
+    "soak": soak,
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run daemons (and this process's client side) under cProfile; writes <scenario>-<who>.prof to --out",
     )
+    parser.add_argument("--minutes", type=float, default=None, help="how long the soak runs (default 10)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENARIOS]
@@ -146,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(stop_all)  # last resort; the normal paths stop every child themselves
     args.out.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix="shuffled-bench-"))
-    ctx = Context(args.quick, args.out, tmp_dir, profile=args.profile)
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error("--minutes must be positive")
+    ctx = Context(args.quick, args.out, tmp_dir, profile=args.profile, minutes=args.minutes)
     t0 = time.monotonic()
     load = MachineLoad()
     progress(f"running {', '.join(names)} ({'quick' if args.quick else 'full'}), results in {args.out}")

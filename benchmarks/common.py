@@ -447,8 +447,12 @@ class Baseline:
 class Context:
     """What a scenario gets: run mode, output places, its progress line, daemons and clients, baselines."""
 
-    def __init__(self, quick: bool, out_dir: Path, tmp_dir: Path, profile: bool = False) -> None:
+    def __init__(
+        self, quick: bool, out_dir: Path, tmp_dir: Path, profile: bool = False, minutes: float | None = None
+    ) -> None:
         self.quick = quick
+        #: how long a scenario that runs for a set time (the soak) runs; None: its own default
+        self.minutes = minutes
         #: run daemons under cProfile, stats written to out_dir/<scenario>-<host>.prof
         self.profile = profile
         self.out_dir = out_dir

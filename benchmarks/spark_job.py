@@ -86,7 +86,15 @@ def _drop_shuffles(spark: SparkSession) -> None:
 
 
 def run(
-    mode: str, rows: int, partitions: int, addresses: list[str], jar: Path, queries: list[str], keep_shuffles: bool
+    mode: str,
+    rows: int,
+    partitions: int,
+    addresses: list[str],
+    jar: Path,
+    queries: list[str],
+    keep_shuffles: bool,
+    master: str = "local[2]",
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     conf = {
         "spark.ui.enabled": "false",
@@ -98,7 +106,8 @@ def run(
     }
     if mode == "plugin":
         conf.update(spark_jar.spark_conf(jar, addresses, daemon_choice="task"))
-    spark = SparkSession.builder.master("local[2]").appName(f"shuffled-bench-{mode}").config(map=conf).getOrCreate()
+    conf.update(settings or {})
+    spark = SparkSession.builder.master(master).appName(f"shuffled-bench-{mode}").config(map=conf).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, Any] = {"mode": mode, "queries": {}}
     try:
@@ -129,13 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jar", type=Path, required=True)
     parser.add_argument("--queries", default=",".join(QUERIES), help="which queries, comma-separated")
     parser.add_argument("--keep-shuffles", action="store_true", help="do not drop each query's shuffles after it")
+    parser.add_argument("--master", default="local[2]", help="Spark master URL")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (last wins)")
     args = parser.parse_args(argv)
+    if any("=" not in c for c in args.conf):
+        parser.error("--conf takes KEY=VALUE")
+    settings = dict(c.split("=", 1) for c in args.conf)
     addresses = [a for a in args.addresses.split(",") if a]
     queries = [q for q in args.queries.split(",") if q]
     unknown = set(queries) - set(ALL_QUERIES)
     if unknown:
         parser.error(f"unknown queries {', '.join(sorted(unknown))}; choose from {', '.join(ALL_QUERIES)}")
-    out = run(args.mode, args.rows, args.partitions, addresses, args.jar, queries, args.keep_shuffles)
+    out = run(
+        args.mode, args.rows, args.partitions, addresses, args.jar, queries, args.keep_shuffles, args.master, settings
+    )
     print(json.dumps(out), flush=True)
     return 0
 

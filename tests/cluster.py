@@ -93,9 +93,14 @@ def start_daemon(
     cmd += ["--metrics-port", "0"]  # several daemons (and test runs) share loopback hosts
     if not any(a == "--data-dir" for a in extra or []):
         cmd += ["--data-dir", daemon_data_dir(host, port)]
-    proc = subprocess.Popen(
-        cmd + (extra or []), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=preexec
-    )
+    return launch_daemon(cmd + (extra or []), host, port, pool_size, preexec)
+
+
+def launch_daemon(
+    cmd: list[str], host: str, port: int, pool_size: str, preexec: Callable[[], None] | None = None
+) -> DaemonProcess:
+    """Runs a daemon command line (maybe wrapped, e.g. in ``ip netns exec``) and waits for its ready line."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=preexec)
     assert proc.stderr is not None
     d = DaemonProcess(host, port, proc, int(pool_size.rstrip("M")) << 20)
     ready = threading.Event()

@@ -56,8 +56,13 @@ class SparkProcess:
 
 
 @contextmanager
-def standalone_cluster(worker_hosts: list[str], master_host: str = "127.0.0.6") -> Iterator[str]:
-    """Yields the master URL once every worker has registered; stops everything on the way out."""
+def standalone_cluster(
+    worker_hosts: list[str], master_host: str = "127.0.0.6", netns: list[str] | None = None
+) -> Iterator[str]:
+    """Yields the master URL once every worker has registered; stops everything on the way out.
+
+    With ``netns``, worker i runs in network namespace ``netns[i]`` (a simulated host, tests/hosts.py).
+    """
     import os
 
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
@@ -83,9 +88,11 @@ def standalone_cluster(worker_hosts: list[str], master_host: str = "127.0.0.6") 
             )
             procs.append(master)
             master.wait_ready()
-            for host in worker_hosts:
+            for i, host in enumerate(worker_hosts):
+                inside = ["ip", "netns", "exec", netns[i]] if netns else []
                 worker = SparkProcess(
                     [
+                        *inside,
                         spark_class,
                         "org.apache.spark.deploy.worker.Worker",
                         "--host",

@@ -17,7 +17,7 @@ import pytest
 from benchmarks.__main__ import SCENARIOS
 
 REPO = Path(__file__).resolve().parent.parent
-TIMEOUT = 120
+TIMEOUT = 360  # the Spark scenarios start JVMs, a standalone cluster on three namespace hosts among them
 
 
 @pytest.mark.slow

@@ -297,7 +297,7 @@ public final class MapOutputWriter implements AutoCloseable {
     }
 
     void awaitOpened() throws IOException {
-        awaitCondition("the first PushCredit", true);
+        awaitCondition("PushCredit to open the push", true);
     }
 
     private void awaitDone(String what) throws IOException {

@@ -1,0 +1,210 @@
+"""Faults injected into simulated hosts while Spark jobs run: shared by tests/test_hosts.py and the
+soak benchmark, so both break the daemons the same way and judge the outcome by the same rules.
+
+A fault has a moment. ``before`` a job starts (a daemon restarted onto a tiny full disk), ``mid_map``
+once the job's first map output is committed (a daemon killed and restarted on its data dir), or on a
+``reread`` of a shuffle already computed, so that the reduce tasks meet the fault for certain (a daemon
+stopped, a host's link down: other daemons relay reads to it and must give up after the peer timeout).
+A fault is repaired as soon as it took effect (or the job ended); what it changed for the job only (the
+tiny disk) is restored after the job. The job must then give exactly the right result, or fail with a
+message that names the cause; the pools must settle with nothing leaked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.cluster import DaemonProcess, poll_until
+from tests.hosts import Hosts
+from tests.spark_support import daemon_stats
+
+PEER_TIMEOUT_S = 3
+#: the disk of the `disk_full` fault, and the memory one application may hold there before it spills
+TINY_DISK, SPILL_QUOTA = "16m", "1M"
+#: what a failed job's message may name when a disk was full
+STORAGE_CAUSES = ("STORAGE_ERROR", "No space")
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Fault:
+    name: str
+    moment: str  # "before", "mid_map" or "reread"
+    inject: Callable[[], None]
+    took_effect: Callable[[], bool]
+    repair: Callable[[], None] = _nothing
+    restore: Callable[[], None] = _nothing  # after the job
+    seen: bool = False
+
+    def happened(self) -> bool:
+        """Whether it took effect; remembered, as a restore may replace what showed it."""
+        self.seen = self.seen or self.took_effect()
+        return self.seen
+
+
+@dataclass
+class Outcome:
+    result: list[Any] | None
+    error: str
+
+
+class HostDaemons:
+    """One daemon per simulated host, restartable on its data dir; the faults that can hit each."""
+
+    def __init__(self, hosts: Hosts, pool: str = "32M") -> None:
+        self.hosts = hosts
+        self.pool = pool
+        self.daemons = [self._start(i) for i in range(len(hosts.hosts))]
+
+    def _start(self, i: int, extra: list[str] | None = None) -> DaemonProcess:
+        flags = ["--peer-timeout", str(PEER_TIMEOUT_S), *(extra or [])]
+        return self.hosts.start_daemon(self.hosts.hosts[i], self.pool, flags)
+
+    def restart(self, i: int) -> None:
+        self.daemons[i].stop()
+        self.daemons[i] = self._start(i)
+
+    def commits(self) -> int:
+        return sum(daemon_stats(d)["store"]["commits"] for d in self.daemons)
+
+    def _logged(self, text: str, among: list[int]) -> Callable[[], bool]:
+        return lambda: any(text in line for i in among for line in self.daemons[i].log)
+
+    def kill(self, i: int) -> Fault:
+        victim = self.daemons[i]
+
+        def inject() -> None:
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+
+        return Fault(
+            "daemon killed, restarted",
+            "mid_map",
+            inject,
+            lambda: victim.proc.poll() is not None,
+            lambda: self.restart(i),
+        )
+
+    def stop(self, i: int) -> Fault:
+        victim = self.daemons[i]
+        others = [j for j in range(len(self.daemons)) if j != i]
+        return Fault(
+            "daemon stopped past the peer timeout",
+            "reread",
+            lambda: victim.proc.send_signal(signal.SIGSTOP),
+            self._logged("peer timed out", others),
+            lambda: victim.proc.send_signal(signal.SIGCONT),
+        )
+
+    def link_down(self, i: int) -> Fault:
+        host = self.hosts.hosts[i]
+        others = [j for j in range(len(self.daemons)) if j != i]
+        return Fault(
+            "host link down",
+            "reread",
+            lambda: host.link(False),
+            self._logged("peer timed out", others),
+            lambda: host.link(True),
+        )
+
+    def disk_full(self, i: int) -> Fault:
+        """The daemon restarted onto a tmpfs that is then filled, with a per-application memory quota
+        that makes it spill: every spill fails with ENOSPC."""
+        data_dir = self.hosts.data_dir(self.hosts.hosts[i])
+
+        def inject() -> None:
+            self.daemons[i].stop()
+            data_dir.mkdir(parents=True, exist_ok=True)
+            mount = ["mount", "-t", "tmpfs", "-o", f"size={TINY_DISK}", "tmpfs", str(data_dir)]
+            subprocess.run(mount, check=True, capture_output=True, timeout=30)
+            self.daemons[i] = self._start(i, extra=["--app-memory-quota", SPILL_QUOTA])
+            fill(data_dir / "filler")
+
+        def restore() -> None:
+            self.daemons[i].stop()
+            subprocess.run(["umount", "-l", str(data_dir)], capture_output=True, timeout=30)
+            self.daemons[i] = self._start(i)
+
+        def spill_failed() -> bool:
+            return any("spill failed" in line for line in self.daemons[i].log)
+
+        return Fault("data disk full", "before", inject, spill_failed, restore=restore)
+
+    def faults(self, i: int) -> list[Fault]:
+        return [self.kill(i), self.stop(i), self.link_down(i), self.disk_full(i)]
+
+    def settled(self, timeout: float = 60) -> None:
+        """Every pool holds exactly its stored data: nothing leaked by the fault."""
+        for i in range(len(self.daemons)):
+
+            def quiet(i: int = i) -> bool:
+                s = daemon_stats(self.daemons[i])
+                st = s["streams"]
+                busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
+                return busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"]
+
+            poll_until(quiet, timeout, f"{self.daemons[i].addr}'s pool settled")
+
+
+def fill(path: Path) -> None:
+    """Takes every free block of the file system under ``path``."""
+    st = os.statvfs(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+    finally:
+        os.close(fd)
+
+
+def keyed_sums(spark: Any, rows: int, keys: int = 997) -> tuple[Any, list[tuple[int, int]]]:
+    """A groupByKey job over ``rows`` rows (24 map tasks, 12 reducers) and its exact result."""
+    data = spark.sparkContext.parallelize(range(rows), 24).map(lambda i: (i % keys, i))
+    sums: dict[int, int] = {}
+    for i in range(rows):
+        sums[i % keys] = sums.get(i % keys, 0) + i
+    return data.groupByKey(12).mapValues(sum), sorted(sums.items())
+
+
+def run_with_fault(job: Any, daemons: HostDaemons, fault: Fault) -> Outcome:
+    """Runs ``job`` with ``fault`` injected at its moment; repaired once it took effect or the job ended."""
+    if fault.moment == "reread":
+        sorted(job.collect())  # the shuffle is computed and stored; the next collect only reads it
+    if fault.moment == "before":
+        fault.inject()
+    commits = daemons.commits()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            if fault.moment == "reread":
+                fault.inject()
+            running = pool.submit(lambda: sorted(job.collect()))
+            if fault.moment == "mid_map":
+                poll_until(lambda: running.done() or daemons.commits() > commits, 120, "map output committed")
+                fault.inject()
+            try:
+                poll_until(lambda: fault.happened() or running.done(), 60, f"{fault.name}: took effect")
+            finally:
+                fault.repair()
+            try:
+                return Outcome(running.result(timeout=300), "")
+            except Exception as exc:  # the job failed: the caller checks that the message names the cause
+                return Outcome(None, str(exc))
+    finally:
+        fault.happened()
+        fault.restore()
+
+
+def acceptable(outcome: Outcome, expected: list[Any], fault: Fault) -> bool:
+    """Exactly the right rows, or (for a full disk only) a failure naming the storage error."""
+    if outcome.result is not None:
+        return outcome.result == expected
+    return fault.moment == "before" and any(c in outcome.error for c in STORAGE_CAUSES)
