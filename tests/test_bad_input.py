@@ -9,8 +9,19 @@ from collections.abc import Iterator
 import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.errors import ErrorCode
-from shuffled.protocol.frames import ErrorResponse, Hello, HelloAck, OpenMapOutput, PushCredit, Role
+from shuffled.protocol.errors import ErrorCode, PeerUnavailable
+from shuffled.protocol.frames import (
+    HEADER,
+    MAX_CONTROL_BODY,
+    MAX_HANDSHAKE_BODY,
+    ErrorResponse,
+    FrameType,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PushCredit,
+    Role,
+)
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, payload, pool_settled
 
@@ -91,6 +102,46 @@ async def test_garbage_gets_a_protocol_error_and_a_close(one: Cluster, garbage: 
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 0 and err.code == ErrorCode.PROTOCOL
         assert await raw.closed()
+        await _still_serving(one.daemons[0].addr)
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_big_frame_before_authentication_costs_no_memory(one: Cluster) -> None:
+    """Headers that announce an 8 MiB Hello, then one byte, on 300 connections at once: each is refused
+    at its header, so the daemon buffers none of them (issue 14, item 5: RSS went from 99 MB to 3.3 GB)."""
+    import psutil
+
+    async def body() -> None:
+        daemon = one.daemons[0]
+        rss = psutil.Process(daemon.pid).memory_info().rss
+        header = HEADER.pack(MAX_CONTROL_BODY, FrameType.HELLO, 0, 0, 0) + b"\x81"
+        raws = [await Raw.open(daemon.addr) for _ in range(300)]
+        await asyncio.gather(*(raw.send(header) for raw in raws))
+        for raw in raws:
+            err = await raw.frame()
+            assert isinstance(err, ErrorResponse) and err.code == ErrorCode.PROTOCOL, err
+            assert f"limit {MAX_HANDSHAKE_BODY}" in err.message
+            assert await raw.closed()
+        assert psutil.Process(daemon.pid).memory_info().rss - rss < 64 << 20
+        await _still_serving(daemon.addr)
+
+    await asyncio.wait_for(body(), 60)
+
+
+@pytest.mark.parametrize("where", ["x" * 64 + ".example:7337", "host-only", "[::1]:99999", "a..b:1"])
+async def test_a_location_that_names_no_daemon_fails_that_stream_with_peer_unavailable(
+    one: Cluster, where: str
+) -> None:
+    """A host label of 64 characters made the read fail with INTERNAL and a traceback (issue 14, item 11)."""
+
+    async def body() -> None:
+        c = await AsyncClient.connect(one.daemons[0].addr)
+        with pytest.raises(PeerUnavailable, match="is not host:port"):
+            async with c.read("bad-location", 1, 0, 1, {where: [1]}) as r:
+                await r.read_all()
+        await c.close()
+        assert not any("Traceback" in line for line in one.daemons[0].log)
         await _still_serving(one.daemons[0].addr)
 
     await asyncio.wait_for(body(), 30)

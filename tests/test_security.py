@@ -279,6 +279,39 @@ async def test_an_application_is_kept_from_other_application_secrets(pair: list[
 
 
 @pytest.mark.asyncio
+async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list[DaemonProcess]) -> None:
+    """Someone who knows the cluster secret but not app-7's: a read relayed by the other daemon with no
+    token, a removal propagated by it with no token, and a connection that claims to be a daemon all
+    meet the token check where the data is (issue 14, items 1 to 3: each got the data or removed it)."""
+
+    async def body() -> None:
+        a, b = pair
+        owner = await _connect(b, app_secret="secret-of-app-7")
+        await _push(owner, "app-7", 2, [300, 9_000])
+        expected = payload(2, 0, 300) + payload(2, 1, 9_000)
+        tenant = await _connect(a)  # the cluster secret only
+        with pytest.raises(AuthFailed, match="belongs to other credentials"):
+            await _read(tenant, "app-7", {b.addr: [2]})
+        result = await tenant.remove_application("app-7")
+        assert "AUTH_FAILED" in str(result["peers"][b.addr]), result
+        # A raw connection that says it is a daemon, then asks for app-7's data without a token.
+        claim = {"node": "127.0.0.9:1", "nonce": "n" * 32, "segment_size": 32 * 1024}
+        raw, challenge = await _challenged(b.addr, Role.DAEMON, claim)
+        await raw.send(codec.encode_auth_response(dialer_proof(SECRET.encode(), "n" * 32, challenge.nonce)))
+        assert isinstance(await raw.frame(), HelloAck)
+        await raw.send(codec.encode_partition_request(PartitionRequest(1, 8, "app-7", 1, 0, 2, {"": [2]})))
+        error = await raw.frame()
+        assert isinstance(error, ErrorResponse) and error.code == ErrorCode.AUTH_FAILED, error
+        raw.writer.close()
+        assert await _read(owner, "app-7", {"": [2]}) == expected
+        await owner.remove_application("app-7")
+        for c in (owner, tenant):
+            await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@pytest.mark.asyncio
 async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pair: list[DaemonProcess]) -> None:
     async def body() -> None:
         d = pair[0]

@@ -515,6 +515,9 @@ class FrameReader:
     def set_max_payload(self, n: int) -> None:
         self._max_payload = n
 
+    def set_max_control(self, n: int) -> None:
+        self._max_control = n
+
     def pending_bytes(self) -> bool:
         """True while a frame has started but not ended (EOF now would cut it)."""
         return self._target is not None or self._ftype is not None or self._end > self._start

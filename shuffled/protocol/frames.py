@@ -34,6 +34,9 @@ ERROR_FIXED = struct.Struct(">H")
 
 #: Largest control-frame body (PartitionRequest with many map attempts is the big one).
 MAX_CONTROL_BODY = 8 << 20
+#: Largest control body before the handshake is done (Hello, AuthChallenge, AuthResponse, HelloAck are
+#: a few hundred bytes): an unauthenticated party cannot make a daemon buffer or decode more than this.
+MAX_HANDSHAKE_BODY = 64 << 10
 #: Default largest data payload; a daemon announces its own (its segment size) in HelloAck.
 DEFAULT_MAX_PAYLOAD = 32 << 10
 #: Default of the streams a daemon lets one party open on one connection (its max-streams-per-connection).

@@ -44,6 +44,8 @@ from ..protocol.errors import (
     error_from_code,
 )
 from ..protocol.frames import (
+    MAX_CONTROL_BODY,
+    MAX_HANDSHAKE_BODY,
     AbortMapOutput,
     AddCredit,
     AdminRequest,
@@ -97,6 +99,7 @@ class DaemonConnection(FrameConnection):
         self._announce: dict[int, RemoteInputChannel] = {}
         #: the handshake's authentication state: ours as a dialer, or the challenge we sent as an acceptor
         self._dialer_auth = DialerAuth(daemon.secret) if dialed is not None else None
+        self.reader.set_max_control(MAX_HANDSHAKE_BODY)  # until the handshake is done (PROTOCOL.md §9)
         self._acceptor_auth: AcceptorAuth | None = None
         self._hello: Hello | None = None
         self._flush_announcements_soon = Soon(self._flush_announcements)
@@ -314,7 +317,7 @@ class DaemonConnection(FrameConnection):
             self._dialer_auth.accepted(f"daemon {self.dialed}")
             if frame.info.get("node") not in (None, self.dialed):
                 event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=frame.info.get("node"))
-            self.ready.set_result(None)
+            self._handshake_done()
             return
         if isinstance(frame, ErrorResponse):
             exc = error_from_code(frame.code, frame.message)
@@ -322,6 +325,10 @@ class DaemonConnection(FrameConnection):
             self.close(f"handshake refused: {exc.message}")
             return
         raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
+
+    def _handshake_done(self) -> None:
+        self.reader.set_max_control(MAX_CONTROL_BODY)
+        self.ready.set_result(None)
 
     def _on_hello(self, frame: Frame) -> None:
         """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
@@ -365,7 +372,7 @@ class DaemonConnection(FrameConnection):
                 return
             self._tune(self.daemon.config.peer_timeout)
         self.role = frame.role
-        self.ready.set_result(None)
+        self._handshake_done()
         ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
         self.sender.send_control(encode_hello(ack))
         self.daemon.counters.opened[self.role_label or "client"] += 1
@@ -589,7 +596,7 @@ class DaemonConnection(FrameConnection):
         if token is not None and not isinstance(token, str):
             raise InvalidRequest("'token' must be a string")
         try:
-            self.daemon.store.authorize(app, token, trusted=self.role is Role.DAEMON)
+            self.daemon.store.authorize(app, token)
         except AuthFailed as exc:
             event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
             raise

@@ -10,6 +10,7 @@ it adopts the connection that arrives from the smaller one.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from typing import TYPE_CHECKING
 
@@ -24,13 +25,28 @@ log = logging.getLogger("shuffled.peers")
 
 
 def split_address(addr: str) -> tuple[str, int]:
-    """'host:port' or '[v6]:port' → (host, port)."""
+    """'host:port' or '[v6]:port' → (host, port); a daemon that cannot be named cannot be reached
+    (PROTOCOL.md §10.3: `PEER_UNAVAILABLE`), checked before any resolver sees the name."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise InvalidRequest(f"daemon address {addr!r} is not host:port")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not _valid_host(host):
+        raise PeerUnavailable(f"daemon address {addr[:300]!r} is not host:port")
     return host, int(port)
+
+
+def _valid_host(host: str) -> bool:
+    """An IP address, or a DNS name whose labels fit (at most 63 bytes each, 253 in all)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:  # a label longer than 63 characters, an empty label, ...
+        return False
+    return 0 < len(encoded) <= 253 and all(0 < len(label) <= 63 for label in encoded.rstrip(b".").split(b"."))
 
 
 class PeerManager:

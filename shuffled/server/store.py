@@ -199,14 +199,16 @@ class Store:
 
     # -- isolation
 
-    def authorize(self, app: str, token: str | None, *, trusted: bool) -> None:
+    def authorize(self, app: str, token: str | None) -> None:
         """Refuse a request about `app` whose token is not the one the application is bound to.
 
-        `trusted` (a peer daemon, which proved the cluster secret) may act without a
-        token, e.g. a propagated removal; a token it forwards for a client is checked.
+        Whoever asks, a client or a peer daemon: peers forward the client's token with every relayed
+        read and propagated removal, so the daemon that holds the data checks it. Trusting a peer
+        instead would let anyone who knows the cluster secret reach another application's data
+        through a daemon that relays for it, or by claiming to be a daemon itself.
         """
         bound = self.app_keys.get(app)
-        if bound is None or (trusted and token is None):
+        if bound is None:
             return
         if not hmac.compare_digest(bound, token_digest(token)):
             why = "carries no token" if token is None else "carries a different token"
