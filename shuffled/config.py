@@ -33,6 +33,7 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 #: the cluster secret itself, for deployments that hand secrets over in the environment; it is never a
 #: setting, so `config show` and logs cannot print it (secret-file is the alternative)
 SECRET_ENV = ENV_PREFIX + "SECRET"
+PEER_SECRET_ENV = ENV_PREFIX + "PEER_SECRET"
 
 #: data-dir values that name no directory: derive one from the address, or keep everything in memory
 DATA_DIR_AUTO = "auto"
@@ -265,8 +266,16 @@ class DaemonConfig:
     admin_timeout: float = 30.0
     secret_file: str | None = setting(
         None,
-        "file holding the cluster's shared secret (trailing whitespace ignored): clients and peer daemons must "
+        "file holding the cluster's shared secret (trailing whitespace ignored): clients must "
         "prove they know it on connect (HMAC challenge-response); without it anyone who can connect is trusted",
+        parse=_optional,
+        default_text="off",
+        metavar="PATH",
+    )
+    peer_secret_file: str | None = setting(
+        None,
+        "file holding the secret only daemons have (not applications): peer daemons prove it on connect, so no "
+        "client can pass for a daemon; needed with secret-file unless peers use TLS",
         parse=_optional,
         default_text="off",
         metavar="PATH",
@@ -553,7 +562,7 @@ def load(
 def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     """`SHUFFLED_…` variables that name no setting (most likely typos)."""
     environ = os.environ if environ is None else environ
-    known = {s.env for s in settings()} | {CONFIG_ENV, SECRET_ENV}
+    known = {s.env for s in settings()} | {CONFIG_ENV, SECRET_ENV, PEER_SECRET_ENV}
     return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
 
 

@@ -154,6 +154,19 @@ async def wait_until(
     return value
 
 
+def secret_flags(directory: Path, secret: str) -> list[str]:
+    """A daemon's flags for authentication: the cluster secret (every application has it) and a peer
+    secret (only daemons have it), written to files in ``directory``."""
+    flags = []
+    files = (("--secret-file", "secret", secret), ("--peer-secret-file", "peer-secret", "peer-" + secret))
+    for flag, name, value in files:
+        path = directory / name
+        path.write_text(value + "\n")
+        path.chmod(0o600)
+        flags += [flag, str(path)]
+    return flags
+
+
 def poll_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
     """The blocking counterpart of `wait_until`, for tests without an event loop (Spark, HTTP probes)."""
     deadline = time.monotonic() + timeout

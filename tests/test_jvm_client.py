@@ -17,7 +17,7 @@ import pytest
 
 from shuffled import spark_jar
 from shuffled_client import AsyncClient
-from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon
+from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
 
 ROOT = Path(__file__).parents[1]
@@ -127,9 +127,7 @@ async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonP
 @pytest.mark.asyncio
 async def test_java_client_authenticates_and_keeps_applications_apart(jars: tuple[Path, Path], tmp_path: Path) -> None:
     """ClientCheck's auth mode: wrong and missing secrets refused, tokens enforced, CRC32C on the way."""
-    secret = tmp_path / "secret"
-    secret.write_text("jvm-cluster-secret\n")
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--secret-file", str(secret)])
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", secret_flags(tmp_path, "jvm-cluster-secret"))
     try:
         proc = await asyncio.to_thread(_client_check, jars, d.addr, "auth", "jvm-cluster-secret")
         assert _assert_clean(proc) >= 10

@@ -8,6 +8,9 @@ data; a flipped byte is caught by the daemon on push and by the reader on arriva
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +37,8 @@ from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start
 from tests.test_bad_input import Raw
 
 SECRET = "s3cret-of-the-cluster"
+#: what only daemons know; every application knows SECRET
+PEER_SECRET = "only-daemons-know-this"
 TIMEOUT = 60
 
 
@@ -46,12 +51,21 @@ def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pair(secret_file: Path) -> Iterator[list[DaemonProcess]]:
-    """Two daemons sharing the cluster secret, each told about the other."""
+def secrets(secret_file: Path) -> list[str]:
+    """The flags of a daemon that authenticates: the cluster secret and the peer secret."""
+    peer = secret_file.with_name("peer-secret")
+    peer.write_text(PEER_SECRET)
+    peer.chmod(0o600)
+    return ["--secret-file", str(secret_file), "--peer-secret-file", str(peer)]
+
+
+@pytest.fixture(scope="module")
+def pair(secrets: list[str]) -> Iterator[list[DaemonProcess]]:
+    """Two daemons sharing the cluster and peer secrets, each told about the other."""
     hosts = ["127.0.0.1", "127.0.0.2"]
     port = free_port(hosts)
     peers = ",".join(f"{h}:{port}" for h in hosts)
-    daemons = [start_daemon(h, port, "16M", ["--secret-file", str(secret_file), "--peers", peers]) for h in hosts]
+    daemons = [start_daemon(h, port, "16M", [*secrets, "--peers", peers]) for h in hosts]
     yield daemons
     for d in daemons:
         d.stop()
@@ -161,6 +175,7 @@ async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[Da
 async def test_the_secret_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """$SHUFFLED_SECRET instead of --secret-file (e.g. a Kubernetes secret as an environment variable)."""
     monkeypatch.setenv("SHUFFLED_SECRET", SECRET + "\n")
+    monkeypatch.setenv("SHUFFLED_PEER_SECRET", PEER_SECRET)
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
 
     async def body() -> None:
@@ -177,12 +192,10 @@ async def test_the_secret_can_come_from_the_environment(monkeypatch: pytest.Monk
 
 
 @pytest.mark.asyncio
-async def test_a_dialer_that_never_answers_the_challenge_times_out(secret_file: Path) -> None:
+async def test_a_dialer_that_never_answers_the_challenge_times_out(secrets: list[str]) -> None:
     """The handshake timeout covers the whole exchange: a dialer that takes the challenge and goes quiet
     is closed with TIMEOUT, having created nothing."""
-    d = start_daemon(
-        "127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--secret-file", str(secret_file), "--handshake-timeout", "1"]
-    )
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M", [*secrets, "--handshake-timeout", "1"])
 
     async def body() -> None:
         raw, _ = await _challenged(d.addr, Role.CLIENT, {"nonce": "d" * 32})
@@ -210,21 +223,35 @@ async def test_a_client_with_a_secret_refuses_a_daemon_without_one(tmp_path: Pat
         d.stop()
 
 
+def test_a_cluster_secret_without_a_peer_secret_does_not_start(secret_file: Path) -> None:
+    """Peers proving the cluster secret would prove nothing: every application has it."""
+    cmd = [sys.executable, "-m", "shuffled", "serve", "--port", "0", "--data-dir", "none"]
+    done = subprocess.run([*cmd, "--secret-file", str(secret_file)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "set peer-secret-file" in done.stderr, done.stderr
+
+
 @pytest.mark.asyncio
-async def test_peers_authenticate_with_the_cluster_secret(pair: list[DaemonProcess], tmp_path: Path) -> None:
-    """A relayed read works between daemons sharing the secret; a daemon with another secret is refused."""
+async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
+    pair: list[DaemonProcess], secrets: list[str], tmp_path: Path
+) -> None:
+    """A relayed read works between daemons sharing the peer secret. A daemon with the cluster secret
+    but another peer secret is refused; so is a client that claims to be daemon ``a`` to ``b`` (it
+    closed b's real connection to a and answered reads for a's data with forged bytes: issue 14, item 4)."""
 
     async def body() -> None:
         a, b = pair
         ca, cb = await _connect(a), await _connect(b)
-        await _push(cb, "peer-app", 2, [10, 70_000])
-        assert await _read(ca, "peer-app", {b.addr: [2]}) == payload(2, 0, 10) + payload(2, 1, 70_000)
+        await _push(ca, "peer-app", 2, [10, 70_000])
+        expected = payload(2, 0, 10) + payload(2, 1, 70_000)
+        assert await _read(cb, "peer-app", {a.addr: [2]}) == expected
 
         wrong = tmp_path / "wrong"
-        wrong.write_text("another secret")
-        rogue = start_daemon("127.0.0.3", free_port(["127.0.0.3"]), "16M", ["--secret-file", str(wrong)])
+        wrong.write_text("another peer secret")
+        rogue = start_daemon(
+            "127.0.0.3", free_port(["127.0.0.3"]), "16M", [*secrets[:2], "--peer-secret-file", str(wrong)]
+        )
         try:
-            cr = await AsyncClient.connect(rogue.addr, secret="another secret", timeout=10)
+            cr = await _connect(rogue)
             before = _state(await cb.stats())
             with pytest.raises(PeerUnavailable, match="secrets differ"):
                 await _read(cr, "peer-app", {b.addr: [2]})
@@ -233,7 +260,16 @@ async def test_peers_authenticate_with_the_cluster_secret(pair: list[DaemonProce
             await cr.close()
         finally:
             rogue.stop()
-        await cb.remove_application("peer-app")
+
+        impostor = {"node": a.addr, "nonce": "i" * 32, "segment_size": 32 * 1024}
+        raw, challenge = await _challenged(b.addr, Role.DAEMON, impostor)
+        await raw.send(codec.encode_auth_response(dialer_proof(SECRET.encode(), "i" * 32, challenge.nonce)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED, err
+        assert await raw.closed()
+        assert not any("superseded" in line for line in b.log + a.log)
+        assert await _read(cb, "peer-app", {a.addr: [2]}) == expected
+        await ca.remove_application("peer-app")
         for c in (ca, cb):
             await c.close()
 
@@ -281,8 +317,9 @@ async def test_an_application_is_kept_from_other_application_secrets(pair: list[
 @pytest.mark.asyncio
 async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list[DaemonProcess]) -> None:
     """Someone who knows the cluster secret but not app-7's: a read relayed by the other daemon with no
-    token, a removal propagated by it with no token, and a connection that claims to be a daemon all
-    meet the token check where the data is (issue 14, items 1 to 3: each got the data or removed it)."""
+    token and a removal propagated by it with no token meet the token check where the data is (issue 14,
+    items 1 and 2: each got the data or removed it). Claiming to be a daemon (item 3) ends at the
+    handshake now: see the peer secret test."""
 
     async def body() -> None:
         a, b = pair
@@ -294,15 +331,6 @@ async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list
             await _read(tenant, "app-7", {b.addr: [2]})
         result = await tenant.remove_application("app-7")
         assert "AUTH_FAILED" in str(result["peers"][b.addr]), result
-        # A raw connection that says it is a daemon, then asks for app-7's data without a token.
-        claim = {"node": "127.0.0.9:1", "nonce": "n" * 32, "segment_size": 32 * 1024}
-        raw, challenge = await _challenged(b.addr, Role.DAEMON, claim)
-        await raw.send(codec.encode_auth_response(dialer_proof(SECRET.encode(), "n" * 32, challenge.nonce)))
-        assert isinstance(await raw.frame(), HelloAck)
-        await raw.send(codec.encode_partition_request(PartitionRequest(1, 8, "app-7", 1, 0, 2, {"": [2]})))
-        error = await raw.frame()
-        assert isinstance(error, ErrorResponse) and error.code == ErrorCode.AUTH_FAILED, error
-        raw.writer.close()
         assert await _read(owner, "app-7", {"": [2]}) == expected
         await owner.remove_application("app-7")
         for c in (owner, tenant):
@@ -395,10 +423,6 @@ async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data() -> N
 
 
 def test_stats_command_with_the_secret_file(pair: list[DaemonProcess], secret_file: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
     cmd = [sys.executable, "-m", "shuffled", "stats", pair[0].addr]
     refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "has no secret configured" in refused.stderr

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests import spark_jobs
-from tests.cluster import free_port, start_daemon
+from tests.cluster import free_port, secret_flags, start_daemon
 from tests.spark_support import job_traffic, needs_spark
 
 pytestmark = needs_spark
@@ -77,9 +77,7 @@ def test_wrong_secret_fails_fast_and_the_right_one_runs(
 
     from shuffled import spark_jar
 
-    secret = tmp_path / "secret"
-    secret.write_text("the-cluster-secret\n")
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--secret-file", str(secret)])
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", secret_flags(tmp_path, "the-cluster-secret"))
     try:
         conf = {**spark_jar.spark_conf(plugin_jar, [d.addr]), "spark.shuffled.timeout": "30s"}
         started = time.monotonic()

@@ -12,7 +12,7 @@ import pytest
 
 from shuffled_client import Client
 from tests import spark_jobs
-from tests.cluster import DaemonProcess, free_port, start_daemon
+from tests.cluster import DaemonProcess, free_port, secret_flags, start_daemon
 from tests.spark_support import needs_spark, plugin_conf, stage_data
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
@@ -28,14 +28,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(data_dir: Path) -> Iterator[DaemonProcess]:
-    secret = data_dir / "secret"
-    secret.write_text(SECRET)
-    d = start_daemon(
-        "127.0.0.1",
-        free_port(["127.0.0.1"]),
-        "128M",
-        ["--data-dir", str(data_dir / "data"), "--secret-file", str(secret)],
-    )
+    flags = ["--data-dir", str(data_dir / "data"), *secret_flags(data_dir, SECRET)]
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "128M", flags)
     yield d
     d.stop()
 

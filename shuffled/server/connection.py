@@ -98,7 +98,7 @@ class DaemonConnection(FrameConnection):
         self.admin_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._announce: dict[int, RemoteInputChannel] = {}
         #: the handshake's authentication state: ours as a dialer, or the challenge we sent as an acceptor
-        self._dialer_auth = DialerAuth(daemon.secret) if dialed is not None else None
+        self._dialer_auth = DialerAuth(daemon.peer_secret) if dialed is not None else None
         self.reader.set_max_control(MAX_HANDSHAKE_BODY)  # until the handshake is done (PROTOCOL.md §9)
         self._acceptor_auth: AcceptorAuth | None = None
         self._hello: Hello | None = None
@@ -343,7 +343,8 @@ class DaemonConnection(FrameConnection):
         if self.daemon.peer_tls is not None and self.tls != (frame.role is Role.DAEMON):
             where = "the plain port" if self.tls else f"port {self.daemon.config.peer_tls_port} with TLS"
             raise AuthFailed(f"{'peer daemons' if not self.tls else 'clients'} must connect on {where}")
-        secret = self.daemon.secret
+        # A daemon proves the peer secret, which no application has: its role is never taken on its word.
+        secret = self.daemon.peer_secret if frame.role is Role.DAEMON else self.daemon.secret
         if secret is None:
             self._accept(frame)
             return

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import DATA_DIR_AUTO, SECRET_ENV, ConfigError, DaemonConfig
+from ..config import DATA_DIR_AUTO, PEER_SECRET_ENV, SECRET_ENV, ConfigError, DaemonConfig
 from ..logs import event
 from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
@@ -36,16 +36,17 @@ log = logging.getLogger("shuffled.daemon")
 HOUSEKEEPING_INTERVAL = 1.0
 
 
-def _cluster_secret(secret_file: str | None, from_env: str | None) -> bytes | None:
-    """The secret from --secret-file or $SHUFFLED_SECRET (one of them, not both)."""
+def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
+    """A secret from its file setting or its environment variable (one of them, not both)."""
+    from_env = os.environ.get(env)
     if secret_file and from_env is not None:
-        raise ConfigError(f"both secret-file and {SECRET_ENV} are set: use one")
+        raise ConfigError(f"both {name} and {env} are set: use one")
     try:
         if secret_file:
             return read_secret_file(secret_file)
         return secret_bytes(from_env) if from_env is not None else None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"secret-file {secret_file}: {exc}" if secret_file else f"{SECRET_ENV}: {exc}") from None
+        raise ConfigError(f"{name} {secret_file}: {exc}" if secret_file else f"{env}: {exc}") from None
 
 
 class Daemon:
@@ -73,8 +74,19 @@ class Daemon:
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
-        #: the cluster secret every client and peer proves on connect; None: authentication is off
-        self.secret = _cluster_secret(config.secret_file, os.environ.get(SECRET_ENV))
+        #: the cluster secret every client proves on connect; None: authentication is off
+        self.secret = _secret("secret-file", config.secret_file, SECRET_ENV)
+        #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
+        #: prove a daemon, the cluster secret will do); None: authentication is off
+        self.peer_secret = _secret("peer-secret-file", config.peer_secret_file, PEER_SECRET_ENV)
+        if self.peer_secret is None and config.peer_tls_port:
+            self.peer_secret = self.secret
+        if self.secret is not None and self.peer_secret is None:
+            raise ConfigError(
+                "secret-file is set but peer daemons would prove only that secret, which every application "
+                "has, so a client could pass for a daemon: set peer-secret-file (a secret only daemons have) "
+                "or peer TLS"
+            )
         #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
         self.peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
         if config.peer_tls_port:
