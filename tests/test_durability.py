@@ -641,6 +641,65 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
     await asyncio.wait_for(body(), 60)
 
 
+async def test_an_application_cannot_share_a_long_ids_spill_directory(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
+) -> None:
+    """A 300-character id's directory was its first 100 characters, '-' and a SHA-256; another application
+    could take exactly that as its id, share the directory and delete the victim's spill files by
+    removing its own shuffle (issue 14, item 7)."""
+
+    async def body() -> None:
+        d = stop_later(daemon(tmp_path / "data"))
+        c = await AsyncClient.connect(d.addr)
+        victim = "v" * 300
+        squatter = victim[:100] + "-" + hashlib.sha256(victim.encode()).hexdigest()
+        sizes = [200 * KiB, 100 * KiB]
+        for app in (victim, squatter):
+            await push(c, 3, 1, sizes, app=app)
+            await c.flush(app)
+        await c.unregister_shuffle(squatter, 3)
+        assert await read_by_attempt(c, 3, 0, 2, {"": [1]}, app=victim) == expected([1], sizes)
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+@pytest.mark.parametrize("how", ["abort", "vanish"])
+async def test_an_aborted_map_output_gives_its_spilled_bytes_back(
+    tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess], how: str
+) -> None:
+    """24 MiB pushed into an 8 MiB pool and never committed: most of it is spilled. When the writer aborts
+    or its connection vanishes, those bytes are freed on disk too, not kept until the shuffle goes
+    (issue 14, item 9: one client wrote 876 MB this way in 8 s); committed data stays readable."""
+
+    async def body() -> None:
+        data_dir = tmp_path / "data"
+        d = stop_later(daemon(data_dir, pool="8M"))
+        c = await AsyncClient.connect(d.addr)
+        await push(c, 4, 1, [256 * KiB, 256 * KiB])
+        await c.flush(APP)
+        kept = (await c.stats())["disk"]["used_bytes"]
+        hog = await AsyncClient.connect(d.addr)
+        w = await hog.open_writer(APP, 4, 2, 2, 2)
+        chunk = payload(2, 0, MiB)
+        for _ in range(24):
+            await w.write(0, chunk)
+        await wait_until(c.stats, lambda s: s["disk"]["used_bytes"] >= kept + 8 * MiB, what="the open push spilled")
+        if how == "abort":
+            await w.abort()
+        await hog.close()
+        s = await wait_until(c.stats, lambda s: s["disk"]["used_bytes"] == kept, what="aborted bytes reclaimed")
+        assert s["disk"]["reclaimed_bytes"] >= 8 * MiB
+        allocated = sum(f.stat().st_blocks * 512 for f in data_dir.rglob("p*.data"))
+        assert allocated < kept + 2 * MiB, f"{allocated} bytes still allocated on disk"
+        assert await read_by_attempt(c, 4, 0, 2, {"": [1]}) == expected([1], [256 * KiB, 256 * KiB])
+        await c.remove_application(APP)
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
 async def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:

@@ -227,6 +227,11 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
     yield _counter("shuffled_spills", "Spills of pool data to disk", disk.get("spills", 0))
     yield _counter("shuffled_spilled_bytes", "Bytes spilled to disk", disk.get("spilled_bytes", 0))
     yield _gauge("shuffled_disk_used_bytes", "Bytes in spill files", disk.get("used_bytes", 0))
+    yield _counter(
+        "shuffled_disk_reclaimed_bytes",
+        "Spilled bytes of aborted map outputs given back to the file system",
+        disk.get("reclaimed_bytes", 0),
+    )
     yield _gauge("shuffled_disk_files", "Spill files", disk.get("files", 0))
     fs = s.get("filesystem") or {}
     if fs:

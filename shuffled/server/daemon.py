@@ -228,7 +228,8 @@ class Daemon:
         return len(loaded)
 
     async def _housekeep(self) -> None:
-        """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk."""
+        """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk, free the
+        disk of aborted attempts."""
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
@@ -254,6 +255,7 @@ class Daemon:
             ]
             await self.spiller.flush(idle)
         self.spiller.check()
+        await self.spiller.reclaim()
         for conn in list(self.connections):
             for session in list(conn.pushes.values()):
                 session.check_wait()
@@ -315,6 +317,7 @@ class Daemon:
                 "spills": disk.spills,
                 "spilled_bytes": disk.spilled_bytes,
                 "used_bytes": disk.used_bytes,
+                "reclaimed_bytes": disk.reclaimed_bytes,
                 "files": disk.files,
             },
             "connections": {

@@ -25,6 +25,7 @@ copying (`os.writev`, `os.preadv`).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -81,11 +82,38 @@ def decode_records(raw: bytes) -> tuple[list[dict[str, Any]], int]:
 
 
 def app_dir_name(app: str) -> str:
-    """A file name for an application id that cannot escape the data dir ('..', '/'); long ids get a hash."""
+    """A file name for an application id that cannot escape the data dir ('..', '/') and that no other id
+    maps to. Long ids are cut and get a hash after a '+', a character that quoting always escapes: a
+    short id can never name a long one's directory (and delete its files with its own shuffle)."""
     name = quote(app, safe="")
     if len(name) > 200:
-        name = name[:100] + "-" + hashlib.sha256(app.encode()).hexdigest()
+        name = name[:100] + "+" + hashlib.sha256(app.encode()).hexdigest()
     return "app-" + name
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+_libc: Any = None
+
+
+def _punch_holes(path: str, ranges: list[tuple[int, int]]) -> None:
+    """fallocate(2) with FALLOC_FL_PUNCH_HOLE, which the os module does not offer (posix_fallocate only
+    allocates); ext4, xfs, btrfs and tmpfs support it. Raises OSError (EOPNOTSUPP elsewhere)."""
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        _libc = lib
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return  # the shuffle was removed meanwhile: its blocks are free already
+    try:
+        for offset, length in ranges:
+            if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"cannot free aborted data in {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _consume(pending: list[memoryview], n: int) -> None:
@@ -135,6 +163,8 @@ class DiskStats:
     spills: int = 0
     spilled_bytes: int = 0
     used_bytes: int = 0
+    #: spilled bytes of aborted attempts given back to the file system
+    reclaimed_bytes: int = 0
     files: int = 0
     errors: int = 0
 
@@ -235,6 +265,11 @@ class Disk:
                 raise
         finally:
             os.close(fd)
+
+    def punch(self, path: str, ranges: list[tuple[int, int]]) -> asyncio.Future[None]:
+        """Give the blocks of byte ranges of a data file back to the file system (after every write
+        submitted before); the file keeps its size, so the offsets of everything else stay valid."""
+        return self._on(self._writer, _punch_holes, path, ranges)
 
     def remove(self, directory: str) -> asyncio.Future[None]:
         """Delete a shuffle's directory (after every write submitted before), and its app dir once empty."""

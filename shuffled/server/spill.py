@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from ..logs import event
 from ..protocol.errors import StorageError
 from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
-from .store import MapState, ShuffleData, Store, StoredChunk, Subpartition
+from .store import Garbage, MapState, ShuffleData, Store, StoredChunk, Subpartition
 
 if TYPE_CHECKING:
     from ..buffers import Buffer, GlobalPool
@@ -263,6 +263,29 @@ class Spiller:
             out = data.open.get(attempt)
             if out is not None and out.state is MapState.OPEN and out.on_failure is not None:
                 out.on_failure(reason)
+
+    async def reclaim(self) -> None:
+        """Free the disk blocks of aborted attempts' spilled chunks (a writer that vanished mid-push left
+        them; they would stay until the shuffle goes, and one client could fill the disk that way)."""
+        garbage, self.store.garbage = self.store.garbage, []
+        if self.disk is None or not garbage:
+            return
+        files: dict[str, list[Garbage]] = {}
+        for g in garbage:
+            if not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
+                files.setdefault(g.path, []).append(g)
+        for path, pieces in files.items():
+            try:
+                await self.disk.punch(path, [(g.offset, g.length) for g in pieces])
+            except OSError as exc:
+                event(log, "reclaiming disk failed", logging.WARNING, path=path, reason=exc)
+                continue
+            for g in pieces:
+                if not g.shuffle.removed:  # removed meanwhile: `removed` settled the shuffle's accounting
+                    g.shuffle.disk_bytes -= g.length
+                    g.shuffle.usage.disk_bytes -= g.length
+                    self.disk.stats.used_bytes -= g.length
+                self.disk.stats.reclaimed_bytes += g.length
 
     async def removed(self, shuffles: list[ShuffleData]) -> None:
         """Delete the files of dropped shuffles (after any spill of theirs still being written)."""

@@ -70,6 +70,16 @@ class StoredChunk:
 
 
 @dataclass(slots=True, frozen=True)
+class Garbage:
+    """Bytes in a spill file that no read will ever want: an aborted attempt's chunk."""
+
+    shuffle: ShuffleData
+    path: str
+    offset: int
+    length: int
+
+
+@dataclass(slots=True, frozen=True)
 class DiskChunk:
     """A spilled chunk a read has to load: where it is and what it must checksum to."""
 
@@ -194,6 +204,8 @@ class Store:
         #: bytes of every attempt ever committed here (a counter: what Spark's map tasks wrote)
         self.committed_bytes = 0
         self.aborts = 0
+        #: spilled bytes of aborted attempts, for the spiller to give back to the file system
+        self.garbage: list[Garbage] = []
         #: application -> digest of the token it is bound to (b"": bound to requests without one)
         self.app_keys: dict[str, bytes] = {}
 
@@ -325,6 +337,8 @@ class Store:
         data.open.pop(out.attempt, None)
         touched: dict[int, Subpartition] = {}
         for sub, chunk in out.pending:
+            if chunk.buffer is None and chunk.offset >= 0 and sub.file is not None:
+                self.garbage.append(Garbage(data, sub.file.path, chunk.offset, chunk.length))
             self._drop(data, sub, chunk)
             touched[sub.partition] = sub
         for sub in touched.values():
@@ -363,6 +377,8 @@ class Store:
             crc = chunk.crc
             chunk.offset = offset + written
             written += chunk.length
+            if chunk.dead and not data.removed and sub.file is not None:  # aborted while being written
+                self.garbage.append(Garbage(data, sub.file.path, chunk.offset, chunk.length))
             if chunk.buffer is not None and not chunk.dead:
                 self._release_memory(data, sub, chunk)
                 if chunk.committed:
