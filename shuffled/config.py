@@ -333,6 +333,20 @@ class DaemonConfig:
         unit="connections",
         metavar="N",
     )
+    max_handshakes_per_address: int = setting(
+        128,
+        "connections from one address that may be in their handshake at once (connected, not yet through "
+        "Hello and authentication); one more is refused with LIMIT_EXCEEDED and closed",
+        unit="connections",
+        metavar="N",
+    )
+    max_handshakes: int = setting(
+        1024,
+        "connections from all addresses that may be in their handshake at once; one more is refused with "
+        "LIMIT_EXCEEDED and closed",
+        unit="connections",
+        metavar="N",
+    )
     max_connections_per_peer: int = setting(
         64,
         "peer daemon connections from one address (one per daemon is normal); more are refused with LIMIT_EXCEEDED",
@@ -437,6 +451,11 @@ class DaemonConfig:
         )
         need(self.max_connections_per_client >= 1, "max-connections-per-client must be >= 1")
         need(self.max_connections_per_peer >= 1, "max-connections-per-peer must be >= 1")
+        need(self.max_handshakes_per_address >= 1, "max-handshakes-per-address must be >= 1")
+        need(
+            self.max_handshakes >= self.max_handshakes_per_address,
+            "max-handshakes must be >= max-handshakes-per-address",
+        )
         need(self.handshake_timeout > 0, "handshake-timeout must be > 0 seconds")
         for name in ("idle_timeout", "peer_timeout", "tcp_keepalive"):
             need(getattr(self, name) >= 0, f"{name.replace('_', '-')} must be >= 0 seconds (0: off)")

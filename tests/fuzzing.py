@@ -257,7 +257,7 @@ async def fuzz(addr: str, total_frames: int, seed: int, concurrency: int = 8, pe
     return out
 
 
-async def check_recycled(addr: str, apps: list[str]) -> dict[str, Any]:
+async def check_recycled(addr: str, apps: list[str], secret: str | None = None) -> dict[str, Any]:
     """After fuzzing: the pool holds exactly the stored data, and nothing once the apps are removed.
 
     Returns the daemon's error counts; an INTERNAL one means a handler crashed, a bug.
@@ -265,7 +265,7 @@ async def check_recycled(addr: str, apps: list[str]) -> dict[str, Any]:
     from shuffled_client import AsyncClient
     from tests.cluster import pool_settled
 
-    async with await AsyncClient.connect(addr) as c:
+    async with await AsyncClient.connect(addr, secret=secret) as c:
         await pool_settled(c, timeout=30)
         for app in apps:
             await c.remove_application(app)

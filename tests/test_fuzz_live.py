@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode, LimitExceeded
 from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, payload, pool_settled
+from tests.cluster import Cluster, payload, pool_settled, secret_flags
 from tests.fuzzing import APPS, check_recycled, fuzz
 from tests.test_bad_input import Raw
 
@@ -34,10 +35,10 @@ def target() -> Iterator[Cluster]:
     c.stop()
 
 
-async def _bystander(addr: str, stop: asyncio.Event) -> int:
+async def _bystander(addr: str, stop: asyncio.Event, secret: str | None = None) -> int:
     """Push and read back verified data until told to stop; returns the rounds done."""
     rounds = 0
-    async with await AsyncClient.connect(addr) as c:
+    async with await AsyncClient.connect(addr, secret=secret) as c:
         while not stop.is_set() or rounds == 0:
             rounds += 1
             w = await c.open_writer("bystander", rounds, 0, 1, 2)
@@ -71,6 +72,36 @@ async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
         assert errors.get("PROTOCOL", 0) > 0 and errors.get("UNKNOWN_STREAM", 0) > 0, errors
 
     await asyncio.wait_for(body(), 240)
+
+
+async def test_fuzzed_frames_before_authentication_cost_little(tmp_path: Path) -> None:
+    """Against a daemon that requires a secret every fuzzed connection is a stranger: whatever its frames
+    (Hellos with and without nonces, headers announcing megabytes, anything else), it is refused before
+    the daemon buffers or decodes more than a handshake's worth, while an authenticated client keeps
+    pushing and reading; RSS stays within a few MiB of where it was and nothing is left in the pool."""
+    import psutil
+
+    flags = secret_flags(tmp_path, "fuzz-secret")
+    cluster = Cluster(1, pool_size="32M", extra=flags)
+    try:
+        d = cluster.daemons[0]
+        proc = psutil.Process(d.pid)
+        rss = proc.memory_info().rss
+
+        async def body() -> None:
+            stop = asyncio.Event()
+            bystander = asyncio.create_task(_bystander(d.addr, stop, "fuzz-secret"))
+            out = await fuzz(d.addr, FRAMES // 5, seed=11)
+            stop.set()
+            await bystander
+            assert out.hung == 0 and d.proc.poll() is None
+            errors = await check_recycled(d.addr, ["bystander"], secret="fuzz-secret")
+            assert errors.get("AUTH_FAILED", 0) > 0, errors
+            assert proc.memory_info().rss - rss < 48 << 20
+
+        await asyncio.wait_for(body(), 240)
+    finally:
+        cluster.stop()
 
 
 # -- what the fuzzer found, kept as plain regressions

@@ -32,6 +32,8 @@ LIMITS = {
     "--max-admin-per-connection": "2",
     "--max-connections-per-client": "6",
     "--max-connections-per-peer": "2",
+    "--max-handshakes-per-address": "3",
+    "--max-handshakes": "5",
     "--handshake-timeout": "1",
     "--idle-timeout": "3",
 }
@@ -132,6 +134,37 @@ async def test_client_connections_beyond_the_limit_are_refused(limited: Cluster)
         assert (await clients[-1].stats())["connections"]["clients"] == 6
         for c in clients:
             await c.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_connections_stuck_before_hello_are_bounded_per_address_and_in_all(limited: Cluster) -> None:
+    """Strangers that connect and say nothing hold a connection each until the handshake timeout: a few
+    per address, a few more in all, then further ones are refused at once; other addresses, and the
+    same one once the stuck connections are gone, get in (issue 14: they counted against no limit)."""
+
+    async def stuck(source: str) -> Raw:
+        host, port = _addr(limited).rsplit(":", 1)
+        return Raw(*await asyncio.open_connection(host, int(port), local_addr=(source, 0)))
+
+    async def body() -> None:
+        first = [await stuck("127.0.0.1") for _ in range(3)]
+        refused = await _error(await stuck("127.0.0.1"))
+        assert refused.code == ErrorCode.LIMIT_EXCEEDED and "max-handshakes-per-address (3)" in refused.message
+        second = [await stuck("127.0.0.21") for _ in range(2)]
+        refused = await _error(await stuck("127.0.0.22"))
+        assert refused.code == ErrorCode.LIMIT_EXCEEDED and "max-handshakes (5)" in refused.message
+        for raw in first + second:
+            raw.writer.close()
+
+        async def admitted() -> bool:
+            try:
+                await (await AsyncClient.connect(_addr(limited))).close()
+            except LimitExceeded:
+                return False
+            return True
+
+        await wait_until(admitted, bool, timeout=10, what="a client admitted once the stuck ones closed")
 
     await asyncio.wait_for(body(), 30)
 

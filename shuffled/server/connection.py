@@ -124,13 +124,16 @@ class DaemonConnection(FrameConnection):
         self.host = str(peer[0]) if isinstance(peer, tuple) else "unix"
         cfg = self.daemon.config
         self._tune(cfg.peer_timeout if self.dialed is not None else 0.0)
-        if self.dialed is not None:
-            self.role = Role.DAEMON
-            assert self._dialer_auth is not None
-            info = self._dialer_auth.hello_info(
-                {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size}
-            )
-            self.sender.send_control(encode_hello(Hello(Role.DAEMON, info=info)))
+        if self.dialed is None:
+            try:
+                self._check_handshakes()
+            except LimitExceeded as exc:
+                self.fail(exc)
+            return
+        self.role = Role.DAEMON
+        assert self._dialer_auth is not None
+        info = self._dialer_auth.hello_info({"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
+        self.sender.send_control(encode_hello(Hello(Role.DAEMON, info=info)))
 
     def on_lost(self) -> None:
         self.daemon.connections.discard(self)
@@ -378,6 +381,27 @@ class DaemonConnection(FrameConnection):
         self.sender.send_control(encode_hello(ack))
         self.daemon.counters.opened[self.role_label or "client"] += 1
         event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)
+
+    def _check_handshakes(self) -> None:
+        """Refuse a connection while too many others, from its address or from all, are still in their
+        handshake: before authentication nobody is known, so only counting bounds what strangers hold."""
+        cfg = self.daemon.config
+        pending = [c for c in self.daemon.connections if c is not self and c.dialed is None and c.handshaking]
+        same = sum(1 for c in pending if c.host == self.host)
+        if same >= cfg.max_handshakes_per_address:
+            raise LimitExceeded(
+                f"max-handshakes-per-address ({cfg.max_handshakes_per_address}) reached: {same} connections from "
+                f"{self.host} have not finished their handshake"
+            )
+        if len(pending) >= cfg.max_handshakes:
+            raise LimitExceeded(
+                f"max-handshakes ({cfg.max_handshakes}) reached: {len(pending)} connections have not finished "
+                "their handshake"
+            )
+
+    @property
+    def handshaking(self) -> bool:
+        return self.is_open and not self.ready.done()
 
     def _check_connection_limit(self, role: Role) -> None:
         """Refuse one more client (or peer) connection from an address that already has its maximum."""
