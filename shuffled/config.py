@@ -204,6 +204,13 @@ class DaemonConfig:
     spill_low: float = setting(
         0.70, "share of pool segments in use at which spilling stops and pushes get memory again", unit="ratio"
     )
+    push_share_per_connection: float = setting(
+        0.25,
+        "share of the pool's push memory one connection's open map outputs may hold beyond their guaranteed "
+        "windows, and that those guarantees may take: a map output beyond it is refused with LIMIT_EXCEEDED, "
+        "so one connection (at most twice its share) cannot leave other writers without credit",
+        unit="ratio",
+    )
     app_memory_quota: int = setting(
         0,
         "pool memory one application's data may hold; beyond it the data spills, or pushes are refused without a "
@@ -437,6 +444,7 @@ class DaemonConfig:
         need(self.stall_timeout > 0, "stall-timeout must be > 0")
         need(0.0 <= self.ready_disk_free < 1.0, "ready-disk-free must be in [0, 1)")
         need(0.0 < self.spill_low < self.spill_high <= 1.0, "need 0 < spill-low < spill-high <= 1")
+        need(0.0 < self.push_share_per_connection <= 1.0, "push-share-per-connection must be in (0, 1]")
         need(
             self.spill_high <= 1.0 - self.read_reserve,
             f"spill-high must be at most {1.0 - self.read_reserve} (pushes never use the read reserve, "

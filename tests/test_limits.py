@@ -143,16 +143,12 @@ async def test_connections_stuck_before_hello_are_bounded_per_address_and_in_all
     per address, a few more in all, then further ones are refused at once; other addresses, and the
     same one once the stuck connections are gone, get in (issue 14: they counted against no limit)."""
 
-    async def stuck(source: str) -> Raw:
-        host, port = _addr(limited).rsplit(":", 1)
-        return Raw(*await asyncio.open_connection(host, int(port), local_addr=(source, 0)))
-
     async def body() -> None:
-        first = [await stuck("127.0.0.1") for _ in range(3)]
-        refused = await _error(await stuck("127.0.0.1"))
+        first = [await Raw.open(_addr(limited), "127.0.0.1") for _ in range(3)]
+        refused = await _error(await Raw.open(_addr(limited), "127.0.0.1"))
         assert refused.code == ErrorCode.LIMIT_EXCEEDED and "max-handshakes-per-address (3)" in refused.message
-        second = [await stuck("127.0.0.21") for _ in range(2)]
-        refused = await _error(await stuck("127.0.0.22"))
+        second = [await Raw.open(_addr(limited), "127.0.0.21") for _ in range(2)]
+        refused = await _error(await Raw.open(_addr(limited), "127.0.0.22"))
         assert refused.code == ErrorCode.LIMIT_EXCEEDED and "max-handshakes (5)" in refused.message
         for raw in first + second:
             raw.writer.close()
@@ -167,6 +163,36 @@ async def test_connections_stuck_before_hello_are_bounded_per_address_and_in_all
         await wait_until(admitted, bool, timeout=10, what="a client admitted once the stuck ones closed")
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_one_connection_cannot_take_every_push_window() -> None:
+    """A connection that opens map outputs and never commits them (spread over many applications, so no
+    application quota bites) is refused once its guaranteed windows would pass its share of the pool;
+    a writer on another connection still gets credit at once and commits (issue 14, item 10: it waited,
+    without an error, until the hog disconnected)."""
+    cluster = Cluster(1, pool_size="8M")
+
+    async def body() -> None:
+        addr = _addr(cluster)
+        hog = await AsyncClient.connect(addr)
+        opened = []
+        with pytest.raises(LimitExceeded, match=r"push-share-per-connection \(0.25\)"):
+            for i in range(200):
+                opened.append(await hog.open_writer(f"hog-{i % 50}", 1, i, i, 4))
+        assert 0 < len(opened) < 200
+        async with await AsyncClient.connect(addr) as other:
+            w = await asyncio.wait_for(other.open_writer("fair", 1, 0, 1, 1), 5)
+            await w.write(0, b"x" * 100_000)
+            assert await w.commit() == [100_000]
+            await other.remove_application("fair")
+        await hog.close()
+        async with await AsyncClient.connect(addr) as c:
+            assert (await pool_settled(c))["pool"]["used"] == 0
+
+    try:
+        await asyncio.wait_for(body(), 30)
+    finally:
+        cluster.stop()
 
 
 async def test_peer_connections_beyond_the_limit_are_refused(limited: Cluster) -> None:

@@ -34,7 +34,8 @@ SEG = 32 << 10
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[Cluster]:
-    c = Cluster(1, pool_size="2M")  # 64 segments, 8 of them the read reserve
+    # 64 segments, 8 of them the read reserve; one connection may fill them (a quarter, 14, is less than a window)
+    c = Cluster(1, pool_size="2M", extra=["--push-share-per-connection", "1"])
     yield c
     c.stop()
 

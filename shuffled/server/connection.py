@@ -592,6 +592,10 @@ class DaemonConnection(FrameConnection):
         if self.daemon.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
+        over_share = self._over_push_share()
+        if over_share is not None:
+            self.send_error(req.writer, over_share)
+            return
         store = self.daemon.store
         try:
             self._authorize(req.app, req.token)
@@ -603,6 +607,28 @@ class DaemonConnection(FrameConnection):
         session = PushSession(self, req, out)
         self.pushes[req.writer] = session
         session.task = asyncio.create_task(session.start())
+
+    def _push_share(self) -> int:
+        pool = self.daemon.pool
+        return int(self.daemon.config.push_share_per_connection * (pool.total - pool.reserve))
+
+    def push_room(self) -> int:
+        """Segments this connection's push windows may still take beyond what they hold."""
+        held = sum(s.pool.size for s in self.pushes.values() if s.pool is not None)
+        return self._push_share() - held
+
+    def _over_push_share(self) -> LimitExceeded | None:
+        """Every open map output is guaranteed its minimum window; one connection's guarantees may take only
+        its share of push memory, or a client that opens map outputs and never commits them would leave
+        every other writer waiting for credit with no error."""
+        cfg = self.daemon.config
+        if (len(self.pushes) + 1) * cfg.push_min <= self._push_share():
+            return None
+        return LimitExceeded(
+            f"push-share-per-connection ({cfg.push_share_per_connection:g}) reached: the {len(self.pushes)} map "
+            f"outputs open on this connection are guaranteed {len(self.pushes) * cfg.push_min} of the "
+            f"{self._push_share()} segments of push memory it may hold; commit or abort some first"
+        )
 
     # -- admin
 

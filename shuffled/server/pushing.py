@@ -115,7 +115,7 @@ class PushSession:
         if pool is None or self.closed:
             return
         spilling = self.conn.daemon.spiller.holding(self.out.shuffle.app)
-        while not spilling and pool.grow():
+        while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
             pass
         new = pool.available - pool.promised
         if new > 0:
@@ -123,9 +123,14 @@ class PushSession:
             self.counters.push_credit_granted += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
-        elif pool.available == 0 and self._waiting is None and not self._hopeless():
+        elif pool.available == 0 and self._waiting is None and self._may_grow(pool) and not self._hopeless():
             self._waiting = asyncio.create_task(self._wait_for_memory())
             self.waiting_since = time.monotonic()
+
+    def _may_grow(self, pool: LocalPool) -> bool:
+        """Up to its guaranteed window always; beyond it only while the connection is within its share of
+        push memory (its other map outputs give room back when they end, see `_close`)."""
+        return pool.size < pool.min or self.conn.push_room() > 0
 
     def _hopeless(self) -> bool:
         """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
@@ -197,6 +202,9 @@ class PushSession:
     def _close(self) -> None:
         self.closed = True
         self.conn.pushes.pop(self.writer, None)
+        if self.pool is not None and self.pool.size > self.pool.min:  # room for the connection's others
+            for other in list(self.conn.pushes.values()):
+                other._top_up()
         if self._waiting is not None:
             self._waiting.cancel()
         self._stop_waiting()
