@@ -335,7 +335,7 @@ class DaemonConfig:
     )
     max_connections_per_client: int = setting(
         1024,
-        "client connections from one address (all Unix-socket clients count as one); more are refused with "
+        "client connections from one address (over the Unix socket: from one process); more are refused with "
         "LIMIT_EXCEEDED",
         unit="connections",
         metavar="N",

@@ -4,7 +4,10 @@ error naming the setting, on the stream or connection that went over it, and not
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +24,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, pool_settled, wait_until
+from tests.cluster import Cluster, free_port, pool_settled, start_daemon, wait_until
 from tests.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
@@ -193,6 +196,31 @@ async def test_one_connection_cannot_take_every_push_window() -> None:
         await asyncio.wait_for(body(), 30)
     finally:
         cluster.stop()
+
+
+async def test_one_local_process_at_the_limit_locks_out_only_itself(tmp_path: Path) -> None:
+    """Over the Unix socket the connection limit counts per client process (its credentials): a process
+    holding its maximum is refused one more, while another local process, `shuffled stats` here, still
+    gets in (issue 14: one process locked every local client out)."""
+    sock = tmp_path / "d.sock"
+    d = start_daemon(
+        "127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--unix-socket", str(sock), "--max-connections-per-client", "3"]
+    )
+
+    async def body() -> None:
+        mine = [await AsyncClient.connect(f"unix:{sock}") for _ in range(3)]
+        with pytest.raises(LimitExceeded, match=r"max-connections-per-client \(3\)"):
+            await AsyncClient.connect(f"unix:{sock}")
+        argv = [sys.executable, "-m", "shuffled", "stats", f"unix:{sock}"]
+        other = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+        assert other.returncode == 0, other.stderr
+        for c in mine:
+            await c.close()
+
+    try:
+        await asyncio.wait_for(body(), 60)
+    finally:
+        d.stop()
 
 
 async def test_peer_connections_beyond_the_limit_are_refused(limited: Cluster) -> None:

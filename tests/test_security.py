@@ -248,7 +248,10 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
         wrong = tmp_path / "wrong"
         wrong.write_text("another peer secret")
         rogue = start_daemon(
-            "127.0.0.3", free_port(["127.0.0.3"]), "16M", [*secrets[:2], "--peer-secret-file", str(wrong)]
+            "127.0.0.3",
+            free_port(["127.0.0.3"]),
+            "16M",
+            [*secrets[:2], "--peer-secret-file", str(wrong), "--peers", b.addr],
         )
         try:
             cr = await _connect(rogue)
@@ -335,6 +338,31 @@ async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list
         await owner.remove_application("app-7")
         for c in (owner, tenant):
             await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_a_client_cannot_make_a_daemon_connect_anywhere(pair: list[DaemonProcess]) -> None:
+    """A read naming a location on another port (an internal service, say) fails with PEER_UNAVAILABLE
+    and the daemon never connects there; its peers, on the daemons' own port, are still read from."""
+
+    async def body() -> None:
+        a, b = pair
+        connected = asyncio.Event()
+        server = await asyncio.start_server(lambda r, w: connected.set(), "127.0.0.5", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = await _connect(a)
+        with pytest.raises(PeerUnavailable, match="is not a known daemon"):
+            await _read(c, "dial-app", {f"127.0.0.5:{port}": [1]})
+        cb = await _connect(b)
+        await _push(cb, "dial-app", 1, [10, 10])
+        assert await _read(c, "dial-app", {b.addr: [1]}) == payload(1, 0, 10) + payload(1, 1, 10)
+        assert not connected.is_set()
+        server.close()
+        await cb.remove_application("dial-app")
+        for x in (c, cb):
+            await x.close()
 
     await asyncio.wait_for(body(), TIMEOUT)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -79,6 +81,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("shuffled.conn")
 
 
+def _unix_peer(sock: Any) -> str:
+    """A Unix-socket client is known by its process (SO_PEERCRED): one process that opens the most
+    connections an address may have locks out only itself, not every other local client."""
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (AttributeError, OSError):
+        return "unix"
+    return f"unix pid {pid}"
+
+
 class DaemonConnection(FrameConnection):
     def __init__(self, daemon: Daemon, dialed: str | None = None, tls: bool = False) -> None:
         cfg = daemon.config
@@ -104,7 +116,7 @@ class DaemonConnection(FrameConnection):
         self._hello: Hello | None = None
         self._flush_announcements_soon = Soon(self._flush_announcements)
         self.admin_running = 0
-        #: the peer's IP address ("unix" for a Unix socket): connection limits count per address
+        #: the peer's IP address ("unix pid N" for a Unix socket): connection limits count per address
         self.host = "?"
         #: the first fatal error (a TimedOut one is what dependent streams fail with)
         self.failure: ShuffledError | None = None
@@ -121,7 +133,7 @@ class DaemonConnection(FrameConnection):
         self.daemon.connections.add(self)
         assert self.transport is not None
         peer = self.transport.get_extra_info("peername")
-        self.host = str(peer[0]) if isinstance(peer, tuple) else "unix"
+        self.host = str(peer[0]) if isinstance(peer, tuple) else _unix_peer(self.transport.get_extra_info("socket"))
         cfg = self.daemon.config
         self._tune(cfg.peer_timeout if self.dialed is not None else 0.0)
         if self.dialed is None:

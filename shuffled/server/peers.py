@@ -55,6 +55,8 @@ class PeerManager:
         self.conns: dict[str, DaemonConnection] = {}
         self._dialing: dict[str, asyncio.Task[DaemonConnection]] = {}
         self._arrival: dict[str, asyncio.Future[DaemonConnection]] = {}
+        #: daemons that proved themselves by connecting to us
+        self.known: set[str] = set()
 
     async def get(self, addr: str) -> DaemonConnection:
         if addr == self.daemon.node:
@@ -62,6 +64,7 @@ class PeerManager:
         conn = self.conns.get(addr)
         if conn is not None and conn.is_open:
             return conn
+        self._check_dialable(addr)
         task = self._dialing.get(addr)
         if task is None:
             task = self._dialing[addr] = asyncio.create_task(self._dial(addr))
@@ -119,11 +122,28 @@ class PeerManager:
             raise DuplicateConnection(f"{self.daemon.node} already dials {node}; use that connection")
         self._register(node, conn)
 
+    def _check_dialable(self, addr: str) -> None:
+        """With authentication on, a client may not make this daemon connect anywhere it likes (a port scan,
+        bytes sent to an internal service): only to its `--peers`, to daemons that connected to it, and to
+        its own port on other hosts (every daemon of a cluster normally listens on the same one)."""
+        daemon = self.daemon
+        if daemon.secret is None or addr in daemon.config.peers or addr in self.known:
+            return
+        _, port = split_address(addr)
+        own = split_address(daemon.node)[1] if daemon.node else daemon.config.port
+        if port != own:
+            raise PeerUnavailable(
+                f"{addr} is not a known daemon: with authentication on, this daemon relays only to its peers "
+                f"(--peers), to daemons that connected to it, and to port {own} on other hosts"
+            )
+
     def _register(self, node: str, conn: DaemonConnection) -> None:
         old = self.conns.get(node)
         if old is not None and old is not conn and old.is_open:
             old.close("superseded by a newer connection from the same daemon")
         self.conns[node] = conn
+        if conn.dialed is None:
+            self.known.add(node)
         fut = self._arrival.pop(node, None)
         if fut is not None and not fut.done():
             fut.set_result(conn)
