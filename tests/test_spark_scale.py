@@ -7,7 +7,8 @@ memory mix inside one (partition, attempt) pair. Each job's shuffle is at least 
 pools (checked from Spark's own metrics), and per job the daemons must have committed exactly the bytes
 Spark's map tasks wrote and served exactly the bytes its reducers read. Results are small digests of large
 outputs (row counts, sums and order-independent hashes per group), so they compare exactly without collecting
-hundreds of megabytes into Python. ``python -m benchmarks scale`` runs the same jobs at full size.
+hundreds of megabytes into Python. ``python -m benchmarks scale`` runs a long session of star-schema
+queries at full size.
 """
 
 from __future__ import annotations
