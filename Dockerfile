@@ -1,6 +1,32 @@
 # shuffled daemon image: `docker build -t shuffled .`
 # Runs `shuffled serve` as a non-root user. Settings come from SHUFFLED_* variables,
 # flags after the image name, or a TOML file passed with --config (see README).
+# The Spark plugin, built for every supported Spark line, is in /opt/shuffled/jars
+# (shuffled-spark-<line>_<scala>.jar: spark.jars=local:///opt/shuffled/jars/... on Kubernetes).
+
+# Build stage: a JDK, and each line's Spark jars (from its pyspark release) to compile against.
+FROM python:3.11-slim-bookworm AS plugin
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY shuffled ./shuffled
+COPY client ./client
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The lines are shuffled.spark_jar.LINES (a test keeps this list equal to it).
+RUN for line in 3.5 4.0 4.1 4.2 4.3; do \
+        next="${line%.*}.$(( ${line#*.} + 1 ))"; \
+        pip download --no-deps --no-binary :all: -d "/tmp/dl-${line}" "pyspark>=${line},<${next}" \
+        && mkdir -p "/tmp/spark-${line}" \
+        && tar -xzf "/tmp/dl-${line}"/pyspark-*.tar.gz -C "/tmp/spark-${line}" --strip-components=2 --wildcards '*/deps/jars/*' \
+        && python3 -m shuffled.spark_jar --spark-home "/tmp/spark-${line}" --out-dir /jars \
+        && rm -rf "/tmp/dl-${line}" "/tmp/spark-${line}" || exit 1; \
+    done
+
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -15,8 +41,9 @@ RUN groupadd --system --gid 10001 shuffled \
 WORKDIR /opt/shuffled
 COPY pyproject.toml README.md ./
 COPY shuffled ./shuffled
-COPY client/python ./client/python
+COPY client ./client
 RUN pip install --no-compile . && rm -rf /opt/shuffled/build
+COPY --from=plugin /jars /opt/shuffled/jars
 
 # Listen on all interfaces inside the container; the metrics endpoint serves the
 # Kubernetes probes, so it must be reachable from the kubelet. The daemon then needs

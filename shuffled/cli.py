@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import config as settings
@@ -54,9 +55,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     jar = sub.add_parser(
         "spark-jar",
-        help="build the Spark plugin jar (javac against the pyspark jars) and print its path",
-        description="Compiles client/jvm with javac --release 17 against the installed pyspark's jars and "
-        "packages client/jvm/build/shuffled-spark.jar; skipped when the jar is newer than every source.",
+        help="build the Spark plugin jar (javac against a Spark's jars) and print its path",
+        description="Compiles client/jvm with javac --release 17 against the jars of the installed pyspark (or "
+        "of --spark-home) with the version layer of its Spark line, and packages "
+        "client/jvm/build/shuffled-spark-<line>_<scala>.jar; skipped when the jar is newer than every source.",
     )
     jar.add_argument("--force", action="store_true", help="rebuild even if the jar is up to date")
 
@@ -73,6 +75,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the executors' daemon: host:port or unix:/path (default 127.0.0.1:7337)",
     )
     conf.add_argument("--submit", action="store_true", help="print --conf flags for spark-submit/pyspark")
+    for p in (jar, conf):
+        p.add_argument(
+            "--spark-home",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help="build for this Spark distribution (its jars/) instead of the installed pyspark",
+        )
 
     stats = sub.add_parser("stats", help="print a running daemon's pool, store and stream counters as JSON")
     stats.add_argument("address", help="daemon address, host:port or unix:/path")
@@ -138,7 +148,7 @@ def _spark_command(args: argparse.Namespace) -> int:
     from . import spark_jar
 
     try:
-        jar = spark_jar.build_jar(force=getattr(args, "force", False))
+        jar = spark_jar.build_jar(force=getattr(args, "force", False), spark_home=args.spark_home)
     except spark_jar.JvmBuildError as exc:
         print(f"shuffled {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -199,7 +199,9 @@ def scale_join_aggregate(spark: SparkSession) -> Any:
 
 
 def scale_window(spark: SparkSession) -> Any:
-    w = Window.partitionBy("k").orderBy("v", "id")
+    # Ordered by the wide column, so it crosses the shuffle: Spark 4.3 computes a column that is only
+    # passed through a window after the exchange.
+    w = Window.partitionBy("k").orderBy("v", "h")
     ranked = wide(spark, SCALE_ROWS).select("k", "v", "h", F.row_number().over(w).alias("n"))
     return digest(ranked, "k")
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from shuffled import config as settings
+from shuffled import spark_jar
 from shuffled.cli import _build_parser
 from shuffled.config import DaemonConfig, parse_size
 from shuffled_client import AsyncClient
@@ -91,8 +92,19 @@ def test_dockerfile_runs_the_package_entry_point_on_its_ports() -> None:
     config, _ = settings.load(None, {**shuffled_env, "SHUFFLED_ADVERTISE": "10.1.2.3:7337"})
     assert config.metrics_host == "0.0.0.0" and config.host == "0.0.0.0"
     for args in get("COPY"):
+        if args.startswith("--from="):
+            continue  # from a build stage, not from the source tree
         for src in args.split()[:-1]:
             assert (ROOT / src).exists(), f"COPY {src}: no such path"
+
+
+def test_the_image_builds_the_plugin_for_every_supported_spark_line() -> None:
+    """The build stage's loop names the lines shuffled.spark_jar supports, and the image keeps their jars."""
+    (loop,) = [args for word, args in _dockerfile() if word == "RUN" and "for line in" in args]
+    lines = loop.split("for line in", 1)[1].split(";", 1)[0].split()
+    assert lines == list(spark_jar.LINES)
+    assert "--spark-home" in loop
+    assert ("COPY", "--from=plugin /jars /opt/shuffled/jars") in _dockerfile()
 
 
 def _image_env() -> dict[str, str]:

@@ -122,12 +122,16 @@ def test_constants_match_the_python_codec(jars: tuple[Path, Path]) -> None:
 @needs_jdk
 def test_build_skips_up_to_date_jars_and_rebuilds_stale_or_forced(tmp_path: Path) -> None:
     jar = spark_jar.build_jar(tmp_path)
-    assert jar == tmp_path / spark_jar.JAR_NAME
+    spark = spark_jar.find_spark()
+    assert jar == tmp_path / f"shuffled-spark-{spark.line}_{spark.scala}.jar"
     with zipfile.ZipFile(jar) as z:
         names = set(z.namelist())
+        line = z.read("io/shuffled/spark/line.properties").decode()
     assert {"io/shuffled/client/wire/FrameDecoder.class", "io/shuffled/client/wire/MsgPack$Reader.class"} <= names
+    assert "io/shuffled/spark/compat/Checksums.class" in names
+    assert f"spark.line={spark.line}\nscala.binary={spark.scala}\n" in line
     assert not any("VectorCheck" in n for n in names), "test classes must not ship in the plugin jar"
-    assert [p.name for p in tmp_path.iterdir()] == [spark_jar.JAR_NAME], "temporary files left behind"
+    assert [p.name for p in tmp_path.iterdir()] == [jar.name], "temporary files left behind"
 
     built = jar.stat().st_mtime_ns
     assert spark_jar.build_jar(tmp_path) == jar

@@ -31,6 +31,33 @@ def test_spark_conf_prints_settings_that_name_the_built_jar() -> None:
     assert settings["spark.shuffle.sort.io.plugin.class"] == "io.shuffled.spark.ShuffledDataIO"
     assert settings["spark.shuffled.address"] == "unix:/run/shuffled.sock"
     assert Path(settings["spark.jars"]).is_file()
+    assert "spark.executor.extraClassPath" not in settings  # Spark 4 loads the manager from spark.jars
+
+
+def _spark_jar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shuffled", "spark-jar", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_spark_jar_for_a_spark_home_it_cannot_build_for_says_why(tmp_path: Path) -> None:
+    """No jars/ (not a Spark distribution), and a Spark line the plugin has no version layer for."""
+    missing = _spark_jar("--spark-home", str(tmp_path))
+    assert missing.returncode == 1 and f"{tmp_path} is not a Spark distribution" in missing.stderr
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / "spark-core_2.12-3.4.1.jar").touch()
+    old = _spark_jar("--spark-home", str(tmp_path))
+    assert old.returncode == 1
+    assert "Spark 3.4.1 is not supported; the plugin builds for Spark 3.5, 4.0, 4.1, 4.2, 4.3" in old.stderr
+
+
+def test_spark_conf_for_a_spark_35_jar_puts_it_on_the_class_path_too() -> None:
+    """Spark 3.5 creates the shuffle manager before spark.jars are loaded (docs/spark.md)."""
+    from shuffled import spark_jar
+
+    jar = Path("/opt/shuffled/jars/shuffled-spark-3.5_2.12.jar")
+    conf = spark_jar.spark_conf(jar, ["127.0.0.1:7337"])
+    assert conf["spark.driver.extraClassPath"] == conf["spark.executor.extraClassPath"] == str(jar)
 
 
 @pytest.mark.timeout(300)

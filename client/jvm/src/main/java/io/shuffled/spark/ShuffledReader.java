@@ -3,6 +3,7 @@ package io.shuffled.spark;
 import io.shuffled.client.PartitionReader;
 import io.shuffled.client.ShuffleClient;
 import io.shuffled.client.wire.ShuffledException;
+import io.shuffled.spark.compat.Checksums;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.io.InterruptedIOException;
@@ -103,8 +104,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         }
         Option<Ordering<K>> ordering = dep.keyOrdering();
         if (ordering.isDefined()) {
-            ExternalSorter<K, C, C> sorter =
-                    new ExternalSorter<>(context, Option.empty(), Option.empty(), ordering, dep.serializer());
+            ExternalSorter<K, C, C> sorter = Checksums.sorter(context, Option.empty(), Option.empty(), ordering, dep);
             combined = sorter.insertAllAndUpdateMetrics(combined);
         }
         return combined instanceof InterruptibleIterator ? combined : new InterruptibleIterator<>(context, combined);

@@ -1,5 +1,6 @@
 package io.shuffled.spark;
 
+import io.shuffled.spark.compat.LineShuffleManager;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
@@ -9,7 +10,6 @@ import org.apache.spark.network.shuffle.MergedBlockMeta;
 import org.apache.spark.shuffle.BaseShuffleHandle;
 import org.apache.spark.shuffle.ShuffleBlockResolver;
 import org.apache.spark.shuffle.ShuffleHandle;
-import org.apache.spark.shuffle.ShuffleManager;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
@@ -27,11 +27,13 @@ import scala.collection.immutable.Seq;
  * daemons' copies are freed by the driver ({@link ShuffledDriverComponents}, enabled with
  * {@code spark.shuffle.sort.io.plugin.class=io.shuffled.spark.ShuffledDataIO}).
  */
-public final class ShuffledShuffleManager implements ShuffleManager {
+public final class ShuffledShuffleManager implements LineShuffleManager {
     private final DaemonClients clients;
 
     /** The constructor Spark looks for first ({@code ShuffleManager.create}). */
     public ShuffledShuffleManager(SparkConf conf, boolean isDriver) {
+        SparkLine.ofJar().check(org.apache.spark.package$.MODULE$.SPARK_VERSION(),
+                scala.util.Properties$.MODULE$.versionNumberString());
         ShuffledConf settings = new ShuffledConf(conf);
         this.clients = new DaemonClients(settings, isDriver ? "spark-driver" : "spark-executor");
     }

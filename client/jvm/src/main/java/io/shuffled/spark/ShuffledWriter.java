@@ -2,13 +2,13 @@ package io.shuffled.spark;
 
 import io.shuffled.client.MapOutputWriter;
 import io.shuffled.client.ShuffleClient;
+import io.shuffled.spark.compat.Checksums;
 import java.io.IOException;
 import java.io.OutputStream;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.scheduler.MapStatus;
-import org.apache.spark.scheduler.MapStatus$;
 import org.apache.spark.serializer.SerializationStream;
 import org.apache.spark.serializer.SerializerInstance;
 import org.apache.spark.serializer.SerializerManager;
@@ -85,10 +85,10 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             written = writeUnsorted(records, dep, env.serializerManager());
         } else {
             ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
-                    ? new ExternalSorter<K, V, C>(context, dep.aggregator(), Option.apply(dep.partitioner()),
-                            dep.keyOrdering(), dep.serializer())
-                    : new ExternalSorter<K, V, V>(
-                            context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep.serializer());
+                    ? Checksums.<K, V, C>sorter(context, dep.aggregator(), Option.apply(dep.partitioner()),
+                            dep.keyOrdering(), dep)
+                    : Checksums.<K, V, V>sorter(
+                            context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep);
             try {
                 sorter.insertAll(records);
                 written = writePartitions(sorter, dep, env.serializerManager());
@@ -106,7 +106,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         }
         metrics.incBytesWritten(bytes);
         String host = env.blockManager().blockManagerId().host();
-        status = MapStatus$.MODULE$.apply(DaemonLocation.of(client.daemonNode(), host), lengths, mapId);
+        status = Checksums.mapStatus(DaemonLocation.of(client.daemonNode(), host), lengths, mapId, dep);
     }
 
     /** Spark's own limit for its unsorted ("bypass merge") writer, which needs a stream per partition. */
@@ -136,6 +136,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             }
             stream.writeKey(record._1(), ANY);
             stream.writeValue(record._2(), ANY);
+            Checksums.update(dep, partition, record._1(), record._2());
             count++;
         }
         for (SerializationStream stream : streams) {

@@ -6,7 +6,7 @@ import org.apache.spark.SparkConf;
 
 /**
  * Checks of the plugin's small rules that a Spark job shows only by chance: fetch wait that is made of
- * sub-millisecond waits, and the Spark settings the plugin refuses at start. Prints one line per check,
+ * sub-millisecond waits, the Spark settings the plugin refuses at start, and the Spark line it was built for. Prints one line per check,
  * then {@code N passed, M failed}; exits non-zero on any failure.
  */
 public final class PluginCheck {
@@ -23,6 +23,8 @@ public final class PluginCheck {
             "spark.storage.decommission.shuffleBlocks.enabled"}) {
             c.refused(key);
         }
+        c.sparkLineOfThisJar();
+        c.otherSparkLineRefused();
         System.out.println(c.passed + " passed, " + c.failures.size() + " failed");
         System.exit(c.failures.isEmpty() ? 0 : 1);
     }
@@ -65,5 +67,30 @@ public final class PluginCheck {
             failure = e.getMessage().contains(key) ? null : "message does not name the setting: " + e.getMessage();
         }
         verdict("refuses " + key + "=true", failure);
+    }
+
+    private void sparkLineOfThisJar() {
+        SparkLine jar = SparkLine.ofJar();
+        String failure;
+        try {
+            jar.check(org.apache.spark.package$.MODULE$.SPARK_VERSION(),
+                    scala.util.Properties$.MODULE$.versionNumberString());
+            failure = null;
+        } catch (IllegalStateException e) {
+            failure = e.getMessage();
+        }
+        verdict("the jar is for the Spark it was built against (" + jar.line + ", Scala " + jar.scala + ")", failure);
+    }
+
+    private void otherSparkLineRefused() {
+        String failure;
+        try {
+            new SparkLine("4.0", "2.13").check("4.1.0", "2.13.16");
+            failure = "accepted";
+        } catch (IllegalStateException e) {
+            failure = e.getMessage().contains("built for Spark 4.0 (Scala 2.13), but this is Spark 4.1.0")
+                    ? null : "message: " + e.getMessage();
+        }
+        verdict("a 4.0 jar refuses Spark 4.1", failure);
     }
 }

@@ -8,7 +8,6 @@ import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.EnumSet;
 import java.util.HexFormat;
-import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -307,9 +306,7 @@ public final class VectorCheck {
                 return new Frame.AuthResponse(text(f, "proof"));
             case "PARTITION_REQUEST": {
                 Map<String, long[]> locations = new LinkedHashMap<>();
-                Iterator<Map.Entry<String, JsonNode>> it = f.path("locations").fields();
-                while (it.hasNext()) {
-                    Map.Entry<String, JsonNode> e = it.next();
+                for (Map.Entry<String, JsonNode> e : f.path("locations").properties()) {
                     long[] ids = new long[e.getValue().size()];
                     for (int i = 0; i < ids.length; i++) {
                         ids[i] = u64(e.getValue().get(i), "locations");
@@ -403,7 +400,7 @@ public final class VectorCheck {
     private static Object value(JsonNode n) {
         if (n.isObject()) {
             Map<String, Object> m = new LinkedHashMap<>();
-            n.fields().forEachRemaining(e -> m.put(e.getKey(), value(e.getValue())));
+            n.properties().forEach(e -> m.put(e.getKey(), value(e.getValue())));
             return MsgPack.normalizeMap(m);
         }
         if (n.isArray()) {

@@ -1,0 +1,77 @@
+"""The package as users get it: a wheel built from this tree (`pip wheel .`) and installed into a fresh
+virtual environment, run from outside the source tree. It carries the plugin's Java sources, so
+`shuffled demo --spark` builds the jar for the installed pyspark (into the user's cache, since
+site-packages may not be writable) and runs a PySpark job through two daemons; also with Spark 3.5."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.jvm import needs_jdk
+from tests.spark_support import needs_spark
+
+pytestmark = [needs_spark, needs_jdk, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("pyspark", ["installed", "pyspark>=3.5,<3.6"])
+def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark: str) -> None:
+    """With the pyspark the test suite runs on (the newest line), and with Spark 3.5 installed beside it."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("shuffled-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    assert "shuffled/jvm/main/java/io/shuffled/spark/ShuffledShuffleManager.java" in names
+    assert any(n.startswith("shuffled/jvm/compat/checksums-rows/") for n in names)
+    # The dependencies (and pyspark) come from this interpreter's site-packages; shuffled from the wheel.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=300)
+    if pyspark != "installed":
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", pyspark], capture_output=True, text=True, timeout=900
+        )
+        if install.returncode != 0:
+            pytest.skip(f"cannot install {pyspark}: {install.stderr.strip()[-500:]}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("PYTHONPATH", None)
+
+    def probe(expression: str) -> str:
+        code = f"import shuffled, pyspark; print({expression})"
+        run = subprocess.run(
+            [str(python), "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    assert probe("shuffled.__file__").startswith(str(venv))
+    demo = subprocess.run(
+        [str(venv / "bin" / "shuffled"), "demo", "--spark", "--megabytes", "8"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "spark demo ok" in demo.stdout, demo.stdout[-3000:]
+    version = probe("pyspark.__version__")
+    line = ".".join(version.split(".")[:2])
+    assert pyspark == "installed" or line == "3.5", version
+    assert list((tmp_path / "cache" / "shuffled" / "jars").glob(f"shuffled-spark-{line}_*.jar")), "no jar built"

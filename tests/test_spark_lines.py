@@ -1,0 +1,182 @@
+"""Every Spark line the plugin supports besides the installed one (on which the whole Spark suite runs):
+the plugin built for that line from the same sources (its version layer: client/jvm/src/compat), a job
+matrix on that Spark through shuffled equal to its own built-in shuffle (tests/spark_line_job.py), and
+a jar of another line refused when that Spark starts.
+
+Each line's pyspark (the newest release of the line) is installed once into a virtual environment of its
+own under ``$SHUFFLED_SPARK_LINES`` (default ``~/.cache/shuffled/spark-lines``), kept between runs;
+where it cannot be installed (no package index), the line is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shuffled import spark_jar
+from tests.cluster import DaemonProcess, free_port, start_daemon
+from tests.spark_support import daemon_stats, needs_spark
+
+pytestmark = [needs_spark, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("SHUFFLED_SPARK_LINES", Path.home() / ".cache" / "shuffled" / "spark-lines"))
+
+
+def _installed_line() -> str:
+    try:
+        return spark_jar.find_spark().line
+    except spark_jar.JvmBuildError:
+        return ""
+
+
+OTHER_LINES = [line for line in spark_jar.LINES if line != _installed_line()]
+
+
+@dataclass
+class LineEnv:
+    line: str
+    python: Path
+    spark_home: Path  # the pyspark package: its jars/ are that Spark's
+
+
+def _pip_spec(line: str) -> str:
+    major, minor = line.split(".")
+    return f"pyspark>={line},<{major}.{int(minor) + 1}"
+
+
+def _line_env(line: str) -> LineEnv:
+    venv = CACHE / line
+    python = venv / "bin" / "python"
+    ready = venv / "ready"
+    if not ready.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+        pip = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", _pip_spec(line)], capture_output=True, text=True, timeout=900
+        )
+        if pip.returncode != 0:
+            pytest.skip(f"cannot install {_pip_spec(line)}: {pip.stderr.strip()[-500:]}")
+        ready.write_text(_pip_spec(line))
+    where = subprocess.run(
+        [str(python), "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return LineEnv(line, python, Path(where.stdout.strip()))
+
+
+@pytest.fixture(scope="module", params=OTHER_LINES)
+def line_env(request: pytest.FixtureRequest) -> LineEnv:
+    return _line_env(request.param)
+
+
+@pytest.fixture
+def daemon() -> Iterator[list[DaemonProcess]]:
+    """One daemon without a data dir, in a list: the test replaces it by a new one without the data."""
+    host = "127.0.0.1"
+    held = [start_daemon(host, free_port([host]), "64M", ["--data-dir", "none"])]
+    yield held
+    for d in held:
+        d.stop()
+
+
+def _job(env: LineEnv, jar: Path, address: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(env.python), "-m", "tests.spark_line_job", str(jar), address],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
+    raise AssertionError(f"the job printed no result (exit code {proc.wait(60)})")
+
+
+def test_job_matrix_on_the_line_matches_its_builtin_shuffle(
+    line_env: LineEnv, daemon: list[DaemonProcess], tmp_path: Path
+) -> None:
+    jar = spark_jar.build_jar(tmp_path, spark_home=line_env.spark_home)
+    assert jar.name.startswith(f"shuffled-spark-{line_env.line}_")
+    proc = _job(line_env, jar, daemon[0].addr)
+    try:
+        assert _json_line(proc) == {"ready": True}
+        # The shuffle's map output is in the daemon: replace it by one that has none of it.
+        first = daemon.pop()
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+        daemon.append(start_daemon(first.host, first.port, "64M", ["--data-dir", "none"]))
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out = _json_line(proc)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out["version"].startswith(line_env.line)
+    assert out["plugin"] == out["builtin"]
+    sums: dict[int, int] = {}
+    for i in range(20_000):
+        sums[i % 53] = sums.get(i % 53, 0) + i
+    expected = [list(kv) for kv in sorted(sums.items())]
+    assert out["reread"] == [expected, expected]
+    assert daemon_stats(daemon[0])["store"]["commits"] > 0, "the lost map output was not recomputed"
+
+
+def _start_session(python: Path, jar: Path) -> subprocess.CompletedProcess[str]:
+    """Start a Spark session with the plugin jar in the pyspark of ``python``."""
+    code = (
+        "import sys; from tests import spark_jobs\n"
+        "spark_jobs.session('local[1]', {'spark.jars': sys.argv[1],"
+        " 'spark.shuffle.manager': 'io.shuffled.spark.ShuffledShuffleManager'})\n"
+    )
+    return subprocess.run(
+        [str(python), "-c", code, str(jar)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_jar_of_another_line_is_refused_at_start(line_env: LineEnv, plugin_jar: Path, tmp_path: Path) -> None:
+    """This line's jar in the installed Spark, and the installed line's jar in this line's Spark: neither
+    session starts. The plugin names both versions and the jar to build; only a jar whose shuffle manager
+    extends an interface that this Spark lacks (4.3's BlockingShuffleManager) is refused by the JVM before
+    any plugin code runs, with an error that names that interface."""
+    installed = spark_jar.find_spark()
+    line = spark_jar.find_spark(line_env.spark_home)
+    line_jar = spark_jar.build_jar(tmp_path, spark_home=line_env.spark_home)
+
+    in_installed = _start_session(Path(sys.executable), line_jar)
+    assert in_installed.returncode != 0
+    assert (
+        f"this plugin jar was built for Spark {line.line} (Scala {line.scala}), "
+        f"but this is Spark {installed.version} (Scala {installed.scala})"
+    ) in in_installed.stderr, in_installed.stderr[-3000:]
+
+    in_line = _start_session(line_env.python, plugin_jar)
+    assert in_line.returncode != 0
+    if "manager-blocking" in spark_jar.LINES[installed.line] and "manager-blocking" not in spark_jar.LINES[line.line]:
+        assert "ClassNotFoundException: org.apache.spark.shuffle.BlockingShuffleManager" in in_line.stderr
+    else:
+        assert f"this plugin jar was built for Spark {installed.line}" in in_line.stderr, in_line.stderr[-3000:]
