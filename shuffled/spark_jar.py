@@ -21,15 +21,19 @@ Run ``python -m shuffled.spark_jar [--force] [--tests]`` to build from the comma
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import __version__
 
 #: the Java sources: client/jvm/src in a source checkout (shuffled/jvm links there), package data once
 #: installed from a wheel
@@ -227,19 +231,46 @@ def build_jar(out_dir: Path | None = None, force: bool = False, spark_home: Path
     ``<out_dir>/shuffled-spark-<line>_<scala>.jar``; return its path.
 
     ``out_dir`` defaults to ``client/jvm/build``. The build is skipped when the jar is newer than every
-    source (unless ``force``). Raises :class:`JvmBuildError` if javac/jar are missing (install
+    source and was built from these very sources (unless ``force``). Raises :class:`JvmBuildError` if javac/jar are missing (install
     openjdk-17-jdk-headless), there is no Spark or it is of an unsupported line, or compilation fails.
     """
     spark = find_spark(spark_home)
     jar_path = (out_dir if out_dir is not None else BUILD_DIR) / jar_name(spark)
     roots = _main_inputs(spark)
     inputs = [p for root in roots for p in _inputs(root)]
-    if not force and _up_to_date(jar_path, inputs):
-        return jar_path
     sources = [src for root in roots for src in _sources(root)]
-    line = f"spark.line={spark.line}\nscala.binary={spark.scala}\nbuilt.against={spark.version}\n"
-    _compile_and_package(sources, classpath(spark=spark), jar_path, {"io/shuffled/spark/line.properties": line})
+    digest = _digest(spark, sources)
+    if not force and _up_to_date(jar_path, inputs) and _built_from(jar_path) == digest:
+        return jar_path
+    line = f"spark.line={spark.line}\nscala.binary={spark.scala}\nbuilt.against={spark.version}\nsources={digest}\n"
+    _compile_and_package(sources, classpath(spark=spark), jar_path, {LINE_RESOURCE: line})
     return jar_path
+
+
+LINE_RESOURCE = "io/shuffled/spark/line.properties"
+
+
+def _digest(spark: Spark, sources: list[Path]) -> str:
+    """What a plugin jar is built from: every source's path and bytes, the Spark and this package's version.
+
+    Jars of installed packages share the user's cache across environments and versions of shuffled, so a jar
+    newer than the sources may still be another installation's: it is reused only if built from these.
+    """
+    h = hashlib.sha256(f"{__version__} {spark.version} {spark.scala}".encode())
+    for src in sources:
+        h.update(str(src.relative_to(JVM_SOURCES)).encode() + b"\0" + src.read_bytes())
+    return h.hexdigest()
+
+
+def _built_from(jar: Path) -> str | None:
+    """The source digest written into ``jar`` (None: no jar, or not one of ours)."""
+    try:
+        with zipfile.ZipFile(jar) as z:
+            text = z.read(LINE_RESOURCE).decode()
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
+    found = re.search(r"^sources=(\w+)$", text, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def build_test_classes(out_dir: Path | None = None, force: bool = False, spark_home: Path | None = None) -> Path:

@@ -255,6 +255,32 @@ SCALE_JOBS: dict[str, Job] = {
 }
 
 
+#: Spark 4.1's row-based (order-independent) shuffle checksums, with AQE off so a groupBy is one shuffle
+ROW_CHECKSUMS = {"spark.sql.shuffle.orderIndependentChecksum.enabled": "true", "spark.sql.adaptive.enabled": "false"}
+
+
+def row_checksums(spark: SparkSession, partitions: int) -> list[int]:
+    """A groupBy into ``partitions`` reduce partitions with row checksums on; the checksum in each of its map
+    statuses. The same map task over the same rows gives the same value whichever shuffle wrote it."""
+    for key, value in {**ROW_CHECKSUMS, "spark.sql.shuffle.partitions": str(partitions)}.items():
+        spark.conf.set(key, value)
+    try:
+        facts(spark).groupBy("k").agg(F.sum("v"), F.max("s")).collect()
+    finally:
+        for key in ROW_CHECKSUMS:
+            spark.conf.unset(key)
+        spark.conf.set("spark.sql.shuffle.partitions", COMMON_CONF["spark.sql.shuffle.partitions"])
+    # The driver's MapOutputTrackerMaster, through the DAG scheduler's field: py4j cannot look up methods on
+    # SparkEnv in pyspark 4.3 (one of its signatures names a class pyspark does not ship).
+    dag = spark.sparkContext._jsc.sc().dagScheduler()
+    field = dag.getClass().getDeclaredField("mapOutputTracker")
+    field.setAccessible(True)
+    statuses = field.get(dag).shuffleStatuses()
+    newest = max(int(key) for key in statuses.keySet().toList().mkString(",").split(","))
+    maps = statuses.get(newest).get().mapStatuses()
+    return [maps[i].checksumValue() for i in range(len(maps))]
+
+
 def session(master: str, conf: dict[str, str]) -> SparkSession:
     return (
         SparkSession.builder.master(master).appName("shuffled-tests").config(map={**COMMON_CONF, **conf}).getOrCreate()

@@ -2,7 +2,8 @@
 matrix through Spark's built-in shuffle, then through shuffled; prints one JSON line.
 
 ``python -m tests.spark_line_job JAR ADDRESS``. The jobs: a SQL join and an aggregation with AQE,
-TPC-DS-style star-schema queries (benchmarks/star_schema.py), an RDD groupByKey, a map task that fails
+TPC-DS-style star-schema queries (benchmarks/star_schema.py), an RDD groupByKey, the row-based shuffle
+checksums of every map status (Spark 4.1 on; on both writer paths), a map task that fails
 once and is retried, and a shuffle read again after its daemon was killed and replaced by one without
 its data (the test does that between the two reads: this script prints ``{"ready": true}`` and waits
 for a line on stdin), which must end in a fetch failure and a recompute. The plugin runs on
@@ -61,7 +62,10 @@ JOBS = {
 
 
 def run(spark: SparkSession) -> dict[str, Any]:
-    return {name: job(spark) for name, job in JOBS.items()}
+    out = {name: job(spark) for name, job in JOBS.items()}
+    if tuple(int(part) for part in spark.version.split(".")[:2]) >= (4, 1):  # row-based shuffle checksums
+        out["row_checksums"] = [spark_jobs.row_checksums(spark, n) for n in (8, 300)]
+    return out
 
 
 def main() -> int:

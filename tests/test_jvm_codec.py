@@ -126,7 +126,7 @@ def test_build_skips_up_to_date_jars_and_rebuilds_stale_or_forced(tmp_path: Path
     assert jar == tmp_path / f"shuffled-spark-{spark.line}_{spark.scala}.jar"
     with zipfile.ZipFile(jar) as z:
         names = set(z.namelist())
-        line = z.read("io/shuffled/spark/line.properties").decode()
+        line = z.read(spark_jar.LINE_RESOURCE).decode()
     assert {"io/shuffled/client/wire/FrameDecoder.class", "io/shuffled/client/wire/MsgPack$Reader.class"} <= names
     assert "io/shuffled/spark/compat/Checksums.class" in names
     assert f"spark.line={spark.line}\nscala.binary={spark.scala}\n" in line
@@ -144,6 +144,13 @@ def test_build_skips_up_to_date_jars_and_rebuilds_stale_or_forced(tmp_path: Path
 
     spark_jar.build_jar(tmp_path, force=True)
     assert jar.stat().st_mtime_ns > rebuilt
+
+    # Another installation's jar in the shared cache: newer than these sources, built from others.
+    with zipfile.ZipFile(jar, "w") as z:
+        z.writestr(spark_jar.LINE_RESOURCE, line.replace("sources=", "sources=0"))
+    assert spark_jar.build_jar(tmp_path) == jar
+    with zipfile.ZipFile(jar) as z:  # rebuilt: the plugin's classes are back
+        assert "io/shuffled/client/wire/FrameDecoder.class" in z.namelist()
 
 
 def test_missing_jdk_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,7 @@ class LineEnv:
     line: str
     python: Path
     spark_home: Path  # the pyspark package: its jars/ are that Spark's
+    jar: Path  # the plugin built for this line
 
 
 def _pip_spec(line: str) -> str:
@@ -54,14 +57,14 @@ def _pip_spec(line: str) -> str:
     return f"pyspark>={line},<{major}.{int(minor) + 1}"
 
 
-def _line_env(line: str) -> LineEnv:
+def _line_env(line: str, out_dir: Path) -> LineEnv:
     venv = CACHE / line
     python = venv / "bin" / "python"
     ready = venv / "ready"
     if not ready.exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
         pip = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", _pip_spec(line)], capture_output=True, text=True, timeout=900
+            [str(python), "-m", "pip", "install", "-q", _pip_spec(line)], capture_output=True, text=True, timeout=600
         )
         if pip.returncode != 0:
             pytest.skip(f"cannot install {_pip_spec(line)}: {pip.stderr.strip()[-500:]}")
@@ -73,12 +76,13 @@ def _line_env(line: str) -> LineEnv:
         timeout=120,
         check=True,
     )
-    return LineEnv(line, python, Path(where.stdout.strip()))
+    spark_home = Path(where.stdout.strip())
+    return LineEnv(line, python, spark_home, spark_jar.build_jar(out_dir, spark_home=spark_home))
 
 
 @pytest.fixture(scope="module", params=OTHER_LINES)
-def line_env(request: pytest.FixtureRequest) -> LineEnv:
-    return _line_env(request.param)
+def line_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LineEnv:
+    return _line_env(request.param, tmp_path_factory.mktemp(f"jars-{request.param}"))
 
 
 @pytest.fixture
@@ -91,33 +95,55 @@ def daemon() -> Iterator[list[DaemonProcess]]:
         d.stop()
 
 
-def _job(env: LineEnv, jar: Path, address: str) -> subprocess.Popen[str]:
+#: bound of each wait for the job's next JSON line (its sessions start JVMs and run several jobs)
+JOB_STEP_SECONDS = 240
+
+
+def _job(env: LineEnv, address: str, work: Path) -> subprocess.Popen[str]:
+    # local-cluster's workers write their work dirs under SPARK_WORKER_DIR (default: inside the venv's pyspark)
     return subprocess.Popen(
-        [str(env.python), "-m", "tests.spark_line_job", str(jar), address],
+        [str(env.python), "-m", "tests.spark_line_job", str(env.jar), address],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "SPARK_WORKER_DIR": str(work)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
 
 
-def _json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+def _json_lines(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
+    """The job's JSON lines, each within JOB_STEP_SECONDS (a hung job fails the test, not the suite's budget).
+
+    A thread reads stdout, so the wait has a deadline whatever the pipe's buffering does."""
+    lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
-    for line in proc.stdout:
+    stdout = proc.stdout
+
+    def pump() -> None:
+        for line in stdout:
+            lines.put(line)
+        lines.put("")  # end of output
+
+    threading.Thread(target=pump, daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=JOB_STEP_SECONDS)
+        except queue.Empty:
+            raise AssertionError(f"the job printed nothing within {JOB_STEP_SECONDS} s") from None
+        if not line:
+            raise AssertionError(f"the job printed no result (exit code {proc.wait(60)})")
         if line.startswith("{"):
-            return json.loads(line)  # type: ignore[no-any-return]
-    raise AssertionError(f"the job printed no result (exit code {proc.wait(60)})")
+            yield json.loads(line)
 
 
 def test_job_matrix_on_the_line_matches_its_builtin_shuffle(
     line_env: LineEnv, daemon: list[DaemonProcess], tmp_path: Path
 ) -> None:
-    jar = spark_jar.build_jar(tmp_path, spark_home=line_env.spark_home)
-    assert jar.name.startswith(f"shuffled-spark-{line_env.line}_")
-    proc = _job(line_env, jar, daemon[0].addr)
+    assert line_env.jar.name.startswith(f"shuffled-spark-{line_env.line}_")
+    proc = _job(line_env, daemon[0].addr, tmp_path)
+    results = _json_lines(proc)
     try:
-        assert _json_line(proc) == {"ready": True}
+        assert next(results) == {"ready": True}
         # The shuffle's map output is in the daemon: replace it by one that has none of it.
         first = daemon.pop()
         first.proc.send_signal(signal.SIGKILL)
@@ -126,13 +152,15 @@ def test_job_matrix_on_the_line_matches_its_builtin_shuffle(
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        out = _json_line(proc)
+        out = next(results)
         assert proc.wait(120) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
     assert out["version"].startswith(line_env.line)
     assert out["plugin"] == out["builtin"]
+    if "checksums-rows" in spark_jar.LINES[line_env.line]:
+        assert all(c != 0 for run in out["builtin"]["row_checksums"] for c in run), out["builtin"]["row_checksums"]
     sums: dict[int, int] = {}
     for i in range(20_000):
         sums[i % 53] = sums.get(i % 53, 0) + i
@@ -158,16 +186,15 @@ def _start_session(python: Path, jar: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_jar_of_another_line_is_refused_at_start(line_env: LineEnv, plugin_jar: Path, tmp_path: Path) -> None:
+def test_a_jar_of_another_line_is_refused_at_start(line_env: LineEnv, plugin_jar: Path) -> None:
     """This line's jar in the installed Spark, and the installed line's jar in this line's Spark: neither
     session starts. The plugin names both versions and the jar to build; only a jar whose shuffle manager
     extends an interface that this Spark lacks (4.3's BlockingShuffleManager) is refused by the JVM before
     any plugin code runs, with an error that names that interface."""
     installed = spark_jar.find_spark()
     line = spark_jar.find_spark(line_env.spark_home)
-    line_jar = spark_jar.build_jar(tmp_path, spark_home=line_env.spark_home)
 
-    in_installed = _start_session(Path(sys.executable), line_jar)
+    in_installed = _start_session(Path(sys.executable), line_env.jar)
     assert in_installed.returncode != 0
     assert (
         f"this plugin jar was built for Spark {line.line} (Scala {line.scala}), "

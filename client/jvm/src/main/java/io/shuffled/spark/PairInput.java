@@ -33,6 +33,7 @@ final class PairInput extends InputStream {
     private long attempt = -1;
     private boolean inPair;
     private boolean ended;
+    private IOException failure;
 
     PairInput(PartitionReader reader, Listener listener) {
         this.reader = reader;
@@ -117,9 +118,23 @@ final class PairInput extends InputStream {
         return inPair;
     }
 
+    /**
+     * What the read stream failed with, if it did. Serializers wrap what their input throws (Kryo in a
+     * {@code KryoException}), so the reader asks here for the cause rather than trusting what reaches it.
+     */
+    IOException failure() {
+        return failure;
+    }
+
     private PartitionReader.Chunk take() throws IOException {
         long started = System.nanoTime();
-        PartitionReader.Chunk c = reader.next();
+        PartitionReader.Chunk c;
+        try {
+            c = reader.next();
+        } catch (IOException e) {
+            failure = e;
+            throw e;
+        }
         if (c == null) {
             ended = true;
         } else {

@@ -175,6 +175,13 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             } catch (IOException e) {
                 failed = failure(e);
                 throw sneaky(failed);
+            } catch (RuntimeException e) {
+                IOException cause = input != null ? input.failure() : null;
+                if (cause == null) {
+                    throw e;
+                }
+                failed = failure(cause); // the stream failed under a serializer that wrapped the error
+                throw sneaky(failed);
             }
         }
 
