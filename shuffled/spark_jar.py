@@ -231,8 +231,9 @@ def build_jar(out_dir: Path | None = None, force: bool = False, spark_home: Path
     ``<out_dir>/shuffled-spark-<line>_<scala>.jar``; return its path.
 
     ``out_dir`` defaults to ``client/jvm/build``. The build is skipped when the jar is newer than every
-    source and was built from these very sources (unless ``force``). Raises :class:`JvmBuildError` if javac/jar are missing (install
-    openjdk-17-jdk-headless), there is no Spark or it is of an unsupported line, or compilation fails.
+    source and was built from these very sources (unless ``force``). Raises :class:`JvmBuildError` if
+    javac/jar are missing (install openjdk-17-jdk-headless), there is no Spark or it is of an unsupported
+    line, or compilation fails.
     """
     spark = find_spark(spark_home)
     jar_path = (out_dir if out_dir is not None else BUILD_DIR) / jar_name(spark)
