@@ -260,6 +260,9 @@ async def test_an_application_on_many_connections_cannot_take_every_push_window(
         assert 0 < opened <= 56 // 2, opened  # its guaranteed windows fit in its share
         assert len(refused) == 160 - opened
         assert all("push-share-per-application (0.25)" in m for m in refused), refused[:3]
+        async with await AsyncClient.connect(addr) as c:  # its floors within its share, all at most twice
+            credit = (await c.stats())["credit"]
+            assert credit["push_floor_segments"] <= 56 and credit["push_extra_segments"] <= 56, credit
         await _write_fair(addr, len(refused))
         await _settled(addr, hogs)
 
