@@ -206,9 +206,15 @@ class DaemonConfig:
     )
     push_share_per_connection: float = setting(
         0.25,
-        "share of the pool's push memory one connection's open map outputs may hold beyond their guaranteed "
-        "windows, and that those guarantees may take: a map output beyond it is refused with LIMIT_EXCEEDED, "
-        "so one connection (at most twice its share) cannot leave other writers without credit",
+        "share of the pool's push memory one connection's open map outputs may hold: a map output whose "
+        "guaranteed window (2 buffers) would not fit is refused with LIMIT_EXCEEDED, and windows grow beyond "
+        "their guarantee only while the connection holds less",
+        unit="ratio",
+    )
+    push_share_per_application: float = setting(
+        0.25,
+        "the same for one application's map outputs over all its connections, so a tenant cannot take every "
+        "push window by opening more connections",
         unit="ratio",
     )
     app_memory_quota: int = setting(
@@ -445,6 +451,7 @@ class DaemonConfig:
         need(0.0 <= self.ready_disk_free < 1.0, "ready-disk-free must be in [0, 1)")
         need(0.0 < self.spill_low < self.spill_high <= 1.0, "need 0 < spill-low < spill-high <= 1")
         need(0.0 < self.push_share_per_connection <= 1.0, "push-share-per-connection must be in (0, 1]")
+        need(0.0 < self.push_share_per_application <= 1.0, "push-share-per-application must be in (0, 1]")
         need(
             self.spill_high <= 1.0 - self.read_reserve,
             f"spill-high must be at most {1.0 - self.read_reserve} (pushes never use the read reserve, "

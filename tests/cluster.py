@@ -180,12 +180,15 @@ def poll_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 async def pool_settled(client: AsyncClient, timeout: float = 20.0) -> dict[str, Any]:
-    """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left."""
+    """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left, and no
+    push window counted against a share (see shuffled/server/shares.py)."""
 
     def settled(s: dict[str, Any]) -> bool:
-        streams = s["streams"]
+        streams, credit = s["streams"], s["credit"]
         return (
             s["pool"]["used"] == s["store"]["stored_segments"]
+            and credit["push_floor_segments"] == 0
+            and credit["push_extra_segments"] == 0
             and s["pool"]["local_pools"] == 0
             and streams["served"] == 0
             and streams["pushing"] == 0

@@ -7,10 +7,21 @@ random fields. Used by tests/test_fuzz_live.py (a bounded run) and, for long run
 program that starts its own daemon:
 
     python3 -m tests.fuzzing --frames 5000000 --seconds 1800
+    python3 -m tests.fuzzing --auth --frames 1000000   # before authentication
 
 Every fuzz connection ends with this side half-closing; the daemon must then close it
 within a bound, or it hung. Each connection's frames are generated up front and sent in
-one write, so the daemon, not the fuzzer, sets the pace.
+one write, so the daemon, not the fuzzer, sets the pace; only an answer to the daemon's
+AuthChallenge waits for it.
+
+Against a daemon with a secret, `strangers=True` makes every connection a party that
+cannot prove the secret of the role it claims (`Generator.stranger`): Hellos with and
+without nonces, as client or as daemon; AuthResponses garbled, empty, of the wrong type,
+reflected, replayed, or right for the cluster secret where a daemon must prove the peer
+secret; headers announcing megabytes before the handshake is done; truncated handshakes.
+None may get a frame but AuthChallenge or Error (`Outcome.admitted`). `half_open` adds
+many connections that stop in their handshake and stay open until the daemon closes
+them. Everything stays on loopback and is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -26,14 +37,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from shuffled.protocol import codec
-from shuffled.protocol.frames import HEADER, BufferKind, FrameType, Hello, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.auth import acceptor_proof, dialer_proof, new_nonce
+from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.frames import (
+    ERROR_FIXED,
+    HEADER,
+    MAX_CONTROL_BODY,
+    MAX_HANDSHAKE_BODY,
+    AuthChallenge,
+    BufferKind,
+    FrameType,
+    Hello,
+    OpenMapOutput,
+    PartitionRequest,
+    Role,
+)
 
 VECTORS = Path(__file__).resolve().parent.parent / "proto" / "vectors" / "frames.json"
 APPS = [f"fz-{i}" for i in range(4)]
 #: seconds the daemon may take to close a connection after the fuzzer half-closed it
 CLOSE_BOUND = 15.0
 ADMIN_OPS = ["stats", "ping", "unregister_shuffle", "remove_application", "flush", "nonsense", ""]
+#: what a daemon with a secret may send a party that has not proven it: anything else got past the handshake
+BEFORE_AUTH = frozenset({FrameType.AUTH_CHALLENGE, FrameType.ERROR})
+#: lengths a header may announce before the handshake is done, all beyond what the daemon then accepts
+BIG_LENGTHS = [MAX_HANDSHAKE_BODY + 1, 1 << 20, MAX_CONTROL_BODY, MAX_CONTROL_BODY + 1, 0xFFFFFFFF]
 
 
 def _loopback_only(frame: object) -> bool:
@@ -51,13 +82,35 @@ def load_seeds() -> list[bytes]:
     return seeds + [bytes.fromhex(e["hex"]) for e in data["invalid"] if b"example" not in bytes.fromhex(e["hex"])]
 
 
+def raw_frame(ftype: int, body: bytes, stream: int = 0) -> bytes:
+    """A frame with any body, well-formed or not (the codec only encodes valid ones)."""
+    return HEADER.pack(len(body), ftype, 0, 0, stream) + body
+
+
+@dataclass
+class Plan:
+    """One fuzz connection: `data` goes out at once; `answer`, if set, says what to send when the daemon's
+    AuthChallenge arrives (it needs the daemon's nonce); `stranger`: it must not get past the handshake."""
+
+    data: bytes
+    frames: int
+    answer: Callable[[AuthChallenge], bytes] | None = None
+    stranger: bool = False
+
+
 @dataclass
 class Generator:
     rng: random.Random
     seeds: list[bytes]
     node: str
+    #: the cluster secret, which every tenant knows: strangers use it where it must not be enough
+    secret: bytes | None = None
     _next_id: int = 1
     _writers: list[int] = field(default_factory=list)
+    #: a nonce this fuzzer says Hello with again and again, and the daemon's nonce of an earlier challenge
+    #: answered with it: a proof for that challenge, replayed, must not pass a new one
+    _replay_nonce: str = field(default_factory=new_nonce)
+    _old_challenge: str | None = None
 
     def _sid(self, own: float = 0.7) -> int:
         """A stream this connection opened (with probability `own`), or any id."""
@@ -178,6 +231,108 @@ class Generator:
             parts.append(codec.encode_admin_request(self._new(), "ping", {}))
         return b"".join(parts), len(parts)
 
+    def stranger(self, frames: int) -> Plan:
+        """A connection from a party that cannot prove the secret of the role it claims."""
+        r = self.rng
+        self._next_id, self._writers = 1, []
+        pick = r.random()
+        if pick < 0.1:  # the plain generator: Hellos without a nonce, broken Hellos
+            data, n = self.connection(frames)
+            return Plan(data, n, stranger=True)
+        role = Role.DAEMON if r.random() < 0.35 else Role.CLIENT
+        nonce = self._nonce()
+        hello = self._hello(role, nonce)
+        # frames the daemon must never act on: they follow a handshake that fails
+        after = [self.valid() for _ in range(r.randrange(0, 6))]
+        if pick < 0.35:
+            parts = [hello, self._garbled_response(), *after]
+            return Plan(b"".join(parts), len(parts), stranger=True)
+        if pick < 0.7:
+            rest = b"".join(after)
+            wrong = self._wrong_answer(role, nonce)
+            return Plan(hello, 2 + len(after), lambda ch: wrong(ch) + rest, stranger=True)
+        if pick < 0.92:  # a header announcing megabytes, at once or in the middle of the handshake
+            header = HEADER.pack(r.choice(BIG_LENGTHS), r.choice(list(FrameType)), 0, 0, 0)
+            parts = ([hello] if r.random() < 0.5 else []) + [header + r.randbytes(r.randrange(0, 2000))]
+            return Plan(b"".join(parts), len(parts), stranger=True)
+        cut = hello[: r.randrange(len(hello))]  # the connection ends inside its Hello
+        return Plan(cut, 1, stranger=True)
+
+    def _nonce(self) -> object:
+        """Mostly a good nonce; sometimes one the daemon must refuse (too short, too long, not a string)."""
+        r = self.rng
+        if r.random() < 0.15:
+            return self._replay_nonce
+        if r.random() < 0.8:
+            return new_nonce()
+        return r.choice(["ab" * 8, "x" * 257, "", 12345, None, ["n"], b"\x00" * 32])
+
+    def _hello(self, role: Role, nonce: object) -> bytes:
+        """A client's Hello, or a daemon's (naming itself, its target, another daemon or nothing), with `nonce`."""
+        r = self.rng
+        info: dict[str, object] = {"nonce": nonce, "name": "fuzz"}
+        if role is Role.DAEMON:
+            info["node"] = r.choice([self.node, "127.0.0.9:7337", "", 7])
+            info["segment_size"] = r.choice([32 << 10, 32 << 10, 4096, None])
+        return codec.encode_hello(Hello(role, info=info))
+
+    def _garbled_response(self) -> bytes:
+        """An AuthResponse sent without waiting for the challenge: no proof can be right, many are malformed."""
+        r = self.rng
+        proof = r.choice(
+            [
+                r.randbytes(32).hex(),
+                "",
+                "0" * 64,
+                r.randbytes(31).hex(),
+                "p" * (MAX_HANDSHAKE_BODY - 64),  # a body just within the handshake limit
+                "é" * 64,  # not hex
+            ]
+        )
+        bodies: list[bytes] = [
+            msgpack.packb({"proof": proof}),
+            msgpack.packb({"proof": r.choice([5, None, ["x"], {"p": 1}, b"\x01" * 32])}),
+            msgpack.packb({}),
+            msgpack.packb({"proof": proof, "extra": self._value()}),
+            r.randbytes(r.randrange(0, 64)),
+        ]
+        ftype = FrameType.AUTH_RESPONSE if r.random() < 0.9 else r.choice([FrameType.AUTH_CHALLENGE, FrameType.HELLO])
+        return raw_frame(ftype, r.choice(bodies))
+
+    def _wrong_answer(self, role: Role, nonce: object) -> Callable[[AuthChallenge], bytes]:
+        """What a party without the right secret can answer a challenge with. Chosen now, so the connections
+        a seed generates do not depend on when the daemon's challenges arrive."""
+        r = self.rng
+        ours = nonce if isinstance(nonce, str) else ""
+        tenant = self.secret or b"guess"  # the cluster secret, which every tenant knows
+        pick = r.random()
+        other = r.choice([codec.encode_auth_challenge(new_nonce(), "0" * 64), self._hello(role, new_nonce())])
+        garbage = r.randbytes(32).hex()
+
+        def answer(challenge: AuthChallenge) -> bytes:
+            old = self._old_challenge
+            if ours == self._replay_nonce:
+                self._old_challenge = challenge.nonce
+            if pick < 0.1:  # a challenge of its own, a second Hello: anything but AuthResponse fails too
+                return other
+            if pick < 0.25:
+                proof = challenge.proof  # reflected: the daemon's own proof
+            elif pick < 0.4:
+                proof = dialer_proof(b"guess", ours, challenge.nonce)  # a wrong secret
+            elif pick < 0.55:
+                proof = garbage
+            elif pick < 0.7:  # the acceptor's label: a proof the daemon makes, not one a dialer may send
+                proof = acceptor_proof(tenant, ours, challenge.nonce)
+            elif role is Role.DAEMON:  # the cluster secret, where a daemon must prove the peer secret
+                proof = dialer_proof(tenant, ours, challenge.nonce)
+            elif ours == self._replay_nonce and old is not None:  # right for an earlier challenge, replayed
+                proof = dialer_proof(tenant, ours, old)
+            else:
+                proof = garbage
+            return codec.encode_auth_response(proof)
+
+        return answer
+
     def _mutate_bytes(self, data: bytes) -> bytes:
         b = bytearray(data)
         b[self.rng.randrange(len(b))] ^= 1 << self.rng.randrange(8)
@@ -195,31 +350,56 @@ class Outcome:
     replies: int = 0
     #: connections the daemon did not close within CLOSE_BOUND after the fuzzer half-closed
     hung: int = 0
+    #: connections the daemon sent an AuthChallenge (it checked their Hello and asked for a proof)
+    challenged: int = 0
+    #: strangers that got any frame but AuthChallenge or Error: past the handshake without the secret
+    admitted: int = 0
 
 
-def _scan(received: bytes) -> tuple[int, bool]:
-    """Walk the daemon's well-formed output: how many frames, and did one end the connection?"""
-    i = frames = 0
+def _scan(received: bytes) -> tuple[list[tuple[int, int, bytes]], bool]:
+    """Walk the daemon's well-formed output: its frames (type, stream, body), and did one end the connection?"""
+    i = 0
+    frames = []
     fatal = False
     while i + HEADER.size <= len(received):
         length, ftype, _, _, stream = HEADER.unpack_from(received, i)
         fatal |= ftype == FrameType.ERROR and stream == 0
-        frames += 1
+        frames.append((ftype, stream, received[i + HEADER.size : i + HEADER.size + length]))
         i += HEADER.size + length
     return frames, fatal
 
 
-async def _one(host: str, port: int, data: bytes, out: Outcome) -> None:
+def _challenge(received: bytes) -> AuthChallenge | None:
+    """The daemon's AuthChallenge, once it is all here."""
+    for ftype, stream, body in _scan(received)[0]:
+        if ftype == FrameType.AUTH_CHALLENGE:
+            frame = codec.decode_control(FrameType.AUTH_CHALLENGE, stream, memoryview(body))
+            assert isinstance(frame, AuthChallenge)
+            return frame
+    return None
+
+
+async def _one(host: str, port: int, plan: Plan, out: Outcome) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     received = bytearray()
+    challenged = asyncio.Event()
 
     async def drain() -> None:
         while chunk := await reader.read(1 << 16):
             received.extend(chunk)
+            if not challenged.is_set() and _challenge(bytes(received)) is not None:
+                challenged.set()
 
     reading = asyncio.create_task(drain())
     try:
-        writer.write(data)
+        writer.write(plan.data)
+        if plan.answer is not None:  # answered once the challenge is here; not at all if the daemon closed
+            waiting = asyncio.create_task(challenged.wait())
+            await asyncio.wait({reading, waiting}, timeout=CLOSE_BOUND, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            challenge = _challenge(bytes(received))
+            if challenge is not None:
+                writer.write(plan.answer(challenge))
         await writer.drain()
         writer.write_eof()
     except ConnectionError:
@@ -232,29 +412,98 @@ async def _one(host: str, port: int, data: bytes, out: Outcome) -> None:
         pass
     finally:
         writer.close()
-    replies, fatal = _scan(bytes(received))
-    out.replies += replies
+    frames, fatal = _scan(bytes(received))
+    out.replies += len(frames)
     out.fatal += fatal
+    out.challenged += any(f[0] == FrameType.AUTH_CHALLENGE for f in frames)
+    out.admitted += plan.stranger and any(f[0] not in BEFORE_AUTH for f in frames)
 
 
-async def fuzz(addr: str, total_frames: int, seed: int, concurrency: int = 8, per_connection: int = 200) -> Outcome:
-    """Send about `total_frames` fuzzed frames to the daemon at `addr` over many connections."""
+async def fuzz(
+    addr: str,
+    total_frames: int,
+    seed: int,
+    concurrency: int = 8,
+    per_connection: int = 200,
+    strangers: bool = False,
+    secret: bytes | None = None,
+) -> Outcome:
+    """Send about `total_frames` fuzzed frames to the daemon at `addr` over many connections; `strangers`:
+    every connection is a party without the secret of its role (`secret`: the cluster secret, which
+    tenants know, used where it must not suffice)."""
     host, port = addr.rsplit(":", 1)
-    gen = Generator(random.Random(seed), load_seeds(), addr)
+    gen = Generator(random.Random(seed), load_seeds(), addr, secret)
     out = Outcome()
     sem = asyncio.Semaphore(concurrency)
     tasks = []
     while out.frames < total_frames:
-        data, n = gen.connection(gen.rng.randrange(2, 2 * per_connection))
+        n = gen.rng.randrange(2, 2 * per_connection)
+        plan = gen.stranger(n) if strangers else Plan(*gen.connection(n))
         out.connections += 1
-        out.frames += n
-        out.bytes += len(data)
+        out.frames += plan.frames
+        out.bytes += len(plan.data)
         await sem.acquire()
-        task = asyncio.create_task(_one(host, int(port), data, out))
+        task = asyncio.create_task(_one(host, int(port), plan, out))
         task.add_done_callback(lambda _: sem.release())
         tasks.append(task)
     await asyncio.gather(*tasks)
     return out
+
+
+@dataclass
+class HalfOpen:
+    """What `half_open` saw: connections refused as they connected (LIMIT_EXCEEDED), closed by the
+    daemon's handshake timeout (TIMEOUT), and not closed within the bound (hung)."""
+
+    held: int = 0
+    refused: int = 0
+    timed_out: int = 0
+    hung: int = 0
+    #: set once every connection is made (and the ones over the limit were refused)
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def half_open(addr: str, count: int, source: str, bound: float, seed: int, out: HalfOpen) -> None:
+    """`count` connections from `source` (a loopback address) at once, each stopping in its handshake:
+    nothing sent, part of a header, part of a Hello, or a Hello with a nonce whose challenge is never
+    answered. Each must be refused at once or closed by the daemon within `bound` seconds."""
+    host, port = addr.rsplit(":", 1)
+    rng = random.Random(seed)
+    hello = codec.encode_hello(Hello(Role.CLIENT, info={"nonce": new_nonce()}))
+    starts = [b"", hello[:5], hello[: len(hello) - 1], hello]
+    made = 0
+
+    async def one(start: bytes) -> None:
+        nonlocal made
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
+        finally:
+            made += 1
+            if made == count:
+                out.connected.set()
+        out.held += 1
+        received = bytearray()
+        try:
+            writer.write(start)
+
+            async def drain() -> None:
+                while chunk := await reader.read(1 << 16):
+                    received.extend(chunk)
+
+            await asyncio.wait_for(drain(), bound)
+        except TimeoutError:
+            out.hung += 1
+        except ConnectionError:
+            pass
+        finally:
+            out.held -= 1
+            writer.close()
+        frames = _scan(bytes(received))[0]
+        codes = [ERROR_FIXED.unpack_from(body)[0] for ftype, _, body in frames if ftype == FrameType.ERROR]
+        out.refused += ErrorCode.LIMIT_EXCEEDED in codes
+        out.timed_out += ErrorCode.TIMEOUT in codes
+
+    await asyncio.gather(*(one(rng.choice(starts)) for _ in range(count)))
 
 
 async def check_recycled(addr: str, apps: list[str], secret: str | None = None) -> dict[str, Any]:
@@ -276,32 +525,60 @@ async def check_recycled(addr: str, apps: list[str], secret: str | None = None) 
         return s["errors"]  # type: ignore[no-any-return]
 
 
+#: the secret of the daemon `main --auth` starts (a test secret, not a real one)
+FUZZ_SECRET = "fuzz-secret"
+
+
+async def _round(addr: str, frames: int, seed: int, auth: bool) -> Outcome:
+    """One round of `main`: with `auth`, strangers while 160 half-open connections from 127.0.0.77 are held."""
+    if not auth:
+        return await fuzz(addr, frames, seed)
+    flood = HalfOpen()
+    flooding = asyncio.create_task(half_open(addr, 160, "127.0.0.77", 3 + CLOSE_BOUND, seed, flood))
+    await flood.connected.wait()
+    out = await fuzz(addr, frames, seed, strangers=True, secret=FUZZ_SECRET.encode())
+    await flooding
+    out.hung += flood.hung
+    return out
+
+
 def main() -> None:
-    """A long run against a daemon of its own; exits non-zero if the daemon died or hung."""
-    from tests.cluster import Cluster
+    """A long run against a daemon of its own; exits non-zero if the daemon died or hung, or (with --auth) a
+    stranger got past the handshake."""
+    import tempfile
+
+    import psutil
+
+    from tests.cluster import Cluster, secret_flags
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=2_000_000)
     parser.add_argument("--seconds", type=float, default=600.0, help="stop starting new rounds after this long")
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--auth", action="store_true", help="a daemon with a secret, fuzzed before authentication")
     args = parser.parse_args()
-    cluster = Cluster(1, pool_size="64M")
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = [*secret_flags(Path(tmp), FUZZ_SECRET), "--handshake-timeout", "3"] if args.auth else []
+        cluster = Cluster(1, pool_size="64M", extra=extra)
     d = cluster.daemons[0]
+    proc = psutil.Process(d.pid)
     total = Outcome()
     errors: dict[str, Any] = {}
     started = time.monotonic()
     try:
         seed = args.seed
         while total.frames < args.frames and time.monotonic() - started < args.seconds:
-            out = asyncio.run(fuzz(d.addr, min(100_000, args.frames - total.frames), seed))
+            out = asyncio.run(_round(d.addr, min(100_000, args.frames - total.frames), seed, args.auth))
             for k in vars(total):
                 setattr(total, k, getattr(total, k) + getattr(out, k))
             seed += 1
             alive = d.proc.poll() is None
-            print(f"seed {seed - 1}: {out} daemon alive={alive}", flush=True)
-            if not alive or out.hung:
+            rss = proc.memory_info().rss >> 20 if alive else 0
+            print(f"seed {seed - 1}: {out} daemon alive={alive} rss={rss} MiB", flush=True)
+            if not alive or out.hung or out.admitted:
                 sys.exit(1)
-            errors = asyncio.run(check_recycled(d.addr, APPS))
+            secret = FUZZ_SECRET if args.auth else None
+            errors = asyncio.run(check_recycled(d.addr, [] if args.auth else APPS, secret))
         print(f"errors sent by the daemon: {errors}")
     finally:
         cluster.stop()

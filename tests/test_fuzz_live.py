@@ -20,7 +20,7 @@ from shuffled.protocol.errors import ErrorCode, LimitExceeded
 from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, payload, pool_settled, secret_flags
-from tests.fuzzing import APPS, check_recycled, fuzz
+from tests.fuzzing import APPS, CLOSE_BOUND, HalfOpen, check_recycled, fuzz, half_open
 from tests.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
@@ -35,19 +35,30 @@ def target() -> Iterator[Cluster]:
     c.stop()
 
 
-async def _bystander(addr: str, stop: asyncio.Event, secret: str | None = None) -> int:
-    """Push and read back verified data until told to stop; returns the rounds done."""
-    rounds = 0
-    async with await AsyncClient.connect(addr, secret=secret) as c:
+async def _bystander(
+    addr: str, stop: asyncio.Event, secret: str | None = None, flood: HalfOpen | None = None
+) -> tuple[int, int]:
+    """Push and read back verified data until told to stop, each round on a new connection if `secret` is
+    set (so the daemon keeps admitting authenticated clients); returns (rounds done, rounds done while the
+    `flood`'s half-open connections were held)."""
+    rounds = during = 0
+    client = await AsyncClient.connect(addr, secret=secret)
+    try:
         while not stop.is_set() or rounds == 0:
             rounds += 1
-            w = await c.open_writer("bystander", rounds, 0, 1, 2)
+            if secret is not None and rounds > 1:
+                await client.close()
+                client = await AsyncClient.connect(addr, secret=secret)
+            w = await client.open_writer("bystander", rounds, 0, 1, 2)
             await w.write(1, payload(rounds, 1, 200_000))
             await w.commit()
-            async with c.read("bystander", rounds, 1, 2, {"": [1]}) as r:
+            async with client.read("bystander", rounds, 1, 2, {"": [1]}) as r:
                 assert await r.read_all() == payload(rounds, 1, 200_000)
-            await c.unregister_shuffle("bystander", rounds)
-    return rounds
+            await client.unregister_shuffle("bystander", rounds)
+            during += flood is not None and flood.held > 0
+    finally:
+        await client.close()
+    return rounds, during
 
 
 async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
@@ -59,7 +70,7 @@ async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
         out = await fuzz(d.addr, FRAMES, seed=7)
         elapsed = time.monotonic() - started
         stop.set()
-        rounds = await bystander
+        rounds, _ = await bystander
         print(
             f"\nfuzzed {out.frames} frames ({out.bytes} bytes) on {out.connections} connections in {elapsed:.1f}s; "
             f"{out.replies} replies; {out.fatal} ended by a fatal error; bystander did {rounds} rounds"
@@ -75,13 +86,20 @@ async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
 
 
 async def test_fuzzed_frames_before_authentication_cost_little(tmp_path: Path) -> None:
-    """Against a daemon that requires a secret every fuzzed connection is a stranger: whatever its frames
-    (Hellos with and without nonces, headers announcing megabytes, anything else), it is refused before
-    the daemon buffers or decodes more than a handshake's worth, while an authenticated client keeps
-    pushing and reading; RSS stays within a few MiB of where it was and nothing is left in the pool."""
+    """Against a daemon that requires a secret every fuzzed connection is a stranger (`Generator.stranger`):
+    Hellos with nonces (so the daemon answers with a challenge) and without, as clients and as daemons;
+    AuthResponses garbled, reflected, replayed, or proving the cluster secret where a daemon must prove
+    the peer secret; headers announcing megabytes before the handshake is done. Meanwhile 160 connections
+    from one address stop in their handshake and stay open. None gets past the handshake; the ones over
+    max-handshakes-per-address are refused at once, the others closed at the handshake timeout; the
+    daemon stays up, an authenticated client (a new connection every round) is served throughout, and
+    nothing is left in the pool. RSS grows by less than 28 MiB, the client's rounds included: closed
+    connections let go of their read buffers at once (they took 64 KiB or more each until the daemon's
+    rare full garbage collection, and RSS grew by about 38 MiB here)."""
     import psutil
 
-    flags = secret_flags(tmp_path, "fuzz-secret")
+    secret = "fuzz-secret"
+    flags = [*secret_flags(tmp_path, secret), "--handshake-timeout", "3"]
     cluster = Cluster(1, pool_size="32M", extra=flags)
     try:
         d = cluster.daemons[0]
@@ -89,17 +107,40 @@ async def test_fuzzed_frames_before_authentication_cost_little(tmp_path: Path) -
         rss = proc.memory_info().rss
 
         async def body() -> None:
+            flood = HalfOpen()
+            flooding = asyncio.create_task(half_open(d.addr, 160, "127.0.0.77", 3 + CLOSE_BOUND, 5, flood))
+            await flood.connected.wait()
             stop = asyncio.Event()
-            bystander = asyncio.create_task(_bystander(d.addr, stop, "fuzz-secret"))
-            out = await fuzz(d.addr, FRAMES // 5, seed=11)
+            bystander = asyncio.create_task(_bystander(d.addr, stop, secret, flood))
+            started = time.monotonic()
+            out = await fuzz(d.addr, FRAMES // 5, seed=11, strangers=True, secret=secret.encode())
+            elapsed = time.monotonic() - started
+            await flooding
             stop.set()
-            await bystander
-            assert out.hung == 0 and d.proc.poll() is None
-            errors = await check_recycled(d.addr, ["bystander"], secret="fuzz-secret")
-            assert errors.get("AUTH_FAILED", 0) > 0, errors
-            assert proc.memory_info().rss - rss < 48 << 20
+            rounds, during = await bystander
+            grown = proc.memory_info().rss - rss
+            print(
+                f"\n{out.connections} strangers ({out.frames} frames) in {elapsed:.1f}s: {out.challenged} "
+                f"challenged, {out.fatal} ended by a fatal error, {out.admitted} admitted; half-open: "
+                f"{flood.refused} refused, {flood.timed_out} timed out; bystander {rounds} rounds, {during} "
+                f"during the flood; RSS grew {grown / 2**20:.1f} MiB"
+            )
+            assert out.hung == 0 and flood.hung == 0 and d.proc.poll() is None
+            assert out.admitted == 0, "a stranger got past the handshake"
+            # How far strangers got, from the daemon's log: many sent a nonce, were challenged and failed on
+            # their proof (answered, or sent ahead of the challenge, which then never goes out)
+            failed = [line for line in d.log if 'msg="authentication failed"' in line]
+            wrong = sum("wrong proof" in line or "has no secret" in line for line in failed)
+            print(f"authentication failed {len(failed)} times, {wrong} on a proof")
+            assert out.challenged > 0 and wrong > out.connections // 5, (out.challenged, wrong)
+            assert flood.refused == 160 - 128 and flood.timed_out == 128  # max-handshakes-per-address
+            assert during > 0
+            errors = await check_recycled(d.addr, ["bystander"], secret=secret)
+            for code in ("AUTH_FAILED", "PROTOCOL", "LIMIT_EXCEEDED", "TIMEOUT"):
+                assert errors.get(code, 0) > 0, errors
+            assert grown < 28 << 20
 
-        await asyncio.wait_for(body(), 240)
+        await asyncio.wait_for(body(), 120)
     finally:
         cluster.stop()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,104 @@ async def test_one_connection_cannot_take_every_push_window() -> None:
 
     try:
         await asyncio.wait_for(body(), 30)
+    finally:
+        cluster.stop()
+
+
+async def _open_many(
+    client: AsyncClient, apps: Callable[[int], str], shuffle: int, n: int
+) -> tuple[int, list[str], int]:
+    """Open `n` map outputs of `shuffle` and never commit them: (how many got credit, the LIMIT_EXCEEDED
+    messages, 1 if one got neither within a few seconds: a silent wait)."""
+    opened, refused = 0, []
+    for i in range(n):
+        try:
+            await asyncio.wait_for(client.open_writer(apps(i), shuffle, i, i, 4), 3)
+            opened += 1
+        except LimitExceeded as exc:
+            refused.append(str(exc))
+        except TimeoutError:
+            return opened, refused, 1  # the next ones would wait as well
+    return opened, refused, 0
+
+
+async def _hog(addr: str, apps: Callable[[int, int], str]) -> tuple[list[AsyncClient], int, list[str]]:
+    """Four connections open 40 map outputs each, at once, and never commit them (`apps(connection, i)` names
+    their applications). Returns (the connections, opens that got credit, the refusals' messages)."""
+    hogs = [await AsyncClient.connect(addr) for _ in range(4)]
+    results = await asyncio.gather(*(_open_many(h, partial(apps, n), n + 1, 40) for n, h in enumerate(hogs)))
+    assert sum(silent for _, _, silent in results) == 0, "a hog's open neither got credit nor an error"
+    return hogs, sum(o for o, _, _ in results), [m for _, r, _ in results for m in r]
+
+
+async def _write_fair(addr: str, refused: int) -> None:
+    """Another application's writer gets credit and commits 1 MiB (more than its window) within a few
+    seconds; every refusal so far was counted in the error metrics."""
+    async with await AsyncClient.connect(addr) as c:
+
+        async def write() -> None:
+            w = await c.open_writer("fair", 1, 0, 1, 1)
+            await w.write(0, b"x" * (1 << 20))
+            assert await w.commit() == [1 << 20]
+
+        await asyncio.wait_for(write(), 5)
+        assert (await c.stats())["errors"]["LIMIT_EXCEEDED"] >= refused
+        await c.remove_application("fair")
+
+
+async def _settled(addr: str, hogs: list[AsyncClient]) -> None:
+    for h in hogs:
+        await h.close()
+    async with await AsyncClient.connect(addr) as c:
+        assert (await pool_settled(c))["pool"]["used"] == 0
+
+
+async def test_an_application_on_many_connections_cannot_take_every_push_window() -> None:
+    """One application's map outputs on four connections, never committed, hold at most its share of push
+    memory: its opens beyond that are refused with LIMIT_EXCEEDED at once, and a writer of another
+    application still gets credit and commits (issue 14, item 10: a share per connection alone let four
+    connections take every push window, leaving the next writer waiting without an error)."""
+    cluster = Cluster(1, pool_size="8M")  # 224 segments of push memory: an application's share is 56
+
+    async def body() -> None:
+        addr = _addr(cluster)
+        hogs, opened, refused = await _hog(addr, lambda n, i: "hog")
+        assert 0 < opened <= 56 // 2, opened  # its guaranteed windows fit in its share
+        assert len(refused) == 160 - opened
+        assert all("push-share-per-application (0.25)" in m for m in refused), refused[:3]
+        async with await AsyncClient.connect(addr) as c:  # its floors within its share, all at most twice
+            credit = (await c.stats())["credit"]
+            assert credit["push_floor_segments"] <= 56 and credit["push_extra_segments"] <= 56, credit
+        await _write_fair(addr, len(refused))
+        await _settled(addr, hogs)
+
+    try:
+        await asyncio.wait_for(body(), 60)
+    finally:
+        cluster.stop()
+
+
+async def test_writers_the_push_memory_cannot_guarantee_are_refused_not_left_waiting() -> None:
+    """A tenant with four connections and a new application for every map output gets past the shares per
+    connection and per application, but the guaranteed windows of all writers together may take only half
+    the push memory: its opens beyond that, and then another application's, are refused with
+    LIMIT_EXCEEDED at once; windows beyond the guarantees never take the memory an admitted writer is owed,
+    and once the tenant is gone the other writer gets credit (issue 14, item 10: no error, a wait until
+    the client's timeout)."""
+    cluster = Cluster(1, pool_size="8M")  # guaranteed windows: at most 112 segments, 56 map outputs
+
+    async def body() -> None:
+        addr = _addr(cluster)
+        hogs, opened, refused = await _hog(addr, lambda n, i: f"tenant-{n}-{i}")
+        assert opened == 112 // 2 and len(refused) == 160 - opened, opened
+        assert all("guaranteed windows" in m and "pool-size" in m for m in refused), refused[:3]
+        with pytest.raises(LimitExceeded, match="guaranteed windows"):
+            await _write_fair(addr, len(refused))
+        await _settled(addr, hogs)
+        await _write_fair(addr, len(refused) + 1)
+
+    try:
+        await asyncio.wait_for(body(), 60)
     finally:
         cluster.stop()
 

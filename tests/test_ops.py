@@ -153,10 +153,9 @@ async def test_readyz_follows_the_pool_and_the_drain() -> None:
     """Ready while pushes can get memory; not ready when only the read reserve is left (a new push
     then waits for memory another push holds, counted as back-pressure), ready again once the data is
     unregistered, not ready once draining. Memory only (data-dir none): with a disk it would spill instead."""
-    # One connection fills the pool here: its share must be all of it.
-    d = start_daemon(
-        "127.0.0.1", free_port(["127.0.0.1"]), "2M", ["--data-dir", "none", "--push-share-per-connection", "1"]
-    )
+    # One connection of one application fills the pool here: their shares must be all of it.
+    shares = ["--push-share-per-connection", "1", "--push-share-per-application", "1"]
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "2M", ["--data-dir", "none", *shares])
 
     async def ready() -> tuple[int, str]:
         return await asyncio.to_thread(http_get, d.http, "/readyz")

@@ -34,8 +34,9 @@ SEG = 32 << 10
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[Cluster]:
-    # 64 segments, 8 of them the read reserve; one connection may fill them (a quarter, 14, is less than a window)
-    c = Cluster(1, pool_size="2M", extra=["--push-share-per-connection", "1"])
+    # 64 segments, 8 of them the read reserve; one connection of one application may fill them (a quarter, 14,
+    # is less than a window)
+    c = Cluster(1, pool_size="2M", extra=["--push-share-per-connection", "1", "--push-share-per-application", "1"])
     yield c
     c.stop()
 

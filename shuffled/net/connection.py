@@ -117,6 +117,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         if self._sender is not None:
             self._sender.close()
         _release_payloads([self.reader.abort()])
+        self.reader.close()
+        self._discard = None
         try:
             self.on_lost()
         finally:

@@ -208,6 +208,15 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
         {"push": credit["push_outstanding"], "read": credit["read_outstanding"]},
     )
     yield _labelled(
+        GaugeMetricFamily(
+            "shuffled_push_window_segments",
+            "Pool segments push windows hold: kind=floor their guaranteed part (at most half of push memory), "
+            "kind=extra beyond it",
+            labels=["kind"],
+        ),
+        {"floor": credit["push_floor_segments"], "extra": credit["push_extra_segments"]},
+    )
+    yield _labelled(
         CounterMetricFamily(
             "shuffled_zero_credit_seconds",
             "Back-pressure: time pushes waited for memory (kind=push) and served streams waited for "

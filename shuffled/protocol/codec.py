@@ -568,6 +568,16 @@ class FrameReader:
             raise
         return out
 
+    def close(self) -> None:
+        """The connection is gone: let go of the staging and scratch memory now. A connection object is
+        part of reference cycles (its reader calls back into it), so it is freed only by the cyclic
+        collector, which the daemon runs rarely (cli.py); its buffers must not wait for that, or every
+        connection a stranger opens and drops would hold 64 KiB or more until then."""
+        self._staging = bytearray()
+        self._sview = memoryview(self._staging)
+        self._scratch = None
+        self._start = self._end = 0
+
     def abort(self) -> Any:
         """Drop the frame in progress; returns the payload token it held (to release), if any."""
         token = self._pending.payload if self._pending is not None and self._target is not None else None

@@ -73,6 +73,7 @@ from .feed import DiskFedStream
 from .peers import split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
+from .shares import Share
 from .watchdog import tune_socket
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class DaemonConnection(FrameConnection):
         self.gates: dict[int, InputGate] = {}
         self.channels: dict[int, RemoteInputChannel] = {}
         self.pushes: dict[int, PushSession] = {}
+        #: push window segments this connection's map outputs hold (see shares.py)
+        self.push_share = Share()
         self.admin_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._announce: dict[int, RemoteInputChannel] = {}
         #: the handshake's authentication state: ours as a dialer, or the challenge we sent as an acceptor
@@ -604,13 +607,10 @@ class DaemonConnection(FrameConnection):
         if self.daemon.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
-        over_share = self._over_push_share()
-        if over_share is not None:
-            self.send_error(req.writer, over_share)
-            return
         store = self.daemon.store
         try:
             self._authorize(req.app, req.token)
+            self.daemon.shares.check(self.push_share, req.app)
             out = store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)
         except ShuffledError as exc:
             self.send_error(req.writer, exc)
@@ -619,28 +619,6 @@ class DaemonConnection(FrameConnection):
         session = PushSession(self, req, out)
         self.pushes[req.writer] = session
         session.task = asyncio.create_task(session.start())
-
-    def _push_share(self) -> int:
-        pool = self.daemon.pool
-        return int(self.daemon.config.push_share_per_connection * (pool.total - pool.reserve))
-
-    def push_room(self) -> int:
-        """Segments this connection's push windows may still take beyond what they hold."""
-        held = sum(s.pool.size for s in self.pushes.values() if s.pool is not None)
-        return self._push_share() - held
-
-    def _over_push_share(self) -> LimitExceeded | None:
-        """Every open map output is guaranteed its minimum window; one connection's guarantees may take only
-        its share of push memory, or a client that opens map outputs and never commits them would leave
-        every other writer waiting for credit with no error."""
-        cfg = self.daemon.config
-        if (len(self.pushes) + 1) * cfg.push_min <= self._push_share():
-            return None
-        return LimitExceeded(
-            f"push-share-per-connection ({cfg.push_share_per_connection:g}) reached: the {len(self.pushes)} map "
-            f"outputs open on this connection are guaranteed {len(self.pushes) * cfg.push_min} of the "
-            f"{self._push_share()} segments of push memory it may hold; commit or abort some first"
-        )
 
     # -- admin
 

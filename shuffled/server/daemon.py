@@ -26,6 +26,7 @@ from .connection import DaemonConnection
 from .counters import Counters, micros
 from .disk import Disk, DiskStats, SpillFile
 from .peers import PeerManager
+from .shares import PushShares
 from .spill import Spiller
 from .store import ShuffleData, Store
 from .watchdog import watch
@@ -69,6 +70,8 @@ class Daemon:
             raise OSError(f"data dir {self.data_dir}{how} is not usable: {exc}") from exc
         self.store.can_spill = self.disk is not None
         self.store.max_partitions = config.max_partitions
+        #: push memory's fair shares: floors per writer, caps per connection and application
+        self.shares = PushShares(config, self.pool.total - self.pool.reserve)
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
         self.peers = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
@@ -345,6 +348,11 @@ class Daemon:
             "credit": {
                 "push_granted": counters.push_credit_granted,
                 "push_outstanding": sum(p.pool.promised for p in pushes if p.pool is not None),
+                # push windows: their guaranteed floors and the segments beyond them, against their bounds
+                "push_floor_segments": self.shares.all.floors,
+                "push_floor_limit": self.shares.floor_limit,
+                "push_extra_segments": self.shares.all.extras,
+                "push_extra_limit": self.shares.extra_limit,
                 "read_granted": counters.read_credit_granted,
                 "read_outstanding": sum(ch.credit.sender_credit for c in conns for ch in c.channels.values()),
                 "push_wait_us": micros(

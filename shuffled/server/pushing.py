@@ -6,7 +6,8 @@ land in. A filled segment moves to the store (out of the pool) and the pool asks
 the global pool for a replacement; only when one is free is new credit granted.
 A full pool therefore stops pushers (back-pressure) instead of growing. While the
 spiller works above its high watermark, sessions take no new memory at all until
-it is done (`Spiller.admitted`).
+it is done (`Spiller.admitted`). How far a window grows beyond its guaranteed
+floor is bounded by its connection's and its application's shares (`shares.py`).
 
 A PushData whose sequence number was already received (a writer retrying after a
 lost reply) is dropped: its bytes are not stored twice, and the segment it landed
@@ -51,6 +52,11 @@ class PushSession:
         self.duplicates = 0
         self.closed = False
         out.on_failure = self.fail
+        #: the floor of this map output's window is reserved in its shares (see shares.py) until `_close`
+        self.shares = conn.daemon.shares
+        self.app_share = self.shares.reserve(conn.push_share, out.shuffle.app)
+        #: segments beyond the floor charged to those shares
+        self._extras = 0
         self._waiting: asyncio.Task[None] | None = None
         self._unannounced = 0
         self._announce_soon = Soon(self._announce)
@@ -115,22 +121,32 @@ class PushSession:
         if pool is None or self.closed:
             return
         spilling = self.conn.daemon.spiller.holding(self.out.shuffle.app)
+        self._charge()  # pushed data left the window since
         while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
-            pass
+            self._charge()
         new = pool.available - pool.promised
         if new > 0:
             pool.promised += new
             self.counters.push_credit_granted += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
-        elif pool.available == 0 and self._waiting is None and self._may_grow(pool) and not self._hopeless():
+        elif pool.available == 0 and pool.size < pool.min and self._waiting is None and not self._hopeless():
             self._waiting = asyncio.create_task(self._wait_for_memory())
             self.waiting_since = time.monotonic()
 
     def _may_grow(self, pool: LocalPool) -> bool:
-        """Up to its guaranteed window always; beyond it only while the connection is within its share of
-        push memory (its other map outputs give room back when they end, see `_close`)."""
-        return pool.size < pool.min or self.conn.push_room() > 0
+        """Up to its floor always; beyond it only while its connection, its application and all windows'
+        extras are within their shares. A window never waits for memory beyond its floor (`_top_up`): when
+        it may not grow it keeps its floor, and its next push asks again."""
+        return pool.size < pool.min or self.shares.may_grow(self.conn.push_share, self.app_share)
+
+    def _charge(self) -> None:
+        """Keep the shares' count of this window's segments beyond its floor up to date."""
+        pool = self.pool
+        extras = max(0, pool.size - pool.min) if pool is not None else 0
+        if extras != self._extras:
+            self.shares.charge(self.conn.push_share, self.app_share, extras - self._extras)
+            self._extras = extras
 
     def _hopeless(self) -> bool:
         """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
@@ -200,11 +216,11 @@ class PushSession:
         self._close()
 
     def _close(self) -> None:
+        if not self.closed:
+            self.shares.release(self.conn.push_share, self.out.shuffle.app, self.app_share, self._extras)
+            self._extras = 0
         self.closed = True
         self.conn.pushes.pop(self.writer, None)
-        if self.pool is not None and self.pool.size > self.pool.min:  # room for the connection's others
-            for other in list(self.conn.pushes.values()):
-                other._top_up()
         if self._waiting is not None:
             self._waiting.cancel()
         self._stop_waiting()
