@@ -154,14 +154,12 @@ class Generator:
             req = PartitionRequest(
                 self._new(), r.randrange(5), app, shuffle, start, max(0, start + r.randrange(-1, 4)), {where: attempts}
             )
-            return codec.encode_partition_request(req)
+            return codec.encode(req)
         if pick < 0.35:
             writer = self._new()
             self._writers.append(writer)
             parts = r.choice([1, 2, 4, 8, 0, 1 << 24, (1 << 24) + 1])
-            return codec.encode_open_map_output(
-                OpenMapOutput(writer, app, shuffle, r.randrange(8), r.randrange(16), parts)
-            )
+            return codec.encode(OpenMapOutput(writer, app, shuffle, r.randrange(8), r.randrange(16), parts))
         if pick < 0.6:
             payload = r.randbytes(r.choice([0, 1, 100, 4000]))
             return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), r.randrange(9), payload)
@@ -217,7 +215,7 @@ class Generator:
         """One connection's bytes and its frame count: Hello (sometimes broken), valid frames, a bad ending."""
         r = self.rng
         self._next_id, self._writers = 1, []
-        hello = codec.encode_hello(Hello(Role.CLIENT, info={"name": "fuzz"}))
+        hello = codec.encode(Hello(Role.CLIENT, info={"name": "fuzz"}))
         if r.random() < 0.03:
             return self._mutate_bytes(hello), 1
         parts = [hello] + [self.valid() for _ in range(frames - 2)]

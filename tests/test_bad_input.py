@@ -65,7 +65,7 @@ class Raw:
             self.buf += chunk
 
     async def hello(self) -> None:
-        await self.send(codec.encode_hello(Hello(Role.CLIENT)))
+        await self.send(codec.encode(Hello(Role.CLIENT)))
         assert isinstance(await self.frame(), HelloAck)
 
     async def closed(self) -> bool:
@@ -162,7 +162,7 @@ async def test_a_hello_of_many_tiny_objects_costs_little_cpu(one: Cluster) -> No
         cpu = sum(proc.cpu_times()[:2])
         sizes = (MAX_HANDSHAKE_BODY, MAX_CONTROL_BODY)
         # the most allowed before the handshake, and what the old limit let through
-        frames = [codec.encode_hello(Hello(Role.CLIENT, info={"x": [{}] * (size - 64)})) for size in sizes]
+        frames = [codec.encode(Hello(Role.CLIENT, info={"x": [{}] * (size - 64)})) for size in sizes]
         assert len(frames[0]) - HEADER.size <= MAX_HANDSHAKE_BODY
         for i in range(20):
             raw = await Raw.open(daemon.addr)
@@ -199,7 +199,7 @@ async def test_stray_stream_frames_get_per_stream_errors_and_the_connection_live
         await raw.send(codec.encode_commit(43, 0))
         codes = {(f.stream, f.code) for f in [await raw.frame(), await raw.frame()] if isinstance(f, ErrorResponse)}
         assert codes == {(42, ErrorCode.UNKNOWN_STREAM), (43, ErrorCode.UNKNOWN_STREAM)}
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(5, "", 1, 0, 1, 4)))  # empty app id
+        await raw.send(codec.encode(OpenMapOutput(5, "", 1, 0, 1, 4)))  # empty app id
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 5 and err.code == ErrorCode.INVALID_REQUEST
         await raw.send(codec.encode_admin_request(6, "stats", {}))
@@ -212,7 +212,7 @@ async def test_push_beyond_credit_is_fatal_and_frees_the_map_output(one: Cluster
     async def body() -> None:
         raw = await Raw.open(one.daemons[0].addr)
         await raw.hello()
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "bad-app", 1, 0, 9, 2)))
+        await raw.send(codec.encode(OpenMapOutput(1, "bad-app", 1, 0, 9, 2)))
         grant = await raw.frame()
         assert isinstance(grant, PushCredit)
         # Credit tops up as pushes land, but never beyond the pool (896 usable segments
@@ -239,7 +239,7 @@ async def test_push_to_wrong_partition_fails_that_writer_only(one: Cluster) -> N
         # Bypass the client's own check to put an out-of-range partition on the wire.
         raw = await Raw.open(one.daemons[0].addr)
         await raw.hello()
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "p-app", 1, 1, 2, 3)))
+        await raw.send(codec.encode(OpenMapOutput(1, "p-app", 1, 1, 2, 3)))
         assert isinstance(await raw.frame(), PushCredit)
         await raw.send(codec.encode_push_data(1, 0, 7, b"z" * 10))
         err = await raw.frame()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -208,15 +209,34 @@ def test_payload_lands_in_sink_memory_without_copy_of_the_bulk() -> None:
 
 
 def test_protocol_package_imports_no_asyncio() -> None:
-    """The sans-IO core stays free of IO: importing it must not pull in asyncio."""
+    """The sans-IO core stays free of IO: importing any module of it must not pull in asyncio.
+
+    The codec, the frames and the state machines stay free of sockets too (integrity's crc32c
+    package imports socket, so the codec loads it only when a CRC is to be computed).
+    """
     code = (
-        "import sys\n"
+        "import importlib, pkgutil, sys\n"
         "import shuffled.protocol.codec, shuffled.protocol.credit, shuffled.protocol.errors, shuffled.protocol.frames\n"
-        "bad = [m for m in ('asyncio', 'socket', 'uvloop', 'selectors') if m in sys.modules]\n"
-        "print(bad); sys.exit(1 if bad else 0)\n"
+        "print([m for m in ('asyncio', 'socket', 'uvloop', 'selectors') if m in sys.modules])\n"
+        "import shuffled.protocol as package\n"
+        "names = [m.name for m in pkgutil.iter_modules(package.__path__)]\n"
+        "for name in names:\n"
+        "    importlib.import_module('shuffled.protocol.' + name)\n"
+        "print(names, [m for m in ('asyncio', 'uvloop') if m in sys.modules])\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+    core, every = result.stdout.splitlines()
+    assert core == "[]", core
+    assert every.endswith(" []") and "'frames'" in every, every
     for path in (Path(__file__).parents[1] / "shuffled" / "protocol").glob("*.py"):
         source = path.read_text()
         assert "import asyncio" not in source and "from asyncio" not in source, path
+
+
+def test_registry_has_one_class_per_frame_type() -> None:
+    """Encode and decode dispatch through FRAME_CLASSES: a FrameType without a class there could not be sent."""
+    classes = get_args(F.Frame)
+    assert len(set(classes)) == len(classes)
+    assert set(F.FRAME_CLASSES) == set(F.FrameType)
+    assert all(F.FRAME_CLASSES[cls.TYPE] is cls for cls in classes)

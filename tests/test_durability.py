@@ -278,7 +278,7 @@ async def test_duplicate_push_is_dropped_and_its_credit_returned(
         d = stop_later(daemon(None))
         raw = await Raw.open(d.addr)
         await raw.hello()
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, APP, 3, 0, 7, 1)))
+        await raw.send(codec.encode(OpenMapOutput(1, APP, 3, 0, 7, 1)))
         grant = await raw.frame()
         assert isinstance(grant, PushCredit) and grant.credit >= 4
         parts = [b"a" * 1000, b"b" * 2000, b"c" * 3000]

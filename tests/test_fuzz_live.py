@@ -163,9 +163,7 @@ async def test_push_data_behind_its_open_in_one_write_is_a_credit_violation(targ
 
     async def body() -> None:
         d = target.daemons[0]
-        frames = codec.encode_open_map_output(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + codec.encode_push_data(
-            1, 0, 0, b"early"
-        )
+        frames = codec.encode(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + codec.encode_push_data(1, 0, 0, b"early")
         code, message = await _fatal(d.addr, frames)
         assert code == ErrorCode.CREDIT_VIOLATION and "credit" in message, message
         async with await AsyncClient.connect(d.addr) as c:

@@ -69,12 +69,12 @@ async def test_streams_beyond_the_limit_are_refused_per_stream(limited: Cluster)
         raw = await Raw.open(_addr(limited))
         await raw.hello()
         for rid in range(1, 6):  # no credit: each read stays open with its data queued
-            await raw.send(codec.encode_partition_request(PartitionRequest(rid, 0, "lim", 1, 0, 1, {"": [1]})))
+            await raw.send(codec.encode(PartitionRequest(rid, 0, "lim", 1, 0, 1, {"": [1]})))
         err = await _error(raw)
         assert (err.stream, err.code) == (5, ErrorCode.LIMIT_EXCEEDED)
         assert "max-streams-per-connection (4)" in err.message
         await raw.send(codec.encode_cancel(1))  # one fewer open: the next one is served
-        await raw.send(codec.encode_partition_request(PartitionRequest(6, 1, "lim", 1, 0, 1, {"": [1]})))
+        await raw.send(codec.encode(PartitionRequest(6, 1, "lim", 1, 0, 1, {"": [1]})))
         f = await raw.frame()
         assert not isinstance(f, ErrorResponse) and f.receiver == 6  # type: ignore[attr-defined]
         raw.writer.close()
@@ -90,7 +90,7 @@ async def test_map_outputs_beyond_the_limit_are_refused_per_stream(limited: Clus
         raw = await Raw.open(_addr(limited))
         await raw.hello()
         for writer in (1, 2, 3):
-            await raw.send(codec.encode_open_map_output(OpenMapOutput(writer, "lim-p", 1, writer, writer, 2)))
+            await raw.send(codec.encode(OpenMapOutput(writer, "lim-p", 1, writer, writer, 2)))
         frames = [await raw.frame() for _ in range(3)]
         errors = [f for f in frames if isinstance(f, ErrorResponse)]
         assert [(e.stream, e.code) for e in errors] == [(3, ErrorCode.LIMIT_EXCEEDED)]
@@ -329,9 +329,7 @@ async def test_peer_connections_beyond_the_limit_are_refused(limited: Cluster) -
         raws = []
         for n in range(1, 4):
             raw = await Raw.open(_addr(limited))
-            await raw.send(
-                codec.encode_hello(Hello(Role.DAEMON, info={"node": f"127.0.0.1:{n}", "segment_size": 32768}))
-            )
+            await raw.send(codec.encode(Hello(Role.DAEMON, info={"node": f"127.0.0.1:{n}", "segment_size": 32768})))
             raws.append(raw)
         for r in raws[:2]:
             assert isinstance(await r.frame(), HelloAck)

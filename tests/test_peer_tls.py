@@ -86,7 +86,7 @@ async def test_a_daemon_on_the_plain_port_is_refused(tls_pair: list[DaemonProces
     async def body() -> None:
         raw = await Raw.open(tls_pair[0].addr)
         info = {"node": "127.0.0.9:1", "segment_size": 32 << 10, "nonce": "e" * 32}
-        await raw.send(codec.encode_hello(Hello(Role.DAEMON, info=info)))
+        await raw.send(codec.encode(Hello(Role.DAEMON, info=info)))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
         assert "must connect on port" in err.message

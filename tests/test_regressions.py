@@ -54,7 +54,7 @@ async def _settled_empty(d: DaemonProcess) -> dict[str, Any]:
 async def _open_raw_writer(addr: str, writer: int = 1) -> Raw:
     raw = await Raw.open(addr)
     await raw.hello()
-    await raw.send(codec.encode_open_map_output(OpenMapOutput(writer, "r-app", 1, 0, 100 + writer, 2)))
+    await raw.send(codec.encode(OpenMapOutput(writer, "r-app", 1, 0, 100 + writer, 2)))
     assert isinstance(await raw.frame(), PushCredit)
     return raw
 
@@ -118,7 +118,7 @@ async def fake_peer() -> AsyncIterator[tuple[str, Requests]]:
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         raw = Raw(r, w)
         await raw.frame()  # Hello
-        await raw.send(codec.encode_hello(HelloAck(Role.DAEMON, info={"node": node[0], "segment_size": SEG})))
+        await raw.send(codec.encode(HelloAck(Role.DAEMON, info={"node": node[0], "segment_size": SEG})))
         while True:
             try:
                 frame = await raw.frame()

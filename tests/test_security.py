@@ -103,7 +103,7 @@ async def _read(c: AsyncClient, app: str, locations: dict[str, list[int]], end: 
 async def _challenged(addr: str, role: Role, info: dict[str, Any]) -> tuple[Raw, AuthChallenge]:
     """A raw connection that sent Hello (with `info`) and got the daemon's AuthChallenge."""
     raw = await Raw.open(addr)
-    await raw.send(codec.encode_hello(Hello(role, info=info)))
+    await raw.send(codec.encode(Hello(role, info=info)))
     challenge = await raw.frame()
     assert isinstance(challenge, AuthChallenge)
     return raw, challenge
@@ -146,13 +146,13 @@ async def test_a_dialer_that_skips_or_fakes_the_proof_gets_nothing(pair: list[Da
         c = await _connect(d)
         before = _state(await c.stats())
         raw = await Raw.open(d.addr)
-        await raw.send(codec.encode_hello(Hello(Role.CLIENT, info={"name": "no-nonce"})))
+        await raw.send(codec.encode(Hello(Role.CLIENT, info={"name": "no-nonce"})))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 0 and err.code == ErrorCode.AUTH_FAILED
         assert await raw.closed()
 
         raw, _ = await _challenged(d.addr, Role.CLIENT, {"nonce": "a" * 32})
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "sneaky", 1, 0, 1, 1)))
+        await raw.send(codec.encode(OpenMapOutput(1, "sneaky", 1, 0, 1, 1)))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
         assert "did not authenticate" in err.message
@@ -375,7 +375,7 @@ async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pai
         raw, challenge = await _challenged(d.addr, Role.CLIENT, {"nonce": "d" * 32})
         await raw.send(codec.encode_auth_response(dialer_proof(SECRET.encode(), "d" * 32, challenge.nonce)))
         assert isinstance(await raw.frame(), HelloAck)
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(1, "crc-app", 1, 0, 9, 2)))
+        await raw.send(codec.encode(OpenMapOutput(1, "crc-app", 1, 0, 9, 2)))
         assert isinstance(await raw.frame(), PushCredit)
         data = b"x" * 1000
         good = codec.encode_push_data(1, 0, 0, data)
@@ -391,7 +391,7 @@ async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pai
         assert s["store"]["open_map_outputs"] == 0 and s["store"]["stored_segments"] == 0, s
         assert s["errors"].get("CORRUPT_DATA", 0) >= 1
         # the connection survives: the same raw client may push again
-        await raw.send(codec.encode_open_map_output(OpenMapOutput(2, "crc-app", 1, 0, 10, 2)))
+        await raw.send(codec.encode(OpenMapOutput(2, "crc-app", 1, 0, 10, 2)))
         assert isinstance(await raw.frame(), PushCredit)
         raw.writer.close()
         await c.close()
@@ -407,7 +407,7 @@ async def corrupting_peer() -> AsyncIterator[str]:
         raw = Raw(r, w)
         hello = await raw.frame()
         assert isinstance(hello, Hello)
-        await raw.send(codec.encode_hello(HelloAck(Role.DAEMON, info={"node": node, "segment_size": 32 << 10})))
+        await raw.send(codec.encode(HelloAck(Role.DAEMON, info={"node": node, "segment_size": 32 << 10})))
         try:
             while True:
                 req = await raw.frame()

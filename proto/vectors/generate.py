@@ -35,33 +35,10 @@ OUT = Path(__file__).with_name("frames.json")
 U64_MAX = (1 << 64) - 1
 U32_MAX = (1 << 32) - 1
 
-#: frame class -> type, for the classes that are not named after their FrameType
-_TYPE_OF: dict[type, F.FrameType] = {
-    F.Hello: F.FrameType.HELLO,
-    F.HelloAck: F.FrameType.HELLO_ACK,
-    F.ErrorResponse: F.FrameType.ERROR,
-    F.Close: F.FrameType.CLOSE,
-    F.AuthChallenge: F.FrameType.AUTH_CHALLENGE,
-    F.AuthResponse: F.FrameType.AUTH_RESPONSE,
-    F.PartitionRequest: F.FrameType.PARTITION_REQUEST,
-    F.AddCredit: F.FrameType.ADD_CREDIT,
-    F.BufferResponse: F.FrameType.BUFFER_RESPONSE,
-    F.CancelPartitionRequest: F.FrameType.CANCEL_PARTITION_REQUEST,
-    F.OpenMapOutput: F.FrameType.OPEN_MAP_OUTPUT,
-    F.PushCredit: F.FrameType.PUSH_CREDIT,
-    F.PushData: F.FrameType.PUSH_DATA,
-    F.CommitMapOutput: F.FrameType.COMMIT_MAP_OUTPUT,
-    F.CommitAck: F.FrameType.COMMIT_ACK,
-    F.AbortMapOutput: F.FrameType.ABORT_MAP_OUTPUT,
-    F.AbortAck: F.FrameType.ABORT_ACK,
-    F.AdminRequest: F.FrameType.ADMIN_REQUEST,
-    F.AdminResponse: F.FrameType.ADMIN_RESPONSE,
-}
-
 
 def to_json(frame: F.Frame) -> dict[str, Any]:
     """A frame as the JSON object tests rebuild it from: type name, then the dataclass fields in order."""
-    out: dict[str, Any] = {"type": _TYPE_OF[type(frame)].name}
+    out: dict[str, Any] = {"type": frame.TYPE.name}
     for f in dataclasses.fields(frame):
         value = getattr(frame, f.name)
         if f.name == "length" and isinstance(frame, F.BufferResponse | F.PushData):

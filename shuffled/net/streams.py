@@ -8,7 +8,6 @@ from enum import Enum
 from typing import Any
 
 from ..buffers import Buffer
-from ..protocol.codec import pack_buffer_response_prefix, pack_push_data_prefix
 from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
@@ -16,6 +15,8 @@ from ..protocol.frames import (
     U32,
     BufferKind,
     FrameType,
+    pack_buffer_response_prefix,
+    pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
 from .sender import Outbound

@@ -5,6 +5,11 @@ the next bytes should land (`get_buffer`). Headers and control bodies land in a
 small staging area; the payload of a data frame lands directly in the memory a
 `PayloadSink` chose for it (a pool segment), so payloads are never copied except
 for the few bytes of read-ahead that arrive together with a header.
+
+What each frame's bytes are is not written here: every frame class carries its type
+and body codec, and `encode`/`decode_control` dispatch through the registry
+(`frames.FRAME_CLASSES`). Only the data frames' decoding is spelled out below, in
+`FrameReader`, so their payloads go straight to pool memory.
 """
 
 from __future__ import annotations
@@ -12,23 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import msgpack
-
-from .errors import ProtocolError, ShuffledError, UnsupportedVersion
+from .errors import ProtocolError, ShuffledError
 from .frames import (
     BUFFER_RESPONSE_FIXED,
-    BUFFER_RESPONSE_PREFIX,
     DEFAULT_MAX_PAYLOAD,
-    ERROR_FIXED,
+    FRAME_CLASSES,
     HEADER,
     HEADER_SIZE,
-    HELLO_FIXED,
-    MAGIC,
     MAX_CONTROL_BODY,
     PUSH_DATA_FIXED,
-    PUSH_DATA_PREFIX,
-    U32,
-    VERSION,
     AbortAck,
     AbortMapOutput,
     AddCredit,
@@ -36,126 +33,59 @@ from .frames import (
     AdminResponse,
     AuthChallenge,
     AuthResponse,
+    BodyCodec,
     BufferKind,
     BufferResponse,
     CancelPartitionRequest,
-    Close,
     CommitAck,
     CommitMapOutput,
     ErrorResponse,
     Frame,
     FrameType,
-    Hello,
-    HelloAck,
-    OpenMapOutput,
-    PartitionRequest,
     PushCredit,
     PushData,
-    Role,
 )
-
-_U64 = ">Q"
-
 
 # --------------------------------------------------------------------------- encoding
 
-
-def _frame(ftype: FrameType, stream: int, body: bytes = b"") -> bytes:
-    return HEADER.pack(len(body), ftype, 0, 0, stream) + body
-
-
-def _packb(obj: dict[str, Any]) -> bytes:
-    packed: bytes = msgpack.packb(obj, use_bin_type=True)
-    return packed
+#: frame class -> (its type, its body codec): one dict lookup per encode
+_ENCODERS: dict[type, tuple[FrameType, BodyCodec]] = {cls: (cls.TYPE, cls.BODY) for cls in FRAME_CLASSES.values()}
 
 
-def encode_hello(frame: Hello | HelloAck) -> bytes:
-    ftype = FrameType.HELLO if isinstance(frame, Hello) else FrameType.HELLO_ACK
-    body = HELLO_FIXED.pack(MAGIC, frame.version, frame.role, 0) + _packb(frame.info)
-    return _frame(ftype, 0, body)
+def encode(frame: Frame) -> bytes:
+    """Any frame as bytes (data frames need their payload set to a bytes-like object)."""
+    entry = _ENCODERS.get(type(frame))
+    if entry is None:
+        raise TypeError(f"not a frame: {frame!r}")
+    ftype, body = entry
+    return body.pack(ftype, frame)
+
+
+# Shorthands for the frames the daemon and the clients build from values they hold; a new frame type needs
+# none (`encode(NewFrame(...))`). The u32 frames skip the frame object: credit goes out every few buffers.
+encode_add_credit = AddCredit.BODY.packer(FrameType.ADD_CREDIT)
+encode_push_credit = PushCredit.BODY.packer(FrameType.PUSH_CREDIT)
+encode_commit = CommitMapOutput.BODY.packer(FrameType.COMMIT_MAP_OUTPUT)
 
 
 def encode_error(stream: int, code: int, message: str) -> bytes:
-    return _frame(FrameType.ERROR, stream, ERROR_FIXED.pack(code) + message.encode("utf-8", "replace"))
+    return encode(ErrorResponse(stream, code, message))
 
 
 def encode_error_from(stream: int, exc: ShuffledError) -> bytes:
     return encode_error(stream, exc.code, exc.message)
 
 
-def encode_close() -> bytes:
-    return _frame(FrameType.CLOSE, 0)
-
-
 def encode_auth_challenge(nonce: str, proof: str) -> bytes:
-    return _frame(FrameType.AUTH_CHALLENGE, 0, _packb({"nonce": nonce, "proof": proof}))
+    return encode(AuthChallenge(nonce, proof))
 
 
 def encode_auth_response(proof: str) -> bytes:
-    return _frame(FrameType.AUTH_RESPONSE, 0, _packb({"proof": proof}))
-
-
-def _with_token(fields: dict[str, Any], token: str | None) -> dict[str, Any]:
-    if token is not None:
-        fields["token"] = token
-    return fields
-
-
-def encode_partition_request(req: PartitionRequest) -> bytes:
-    body = _packb(
-        _with_token(
-            {"app": req.app, "shuffle": req.shuffle, "start": req.start, "end": req.end, "locations": req.locations},
-            req.token,
-        )
-    )
-    return _frame(FrameType.PARTITION_REQUEST, req.receiver, U32.pack(req.credit) + body)
-
-
-def encode_add_credit(receiver: int, credit: int) -> bytes:
-    return _frame(FrameType.ADD_CREDIT, receiver, U32.pack(credit))
+    return encode(AuthResponse(proof))
 
 
 def encode_cancel(receiver: int) -> bytes:
-    return _frame(FrameType.CANCEL_PARTITION_REQUEST, receiver)
-
-
-def pack_buffer_response_prefix(
-    into: bytearray | memoryview,
-    offset: int,
-    receiver: int,
-    sequence: int,
-    backlog: int,
-    partition: int,
-    kind: int,
-    attempt: int,
-    payload_len: int,
-    crc: int,
-) -> None:
-    """Write header + fixed part of a BufferResponse; the payload follows as its own slice."""
-    BUFFER_RESPONSE_PREFIX.pack_into(
-        into,
-        offset,
-        BUFFER_RESPONSE_FIXED.size + payload_len,
-        FrameType.BUFFER_RESPONSE,
-        0,
-        0,
-        receiver,
-        sequence,
-        backlog,
-        partition,
-        kind,
-        0,
-        attempt,
-        crc,
-    )
-
-
-def pack_push_data_prefix(
-    into: bytearray | memoryview, offset: int, writer: int, sequence: int, partition: int, payload_len: int, crc: int
-) -> None:
-    PUSH_DATA_PREFIX.pack_into(
-        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, partition, crc
-    )
+    return encode(CancelPartitionRequest(receiver))
 
 
 def encode_buffer_response(
@@ -163,132 +93,38 @@ def encode_buffer_response(
     sequence: int,
     backlog: int,
     partition: int,
-    kind: int,
+    kind: BufferKind,
     attempt: int,
     payload: bytes,
     crc: int | None = None,
 ) -> bytes:
     """Whole frame as bytes: for tests, vectors and events (no payload). `crc` None: the payload's CRC32C."""
-    if crc is None:
-        crc = _checksum(payload) if kind == BufferKind.DATA else 0
-    prefix = bytearray(BUFFER_RESPONSE_PREFIX.size)
-    pack_buffer_response_prefix(prefix, 0, receiver, sequence, backlog, partition, kind, attempt, len(payload), crc)
-    return bytes(prefix) + payload
-
-
-def _checksum(payload: bytes) -> int:
-    # Imported here: the crc32c package pulls in importlib.metadata (and socket) when imported, and the codec
-    # stays importable without any IO module; the hot paths pack the CRC their caller computed.
-    from .integrity import checksum
-
-    return checksum(payload)
+    return encode(BufferResponse(receiver, sequence, backlog, partition, kind, attempt, len(payload), payload, crc))
 
 
 def encode_push_data(writer: int, sequence: int, partition: int, payload: bytes, crc: int | None = None) -> bytes:
     """Whole frame as bytes: for tests and vectors. `crc` None: the payload's CRC32C."""
-    prefix = bytearray(PUSH_DATA_PREFIX.size)
-    pack_push_data_prefix(
-        prefix, 0, writer, sequence, partition, len(payload), _checksum(payload) if crc is None else crc
-    )
-    return bytes(prefix) + payload
-
-
-def encode_open_map_output(m: OpenMapOutput) -> bytes:
-    body = _packb(
-        _with_token(
-            {
-                "app": m.app,
-                "shuffle": m.shuffle,
-                "map_index": m.map_index,
-                "attempt": m.attempt,
-                "partitions": m.partitions,
-            },
-            m.token,
-        )
-    )
-    return _frame(FrameType.OPEN_MAP_OUTPUT, m.writer, body)
-
-
-def encode_push_credit(writer: int, credit: int) -> bytes:
-    return _frame(FrameType.PUSH_CREDIT, writer, U32.pack(credit))
-
-
-def encode_commit(writer: int, pushes: int) -> bytes:
-    return _frame(FrameType.COMMIT_MAP_OUTPUT, writer, U32.pack(pushes))
+    return encode(PushData(writer, sequence, partition, len(payload), payload, crc))
 
 
 def encode_commit_ack(writer: int, lengths: list[int]) -> bytes:
-    body = U32.pack(len(lengths)) + b"".join(int(n).to_bytes(8, "big") for n in lengths)
-    return _frame(FrameType.COMMIT_ACK, writer, body)
+    return encode(CommitAck(writer, lengths))
 
 
 def encode_abort(writer: int) -> bytes:
-    return _frame(FrameType.ABORT_MAP_OUTPUT, writer)
+    return encode(AbortMapOutput(writer))
 
 
 def encode_abort_ack(writer: int) -> bytes:
-    return _frame(FrameType.ABORT_ACK, writer)
+    return encode(AbortAck(writer))
 
 
 def encode_admin_request(request: int, op: str, args: dict[str, Any]) -> bytes:
-    return _frame(FrameType.ADMIN_REQUEST, request, _packb({"op": op, "args": args}))
+    return encode(AdminRequest(request, op, args))
 
 
 def encode_admin_response(request: int, result: dict[str, Any]) -> bytes:
-    return _frame(FrameType.ADMIN_RESPONSE, request, _packb(result))
-
-
-def encode(frame: Frame) -> bytes:
-    """Any frame as bytes (data frames need their payload set to a bytes-like object)."""
-    match frame:
-        case Hello() | HelloAck():
-            return encode_hello(frame)
-        case ErrorResponse(stream, code, message):
-            return encode_error(stream, code, message)
-        case Close():
-            return encode_close()
-        case AuthChallenge(nonce, proof):
-            return encode_auth_challenge(nonce, proof)
-        case AuthResponse(proof):
-            return encode_auth_response(proof)
-        case PartitionRequest():
-            return encode_partition_request(frame)
-        case AddCredit(receiver, credit):
-            return encode_add_credit(receiver, credit)
-        case BufferResponse():
-            return encode_buffer_response(
-                frame.receiver,
-                frame.sequence,
-                frame.backlog,
-                frame.partition,
-                frame.kind,
-                frame.attempt,
-                bytes(frame.payload or b""),
-                frame.crc,
-            )
-        case CancelPartitionRequest(receiver):
-            return encode_cancel(receiver)
-        case OpenMapOutput():
-            return encode_open_map_output(frame)
-        case PushCredit(writer, credit):
-            return encode_push_credit(writer, credit)
-        case PushData():
-            return encode_push_data(
-                frame.writer, frame.sequence, frame.partition, bytes(frame.payload or b""), frame.crc
-            )
-        case CommitMapOutput(writer, pushes):
-            return encode_commit(writer, pushes)
-        case CommitAck(writer, lengths):
-            return encode_commit_ack(writer, lengths)
-        case AbortMapOutput(writer):
-            return encode_abort(writer)
-        case AbortAck(writer):
-            return encode_abort_ack(writer)
-        case AdminRequest(request, op, args):
-            return encode_admin_request(request, op, args)
-        case AdminResponse(request, result):
-            return encode_admin_response(request, result)
-    raise TypeError(f"not a frame: {frame!r}")
+    return encode(AdminResponse(request, result))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -308,149 +144,11 @@ class PayloadSink(Protocol):
     def __call__(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None: ...
 
 
-def _unpack_map(body: memoryview, what: str) -> dict[str, Any]:
-    try:
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"{what}: body is not valid msgpack ({exc})") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"{what}: body must be a msgpack map")
-    return obj
-
-
-def _field(m: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    value = m.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ProtocolError(f"{what}: field '{name}' missing or of the wrong type")
-    return value
-
-
-def _token(m: dict[str, Any], what: str) -> str | None:
-    value = m.get("token")
-    if value is not None and not isinstance(value, str):
-        raise ProtocolError(f"{what}: field 'token' must be a string")
-    return value
-
-
-def _u32(body: memoryview, what: str) -> int:
-    if len(body) != 4:
-        raise ProtocolError(f"{what}: body must be 4 bytes, got {len(body)}")
-    return int(U32.unpack(body)[0])
-
-
-def _decode_hello(ftype: FrameType, body: memoryview) -> Hello | HelloAck:
-    if len(body) < HELLO_FIXED.size:
-        raise ProtocolError("Hello: body shorter than its fixed part")
-    magic, version, role, _ = HELLO_FIXED.unpack_from(body)
-    if magic != MAGIC:
-        raise ProtocolError(f"Hello: bad magic {bytes(magic)!r}")
-    if version != VERSION:
-        raise UnsupportedVersion(f"protocol version {version} not supported (this side speaks {VERSION})")
-    try:
-        role = Role(role)
-    except ValueError:
-        raise ProtocolError(f"Hello: unknown role {role}") from None
-    info = _unpack_map(body[HELLO_FIXED.size :], "Hello")
-    cls = Hello if ftype == FrameType.HELLO else HelloAck
-    return cls(role=role, version=version, info=info)
-
-
-def _decode_locations(value: Any) -> dict[str, list[int]]:
-    if not isinstance(value, dict):
-        raise ProtocolError("PartitionRequest: 'locations' must be a map")
-    out: dict[str, list[int]] = {}
-    for addr, attempts in value.items():
-        if not isinstance(addr, str) or not isinstance(attempts, list):
-            raise ProtocolError("PartitionRequest: 'locations' maps address strings to attempt lists")
-        for a in attempts:
-            if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < 1 << 64:
-                raise ProtocolError("PartitionRequest: attempt ids are unsigned 64-bit integers")
-        out[addr] = attempts
-    return out
-
-
 def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
     """Decode a frame that has no payload sink (everything but BufferResponse/PushData)."""
-    name = ftype.name
-    if ftype in (FrameType.HELLO, FrameType.HELLO_ACK):
-        return _decode_hello(ftype, body)
-    if ftype == FrameType.AUTH_CHALLENGE:
-        m = _unpack_map(body, name)
-        return AuthChallenge(_field(m, "nonce", str, name), _field(m, "proof", str, name))
-    if ftype == FrameType.AUTH_RESPONSE:
-        return AuthResponse(_field(_unpack_map(body, name), "proof", str, name))
-    if ftype == FrameType.ERROR:
-        if len(body) < ERROR_FIXED.size:
-            raise ProtocolError("Error: body shorter than its code")
-        (code,) = ERROR_FIXED.unpack_from(body)
-        return ErrorResponse(stream, code, bytes(body[ERROR_FIXED.size :]).decode("utf-8", "replace"))
-    if ftype in (FrameType.CLOSE, FrameType.CANCEL_PARTITION_REQUEST, FrameType.ABORT_MAP_OUTPUT, FrameType.ABORT_ACK):
-        if len(body):
-            raise ProtocolError(f"{name}: must have an empty body")
-        if ftype == FrameType.CLOSE:
-            return Close()
-        if ftype == FrameType.CANCEL_PARTITION_REQUEST:
-            return CancelPartitionRequest(stream)
-        if ftype == FrameType.ABORT_MAP_OUTPUT:
-            return AbortMapOutput(stream)
-        return AbortAck(stream)
-    if ftype == FrameType.ADD_CREDIT:
-        credit = _u32(body, name)
-        if credit == 0:
-            raise ProtocolError("AddCredit: credit must be positive")
-        return AddCredit(stream, credit)
-    if ftype == FrameType.PUSH_CREDIT:
-        credit = _u32(body, name)
-        if credit == 0:
-            raise ProtocolError("PushCredit: credit must be positive")
-        return PushCredit(stream, credit)
-    if ftype == FrameType.COMMIT_MAP_OUTPUT:
-        return CommitMapOutput(stream, _u32(body, name))
-    if ftype == FrameType.COMMIT_ACK:
-        if len(body) < 4:
-            raise ProtocolError("CommitAck: body shorter than its count")
-        (n,) = U32.unpack_from(body)
-        if len(body) != 4 + 8 * n:
-            raise ProtocolError(f"CommitAck: {n} lengths need {4 + 8 * n} bytes, got {len(body)}")
-        lengths = [int.from_bytes(body[4 + 8 * i : 12 + 8 * i], "big") for i in range(n)]
-        return CommitAck(stream, lengths)
-    if ftype == FrameType.PARTITION_REQUEST:
-        if len(body) < 4:
-            raise ProtocolError("PartitionRequest: body shorter than its credit")
-        (credit,) = U32.unpack_from(body)
-        m = _unpack_map(body[4:], name)
-        start = _field(m, "start", int, name)
-        end = _field(m, "end", int, name)
-        return PartitionRequest(
-            receiver=stream,
-            credit=credit,
-            app=_field(m, "app", str, name),
-            shuffle=_field(m, "shuffle", int, name),
-            start=start,
-            end=end,
-            locations=_decode_locations(m.get("locations")),
-            token=_token(m, name),
-        )
-    if ftype == FrameType.OPEN_MAP_OUTPUT:
-        m = _unpack_map(body, name)
-        return OpenMapOutput(
-            writer=stream,
-            app=_field(m, "app", str, name),
-            shuffle=_field(m, "shuffle", int, name),
-            map_index=_field(m, "map_index", int, name),
-            attempt=_field(m, "attempt", int, name),
-            partitions=_field(m, "partitions", int, name),
-            token=_token(m, name),
-        )
-    if ftype == FrameType.ADMIN_REQUEST:
-        m = _unpack_map(body, name)
-        args = m.get("args", {})
-        if not isinstance(args, dict):
-            raise ProtocolError("AdminRequest: 'args' must be a map")
-        return AdminRequest(stream, _field(m, "op", str, name), args)
-    if ftype == FrameType.ADMIN_RESPONSE:
-        return AdminResponse(stream, _unpack_map(body, name))
-    raise ProtocolError(f"{name} is not a control frame")
+    cls = FRAME_CLASSES[ftype]
+    frame: Frame = cls.BODY.unpack(cls, stream, body)
+    return frame
 
 
 _HEADER_ONLY = -1

@@ -1,16 +1,30 @@
-"""Frame types, fixed layouts and the decoded frame objects (see proto/PROTOCOL.md).
+"""Frame types, fixed layouts, the decoded frame objects and the frame registry (see proto/PROTOCOL.md).
 
 All integers are big-endian (network order, and what java.nio.ByteBuffer reads by
 default). Data frames (BufferResponse, PushData) have fixed binary headers so the
 hot path never touches msgpack; control frames carry small msgpack maps.
+
+Each frame class carries its wire type (`TYPE`) and its body codec (`BODY`: how its
+fields become the frame's bytes and a received body becomes the frame again), and
+`Frame`, the union of the classes, is the one list of them: `codec.encode`,
+`codec.decode_control` and proto/vectors/generate.py find every frame type through
+`FRAME_CLASSES`, built from it. So a new control frame type is a `FrameType` code and
+a class here, listed in `Frame`; no dispatch code changes.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from operator import attrgetter
+from typing import Any, ClassVar, Protocol, get_args
+
+import msgpack
+
+from .errors import ProtocolError, UnsupportedVersion
 
 MAGIC = b"SHFD"
 VERSION = 2
@@ -30,6 +44,8 @@ PUSH_DATA_PREFIX = struct.Struct(">IBBHIIII")
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
+#: header and a u32 body in one pack (AddCredit, PushCredit, CommitMapOutput)
+U32_FRAME = struct.Struct(">IBBHII")
 ERROR_FIXED = struct.Struct(">H")
 
 #: Largest control-frame body (PartitionRequest with many map attempts is the big one).
@@ -75,8 +91,337 @@ class BufferKind(IntEnum):
     END_OF_PARTITION = 1
 
 
+# --------------------------------------------------------------------------- body codecs
+
+
+class BodyCodec(Protocol):
+    """How one frame class's fields map to its bytes; `codec.encode` and `codec.decode_control` only dispatch here.
+
+    Stateless and shared by the classes that use it: the class comes in as an argument, so
+    one generic codec (no body, one u32, a msgpack map) serves every frame of that shape.
+    """
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        """The whole frame, header included (one struct pack where the layout allows it)."""
+        ...
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        """The `cls` frame a received body stands for; ProtocolError if the body is malformed."""
+        ...
+
+
+def _frame(ftype: int, stream: int, body: bytes) -> bytes:
+    return HEADER.pack(len(body), ftype, 0, 0, stream) + body
+
+
+def _packb(obj: dict[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
+
+
+def _unpack_map(body: memoryview, what: str) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"{what}: body is not valid msgpack ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what}: body must be a msgpack map")
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class NoBody:
+    """An empty body: the type and the stream say it all (Close, CancelPartitionRequest, aborts)."""
+
+    #: the field holding the stream id, the class's only field; None: a connection frame (stream 0), no fields
+    stream: str | None = None
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        return HEADER.pack(0, ftype, 0, 0, 0 if self.stream is None else getattr(frame, self.stream))
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if len(body):
+            raise ProtocolError(f"{cls.TYPE.name}: must have an empty body")
+        return cls() if self.stream is None else cls(stream)
+
+
+@dataclass(frozen=True, slots=True)
+class U32Body:
+    """A body of one u32 on a stream; the class's fields are the stream, then the value."""
+
+    stream: str
+    value: str
+    #: zero is malformed (a credit grant of nothing)
+    positive: bool = False
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        return U32_FRAME.pack(4, ftype, 0, 0, getattr(frame, self.stream), getattr(frame, self.value))
+
+    def packer(self, ftype: FrameType) -> Callable[[int, int], bytes]:
+        """(stream, value) -> frame bytes without a frame object: credit goes out every few buffers."""
+        return functools.partial(U32_FRAME.pack, 4, ftype, 0, 0)
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if len(body) != 4:
+            raise ProtocolError(f"{cls.TYPE.name}: body must be 4 bytes, got {len(body)}")
+        (value,) = U32.unpack(body)
+        if self.positive and value == 0:
+            raise ProtocolError(f"{cls.__name__}: {self.value} must be positive")
+        return cls(stream, value)
+
+
+#: checks one key of a received msgpack map: (map, key, frame class) -> the field's value, or ProtocolError
+Reader = Callable[[dict[str, Any], str, Any], Any]
+
+
+def _required(kind: type) -> Reader:
+    def read(m: dict[str, Any], key: str, cls: Any) -> Any:
+        value = m.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):  # msgpack keeps booleans apart from integers
+            raise ProtocolError(f"{cls.TYPE.name}: field '{key}' missing or of the wrong type")
+        return value
+
+    return read
+
+
+string = _required(str)
+integer = _required(int)
+
+
+def optional_string(m: dict[str, Any], key: str, cls: Any) -> Any:
+    value = m.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"{cls.TYPE.name}: field '{key}' must be a string")
+    return value
+
+
+def map_or_empty(m: dict[str, Any], key: str, cls: Any) -> Any:
+    value = m.get(key, {})
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{cls.__name__}: '{key}' must be a map")
+    return value
+
+
+def attempt_locations(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """Daemon address -> map attempt ids (u64) held there, checked in full: the daemon indexes by them."""
+    value = m.get(key)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{cls.__name__}: '{key}' must be a map")
+    for addr, attempts in value.items():
+        if not isinstance(addr, str) or not isinstance(attempts, list):
+            raise ProtocolError(f"{cls.__name__}: '{key}' maps address strings to attempt lists")
+        for a in attempts:
+            if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < 1 << 64:
+                raise ProtocolError(f"{cls.__name__}: attempt ids are unsigned 64-bit integers")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key of a msgpack body: the frame field of that name and the check a received value passes."""
+
+    name: str
+    read: Reader
+    #: a None field is left out of the map and an absent key reads as None (the application token, §6.2)
+    optional: bool = False
+
+
+class MapBody:
+    """A msgpack map of named keys (PROTOCOL.md §7), after an optional u32 (PartitionRequest's credit).
+
+    The keys are written in the order given (it is part of the wire bytes; decoders accept any
+    order). The class's fields are the stream (if any), the prefix (if any), then the keys in
+    this order, so a received body builds the frame positionally.
+    """
+
+    __slots__ = ("_names", "_optional", "keys", "prefix", "stream")
+
+    def __init__(self, *keys: Key, stream: str | None = None, prefix: str | None = None) -> None:
+        self.keys = keys
+        self.stream = stream
+        self.prefix = prefix
+        self._names = tuple(k.name for k in keys)
+        self._optional = tuple(k.name for k in keys if k.optional)
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        m = {name: getattr(frame, name) for name in self._names}
+        for name in self._optional:
+            if m[name] is None:
+                del m[name]
+        body = _packb(m)
+        if self.prefix is not None:
+            body = U32.pack(getattr(frame, self.prefix)) + body
+        return _frame(ftype, 0 if self.stream is None else getattr(frame, self.stream), body)
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        values: list[Any] = [] if self.stream is None else [stream]
+        if self.prefix is not None:
+            if len(body) < U32.size:
+                raise ProtocolError(f"{cls.__name__}: body shorter than its {self.prefix}")
+            values.append(U32.unpack_from(body)[0])
+            body = body[U32.size :]
+        m = _unpack_map(body, cls.TYPE.name)
+        values.extend(key.read(m, key.name, cls) for key in self.keys)
+        return cls(*values)
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueMapBody:
+    """The body is one msgpack map the frame carries whole (an admin result: its keys are the operation's)."""
+
+    stream: str
+    value: str
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        return _frame(ftype, getattr(frame, self.stream), _packb(getattr(frame, self.value)))
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        return cls(stream, _unpack_map(body, cls.TYPE.name))
+
+
+class HelloBody:
+    """Magic, version and role in fixed fields, then the info map: a stranger is refused before any msgpack."""
+
+    __slots__ = ()
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        return _frame(ftype, 0, HELLO_FIXED.pack(MAGIC, frame.version, frame.role, 0) + _packb(frame.info))
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if len(body) < HELLO_FIXED.size:
+            raise ProtocolError("Hello: body shorter than its fixed part")
+        magic, version, role, _ = HELLO_FIXED.unpack_from(body)
+        if magic != MAGIC:
+            raise ProtocolError(f"Hello: bad magic {bytes(magic)!r}")
+        if version != VERSION:
+            raise UnsupportedVersion(f"protocol version {version} not supported (this side speaks {VERSION})")
+        try:
+            role = Role(role)
+        except ValueError:
+            raise ProtocolError(f"Hello: unknown role {role}") from None
+        return cls(role, version, _unpack_map(body[HELLO_FIXED.size :], "Hello"))
+
+
+class ErrorBody:
+    """A u16 code, then the message as UTF-8 to the end of the body (no msgpack: errors must always decode)."""
+
+    __slots__ = ()
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        return _frame(ftype, frame.stream, ERROR_FIXED.pack(frame.code) + frame.message.encode("utf-8", "replace"))
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if len(body) < ERROR_FIXED.size:
+            raise ProtocolError("Error: body shorter than its code")
+        (code,) = ERROR_FIXED.unpack_from(body)
+        return cls(stream, code, bytes(body[ERROR_FIXED.size :]).decode("utf-8", "replace"))
+
+
+class CommitAckBody:
+    """A u32 count, then that many u64 partition lengths: binary, as a map output can have 100k partitions."""
+
+    __slots__ = ()
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        lengths = frame.lengths
+        return _frame(
+            ftype, frame.writer, U32.pack(len(lengths)) + b"".join(int(n).to_bytes(8, "big") for n in lengths)
+        )
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if len(body) < U32.size:
+            raise ProtocolError("CommitAck: body shorter than its count")
+        (n,) = U32.unpack_from(body)
+        if len(body) != 4 + 8 * n:
+            raise ProtocolError(f"CommitAck: {n} lengths need {4 + 8 * n} bytes, got {len(body)}")
+        return cls(stream, [int.from_bytes(body[4 + 8 * i : 12 + 8 * i], "big") for i in range(n)])
+
+
+def pack_buffer_response_prefix(
+    into: bytearray | memoryview,
+    offset: int,
+    receiver: int,
+    sequence: int,
+    backlog: int,
+    partition: int,
+    kind: int,
+    attempt: int,
+    payload_len: int,
+    crc: int,
+) -> None:
+    """Write header + fixed part of a BufferResponse; the payload follows as its own slice."""
+    BUFFER_RESPONSE_PREFIX.pack_into(
+        into,
+        offset,
+        BUFFER_RESPONSE_FIXED.size + payload_len,
+        FrameType.BUFFER_RESPONSE,
+        0,
+        0,
+        receiver,
+        sequence,
+        backlog,
+        partition,
+        kind,
+        0,
+        attempt,
+        crc,
+    )
+
+
+def pack_push_data_prefix(
+    into: bytearray | memoryview, offset: int, writer: int, sequence: int, partition: int, payload_len: int, crc: int
+) -> None:
+    PUSH_DATA_PREFIX.pack_into(
+        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, partition, crc
+    )
+
+
+def _checksum(payload: bytes) -> int:
+    # Imported here: the crc32c package pulls in importlib.metadata (and socket) when imported, and the codec
+    # stays importable without any IO module; the hot paths pack the CRC their caller computed.
+    from .integrity import checksum
+
+    return checksum(payload)
+
+
+class DataBody:
+    """A data frame: header and fixed part packed in one struct, then the payload.
+
+    Senders pack the prefix in place (`pack_buffer_response_prefix`, `pack_push_data_prefix`)
+    and `FrameReader` parses the fixed part itself to land the payload in pool memory: the
+    hot path stays direct. `pack` is for whole frames (tests, vectors, events).
+    """
+
+    __slots__ = ("_values", "fixed", "prefix")
+
+    def __init__(self, fixed: struct.Struct, prefix: Callable[..., None], *fields: str) -> None:
+        #: the fixed part after the header: FrameReader checks a frame's length against it
+        self.fixed = fixed
+        self.prefix = prefix
+        #: the prefix packer's arguments before the payload length and crc, as the class's fields
+        self._values = attrgetter(*fields)
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        """`crc` None: the payload's CRC32C (0 for an event)."""
+        payload = bytes(frame.payload or b"")
+        crc = frame.crc
+        if crc is None:
+            # events (BufferResponse's non-DATA kinds) carry a zero crc; PushData has no kind, it is all data
+            crc = 0 if getattr(frame, "kind", BufferKind.DATA) != BufferKind.DATA else _checksum(payload)
+        head = bytearray(HEADER_SIZE + self.fixed.size)
+        self.prefix(head, 0, *self._values(frame), len(payload), crc)
+        return bytes(head) + payload
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        """Refused: `FrameReader` decodes data frames itself, into the sink's memory."""
+        raise ProtocolError(f"{cls.TYPE.name} is not a control frame")
+
+
 @dataclass(slots=True)
 class Hello:
+    TYPE: ClassVar[FrameType] = FrameType.HELLO
+    BODY: ClassVar[HelloBody] = HelloBody()
+
     role: Role
     version: int = VERSION
     info: dict[str, Any] = field(default_factory=dict)
@@ -84,6 +429,9 @@ class Hello:
 
 @dataclass(slots=True)
 class HelloAck:
+    TYPE: ClassVar[FrameType] = FrameType.HELLO_ACK
+    BODY: ClassVar[HelloBody] = HelloBody()
+
     role: Role
     version: int = VERSION
     info: dict[str, Any] = field(default_factory=dict)
@@ -93,6 +441,9 @@ class HelloAck:
 class AuthChallenge:
     """Acceptor → dialer after Hello when the acceptor has a secret: its nonce and its proof."""
 
+    TYPE: ClassVar[FrameType] = FrameType.AUTH_CHALLENGE
+    BODY: ClassVar[MapBody] = MapBody(Key("nonce", string), Key("proof", string))
+
     nonce: str
     proof: str
 
@@ -101,11 +452,17 @@ class AuthChallenge:
 class AuthResponse:
     """Dialer → acceptor: the dialer's proof ("" when it has no secret)."""
 
+    TYPE: ClassVar[FrameType] = FrameType.AUTH_RESPONSE
+    BODY: ClassVar[MapBody] = MapBody(Key("proof", string))
+
     proof: str
 
 
 @dataclass(slots=True)
 class ErrorResponse:
+    TYPE: ClassVar[FrameType] = FrameType.ERROR
+    BODY: ClassVar[ErrorBody] = ErrorBody()
+
     stream: int  # 0: fatal for the whole connection
     code: int
     message: str
@@ -113,11 +470,24 @@ class ErrorResponse:
 
 @dataclass(slots=True)
 class Close:
-    pass
+    TYPE: ClassVar[FrameType] = FrameType.CLOSE
+    BODY: ClassVar[NoBody] = NoBody()
 
 
 @dataclass(slots=True)
 class PartitionRequest:
+    TYPE: ClassVar[FrameType] = FrameType.PARTITION_REQUEST
+    BODY: ClassVar[MapBody] = MapBody(
+        Key("app", string),
+        Key("shuffle", integer),
+        Key("start", integer),
+        Key("end", integer),
+        Key("locations", attempt_locations),
+        Key("token", optional_string, optional=True),
+        stream="receiver",
+        prefix="credit",
+    )
+
     receiver: int
     credit: int
     app: str
@@ -132,12 +502,27 @@ class PartitionRequest:
 
 @dataclass(slots=True)
 class AddCredit:
+    TYPE: ClassVar[FrameType] = FrameType.ADD_CREDIT
+    BODY: ClassVar[U32Body] = U32Body("receiver", "credit", positive=True)
+
     receiver: int
     credit: int
 
 
 @dataclass(slots=True)
 class BufferResponse:
+    TYPE: ClassVar[FrameType] = FrameType.BUFFER_RESPONSE
+    BODY: ClassVar[DataBody] = DataBody(
+        BUFFER_RESPONSE_FIXED,
+        pack_buffer_response_prefix,
+        "receiver",
+        "sequence",
+        "backlog",
+        "partition",
+        "kind",
+        "attempt",
+    )
+
     receiver: int
     sequence: int
     backlog: int
@@ -153,11 +538,25 @@ class BufferResponse:
 
 @dataclass(slots=True)
 class CancelPartitionRequest:
+    TYPE: ClassVar[FrameType] = FrameType.CANCEL_PARTITION_REQUEST
+    BODY: ClassVar[NoBody] = NoBody("receiver")
+
     receiver: int
 
 
 @dataclass(slots=True)
 class OpenMapOutput:
+    TYPE: ClassVar[FrameType] = FrameType.OPEN_MAP_OUTPUT
+    BODY: ClassVar[MapBody] = MapBody(
+        Key("app", string),
+        Key("shuffle", integer),
+        Key("map_index", integer),
+        Key("attempt", integer),
+        Key("partitions", integer),
+        Key("token", optional_string, optional=True),
+        stream="writer",
+    )
+
     writer: int
     app: str
     shuffle: int
@@ -170,12 +569,18 @@ class OpenMapOutput:
 
 @dataclass(slots=True)
 class PushCredit:
+    TYPE: ClassVar[FrameType] = FrameType.PUSH_CREDIT
+    BODY: ClassVar[U32Body] = U32Body("writer", "credit", positive=True)
+
     writer: int
     credit: int
 
 
 @dataclass(slots=True)
 class PushData:
+    TYPE: ClassVar[FrameType] = FrameType.PUSH_DATA
+    BODY: ClassVar[DataBody] = DataBody(PUSH_DATA_FIXED, pack_push_data_prefix, "writer", "sequence", "partition")
+
     writer: int
     sequence: int
     partition: int
@@ -187,28 +592,43 @@ class PushData:
 
 @dataclass(slots=True)
 class CommitMapOutput:
+    TYPE: ClassVar[FrameType] = FrameType.COMMIT_MAP_OUTPUT
+    BODY: ClassVar[U32Body] = U32Body("writer", "pushes")
+
     writer: int
     pushes: int  # PushData frames the writer sent; the daemon checks it saw them all
 
 
 @dataclass(slots=True)
 class CommitAck:
+    TYPE: ClassVar[FrameType] = FrameType.COMMIT_ACK
+    BODY: ClassVar[CommitAckBody] = CommitAckBody()
+
     writer: int
     lengths: list[int]
 
 
 @dataclass(slots=True)
 class AbortMapOutput:
+    TYPE: ClassVar[FrameType] = FrameType.ABORT_MAP_OUTPUT
+    BODY: ClassVar[NoBody] = NoBody("writer")
+
     writer: int
 
 
 @dataclass(slots=True)
 class AbortAck:
+    TYPE: ClassVar[FrameType] = FrameType.ABORT_ACK
+    BODY: ClassVar[NoBody] = NoBody("writer")
+
     writer: int
 
 
 @dataclass(slots=True)
 class AdminRequest:
+    TYPE: ClassVar[FrameType] = FrameType.ADMIN_REQUEST
+    BODY: ClassVar[MapBody] = MapBody(Key("op", string), Key("args", map_or_empty), stream="request")
+
     request: int
     op: str
     args: dict[str, Any]
@@ -216,6 +636,9 @@ class AdminRequest:
 
 @dataclass(slots=True)
 class AdminResponse:
+    TYPE: ClassVar[FrameType] = FrameType.ADMIN_RESPONSE
+    BODY: ClassVar[OpaqueMapBody] = OpaqueMapBody("request", "result")
+
     request: int
     result: dict[str, Any]
 
@@ -241,3 +664,7 @@ Frame = (
     | AdminRequest
     | AdminResponse
 )
+
+#: The frame registry: every frame class by its wire type. Built from `Frame`, so listing a class there is
+#: what registers it; encode, decode and the vector generator all look frame types up here.
+FRAME_CLASSES: dict[FrameType, type[Frame]] = {cls.TYPE: cls for cls in get_args(Frame)}

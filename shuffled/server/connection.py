@@ -22,14 +22,13 @@ from ..net.soon import Soon
 from ..net.streams import BufferResponseStream, Chunk
 from ..protocol.auth import AcceptorAuth, DialerAuth
 from ..protocol.codec import (
+    encode,
     encode_add_credit,
     encode_admin_request,
     encode_admin_response,
     encode_auth_challenge,
     encode_auth_response,
     encode_error_from,
-    encode_hello,
-    encode_partition_request,
 )
 from ..protocol.errors import (
     AuthFailed,
@@ -148,7 +147,7 @@ class DaemonConnection(FrameConnection):
         self.role = Role.DAEMON
         assert self._dialer_auth is not None
         info = self._dialer_auth.hello_info({"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
-        self.sender.send_control(encode_hello(Hello(Role.DAEMON, info=info)))
+        self.sender.send_control(encode(Hello(Role.DAEMON, info=info)))
 
     def on_lost(self) -> None:
         self.daemon.connections.discard(self)
@@ -393,7 +392,7 @@ class DaemonConnection(FrameConnection):
         self.role = frame.role
         self._handshake_done()
         ack = HelloAck(Role.DAEMON, info={"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
-        self.sender.send_control(encode_hello(ack))
+        self.sender.send_control(encode(ack))
         self.daemon.counters.opened[self.role_label or "client"] += 1
         event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)
 
@@ -573,7 +572,7 @@ class DaemonConnection(FrameConnection):
     def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
         self.channels[ch.receiver] = ch
         self.daemon.counters.read_credit_granted += req.credit
-        self.sender.send_control(encode_partition_request(req))
+        self.sender.send_control(encode(req))
 
     def announce(self, ch: RemoteInputChannel) -> None:
         """Lazily send AddCredit: collect channels now, send what they owe once per loop turn."""

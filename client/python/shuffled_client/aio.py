@@ -21,13 +21,11 @@ from shuffled.net.soon import Soon
 from shuffled.net.streams import Chunk, PushEvent, PushStream
 from shuffled.protocol.auth import DialerAuth, app_token, secret_bytes
 from shuffled.protocol.codec import (
+    encode,
     encode_add_credit,
     encode_admin_request,
     encode_auth_response,
     encode_cancel,
-    encode_hello,
-    encode_open_map_output,
-    encode_partition_request,
 )
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit
@@ -80,7 +78,7 @@ class _ClientConnection(FrameConnection):
     def on_made(self) -> None:
         self.client._conn = self  # before any frame arrives, so HelloAck can find it
         info = self.client._auth.hello_info({"name": "shuffled_client"})
-        self.sender.send_control(encode_hello(Hello(Role.CLIENT, info=info)))
+        self.sender.send_control(encode(Hello(Role.CLIENT, info=info)))
 
     def payload_target(
         self, ftype: FrameType, stream: int, partition: int, length: int
@@ -181,9 +179,7 @@ class AsyncClient:
         writer = MapWriter(self, self._new_stream(), partitions, compression)
         self._writers[writer.stream.stream] = writer
         self._send(
-            encode_open_map_output(
-                OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app))
-            )
+            encode(OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app)))
         )
         await writer._opened
         return writer
@@ -556,7 +552,7 @@ class PartitionReader(InputChannel):
         self.client._readers[self.receiver] = self
         r = self.req
         self.client._send(
-            encode_partition_request(
+            encode(
                 PartitionRequest(
                     self.receiver, self.credit.exclusive, r.app, r.shuffle, r.start, r.end, r.locations, r.token
                 )
