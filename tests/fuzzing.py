@@ -272,7 +272,7 @@ class Generator:
         if role is Role.DAEMON:
             info["node"] = r.choice([self.node, "127.0.0.9:7337", "", 7])
             info["segment_size"] = r.choice([32 << 10, 32 << 10, 4096, None])
-        return codec.encode_hello(Hello(role, info=info))
+        return codec.encode(Hello(role, info=info))
 
     def _garbled_response(self) -> bytes:
         """An AuthResponse sent without waiting for the challenge: no proof can be right, many are malformed."""
@@ -467,7 +467,7 @@ async def half_open(addr: str, count: int, source: str, bound: float, seed: int,
     answered. Each must be refused at once or closed by the daemon within `bound` seconds."""
     host, port = addr.rsplit(":", 1)
     rng = random.Random(seed)
-    hello = codec.encode_hello(Hello(Role.CLIENT, info={"nonce": new_nonce()}))
+    hello = codec.encode(Hello(Role.CLIENT, info={"nonce": new_nonce()}))
     starts = [b"", hello[:5], hello[: len(hello) - 1], hello]
     made = 0
 

@@ -6,6 +6,7 @@ site-packages may not be writable) and runs a PySpark job through two daemons; a
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,9 +25,17 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("pyspark", ["installed", "pyspark>=3.5,<3.6"])
 def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark: str) -> None:
     """With the pyspark the test suite runs on (the newest line), and with Spark 3.5 installed beside it."""
+    # Built from a copy of the tracked files: setuptools' build/ in the tree would otherwise leave the tree
+    # dirty and could carry files the tree no longer has into the wheel.
+    source = tmp_path / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
+    for name in tracked.stdout.decode().split("\0"):
+        if name:
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name, follow_symlinks=False)
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
