@@ -78,6 +78,7 @@ async def _run_one(ctx: Context, name: str, results: list[ScenarioResult]) -> No
     t0 = time.monotonic()
     # A scenario that starts JVMs may need longer than the defaults; it says so in (QUICK_)TIME_LIMIT.
     seconds = getattr(module, "QUICK_TIME_LIMIT" if ctx.quick else "TIME_LIMIT", ctx.time_limit)
+    ctx.scenario_limit = seconds
     limit = asyncio.timeout(seconds)
     profiler = cProfile.Profile() if ctx.profile else None
     try:

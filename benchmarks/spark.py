@@ -54,7 +54,7 @@ async def run_session(
     argv += ["--addresses", addresses, "--jar", jar, *extra] + (["--queries", queries] if queries else [])
     job = ManagedProcess(f"spark {mode}", argv, r"^\{")
     try:
-        line = await job.wait_ready(timeout=ctx.time_limit)
+        line = await job.wait_ready(timeout=ctx.scenario_limit)
         await job.wait_exit(60)
     finally:
         job.stop()
