@@ -1,4 +1,4 @@
-"""Command line: `shuffled serve`, `demo`, `stats`, `config`, `spark-jar`, `spark-conf`."""
+"""Command line: `shuffled serve`, `demo`, `stats`, `config`, `metrics-reference`, `spark-jar`, `spark-conf`."""
 
 from __future__ import annotations
 
@@ -102,7 +102,28 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     settings.add_flags(show)
     config_sub.add_parser("reference", help="print the settings table (Markdown, as in docs/configuration.md)")
+    sub.add_parser("metrics-reference", help="print the metrics table (Markdown, as in docs/operations.md)")
     return parser
+
+
+def metrics_reference() -> str:
+    """The metrics table of docs/operations.md, from the stats of a daemon built (not started) with a data dir."""
+    import tempfile
+
+    from .ops.metrics import render_markdown
+    from .server.daemon import Daemon
+
+    async def snapshot() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="shuffled-metrics-") as data_dir:
+            config = settings.DaemonConfig(port=0, metrics_port=-1, pool_size=4 << 20, data_dir=data_dir)
+            daemon = Daemon(config)
+            try:
+                return daemon.stats()
+            finally:
+                if daemon.disk is not None:
+                    daemon.disk.close()
+
+    return render_markdown(asyncio.run(snapshot()))
 
 
 def _load_config(args: argparse.Namespace, command: str) -> tuple[settings.DaemonConfig, dict[str, str]] | None:
@@ -188,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         if loaded is None:
             return 2
         print(settings.render_toml(*loaded), end="")
+        return 0
+    if args.command == "metrics-reference":
+        print(metrics_reference(), end="")
         return 0
     if args.command == "demo":
         from .demo import run_demo

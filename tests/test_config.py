@@ -106,6 +106,21 @@ def test_every_setting_is_documented_in_the_readme() -> None:
         assert s.meta.help and s.flag in table and s.env in table
 
 
+def test_every_metric_is_documented_in_operations_md() -> None:
+    """The metrics table of docs/operations.md is the one generated from the code (`shuffled metrics-reference`):
+    a metric added, removed, renamed, relabelled or redescribed without the doc fails here."""
+    from shuffled.cli import metrics_reference
+
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    table = metrics_reference()
+    assert table in doc, "docs/operations.md is stale: paste the output of `shuffled metrics-reference`"
+    documented = set(re.findall(r"^\| `(shuffled_\w+)` \|", doc, re.M))
+    generated = set(re.findall(r"^\| `(shuffled_\w+)` \|", table, re.M))
+    assert documented == generated, f"rows not served by the daemon: {sorted(documented - generated)}"
+    for name in ("shuffled_pool_segments", "shuffled_errors_total", "shuffled_read_duration_seconds"):
+        assert f"| `{name}` |" in table
+
+
 def test_flags_of_earlier_versions_still_work() -> None:
     """Flag names operators already use in scripts keep working."""
     old = [

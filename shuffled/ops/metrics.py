@@ -250,3 +250,31 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
         yield _gauge(
             "shuffled_filesystem_free_bytes", "Free bytes on the data directory's file system", fs["free_bytes"]
         )
+
+
+def render_markdown(snapshot: dict[str, Any]) -> str:
+    """The metrics table of docs/operations.md (a test checks that it holds exactly this).
+
+    Every family `/metrics` serves for this snapshot, in the order it serves them, except
+    the process collector's `process_*` (the client library's, documented there in prose).
+    Names are as exposed (counters with `_total`; histograms also have `_bucket`, `_sum`, `_count`).
+    """
+    metrics = DaemonMetrics()
+    rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
+    with metrics._lock:
+        metrics._collector.snapshot = snapshot
+        try:
+            collected = list(metrics.registry.collect())
+        finally:
+            metrics._collector.snapshot = None
+    for family in collected:
+        if family.name.startswith("process_"):
+            continue
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        labels: list[str] = list(getattr(family, "_labelnames", ()))
+        for sample in family.samples:
+            labels += [label for label in sample.labels if label != "le" and label not in labels]
+        shown = ", ".join(f"`{label}`" for label in labels) or "-"
+        doc = family.documentation.replace("|", "\\|")
+        rows.append(f"| `{name}` | {family.type} | {shown} | {doc} |")
+    return "\n".join(rows) + "\n"
