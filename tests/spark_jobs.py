@@ -193,9 +193,19 @@ SCALE_ROWS = 1_000_000
 
 
 def scale_join_aggregate(spark: SparkSession) -> Any:
-    left = wide(spark, SCALE_ROWS)
-    right = wide(spark, SCALE_ROWS).select("id", F.col("h").alias("h2"), F.col("v").alias("v2"))
-    return digest(left.join(right.hint("merge"), "id"), "k")
+    """A sort-merge join into 64 shuffle partitions, which AQE coalesces from the map output sizes the
+    daemons reported at commit (every partition is far below its advisory size)."""
+    spark.conf.set("spark.sql.shuffle.partitions", "64")
+    try:
+        left = wide(spark, SCALE_ROWS)
+        right = wide(spark, SCALE_ROWS).select("id", F.col("h").alias("h2"), F.col("v").alias("v2"))
+        out = digests(left.join(right.hint("merge"), "id"), "k")
+        result = sorted(rows(out))
+        plan = executed_plan(out)
+        assert "coalesced" in plan, f"AQE did not coalesce:\n{plan}"
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", COMMON_CONF["spark.sql.shuffle.partitions"])
+    return result
 
 
 def scale_window(spark: SparkSession) -> Any:

@@ -94,6 +94,7 @@ def test_speculative_map_attempts_give_exact_results(spark: Any, daemons: list[D
     poll_until(lambda: sum(daemon_stats(d)["store"]["aborts"] for d in daemons) >= 1, 30, "the straggler aborted")
 
 
-def test_jobs_match_builtin_on_standalone(spark: Any, builtin: dict[str, Any]) -> None:
+def test_jobs_match_builtin_on_standalone(spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess]) -> None:
     for name in ("groupby_agg", "rdd_group_by_key"):
-        assert spark_jobs.JOBS[name](spark) == builtin[name], name
+        with job_traffic(spark, daemons):
+            assert spark_jobs.JOBS[name](spark) == builtin[name], name
