@@ -96,5 +96,5 @@ def test_speculative_map_attempts_give_exact_results(spark: Any, daemons: list[D
 
 def test_jobs_match_builtin_on_standalone(spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess]) -> None:
     for name in ("groupby_agg", "rdd_group_by_key"):
-        with job_traffic(spark, daemons):
+        with job_traffic(spark, daemons, exact=False):  # speculation is on: a copy may commit too
             assert spark_jobs.JOBS[name](spark) == builtin[name], name
