@@ -8,9 +8,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from shuffled.launch import DaemonProcess, free_port
 from shuffled_client import AsyncClient
@@ -43,8 +45,12 @@ def start_daemon(
 
 
 class Cluster:
-    def __init__(self, n: int, pool_size: str = "64M", extra: list[str] | None = None) -> None:
-        hosts = [f"127.0.0.{i + 1}" for i in range(n)]
+    """Daemons that are each other's peers, one per loopback address (``n`` of them: 127.0.0.1 upwards),
+    all on one port; stopped on leaving a ``with`` block."""
+
+    def __init__(self, hosts: int | list[str], pool_size: str = "64M", extra: list[str] | None = None) -> None:
+        if isinstance(hosts, int):
+            hosts = [f"127.0.0.{i + 1}" for i in range(hosts)]
         port = free_port(hosts)
         peers = ",".join(f"{h}:{port}" for h in hosts)
         self.daemons: list[DaemonProcess] = []
@@ -58,6 +64,24 @@ class Cluster:
     def stop(self) -> None:
         for d in self.daemons:
             d.stop()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def cluster_fixture(hosts: int | list[str], pool_size: str = "64M", extra: list[str] | None = None) -> Any:
+    """A module-scoped fixture of a running `Cluster`, named by the test module's assignment
+    (``pair = cluster_fixture(2)``): the daemons start once per module, as starting them takes a second."""
+
+    @pytest.fixture(scope="module")
+    def running() -> Iterator[Cluster]:
+        with Cluster(hosts, pool_size, extra) as cluster:
+            yield cluster
+
+    return running
 
 
 async def wait_until(
