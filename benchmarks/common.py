@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from shuffled.config import DaemonConfig
+from shuffled.launch import DaemonProcess, stop_process
 from shuffled_client import AsyncClient
 from shuffled_client.aio import PartitionReader
 
@@ -233,7 +234,7 @@ class ScenarioResult:
 
 # --------------------------------------------------------------------------- processes
 
-_LIVE: set[ManagedProcess] = set()
+_LIVE: set[ManagedProcess | DaemonProcess] = set()
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -352,68 +353,24 @@ class ManagedProcess:
     def stop(self) -> None:
         """SIGTERM, wait a little, then SIGKILL; safe to call any number of times."""
         try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(STOP_TIMEOUT)
+            stop_process(self.proc, STOP_TIMEOUT)
         finally:
             _LIVE.discard(self)
 
 
 def stop_all() -> None:
     """Stop every child still running (end of run, error paths, interpreter exit)."""
-    for p in list(_LIVE):
+    while _LIVE:
+        p = _LIVE.pop()
         with contextlib.suppress(Exception):
             p.stop()
 
 
-class DaemonProcess(ManagedProcess):
-    """`python -m shuffled serve` on one loopback address; the port is picked by the daemon (port 0).
+def rss(pid: int) -> int:
+    """A process's resident memory in bytes."""
+    import psutil
 
-    With `profile` set, the daemon runs under cProfile and writes its stats there
-    when it stops (SIGTERM makes it exit normally, so the file is complete).
-    """
-
-    def __init__(
-        self,
-        host: str,
-        pool_size: int,
-        unix_socket: str | None = None,
-        profile: str | None = None,
-        extra: Sequence[str] = (),
-    ) -> None:
-        argv = [sys.executable, "-m"] + (["cProfile", "-o", profile, "-m"] if profile else [])
-        argv += ["shuffled", "serve", "--host", host, "--port", "0", "--metrics-port", "0"]
-        argv += ["--pool-size", f"{round_up_mib(pool_size) // MiB}M", "--log-level", "info"]
-        if unix_socket:
-            argv += ["--unix-socket", unix_socket]
-        if "--data-dir" not in extra:  # the default (data-dir auto) is a system directory that outlives the run
-            self._scratch = tempfile.TemporaryDirectory(prefix="shuffled-bench-")
-            argv += ["--data-dir", self._scratch.name]
-        argv += extra
-        super().__init__(f"daemon {host}", argv, r"\bready node=(\S+)", ready_on="stderr")
-        self.host = host
-        self.pool_size = round_up_mib(pool_size)
-        self.unix_socket = unix_socket
-
-    @property
-    def node(self) -> str:
-        """The address the daemon advertises (what readers put in `locations`)."""
-        assert self.ready_match is not None, "daemon not ready"
-        return self.ready_match.group(1)
-
-    @property
-    def unix_address(self) -> str:
-        assert self.unix_socket
-        return f"unix:{self.unix_socket}"
-
-    def rss(self) -> int:
-        import psutil
-
-        return int(psutil.Process(self.pid).memory_info().rss)
+    return int(psutil.Process(pid).memory_info().rss)
 
 
 def helper_process(module: str, *args: str) -> ManagedProcess:
@@ -502,25 +459,38 @@ class Context:
     ) -> AsyncIterator[list[DaemonProcess]]:
         """Start one daemon per pool size on 127.0.0.2, 127.0.0.3, ... (each with `extra` flags); stop them all."""
         started: list[DaemonProcess] = []
+        scratch = contextlib.ExitStack()  # data dirs: the default (data-dir auto) outlives the run
         try:
             for i, pool in enumerate(pools):
-                sock = None
+                host = f"127.0.0.{FIRST_HOST + i}"
+                flags = ["--log-level", "info"]
                 if unix:
                     self._unix_count += 1
-                    sock = str(self.tmp_dir / f"d{self._unix_count}.sock")
-                host = f"127.0.0.{FIRST_HOST + i}"
-                prof = str(self.out_dir / f"{self.scenario}-{host}.prof") if self.profile else None
-                d = DaemonProcess(host, pool, sock, prof, extra)
+                    flags += ["--unix-socket", str(self.tmp_dir / f"d{self._unix_count}.sock")]
+                if "--data-dir" not in extra:
+                    data_dir = scratch.enter_context(tempfile.TemporaryDirectory(prefix="shuffled-bench-"))
+                    flags += ["--data-dir", data_dir]
+                python = [sys.executable]
+                if self.profile:  # stats written when the daemon stops (SIGTERM makes it exit normally)
+                    python += ["-m", "cProfile", "-o", str(self.out_dir / f"{self.scenario}-{host}.prof")]
+                size = f"{round_up_mib(pool) // MiB}M"
+                d = DaemonProcess(
+                    host, 0, size, [*flags, *extra], interpreter=python, env=_child_env(), preexec=_PREEXEC
+                )
+                _LIVE.add(d)
                 started.append(d)
-                await d.wait_ready()
-            self.progress("daemons " + ", ".join(f"{d.node} ({d.pool_size // MiB} MiB pool)" for d in started))
+                await asyncio.to_thread(d.wait_ready)
+            self.progress("daemons " + ", ".join(f"{d.addr} ({d.pool_size // MiB} MiB pool)" for d in started))
             yield started
         finally:
             for d in started:
                 code = d.proc.poll()
                 if code is not None:
-                    self.progress(f"daemon {d.host} had exited with code {code}; last output:\n{d.tail()}")
-                d.stop()
+                    tail = "".join(d.log[-60:])
+                    self.progress(f"daemon {d.host} had exited with code {code}; last output:\n{tail}")
+                d.stop(STOP_TIMEOUT)
+                _LIVE.discard(d)
+            scratch.close()
 
     @contextlib.asynccontextmanager
     async def client(self, address: str, pool_size: int = 4 * MiB) -> AsyncIterator[AsyncClient]:

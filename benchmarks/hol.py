@@ -123,10 +123,10 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     free: list[_Round] = []
     stalled: list[_Round] = []
     async with ctx.daemons(store_pool(total, READERS), relay_pool(READERS)) as (a, b):
-        async with ctx.client(a.node) as ca, ctx.client(b.node, pool_size=reader_client_pool(READERS)) as cb:
-            await warm_up_peer(ca, cb, a.node)
+        async with ctx.client(a.addr) as ca, ctx.client(b.addr, pool_size=reader_client_pool(READERS)) as cb:
+            await warm_up_peer(ca, cb, a.addr)
             await push(ca, APP, SHUFFLE, ATTEMPT, [per] * READERS)
-            locations = {a.node: [ATTEMPT]}
+            locations = {a.addr: [ATTEMPT]}
             await _round(cb, locations, per, stall=False, limit=limit)  # warm-up: pools, connections, caches
             for _ in bounded(ctx.repeats, ctx.pick(180.0, 20.0)):
                 free.append(await _round(cb, locations, per, stall=False, limit=limit))

@@ -63,12 +63,12 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     echo = await measure_echo(SIZE, count, seconds)
     ctx.progress(f"bare echo p50 {percentile(echo, 50):.0f} µs")
     async with ctx.daemons(store_pool(PARTITIONS * SEGMENT, PARTITIONS), DEFAULT_DAEMON_POOL) as (a, b):
-        async with ctx.client(a.node) as ca, ctx.client(b.node) as cb:
-            await warm_up_peer(ca, cb, a.node)
+        async with ctx.client(a.addr) as ca, ctx.client(b.addr) as cb:
+            await warm_up_peer(ca, cb, a.addr)
             await push(ca, APP, SHUFFLE, ATTEMPT, [SIZE] * PARTITIONS)
             local = await _time_reads(ca, {"": [ATTEMPT]}, count, seconds)
             ctx.progress(f"local read p50 {percentile(local, 50):.0f} µs")
-            remote = await _time_reads(cb, {a.node: [ATTEMPT]}, count, seconds)
+            remote = await _time_reads(cb, {a.addr: [ATTEMPT]}, count, seconds)
             ctx.progress(f"remote read p50 {percentile(remote, 50):.0f} µs")
 
     result.add("bare echo p50", percentile(echo, 50), "µs")

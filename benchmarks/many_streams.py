@@ -52,13 +52,13 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     bare = await ctx.bare_throughput()
     rates: dict[int, list[float]] = {}
     async with ctx.daemons(store_pool(total, most), relay_pool(most)) as (a, b):
-        async with ctx.client(a.node) as ca, ctx.client(b.node, pool_size=reader_client_pool(most)) as cb:
-            await warm_up_peer(ca, cb, a.node)
+        async with ctx.client(a.addr) as ca, ctx.client(b.addr, pool_size=reader_client_pool(most)) as cb:
+            await warm_up_peer(ca, cb, a.addr)
             cpu = CpuMeter({"A": a.pid, "B": b.pid, "client": None})
             for shuffle, streams in enumerate(counts, start=1):
                 per = total // streams
                 await push(ca, APP, shuffle, shuffle, [per] * streams)
-                locations = {a.node: [shuffle]}
+                locations = {a.addr: [shuffle]}
                 samples: list[float] = []
                 finish: list[float] = []
                 for _ in bounded(ctx.repeats, ctx.pick(120.0, 15.0)):

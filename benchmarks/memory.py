@@ -27,6 +27,7 @@ from .common import (
     push,
     reader_client_pool,
     require,
+    rss,
 )
 
 APP = "bench-memory"
@@ -44,15 +45,15 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     rounds = math.ceil(10 * pool / (per * PARTITIONS))
     keys = ("A (stores)", "B (relays)")
     async with ctx.daemons(pool, pool) as (a, b):
-        async with ctx.client(a.node) as ca, ctx.client(b.node, pool_size=reader_client_pool(PARTITIONS)) as cb:
-            idle = {keys[0]: a.rss() / MiB, keys[1]: b.rss() / MiB}
+        async with ctx.client(a.addr) as ca, ctx.client(b.addr, pool_size=reader_client_pool(PARTITIONS)) as cb:
+            idle = {keys[0]: rss(a.pid) / MiB, keys[1]: rss(b.pid) / MiB}
             moved = done = 0
             t0 = time.perf_counter()
-            with RssSampler({keys[0]: a.pid, keys[1]: b.pid}, SAMPLE_INTERVAL) as rss:
+            with RssSampler({keys[0]: a.pid, keys[1]: b.pid}, SAMPLE_INTERVAL) as sampler:
                 for r in bounded(rounds, ctx.pick(240.0, 30.0)):
                     shuffle = r + 1
                     await push(ca, APP, shuffle, shuffle, [per] * PARTITIONS)
-                    locations = {a.node: [shuffle]}
+                    locations = {a.addr: [shuffle]}
                     got = await asyncio.gather(
                         *(drain(cb.read(APP, shuffle, p, p + 1, locations)) for p in range(PARTITIONS))
                     )
@@ -63,20 +64,20 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                     moved += sum(got)
                     done += 1
                     if done == 1:
-                        after_first = {keys[0]: a.rss() / MiB, keys[1]: b.rss() / MiB}
+                        after_first = {keys[0]: rss(a.pid) / MiB, keys[1]: rss(b.pid) / MiB}
                     if (r + 1) % 5 == 0:
                         ctx.progress(
-                            f"round {r + 1}/{rounds}: {moved // MiB} MiB moved, RSS A {rss.peak(keys[0]):.0f} MiB, "
-                            f"B {rss.peak(keys[1]):.0f} MiB (peaks)"
+                            f"round {r + 1}/{rounds}: {moved // MiB} MiB moved, RSS A {sampler.peak(keys[0]):.0f} MiB, "
+                            f"B {sampler.peak(keys[1]):.0f} MiB (peaks)"
                         )
             elapsed = time.perf_counter() - t0
-            at_end = {keys[0]: a.rss() / MiB, keys[1]: b.rss() / MiB}
+            at_end = {keys[0]: rss(a.pid) / MiB, keys[1]: rss(b.pid) / MiB}
 
     pool_mib = pool / MiB
     for key in keys:
         result.add(
             f"peak RSS {key}",
-            rss.peak(key),
+            sampler.peak(key),
             "MiB",
             baseline_name="pool",
             baseline=pool_mib,
@@ -97,7 +98,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             f"Daemon RSS while {moved // MiB} MiB move through a {pool // MiB} MiB pool",
             "seconds",
             "RSS (MiB)",
-            lines=dict(rss.series),
+            lines=dict(sampler.series),
             hlines={"pool": pool_mib, "pool + 100 MB (goal)": pool_mib + OVERHEAD_MIB},
         )
     )

@@ -46,8 +46,8 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     bare_relay = await measure_baseline(ctx, relay=True)
     ctx.progress(f"bare relay {bare_relay.mib_s:,.0f} MiB/s")
     async with ctx.daemons(store_pool(nbytes), DEFAULT_DAEMON_POOL) as (a, b):
-        async with ctx.client(a.node) as ca, ctx.client(b.node) as cb:
-            await warm_up_peer(ca, cb, a.node)
+        async with ctx.client(a.addr) as ca, ctx.client(b.addr) as cb:
+            await warm_up_peer(ca, cb, a.addr)
             t0 = time.perf_counter()
             await push(ca, APP, SHUFFLE, ATTEMPT, [nbytes])
             push_rate = mib_per_s(nbytes, time.perf_counter() - t0)
@@ -58,7 +58,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             cpu = CpuMeter({"A": a.pid, "B": b.pid, "client": None})
             for _ in bounded(ctx.repeats, ctx.pick(120.0, 20.0)):
                 for kind, samples, client, locations in (
-                    ("relayed read", remote, cb, {a.node: [ATTEMPT]}),
+                    ("relayed read", remote, cb, {a.addr: [ATTEMPT]}),
                     ("local read", local, ca, {"": [ATTEMPT]}),
                 ):
                     t0 = time.perf_counter()

@@ -37,7 +37,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     bare = await ctx.bare_throughput()
     rates: dict[str, list[float]] = {"TCP": [], "Unix socket": []}
     async with ctx.daemons(store_pool(nbytes), unix=True) as (a,):
-        async with ctx.client(a.node) as tcp, ctx.client(a.unix_address) as unix:
+        async with ctx.client(a.addr) as tcp, ctx.client(f"unix:{a.ready_field('unix')}") as unix:
             shuffle = 1
             t0 = time.perf_counter()
             await push(tcp, APP, shuffle, shuffle, [nbytes])

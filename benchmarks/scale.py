@@ -45,7 +45,7 @@ def _spilled(daemons: list[DaemonProcess]) -> list[int]:
     """Bytes each daemon has written to its spill files so far."""
     out = []
     for d in daemons:
-        with Client(d.node, timeout=10) as client:
+        with Client(d.addr, timeout=10) as client:
             out.append(int(client.stats()["disk"]["spilled_bytes"]))
     return out
 
@@ -56,7 +56,7 @@ async def _plugin_session(
     async with ctx.daemons(pool, pool) as daemons:
         pids = {f"{setup}: {d.host}": d.pid for d in daemons}
         with RssSampler(pids, 0.5) as rss:
-            out = await run_session(ctx, "plugin", rows, ",".join(d.node for d in daemons), jar, queries, _EXTRA)
+            out = await run_session(ctx, "plugin", rows, ",".join(d.addr for d in daemons), jar, queries, _EXTRA)
         out["spilled"] = await asyncio.to_thread(_spilled, daemons)
         for key in pids:
             result.add(

@@ -73,7 +73,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         for setup in order:
             used = daemons[: {BUILTIN: 0, ONE: 1, TWO: 2}[setup]]
             mode = "builtin" if setup == BUILTIN else "plugin"
-            out = await run_session(ctx, mode, rows, ",".join(d.node for d in used), jar, chosen)
+            out = await run_session(ctx, mode, rows, ",".join(d.addr for d in used), jar, chosen)
             out["setup"] = setup
             runs.append(out)
             times = ", ".join(f"{q} {v['seconds']:.1f}s" for q, v in out["queries"].items())

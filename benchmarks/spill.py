@@ -70,7 +70,7 @@ async def _shuffle(ctx: Context, pool: int, nbytes: int, data_dir: Path | None) 
     per = nbytes // MAPS // PARTITIONS
     out: dict[str, float] = {}
     async with ctx.daemons(pool, extra=extra) as (d,):
-        async with ctx.client(d.node) as writer, ctx.client(d.node, reader_client_pool(PARTITIONS)) as reader:
+        async with ctx.client(d.addr) as writer, ctx.client(d.addr, reader_client_pool(PARTITIONS)) as reader:
             t0 = time.perf_counter()
             stored = await asyncio.gather(
                 *(push(writer, APP, 1, m + 1, [per] * PARTITIONS, map_index=m) for m in range(MAPS))

@@ -4,46 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from contextlib import closing
 
 from shuffled_client import AsyncClient
+
+from .launch import DaemonProcess, free_port
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 
 
-def _free_port() -> int:
-    for _ in range(50):
-        with closing(socket.socket()) as s:
-            s.bind((HOSTS[0], 0))
-            port = int(s.getsockname()[1])
-        try:
-            with closing(socket.socket()) as t:
-                t.bind((HOSTS[1], port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port on both loopback addresses")
-
-
-def _start(host: str, port: int, peers: str, data_dir: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", "256M"]
-    cmd += ["--metrics-port", "0", "--data-dir", data_dir]
-    proc = subprocess.Popen([*cmd, "--peers", peers], stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 30
-    for line in proc.stderr:
+def _start(host: str, port: int, peers: str, data_dir: str) -> DaemonProcess:
+    """A ready daemon, its start-up lines echoed: the demo shows what a daemon says about itself."""
+    daemon = DaemonProcess(host, port, "256M", ["--data-dir", data_dir, "--peers", peers]).wait_ready()
+    for line in daemon.log[: daemon.log.index(daemon.ready_line) + 1]:
         print(f"  [{host}] {line.rstrip()}")
-        if " msg=ready " in line:
-            return proc
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError(f"daemon on {host}:{port} did not start")
+    return daemon
 
 
 def _block(attempt: int, partition: int, size: int) -> bytes:
@@ -104,14 +80,14 @@ async def _run(addrs: list[str], maps: int, partitions: int, total: int) -> None
 
 
 def run_demo(maps: int, partitions: int, megabytes: int, spark: bool = False) -> int:
-    port = _free_port()
+    port = free_port(list(HOSTS))
     addrs = [f"{h}:{port}" for h in HOSTS]
-    procs = []
+    daemons: list[DaemonProcess] = []
     # The demo's data goes away with it (a daemon's default data dir outlives it, for restarts).
     scratch = tempfile.TemporaryDirectory(prefix="shuffled-demo-")
     try:
         for h in HOSTS:
-            procs.append(_start(h, port, ",".join(addrs), os.path.join(scratch.name, h)))
+            daemons.append(_start(h, port, ",".join(addrs), os.path.join(scratch.name, h)))
         import uvloop
 
         uvloop.run(asyncio.wait_for(_run(addrs, maps, partitions, megabytes << 20), 300))
@@ -122,11 +98,6 @@ def run_demo(maps: int, partitions: int, megabytes: int, spark: bool = False) ->
             run_spark_demo(addrs)
         return 0
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for d in daemons:
+            d.stop()
         scratch.cleanup()

@@ -5,24 +5,17 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import closing
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shuffled_client import AsyncClient
+import pytest
 
-READY_TIMEOUT = 30.0
+from shuffled.launch import DaemonProcess, free_port
+from shuffled_client import AsyncClient
 
 #: the test run's data dirs (the daemons' default, data-dir auto, is a system directory that outlives the run)
 _DATA_ROOT = Path(tempfile.mkdtemp(prefix="shuffled-test-data-"))
@@ -37,51 +30,6 @@ def daemon_data_dir(host: str, port: int) -> str:
     return str(_DATA_ROOT / f"{host}-{port}")
 
 
-def free_port(hosts: list[str]) -> int:
-    """A TCP port that is free on every one of these loopback addresses."""
-    for _ in range(50):
-        with closing(socket.socket()) as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        try:
-            for h in hosts:
-                with closing(socket.socket()) as t:
-                    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    t.bind((h, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no common free port")
-
-
-@dataclass
-class DaemonProcess:
-    host: str
-    port: int
-    proc: subprocess.Popen[str]
-    pool_size: int
-    log: list[str] = field(default_factory=list)
-    #: host:port of the /metrics, /healthz and /readyz endpoint (from the ready line)
-    http: str = ""
-
-    @property
-    def addr(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 def start_daemon(
     host: str,
     port: int,
@@ -89,42 +37,20 @@ def start_daemon(
     extra: list[str] | None = None,
     preexec: Callable[[], None] | None = None,
 ) -> DaemonProcess:
-    cmd = [sys.executable, "-m", "shuffled", "serve", "--host", host, "--port", str(port), "--pool-size", pool_size]
-    cmd += ["--metrics-port", "0"]  # several daemons (and test runs) share loopback hosts
-    if not any(a == "--data-dir" for a in extra or []):
-        cmd += ["--data-dir", daemon_data_dir(host, port)]
-    return launch_daemon(cmd + (extra or []), host, port, pool_size, preexec)
-
-
-def launch_daemon(
-    cmd: list[str], host: str, port: int, pool_size: str, preexec: Callable[[], None] | None = None
-) -> DaemonProcess:
-    """Runs a daemon command line (maybe wrapped, e.g. in ``ip netns exec``) and waits for its ready line."""
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=preexec)
-    assert proc.stderr is not None
-    d = DaemonProcess(host, port, proc, int(pool_size.rstrip("M")) << 20)
-    ready = threading.Event()
-
-    def drain() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            d.log.append(line)
-            if " msg=ready " in line or '"msg": "ready"' in line:  # --log-format kv or json
-                m = re.search(r'\bhttp(?:=|": ")([^\s"]+)', line)
-                d.http = m.group(1) if m else ""
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not ready.wait(READY_TIMEOUT) or proc.poll() is not None:
-        proc.kill()
-        raise RuntimeError(f"daemon on {host}:{port} did not start:\n{''.join(d.log)}")
-    return d
+    """A ready daemon with the test run's data dir for its address, unless the test names one."""
+    flags = extra or []
+    if "--data-dir" not in flags:
+        flags = ["--data-dir", daemon_data_dir(host, port), *flags]
+    return DaemonProcess(host, port, pool_size, flags, preexec=preexec).wait_ready()
 
 
 class Cluster:
-    def __init__(self, n: int, pool_size: str = "64M", extra: list[str] | None = None) -> None:
-        hosts = [f"127.0.0.{i + 1}" for i in range(n)]
+    """Daemons that are each other's peers, one per loopback address (``n`` of them: 127.0.0.1 upwards),
+    all on one port; stopped on leaving a ``with`` block."""
+
+    def __init__(self, hosts: int | list[str], pool_size: str = "64M", extra: list[str] | None = None) -> None:
+        if isinstance(hosts, int):
+            hosts = [f"127.0.0.{i + 1}" for i in range(hosts)]
         port = free_port(hosts)
         peers = ",".join(f"{h}:{port}" for h in hosts)
         self.daemons: list[DaemonProcess] = []
@@ -138,6 +64,24 @@ class Cluster:
     def stop(self) -> None:
         for d in self.daemons:
             d.stop()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def cluster_fixture(hosts: int | list[str], pool_size: str = "64M", extra: list[str] | None = None) -> Any:
+    """A module-scoped fixture of a running `Cluster`, named by the test module's assignment
+    (``pair = cluster_fixture(2)``): the daemons start once per module, as starting them takes a second."""
+
+    @pytest.fixture(scope="module")
+    def running() -> Iterator[Cluster]:
+        with Cluster(hosts, pool_size, extra) as cluster:
+            yield cluster
+
+    return running
 
 
 async def wait_until(

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster import DaemonProcess, launch_daemon
+from shuffled.launch import DaemonProcess
 
 DAEMON_PORT = 7337
 
@@ -159,12 +159,12 @@ class Hosts:
         """``shuffled serve`` inside ``host``: on every address of the namespace, the host address
         advertised, every host's daemon a peer; stopped when the hosts go."""
         peers = ",".join(h.daemon_addr for h in self.hosts)
-        argv = [sys.executable, "-m", "shuffled", "serve", "--host", "0.0.0.0", "--port", str(DAEMON_PORT)]
-        argv += ["--advertise", host.daemon_addr, "--peers", peers, "--pool-size", pool_size, "--metrics-port", "0"]
-        argv += ["--data-dir", str(self.data_dir(host)), *(extra or [])]
-        daemon = launch_daemon(host.argv(*argv), host.addr, DAEMON_PORT, pool_size)
+        flags = ["--advertise", host.daemon_addr, "--peers", peers, "--data-dir", str(self.data_dir(host))]
+        daemon = DaemonProcess(
+            "0.0.0.0", DAEMON_PORT, pool_size, [*flags, *(extra or [])], interpreter=host.argv(sys.executable)
+        )
         host.procs.append(daemon.proc)
-        return daemon
+        return daemon.wait_ready()
 
     @contextlib.contextmanager
     def spark_cluster(self) -> Iterator[str]:

@@ -13,7 +13,7 @@ import pytest
 from shuffled import spark_jar
 from shuffled_client import Client
 from tests import spark_jobs
-from tests.cluster import DaemonProcess, free_port, start_daemon
+from tests.cluster import Cluster, DaemonProcess, start_daemon
 from tests.jvm import needs_jdk
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[test]')")
@@ -33,16 +33,8 @@ def plugin_conf(jar: Path, daemons: list[DaemonProcess], daemon_choice: str) -> 
 @contextmanager
 def spark_daemons(hosts: list[str], pool_size: str = "128M") -> Iterator[list[DaemonProcess]]:
     """Daemons on these loopback addresses, one port, each told about the others."""
-    port = free_port(hosts)
-    peers = ",".join(f"{h}:{port}" for h in hosts)
-    daemons: list[DaemonProcess] = []
-    try:
-        for host in hosts:
-            daemons.append(start_daemon(host, port, pool_size, ["--peers", peers]))
-        yield daemons
-    finally:
-        for d in daemons:
-            d.stop()
+    with Cluster(hosts, pool_size) as cluster:
+        yield cluster.daemons
 
 
 def restart(daemon: DaemonProcess, peers: list[DaemonProcess]) -> DaemonProcess:

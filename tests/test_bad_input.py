@@ -4,7 +4,6 @@ connection, everyone else keeps being served, every buffer returns to the pool."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,16 +22,12 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, payload, pool_settled
+from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
 
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.fixture(scope="module")
-def one() -> Iterator[Cluster]:
-    c = Cluster(1, pool_size="32M")
-    yield c
-    c.stop()
+one = cluster_fixture(1, pool_size="32M")
 
 
 class Raw:

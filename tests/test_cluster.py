@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from shuffled_client import AsyncClient, PartitionNotFound, PeerUnavailable
 from shuffled_client.aio import ReadChunk
-from tests.cluster import Cluster, payload, pool_settled
+from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
 
 pytestmark = pytest.mark.asyncio
 
@@ -22,11 +21,7 @@ SEG = 32 << 10
 SIZES = [0, 7, SEG, 3 * SEG + 5, 100_000, 1]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(3)
-    yield c
-    c.stop()
+cluster = cluster_fixture(3)
 
 
 async def _connect_all(cluster: Cluster) -> list[AsyncClient]:

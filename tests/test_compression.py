@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from shuffled.protocol.compression import LZ4, OVERHEAD, STORED, compress_in_place, decompress
 from shuffled.protocol.errors import CorruptData
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, pool_settled
+from tests.cluster import Cluster, cluster_fixture, pool_settled
 
 SEGMENT = 32 << 10
 
@@ -45,11 +44,7 @@ def test_anything_else_is_corrupt_data(block: bytes) -> None:
         decompress(memoryview(block))
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Cluster]:
-    c = Cluster(2)
-    yield c
-    c.stop()
+pair = cluster_fixture(2)
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import pytest_asyncio
@@ -25,7 +25,7 @@ import pytest_asyncio
 from shuffled.protocol.errors import ConnectionLost, CorruptData, ErrorCode, ShuffledError, TimedOut
 from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, DaemonProcess, payload, pool_settled
+from tests.cluster import Cluster, DaemonProcess, cluster_fixture, payload, pool_settled
 from tests.faultproxy import FaultProxy, Mark
 
 pytestmark = pytest.mark.asyncio
@@ -36,11 +36,7 @@ SIZE = 1 << 20  # per partition: 32 buffers of 32 KiB
 PARTS = 2
 
 
-@pytest.fixture(scope="module")
-def trio() -> Iterator[Cluster]:
-    c = Cluster(3, pool_size="32M", extra=["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10"])
-    yield c
-    c.stop()
+trio = cluster_fixture(3, pool_size="32M", extra=["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10"])
 
 
 @pytest_asyncio.fixture

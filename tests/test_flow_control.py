@@ -8,13 +8,12 @@ import hashlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from shuffled.config import DaemonConfig
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, payload, pool_settled, rss, wait_until
+from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, rss, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,11 +22,7 @@ DEFAULTS = DaemonConfig()
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Cluster]:
-    c = Cluster(2, pool_size="64M")
-    yield c
-    c.stop()
+pair = cluster_fixture(2, pool_size="64M")
 
 
 async def _push_partitions(client: AsyncClient, shuffle: int, attempt: int, sizes: list[int]) -> None:

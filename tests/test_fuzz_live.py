@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode, LimitExceeded
 from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, payload, pool_settled, secret_flags
+from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, secret_flags
 from tests.fuzzing import APPS, CLOSE_BOUND, HalfOpen, check_recycled, fuzz, half_open
 from tests.test_bad_input import Raw
 
@@ -28,11 +27,7 @@ pytestmark = pytest.mark.asyncio
 FRAMES = int(os.environ.get("SHUFFLED_FUZZ_FRAMES", "100000"))
 
 
-@pytest.fixture(scope="module")
-def target() -> Iterator[Cluster]:
-    c = Cluster(1, pool_size="32M")
-    yield c
-    c.stop()
+target = cluster_fixture(1, pool_size="32M")
 
 
 async def _bystander(

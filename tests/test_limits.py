@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, free_port, pool_settled, start_daemon, wait_until
+from tests.cluster import Cluster, cluster_fixture, free_port, pool_settled, start_daemon, wait_until
 from tests.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
@@ -43,11 +43,7 @@ LIMITS = {
 }
 
 
-@pytest.fixture(scope="module")
-def limited() -> Iterator[Cluster]:
-    c = Cluster(1, pool_size="16M", extra=[x for kv in LIMITS.items() for x in kv])
-    yield c
-    c.stop()
+limited = cluster_fixture(1, pool_size="16M", extra=[x for kv in LIMITS.items() for x in kv])
 
 
 def _addr(c: Cluster) -> str:

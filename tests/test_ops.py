@@ -7,7 +7,6 @@ import asyncio
 import json
 import signal
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from shuffled_client import AsyncClient, ConnectionLost, PartitionNotFound, Shuf
 from tests.cluster import (
     Cluster,
     DaemonProcess,
+    cluster_fixture,
     free_port,
     http_get,
     metric_samples,
@@ -31,11 +31,7 @@ KiB = 1 << 10
 SEGMENT = 32 * KiB
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Cluster]:
-    c = Cluster(2, pool_size="64M")
-    yield c
-    c.stop()
+pair = cluster_fixture(2, pool_size="64M")
 
 
 async def _scrape(d: DaemonProcess) -> dict[str, float]:

@@ -15,7 +15,7 @@ from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode, PeerUnavailable
 from shuffled.protocol.frames import ErrorResponse, Hello, Role
 from shuffled_client import AsyncClient
-from tests.cluster import DaemonProcess, free_port, payload, start_daemon
+from tests.cluster import Cluster, DaemonProcess, free_port, payload, start_daemon
 from tests.test_bad_input import Raw
 
 pytestmark = [
@@ -55,12 +55,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def tls_pair(pki: dict[str, Path]) -> Iterator[list[DaemonProcess]]:
-    port, tls_port = free_port(HOSTS), free_port(HOSTS)
-    peers = ",".join(f"{h}:{port}" for h in HOSTS)
-    daemons = [start_daemon(h, port, "16M", ["--peers", peers, *tls_flags(pki, tls_port)]) for h in HOSTS]
-    yield daemons
-    for d in daemons:
-        d.stop()
+    with Cluster(HOSTS, "16M", tls_flags(pki, free_port(HOSTS))) as cluster:
+        yield cluster.daemons
 
 
 async def test_relayed_read_over_tls(tls_pair: list[DaemonProcess]) -> None:

@@ -5,7 +5,7 @@ streams on 127.0.0.6) lets the tests send exactly the bytes a broken peer would.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,7 +24,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, DaemonProcess, pool_settled
+from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled
 from tests.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
@@ -32,13 +32,11 @@ pytestmark = pytest.mark.asyncio
 SEG = 32 << 10
 
 
-@pytest.fixture(scope="module")
-def small() -> Iterator[Cluster]:
-    # 64 segments, 8 of them the read reserve; one connection of one application may fill them (a quarter, 14,
-    # is less than a window)
-    c = Cluster(1, pool_size="2M", extra=["--push-share-per-connection", "1", "--push-share-per-application", "1"])
-    yield c
-    c.stop()
+# 64 segments, 8 of them the read reserve; one connection of one application may fill them (a quarter, 14,
+# is less than a window)
+small = cluster_fixture(
+    1, pool_size="2M", extra=["--push-share-per-connection", "1", "--push-share-per-application", "1"]
+)
 
 
 async def _settled_empty(d: DaemonProcess) -> dict[str, Any]:

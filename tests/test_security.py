@@ -33,7 +33,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled_client import AsyncClient
-from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
+from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.test_bad_input import Raw
 
 SECRET = "s3cret-of-the-cluster"
@@ -62,13 +62,8 @@ def secrets(secret_file: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def pair(secrets: list[str]) -> Iterator[list[DaemonProcess]]:
     """Two daemons sharing the cluster and peer secrets, each told about the other."""
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    port = free_port(hosts)
-    peers = ",".join(f"{h}:{port}" for h in hosts)
-    daemons = [start_daemon(h, port, "16M", [*secrets, "--peers", peers]) for h in hosts]
-    yield daemons
-    for d in daemons:
-        d.stop()
+    with Cluster(2, "16M", secrets) as cluster:
+        yield cluster.daemons
 
 
 def _logged(d: DaemonProcess, text: str) -> bool:
