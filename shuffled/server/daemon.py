@@ -73,7 +73,7 @@ class Daemon:
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
-        self.peers = PeerManager(self)
+        self.peers: PeerManager[DaemonConnection] = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
@@ -109,6 +109,28 @@ class Daemon:
         self._housekeeping: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
 
+    async def dial_peer(self, addr: str, host: str, port: int) -> DaemonConnection:
+        """A connection to daemon `addr` at `host`:`port` (its peer TLS port with peer TLS) once the
+        handshake is done; the PeerManager decides when to dial and what a failure means."""
+        cfg = self.config
+        tls = self.peer_tls[1] if self.peer_tls is not None else None
+        _, conn = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                lambda: DaemonConnection(self, dialed=addr, tls=tls is not None),
+                host,
+                cfg.peer_tls_port if tls is not None else port,
+                ssl=tls,
+                server_hostname=host if tls is not None else None,
+            ),
+            cfg.connect_timeout,
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
+        except BaseException:
+            conn.close("handshake did not complete")
+            raise
+        return conn
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
@@ -136,7 +158,7 @@ class Daemon:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
-        self._watchdog = asyncio.create_task(watch(self))
+        self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
         if self.secret is None:
             event(
