@@ -7,6 +7,7 @@ prints it and the metrics endpoint turns it into Prometheus metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -278,7 +279,8 @@ class Daemon:
                 for d in shuffles.values()
                 if d.segments and not d.open and now - d.last_commit > cfg.flush_after
             ]
-            await self.spiller.flush(idle)
+            with contextlib.suppress(StorageError):  # the spiller logged it; the next round tries again
+                await self.spiller.flush(idle)
         self.spiller.check()
         await self.spiller.reclaim()
         for conn in list(self.connections):
@@ -310,10 +312,13 @@ class Daemon:
         if self.disk is None:
             return
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
-        written = await self.spiller.flush(shuffles)
+        try:
+            written, complete = await self.spiller.flush(shuffles), True
+        except StorageError:  # the spiller logged it; what was written before is still synced
+            written, complete = 0, False
         await self.disk.sync()
         self.disk.close()
-        event(log, "persisted", shuffles=len(shuffles), bytes_written=max(written, 0), complete=written >= 0)
+        event(log, "persisted", shuffles=len(shuffles), bytes_written=written, complete=complete)
 
     # -- admin operations (clients, peers, CLI)
 
@@ -428,9 +433,10 @@ class Daemon:
             raise InvalidRequest("this daemon has no --data-dir to flush to")
         shuffles = self.store.apps.get(app, {})
         chosen = [d for s, d in shuffles.items() if shuffle is None or s == shuffle]
-        written = await self.spiller.flush(chosen)
-        if written < 0:
-            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory")
+        try:
+            written = await self.spiller.flush(chosen)
+        except StorageError as exc:
+            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
         return {"flushed_bytes": written}
 
     async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:
