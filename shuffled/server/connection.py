@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ..logs import event
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
-from ..net.streams import BufferResponseStream, Chunk
+from ..net.streams import BufferResponseStream
 from ..protocol.auth import AcceptorAuth, DialerAuth
 from ..protocol.codec import (
     encode,
@@ -69,6 +69,7 @@ from ..protocol.frames import (
     PushData,
     Role,
 )
+from .chunks import Chunk
 from .feed import DiskFedStream
 from .peers import PeerManager, split_address
 from .pushing import PushSession

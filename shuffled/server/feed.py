@@ -22,8 +22,9 @@ from collections import deque
 from collections.abc import Callable
 
 from ..buffers import Buffer
-from ..net.streams import BufferResponseStream, Chunk
+from ..net.streams import BufferResponseStream
 from ..protocol.errors import CorruptData, PartitionNotFound, ShuffledError
+from .chunks import Chunk
 from .services import Services
 from .store import DiskChunk
 

@@ -22,11 +22,12 @@ from ..buffers import LocalPool
 from ..logs import event
 from ..net.channel import InputChannel, PooledFloating
 from ..net.sender import Sender
-from ..net.streams import BufferResponseStream, Chunk
+from ..net.streams import BufferResponseStream
 from ..protocol.codec import encode_cancel
 from ..protocol.credit import ChannelCredit
 from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
+from .chunks import Chunk
 from .services import Services
 
 log = logging.getLogger("shuffled.read")
