@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shuffled.buffers import Buffer, GlobalPool
-from shuffled.net.streams import Chunk
+from shuffled.server.chunks import Chunk
 from shuffled.server.disk import SpillFile
 from shuffled.server.store import DiskChunk, MapOutput, MapState, Store, StoredChunk, Subpartition
 

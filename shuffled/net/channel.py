@@ -13,7 +13,7 @@ from ..protocol.credit import ChannelCredit, FloatingPool, SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ..protocol.frames import BufferKind, BufferResponse
 from ..protocol.integrity import checksum
-from .streams import Chunk
+from ..server.chunks import Chunk
 
 
 class PooledFloating(FloatingPool):

@@ -1,9 +1,8 @@
-"""The two kinds of outbound data stream and the chunk they carry."""
+"""The two kinds of outbound data stream."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -19,18 +18,8 @@ from ..protocol.frames import (
     pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
+from ..server.chunks import Chunk
 from .sender import Outbound
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Bytes of one map attempt for one reduce partition; while queued it holds one reference on `buffer`."""
-
-    buffer: Buffer
-    partition: int
-    attempt: int
-    #: CRC32C of the bytes, as the writer computed it (a writer's own chunks get theirs when pushed)
-    crc: int = 0
 
 
 class BufferResponseStream(Outbound):

@@ -16,10 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from ..server.daemon import Daemon
+from .metrics import DaemonMetrics
 
 T = TypeVar("T")
 
@@ -31,8 +30,19 @@ class LoopStalled(Exception):
     pass
 
 
+class Observed(Protocol):
+    """What the endpoints read of the daemon (which is one): this module stays below the server's."""
+
+    @property
+    def metrics(self) -> DaemonMetrics: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def readiness(self) -> list[str]: ...
+
+
 class OpsServer:
-    def __init__(self, daemon: Daemon, host: str, port: int, stall_timeout: float) -> None:
+    def __init__(self, daemon: Observed, host: str, port: int, stall_timeout: float) -> None:
         self.daemon = daemon
         self.stall_timeout = stall_timeout
         self.heartbeat = time.monotonic()

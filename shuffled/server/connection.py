@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..logs import event
 from ..net.connection import FrameConnection, release_payload
 from ..net.soon import Soon
-from ..net.streams import BufferResponseStream, Chunk
+from ..net.streams import BufferResponseStream
 from ..protocol.auth import AcceptorAuth, DialerAuth
 from ..protocol.codec import (
     encode,
@@ -68,15 +69,14 @@ from ..protocol.frames import (
     PushData,
     Role,
 )
+from .chunks import Chunk
 from .feed import DiskFedStream
-from .peers import split_address
+from .peers import PeerManager, split_address
 from .pushing import PushSession
 from .reading import InputGate, RemoteInputChannel
+from .services import Services
 from .shares import Share
 from .watchdog import tune_socket
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 log = logging.getLogger("shuffled.conn")
 
@@ -91,8 +91,39 @@ def _unix_peer(sock: Any) -> str:
     return f"unix pid {pid}"
 
 
+class Host(Services, Protocol):
+    """The daemon as its connections see it (`Daemon` is one): its services, who it is, whom it
+    trusts, its other connections and peers, and its admin operations."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def secret(self) -> bytes | None: ...
+
+    @property
+    def peer_secret(self) -> bytes | None: ...
+
+    @property
+    def peer_tls(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def connections(self) -> set[DaemonConnection]: ...
+
+    @property
+    def peers(self) -> PeerManager[DaemonConnection]: ...
+
+    @property
+    def background(self) -> set[asyncio.Task[Any]]: ...
+
+    async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]: ...
+
+
 class DaemonConnection(FrameConnection):
-    def __init__(self, daemon: Daemon, dialed: str | None = None, tls: bool = False) -> None:
+    def __init__(self, daemon: Host, dialed: str | None = None, tls: bool = False) -> None:
         cfg = daemon.config
         super().__init__(max_payload=cfg.segment_size, high=cfg.high_watermark, low=cfg.low_watermark)
         self.daemon = daemon
@@ -529,7 +560,7 @@ class DaemonConnection(FrameConnection):
         stream.relayed = bool(remote)
         self.served[rid] = stream
         if remote:
-            gate = InputGate(self, stream, req, remote, local_pending=bool(on_disk))
+            gate = InputGate(self, stream, req, remote, daemon, daemon.peers, local_pending=bool(on_disk))
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
         elif not on_disk:
@@ -615,7 +646,7 @@ class DaemonConnection(FrameConnection):
             self.send_error(req.writer, exc)
             return
         store.bind(req.app, req.token)
-        session = PushSession(self, req, out)
+        session = PushSession(self, req, out, self.daemon)
         self.pushes[req.writer] = session
         session.task = asyncio.create_task(session.start())
 

@@ -13,13 +13,29 @@ whole microseconds there).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .connection import DaemonConnection
+from ..net.sender import Outbound, Sender
 
 ROLES = ("client", "peer")
+
+
+class Traffic(Protocol):
+    """What the counters read of a connection (the daemon's connections are these)."""
+
+    @property
+    def role_label(self) -> str | None: ...
+
+    @property
+    def sender(self) -> Sender: ...
+
+    @property
+    def bytes_received(self) -> int: ...
+
+    @property
+    def served(self) -> Mapping[int, Outbound]: ...
 
 
 def _per_role() -> dict[str, int]:
@@ -56,7 +72,7 @@ class Counters:
     paused_seconds: dict[str, float] = field(default_factory=_seconds_per_role)
     zero_credit_seconds: dict[str, float] = field(default_factory=_seconds_per_role)
 
-    def fold(self, conn: DaemonConnection) -> None:
+    def fold(self, conn: Traffic) -> None:
         """A connection closed: keep what it counted."""
         role = conn.role_label
         if role is None:
@@ -67,7 +83,7 @@ class Counters:
         self.paused_seconds[role] += sender.paused_seconds
         self.zero_credit_seconds[role] += sender.zero_credit_seconds
 
-    def totals(self, conns: list[DaemonConnection], now: float) -> dict[str, Any]:
+    def totals(self, conns: Iterable[Traffic], now: float) -> dict[str, Any]:
         """Closed connections' totals plus what the open ones counted so far."""
         sent, received = dict(self.sent_bytes), dict(self.received_bytes)
         paused, zero = dict(self.paused_seconds), dict(self.zero_credit_seconds)

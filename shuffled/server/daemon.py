@@ -7,6 +7,7 @@ prints it and the metrics endpoint turns it into Prometheus metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -73,7 +74,7 @@ class Daemon:
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
-        self.peers = PeerManager(self)
+        self.peers: PeerManager[DaemonConnection] = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
         self.node = config.advertise or ""
@@ -109,6 +110,28 @@ class Daemon:
         self._housekeeping: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
 
+    async def dial_peer(self, addr: str, host: str, port: int) -> DaemonConnection:
+        """A connection to daemon `addr` at `host`:`port` (its peer TLS port with peer TLS) once the
+        handshake is done; the PeerManager decides when to dial and what a failure means."""
+        cfg = self.config
+        tls = self.peer_tls[1] if self.peer_tls is not None else None
+        _, conn = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                lambda: DaemonConnection(self, dialed=addr, tls=tls is not None),
+                host,
+                cfg.peer_tls_port if tls is not None else port,
+                ssl=tls,
+                server_hostname=host if tls is not None else None,
+            ),
+            cfg.connect_timeout,
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
+        except BaseException:
+            conn.close("handshake did not complete")
+            raise
+        return conn
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
@@ -136,7 +159,7 @@ class Daemon:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
-        self._watchdog = asyncio.create_task(watch(self))
+        self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
         if self.secret is None:
             event(
@@ -256,7 +279,8 @@ class Daemon:
                 for d in shuffles.values()
                 if d.segments and not d.open and now - d.last_commit > cfg.flush_after
             ]
-            await self.spiller.flush(idle)
+            with contextlib.suppress(StorageError):  # the spiller logged it; the next round tries again
+                await self.spiller.flush(idle)
         self.spiller.check()
         await self.spiller.reclaim()
         for conn in list(self.connections):
@@ -288,10 +312,13 @@ class Daemon:
         if self.disk is None:
             return
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
-        written = await self.spiller.flush(shuffles)
+        try:
+            written, complete = await self.spiller.flush(shuffles), True
+        except StorageError:  # the spiller logged it; what was written before is still synced
+            written, complete = 0, False
         await self.disk.sync()
         self.disk.close()
-        event(log, "persisted", shuffles=len(shuffles), bytes_written=max(written, 0), complete=written >= 0)
+        event(log, "persisted", shuffles=len(shuffles), bytes_written=written, complete=complete)
 
     # -- admin operations (clients, peers, CLI)
 
@@ -406,9 +433,10 @@ class Daemon:
             raise InvalidRequest("this daemon has no --data-dir to flush to")
         shuffles = self.store.apps.get(app, {})
         chosen = [d for s, d in shuffles.items() if shuffle is None or s == shuffle]
-        written = await self.spiller.flush(chosen)
-        if written < 0:
-            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory")
+        try:
+            written = await self.spiller.flush(chosen)
+        except StorageError as exc:
+            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
         return {"flushed_bytes": written}
 
     async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:

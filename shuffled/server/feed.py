@@ -20,35 +20,33 @@ import asyncio
 import os
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..buffers import Buffer
-from ..net.streams import BufferResponseStream, Chunk
+from ..net.streams import BufferResponseStream
 from ..protocol.errors import CorruptData, PartitionNotFound, ShuffledError
+from .chunks import Chunk
+from .services import Services
 from .store import DiskChunk
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 #: most chunks loaded with one preadv
 MAX_BATCH = 16
 
 
 class DiskFedStream(BufferResponseStream):
-    __slots__ = ("_fd", "_fd_path", "_finished", "_loading", "_reading", "daemon", "items", "on_done", "on_error")
+    __slots__ = ("_fd", "_fd_path", "_finished", "_loading", "_reading", "items", "on_done", "on_error", "services")
 
     def __init__(
         self,
         stream: int,
         credit: int,
         on_end: Callable[[BufferResponseStream], None],
-        daemon: Daemon,
+        services: Services,
         items: list[Chunk | DiskChunk],
         on_done: Callable[[], None],
         on_error: Callable[[ShuffledError], None],
     ) -> None:
         super().__init__(stream, credit, on_end)
-        self.daemon = daemon
+        self.services = services
         self.items: deque[Chunk | DiskChunk] = deque(items)
         self.deferred = len(items)
         #: called once every item is queued (the stream may then end)
@@ -62,7 +60,7 @@ class DiskFedStream(BufferResponseStream):
 
     def push_data(self, chunk: Chunk) -> None:
         """Everything this stream queues comes from this daemon's own store (memory or disk): count it."""
-        counters = self.daemon.counters
+        counters = self.services.counters
         counters.served_local_bytes += chunk.buffer.length
         counters.served_local_buffers += 1
         super().push_data(chunk)
@@ -93,7 +91,7 @@ class DiskFedStream(BufferResponseStream):
             return
         # No more than memory has free now (at least one, which the read reserve guarantees in time): a
         # consumer's credit may exceed what a small or busy pool can give at once.
-        limit = min(room, MAX_BATCH, max(1, self.daemon.pool.free))
+        limit = min(room, MAX_BATCH, max(1, self.services.pool.free))
         batch: list[DiskChunk] = []
         for item in items:
             if not isinstance(item, DiskChunk) or len(batch) >= limit:
@@ -104,8 +102,8 @@ class DiskFedStream(BufferResponseStream):
         self._loading = asyncio.create_task(self._load(batch))
 
     async def _load(self, batch: list[DiskChunk]) -> None:
-        pool = self.daemon.pool
-        disk = self.daemon.disk
+        pool = self.services.pool
+        disk = self.services.disk
         assert disk is not None
         buffers: list[Buffer] = await pool.take(len(batch), use_reserve=True)  # cancelled by shutdown
         for buf, chunk in zip(buffers, batch, strict=True):

@@ -12,16 +12,47 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
+from ..config import DaemonConfig
 from ..logs import event
 from ..protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
 
-if TYPE_CHECKING:
-    from .connection import DaemonConnection
-    from .daemon import Daemon
-
 log = logging.getLogger("shuffled.peers")
+
+
+class PeerConnection(Protocol):
+    """A connection to another daemon, as the manager sees it (the daemon's connections are these)."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def dialed(self) -> str | None:
+        """The peer's address when this daemon dialled it; None when the peer dialled us."""
+
+    def close(self, reason: str = "closed") -> None: ...
+
+
+C = TypeVar("C", bound=PeerConnection)
+C_co = TypeVar("C_co", bound=PeerConnection, covariant=True)
+
+
+class PeerHost(Protocol[C_co]):
+    """The daemon, as its PeerManager sees it: who it is, whom it may dial, and how to dial."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def secret(self) -> bytes | None: ...
+
+    async def dial_peer(self, addr: str, host: str, port: int) -> C_co:
+        """A connection to daemon `addr` at `host`:`port` once its handshake is done."""
+        ...
 
 
 def split_address(addr: str) -> tuple[str, int]:
@@ -49,16 +80,16 @@ def _valid_host(host: str) -> bool:
     return 0 < len(encoded) <= 253 and all(0 < len(label) <= 63 for label in encoded.rstrip(b".").split(b"."))
 
 
-class PeerManager:
-    def __init__(self, daemon: Daemon) -> None:
+class PeerManager(Generic[C]):
+    def __init__(self, daemon: PeerHost[C]) -> None:
         self.daemon = daemon
-        self.conns: dict[str, DaemonConnection] = {}
-        self._dialing: dict[str, asyncio.Task[DaemonConnection]] = {}
-        self._arrival: dict[str, asyncio.Future[DaemonConnection]] = {}
+        self.conns: dict[str, C] = {}
+        self._dialing: dict[str, asyncio.Task[C]] = {}
+        self._arrival: dict[str, asyncio.Future[C]] = {}
         #: daemons that proved themselves by connecting to us
         self.known: set[str] = set()
 
-    async def get(self, addr: str) -> DaemonConnection:
+    async def get(self, addr: str) -> C:
         if addr == self.daemon.node:
             raise InvalidRequest("a daemon does not connect to itself")
         conn = self.conns.get(addr)
@@ -70,30 +101,13 @@ class PeerManager:
             task = self._dialing[addr] = asyncio.create_task(self._dial(addr))
         return await asyncio.shield(task)
 
-    async def _dial(self, addr: str) -> DaemonConnection:
-        from .connection import DaemonConnection
-
+    async def _dial(self, addr: str) -> C:
         cfg = self.daemon.config
         loop = asyncio.get_running_loop()
         try:
             host, port = split_address(addr)
-            tls = self.daemon.peer_tls[1] if self.daemon.peer_tls is not None else None
             try:
-                _, conn = await asyncio.wait_for(
-                    loop.create_connection(
-                        lambda: DaemonConnection(self.daemon, dialed=addr, tls=tls is not None),
-                        host,
-                        cfg.peer_tls_port if tls is not None else port,
-                        ssl=tls,
-                        server_hostname=host if tls is not None else None,
-                    ),
-                    cfg.connect_timeout,
-                )
-                try:
-                    await asyncio.wait_for(asyncio.shield(conn.ready), cfg.connect_timeout)
-                except BaseException:
-                    conn.close("handshake did not complete")
-                    raise
+                conn = await self.daemon.dial_peer(addr, host, port)
             except DuplicateConnection:
                 # The peer dialled us too and its connection wins: use it once it is here.
                 won = self.conns.get(addr)
@@ -113,7 +127,7 @@ class PeerManager:
         finally:
             self._dialing.pop(addr, None)
 
-    def accept(self, node: str, conn: DaemonConnection) -> None:
+    def accept(self, node: str, conn: C) -> None:
         """An inbound Hello from daemon `node`; raises DuplicateConnection if ours wins."""
         existing = self.conns.get(node)
         if node > self.daemon.node and (
@@ -137,7 +151,7 @@ class PeerManager:
                 f"(--peers), to daemons that connected to it, and to port {own} on other hosts"
             )
 
-    def _register(self, node: str, conn: DaemonConnection) -> None:
+    def _register(self, node: str, conn: C) -> None:
         old = self.conns.get(node)
         if old is not None and old is not conn and old.is_open:
             old.close("superseded by a newer connection from the same daemon")
@@ -149,7 +163,7 @@ class PeerManager:
             fut.set_result(conn)
         event(log, "peer connected", node=node, direction="out" if conn.dialed else "in")
 
-    def lost(self, node: str, conn: DaemonConnection) -> None:
+    def lost(self, node: str, conn: C) -> None:
         if self.conns.get(node) is conn:
             del self.conns[node]
 

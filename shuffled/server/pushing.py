@@ -19,28 +19,47 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..buffers import Buffer, LocalPool
 from ..logs import event
+from ..net.sender import Sender
 from ..net.soon import Soon
 from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_push_credit
 from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
 from ..protocol.integrity import checksum
+from .services import Services
+from .shares import Share
 from .store import MapOutput
-
-if TYPE_CHECKING:
-    from .connection import DaemonConnection
 
 log = logging.getLogger("shuffled.push")
 
 
+class PushConnection(Protocol):
+    """The connection a map output is pushed over, as its session sees it (the daemon's connections are these)."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def sender(self) -> Sender: ...
+
+    @property
+    def push_share(self) -> Share: ...
+
+    @property
+    def pushes(self) -> dict[int, PushSession]: ...
+
+    def send_error(self, stream: int, exc: ShuffledError) -> None: ...
+
+
 class PushSession:
-    def __init__(self, conn: DaemonConnection, req: OpenMapOutput, out: MapOutput) -> None:
+    def __init__(self, conn: PushConnection, req: OpenMapOutput, out: MapOutput, services: Services) -> None:
         self.conn = conn
-        self.counters = conn.daemon.counters
+        self.services = services
+        self.counters = services.counters
         self.opened_at = time.monotonic()
         #: monotonic time since when the session waits for memory with no credit left (None: not waiting)
         self.waiting_since: float | None = None
@@ -53,7 +72,7 @@ class PushSession:
         self.closed = False
         out.on_failure = self.fail
         #: the floor of this map output's window is reserved in its shares (see shares.py) until `_close`
-        self.shares = conn.daemon.shares
+        self.shares = services.shares
         self.app_share = self.shares.reserve(conn.push_share, out.shuffle.app)
         #: segments beyond the floor charged to those shares
         self._extras = 0
@@ -63,11 +82,11 @@ class PushSession:
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        cfg = self.conn.daemon.config
+        cfg = self.services.config
         if self._hopeless():
             return
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
-        pool = await self.conn.daemon.pool.create_local_pool(cfg.push_min, cfg.push_max)
+        pool = await self.services.pool.create_local_pool(cfg.push_min, cfg.push_max)
         self._stop_waiting()
         if self.closed:
             pool.destroy()
@@ -92,8 +111,8 @@ class PushSession:
             buf.release()  # back into this session's pool: credit again
             self._top_up()
             return
-        daemon = self.conn.daemon
-        self.pool.detach(buf, daemon.pool.give)
+        services = self.services
+        self.pool.detach(buf, services.pool.give)
         try:
             self.seq.check(frame.sequence)
             crc = checksum(buf.data())
@@ -102,7 +121,7 @@ class PushSession:
                     f"PushData {frame.sequence} of writer {self.writer} (partition {frame.partition}) failed its "
                     f"CRC32C check (got {crc:08x}, the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
-            daemon.store.add(self.out, frame.partition, buf, crc)
+            services.store.add(self.out, frame.partition, buf, crc)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()
@@ -112,7 +131,7 @@ class PushSession:
         counters = self.counters
         counters.pushed_buffers += 1
         counters.pushed_bytes += frame.length
-        daemon.spiller.check(self.out.shuffle.app)
+        services.spiller.check(self.out.shuffle.app)
         self._top_up()
 
     def _top_up(self) -> None:
@@ -120,7 +139,7 @@ class PushSession:
         pool = self.pool
         if pool is None or self.closed:
             return
-        spilling = self.conn.daemon.spiller.holding(self.out.shuffle.app)
+        spilling = self.services.spiller.holding(self.out.shuffle.app)
         self._charge()  # pushed data left the window since
         while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
             self._charge()
@@ -150,8 +169,8 @@ class PushSession:
 
     def _hopeless(self) -> bool:
         """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
-        need = 1 if self.pool is not None else self.conn.daemon.config.push_min
-        error = self.conn.daemon.spiller.push_memory_error(need)
+        need = 1 if self.pool is not None else self.services.config.push_min
+        error = self.services.spiller.push_memory_error(need)
         if error is not None:
             self.fail(error)
         return error is not None
@@ -169,7 +188,7 @@ class PushSession:
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None
         try:
-            await self.conn.daemon.spiller.admitted(self.out.shuffle.app)
+            await self.services.spiller.admitted(self.out.shuffle.app)
             await self.pool.grow_wait()
         finally:
             self._waiting = None
@@ -188,31 +207,31 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
-        daemon = self.conn.daemon
+        services = self.services
         try:
-            lengths = daemon.store.commit(self.out)
+            lengths = services.store.commit(self.out)
         except ShuffledError as exc:
             self.fail(exc)
             return
-        daemon.spiller.committed(self.out.shuffle, self.out.attempt)
+        services.spiller.committed(self.out.shuffle, self.out.attempt)
         self._close()
-        self.conn.daemon.metrics.observe_push(time.monotonic() - self.opened_at)
+        self.services.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.sender.send_control(encode_commit_ack(self.writer, lengths))
 
     def abort(self) -> None:
-        self.conn.daemon.store.abort(self.out)
+        self.services.store.abort(self.out)
         self._close()
         self.conn.sender.send_control(encode_abort_ack(self.writer))
 
     def fail(self, exc: ShuffledError) -> None:
         event(log, "push failed", writer=self.writer, code=exc.code.name, reason=exc.message)
-        self.conn.daemon.store.abort(self.out)
+        self.services.store.abort(self.out)
         self._close()
         self.conn.send_error(self.writer, exc)
 
     def drop(self) -> None:
         """The client vanished: abort, free everything."""
-        self.conn.daemon.store.abort(self.out)
+        self.services.store.abort(self.out)
         self._close()
 
     def _close(self) -> None:

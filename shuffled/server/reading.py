@@ -16,21 +16,61 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..buffers import LocalPool
 from ..logs import event
 from ..net.channel import InputChannel, PooledFloating
-from ..net.streams import BufferResponseStream, Chunk
+from ..net.sender import Sender
+from ..net.streams import BufferResponseStream
 from ..protocol.codec import encode_cancel
 from ..protocol.credit import ChannelCredit
 from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
-
-if TYPE_CHECKING:
-    from .connection import DaemonConnection
+from .chunks import Chunk
+from .services import Services
 
 log = logging.getLogger("shuffled.read")
+
+
+class ReadClient(Protocol):
+    """The connection of the client a gate serves (the daemon's connections are these)."""
+
+    @property
+    def sender(self) -> Sender: ...
+
+    @property
+    def served(self) -> dict[int, BufferResponseStream]: ...
+
+    @property
+    def gates(self) -> dict[int, InputGate]: ...
+
+    def send_error(self, stream: int, exc: ShuffledError) -> None: ...
+
+
+class ReadPeer(Protocol):
+    """The connection to a daemon a gate reads from (the daemon's connections are these)."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def sender(self) -> Sender: ...
+
+    @property
+    def channels(self) -> dict[int, RemoteInputChannel]: ...
+
+    def new_stream_id(self) -> int: ...
+
+    def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None: ...
+
+    def announce(self, ch: RemoteInputChannel) -> None: ...
+
+
+class Peers(Protocol):
+    """Where a gate gets the connection to another daemon (the daemon's PeerManager)."""
+
+    async def get(self, addr: str) -> ReadPeer: ...
 
 
 class RemoteInputChannel(InputChannel):
@@ -38,7 +78,7 @@ class RemoteInputChannel(InputChannel):
 
     __slots__ = ("closed", "conn", "gate", "upstream")
 
-    def __init__(self, gate: InputGate, conn: DaemonConnection, receiver: int, credit: ChannelCredit) -> None:
+    def __init__(self, gate: InputGate, conn: ReadPeer, receiver: int, credit: ChannelCredit) -> None:
         super().__init__(receiver, credit)
         self.gate = gate
         self.conn = conn
@@ -95,13 +135,17 @@ class InputGate:
 
     def __init__(
         self,
-        client: DaemonConnection,
+        client: ReadClient,
         out: BufferResponseStream,
         req: PartitionRequest,
         remote: dict[str, list[int]],
+        services: Services,
+        peers: Peers,
         local_pending: bool = False,
     ) -> None:
         self.client = client
+        self.services = services
+        self.peers = peers
         self.out = out
         self.req = req
         self.remote = remote
@@ -113,22 +157,22 @@ class InputGate:
         self.task: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        daemon = self.client.daemon
-        cfg = daemon.config
+        services = self.services
+        cfg = services.config
         try:
             size = len(self.remote) * cfg.exclusive
-            if size > daemon.pool.reserve:
+            if size > services.pool.reserve:
                 raise LimitExceeded(
                     f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the read "
-                    f"reserve of {daemon.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
+                    f"reserve of {services.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
                 )
-            self.pool = await daemon.pool.create_local_pool(size, size, use_reserve=True)
+            self.pool = await services.pool.create_local_pool(size, size, use_reserve=True)
             if self.closed:
                 self.pool.destroy()
                 return
             floating = PooledFloating(cfg.floating, self.pool)
             for addr, attempts in self.remote.items():
-                peer = await daemon.peers.get(addr)
+                peer = await self.peers.get(addr)
                 if self.closed:
                     return
                 if len(peer.channels) >= cfg.max_streams_per_connection:
@@ -162,7 +206,7 @@ class InputGate:
         if self.closed:
             chunk.buffer.release()
             return
-        counters = self.client.daemon.counters
+        counters = self.services.counters
         counters.relayed_buffers += 1
         counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)

@@ -135,22 +135,29 @@ class Spiller:
     async def _spill_one(self, app: str | None) -> bool:
         """Spill the largest in-memory partition (of `app`, or of anyone); False if none or the disk failed."""
         found = self.store.largest_in_memory(app)
-        return found is not None and await self.spill(*found) >= 0
+        if found is None:
+            return False
+        try:
+            await self.spill(*found)
+        except StorageError:  # logged and counted; `check` retries once RETRY_AFTER has passed
+            return False
+        return True
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
-        """Write every in-memory chunk of these shuffles to disk; returns the bytes written (-1: a write failed)."""
+        """Write every in-memory chunk of these shuffles to disk; returns the bytes written.
+
+        Raises StorageError at the first write that fails (the chunks not written stay in memory).
+        """
         total = 0
         for data in shuffles:
             for sub in list(data.subpartitions.values()):
                 if sub.memory_segments:
-                    n = await self.spill(data, sub)
-                    if n < 0:
-                        return -1
-                    total += n
+                    total += await self.spill(data, sub)
         return total
 
     async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
-        """Spill one partition's in-memory chunks. Returns bytes written, or -1 if the write failed.
+        """Spill one partition's in-memory chunks. Returns the bytes written; raises StorageError if the
+        write failed (the chunks are then in memory again and their open map outputs failed).
 
         Once the chunks are taken, the write and its bookkeeping run to the end even if
         the caller is cancelled (a flush cut short at stop): otherwise the chunks would
@@ -192,8 +199,7 @@ class Spiller:
         try:
             done = await disk.append(sub.file, views, f"{directory}/{JOURNAL}", record)
         except OSError as exc:
-            self._write_failed(data, sub, chunks, exc)
-            return -1
+            raise self._write_failed(data, sub, chunks, exc) from exc
         finally:
             for buf in held:
                 buf.release()
@@ -243,7 +249,10 @@ class Spiller:
         assert self.disk is not None and data.directory is not None
         self.disk.append_journal(f"{data.directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
 
-    def _write_failed(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError) -> None:
+    def _write_failed(
+        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError
+    ) -> StorageError:
+        """Put the chunks back in memory and fail their open map outputs; returns the error they got."""
         assert self.disk is not None
         self.disk.stats.errors += 1
         self._failed_at = asyncio.get_running_loop().time()
@@ -263,6 +272,7 @@ class Spiller:
             out = data.open.get(attempt)
             if out is not None and out.state is MapState.OPEN and out.on_failure is not None:
                 out.on_failure(reason)
+        return reason
 
     async def reclaim(self) -> None:
         """Free the disk blocks of aborted attempts' spilled chunks (a writer that vanished mid-push left

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..buffers import Buffer
-from ..net.streams import Chunk
 from ..protocol.auth import token_digest
 from ..protocol.errors import (
     AuthFailed,
@@ -44,6 +43,7 @@ from ..protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
+from .chunks import Chunk
 from .disk import LoadedShuffle, SpillFile
 
 MAX_PARTITIONS = 1 << 24

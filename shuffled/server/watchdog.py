@@ -20,18 +20,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Set
+from typing import Protocol
 
+from ..config import DaemonConfig
 from ..logs import event
-from ..protocol.errors import TimedOut
+from ..protocol.errors import ShuffledError, TimedOut
 from ..protocol.frames import Role
 
-if TYPE_CHECKING:
-    from ..config import DaemonConfig
-    from .connection import DaemonConnection
-    from .daemon import Daemon
-
 log = logging.getLogger("shuffled.watchdog")
+
+
+class Watched(Protocol):
+    """A connection as the watchdog sees it: what it received, its handshake, and the deadline state
+    the watchdog keeps on it (the daemon's connections are these)."""
+
+    rx_seen: int
+    silent_since: float
+    pinged: bool
+    depended: bool
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def role(self) -> Role | None: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def bytes_received(self) -> int: ...
+
+    @property
+    def made_at(self) -> float: ...
+
+    @property
+    def ready(self) -> asyncio.Future[None]: ...
+
+    def fail(self, exc: ShuffledError) -> None: ...
+
+    def depends_on_peer(self) -> bool: ...
+
+    def has_streams(self) -> bool: ...
+
+    def ping(self) -> None: ...
 
 
 def tick_interval(cfg: DaemonConfig) -> float:
@@ -40,20 +76,21 @@ def tick_interval(cfg: DaemonConfig) -> float:
     return min(1.0, max(0.05, min(bounds) / 5))
 
 
-async def watch(daemon: Daemon) -> None:
+async def watch(connections: Set[Watched], cfg: DaemonConfig) -> None:
+    """Check the deadlines of every connection in `connections` (the daemon's live set) until cancelled."""
     loop = asyncio.get_running_loop()
-    interval = tick_interval(daemon.config)
+    interval = tick_interval(cfg)
     while True:
         await asyncio.sleep(interval)
         now = loop.time()
-        for conn in list(daemon.connections):
+        for conn in list(connections):
             try:
-                check(conn, now, daemon.config)
+                check(conn, now, cfg)
             except Exception:  # a bug here must not stop the deadlines of every other connection
                 log.exception("checking deadlines failed peer=%s", conn.peer)
 
 
-def check(conn: DaemonConnection, now: float, cfg: DaemonConfig) -> None:
+def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
     if not conn.is_open:
         return
     if conn.bytes_received != conn.rx_seen:
@@ -81,7 +118,7 @@ def check(conn: DaemonConnection, now: float, cfg: DaemonConfig) -> None:
         conn.fail(TimedOut(f"connection idle for {silent:.1f} s (idle-timeout {cfg.idle_timeout:g} s)"))
 
 
-def _check_peer(conn: DaemonConnection, silent: float, bound: float) -> None:
+def _check_peer(conn: Watched, silent: float, bound: float) -> None:
     if silent >= bound:
         event(log, "peer timed out", logging.WARNING, node=conn.node, silent_s=round(silent, 1), bound_s=bound)
         conn.fail(TimedOut(f"daemon {conn.node} sent nothing for {silent:.1f} s (peer-timeout {bound:g} s)"))

@@ -18,7 +18,7 @@ from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel, PooledFloating
 from shuffled.net.connection import FrameConnection, release_payload
 from shuffled.net.soon import Soon
-from shuffled.net.streams import Chunk, PushEvent, PushStream
+from shuffled.net.streams import PushEvent, PushStream
 from shuffled.protocol.auth import DialerAuth, app_token, secret_bytes
 from shuffled.protocol.codec import (
     encode,
@@ -55,6 +55,7 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.server.chunks import Chunk
 
 #: client-side pool: enough for a few concurrent writers and readers
 DEFAULT_CLIENT_POOL = 4 << 20
