@@ -81,8 +81,9 @@ def _line_env(line: str, out_dir: Path) -> LineEnv:
 
 
 @pytest.fixture(scope="module", params=OTHER_LINES)
-def line_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LineEnv:
-    return _line_env(request.param, tmp_path_factory.mktemp(f"jars-{request.param}"))
+def line_env(request: pytest.FixtureRequest) -> LineEnv:
+    # The jar is kept beside the venv: build_jar reuses it only if built from these very sources.
+    return _line_env(request.param, CACHE / request.param / "jars")
 
 
 @pytest.fixture
