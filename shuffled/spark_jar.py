@@ -60,6 +60,15 @@ LINES: dict[str, tuple[str, ...]] = {
     "4.2": ("checksums-rows", "manager-plain"),
     "4.3": ("checksums-rows", "manager-blocking"),  # BlockingShuffleManager
 }
+#: where the build writes the Spark line (and the sources' digest) into the jar; SparkLine.java reads it
+LINE_RESOURCE = "io/shuffled/spark/line.properties"
+
+
+def has_row_checksums(line: str) -> bool:
+    """Whether the plugin for this Spark line feeds Spark 4.1's row-based shuffle checksums."""
+    return "checksums-rows" in LINES[line]
+
+
 #: Lines that create the shuffle manager before the user's jars (spark.jars) are loaded: Spark 3.5 creates
 #: it with the SparkEnv, Spark 4 only once spark.jars are on the class path (SPARK-45762). There the jar
 #: must also be on the driver's and the executors' own class path (extraClassPath, a path on every host).
@@ -246,9 +255,6 @@ def build_jar(out_dir: Path | None = None, force: bool = False, spark_home: Path
     line = f"spark.line={spark.line}\nscala.binary={spark.scala}\nbuilt.against={spark.version}\nsources={digest}\n"
     _compile_and_package(sources, classpath(spark=spark), jar_path, {LINE_RESOURCE: line})
     return jar_path
-
-
-LINE_RESOURCE = "io/shuffled/spark/line.properties"
 
 
 def _digest(spark: Spark, sources: list[Path]) -> str:

@@ -7,7 +7,8 @@ generated, deterministic and small, so a whole run takes seconds; every job shuf
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -45,6 +46,30 @@ def rows(df: DataFrame) -> list[tuple[Any, ...]]:
 def executed_plan(df: DataFrame) -> str:
     """The final physical plan (after AQE re-planning), to check which operators really ran."""
     return str(df._jdf.queryExecution().executedPlan().toString())
+
+
+def planned_rows(df: DataFrame, marker: str, what: str) -> list[tuple[Any, ...]]:
+    """The sorted rows of ``df``, whose final plan must show ``marker`` (what AQE did: ``what``)."""
+    result = sorted(rows(df))
+    plan = executed_plan(df)
+    assert marker in plan, f"AQE did not {what}:\n{plan}"
+    return result
+
+
+@contextmanager
+def job_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Session settings for one job; afterwards each is back to the session's (COMMON_CONF or Spark's default),
+    so the jobs after it run as if it never had them."""
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            if key in COMMON_CONF:
+                spark.conf.set(key, COMMON_CONF[key])
+            else:
+                spark.conf.unset(key)
 
 
 def groupby_agg(spark: SparkSession) -> Any:
@@ -106,15 +131,8 @@ def rdd_repartition(spark: SparkSession) -> Any:
 
 def aqe_coalesce(spark: SparkSession) -> Any:
     """200 shuffle partitions of a small aggregate: AQE must coalesce them from the map output sizes."""
-    spark.conf.set("spark.sql.shuffle.partitions", "200")
-    try:
-        df = facts(spark).groupBy("k").agg(F.sum("v").alias("total"))
-        result = sorted(rows(df))
-        plan = executed_plan(df)
-        assert "coalesced" in plan, f"AQE did not coalesce:\n{plan}"
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", COMMON_CONF["spark.sql.shuffle.partitions"])
-    return result
+    with job_conf(spark, {"spark.sql.shuffle.partitions": "200"}):
+        return planned_rows(facts(spark).groupBy("k").agg(F.sum("v").alias("total")), "coalesced", "coalesce")
 
 
 SKEW_CONF = {
@@ -128,22 +146,14 @@ SKEW_CONF = {
 
 def aqe_skew_join(spark: SparkSession) -> Any:
     """Most rows share key 0: AQE must split that partition, using the per-partition sizes of the map output."""
-    for key, value in SKEW_CONF.items():
-        spark.conf.set(key, value)
-    try:
+    with job_conf(spark, SKEW_CONF):
         left = spark.range(0, 40_000, numPartitions=4).select(
             F.when(F.col("id") % 10 < 8, F.lit(0)).otherwise(F.col("id") % 50).alias("k"), F.col("id")
         )
         joined = left.join(dims(spark).hint("merge"), "k")
         # Grouped by another column: the join's own partitioning is not needed afterwards, so AQE may split.
         df = joined.groupBy((F.col("id") % 7).alias("g")).agg(F.count("*"), F.sum("k"), F.sum("w"))
-        result = sorted(rows(df))
-        plan = executed_plan(df)
-        assert "skew=true" in plan, f"AQE did not split the skewed partition:\n{plan}"
-    finally:
-        for key in SKEW_CONF:
-            spark.conf.unset(key)
-    return result
+        return planned_rows(df, "skew=true", "split the skewed partition")
 
 
 #: Every job both shuffles run; the tests compare their results one by one.
@@ -195,17 +205,10 @@ SCALE_ROWS = 1_000_000
 def scale_join_aggregate(spark: SparkSession) -> Any:
     """A sort-merge join into 64 shuffle partitions, which AQE coalesces from the map output sizes the
     daemons reported at commit (every partition is far below its advisory size)."""
-    spark.conf.set("spark.sql.shuffle.partitions", "64")
-    try:
+    with job_conf(spark, {"spark.sql.shuffle.partitions": "64"}):
         left = wide(spark, SCALE_ROWS)
         right = wide(spark, SCALE_ROWS).select("id", F.col("h").alias("h2"), F.col("v").alias("v2"))
-        out = digests(left.join(right.hint("merge"), "id"), "k")
-        result = sorted(rows(out))
-        plan = executed_plan(out)
-        assert "coalesced" in plan, f"AQE did not coalesce:\n{plan}"
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", COMMON_CONF["spark.sql.shuffle.partitions"])
-    return result
+        return planned_rows(digests(left.join(right.hint("merge"), "id"), "k"), "coalesced", "coalesce")
 
 
 def scale_window(spark: SparkSession) -> Any:
@@ -226,22 +229,16 @@ def scale_distinct_sort(spark: SparkSession) -> Any:
 
 def scale_skew_join(spark: SparkSession) -> Any:
     """Most rows share key 0: AQE splits that partition, reading map ranges of spilled map outputs."""
-    for key, value in {
+    scale_skew = {
         **SKEW_CONF,
         "spark.sql.adaptive.skewJoin.skewedPartitionThresholdInBytes": "1m",
         "spark.sql.adaptive.advisoryPartitionSizeInBytes": "1m",
-    }.items():
-        spark.conf.set(key, value)
-    try:
+    }
+    with job_conf(spark, scale_skew):
         left = wide(spark, SCALE_ROWS).withColumn("k", F.when(F.col("id") % 10 < 8, F.lit(0)).otherwise(F.col("k")))
         joined = left.join(dims(spark).hint("merge"), "k").select("id", "k", "h", "w")
         df = digests(joined.withColumn("g", F.col("id") % 7), "g")
-        result = sorted(rows(df))
-        assert "skew=true" in executed_plan(df), "AQE did not split the skewed partition"
-    finally:
-        for key in SKEW_CONF:
-            spark.conf.unset(key)
-    return result
+        return planned_rows(df, "skew=true", "split the skewed partition")
 
 
 def scale_rdd_group_by_key(spark: SparkSession) -> Any:
@@ -272,14 +269,8 @@ ROW_CHECKSUMS = {"spark.sql.shuffle.orderIndependentChecksum.enabled": "true", "
 def row_checksums(spark: SparkSession, partitions: int) -> list[int]:
     """A groupBy into ``partitions`` reduce partitions with row checksums on; the checksum in each of its map
     statuses. The same map task over the same rows gives the same value whichever shuffle wrote it."""
-    for key, value in {**ROW_CHECKSUMS, "spark.sql.shuffle.partitions": str(partitions)}.items():
-        spark.conf.set(key, value)
-    try:
+    with job_conf(spark, {**ROW_CHECKSUMS, "spark.sql.shuffle.partitions": str(partitions)}):
         facts(spark).groupBy("k").agg(F.sum("v"), F.max("s")).collect()
-    finally:
-        for key in ROW_CHECKSUMS:
-            spark.conf.unset(key)
-        spark.conf.set("spark.sql.shuffle.partitions", COMMON_CONF["spark.sql.shuffle.partitions"])
     # The driver's MapOutputTrackerMaster, through the DAG scheduler's field: py4j cannot look up methods on
     # SparkEnv in pyspark 4.3 (one of its signatures names a class pyspark does not ship).
     dag = spark.sparkContext._jsc.sc().dagScheduler()

@@ -63,7 +63,7 @@ JOBS = {
 
 def run(spark: SparkSession) -> dict[str, Any]:
     out = {name: job(spark) for name, job in JOBS.items()}
-    if tuple(int(part) for part in spark.version.split(".")[:2]) >= (4, 1):  # row-based shuffle checksums
+    if spark_jar.has_row_checksums(".".join(spark.version.split(".")[:2])):
         out["row_checksums"] = [spark_jobs.row_checksums(spark, n) for n in (8, 300)]
     return out
 

@@ -27,7 +27,7 @@ PARTITIONS = [8, 300]
 
 def _has_row_checksums() -> bool:
     try:
-        return "checksums-rows" in spark_jar.LINES[spark_jar.find_spark().line]
+        return spark_jar.has_row_checksums(spark_jar.find_spark().line)
     except spark_jar.JvmBuildError:
         return False
 

@@ -160,7 +160,7 @@ def test_job_matrix_on_the_line_matches_its_builtin_shuffle(
             proc.kill()
     assert out["version"].startswith(line_env.line)
     assert out["plugin"] == out["builtin"]
-    if "checksums-rows" in spark_jar.LINES[line_env.line]:
+    if spark_jar.has_row_checksums(line_env.line):
         assert all(c != 0 for run in out["builtin"]["row_checksums"] for c in run), out["builtin"]["row_checksums"]
     sums: dict[int, int] = {}
     for i in range(20_000):
