@@ -1,10 +1,11 @@
-"""The thin asyncio shell around the sans-IO codec, shared by daemon and clients.
+"""The thin asyncio shell around the sans-IO `ProtocolConnection`, shared by daemon and clients.
 
-Bytes from the socket land where the `FrameReader` says (headers in a staging
-area, payloads straight in pool segments); frames go to `handle_frame`. A
-`ShuffledError` raised while decoding or handling is fatal for this connection
-only: the peer gets an ErrorResponse on stream 0, the connection closes, and
-`on_lost` releases everything it held.
+Bytes from the socket land where the protocol connection's reader says (headers
+in a staging area, payloads straight in pool segments); the events it makes of
+them go to `handle_event`, and the control frames it writes go out through the
+`Sender`. A `ShuffledError` raised while decoding or handling is fatal for this
+connection only: the peer gets an ErrorResponse on stream 0, the connection
+closes, and `on_lost` releases everything it held.
 """
 
 from __future__ import annotations
@@ -12,29 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
-from ..buffers import Buffer
-from ..protocol.codec import FrameReader, encode_error
+from ..protocol.connection import Event, ProtocolConnection
 from ..protocol.errors import InternalError, ShuffledError
-from ..protocol.frames import DEFAULT_MAX_PAYLOAD, Frame, FrameType
 from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
 
-log = logging.getLogger("shuffled.net")
-
-
-def release_payload(frame: object) -> None:
-    """Give back the pool buffer a decoded data frame holds, for frames no owner took."""
-    buf = getattr(frame, "payload", frame)
-    if isinstance(buf, Buffer) and buf.refs:
-        buf.release()
-
-
-def _release_payloads(frames: Sequence[object]) -> None:
-    for frame in frames:
-        release_payload(frame)
-
+log = logging.getLogger(__name__)
 
 #: seconds a failed connection waits for the peer to close before closing itself
 FAIL_LINGER = 5.0
@@ -43,11 +28,11 @@ FAIL_LINGER = 5.0
 class FrameConnection(asyncio.BufferedProtocol):
     def __init__(
         self,
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        proto: ProtocolConnection,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
     ) -> None:
-        self.reader = FrameReader(self.payload_target, max_payload=max_payload)
+        self.proto = proto
         self._high = high
         self._low = low
         self.transport: asyncio.Transport | None = None
@@ -57,7 +42,6 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.close_reason = ""
         #: after a fatal error: input is read into this and dropped until the peer closes
         self._discard: memoryview | None = None
-        self._next_stream = 1
         self.bytes_received = 0
 
     @property
@@ -76,38 +60,32 @@ class FrameConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or "unix")
         self._sender = Sender(self.transport, self._high, self._low)
+        self.proto.send = self._sender.send_control
         self.on_made()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._discard is not None:
             return self._discard
-        return self.reader.get_buffer()
+        return self.proto.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         self.bytes_received += nbytes
         if self._discard is not None:
             return
         try:
-            frames = self.reader.buffer_updated(nbytes)
-        except ShuffledError as exc:
-            _release_payloads(exc.decoded)
-            self.fail(exc)
-            return
-        for i, frame in enumerate(frames):
-            try:
-                self.handle_frame(frame)
-            except Exception as exc:
-                # The failing frame's handler released its payload; the rest were never seen.
-                _release_payloads(frames[i + 1 :])
-                if isinstance(exc, ShuffledError):
-                    self.fail(exc)
-                else:  # a bug must cost one connection, not the daemon
-                    log.exception("internal error on connection peer=%s", self.peer)
-                    self.fail(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
-                return
+            for ev in self.proto.buffer_updated(nbytes):
+                self.handle_event(ev)
+        except Exception as exc:
+            # The failing event's handler released its payload; frames not yet handed out are released here.
+            self.proto.discard_pending()
+            if isinstance(exc, ShuffledError):
+                self.fail(exc)
+            else:  # a bug must cost one connection, not the daemon
+                log.exception("internal error on connection peer=%s", self.peer)
+                self.fail(InternalError(f"internal error: {exc.__class__.__name__}: {exc}"))
 
     def eof_received(self) -> bool:
-        if self._discard is None and self.reader.pending_bytes():
+        if self._discard is None and self.proto.reader.pending_bytes():
             self.close_reason = "eof inside a frame"
         return False
 
@@ -116,8 +94,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             self.close_reason = f"lost: {exc}" if exc else "closed by peer"
         if self._sender is not None:
             self._sender.close()
-        _release_payloads([self.reader.abort()])
-        self.reader.close()
+        self.proto.close()
         self._discard = None
         try:
             self.on_lost()
@@ -138,10 +115,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         return self.transport is not None and not self.transport.is_closing() and self._discard is None
 
     def new_stream_id(self) -> int:
-        """Ids for streams this side opens: a counter from 1, wrapping past 2^32-1 (PROTOCOL.md §5)."""
-        sid = self._next_stream
-        self._next_stream = sid + 1 if sid < 0xFFFFFFFF else 1
-        return sid
+        return self.proto.new_stream_id()
 
     def fail(self, exc: ShuffledError) -> None:
         """Fatal error: tell the peer why (stream 0), then close.
@@ -158,8 +132,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         assert transport is not None
         if self._sender is not None:
             self._sender.stop()
-        _release_payloads([self.reader.abort()])
-        transport.write(encode_error(0, exc.code, exc.message))
+        self.proto.discard_pending()
+        transport.write(self.proto.fail(exc))
         if not transport.can_write_eof():
             transport.close()
             return
@@ -179,12 +153,7 @@ class FrameConnection(asyncio.BufferedProtocol):
     def on_failed(self) -> None:
         """A fatal error was sent; release what the connection holds without waiting for the close."""
 
-    def payload_target(
-        self, ftype: FrameType, stream: int, partition: int, length: int
-    ) -> tuple[memoryview, Any] | None:
-        raise NotImplementedError
-
-    def handle_frame(self, frame: Frame) -> None:
+    def handle_event(self, ev: Event) -> None:
         raise NotImplementedError
 
     def on_lost(self) -> None:

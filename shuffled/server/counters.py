@@ -13,7 +13,7 @@ whole microseconds there).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,8 +34,7 @@ class Traffic(Protocol):
     @property
     def bytes_received(self) -> int: ...
 
-    @property
-    def served(self) -> Mapping[int, Outbound]: ...
+    def served_streams(self) -> Iterable[Outbound]: ...
 
 
 def _per_role() -> dict[str, int]:
@@ -96,7 +95,7 @@ class Counters:
             received[role] += conn.bytes_received
             paused[role] += sender.paused_seconds + (now - sender.paused_since if sender.paused_since else 0.0)
             zero[role] += sender.zero_credit_seconds + sum(
-                now - s.blocked_since for s in conn.served.values() if s.blocked_since is not None
+                now - s.blocked_since for s in conn.served_streams() if s.blocked_since is not None
             )
         return {
             "sent_bytes": sent,

@@ -187,8 +187,8 @@ class Daemon:
         """Work a drain waits for: open pushes and reads served or relayed."""
         conns = list(self.connections)
         return {
-            "pushes": sum(len(c.pushes) for c in conns),
-            "reads": sum(len(c.served) for c in conns),
+            "pushes": sum(len(c.pushing.sessions) for c in conns),
+            "reads": sum(len(c.reads.served) for c in conns),
         }
 
     async def drain(self, timeout: float) -> bool:
@@ -284,7 +284,7 @@ class Daemon:
         self.spiller.check()
         await self.spiller.reclaim()
         for conn in list(self.connections):
-            for session in list(conn.pushes.values()):
+            for session in list(conn.pushing.sessions.values()):
                 session.check_wait()
 
     async def stop(self) -> None:
@@ -324,7 +324,7 @@ class Daemon:
 
     def stats(self) -> dict[str, Any]:
         conns = [c for c in self.connections if c.is_open]
-        pushes = [p for c in conns for p in c.pushes.values()]
+        pushes = [p for c in conns for p in c.pushing.sessions.values()]
         fs = self.disk_space()
         disk = self.disk.stats if self.disk is not None else DiskStats()
         counters = self.counters
@@ -356,11 +356,11 @@ class Daemon:
                 "opened": dict(counters.opened),
             },
             "streams": {
-                "served": sum(len(c.served) for c in conns),
+                "served": sum(len(c.reads.served) for c in conns),
                 "pushing": len(pushes),
-                "remote_channels": sum(len(c.channels) for c in conns),
+                "remote_channels": sum(len(c.reads.channels) for c in conns),
                 "inflight_buffers": sum(c.sender.inflight for c in conns),
-                "backlog_buffers": sum(s.backlog for c in conns for s in c.served.values()),
+                "backlog_buffers": sum(s.backlog for c in conns for s in c.reads.served.values()),
             },
             "traffic": {
                 "pushed_bytes": counters.pushed_bytes,
@@ -381,7 +381,7 @@ class Daemon:
                 "push_extra_segments": self.shares.all.extras,
                 "push_extra_limit": self.shares.extra_limit,
                 "read_granted": counters.read_credit_granted,
-                "read_outstanding": sum(ch.credit.sender_credit for c in conns for ch in c.channels.values()),
+                "read_outstanding": sum(ch.credit.sender_credit for c in conns for ch in c.reads.channels.values()),
                 "push_wait_us": micros(
                     counters.push_wait_seconds + sum(p.waiting_for(time.monotonic()) for p in pushes)
                 ),
@@ -446,7 +446,7 @@ class Daemon:
         async def one(addr: str) -> str:
             try:
                 conn = await self.peers.get(addr)
-                await conn.request_admin(op, args, self.config.admin_timeout)
+                await conn.admin.request(op, args, self.config.admin_timeout)
                 return "ok"
             except ShuffledError as exc:
                 return f"{exc.code.name}: {exc.message}"

@@ -23,9 +23,8 @@ from typing import Protocol
 
 from ..buffers import Buffer, LocalPool
 from ..logs import event
-from ..net.sender import Sender
 from ..net.soon import Soon
-from ..protocol.codec import encode_abort_ack, encode_commit_ack, encode_push_credit
+from ..protocol.connection import ProtocolConnection
 from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
@@ -38,21 +37,20 @@ log = logging.getLogger("shuffled.push")
 
 
 class PushConnection(Protocol):
-    """The connection a map output is pushed over, as its session sees it (the daemon's connections are these)."""
+    """The connection a map output is pushed over, as its session sees it (a connection's `PushService`)."""
 
     @property
     def is_open(self) -> bool: ...
 
     @property
-    def sender(self) -> Sender: ...
+    def proto(self) -> ProtocolConnection: ...
 
     @property
     def push_share(self) -> Share: ...
 
-    @property
-    def pushes(self) -> dict[int, PushSession]: ...
-
     def send_error(self, stream: int, exc: ShuffledError) -> None: ...
+
+    def closed(self, writer: int) -> None: ...
 
 
 class PushSession:
@@ -183,7 +181,7 @@ class PushSession:
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0
         if n and not self.closed and self.conn.is_open:
-            self.conn.sender.send_control(encode_push_credit(self.writer, n))
+            self.conn.proto.grant_push_credit(self.writer, n)
 
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None
@@ -216,12 +214,12 @@ class PushSession:
         services.spiller.committed(self.out.shuffle, self.out.attempt)
         self._close()
         self.services.metrics.observe_push(time.monotonic() - self.opened_at)
-        self.conn.sender.send_control(encode_commit_ack(self.writer, lengths))
+        self.conn.proto.ack_commit(self.writer, lengths)
 
     def abort(self) -> None:
         self.services.store.abort(self.out)
         self._close()
-        self.conn.sender.send_control(encode_abort_ack(self.writer))
+        self.conn.proto.ack_abort(self.writer)
 
     def fail(self, exc: ShuffledError) -> None:
         event(log, "push failed", writer=self.writer, code=exc.code.name, reason=exc.message)
@@ -239,7 +237,7 @@ class PushSession:
             self.shares.release(self.conn.push_share, self.out.shuffle.app, self.app_share, self._extras)
             self._extras = 0
         self.closed = True
-        self.conn.pushes.pop(self.writer, None)
+        self.conn.closed(self.writer)
         if self._waiting is not None:
             self._waiting.cancel()
         self._stop_waiting()

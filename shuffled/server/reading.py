@@ -23,14 +23,13 @@ from ..logs import event
 from ..net.channel import InputChannel, PooledFloating
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
-from ..protocol.codec import encode_cancel
 from ..protocol.credit import ChannelCredit
 from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
 from .chunks import Chunk
 from .services import Services
 
-log = logging.getLogger("shuffled.read")
+log = logging.getLogger(__name__)
 
 
 class ReadClient(Protocol):
@@ -49,13 +48,10 @@ class ReadClient(Protocol):
 
 
 class ReadPeer(Protocol):
-    """The connection to a daemon a gate reads from (the daemon's connections are these)."""
+    """The reads over the connection to a daemon a gate reads from (a connection's `ReadService`)."""
 
     @property
     def is_open(self) -> bool: ...
-
-    @property
-    def sender(self) -> Sender: ...
 
     @property
     def channels(self) -> dict[int, RemoteInputChannel]: ...
@@ -64,13 +60,22 @@ class ReadPeer(Protocol):
 
     def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None: ...
 
+    def cancel_channel(self, receiver: int) -> None: ...
+
     def announce(self, ch: RemoteInputChannel) -> None: ...
+
+
+class PeerLink(Protocol):
+    """A connection to another daemon (the daemon's connections are these)."""
+
+    @property
+    def reads(self) -> ReadPeer: ...
 
 
 class Peers(Protocol):
     """Where a gate gets the connection to another daemon (the daemon's PeerManager)."""
 
-    async def get(self, addr: str) -> ReadPeer: ...
+    async def get(self, addr: str) -> PeerLink: ...
 
 
 class RemoteInputChannel(InputChannel):
@@ -119,8 +124,7 @@ class RemoteInputChannel(InputChannel):
         if self.closed:
             return
         self._finish()
-        if self.conn.is_open:
-            self.conn.sender.send_control(encode_cancel(self.receiver))
+        self.conn.cancel_channel(self.receiver)
 
     def fail(self, exc: ShuffledError) -> None:
         """The sending daemon reported an error, or its connection died."""
@@ -172,7 +176,7 @@ class InputGate:
                 return
             floating = PooledFloating(cfg.floating, self.pool)
             for addr, attempts in self.remote.items():
-                peer = await self.peers.get(addr)
+                peer = (await self.peers.get(addr)).reads
                 if self.closed:
                     return
                 if len(peer.channels) >= cfg.max_streams_per_connection:

@@ -16,45 +16,34 @@ from typing import Any
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel, PooledFloating
-from shuffled.net.connection import FrameConnection, release_payload
+from shuffled.net.connection import FrameConnection
 from shuffled.net.soon import Soon
 from shuffled.net.streams import PushEvent, PushStream
-from shuffled.protocol.auth import DialerAuth, app_token, secret_bytes
-from shuffled.protocol.codec import (
-    encode,
-    encode_add_credit,
-    encode_admin_request,
-    encode_auth_response,
-    encode_cancel,
-)
+from shuffled.protocol.auth import app_token, secret_bytes
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
+from shuffled.protocol.connection import (
+    Aborted,
+    AdminAnswered,
+    BufferArrived,
+    CloseRequested,
+    Committed,
+    ConnectionFailed,
+    Event,
+    HandshakeDone,
+    ProtocolConnection,
+    PushCredited,
+    Side,
+    StreamFailed,
+    release_payload,
+)
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit
 from shuffled.protocol.errors import (
-    AuthFailed,
     ConnectionLost,
     InvalidRequest,
     MapOutputStateError,
-    ProtocolError,
     ShuffledError,
-    error_from_code,
 )
-from shuffled.protocol.frames import (
-    AbortAck,
-    AdminResponse,
-    AuthChallenge,
-    BufferResponse,
-    Close,
-    CommitAck,
-    ErrorResponse,
-    Frame,
-    FrameType,
-    Hello,
-    HelloAck,
-    OpenMapOutput,
-    PartitionRequest,
-    PushCredit,
-    Role,
-)
+from shuffled.protocol.frames import OpenMapOutput, PartitionRequest, Role
 from shuffled.server.chunks import Chunk
 
 #: client-side pool: enough for a few concurrent writers and readers
@@ -73,24 +62,21 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
 
 class _ClientConnection(FrameConnection):
     def __init__(self, client: AsyncClient) -> None:
-        super().__init__(max_payload=32 << 10)  # set to the daemon's segment size by HelloAck
+        # max_payload is set to the daemon's segment size by HelloAck
+        who = f"shuffled at {client.address}"
+        super().__init__(ProtocolConnection(Side.DIALER, Role.CLIENT, secret=client._secret, who=who))
         self.client = client
 
     def on_made(self) -> None:
         self.client._conn = self  # before any frame arrives, so HelloAck can find it
-        info = self.client._auth.hello_info({"name": "shuffled_client"})
-        self.sender.send_control(encode(Hello(Role.CLIENT, info=info)))
+        self.proto.start({"name": "shuffled_client"})
 
-    def payload_target(
-        self, ftype: FrameType, stream: int, partition: int, length: int
-    ) -> tuple[memoryview, Any] | None:
-        reader = self.client._readers.get(stream)
-        if ftype != FrameType.BUFFER_RESPONSE or reader is None:
-            return None
-        return reader.target(length)
+    def handle_event(self, ev: Event) -> None:
+        self.client._on_event(ev)
 
-    def handle_frame(self, frame: Frame) -> None:
-        self.client._on_frame(frame)
+    def fail(self, exc: ShuffledError) -> None:
+        self.client._fail_all(exc)  # callers see why (a wrong secret, a broken daemon), not just "lost"
+        super().fail(exc)
 
     def on_lost(self) -> None:
         self.client._on_lost(self.close_reason)
@@ -112,7 +98,7 @@ class AsyncClient:
         app_secret: str | bytes | None = None,
     ) -> None:
         self.address = address
-        self._auth = DialerAuth(secret_bytes(secret) if secret is not None else None)
+        self._secret = secret_bytes(secret) if secret is not None else None
         self._app_secret = secret_bytes(app_secret) if app_secret is not None else None
         self._tokens: dict[str, str] = {}
         self._pool_size = pool_size
@@ -177,11 +163,11 @@ class AsyncClient:
         """
         check_codec(compression)
         self._check()
-        writer = MapWriter(self, self._new_stream(), partitions, compression)
+        proto = self._proto()
+        writer = MapWriter(self, proto.new_stream_id(), partitions, compression)
         self._writers[writer.stream.stream] = writer
-        self._send(
-            encode(OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app)))
-        )
+        req = OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app))
+        proto.open_push(req, writer.stream)
         await writer._opened
         return writer
 
@@ -203,7 +189,7 @@ class AsyncClient:
         check_codec(compression)
         self._check()
         req = PartitionRequest(0, 0, app, shuffle, start, end, locations, self._token(app))
-        return PartitionReader(self, self._new_stream(), req, compressed=compression is not None)
+        return PartitionReader(self, self._proto().new_stream_id(), req, compressed=compression is not None)
 
     async def unregister_shuffle(self, app: str, shuffle: int, propagate: bool = True) -> dict[str, Any]:
         return await self._admin_call("unregister_shuffle", {"app": app, "shuffle": shuffle, "propagate": propagate})
@@ -249,91 +235,75 @@ class AsyncClient:
         if self._lost is not None:
             raise self._lost
 
-    def _new_stream(self) -> int:
+    def _proto(self) -> ProtocolConnection:
         assert self._conn is not None
-        return self._conn.new_stream_id()
+        return self._conn.proto
 
-    def _send(self, frame: bytes) -> None:
+    def _wake(self, stream: PushStream) -> None:
         assert self._conn is not None
-        self._conn.sender.send_control(frame)
+        self._conn.sender.wake(stream)
 
     async def _admin_call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         self._check()
         token = self._token(args["app"]) if "app" in args else None
         if token is not None:
             args = {**args, "token": token}
-        sid = self._new_stream()
+        sid = self._proto().request_admin(op, args)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._admin[sid] = fut
-        self._send(encode_admin_request(sid, op, args))
         return await fut
 
-    def _on_frame(self, frame: Frame) -> None:
-        match frame:
-            case BufferResponse():
+    def _on_event(self, ev: Event) -> None:
+        match ev:
+            case BufferArrived(frame):
                 reader = self._readers.get(frame.receiver)
                 if reader is not None:
                     reader.on_buffer(frame)
                 else:
                     release_payload(frame)
-            case PushCredit(writer, credit):
+            case PushCredited(writer):
                 w = self._writers.get(writer)
                 if w is not None:
-                    w._on_credit(credit)
-            case CommitAck(writer, lengths):
+                    w._on_credit()
+            case Committed(writer, lengths):
                 w = self._writers.pop(writer, None)
                 if w is not None:
                     w._on_done(lengths)
-            case AbortAck(writer):
+            case Aborted(writer):
                 w = self._writers.pop(writer, None)
                 if w is not None:
                     w._on_done(None)
-            case AdminResponse(request, result):
+            case AdminAnswered(request, result):
                 fut = self._admin.pop(request, None)
                 if fut is not None and not fut.done():
                     fut.set_result(result)
-            case ErrorResponse(stream, code, message):
-                self._on_error(stream, error_from_code(code, message))
-            case AuthChallenge(nonce, proof):
-                try:
-                    self._send(encode_auth_response(self._auth.answer(nonce, proof, f"shuffled at {self.address}")))
-                except AuthFailed as exc:
-                    self._fail_all(exc)
-                    assert self._conn is not None
-                    self._conn.close(exc.message)
-            case HelloAck():
-                try:
-                    self._auth.accepted(f"shuffled at {self.address}")
-                except AuthFailed as exc:
-                    self._fail_all(exc)
-                    assert self._conn is not None
-                    self._conn.close(exc.message)
-                    return
-                self.segment_size = int(frame.info.get("segment_size", 32 << 10))
-                self.daemon_node = str(frame.info.get("node", ""))
-                segments = max(self._pool_size // self.segment_size, 16)
-                # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take:
-                # eight readers' worth, but at most a quarter of the pool, so that floating buffers (taken
-                # while more than twice the reserve is free) stay possible with large segments too.
-                reserve = min(segments // 4, 8 * self.exclusive)
-                self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
+            case StreamFailed(stream, exc):
+                self._on_error(stream, exc)
+            case ConnectionFailed(exc):
+                self._fail_all(exc)
                 assert self._conn is not None
-                self._conn.reader.set_max_payload(self.segment_size)
-                assert self._ready is not None
-                if not self._ready.done():
-                    self._ready.set_result(None)
-            case Close():
+                self._conn.close(f"daemon reported {exc.code.name}")
+            case HandshakeDone(info):
+                self._on_ready(info)
+            case CloseRequested():
                 assert self._conn is not None
                 self._conn.close("daemon sent Close")
-            case _:
-                raise ProtocolError(f"{type(frame).__name__} is not expected by a client")
+
+    def _on_ready(self, info: dict[str, Any]) -> None:
+        self.segment_size = int(info.get("segment_size", 32 << 10))
+        self.daemon_node = str(info.get("node", ""))
+        segments = max(self._pool_size // self.segment_size, 16)
+        # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take:
+        # eight readers' worth, but at most a quarter of the pool, so that floating buffers (taken
+        # while more than twice the reserve is free) stay possible with large segments too.
+        reserve = min(segments // 4, 8 * self.exclusive)
+        self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
+        self._proto().reader.set_max_payload(self.segment_size)
+        assert self._ready is not None
+        if not self._ready.done():
+            self._ready.set_result(None)
 
     def _on_error(self, stream: int, exc: ShuffledError) -> None:
-        if stream == 0:
-            self._fail_all(exc)
-            assert self._conn is not None
-            self._conn.close(f"daemon reported {exc.code.name}")
-            return
         if stream in self._writers:
             self._writers.pop(stream)._on_error(exc)
         elif stream in self._readers:
@@ -437,7 +407,7 @@ class MapWriter:
             buf = chunk.buffer
             buf.length = compress_in_place(buf.memory, buf.length)
         self.stream.push_data(chunk)
-        self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
+        self.client._wake(self.stream)
 
     async def commit(self) -> list[int]:
         """Push what is buffered and commit; returns bytes per reduce partition as the daemon stored them."""
@@ -462,17 +432,17 @@ class MapWriter:
             self._push(Chunk(buf, p, 0))
         self._open.clear()
         self.stream.push_event(event)
-        self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
+        self.client._wake(self.stream)
 
     def _raise_if_failed(self) -> None:
         if self._done.done() and self._done.exception() is not None:
             raise self._done.exception()  # type: ignore[misc]
 
-    def _on_credit(self, credit: int) -> None:
-        self.stream.add_credit(credit)
+    def _on_credit(self) -> None:
+        """Push credit arrived (the protocol connection added it to this writer's stream)."""
         if not self._opened.done():
             self._opened.set_result(None)
-        self.client._conn.sender.wake(self.stream)  # type: ignore[union-attr]
+        self.client._wake(self.stream)
 
     def _on_done(self, lengths: list[int] | None) -> None:
         if not self._done.done():
@@ -552,12 +522,11 @@ class PartitionReader(InputChannel):
         self._floating.pool = self._pool
         self.client._readers[self.receiver] = self
         r = self.req
-        self.client._send(
-            encode(
-                PartitionRequest(
-                    self.receiver, self.credit.exclusive, r.app, r.shuffle, r.start, r.end, r.locations, r.token
-                )
-            )
+        self.client._proto().request_read(
+            PartitionRequest(
+                self.receiver, self.credit.exclusive, r.app, r.shuffle, r.start, r.end, r.locations, r.token
+            ),
+            self.target,
         )
 
     # -- InputChannel
@@ -576,7 +545,7 @@ class PartitionReader(InputChannel):
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self._on_error(exc)
-        self.client._send(encode_cancel(self.receiver))
+        self.client._proto().cancel_read(self.receiver)
 
     def announce(self) -> None:
         self._announce_soon()
@@ -584,7 +553,7 @@ class PartitionReader(InputChannel):
     def _announce(self) -> None:
         n = self.credit.take_announcement()
         if n and not self.credit.closed and self.client._lost is None:
-            self.client._send(encode_add_credit(self.receiver, n))
+            self.client._proto().add_credit(self.receiver, n)
 
     def _on_error(self, exc: ShuffledError) -> None:
         if self._error is None and not self._ended:
@@ -643,7 +612,7 @@ class PartitionReader(InputChannel):
             self._current.release()
             self._current = None
         if not self._ended and self._error is None and self._started and self.client._lost is None:
-            self.client._send(encode_cancel(self.receiver))
+            self.client._proto().cancel_read(self.receiver)
         self.client._readers.pop(self.receiver, None)
         self._ended = True
         self.release_floating()

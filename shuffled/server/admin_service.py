@@ -1,0 +1,93 @@
+"""Admin calls over one connection: those it answers, and those this daemon makes to a peer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ..protocol.connection import ProtocolConnection
+from ..protocol.errors import ShuffledError
+from ..protocol.frames import AdminRequest
+
+#: what carries an admin operation out (the daemon's `admin`)
+Operation = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class Link(Protocol):
+    """The connection the service works over (a `DaemonConnection`)."""
+
+    @property
+    def proto(self) -> ProtocolConnection: ...
+
+    def count_error(self, exc: ShuffledError) -> None: ...
+
+    def authorize(self, app: str, token: object) -> None: ...
+
+
+class AdminService:
+    def __init__(self, link: Link, operation: Operation, background: set[asyncio.Task[Any]]) -> None:
+        self.link = link
+        self.operation = operation
+        self.background = background
+        self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+
+    # -- requests the other side makes
+
+    def on_request(self, req: AdminRequest) -> None:
+        task = asyncio.create_task(self._run(req))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _run(self, req: AdminRequest) -> None:
+        proto = self.link.proto
+        try:
+            app = req.args.get("app")
+            if isinstance(app, str) and req.op != "stats":
+                self.link.authorize(app, req.args.get("token"))
+            result = await self.operation(req.op, req.args)
+        except ShuffledError as exc:
+            self.link.count_error(exc)
+            proto.fail_admin(req.request, exc)
+            return
+        proto.answer_admin(req.request, result)
+
+    @property
+    def running(self) -> int:
+        return self.link.proto.admin_running
+
+    # -- requests this daemon makes
+
+    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        sid = self.link.proto.request_admin(op, args)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[sid] = fut
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.waiters.pop(sid, None)
+            self.link.proto.forget(sid)
+
+    def ping(self) -> None:
+        """Ask a silent peer for a sign of life; the answer (any bytes) is all that matters."""
+        self.link.proto.request_admin("ping", {})
+
+    def on_answer(self, request: int, result: dict[str, Any]) -> None:
+        fut = self.waiters.pop(request, None)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    def on_failed(self, stream: int, exc: ShuffledError) -> bool:
+        """The peer failed one of our admin calls; False when `stream` is not one."""
+        fut = self.waiters.pop(stream, None)
+        if fut is None:
+            return False
+        if not fut.done():
+            fut.set_exception(exc)
+        return True
+
+    def release(self, lost: ShuffledError) -> None:
+        for fut in self.waiters.values():
+            if not fut.done():
+                fut.set_exception(lost)
+        self.waiters.clear()

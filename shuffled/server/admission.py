@@ -1,0 +1,100 @@
+"""Who may connect: the daemon's side of the handshake.
+
+The protocol connection runs the handshake itself (Hello, the challenge, the
+proofs, HelloAck); what it asks the daemon is this module's: is there room for
+one more connection from that address, is it on the right port, which secret
+must it prove, and may this peer daemon join (same segment size, not a
+duplicate of a connection already dialled)?
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ..config import DaemonConfig
+from ..protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
+from ..protocol.frames import Role
+
+
+class Candidate(Protocol):
+    """A connection as admission sees it (the daemon's connections are these)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def role(self) -> Role | None: ...
+
+    @property
+    def dialed(self) -> str | None: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def handshaking(self) -> bool: ...
+
+
+def unix_peer(sock: Any) -> str:
+    """A Unix-socket client is known by its process (SO_PEERCRED): one process that opens the most
+    connections an address may have locks out only itself, not every other local client."""
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (AttributeError, OSError):
+        return "unix"
+    return f"unix pid {pid}"
+
+
+def check_handshakes(cfg: DaemonConfig, new: Candidate, conns: Iterable[Candidate]) -> None:
+    """Refuse a connection while too many others, from its address or from all, are still in their
+    handshake: before authentication nobody is known, so only counting bounds what strangers hold."""
+    pending = [c for c in conns if c is not new and c.dialed is None and c.handshaking]
+    same = sum(1 for c in pending if c.host == new.host)
+    if same >= cfg.max_handshakes_per_address:
+        raise LimitExceeded(
+            f"max-handshakes-per-address ({cfg.max_handshakes_per_address}) reached: {same} connections from "
+            f"{new.host} have not finished their handshake"
+        )
+    if len(pending) >= cfg.max_handshakes:
+        raise LimitExceeded(
+            f"max-handshakes ({cfg.max_handshakes}) reached: {len(pending)} connections have not finished "
+            "their handshake"
+        )
+
+
+def check_connection_limit(cfg: DaemonConfig, host: str, role: Role, conns: Iterable[Candidate]) -> None:
+    """Refuse one more client (or peer) connection from an address that already has its maximum."""
+    peer = role is Role.DAEMON
+    limit = cfg.max_connections_per_peer if peer else cfg.max_connections_per_client
+    same = sum(1 for c in conns if c.role is role and c.host == host and c.is_open)
+    if same >= limit:
+        kind = "peer" if peer else "client"
+        raise LimitExceeded(
+            f"max-connections-per-{kind} ({limit}) reached: {same} {kind} connections from {host} are open"
+        )
+
+
+def peer_node(info: dict[str, Any]) -> str:
+    node = info.get("node")
+    if not isinstance(node, str) or not node:
+        raise ProtocolError("a daemon's Hello must name its node address")
+    return node
+
+
+def check_port(cfg: DaemonConfig, peer_tls: bool, over_tls: bool, role: Role) -> None:
+    """With peer TLS on, daemons connect on the TLS port and clients on the plain one."""
+    if peer_tls and over_tls != (role is Role.DAEMON):
+        where = "the plain port" if over_tls else f"port {cfg.peer_tls_port} with TLS"
+        raise AuthFailed(f"{'peer daemons' if not over_tls else 'clients'} must connect on {where}")
+
+
+def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> None:
+    theirs = info.get("segment_size")
+    if theirs != cfg.segment_size:
+        raise InvalidRequest(
+            f"segment size {theirs} of daemon {node} differs from ours ({cfg.segment_size}); every daemon of a "
+            "cluster needs the same"
+        )

@@ -1,0 +1,236 @@
+"""The reads of one connection: those it serves, and those this daemon makes over it to a peer.
+
+A served read is a snapshot of this daemon's chunks (in memory, or fed from disk)
+plus, for a client, an `InputGate` relaying what other daemons hold. The reads
+this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
+announcements are batched once per loop turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ..logs import event
+from ..net.sender import Sender
+from ..net.soon import Soon
+from ..net.streams import BufferResponseStream
+from ..protocol.connection import ProtocolConnection, release_payload
+from ..protocol.errors import InvalidRequest, ShuffledError
+from ..protocol.frames import BufferResponse, PartitionRequest
+from .chunks import Chunk
+from .feed import DiskFedStream
+from .peers import split_address
+from .reading import InputGate, Peers, RemoteInputChannel
+from .services import Services
+
+log = logging.getLogger(__name__)
+
+
+class Link(Protocol):
+    """The connection the service works over (a `DaemonConnection`)."""
+
+    @property
+    def proto(self) -> ProtocolConnection: ...
+
+    @property
+    def sender(self) -> Sender: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    @property
+    def from_client(self) -> bool: ...
+
+    def send_error(self, stream: int, exc: ShuffledError) -> None: ...
+
+    def authorize(self, app: str, token: object) -> None: ...
+
+
+class ReadService:
+    def __init__(self, link: Link, node: str, services: Services, peers: Peers) -> None:
+        self.link = link
+        self.node = node
+        self.services = services
+        self.peers = peers
+        self.served: dict[int, BufferResponseStream] = {}
+        self.gates: dict[int, InputGate] = {}
+        self.channels: dict[int, RemoteInputChannel] = {}
+        self._announce: dict[int, RemoteInputChannel] = {}
+        self._flush_announcements_soon = Soon(self._flush_announcements)
+
+    # -- the ReadClient / ReadPeer views the gates and channels use
+
+    @property
+    def sender(self) -> Sender:
+        return self.link.sender
+
+    @property
+    def is_open(self) -> bool:
+        return self.link.is_open
+
+    def send_error(self, stream: int, exc: ShuffledError) -> None:
+        self.link.send_error(stream, exc)
+
+    def new_stream_id(self) -> int:
+        return self.link.proto.new_stream_id()
+
+    # -- reads served
+
+    def on_request(self, req: PartitionRequest) -> None:
+        rid = req.receiver
+        local: list[int] | None = None
+        remote: dict[str, list[int]] = {}
+        for addr, attempts in req.locations.items():
+            if addr in ("", self.node):
+                local = (local or []) + attempts
+            else:
+                remote[addr] = attempts
+        try:
+            if remote and not self.link.from_client:
+                raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
+            self.link.authorize(req.app, req.token)
+            for addr in remote:
+                split_address(addr)
+            if req.start > req.end:
+                raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
+            store = self.services.store
+            items, on_disk = (
+                store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else ([], 0)
+            )
+        except ShuffledError as exc:
+            self.send_error(rid, exc)
+            return
+        fed: DiskFedStream | None = None
+        if on_disk:
+            fed = DiskFedStream(
+                rid,
+                req.credit,
+                self._stream_ended,
+                self.services,
+                items,
+                lambda: self._local_done(rid),
+                self._failer(rid),
+            )
+            fed.sender = self.sender
+            stream: BufferResponseStream = fed
+        else:
+            stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+            counters = self.services.counters
+            for chunk in items:
+                assert isinstance(chunk, Chunk)
+                stream.push_data(chunk)
+                counters.served_local_bytes += chunk.buffer.length
+            counters.served_local_buffers += len(items)
+        stream.opened_at = time.monotonic()
+        stream.relayed = bool(remote)
+        self.served[rid] = stream
+        self.link.proto.accept_read(rid, stream)
+        if remote:
+            gate = InputGate(self, stream, req, remote, self.services, self.peers, local_pending=fed is not None)
+            self.gates[rid] = gate
+            gate.task = asyncio.create_task(gate.open())
+        elif fed is None:
+            stream.end()
+        self.sender.wake(stream)
+        if fed is not None:
+            fed.pump()
+
+    def on_credit(self, rid: int) -> None:
+        stream = self.served.get(rid)
+        if stream is not None:
+            self.sender.wake(stream)
+
+    def on_cancel(self, rid: int) -> None:
+        gate = self.gates.pop(rid, None)
+        if gate is not None:
+            gate.close()
+        stream = self.served.pop(rid, None)
+        if stream is not None:
+            stream.shutdown()
+
+    def _local_done(self, rid: int) -> None:
+        """A disk-fed local part is fully queued: the stream ends, or its gate counts one part done."""
+        gate = self.gates.get(rid)
+        if gate is not None:
+            gate.channel_done()
+            return
+        stream = self.served.get(rid)
+        if stream is not None:
+            stream.end()
+            self.sender.wake(stream)
+
+    def _failer(self, rid: int) -> Callable[[ShuffledError], None]:
+        def fail(exc: ShuffledError) -> None:
+            gate = self.gates.get(rid)
+            if gate is not None:
+                gate.fail(exc)
+                return
+            stream = self.served.pop(rid, None)
+            if stream is not None:
+                event(log, "read failed", logging.WARNING, stream=rid, code=exc.code.name, reason=exc.message)
+                stream.shutdown()
+                self.send_error(rid, exc)
+
+        return fail
+
+    def _stream_ended(self, stream: BufferResponseStream) -> None:
+        if self.served.get(stream.stream) is stream:
+            del self.served[stream.stream]
+        self.link.proto.read_finished(stream.stream)
+        self.services.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
+
+    # -- reads this daemon makes over the connection (for its gates)
+
+    def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
+        self.channels[ch.receiver] = ch
+        self.services.counters.read_credit_granted += req.credit
+        self.link.proto.request_read(req, ch.target)
+
+    def cancel_channel(self, receiver: int) -> None:
+        self.channels.pop(receiver, None)
+        self.link.proto.cancel_read(receiver)
+
+    def on_buffer(self, frame: BufferResponse) -> None:
+        ch = self.channels.get(frame.receiver)
+        if ch is None:
+            release_payload(frame)
+            return
+        ch.on_buffer(frame)
+
+    def on_failed(self, stream: int, exc: ShuffledError) -> bool:
+        """The peer failed one of our reads; False when `stream` is not a read."""
+        ch = self.channels.get(stream)
+        if ch is None:
+            return False
+        ch.fail(exc)
+        return True
+
+    def announce(self, ch: RemoteInputChannel) -> None:
+        """Lazily send AddCredit: collect channels now, send what they owe once per loop turn."""
+        self._announce[ch.receiver] = ch
+        self._flush_announcements_soon()
+
+    def _flush_announcements(self) -> None:
+        pending, self._announce = self._announce, {}
+        if not self.is_open:
+            return
+        for ch in pending.values():
+            n = ch.credit.take_announcement()
+            if n and not ch.closed:
+                self.services.counters.read_credit_granted += n
+                self.link.proto.add_credit(ch.receiver, n)
+
+    # -- the connection's end
+
+    def release(self, lost: ShuffledError) -> None:
+        for ch in list(self.channels.values()):
+            ch.fail(lost)
+        for gate in list(self.gates.values()):
+            gate.close()
+        for stream in list(self.served.values()):
+            stream.shutdown()
+        self.served.clear()
