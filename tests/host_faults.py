@@ -1,4 +1,4 @@
-"""Faults injected into simulated hosts while Spark jobs run: shared by tests/test_hosts.py and the
+"""Faults injected into simulated hosts while Spark jobs run: shared by tests/spark/test_hosts.py and the
 soak benchmark, so both break the daemons the same way and judge the outcome by the same rules.
 
 A fault has a moment. ``before`` a job starts (a daemon restarted onto a tiny full disk), ``mid_map``

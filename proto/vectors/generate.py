@@ -1,7 +1,7 @@
 """Builds proto/vectors/frames.json, the golden wire-format vectors, from the Python codec.
 
 Regenerate only when the wire format changes deliberately, and review the diff line
-by line: the checked-in frames.json is the source of truth (tests/test_vectors.py and
+by line: the checked-in frames.json is the source of truth (tests/unit/test_vectors.py and
 other implementations test against it), this script is only a convenience for
 writing it. A change to an existing vector's "hex" is a wire-format change.
 

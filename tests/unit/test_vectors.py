@@ -22,7 +22,7 @@ from shuffled.protocol.codec import FrameReader, decode_all, encode
 from shuffled.protocol.credit import DEFAULT_FLOATING, ChannelCredit, FloatingPool, OutboundStream
 from shuffled.protocol.errors import ProtocolError
 
-PROTO = Path(__file__).parents[1] / "proto"
+PROTO = Path(__file__).parents[2] / "proto"
 DOC = PROTO / "PROTOCOL.md"
 with (PROTO / "vectors" / "frames.json").open(encoding="utf-8") as _f:
     VECTORS: dict[str, Any] = json.load(_f)

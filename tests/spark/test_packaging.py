@@ -19,7 +19,7 @@ from tests.spark_support import needs_spark
 
 pytestmark = [needs_spark, needs_jdk, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("pyspark", ["installed", "pyspark>=3.5,<3.6"])

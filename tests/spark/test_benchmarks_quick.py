@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.__main__ import SCENARIOS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: the Spark scenarios start JVMs, a standalone cluster on three namespace hosts among them (about 4 minutes
 #: on a busy 2-core machine)
 TIMEOUT = 480

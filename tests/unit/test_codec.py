@@ -229,7 +229,7 @@ def test_protocol_package_imports_no_asyncio() -> None:
     core, every = result.stdout.splitlines()
     assert core == "[]", core
     assert every.endswith(" []") and "'frames'" in every, every
-    for path in (Path(__file__).parents[1] / "shuffled" / "protocol").glob("*.py"):
+    for path in (Path(__file__).parents[2] / "shuffled" / "protocol").glob("*.py"):
         source = path.read_text()
         assert "import asyncio" not in source and "from asyncio" not in source, path
 

@@ -28,7 +28,7 @@ from shuffled.config import DaemonConfig, parse_size
 from shuffled_client import AsyncClient
 from tests.cluster import DaemonProcess, free_port, http_get, metric_samples, payload, start_daemon, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DEFAULTS = DaemonConfig()
 MiB = 1 << 20

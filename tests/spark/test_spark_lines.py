@@ -1,6 +1,6 @@
 """Every Spark line the plugin supports besides the installed one (on which the whole Spark suite runs):
 the plugin built for that line from the same sources (its version layer: client/jvm/src/compat), a job
-matrix on that Spark through shuffled equal to its own built-in shuffle (tests/spark_line_job.py), and
+matrix on that Spark through shuffled equal to its own built-in shuffle (tests/spark/spark_line_job.py), and
 a jar of another line refused when that Spark starts.
 
 Each line's pyspark (the newest release of the line) is installed once into a virtual environment of its
@@ -30,7 +30,7 @@ from tests.spark_support import daemon_stats, needs_spark
 
 pytestmark = [needs_spark, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("SHUFFLED_SPARK_LINES", Path.home() / ".cache" / "shuffled" / "spark-lines"))
 
 
@@ -103,7 +103,7 @@ JOB_STEP_SECONDS = 240
 def _job(env: LineEnv, address: str, work: Path) -> subprocess.Popen[str]:
     # local-cluster's workers write their work dirs under SPARK_WORKER_DIR (default: inside the venv's pyspark)
     return subprocess.Popen(
-        [str(env.python), "-m", "tests.spark_line_job", str(env.jar), address],
+        [str(env.python), "-m", "tests.spark.spark_line_job", str(env.jar), address],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), "SPARK_WORKER_DIR": str(work)},
         stdin=subprocess.PIPE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).parents[1] / "shuffled"
+PACKAGE = Path(__file__).parents[2] / "shuffled"
 
 
 def module_name(path: Path) -> str:

@@ -34,7 +34,7 @@ from shuffled.protocol.frames import (
 )
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
-from tests.test_bad_input import Raw
+from tests.integration.test_bad_input import Raw
 
 SECRET = "s3cret-of-the-cluster"
 #: what only daemons know; every application knows SECRET

@@ -1,4 +1,4 @@
-"""Network faults between two daemons, injected by a TCP proxy (tests/faultproxy.py).
+"""Network faults between two daemons, injected by a TCP proxy (tests/integration/faultproxy.py).
 
 Daemon A (127.0.0.1) relays a client's read of data held by daemon B (127.0.0.2),
 dialling B through the proxy; daemon C (127.0.0.3) holds data read over a direct
@@ -26,7 +26,7 @@ from shuffled.protocol.errors import ConnectionLost, CorruptData, ErrorCode, Shu
 from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, payload, pool_settled
-from tests.faultproxy import FaultProxy, Mark
+from tests.integration.faultproxy import FaultProxy, Mark
 
 pytestmark = pytest.mark.asyncio
 

@@ -27,7 +27,7 @@ from shuffled_client import (
     StorageError,
 )
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, rss, start_daemon, wait_until
-from tests.test_bad_input import Raw
+from tests.integration.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,7 +13,7 @@ import pytest
 from shuffled import config as settings
 from shuffled.config import ConfigError, DaemonConfig, load
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _args(*flags: str) -> argparse.Namespace:

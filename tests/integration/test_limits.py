@@ -26,7 +26,7 @@ from shuffled.protocol.frames import (
 )
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, cluster_fixture, free_port, pool_settled, start_daemon, wait_until
-from tests.test_bad_input import Raw
+from tests.integration.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
 

@@ -16,7 +16,7 @@ from shuffled.protocol.errors import ErrorCode, PeerUnavailable
 from shuffled.protocol.frames import ErrorResponse, Hello, Role
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, start_daemon
-from tests.test_bad_input import Raw
+from tests.integration.test_bad_input import Raw
 
 pytestmark = [
     pytest.mark.asyncio,

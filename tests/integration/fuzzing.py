@@ -3,11 +3,11 @@ random but well-formed (they drive the daemon's stream state machines into their
 errors), ending in a mutated frame, random bytes or a truncation (its decoder's fatal paths).
 
 Seeds are the golden vectors (proto/vectors/frames.json) and frames the codec encodes with
-random fields. Used by tests/test_fuzz_live.py (a bounded run) and, for long runs, as a
+random fields. Used by tests/integration/test_fuzz_live.py (a bounded run) and, for long runs, as a
 program that starts its own daemon:
 
-    python3 -m tests.fuzzing --frames 5000000 --seconds 1800
-    python3 -m tests.fuzzing --auth --frames 1000000   # before authentication
+    python3 -m tests.integration.fuzzing --frames 5000000 --seconds 1800
+    python3 -m tests.integration.fuzzing --auth --frames 1000000   # before authentication
 
 Every fuzz connection ends with this side half-closing; the daemon must then close it
 within a bound, or it hung. Each connection's frames are generated up front and sent in
@@ -56,7 +56,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 
-VECTORS = Path(__file__).resolve().parent.parent / "proto" / "vectors" / "frames.json"
+VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "frames.json"
 APPS = [f"fz-{i}" for i in range(4)]
 #: seconds the daemon may take to close a connection after the fuzzer half-closed it
 CLOSE_BOUND = 15.0

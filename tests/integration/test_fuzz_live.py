@@ -1,7 +1,7 @@
-"""Fuzzed frames against a running daemon (see tests/fuzzing.py): no crash, no hang, another
+"""Fuzzed frames against a running daemon (see tests/integration/fuzzing.py): no crash, no hang, another
 client keeps pushing and reading correct data throughout, and the pool is fully recycled.
 
-SHUFFLED_FUZZ_FRAMES scales the run (default 100 000); `python3 -m tests.fuzzing` runs longer.
+SHUFFLED_FUZZ_FRAMES scales the run (default 100 000); `python3 -m tests.integration.fuzzing` runs longer.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from shuffled.protocol.errors import ErrorCode, LimitExceeded
 from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, secret_flags
-from tests.fuzzing import APPS, CLOSE_BOUND, HalfOpen, check_recycled, fuzz, half_open
-from tests.test_bad_input import Raw
+from tests.integration.fuzzing import APPS, CLOSE_BOUND, HalfOpen, check_recycled, fuzz, half_open
+from tests.integration.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
 

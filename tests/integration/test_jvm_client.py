@@ -20,7 +20,7 @@ from shuffled_client import AsyncClient
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 JAVA_TIMEOUT = 60
 ASYNC_TIMEOUT = 60
 PARTITIONS = 4  # ClientCheck.PARTITIONS
@@ -138,7 +138,7 @@ async def test_java_client_authenticates_and_keeps_applications_apart(jars: tupl
 
 @pytest.mark.asyncio
 async def test_java_reader_refuses_a_buffer_that_fails_its_crc(jars: tuple[Path, Path]) -> None:
-    from tests.test_security import corrupting_peer
+    from tests.integration.test_security import corrupting_peer
 
     async with corrupting_peer() as peer:
         proc = await asyncio.to_thread(_client_check, jars, peer, "corrupt", "c-app", "1", "1")

@@ -1,7 +1,7 @@
-"""Runs inside a Python environment with another Spark line's pyspark (tests/test_spark_lines.py): a job
+"""Runs inside a Python environment with another Spark line's pyspark (tests/spark/test_spark_lines.py): a job
 matrix through Spark's built-in shuffle, then through shuffled; prints one JSON line.
 
-``python -m tests.spark_line_job JAR ADDRESS``. The jobs: a SQL join and an aggregation with AQE,
+``python -m tests.spark.spark_line_job JAR ADDRESS``. The jobs: a SQL join and an aggregation with AQE,
 TPC-DS-style star-schema queries (benchmarks/star_schema.py), an RDD groupByKey, the row-based shuffle
 checksums of every map status (Spark 4.1 on; on both writer paths), a map task that fails
 once and is retried, and a shuffle read again after its daemon was killed and replaced by one without

@@ -25,7 +25,7 @@ from shuffled.protocol.frames import (
 )
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled
-from tests.test_bad_input import Raw
+from tests.integration.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
 

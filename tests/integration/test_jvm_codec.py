@@ -20,7 +20,7 @@ from shuffled.protocol import frames as F
 from shuffled.protocol.errors import ErrorCode
 from tests.jvm import SUMMARY, needs_jdk
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 VECTORS_FILE = ROOT / "proto" / "vectors" / "frames.json"
 JAVA_TIMEOUT = 60
 
