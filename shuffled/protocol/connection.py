@@ -347,8 +347,11 @@ class ProtocolConnection:
             if event is not None:
                 yield event
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Copying convenience for tests and tools: feed bytes, collect every event."""
+    def receive_data(self, data: bytes, handle: Callable[[Event], None] | None = None) -> list[Event]:
+        """Copying convenience for tests and tools: feed bytes, collect every event.
+
+        `handle` acts on each event as it comes, as a shell does, before the next frame is judged.
+        """
         events: list[Event] = []
         view = memoryview(data)
         while view:
@@ -356,7 +359,10 @@ class ProtocolConnection:
             n = min(len(buf), len(view))
             buf[:n] = view[:n]
             view = view[n:]
-            events.extend(self.buffer_updated(n))
+            for event in self.buffer_updated(n):
+                if handle is not None:
+                    handle(event)
+                events.append(event)
         return events
 
     def discard_pending(self) -> None:
@@ -665,6 +671,9 @@ class ProtocolConnection:
         if self.phase is Phase.CLOSED:
             release_payload(frame)
             return None
+        if isinstance(frame, ErrorResponse):  # the other side refused the handshake, or gave up on it
+            self.phase = Phase.CLOSED
+            return ConnectionFailed(error_from_code(frame.code, frame.message))
         if self.side is Side.DIALER:
             return self._dialer_frame(frame)
         if self.phase is Phase.HELLO:
@@ -692,9 +701,6 @@ class ProtocolConnection:
                 self.peer_role = role
                 self._open()
                 return HandshakeDone(info)
-            case ErrorResponse(_, code, message):
-                self.phase = Phase.CLOSED
-                return ConnectionFailed(error_from_code(code, message))
         raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
 
 

@@ -185,13 +185,16 @@ class DaemonConnection(FrameConnection):
 
     def fail(self, exc: ShuffledError) -> None:
         if isinstance(exc, AuthFailed) and not self.ready.done():
-            event(log, "authentication failed", logging.WARNING, peer=self.peer, node=self.node, reason=exc.message)
+            self._log_auth_failed(exc.message)
             self.ready.set_exception(exc)
             self.ready.exception()  # retrieved: the dialer's caller sees it through the peer manager
         if self.is_open:
             self.count_error(exc)
             self.failure = exc
         super().fail(exc)
+
+    def _log_auth_failed(self, reason: str) -> None:
+        event(log, "authentication failed", logging.WARNING, peer=self.peer, node=self.node, reason=reason)
 
     def _release_all(self) -> None:
         """Fail consumers, close served streams, abort pushes: nothing may outlive the connection."""
@@ -266,6 +269,8 @@ class DaemonConnection(FrameConnection):
                 self.count_error(exc)
             case ConnectionFailed(exc):
                 if not self.ready.done():
+                    if isinstance(exc, AuthFailed):  # the other side found our proof (or its lack) wrong
+                        self._log_auth_failed(f"the other side says: {exc.message}")
                     self.ready.set_exception(exc)
                     self.close(f"handshake refused: {exc.message}")
                 else:

@@ -1,0 +1,425 @@
+"""The sans-IO protocol connection: the handshake, the stream table's rules, and two of them talking.
+
+The rule-based test wires a client and a daemon `ProtocolConnection` together in
+memory and lets Hypothesis interleave reads (with credit granted as buffers are
+consumed), cancels, pushes (committed or aborted), admin calls and the moving of
+bytes either way. After every step, and at every quiet point, it checks what
+must always hold: credit never negative on either side, the credit a sender
+holds equal to what its reader granted minus what arrived, every ended read
+delivered exactly what was served in order, every commit counted every push,
+and, when nothing is in flight, both stream tables agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from shuffled.protocol.codec import encode, encode_push_data
+from shuffled.protocol.connection import (
+    Aborted,
+    AbortRequested,
+    AdminAnswered,
+    AdminRequested,
+    BufferArrived,
+    CommitRequested,
+    Committed,
+    ConnectionFailed,
+    CreditAdded,
+    Event,
+    HandshakeDone,
+    HelloReceived,
+    Kind,
+    Limits,
+    ProtocolConnection,
+    PushCredited,
+    PushDataArrived,
+    PushOpened,
+    ReadCancelled,
+    ReadRequested,
+    Side,
+    StreamFailed,
+    StreamRefused,
+)
+from shuffled.protocol.credit import OutboundStream
+from shuffled.protocol.errors import (
+    AuthFailed,
+    CreditViolation,
+    ErrorCode,
+    InvalidRequest,
+    ProtocolError,
+)
+from shuffled.protocol.frames import AddCredit, BufferKind, Hello, OpenMapOutput, PartitionRequest, Role
+from tests.protocol_pair import ABORT, ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
+
+NODE = "198.18.0.1:7337"
+
+
+def _pair(dialer_secret: bytes | None = None, dialer_role: Role = Role.CLIENT, limits: Limits | None = None) -> Pair:
+    return Pair(
+        ProtocolConnection(Side.DIALER, dialer_role, secret=dialer_secret, who="the daemon"),
+        ProtocolConnection(Side.ACCEPTOR, Role.DAEMON, limits=limits, who="the dialer"),
+    )
+
+
+def _open(pair: Pair, secret: bytes | None = None) -> None:
+    pair.dialer.start({"name": "test"})
+    (hello,) = pair.deliver(DIALER)
+    assert isinstance(hello, HelloReceived)
+    if secret is not None:
+        pair.acceptor.challenge(secret)
+        assert pair.deliver(ACCEPTOR) == []
+        pair.deliver(DIALER)
+    pair.acceptor.accept({"node": NODE})
+    (done,) = pair.deliver(ACCEPTOR)
+    assert done == HandshakeDone({"node": NODE}) and pair.dialer.is_open and pair.acceptor.is_open
+
+
+def _request(receiver: int, buffers: int = 1, credit: int = 1) -> PartitionRequest:
+    return PartitionRequest(receiver, credit, "app", 1, 0, buffers, {"": [1]})
+
+
+# -- the handshake
+
+
+def test_the_same_secret_on_both_sides_opens_the_connection() -> None:
+    _open(_pair(b"s3cret"), b"s3cret")
+
+
+@pytest.mark.parametrize(
+    ("dialer", "acceptor", "fails", "why"),
+    [
+        (b"mine", b"theirs", DIALER, "could not prove"),  # the dialer checks the acceptor's proof first
+        (None, b"theirs", ACCEPTOR, "has no secret configured"),
+        (b"mine", None, DIALER, "does not authenticate"),
+    ],
+)
+def test_a_secret_mismatch_fails_the_side_that_finds_it(
+    dialer: bytes | None, acceptor: bytes | None, fails: str, why: str
+) -> None:
+    pair = _pair(dialer)
+    pair.dialer.start({})
+    pair.deliver(DIALER)
+    if acceptor is not None:
+        pair.acceptor.challenge(acceptor)
+    else:
+        pair.acceptor.accept({})
+    with pytest.raises(AuthFailed, match=why):
+        pair.deliver(ACCEPTOR)
+        pair.deliver(DIALER)
+    assert pair.side(fails).phase.value != "open" or fails == DIALER
+
+
+def test_the_acceptor_wants_hello_first_and_nothing_before_it_answers() -> None:
+    acceptor = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+    with pytest.raises(ProtocolError, match="first frame must be Hello"):
+        acceptor.receive_data(encode(_request(1)))
+    acceptor = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+    with pytest.raises(ProtocolError, match="before the handshake was answered"):
+        acceptor.receive_data(encode(Hello(Role.CLIENT, info={})) + encode(_request(1)))
+
+
+def test_a_refused_handshake_is_a_connection_failure_for_the_dialer() -> None:
+    pair = _pair()
+    pair.dialer.start({})
+    pair.deliver(DIALER)
+    events = pair.dialer.receive_data(pair.acceptor.fail(InvalidRequest("segment sizes differ")))
+    assert len(events) == 1 and isinstance(events[0], ConnectionFailed)
+    assert events[0].error.code == ErrorCode.INVALID_REQUEST and not pair.dialer.is_open
+
+
+# -- the stream table
+
+
+def test_stream_ids_are_never_zero_nor_reused_while_open() -> None:
+    pair = _pair()
+    _open(pair)
+    pair.dialer.request_read(_request(1), landing)
+    pair.deliver(DIALER)
+    with pytest.raises(ProtocolError, match="already in use"):
+        pair.acceptor.receive_data(encode(_request(1)))
+    with pytest.raises(ProtocolError, match="reserved"):
+        pair.acceptor.receive_data(encode(_request(0)))
+
+
+def test_the_dialer_skips_ids_still_open_after_the_counter_wraps() -> None:
+    conn = ProtocolConnection(Side.DIALER, Role.CLIENT)
+    conn.request_read(_request(1), landing)
+    conn._next_id = 0xFFFFFFFF
+    assert [conn.new_stream_id(), conn.new_stream_id()] == [0xFFFFFFFF, 2]
+
+
+def test_limits_refuse_one_stream_and_keep_the_connection() -> None:
+    pair = _pair(limits=Limits(streams=2, pushes=1, admin=1))
+    _open(pair)
+    for rid in (1, 2, 3):
+        pair.dialer.request_read(_request(rid), landing)
+    refused = pair.deliver(DIALER)
+    assert [type(e) for e in refused] == [ReadRequested, ReadRequested, StreamRefused]
+    (failed,) = pair.deliver(ACCEPTOR)
+    assert isinstance(failed, StreamFailed) and failed.stream == 3 and failed.error.code == ErrorCode.LIMIT_EXCEEDED
+    pair.acceptor.send_error(1, InvalidRequest("done"))  # both reads end: room for two streams, but one push
+    pair.acceptor.read_finished(2)
+    pair.deliver(ACCEPTOR)
+    for wid in (4, 5):
+        pair.dialer.open_push(OpenMapOutput(wid, "app", 1, 0, wid, 1), OutboundStream(wid, 0))
+    pair.dialer.request_admin("stats", {})
+    pair.dialer.request_admin("stats", {})
+    events = pair.deliver(DIALER)
+    assert [type(e) for e in events] == [PushOpened, StreamRefused, AdminRequested, StreamRefused]
+    assert "max-pushes-per-connection (1)" in events[1].error.message  # type: ignore[union-attr]
+    assert "max-admin-per-connection (1)" in events[3].error.message  # type: ignore[union-attr]
+    assert pair.acceptor.is_open
+
+
+def test_a_client_is_not_asked_for_data_and_only_clients_push() -> None:
+    pair = _pair()
+    _open(pair)
+    with pytest.raises(ProtocolError, match="not expected by a client"):
+        pair.dialer.receive_data(encode(_request(1)))
+    peers = _pair(dialer_role=Role.DAEMON)
+    _open(peers)
+    peers.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
+    with pytest.raises(ProtocolError, match="only clients push"):
+        peers.deliver(DIALER)
+
+
+def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:
+    pair = _pair()
+    _open(pair)
+    pair.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
+    pair.dialer.send(encode_push_data(1, 0, 0, b"too early"))
+    with pytest.raises(CreditViolation, match="before credit was granted"):
+        pair.deliver(DIALER)
+
+
+def test_frames_for_ended_streams_are_dropped_quietly() -> None:
+    pair = _pair()
+    _open(pair)
+    pair.dialer.request_read(_request(1), landing)
+    pair.deliver(DIALER)
+    pair.dialer.cancel_read(1)
+    assert pair.deliver(DIALER) == [ReadCancelled(1)]
+    assert pair.acceptor.receive_data(encode(AddCredit(1, 1))) == []  # credit already on its way
+    late = send_buffers_once(pair.acceptor, 1, b"late")
+    assert pair.dialer.receive_data(late) == [] and pair.dialer.own == {}
+
+
+def send_buffers_once(conn: ProtocolConnection, receiver: int, payload: bytes) -> bytes:
+    out: OutboundStream[Any] = OutboundStream(receiver, 1)
+    out.push_data((0, payload))
+    send_buffers(conn, out, receiver)
+    return conn.data_to_send()
+
+
+# -- two parties
+
+
+class TwoParties(RuleBasedStateMachine):
+    """A client reading and pushing through a daemon that serves and stores, bytes moved at random times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = _pair(limits=Limits(streams=6, pushes=3, admin=2))
+        _open(self.pair)
+        self.client = self.pair.dialer
+        self.daemon = self.pair.acceptor
+        # the client's side
+        self.reads: dict[int, list[bytes]] = {}  # open reads: what arrived
+        self.consumed: dict[int, int] = {}  # buffers consumed, whose credit is not yet granted again
+        self.granted: dict[int, int] = {}  # credit granted in all
+        self.arrived: dict[int, int] = {}
+        self.pushes: dict[int, OutboundStream[Any]] = {}
+        self.pushed: dict[int, list[bytes]] = {}
+        self.finished = 0
+        # the daemon's side
+        self.served: dict[int, OutboundStream[Any]] = {}
+        self.serving: dict[int, list[bytes]] = {}
+        self.stored: dict[int, list[bytes]] = {}
+
+    # -- the client acts
+
+    @rule(buffers=st.integers(0, 5), credit=st.integers(1, 3))
+    def open_read(self, buffers: int, credit: int) -> None:
+        rid = self.client.new_stream_id()
+        self.client.request_read(_request(rid, buffers, credit), landing)
+        self.reads[rid] = []
+        self.consumed[rid] = 0
+        self.granted[rid] = credit
+        self.arrived[rid] = 0
+
+    @precondition(lambda self: any(self.consumed.values()))
+    @rule(data=st.data())
+    def consume_and_grant(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(r for r, n in self.consumed.items() if n)))
+        n = data.draw(st.integers(1, self.consumed[rid]))
+        self.consumed[rid] -= n
+        self.granted[rid] += n
+        self.client.add_credit(rid, n)
+
+    @precondition(lambda self: bool(self.reads))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.reads)))
+        self.client.cancel_read(rid)
+        self._forget_read(rid)
+
+    @rule(chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=4))
+    def open_push(self, chunks: list[bytes]) -> None:
+        wid = self.client.new_stream_id()
+        out: OutboundStream[Any] = OutboundStream(wid, 0)
+        self.client.open_push(OpenMapOutput(wid, "app", 1, 0, wid, 2), out)
+        for i, chunk in enumerate(chunks):
+            out.push_data((i % 2, chunk))
+        self.pushes[wid] = out
+        self.pushed[wid] = chunks
+
+    @precondition(lambda self: any(not o._items or not o._items[-1][0] for o in self.pushes.values()))
+    @rule(data=st.data(), commit=st.booleans())
+    def finish_push(self, data: st.DataObject, commit: bool) -> None:
+        open_ = sorted(w for w, o in self.pushes.items() if not o._items or not o._items[-1][0])
+        wid = data.draw(st.sampled_from(open_))
+        self.pushes[wid].push_event(COMMIT if commit else ABORT)
+
+    @rule()
+    def admin(self) -> None:
+        self.client.request_admin("stats", {})
+
+    # -- bytes move
+
+    @rule()
+    def client_sends(self) -> None:
+        for wid, out in list(self.pushes.items()):
+            send_pushes(self.client, out, wid)
+        self.pair.deliver(DIALER, self._daemon_handles)
+
+    @rule()
+    def daemon_sends(self) -> None:
+        self.pair.deliver(ACCEPTOR, self._client_handles)
+
+    def _daemon_handles(self, event: Event) -> None:
+        daemon = self.daemon
+        match event:
+            case ReadRequested(req):
+                out: OutboundStream[Any] = OutboundStream(req.receiver, req.credit)
+                daemon.accept_read(req.receiver, out)
+                payloads = [bytes([req.receiver % 251, i]) * (i + 1) for i in range(req.end)]
+                for p in payloads:
+                    out.push_data((0, p))
+                out.push_event(None)
+                self.served[req.receiver] = out
+                self.serving[req.receiver] = payloads
+                self._serve(req.receiver)
+            case CreditAdded(rid):
+                self._serve(rid)
+            case ReadCancelled(rid):
+                self.served.pop(rid).close()
+            case PushOpened(req):
+                daemon.accept_push(req.writer, landing)
+                daemon.grant_push_credit(req.writer, 2)
+                self.stored[req.writer] = []
+            case PushDataArrived(frame):
+                self.stored[frame.writer].append(bytes(frame.payload))
+                daemon.grant_push_credit(frame.writer, 1)
+            case CommitRequested(writer, pushes):
+                assert pushes == len(self.stored[writer])
+                daemon.ack_commit(writer, [sum(len(b) for b in self.stored.pop(writer))])
+            case AbortRequested(writer):
+                self.stored.pop(writer)
+                daemon.ack_abort(writer)
+            case AdminRequested(req):
+                daemon.answer_admin(req.request, {"node": NODE})
+            case StreamRefused():
+                pass
+            case _:
+                raise AssertionError(f"the daemon did not expect {event}")
+
+    def _serve(self, rid: int) -> None:
+        out = self.served.get(rid)
+        if out is not None and send_buffers(self.daemon, out, rid):
+            del self.served[rid]
+
+    def _client_handles(self, event: Event) -> None:
+        match event:
+            case BufferArrived(frame) if frame.kind is BufferKind.DATA:
+                self.reads[frame.receiver].append(bytes(frame.payload))
+                self.consumed[frame.receiver] += 1
+                self.arrived[frame.receiver] += 1
+            case BufferArrived(frame):
+                rid = frame.receiver
+                assert self.reads[rid] == self.serving.pop(rid), "a read delivered other bytes than were served"
+                self.finished += 1
+                self._forget_read(rid)
+            case PushCredited():
+                pass
+            case Committed(writer, lengths):
+                assert lengths == [sum(len(b) for b in self.pushed.pop(writer))]
+                del self.pushes[writer]
+            case Aborted(writer):
+                del self.pushes[writer], self.pushed[writer]
+            case AdminAnswered(_, result):
+                assert result == {"node": NODE}
+            case StreamFailed(stream, error):
+                assert error.code == ErrorCode.LIMIT_EXCEEDED
+                if stream in self.reads:
+                    self._forget_read(stream)
+                else:
+                    self.pushes.pop(stream, None)
+                    self.pushed.pop(stream, None)
+            case _:
+                raise AssertionError(f"the client did not expect {event}")
+
+    def _forget_read(self, rid: int) -> None:
+        for table in (self.reads, self.consumed, self.granted, self.arrived):
+            table.pop(rid, None)
+
+    # -- what always holds
+
+    @invariant()
+    def credit_is_never_negative(self) -> None:
+        assert all(out.credit >= 0 for out in self.served.values())
+        assert all(out.credit >= 0 for out in self.pushes.values())
+
+    @invariant()
+    def a_sender_holds_what_its_reader_granted_minus_what_arrived(self) -> None:
+        if self.pair.dialer._outbox or self.pair.acceptor._outbox:
+            return  # credit or buffers still on their way
+        for rid, out in self.served.items():
+            if rid in self.granted:
+                assert out.credit == self.granted[rid] - self.arrived[rid]
+
+    @invariant()
+    def when_quiet_both_tables_agree(self) -> None:
+        if self.pair.dialer._outbox or self.pair.acceptor._outbox:
+            return
+        own = {sid for sid, s in self.client.own.items() if s.kind is not Kind.ADMIN}
+        assert own == set(self.daemon.theirs)
+        admin = sum(1 for s in self.client.own.values() if s.kind is Kind.ADMIN)
+        assert admin == self.daemon.admin_running == 0
+
+    def teardown(self) -> None:
+        """Everything ends once bytes stop: reads with their credit, pushes with theirs."""
+        for _ in range(50):
+            for rid in list(self.consumed):
+                if self.consumed[rid]:
+                    self.granted[rid] += self.consumed[rid]
+                    self.client.add_credit(rid, self.consumed[rid])
+                    self.consumed[rid] = 0
+            for out in self.pushes.values():
+                if not out._items or not out._items[-1][0]:
+                    out.push_event(COMMIT)
+            self.client_sends()
+            self.daemon_sends()
+            if not (self.reads or self.pushes or self.client.own):
+                break
+        assert not self.reads and not self.pushes and not self.client.own and not self.daemon.theirs
+
+
+TwoParties.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_two_parties = TwoParties.TestCase
