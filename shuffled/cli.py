@@ -16,7 +16,7 @@ from typing import Any
 from . import config as settings
 from .logs import event, setup_logging
 
-log = logging.getLogger("shuffled.daemon")
+log = logging.getLogger(__name__)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -112,8 +112,9 @@ def metrics_reference() -> str:
 
     from .ops.metrics import render_markdown
     from .server.daemon import Daemon
+    from .server.stats import DaemonStats
 
-    async def snapshot() -> dict[str, Any]:
+    async def snapshot() -> DaemonStats:
         with tempfile.TemporaryDirectory(prefix="shuffled-metrics-") as data_dir:
             config = settings.DaemonConfig(port=0, metrics_port=-1, pool_size=4 << 20, data_dir=data_dir)
             daemon = Daemon(config)

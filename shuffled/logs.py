@@ -2,8 +2,12 @@
 
 Code logs an event name plus fields with `event(log, "connection closed", peer=...)`;
 the formatter chosen at start (`--log-format`) renders them, so a field never has
-to be parsed back out of a sentence. Records from elsewhere (warnings, tracebacks)
-keep their message as `msg`.
+to be parsed back out of a sentence. Errors too: `event(log, "spilling failed",
+logging.ERROR, exc_info=True, app=...)` adds the traceback as `exc`. Records from
+elsewhere (other libraries' warnings) keep their message as `msg`.
+
+Every module logs to `logging.getLogger(__name__)`, so `logger=` names the module
+(`shuffled.server.daemon`, `shuffled.server.spill`, ...).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from typing import Any
 _FIELDS = "shuffled_fields"
 
 
-def event(logger: logging.Logger, name: str, level: int = logging.INFO, /, **fields: Any) -> None:
-    """Log one event with structured fields (cheap when the level is off)."""
+def event(
+    logger: logging.Logger, name: str, level: int = logging.INFO, /, *, exc_info: bool = False, **fields: Any
+) -> None:
+    """Log one event with structured fields (cheap when the level is off); `exc_info` adds the
+    exception being handled, as `log.exception` would."""
     if logger.isEnabledFor(level):
-        logger.log(level, name, extra={_FIELDS: fields})
+        logger.log(level, name, exc_info=exc_info, stacklevel=2, extra={_FIELDS: fields})
 
 
 def _quote(value: Any) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, TypeVar
 
+from ..server.stats import DaemonStats
 from .metrics import DaemonMetrics
 
 T = TypeVar("T")
@@ -36,7 +37,7 @@ class Observed(Protocol):
     @property
     def metrics(self) -> DaemonMetrics: ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> DaemonStats: ...
 
     def readiness(self) -> list[str]: ...
 

@@ -1,10 +1,11 @@
 """Prometheus metrics: the only module that imports prometheus_client.
 
 The daemon counts with plain ints on its own objects (see server/counters.py) and
-`Daemon.stats()` gathers them into one snapshot. A custom collector turns that
-snapshot into metric families when Prometheus scrapes, so the data path never
-calls into this library. Only per-request latencies are observed as they happen,
-into histograms (once per push, read or admin call, never per buffer).
+`Daemon.stats()` gathers them into one typed snapshot (`DaemonStats`, server/stats.py).
+A custom collector turns that snapshot into metric families when Prometheus
+scrapes, so the data path never calls into this library. Only per-request
+latencies are observed as they happen, into histograms (once per push, read or
+admin call, never per buffer).
 
 Labels are bounded: role (client, peer), source (local, relayed), kind (push,
 read), error code names, admin operations. Nothing is labelled per application
@@ -14,8 +15,7 @@ or shuffle.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..protocol.errors import ErrorCode
+from ..server.stats import DaemonStats
 
 #: latency buckets from 1 ms to 5 min: pushes and reads of a map output or partition
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -75,7 +76,7 @@ class DaemonMetrics:
         """Only answered calls are observed, so `op` is one the daemon knows: the label stays bounded."""
         self._admin.labels(op).observe(seconds)
 
-    def render(self, snapshot: dict[str, Any]) -> tuple[bytes, str]:
+    def render(self, snapshot: DaemonStats) -> tuple[bytes, str]:
         """The text exposition of this snapshot (from any thread) and its content type."""
         with self._lock:
             self._collector.snapshot = snapshot
@@ -87,7 +88,7 @@ class DaemonMetrics:
 
 class _SnapshotCollector(Collector):
     def __init__(self) -> None:
-        self.snapshot: dict[str, Any] | None = None
+        self.snapshot: DaemonStats | None = None
 
     def describe(self) -> list[Metric]:
         return []  # families depend on the snapshot; nothing to check at registration
@@ -105,87 +106,85 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _labelled(family: GaugeMetricFamily | CounterMetricFamily, label_values: dict[str, float]) -> Metric:
+def _labelled(family: GaugeMetricFamily | CounterMetricFamily, label_values: Mapping[str, float]) -> Metric:
     for label, value in label_values.items():
         family.add_metric([label], value)
     return family
 
 
-def families(s: dict[str, Any]) -> Iterator[Metric]:
+def families(s: DaemonStats) -> Iterator[Metric]:
     """Metric families for one `Daemon.stats()` snapshot."""
     info = GaugeMetricFamily("shuffled_info", "Daemon version and node name", labels=["version", "node"])
-    info.add_metric([__version__, s["node"]], 1)
+    info.add_metric([__version__, s.node], 1)
     yield info
-    yield _gauge("shuffled_start_time_seconds", "Start time of the daemon since the Unix epoch", s["start_time"])
-    yield _gauge("shuffled_ready", "1 when the daemon accepts pushes (what /readyz says)", int(s["ready"]))
-    yield _gauge("shuffled_draining", "1 while the daemon shuts down", int(s["draining"]))
+    yield _gauge("shuffled_start_time_seconds", "Start time of the daemon since the Unix epoch", s.start_time)
+    yield _gauge("shuffled_ready", "1 when the daemon accepts pushes (what /readyz says)", int(s.ready))
+    yield _gauge("shuffled_draining", "1 while the daemon shuts down", int(s.draining))
 
-    pool = s["pool"]
-    yield _gauge("shuffled_pool_segment_size_bytes", "Size of one pool segment (one buffer)", pool["segment_size"])
-    yield _gauge("shuffled_pool_segments", "Segments in the buffer pool (fixed at start)", pool["total"])
-    yield _gauge("shuffled_pool_used_segments", "Pool segments in use", pool["used"])
-    yield _gauge("shuffled_pool_free_segments", "Pool segments free", pool["free"])
-    yield _gauge("shuffled_pool_reserved_segments", "Free segments kept for reading back stored data", pool["reserve"])
+    pool = s.pool
+    yield _gauge("shuffled_pool_segment_size_bytes", "Size of one pool segment (one buffer)", pool.segment_size)
+    yield _gauge("shuffled_pool_segments", "Segments in the buffer pool (fixed at start)", pool.total)
+    yield _gauge("shuffled_pool_used_segments", "Pool segments in use", pool.used)
+    yield _gauge("shuffled_pool_free_segments", "Pool segments free", pool.free)
+    yield _gauge("shuffled_pool_reserved_segments", "Free segments kept for reading back stored data", pool.reserve)
     yield _gauge(
-        "shuffled_pool_local_pools", "Local pools (one per push stream and per relayed read)", pool["local_pools"]
+        "shuffled_pool_local_pools", "Local pools (one per push stream and per relayed read)", pool.local_pools
     )
-    yield _gauge("shuffled_pool_waiting_requests", "Requests waiting for pool memory (back-pressure)", pool["waiting"])
+    yield _gauge("shuffled_pool_waiting_requests", "Requests waiting for pool memory (back-pressure)", pool.waiting)
 
-    store = s["store"]
-    yield _gauge("shuffled_store_applications", "Applications with data on this daemon", store["applications"])
-    yield _gauge("shuffled_store_shuffles", "Shuffles with data on this daemon", store["shuffles"])
-    yield _gauge("shuffled_store_segments", "Pool segments holding pushed data", store["stored_segments"])
-    yield _gauge("shuffled_store_bytes", "Committed bytes held", store["stored_bytes"])
-    yield _gauge("shuffled_open_map_outputs", "Map outputs being pushed", store["open_map_outputs"])
-    yield _counter("shuffled_map_outputs_committed", "Map outputs committed", store.get("commits", 0))
-    yield _counter("shuffled_committed_bytes", "Bytes of committed map outputs", store.get("committed_bytes", 0))
-    yield _counter(
-        "shuffled_map_outputs_aborted", "Map outputs aborted or lost with their client", store.get("aborts", 0)
-    )
+    store = s.store
+    yield _gauge("shuffled_store_applications", "Applications with data on this daemon", store.applications)
+    yield _gauge("shuffled_store_shuffles", "Shuffles with data on this daemon", store.shuffles)
+    yield _gauge("shuffled_store_segments", "Pool segments holding pushed data", store.stored_segments)
+    yield _gauge("shuffled_store_bytes", "Committed bytes held", store.stored_bytes)
+    yield _gauge("shuffled_open_map_outputs", "Map outputs being pushed", store.open_map_outputs)
+    yield _counter("shuffled_map_outputs_committed", "Map outputs committed", store.commits)
+    yield _counter("shuffled_committed_bytes", "Bytes of committed map outputs", store.committed_bytes)
+    yield _counter("shuffled_map_outputs_aborted", "Map outputs aborted or lost with their client", store.aborts)
 
-    conns = s["connections"]
+    conns = s.connections
     yield _labelled(
         GaugeMetricFamily("shuffled_connections", "Open connections by role", labels=["role"]),
-        {"client": conns["clients"], "peer": conns["peers"]},
+        {"client": conns.clients, "peer": conns.peers},
     )
     yield _labelled(
         CounterMetricFamily("shuffled_connections_opened", "Connections accepted or dialled", labels=["role"]),
-        conns["opened"],
+        conns.opened,
     )
-    streams = s["streams"]
+    streams = s.streams
     yield _labelled(
         GaugeMetricFamily("shuffled_streams", "Open streams by kind", labels=["kind"]),
-        {"served": streams["served"], "push": streams["pushing"], "remote_channel": streams["remote_channels"]},
+        {"served": streams.served, "push": streams.pushing, "remote_channel": streams.remote_channels},
     )
     yield _gauge(
-        "shuffled_inflight_buffers", "Buffers written to sockets and not yet flushed", streams["inflight_buffers"]
+        "shuffled_inflight_buffers", "Buffers written to sockets and not yet flushed", streams.inflight_buffers
     )
     yield _gauge(
-        "shuffled_backlog_buffers", "Buffers queued on served streams (their backlog)", streams["backlog_buffers"]
+        "shuffled_backlog_buffers", "Buffers queued on served streams (their backlog)", streams.backlog_buffers
     )
 
-    t = s["traffic"]
-    yield _counter("shuffled_pushed_bytes", "Bytes pushed into this daemon by clients", t["pushed_bytes"])
-    yield _counter("shuffled_pushed_buffers", "Buffers pushed into this daemon by clients", t["pushed_buffers"])
+    t = s.traffic
+    yield _counter("shuffled_pushed_bytes", "Bytes pushed into this daemon by clients", t.pushed_bytes)
+    yield _counter("shuffled_pushed_buffers", "Buffers pushed into this daemon by clients", t.pushed_buffers)
     yield _labelled(
         CounterMetricFamily(
             "shuffled_served_bytes",
             "Data bytes queued to readers: source=local from this daemon's store, relayed from other daemons",
             labels=["source"],
         ),
-        {"local": t["served_local_bytes"], "relayed": t["relayed_bytes"]},
+        {"local": t.served_local_bytes, "relayed": t.relayed_bytes},
     )
     yield _labelled(
         CounterMetricFamily("shuffled_served_buffers", "Data buffers queued to readers", labels=["source"]),
-        {"local": t["served_local_buffers"], "relayed": t["relayed_buffers"]},
+        {"local": t.served_local_buffers, "relayed": t.relayed_buffers},
     )
     yield _labelled(
         CounterMetricFamily("shuffled_transport_sent_bytes", "Bytes written to connections", labels=["role"]),
-        t["sent_bytes"],
+        t.sent_bytes,
     )
     yield _labelled(
         CounterMetricFamily("shuffled_transport_received_bytes", "Bytes read from connections", labels=["role"]),
-        t["received_bytes"],
+        t.received_bytes,
     )
     yield _labelled(
         CounterMetricFamily(
@@ -193,19 +192,19 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             "Time connections spent paused above the high write watermark",
             labels=["role"],
         ),
-        {role: us / 1e6 for role, us in t["paused_us"].items()},
+        {role: us / 1e6 for role, us in t.paused_us.items()},
     )
 
-    credit = s["credit"]
+    credit = s.credit
     yield _labelled(
         CounterMetricFamily("shuffled_credit_granted", "Credit (buffers) this daemon granted", labels=["kind"]),
-        {"push": credit["push_granted"], "read": credit["read_granted"]},
+        {"push": credit.push_granted, "read": credit.read_granted},
     )
     yield _labelled(
         GaugeMetricFamily(
             "shuffled_credit_outstanding", "Credit granted by this daemon and not yet used", labels=["kind"]
         ),
-        {"push": credit["push_outstanding"], "read": credit["read_outstanding"]},
+        {"push": credit.push_outstanding, "read": credit.read_outstanding},
     )
     yield _labelled(
         GaugeMetricFamily(
@@ -214,7 +213,7 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             "kind=extra beyond it",
             labels=["kind"],
         ),
-        {"floor": credit["push_floor_segments"], "extra": credit["push_extra_segments"]},
+        {"floor": credit.push_floor_segments, "extra": credit.push_extra_segments},
     )
     yield _labelled(
         CounterMetricFamily(
@@ -223,36 +222,34 @@ def families(s: dict[str, Any]) -> Iterator[Metric]:
             "their reader's credit with data queued (kind=read)",
             labels=["kind"],
         ),
-        {"push": credit["push_wait_us"] / 1e6, "read": sum(t["zero_credit_us"].values()) / 1e6},
+        {"push": credit.push_wait_us / 1e6, "read": sum(t.zero_credit_us.values()) / 1e6},
     )
 
-    errors = s["errors"]
+    errors = s.errors
     yield _labelled(
         CounterMetricFamily("shuffled_errors", "Errors reported to clients and peers by wire code", labels=["code"]),
         {code.name: errors.get(code.name, 0) for code in ErrorCode},
     )
 
-    disk = s.get("disk", {})
-    yield _counter("shuffled_spills", "Spills of pool data to disk", disk.get("spills", 0))
-    yield _counter("shuffled_spilled_bytes", "Bytes spilled to disk", disk.get("spilled_bytes", 0))
-    yield _gauge("shuffled_disk_used_bytes", "Bytes in spill files", disk.get("used_bytes", 0))
+    disk = s.disk
+    yield _counter("shuffled_spills", "Spills of pool data to disk", disk.spills)
+    yield _counter("shuffled_spilled_bytes", "Bytes spilled to disk", disk.spilled_bytes)
+    yield _gauge("shuffled_disk_used_bytes", "Bytes in spill files", disk.used_bytes)
     yield _counter(
         "shuffled_disk_reclaimed_bytes",
         "Spilled bytes of aborted map outputs given back to the file system",
-        disk.get("reclaimed_bytes", 0),
+        disk.reclaimed_bytes,
     )
-    yield _gauge("shuffled_disk_files", "Spill files", disk.get("files", 0))
-    fs = s.get("filesystem") or {}
-    if fs:
+    yield _gauge("shuffled_disk_files", "Spill files", disk.files)
+    fs = s.filesystem
+    if fs is not None:
         yield _gauge(
-            "shuffled_filesystem_capacity_bytes", "Size of the data directory's file system", fs["capacity_bytes"]
+            "shuffled_filesystem_capacity_bytes", "Size of the data directory's file system", fs.capacity_bytes
         )
-        yield _gauge(
-            "shuffled_filesystem_free_bytes", "Free bytes on the data directory's file system", fs["free_bytes"]
-        )
+        yield _gauge("shuffled_filesystem_free_bytes", "Free bytes on the data directory's file system", fs.free_bytes)
 
 
-def render_markdown(snapshot: dict[str, Any]) -> str:
+def render_markdown(snapshot: DaemonStats) -> str:
     """The metrics table of docs/operations.md (a test checks that it holds exactly this).
 
     Every family `/metrics` serves for this snapshot, in the order it serves them, except

@@ -5,9 +5,9 @@ data path never touches a metrics library. Per-connection counters (bytes in and
 out, time paused or without credit) live on the connection while it is open and
 are folded in here when it closes, so totals never go backwards.
 
-The snapshot (`totals`, `Daemon.stats`) holds integers only: it is also the admin
-`stats` answer, and MessagePack bodies on the wire carry no floats (durations are
-whole microseconds there).
+The snapshot (`traffic`, `Daemon.stats`, see stats.py) holds integers only: it is
+also the admin `stats` answer, and MessagePack bodies on the wire carry no floats
+(durations are whole microseconds there).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..net.sender import Outbound, Sender
+from .stats import TrafficStats
 
 ROLES = ("client", "peer")
 
@@ -82,8 +83,8 @@ class Counters:
         self.paused_seconds[role] += sender.paused_seconds
         self.zero_credit_seconds[role] += sender.zero_credit_seconds
 
-    def totals(self, conns: Iterable[Traffic], now: float) -> dict[str, Any]:
-        """Closed connections' totals plus what the open ones counted so far."""
+    def traffic(self, conns: Iterable[Traffic], now: float) -> TrafficStats:
+        """Data moved since start: closed connections' totals plus what the open ones counted so far."""
         sent, received = dict(self.sent_bytes), dict(self.received_bytes)
         paused, zero = dict(self.paused_seconds), dict(self.zero_credit_seconds)
         for conn in conns:
@@ -97,9 +98,15 @@ class Counters:
             zero[role] += sender.zero_credit_seconds + sum(
                 now - s.blocked_since for s in conn.served_streams() if s.blocked_since is not None
             )
-        return {
-            "sent_bytes": sent,
-            "received_bytes": received,
-            "paused_us": {role: micros(v) for role, v in paused.items()},
-            "zero_credit_us": {role: micros(v) for role, v in zero.items()},
-        }
+        return TrafficStats(
+            pushed_bytes=self.pushed_bytes,
+            pushed_buffers=self.pushed_buffers,
+            served_local_bytes=self.served_local_bytes,
+            served_local_buffers=self.served_local_buffers,
+            relayed_bytes=self.relayed_bytes,
+            relayed_buffers=self.relayed_buffers,
+            sent_bytes=sent,
+            received_bytes=received,
+            paused_us={role: micros(v) for role, v in paused.items()},
+            zero_credit_us={role: micros(v) for role, v in zero.items()},
+        )

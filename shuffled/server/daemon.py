@@ -1,7 +1,8 @@
 """The daemon: one buffer pool, one store, the disk behind it, listeners for clients and peers.
 
-`stats()` is the one snapshot of everything the daemon counts: `shuffled stats`
-prints it and the metrics endpoint turns it into Prometheus metrics.
+`stats()` is the one snapshot of everything the daemon counts (a `DaemonStats`, see
+stats.py): the metrics endpoint turns it into Prometheus metrics, and its wire form is
+the admin `stats` answer `shuffled stats` prints.
 """
 
 from __future__ import annotations
@@ -25,14 +26,24 @@ from ..protocol.auth import read_secret_file, secret_bytes
 from ..protocol.errors import InvalidRequest, ShuffledError, StorageError
 from .connection import DaemonConnection
 from .counters import Counters, micros
-from .disk import Disk, DiskStats, SpillFile
+from .disk import Disk, SpillFile
 from .peers import PeerManager
 from .shares import PushShares
 from .spill import Spiller
+from .stats import (
+    ConnectionCounts,
+    ConnectionStats,
+    CreditStats,
+    DaemonStats,
+    DiskStats,
+    FilesystemStats,
+    PoolStats,
+    StreamStats,
+)
 from .store import ShuffleData, Store
 from .watchdog import watch
 
-log = logging.getLogger("shuffled.daemon")
+log = logging.getLogger(__name__)
 
 #: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
 HOUSEKEEPING_INTERVAL = 1.0
@@ -49,6 +60,23 @@ def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
         return secret_bytes(from_env) if from_env is not None else None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{name} {secret_file}: {exc}" if secret_file else f"{env}: {exc}") from None
+
+
+def connection_counts(conn: DaemonConnection, now: float) -> ConnectionCounts:
+    """What one connection's reads and pushes are doing at monotonic time `now`."""
+    pushes = conn.pushing.sessions.values()
+    reads = conn.reads
+    return ConnectionCounts(
+        role=conn.role_label,
+        served=len(reads.served),
+        pushing=len(pushes),
+        remote_channels=len(reads.channels),
+        inflight_buffers=conn.sender.inflight,
+        backlog_buffers=sum(s.backlog for s in reads.served.values()),
+        push_outstanding=sum(p.pool.promised for p in pushes if p.pool is not None),
+        read_outstanding=sum(ch.credit.sender_credit for ch in reads.channels.values()),
+        push_wait_seconds=sum(p.waiting_for(now) for p in pushes),
+    )
 
 
 class Daemon:
@@ -183,13 +211,11 @@ class Daemon:
             http=self.ops.address if self.ops else None,
         )
 
-    def busy(self) -> dict[str, int]:
-        """Work a drain waits for: open pushes and reads served or relayed."""
-        conns = list(self.connections)
-        return {
-            "pushes": sum(len(c.pushing.sessions) for c in conns),
-            "reads": sum(len(c.reads.served) for c in conns),
-        }
+    def busy(self) -> tuple[int, int]:
+        """Work a drain waits for: (open pushes, reads served or relayed)."""
+        now = time.monotonic()
+        counts = [connection_counts(c, now) for c in list(self.connections)]
+        return sum(n.pushing for n in counts), sum(n.served for n in counts)
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new pushes, let open pushes and reads finish; True if they did within `timeout`.
@@ -198,14 +224,15 @@ class Daemon:
         polling needs no hook in every place a push or read can end.
         """
         self.draining = True
-        busy = self.busy()
-        event(log, "draining", timeout_s=timeout, **busy)
+        pushes, reads = self.busy()
+        event(log, "draining", timeout_s=timeout, pushes=pushes, reads=reads)
         deadline = time.monotonic() + timeout
-        while any(busy.values()) and time.monotonic() < deadline:
+        while (pushes or reads) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            busy = self.busy()
-        done = not any(busy.values())
-        event(log, "drained" if done else "drain timed out", logging.INFO if done else logging.WARNING, **busy)
+            pushes, reads = self.busy()
+        done = not (pushes or reads)
+        level = logging.INFO if done else logging.WARNING
+        event(log, "drained" if done else "drain timed out", level, pushes=pushes, reads=reads)
         return done
 
     def readiness(self) -> list[str]:
@@ -261,7 +288,7 @@ class Daemon:
             try:
                 await self._housekeep_once()
             except Exception:  # a bug here must not stop expiry and flushing for good
-                log.exception("housekeeping failed")
+                event(log, "housekeeping failed", logging.ERROR, exc_info=True)
 
     async def _housekeep_once(self) -> None:
         cfg = self.config
@@ -322,73 +349,58 @@ class Daemon:
 
     # -- admin operations (clients, peers, CLI)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> DaemonStats:
+        """One snapshot of everything this daemon counts (`to_wire()` is the admin `stats` answer)."""
+        now = time.monotonic()
         conns = [c for c in self.connections if c.is_open]
-        pushes = [p for c in conns for p in c.pushing.sessions.values()]
+        counts = [connection_counts(c, now) for c in conns]
         fs = self.disk_space()
-        disk = self.disk.stats if self.disk is not None else DiskStats()
         counters = self.counters
-        return {
-            "node": self.node,
-            "start_time": int(self.start_time),
-            "draining": self.draining,
-            "ready": not self.readiness(),
-            "pool": {
-                "segment_size": self.pool.segment_size,
-                "total": self.pool.total,
-                "free": self.pool.free,
-                "used": self.pool.used,
-                "reserve": self.pool.reserve,
-                "local_pools": self.pool.local_pools,
-                "waiting": self.pool.waiting,
-            },
-            "store": self.store.stats(),
-            "disk": {
-                "spills": disk.spills,
-                "spilled_bytes": disk.spilled_bytes,
-                "used_bytes": disk.used_bytes,
-                "reclaimed_bytes": disk.reclaimed_bytes,
-                "files": disk.files,
-            },
-            "connections": {
-                "clients": sum(1 for c in conns if c.role_label == "client"),
-                "peers": sum(1 for c in conns if c.role_label == "peer"),
-                "opened": dict(counters.opened),
-            },
-            "streams": {
-                "served": sum(len(c.reads.served) for c in conns),
-                "pushing": len(pushes),
-                "remote_channels": sum(len(c.reads.channels) for c in conns),
-                "inflight_buffers": sum(c.sender.inflight for c in conns),
-                "backlog_buffers": sum(s.backlog for c in conns for s in c.reads.served.values()),
-            },
-            "traffic": {
-                "pushed_bytes": counters.pushed_bytes,
-                "pushed_buffers": counters.pushed_buffers,
-                "served_local_bytes": counters.served_local_bytes,
-                "served_local_buffers": counters.served_local_buffers,
-                "relayed_bytes": counters.relayed_bytes,
-                "relayed_buffers": counters.relayed_buffers,
-                # every connection not yet folded in, open or failing, so totals never go backwards
-                **counters.totals(list(self.connections), asyncio.get_running_loop().time()),
-            },
-            "credit": {
-                "push_granted": counters.push_credit_granted,
-                "push_outstanding": sum(p.pool.promised for p in pushes if p.pool is not None),
-                # push windows: their guaranteed floors and the segments beyond them, against their bounds
-                "push_floor_segments": self.shares.all.floors,
-                "push_floor_limit": self.shares.floor_limit,
-                "push_extra_segments": self.shares.all.extras,
-                "push_extra_limit": self.shares.extra_limit,
-                "read_granted": counters.read_credit_granted,
-                "read_outstanding": sum(ch.credit.sender_credit for c in conns for ch in c.reads.channels.values()),
-                "push_wait_us": micros(
-                    counters.push_wait_seconds + sum(p.waiting_for(time.monotonic()) for p in pushes)
-                ),
-            },
-            "errors": dict(counters.errors),
-            "filesystem": {"capacity_bytes": fs[0], "free_bytes": fs[1]} if fs else {},
-        }
+        pool = self.pool
+        return DaemonStats(
+            node=self.node,
+            start_time=int(self.start_time),
+            draining=self.draining,
+            ready=not self.readiness(),
+            pool=PoolStats(
+                segment_size=pool.segment_size,
+                total=pool.total,
+                free=pool.free,
+                used=pool.used,
+                reserve=pool.reserve,
+                local_pools=pool.local_pools,
+                waiting=pool.waiting,
+            ),
+            store=self.store.stats(),
+            disk=self.disk.stats.copy() if self.disk is not None else DiskStats(),
+            connections=ConnectionStats(
+                clients=sum(1 for n in counts if n.role == "client"),
+                peers=sum(1 for n in counts if n.role == "peer"),
+                opened=dict(counters.opened),
+            ),
+            streams=StreamStats(
+                served=sum(n.served for n in counts),
+                pushing=sum(n.pushing for n in counts),
+                remote_channels=sum(n.remote_channels for n in counts),
+                inflight_buffers=sum(n.inflight_buffers for n in counts),
+                backlog_buffers=sum(n.backlog_buffers for n in counts),
+            ),
+            # every connection not yet folded in, open or failing, so totals never go backwards
+            traffic=counters.traffic(list(self.connections), asyncio.get_running_loop().time()),
+            credit=CreditStats(
+                push_granted=counters.push_credit_granted,
+                push_outstanding=sum(n.push_outstanding for n in counts),
+                push_floor_segments=self.shares.all.floors,
+                push_floor_limit=self.shares.floor_limit,
+                push_extra_segments=self.shares.all.extras,
+                push_extra_limit=self.shares.extra_limit,
+                read_granted=counters.read_credit_granted,
+                read_outstanding=sum(n.read_outstanding for n in counts),
+                push_wait_us=micros(counters.push_wait_seconds + sum(n.push_wait_seconds for n in counts)),
+            ),
+            errors=dict(counters.errors),
+            filesystem=FilesystemStats(capacity_bytes=fs[0], free_bytes=fs[1]) if fs else None,
+        )
 
     async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
@@ -398,7 +410,7 @@ class Daemon:
 
     async def _admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "stats":
-            return self.stats()
+            return self.stats().to_wire()
         if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
             return {}
         if op not in ("unregister_shuffle", "remove_application", "flush"):

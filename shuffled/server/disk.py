@@ -43,8 +43,9 @@ import msgpack
 
 from ..logs import event
 from ..protocol.integrity import checksum
+from .stats import DiskStats
 
-log = logging.getLogger("shuffled.disk")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -156,17 +157,6 @@ class Appended:
 
     offset: int
     crcs: list[int]
-
-
-@dataclass(slots=True)
-class DiskStats:
-    spills: int = 0
-    spilled_bytes: int = 0
-    used_bytes: int = 0
-    #: spilled bytes of aborted attempts given back to the file system
-    reclaimed_bytes: int = 0
-    files: int = 0
-    errors: int = 0
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ..config import DaemonConfig
 from ..logs import event
 from ..protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
 
-log = logging.getLogger("shuffled.peers")
+log = logging.getLogger(__name__)
 
 
 class PeerConnection(Protocol):

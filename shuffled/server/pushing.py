@@ -33,7 +33,7 @@ from .services import Services
 from .shares import Share
 from .store import MapOutput
 
-log = logging.getLogger("shuffled.push")
+log = logging.getLogger(__name__)
 
 
 class PushConnection(Protocol):

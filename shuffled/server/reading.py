@@ -203,7 +203,14 @@ class InputGate:
         except ShuffledError as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            log.exception("opening a read failed")
+            event(
+                log,
+                "opening a read failed",
+                logging.ERROR,
+                exc_info=True,
+                app=self.req.app,
+                shuffle=self.req.shuffle,
+            )
             self.fail(InternalError(f"opening the read failed: {exc.__class__.__name__}: {exc}"))
 
     def relay(self, chunk: Chunk) -> None:

@@ -35,7 +35,7 @@ from .store import Garbage, MapState, ShuffleData, Store, StoredChunk, Subpartit
 if TYPE_CHECKING:
     from ..buffers import Buffer, GlobalPool
 
-log = logging.getLogger("shuffled.spill")
+log = logging.getLogger(__name__)
 
 #: seconds pressure spilling pauses after a failed write
 RETRY_AFTER = 1.0
@@ -123,7 +123,7 @@ class Spiller:
                 if not self.paused or self.pool.used <= self.low or not await self._spill_one(None):
                     return
         except Exception:
-            log.exception("spilling failed")
+            event(log, "spilling failed", logging.ERROR, exc_info=True)
         finally:
             self._task = None
             for held in self._apps.values():

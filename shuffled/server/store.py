@@ -45,6 +45,7 @@ from ..protocol.errors import (
 )
 from .chunks import Chunk
 from .disk import LoadedShuffle, SpillFile
+from .stats import StoreStats
 
 MAX_PARTITIONS = 1 << 24
 
@@ -511,15 +512,15 @@ class Store:
         self.app_keys.pop(app, None)
         return sum(self._free(d) for d in shuffles.values()), list(shuffles.values())
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> StoreStats:
         shuffles = [d for s in self.apps.values() for d in s.values()]
-        return {
-            "applications": len(self.apps),
-            "shuffles": len(shuffles),
-            "stored_segments": sum(d.segments for d in shuffles),
-            "stored_bytes": sum(d.bytes for d in shuffles),
-            "open_map_outputs": sum(len(d.open) for d in shuffles),
-            "commits": self.commits,
-            "committed_bytes": self.committed_bytes,
-            "aborts": self.aborts,
-        }
+        return StoreStats(
+            applications=len(self.apps),
+            shuffles=len(shuffles),
+            stored_segments=sum(d.segments for d in shuffles),
+            stored_bytes=sum(d.bytes for d in shuffles),
+            open_map_outputs=sum(len(d.open) for d in shuffles),
+            commits=self.commits,
+            committed_bytes=self.committed_bytes,
+            aborts=self.aborts,
+        )

@@ -28,7 +28,7 @@ from ..logs import event
 from ..protocol.errors import ShuffledError, TimedOut
 from ..protocol.frames import Role
 
-log = logging.getLogger("shuffled.watchdog")
+log = logging.getLogger(__name__)
 
 
 class Watched(Protocol):
@@ -87,7 +87,7 @@ async def watch(connections: Set[Watched], cfg: DaemonConfig) -> None:
             try:
                 check(conn, now, cfg)
             except Exception:  # a bug here must not stop the deadlines of every other connection
-                log.exception("checking deadlines failed peer=%s", conn.peer)
+                event(log, "checking deadlines failed", logging.ERROR, exc_info=True, peer=conn.peer)
 
 
 def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:

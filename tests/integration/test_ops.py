@@ -4,6 +4,7 @@ structured logs, and graceful shutdown on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import threading
@@ -317,3 +318,121 @@ def test_metrics_endpoint_port_taken_or_turned_off() -> None:
         assert d.http == "-"  # the ready line says there is no endpoint
     finally:
         d.stop()
+
+
+#: the admin `stats` answer's names and nesting as clients, the JVM and `shuffled stats` read them
+#: (taken from the dict `Daemon.stats()` built before it returned a `DaemonStats`): a change here is a wire change
+_ROLES = {"client": "int", "peer": "int"}
+WIRE_STATS = {
+    "node": "str",
+    "start_time": "int",
+    "draining": "bool",
+    "ready": "bool",
+    "pool": dict.fromkeys(("segment_size", "total", "free", "used", "reserve", "local_pools", "waiting"), "int"),
+    "store": dict.fromkeys(
+        (
+            "applications",
+            "shuffles",
+            "stored_segments",
+            "stored_bytes",
+            "open_map_outputs",
+            "commits",
+            "committed_bytes",
+            "aborts",
+        ),
+        "int",
+    ),
+    "disk": dict.fromkeys(("spills", "spilled_bytes", "used_bytes", "reclaimed_bytes", "files"), "int"),
+    "connections": {"clients": "int", "peers": "int", "opened": _ROLES},
+    "streams": dict.fromkeys(("served", "pushing", "remote_channels", "inflight_buffers", "backlog_buffers"), "int"),
+    "traffic": {
+        **dict.fromkeys(
+            (
+                "pushed_bytes",
+                "pushed_buffers",
+                "served_local_bytes",
+                "served_local_buffers",
+                "relayed_bytes",
+                "relayed_buffers",
+            ),
+            "int",
+        ),
+        "sent_bytes": _ROLES,
+        "received_bytes": _ROLES,
+        "paused_us": _ROLES,
+        "zero_credit_us": _ROLES,
+    },
+    "credit": dict.fromkeys(
+        (
+            "push_granted",
+            "push_outstanding",
+            "push_floor_segments",
+            "push_floor_limit",
+            "push_extra_segments",
+            "push_extra_limit",
+            "read_granted",
+            "read_outstanding",
+            "push_wait_us",
+        ),
+        "int",
+    ),
+    "errors": {"PARTITION_NOT_FOUND": "int"},
+    "filesystem": {"capacity_bytes": "int", "free_bytes": "int"},
+}
+
+
+def _shape(value: Any, leaf: Any = lambda v: type(v).__name__) -> Any:
+    """Keys in order, leaves by type name (or as they are, for `WIRE_STATS`)."""
+    if isinstance(value, dict):
+        return [(key, _shape(v, leaf)) for key, v in value.items()]
+    return leaf(value)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("memory_only", [False, True])
+async def test_admin_stats_wire_form_is_unchanged_and_the_snapshot_is_typed(memory_only: bool, tmp_path: Any) -> None:
+    """`Daemon.stats()` is a typed snapshot read by attribute; its wire form keeps the admin answer's
+    keys, order and nesting (`filesystem` is `{}` without a data dir, the disk's error count stays local)."""
+    config = DaemonConfig(port=0, metrics_port=-1, pool_size=4 << 20, data_dir="none" if memory_only else str(tmp_path))
+    daemon = Daemon(config)
+    await daemon.start()
+    try:
+        c = await AsyncClient.connect(daemon.node)
+        with pytest.raises(PartitionNotFound):
+            async with c.read("w-app", 1, 0, 1, {"": [99]}) as missing:
+                await missing.read_all()
+        wire = await c.stats()
+        snapshot = daemon.stats()
+        await c.close()
+        expected = {**WIRE_STATS, "filesystem": {}} if memory_only else WIRE_STATS
+        assert _shape(wire) == _shape(snapshot.to_wire()) == _shape(expected, str)
+        assert snapshot.connections.clients == 1 and snapshot.errors == {"PARTITION_NOT_FOUND": 1}
+        assert snapshot.pool.used + snapshot.pool.free == snapshot.pool.total == wire["pool"]["total"]
+        assert (snapshot.filesystem is None) == memory_only
+        assert wire["store"] == dataclasses.asdict(daemon.store.stats())
+    finally:
+        await daemon.stop()
+
+
+def test_error_events_name_their_module_and_keep_the_traceback() -> None:
+    """Modules log to `getLogger(__name__)`; an error is an event with fields and the traceback as `exc`."""
+    import logging
+
+    from shuffled.logs import KeyValueFormatter, event
+    from shuffled.server import spill
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.setFormatter(KeyValueFormatter())
+    handler.emit = lambda record: lines.append(handler.format(record))  # type: ignore[method-assign]
+    spill.log.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            event(spill.log, "spilling failed", logging.ERROR, exc_info=True, app="x y")
+    finally:
+        spill.log.removeHandler(handler)
+    [line] = lines
+    assert ' level=error logger=shuffled.server.spill msg="spilling failed" app="x y" exc=' in line
+    assert "RuntimeError: boom" in line and "\n" not in line

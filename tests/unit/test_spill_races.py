@@ -59,7 +59,7 @@ async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_p
         assert pool.used == 5, "the write still holds the segments it is writing"
         gate.set()
         assert await task == 500
-        assert pool.used == 0 and store.stats()["stored_segments"] == store.memory_segments == 0
+        assert pool.used == 0 and store.stats().stored_segments == store.memory_segments == 0
         assert store.snapshot("app", 1, 0, 2, []) == ([], 0)
         disk.close()
 
@@ -101,7 +101,7 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         gate.set()
         await task
         store.commit(out)
-        assert store.memory_segments == store.stats()["stored_segments"] == 3  # partition 1 and the new chunk
+        assert store.memory_segments == store.stats().stored_segments == 3  # partition 1 and the new chunk
         items, on_disk = store.snapshot("app", 1, 0, 1, [5])
         assert on_disk == 2 and len(items) == 3
         assert [type(i).__name__ for i in items] == ["DiskChunk", "DiskChunk", "Chunk"]
@@ -175,7 +175,7 @@ async def test_memory_changed_since_the_push_is_not_hidden_by_a_spill(
         chunk.buffer.memory[10] ^= 0xFF  # a bit flip in RAM after the push was checked
         found = store.largest_in_memory()
         assert found is not None
-        with caplog.at_level("ERROR", logger="shuffled.spill"):
+        with caplog.at_level("ERROR", logger="shuffled.server.spill"):
             await spiller.spill(*found)
         assert any("memory corruption" in r.getMessage() for r in caplog.records)
         items, on_disk = store.snapshot("app", 1, 0, 1, [6])

@@ -1,0 +1,192 @@
+"""Typed snapshots of what the daemon counts: `Daemon.stats()` builds a `DaemonStats`.
+
+The daemon, the metrics endpoint (ops/metrics.py) and in-process tests read these by
+attribute. The admin `stats` op sends `DaemonStats.to_wire()`: nested string-keyed
+dicts of integers, booleans and strings (MessagePack bodies carry no floats, so
+durations are whole microseconds), the shape clients, the JVM and `shuffled stats` read.
+
+This module imports nothing else of the package, so the ops layer can use it
+without depending on the server's modules. Every class is a frozen snapshot except
+`DiskStats`, which a `Disk` also keeps as its live counters (a snapshot holds a copy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: a field with this metadata is in the snapshot but not in the wire form
+LOCAL_ONLY = {"wire": False}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """The global buffer pool, in segments."""
+
+    segment_size: int
+    total: int
+    free: int
+    used: int
+    #: free segments kept for reading back stored data
+    reserve: int
+    #: one per push stream and per relayed read
+    local_pools: int
+    #: requests waiting for pool memory (back-pressure)
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """What the store holds now, and its commit and abort counters."""
+
+    applications: int = 0
+    shuffles: int = 0
+    stored_segments: int = 0
+    stored_bytes: int = 0
+    open_map_outputs: int = 0
+    commits: int = 0
+    committed_bytes: int = 0
+    aborts: int = 0
+
+
+@dataclass(slots=True)
+class DiskStats:
+    """Spill counters: a `Disk` counts into its own; a snapshot holds a copy (`copy()`)."""
+
+    spills: int = 0
+    spilled_bytes: int = 0
+    used_bytes: int = 0
+    #: spilled bytes of aborted attempts given back to the file system
+    reclaimed_bytes: int = 0
+    files: int = 0
+    #: failed writes (logged; not in the admin answer)
+    errors: int = field(default=0, metadata=LOCAL_ONLY)
+
+    def copy(self) -> DiskStats:
+        return dataclasses.replace(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStats:
+    """Open connections by role, and how many each role opened since start."""
+
+    clients: int
+    peers: int
+    #: role -> connections accepted or dialled
+    opened: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionCounts:
+    """What one connection is doing now (summed into `StreamStats` and `CreditStats`)."""
+
+    #: "client", "peer" or None before the handshake
+    role: str | None
+    #: streams this connection reads from this daemon
+    served: int
+    #: map outputs being pushed on it
+    pushing: int
+    #: reads of other daemons' data relayed through it
+    remote_channels: int
+    inflight_buffers: int
+    #: buffers queued on its served streams
+    backlog_buffers: int
+    #: push credit granted and not yet used
+    push_outstanding: int
+    #: read credit granted and not yet used
+    read_outstanding: int
+    #: seconds its pushes have been waiting for memory so far
+    push_wait_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    served: int = 0
+    pushing: int = 0
+    remote_channels: int = 0
+    inflight_buffers: int = 0
+    backlog_buffers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficStats:
+    """Data moved since start; the per-role maps include connections still open."""
+
+    pushed_bytes: int
+    pushed_buffers: int
+    served_local_bytes: int
+    served_local_buffers: int
+    relayed_bytes: int
+    relayed_buffers: int
+    #: role -> bytes written to connections
+    sent_bytes: dict[str, int]
+    #: role -> bytes read from connections
+    received_bytes: dict[str, int]
+    #: role -> microseconds paused above the high write watermark
+    paused_us: dict[str, int]
+    #: role -> microseconds served streams waited for credit with data queued
+    zero_credit_us: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CreditStats:
+    push_granted: int
+    push_outstanding: int
+    #: push windows: their guaranteed floors and the segments beyond them, against their bounds
+    push_floor_segments: int
+    push_floor_limit: int
+    push_extra_segments: int
+    push_extra_limit: int
+    read_granted: int
+    read_outstanding: int
+    #: microseconds pushes waited for memory
+    push_wait_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class FilesystemStats:
+    """The data directory's file system."""
+
+    capacity_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStats:
+    """One snapshot of everything the daemon counts."""
+
+    node: str
+    #: seconds since the Unix epoch
+    start_time: int
+    draining: bool
+    ready: bool
+    pool: PoolStats
+    store: StoreStats
+    disk: DiskStats
+    connections: ConnectionStats
+    streams: StreamStats
+    traffic: TrafficStats
+    credit: CreditStats
+    #: wire error code name -> errors reported to clients and peers
+    errors: dict[str, int]
+    #: None without a data directory (or when its file system cannot be read)
+    filesystem: FilesystemStats | None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""
+        wire = _wire(self)
+        assert isinstance(wire, dict)
+        if self.filesystem is None:
+            wire["filesystem"] = {}
+        return wire
+
+
+def _wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _wire(getattr(value, f.name)) for f in dataclasses.fields(value) if f.metadata.get("wire", True)
+        }
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    return value
