@@ -45,6 +45,7 @@ from tests.protocol_pair import ACCEPTOR, COMMIT, DIALER, Pair, landing, send_bu
 OUT = Path(__file__).with_name("conversations.json")
 SECRET = b"cluster-secret-for-the-vectors"
 NODE = "198.18.0.1:7337"
+PEER = "198.18.0.2:7337"
 ACK = {"node": NODE, "segment_size": 32768}
 
 
@@ -108,7 +109,8 @@ def _pair(dialer_role: Role = Role.CLIENT, secret: tuple[bytes | None, bytes | N
 
 def _handshake(rec: Recorder, secret: bytes | None = None) -> None:
     pair = rec.pair
-    pair.dialer.start({"name": "recorder"})
+    daemon = pair.dialer.role is Role.DAEMON  # a daemon names itself, and its segment size must match ours
+    pair.dialer.start({"node": PEER, "segment_size": 32768} if daemon else {"name": "recorder"})
     rec.deliver(DIALER)
     if secret is not None:
         pair.acceptor.challenge(secret)
@@ -212,13 +214,15 @@ def push_aborted(rec: Recorder) -> None:
 
 
 def admin_calls(rec: Recorder) -> None:
-    """Two admin calls: one answered, one failed with an error on its own stream."""
+    """Two admin calls, one after the other: one answered, one failed with an error on its own stream."""
     pair = rec.pair
     _handshake(rec)
     first = pair.dialer.request_admin("stats", {})
-    second = pair.dialer.request_admin("flush", {"app": "app-9"})
     rec.deliver(DIALER)
     pair.acceptor.answer_admin(first, {"node": NODE})
+    rec.deliver(ACCEPTOR)
+    second = pair.dialer.request_admin("flush", {"app": "app-9"})
+    rec.deliver(DIALER)
     pair.acceptor.fail_admin(second, PartitionNotFound("no shuffle of application app-9"))
     rec.deliver(ACCEPTOR)
 

@@ -22,6 +22,7 @@ from tests.jvm import SUMMARY, needs_jdk
 
 ROOT = Path(__file__).parents[2]
 VECTORS_FILE = ROOT / "proto" / "vectors" / "frames.json"
+CONVERSATIONS_FILE = ROOT / "proto" / "vectors" / "conversations.json"
 JAVA_TIMEOUT = 60
 
 
@@ -32,7 +33,8 @@ def jars() -> tuple[Path, Path]:
 
 
 def _run(main_class: str, jars: tuple[Path, Path], *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), f"io.shuffled.client.wire.{main_class}"]
+    qualified = main_class if "." in main_class else f"io.shuffled.client.wire.{main_class}"
+    cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), qualified]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=JAVA_TIMEOUT, cwd=ROOT)
 
 
@@ -84,6 +86,36 @@ def test_vector_check_reports_a_wrong_vector(jars: tuple[Path, Path], tmp_path: 
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
     assert any(add_credit["name"] in line for line in failed)
     assert any(version["name"] in line for line in failed)
+
+
+@needs_jdk
+def test_the_jvm_client_replays_the_recorded_conversations(jars: tuple[Path, Path]) -> None:
+    """Every conversation through the JVM codec and authentication; those a client dials (the handshakes,
+    admin calls, a committed push) through a real ShuffleClient, which must send the recorded bytes."""
+    conversations = json.loads(CONVERSATIONS_FILE.read_text(encoding="utf-8"))["conversations"]
+    proc = _run("io.shuffled.client.ConversationCheck", jars, str(CONVERSATIONS_FILE))
+    assert proc.returncode == 0, _failures(proc)
+    passed = {line[5:] for line in proc.stdout.splitlines() if line.startswith("ok   ")}
+    assert {f"{c['name']} [codec]" for c in conversations} <= passed
+    clients = {"handshake-plain", "handshake-secret", "handshake-wrong-secret", "admin-calls", "push-committed"}
+    assert {f"{name} [client]" for name in clients} <= passed
+    assert _summary(proc) == (len(conversations) + len(clients), 0)
+
+
+@needs_jdk
+def test_the_conversation_check_fails_a_client_that_says_something_else(
+    jars: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data = json.loads(CONVERSATIONS_FILE.read_text(encoding="utf-8"))
+    by_name = {c["name"]: c for c in data["conversations"]}
+    push = next(s for s in by_name["push-committed"]["steps"] if "PushDataArrived(1)" in s["events"])
+    push["hex"] = push["hex"][:-2] + ("00" if push["hex"][-2:] != "00" else "01")  # the commit's push count
+    bad = tmp_path / "conversations.json"
+    bad.write_text(json.dumps(data), encoding="utf-8")
+    proc = _run("io.shuffled.client.ConversationCheck", jars, str(bad))
+    assert proc.returncode != 0
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert failed == ["FAIL push-committed [client]" + failed[0].split("[client]", 1)[1]], failed
 
 
 @needs_jdk

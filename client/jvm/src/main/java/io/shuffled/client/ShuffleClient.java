@@ -77,7 +77,7 @@ public final class ShuffleClient implements AutoCloseable {
     private volatile String daemonNode = "";
     /** The cluster secret (§6.1), null: none; the nonce this client sent in Hello. */
     private final byte[] secret;
-    private final String nonce = Auth.newNonce();
+    private final String nonce;
     private volatile boolean challenged;
     /** The application secret (§6.2), null: requests carry no token; tokens by application id. */
     private final byte[] appSecret;
@@ -89,9 +89,11 @@ public final class ShuffleClient implements AutoCloseable {
             long timeoutMillis,
             long writerBufferBytes,
             String secret,
-            String appSecret)
+            String appSecret,
+            String nonce)
             throws IOException {
         this.address = address;
+        this.nonce = nonce;
         this.secret = secret == null ? null : Auth.secretBytes(secret);
         this.appSecret = appSecret == null ? null : Auth.secretBytes(appSecret);
         this.transport = transport;
@@ -133,15 +135,36 @@ public final class ShuffleClient implements AutoCloseable {
     public static ShuffleClient connect(
             String address, String name, long timeoutMillis, long writerBufferBytes, String secret, String appSecret)
             throws IOException {
-        ShuffleClient client;
-        Transport transport = null;
+        Transport transport;
         try {
             transport = Transport.open(address, timeoutMillis);
-            client = new ShuffleClient(address, transport, timeoutMillis, writerBufferBytes, secret, appSecret);
         } catch (IOException e) {
-            if (transport != null) {
-                transport.close();
-            }
+            throw new ShuffledException(
+                    ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
+        }
+        return handshake(transport, address, name, timeoutMillis, writerBufferBytes, secret, appSecret, Auth.newNonce());
+    }
+
+    /**
+     * The handshake over a transport already open: Hello with {@code nonce}, then the challenge if the
+     * daemon has a secret, then HelloAck. Package-private so the conversation checks can replay recorded
+     * conversations through this client over an in-memory transport, with the nonce they were recorded with.
+     */
+    static ShuffleClient handshake(
+            Transport transport,
+            String address,
+            String name,
+            long timeoutMillis,
+            long writerBufferBytes,
+            String secret,
+            String appSecret,
+            String nonce)
+            throws IOException {
+        ShuffleClient client;
+        try {
+            client = new ShuffleClient(address, transport, timeoutMillis, writerBufferBytes, secret, appSecret, nonce);
+        } catch (IOException e) {
+            transport.close();
             throw new ShuffledException(
                     ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
         }
