@@ -4,7 +4,9 @@ The protocol connection runs the handshake itself (Hello, the challenge, the
 proofs, HelloAck); what it asks the daemon is this module's: is there room for
 one more connection from that address, is it on the right port, which secret
 must it prove, and may this peer daemon join (same segment size, not a
-duplicate of a connection already dialled)?
+duplicate of a connection already dialled)? `answer_hello` and `accept` are
+the daemon's answers to the protocol connection's `HelloReceived` and
+`Authenticated`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ..config import DaemonConfig
+from ..protocol.connection import ProtocolConnection
 from ..protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
 from ..protocol.frames import Role
+from .host import Host
 
 
 class Candidate(Protocol):
@@ -36,6 +40,26 @@ class Candidate(Protocol):
 
     @property
     def handshaking(self) -> bool: ...
+
+
+class Joining(Candidate, Protocol):
+    """A connection in its handshake, as the daemon answers it (the daemon's connections are these)."""
+
+    node: str
+
+    @property
+    def proto(self) -> ProtocolConnection: ...
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def tls(self) -> bool: ...
+
+    def opened(self, role: Role) -> None:
+        """Accepted: streams may open (HelloAck is sent after this)."""
+
+    def tune(self, user_timeout: float) -> None: ...
 
 
 def unix_peer(sock: Any) -> str:
@@ -98,3 +122,30 @@ def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> No
             f"segment size {theirs} of daemon {node} differs from ours ({cfg.segment_size}); every daemon of a "
             "cluster needs the same"
         )
+
+
+def answer_hello(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> None:
+    """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
+    cfg = host.config
+    check_connection_limit(cfg, conn.host, role, host.connections)
+    if role is Role.DAEMON:
+        conn.node = peer_node(info)
+    check_port(cfg, host.peer_tls is not None, conn.tls, role)
+    # A daemon proves the peer secret, which no application has: its role is never taken on its word.
+    secret = host.peer_secret if role is Role.DAEMON else host.secret
+    if secret is None:
+        accept(conn, host, role, info)
+        return
+    conn.proto.who = f"daemon {conn.node}" if role is Role.DAEMON else f"client {conn.peer}"
+    conn.proto.challenge(secret)
+
+
+def accept(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> None:
+    """A peer daemon joins only with our segment size and unless our own dial to it wins."""
+    cfg = host.config
+    if role is Role.DAEMON:
+        check_segment_size(cfg, conn.node, info)
+        host.peers.accept(conn.node, conn)
+        conn.tune(cfg.peer_timeout)
+    conn.opened(role)
+    conn.proto.accept({"node": host.node, "segment_size": cfg.segment_size})

@@ -13,87 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Iterable
-from typing import Any, Protocol
 
 from ..logs import event
 from ..net.connection import FrameConnection
 from ..net.sender import Outbound
-from ..protocol.connection import (
-    AbortRequested,
-    AdminAnswered,
-    AdminRequested,
-    Authenticated,
-    BufferArrived,
-    CloseRequested,
-    CommitRequested,
-    ConnectionFailed,
-    CreditAdded,
-    Event,
-    HandshakeDone,
-    HelloReceived,
-    Limits,
-    ProtocolConnection,
-    PushDataArrived,
-    PushOpened,
-    ReadCancelled,
-    ReadRequested,
-    Side,
-    StreamFailed,
-    StreamRefused,
-)
+from ..protocol import connection as pc
 from ..protocol.errors import AuthFailed, ConnectionLost, InvalidRequest, LimitExceeded, ShuffledError, TimedOut
 from ..protocol.frames import Role
 from . import admission
 from .admin_service import AdminService
-from .peers import PeerManager
+from .host import Host
 from .push_service import PushService
 from .read_service import ReadService
-from .services import Services
-from .watchdog import tune_socket
+from .watchdog import Liveness, tune_socket
 
 log = logging.getLogger(__name__)
 
 
-class Host(Services, Protocol):
-    """The daemon as its connections see it (`Daemon` is one): its services, who it is, whom it
-    trusts, its other connections and peers, and its admin operations."""
-
-    @property
-    def node(self) -> str: ...
-
-    @property
-    def secret(self) -> bytes | None: ...
-
-    @property
-    def peer_secret(self) -> bytes | None: ...
-
-    @property
-    def peer_tls(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None: ...
-
-    @property
-    def draining(self) -> bool: ...
-
-    @property
-    def connections(self) -> set[DaemonConnection]: ...
-
-    @property
-    def peers(self) -> PeerManager[DaemonConnection]: ...
-
-    @property
-    def background(self) -> set[asyncio.Task[Any]]: ...
-
-    async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]: ...
-
-
 class DaemonConnection(FrameConnection):
-    def __init__(self, daemon: Host, dialed: str | None = None, tls: bool = False) -> None:
+    def __init__(self, daemon: Host[DaemonConnection], dialed: str | None = None, tls: bool = False) -> None:
         cfg = daemon.config
-        limits = Limits(cfg.max_streams_per_connection, cfg.max_pushes_per_connection, cfg.max_admin_per_connection)
-        side = Side.DIALER if dialed is not None else Side.ACCEPTOR
+        limits = pc.Limits(cfg.max_streams_per_connection, cfg.max_pushes_per_connection, cfg.max_admin_per_connection)
+        side = pc.Side.DIALER if dialed is not None else pc.Side.ACCEPTOR
         secret = daemon.peer_secret if dialed is not None else None
-        proto = ProtocolConnection(
+        proto = pc.ProtocolConnection(
             side, Role.DAEMON, secret=secret, limits=limits, max_payload=cfg.segment_size, who=f"daemon {dialed}"
         )
         super().__init__(proto, high=cfg.high_watermark, low=cfg.low_watermark)
@@ -113,12 +57,7 @@ class DaemonConnection(FrameConnection):
         self.host = "?"
         #: the first fatal error (a TimedOut one is what dependent streams fail with)
         self.failure: ShuffledError | None = None
-        # deadline state, kept by the watchdog
-        self.made_at = asyncio.get_running_loop().time()
-        self.silent_since = self.made_at
-        self.rx_seen = 0
-        self.pinged = False
-        self.depended = False
+        self.liveness = Liveness.starting(asyncio.get_running_loop().time())
 
     # -- what the services see
 
@@ -156,7 +95,7 @@ class DaemonConnection(FrameConnection):
         peer = self.transport.get_extra_info("peername")
         sock = self.transport.get_extra_info("socket")
         self.host = str(peer[0]) if isinstance(peer, tuple) else admission.unix_peer(sock)
-        self._tune(self.daemon.config.peer_timeout if self.dialed is not None else 0.0)
+        self.tune(self.daemon.config.peer_timeout if self.dialed is not None else 0.0)
         if self.dialed is None:
             try:
                 admission.check_handshakes(self.daemon.config, self, self.daemon.connections)
@@ -216,7 +155,7 @@ class DaemonConnection(FrameConnection):
     def handshaking(self) -> bool:
         return self.is_open and not self.ready.done()
 
-    def _tune(self, user_timeout: float) -> None:
+    def tune(self, user_timeout: float) -> None:
         assert self.transport is not None
         tune_socket(self.transport.get_extra_info("socket"), self.daemon.config.tcp_keepalive, user_timeout)
 
@@ -240,34 +179,34 @@ class DaemonConnection(FrameConnection):
 
     # -- events
 
-    def handle_event(self, ev: Event) -> None:
+    def handle_event(self, ev: pc.Event) -> None:
         match ev:
-            case BufferArrived(frame):
+            case pc.BufferArrived(frame):
                 self.reads.on_buffer(frame)
-            case CreditAdded(stream):
+            case pc.CreditAdded(stream):
                 self.reads.on_credit(stream)
-            case PushDataArrived(frame):
+            case pc.PushDataArrived(frame):
                 self.pushing.on_data(frame)
-            case ReadRequested(request):
+            case pc.ReadRequested(request):
                 self.reads.on_request(request)
-            case ReadCancelled(stream):
+            case pc.ReadCancelled(stream):
                 self.reads.on_cancel(stream)
-            case PushOpened(request):
+            case pc.PushOpened(request):
                 self.pushing.on_open(request)
-            case CommitRequested(writer, pushes):
+            case pc.CommitRequested(writer, pushes):
                 self.pushing.on_commit(writer, pushes)
-            case AbortRequested(writer):
+            case pc.AbortRequested(writer):
                 self.pushing.on_abort(writer)
-            case AdminRequested(request):
+            case pc.AdminRequested(request):
                 self.admin.on_request(request)
-            case AdminAnswered(request, result):
+            case pc.AdminAnswered(request, result):
                 self.admin.on_answer(request, result)
-            case StreamFailed(stream, exc):
+            case pc.StreamFailed(stream, exc):
                 if not self.reads.on_failed(stream, exc):
                     self.admin.on_failed(stream, exc)
-            case StreamRefused(_, exc):
+            case pc.StreamRefused(_, exc):
                 self.count_error(exc)
-            case ConnectionFailed(exc):
+            case pc.ConnectionFailed(exc):
                 if not self.ready.done():
                     if isinstance(exc, AuthFailed):  # the other side found our proof (or its lack) wrong
                         self._log_auth_failed(f"the other side says: {exc.message}")
@@ -275,41 +214,19 @@ class DaemonConnection(FrameConnection):
                     self.close(f"handshake refused: {exc.message}")
                 else:
                     self.close(f"peer reported {exc.code.name}: {exc.message}")
-            case CloseRequested():
+            case pc.CloseRequested():
                 self.close("peer sent Close")
-            case HelloReceived(role, info):
-                self._on_hello(role, info)
-            case Authenticated(role, info):
-                self._accept(role, info)
-            case HandshakeDone(info):
+            case pc.HelloReceived(role, info):
+                admission.answer_hello(self, self.daemon, role, info)
+            case pc.Authenticated(role, info):
+                admission.accept(self, self.daemon, role, info)
+            case pc.HandshakeDone(info):
                 if info.get("node") not in (None, self.dialed):
                     event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=info.get("node"))
                 self.ready.set_result(None)
 
-    def _on_hello(self, role: Role, info: dict[str, Any]) -> None:
-        """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
-        daemon = self.daemon
-        admission.check_connection_limit(daemon.config, self.host, role, daemon.connections)
-        if role is Role.DAEMON:
-            self.node = admission.peer_node(info)
-        admission.check_port(daemon.config, daemon.peer_tls is not None, self.tls, role)
-        # A daemon proves the peer secret, which no application has: its role is never taken on its word.
-        secret = daemon.peer_secret if role is Role.DAEMON else daemon.secret
-        if secret is None:
-            self._accept(role, info)
-            return
-        self.proto.who = f"daemon {self.node}" if role is Role.DAEMON else f"client {self.peer}"
-        self.proto.challenge(secret)
-
-    def _accept(self, role: Role, info: dict[str, Any]) -> None:
-        daemon = self.daemon
-        cfg = daemon.config
-        if role is Role.DAEMON:
-            admission.check_segment_size(cfg, self.node, info)
-            daemon.peers.accept(self.node, self)
-            self._tune(cfg.peer_timeout)
+    def opened(self, role: Role) -> None:
         self.role = role
         self.ready.set_result(None)
-        self.proto.accept({"node": daemon.node, "segment_size": cfg.segment_size})
-        daemon.counters.opened[self.role_label or "client"] += 1
+        self.daemon.counters.opened[self.role_label or "client"] += 1
         event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Set
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import DaemonConfig
@@ -31,14 +32,30 @@ from ..protocol.frames import Role
 log = logging.getLogger(__name__)
 
 
-class Watched(Protocol):
-    """A connection as the watchdog sees it: what it received, its handshake, and the deadline state
-    the watchdog keeps on it (the daemon's connections are these)."""
+@dataclass(slots=True)
+class Liveness:
+    """The deadline state the watchdog keeps for one connection."""
 
-    rx_seen: int
+    made_at: float
+    #: since when nothing arrived (or since when something waits on a silent peer)
     silent_since: float
-    pinged: bool
-    depended: bool
+    #: bytes received when last looked at
+    rx_seen: int = 0
+    pinged: bool = False
+    #: streams or requests waited on the peer when last looked at
+    depended: bool = False
+
+    @classmethod
+    def starting(cls, now: float) -> Liveness:
+        return cls(now, now)
+
+
+class Watched(Protocol):
+    """A connection as the watchdog sees it: what it received, its handshake, and its `Liveness`
+    (the daemon's connections are these)."""
+
+    @property
+    def liveness(self) -> Liveness: ...
 
     @property
     def peer(self) -> str: ...
@@ -54,9 +71,6 @@ class Watched(Protocol):
 
     @property
     def bytes_received(self) -> int: ...
-
-    @property
-    def made_at(self) -> float: ...
 
     @property
     def ready(self) -> asyncio.Future[None]: ...
@@ -93,27 +107,28 @@ async def watch(connections: Set[Watched], cfg: DaemonConfig) -> None:
 def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
     if not conn.is_open:
         return
-    if conn.bytes_received != conn.rx_seen:
-        conn.rx_seen = conn.bytes_received
-        conn.silent_since = now
-        conn.pinged = False
+    live = conn.liveness
+    if conn.bytes_received != live.rx_seen:
+        live.rx_seen = conn.bytes_received
+        live.silent_since = now
+        live.pinged = False
     if not conn.ready.done():
-        if now - conn.made_at >= cfg.handshake_timeout:
+        if now - live.made_at >= cfg.handshake_timeout:
             conn.fail(
                 TimedOut(
-                    f"no handshake within {now - conn.made_at:.1f} s (handshake-timeout {cfg.handshake_timeout:g} s)"
+                    f"no handshake within {now - live.made_at:.1f} s (handshake-timeout {cfg.handshake_timeout:g} s)"
                 )
             )
         return
     if conn.role is Role.DAEMON and cfg.peer_timeout:
         depends = conn.depends_on_peer()
-        if depends and not conn.depended:
-            conn.silent_since = max(conn.silent_since, now)  # the clock starts when something waits
-        conn.depended = depends
+        if depends and not live.depended:
+            live.silent_since = max(live.silent_since, now)  # the clock starts when something waits
+        live.depended = depends
         if depends:
-            _check_peer(conn, now - conn.silent_since, cfg.peer_timeout)
+            _check_peer(conn, now - live.silent_since, cfg.peer_timeout)
             return
-    silent = now - conn.silent_since
+    silent = now - live.silent_since
     if cfg.idle_timeout and silent >= cfg.idle_timeout and not conn.has_streams():
         conn.fail(TimedOut(f"connection idle for {silent:.1f} s (idle-timeout {cfg.idle_timeout:g} s)"))
 
@@ -122,8 +137,8 @@ def _check_peer(conn: Watched, silent: float, bound: float) -> None:
     if silent >= bound:
         event(log, "peer timed out", logging.WARNING, node=conn.node, silent_s=round(silent, 1), bound_s=bound)
         conn.fail(TimedOut(f"daemon {conn.node} sent nothing for {silent:.1f} s (peer-timeout {bound:g} s)"))
-    elif silent >= bound / 3 and not conn.pinged:
-        conn.pinged = True
+    elif silent >= bound / 3 and not conn.liveness.pinged:
+        conn.liveness.pinged = True
         conn.ping()
 
 
