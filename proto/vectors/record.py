@@ -82,6 +82,15 @@ class Recorder:
             step = {"from": frm, "hex": self.pair.steps[-1][1].hex(), "events": [_describe(e) for e in events]}
             self.log.append(step if fatal is None else {**step, "fatal": fatal})
 
+    def deliver_fatal(self, frm: str, error: type[ShuffledError]) -> None:
+        """A step the receiver must find fatal with `error`: it answers with its ErrorResponse on stream 0."""
+        try:
+            self.deliver(frm)
+        except error as exc:
+            self.fatal(ACCEPTOR if frm == DIALER else DIALER, exc)
+        else:
+            raise AssertionError(f"{error.__name__} expected")
+
     def fatal(self, frm: str, exc: ShuffledError) -> None:
         """`frm` failed the connection: its ErrorResponse on stream 0 goes out, nothing after it."""
         data = self.pair.side(frm).fail(exc)
@@ -140,12 +149,7 @@ def handshake_wrong_secret(rec: Recorder) -> None:
     pair.dialer.start({"name": "recorder"})
     rec.deliver(DIALER)
     pair.acceptor.challenge(b"another secret")
-    try:
-        rec.deliver(ACCEPTOR)
-    except AuthFailed as exc:
-        rec.fatal(DIALER, exc)
-    else:
-        raise AssertionError("a wrong secret was accepted")
+    rec.deliver_fatal(ACCEPTOR, AuthFailed)
 
 
 def read_under_credit(rec: Recorder) -> None:
@@ -243,12 +247,7 @@ def stream_zero(rec: Recorder) -> None:
     pair = rec.pair
     _handshake(rec)
     pair.dialer.send(encode(_request(0, 1)))
-    try:
-        rec.deliver(DIALER)
-    except ProtocolError as exc:
-        rec.fatal(ACCEPTOR, exc)
-    else:
-        raise AssertionError("stream 0 was accepted")
+    rec.deliver_fatal(DIALER, ProtocolError)
 
 
 def peer_link(rec: Recorder) -> None:

@@ -139,8 +139,7 @@ public final class ShuffleClient implements AutoCloseable {
         try {
             transport = Transport.open(address, timeoutMillis);
         } catch (IOException e) {
-            throw new ShuffledException(
-                    ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
+            throw cannotConnect(address, e);
         }
         return handshake(transport, address, name, timeoutMillis, writerBufferBytes, secret, appSecret, Auth.newNonce());
     }
@@ -165,8 +164,7 @@ public final class ShuffleClient implements AutoCloseable {
             client = new ShuffleClient(address, transport, timeoutMillis, writerBufferBytes, secret, appSecret, nonce);
         } catch (IOException e) {
             transport.close();
-            throw new ShuffledException(
-                    ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
+            throw cannotConnect(address, e);
         }
         client.readerThread.start();
         try {
@@ -182,6 +180,11 @@ public final class ShuffleClient implements AutoCloseable {
             throw e;
         }
         return client;
+    }
+
+    private static ShuffledException cannotConnect(String address, IOException e) {
+        return new ShuffledException(
+                ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
     }
 
     // ------------------------------------------------------------------------------------------ public API
