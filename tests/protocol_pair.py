@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shuffled.protocol.codec import encode, encode_abort, encode_buffer_response, encode_push_data
-from shuffled.protocol.connection import Event, ProtocolConnection
+from shuffled.protocol.connection import ProtocolConnection
 from shuffled.protocol.credit import OutboundStream
+from shuffled.protocol.events import Event
 from shuffled.protocol.frames import BufferKind, CommitMapOutput
 
 DIALER = "dialer"

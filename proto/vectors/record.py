@@ -31,14 +31,10 @@ sys.path.insert(0, str(Path(__file__).parents[2]))
 
 from shuffled.protocol import auth
 from shuffled.protocol.codec import encode, encode_abort, encode_push_data
-from shuffled.protocol.connection import (
-    Event,
-    Limits,
-    ProtocolConnection,
-    Side,
-)
+from shuffled.protocol.connection import Limits, ProtocolConnection, Side
 from shuffled.protocol.credit import OutboundStream
 from shuffled.protocol.errors import AuthFailed, PartitionNotFound, ProtocolError, ShuffledError
+from shuffled.protocol.events import Event
 from shuffled.protocol.frames import OpenMapOutput, PartitionRequest, Role
 from tests.protocol_pair import ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
 

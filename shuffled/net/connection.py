@@ -15,8 +15,9 @@ import logging
 import socket
 from typing import cast
 
-from ..protocol.connection import Event, ProtocolConnection
+from ..protocol.connection import ProtocolConnection
 from ..protocol.errors import InternalError, ShuffledError
+from ..protocol.events import Event
 from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
 
 log = logging.getLogger(__name__)

@@ -56,6 +56,29 @@ from .errors import (
     UnknownStream,
     error_from_code,
 )
+from .events import (
+    Aborted,
+    AbortRequested,
+    AdminAnswered,
+    AdminRequested,
+    Authenticated,
+    BufferArrived,
+    CloseRequested,
+    CommitRequested,
+    Committed,
+    ConnectionFailed,
+    CreditAdded,
+    Event,
+    HandshakeDone,
+    HelloReceived,
+    PushCredited,
+    PushDataArrived,
+    PushOpened,
+    ReadCancelled,
+    ReadRequested,
+    StreamFailed,
+    StreamRefused,
+)
 from .frames import (
     DEFAULT_MAX_PAYLOAD,
     MAX_CONTROL_BODY,
@@ -125,160 +148,6 @@ class Stream:
     outbound: OutboundStream[Any] | None = None
 
 
-# -- events (what the other side did)
-
-
-@dataclass(frozen=True, slots=True)
-class HelloReceived:
-    """Acceptor: answer with `challenge()` or `accept()`, or fail the connection."""
-
-    role: Role
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticated:
-    """Acceptor: the dialer proved the secret `challenge()` named; answer with `accept()`."""
-
-    role: Role
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class HandshakeDone:
-    """Dialer: the acceptor took our Hello (and, with a secret, proved its own); streams may open."""
-
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadRequested:
-    request: PartitionRequest
-
-
-@dataclass(frozen=True, slots=True)
-class CreditAdded:
-    """More credit for a read we serve (already added to its outbound stream)."""
-
-    stream: int
-    credit: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadCancelled:
-    stream: int
-
-
-@dataclass(frozen=True, slots=True)
-class PushOpened:
-    request: OpenMapOutput
-
-
-@dataclass(frozen=True, slots=True)
-class PushDataArrived:
-    frame: PushData
-
-
-@dataclass(frozen=True, slots=True)
-class CommitRequested:
-    writer: int
-    pushes: int
-
-
-@dataclass(frozen=True, slots=True)
-class AbortRequested:
-    writer: int
-
-
-@dataclass(frozen=True, slots=True)
-class AdminRequested:
-    request: AdminRequest
-
-
-@dataclass(frozen=True, slots=True)
-class BufferArrived:
-    """A data buffer or the end of one of our reads (the read leaves the table at its end)."""
-
-    frame: BufferResponse
-
-
-@dataclass(frozen=True, slots=True)
-class PushCredited:
-    """More credit for one of our pushes (already added to its outbound stream)."""
-
-    writer: int
-    credit: int
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    writer: int
-    lengths: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class Aborted:
-    writer: int
-
-
-@dataclass(frozen=True, slots=True)
-class AdminAnswered:
-    request: int
-    result: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamFailed:
-    """The other side ended one of our streams with an error."""
-
-    stream: int
-    error: ShuffledError
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRefused:
-    """We refused one of their streams (a limit, an unknown id) and told them why on that stream."""
-
-    stream: int
-    error: ShuffledError
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionFailed:
-    """The other side reported a fatal error (stream 0), or refused the handshake."""
-
-    error: ShuffledError
-
-
-@dataclass(frozen=True, slots=True)
-class CloseRequested:
-    pass
-
-
-Event = (
-    HelloReceived
-    | Authenticated
-    | HandshakeDone
-    | ReadRequested
-    | CreditAdded
-    | ReadCancelled
-    | PushOpened
-    | PushDataArrived
-    | CommitRequested
-    | AbortRequested
-    | AdminRequested
-    | BufferArrived
-    | PushCredited
-    | Committed
-    | Aborted
-    | AdminAnswered
-    | StreamFailed
-    | StreamRefused
-    | ConnectionFailed
-    | CloseRequested
-)
-
-
 def release_payload(item: object) -> None:
     """Give back the pool buffer a decoded data frame (or an event carrying one, or the reader's token for
     a payload cut short) holds, if nobody took it."""
@@ -318,7 +187,9 @@ class ProtocolConnection:
         #: streams this side opened, and streams the other side opened
         self.own: dict[int, Stream] = {}
         self.theirs: dict[int, Stream] = {}
-        #: their admin requests not yet answered (admin ids are counted, not tracked: see accept_admin)
+        #: their pushes in the table (checked against `limits.pushes` on every open)
+        self.pushes_open = 0
+        #: their admin requests not yet answered (counted, not tracked: admin ids need not be unique)
         self.admin_running = 0
         self._next_id = 1
         self._frames: deque[Any] = deque()
@@ -478,12 +349,12 @@ class ProtocolConnection:
             self.send(encode_push_credit(writer, credit))
 
     def ack_commit(self, writer: int, lengths: list[int]) -> None:
-        self.theirs.pop(writer, None)
+        self._end_theirs(writer)
         if self.is_open:
             self.send(encode_commit_ack(writer, lengths))
 
     def ack_abort(self, writer: int) -> None:
-        self.theirs.pop(writer, None)
+        self._end_theirs(writer)
         if self.is_open:
             self.send(encode_abort_ack(writer))
 
@@ -491,7 +362,7 @@ class ProtocolConnection:
         """A push ended without an answer owed (the connection's end is near, or it failed already)."""
         stream = self.theirs.get(writer)
         if stream is not None and stream.kind is Kind.PUSH:
-            del self.theirs[writer]
+            self._end_theirs(writer)
 
     def answer_admin(self, request: int, result: dict[str, Any]) -> None:
         self.admin_running -= 1
@@ -500,7 +371,7 @@ class ProtocolConnection:
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         """End one of their streams with an error (it leaves the table; they may reuse its id)."""
-        self.theirs.pop(stream, None)
+        self._end_theirs(stream)
         if self.is_open:
             self.send(encode_error_from(stream, exc))
 
@@ -522,6 +393,7 @@ class ProtocolConnection:
         self.reader.close()
         self.own.clear()
         self.theirs.clear()
+        self.pushes_open = 0
 
     # -- frames in
 
@@ -537,9 +409,14 @@ class ProtocolConnection:
     def _on_frame(self, frame: Frame) -> Event | None:
         if self.phase is not Phase.OPEN:
             return self._handshake(frame)
+        # The data frames first, without the match below: they are nearly every frame a connection carries.
+        if type(frame) is BufferResponse:
+            return self._on_buffer(frame)
+        if type(frame) is PushData and self.role is Role.DAEMON:
+            return self._on_push_data(frame)
         match frame:
-            case BufferResponse():
-                return self._on_buffer(frame)
+            case PushCredit() | CommitAck() | AbortAck() if self.role is Role.DAEMON:
+                raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
             case PushCredit(writer, credit):
                 return self._on_push_credit(writer, credit)
             case CommitAck(writer, lengths):
@@ -614,13 +491,20 @@ class ProtocolConnection:
             return self._refuse(
                 sid, LimitExceeded(f"max-streams-per-connection ({limits.streams}) streams are open on this connection")
             )
-        if kind is Kind.PUSH and sum(1 for s in self.theirs.values() if s.kind is Kind.PUSH) >= limits.pushes:
+        if kind is Kind.PUSH and self.pushes_open >= limits.pushes:
             return self._refuse(
                 sid,
                 LimitExceeded(f"max-pushes-per-connection ({limits.pushes}) map outputs are open on this connection"),
             )
         self.theirs[sid] = Stream(kind)
+        if kind is Kind.PUSH:
+            self.pushes_open += 1
         return None
+
+    def _end_theirs(self, sid: int) -> None:
+        stream = self.theirs.pop(sid, None)
+        if stream is not None and stream.kind is Kind.PUSH:
+            self.pushes_open -= 1
 
     def _unknown_push(self, writer: int) -> StreamRefused | None:
         """None for one of their open pushes; else the refusal sent (UNKNOWN_STREAM, the connection lives on)."""

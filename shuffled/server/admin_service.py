@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from ..logs import event
 from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import ShuffledError
+from ..protocol.errors import InternalError, ShuffledError, ShuttingDown
 from ..protocol.frames import AdminRequest
+
+log = logging.getLogger(__name__)
 
 #: what carries an admin operation out (the daemon's `admin`)
 Operation = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -40,17 +44,28 @@ class AdminService:
         task.add_done_callback(self.background.discard)
 
     async def _run(self, req: AdminRequest) -> None:
-        proto = self.link.proto
+        """Every request gets an answer or an error, whatever happens: an unanswered one would hold one
+        of the connection's admin slots (and keep it from idling out) for good."""
         try:
             app = req.args.get("app")
             if isinstance(app, str) and req.op != "stats":
                 self.link.authorize(app, req.args.get("token"))
             result = await self.operation(req.op, req.args)
         except ShuffledError as exc:
-            self.link.count_error(exc)
-            proto.fail_admin(req.request, exc)
+            self._fail(req, exc)
             return
-        proto.answer_admin(req.request, result)
+        except asyncio.CancelledError:
+            self._fail(req, ShuttingDown(f"admin {req.op} cancelled: the daemon is stopping"))
+            raise
+        except Exception as exc:  # a bug must fail this request, not leave its caller waiting
+            event(log, "admin request failed", logging.ERROR, exc_info=True, op=req.op)
+            self._fail(req, InternalError(f"admin {req.op} failed: {exc.__class__.__name__}: {exc}"))
+            return
+        self.link.proto.answer_admin(req.request, result)
+
+    def _fail(self, req: AdminRequest, exc: ShuffledError) -> None:
+        self.link.count_error(exc)
+        self.link.proto.fail_admin(req.request, exc)
 
     @property
     def running(self) -> int:

@@ -19,6 +19,7 @@ from ..logs import event
 from ..net.connection import FrameConnection
 from ..net.sender import Outbound
 from ..protocol import connection as pc
+from ..protocol import events
 from ..protocol.errors import AuthFailed, ConnectionLost, InvalidRequest, LimitExceeded, ShuffledError, TimedOut
 from ..protocol.frames import Role
 from . import admission
@@ -179,48 +180,50 @@ class DaemonConnection(FrameConnection):
 
     # -- events
 
-    def handle_event(self, ev: pc.Event) -> None:
+    def handle_event(self, ev: events.Event) -> None:
         match ev:
-            case pc.BufferArrived(frame):
+            case events.BufferArrived(frame):
                 self.reads.on_buffer(frame)
-            case pc.CreditAdded(stream):
+            case events.CreditAdded(stream):
                 self.reads.on_credit(stream)
-            case pc.PushDataArrived(frame):
+            case events.PushDataArrived(frame):
                 self.pushing.on_data(frame)
-            case pc.ReadRequested(request):
+            case events.ReadRequested(request):
                 self.reads.on_request(request)
-            case pc.ReadCancelled(stream):
+            case events.ReadCancelled(stream):
                 self.reads.on_cancel(stream)
-            case pc.PushOpened(request):
+            case events.PushOpened(request):
                 self.pushing.on_open(request)
-            case pc.CommitRequested(writer, pushes):
+            case events.CommitRequested(writer, pushes):
                 self.pushing.on_commit(writer, pushes)
-            case pc.AbortRequested(writer):
+            case events.AbortRequested(writer):
                 self.pushing.on_abort(writer)
-            case pc.AdminRequested(request):
+            case events.AdminRequested(request):
                 self.admin.on_request(request)
-            case pc.AdminAnswered(request, result):
+            case events.AdminAnswered(request, result):
                 self.admin.on_answer(request, result)
-            case pc.StreamFailed(stream, exc):
+            case events.StreamFailed(stream, exc):
                 if not self.reads.on_failed(stream, exc):
                     self.admin.on_failed(stream, exc)
-            case pc.StreamRefused(_, exc):
+            case events.StreamRefused(_, exc):
                 self.count_error(exc)
-            case pc.ConnectionFailed(exc):
+            case events.ConnectionFailed(exc):
                 if not self.ready.done():
+                    self.count_error(exc)
                     if isinstance(exc, AuthFailed):  # the other side found our proof (or its lack) wrong
-                        self._log_auth_failed(f"the other side says: {exc.message}")
+                        self._log_auth_failed(f"the other side says: {exc.message[:200]}")
                     self.ready.set_exception(exc)
-                    self.close(f"handshake refused: {exc.message}")
+                    self.ready.exception()  # retrieved: a dialer's caller sees it through the peer manager
+                    self.close(f"handshake refused: {exc.message[:200]}")
                 else:
                     self.close(f"peer reported {exc.code.name}: {exc.message}")
-            case pc.CloseRequested():
+            case events.CloseRequested():
                 self.close("peer sent Close")
-            case pc.HelloReceived(role, info):
+            case events.HelloReceived(role, info):
                 admission.answer_hello(self, self.daemon, role, info)
-            case pc.Authenticated(role, info):
+            case events.Authenticated(role, info):
                 admission.accept(self, self.daemon, role, info)
-            case pc.HandshakeDone(info):
+            case events.HandshakeDone(info):
                 if info.get("node") not in (None, self.dialed):
                     event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=info.get("node"))
                 self.ready.set_result(None)

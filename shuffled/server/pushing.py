@@ -236,8 +236,8 @@ class PushSession:
         if not self.closed:
             self.shares.release(self.conn.push_share, self.out.shuffle.app, self.app_share, self._extras)
             self._extras = 0
+            self.conn.closed(self.writer)
         self.closed = True
-        self.conn.closed(self.writer)
         if self._waiting is not None:
             self._waiting.cancel()
         self._stop_waiting()

@@ -180,7 +180,7 @@ class ReadService:
     def _stream_ended(self, stream: BufferResponseStream) -> None:
         if self.served.get(stream.stream) is stream:
             del self.served[stream.stream]
-        self.link.proto.read_finished(stream.stream)
+            self.link.proto.read_finished(stream.stream)
         self.services.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
 
     # -- reads this daemon makes over the connection (for its gates)

@@ -19,8 +19,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shuffled.protocol.codec import encode, encode_push_data
-from shuffled.protocol.connection import (
+from shuffled.protocol.codec import encode, encode_commit_ack, encode_push_data
+from shuffled.protocol.connection import Kind, Limits, ProtocolConnection, Side
+from shuffled.protocol.credit import OutboundStream
+from shuffled.protocol.errors import (
+    AuthFailed,
+    CreditViolation,
+    ErrorCode,
+    InvalidRequest,
+    ProtocolError,
+)
+from shuffled.protocol.events import (
     Aborted,
     AbortRequested,
     AdminAnswered,
@@ -33,25 +42,13 @@ from shuffled.protocol.connection import (
     Event,
     HandshakeDone,
     HelloReceived,
-    Kind,
-    Limits,
-    ProtocolConnection,
     PushCredited,
     PushDataArrived,
     PushOpened,
     ReadCancelled,
     ReadRequested,
-    Side,
     StreamFailed,
     StreamRefused,
-)
-from shuffled.protocol.credit import OutboundStream
-from shuffled.protocol.errors import (
-    AuthFailed,
-    CreditViolation,
-    ErrorCode,
-    InvalidRequest,
-    ProtocolError,
 )
 from shuffled.protocol.frames import AddCredit, BufferKind, Hello, OpenMapOutput, PartitionRequest, Role
 from tests.protocol_pair import ABORT, ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
@@ -186,6 +183,13 @@ def test_a_client_is_not_asked_for_data_and_only_clients_push() -> None:
     peers.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
     with pytest.raises(ProtocolError, match="only clients push"):
         peers.deliver(DIALER)
+
+
+def test_a_daemon_is_never_sent_answers_to_pushes() -> None:
+    pair = _pair()
+    _open(pair)
+    with pytest.raises(ProtocolError, match="CommitAck is not expected by a daemon"):
+        pair.acceptor.receive_data(encode_commit_ack(1, [3]))
 
 
 def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:

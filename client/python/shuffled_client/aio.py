@@ -21,7 +21,15 @@ from shuffled.net.soon import Soon
 from shuffled.net.streams import PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
-from shuffled.protocol.connection import (
+from shuffled.protocol.connection import ProtocolConnection, Side, release_payload
+from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit
+from shuffled.protocol.errors import (
+    ConnectionLost,
+    InvalidRequest,
+    MapOutputStateError,
+    ShuffledError,
+)
+from shuffled.protocol.events import (
     Aborted,
     AdminAnswered,
     BufferArrived,
@@ -30,18 +38,8 @@ from shuffled.protocol.connection import (
     ConnectionFailed,
     Event,
     HandshakeDone,
-    ProtocolConnection,
     PushCredited,
-    Side,
     StreamFailed,
-    release_payload,
-)
-from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit
-from shuffled.protocol.errors import (
-    ConnectionLost,
-    InvalidRequest,
-    MapOutputStateError,
-    ShuffledError,
 )
 from shuffled.protocol.frames import OpenMapOutput, PartitionRequest, Role
 from shuffled.server.chunks import Chunk
@@ -520,6 +518,9 @@ class PartitionReader(InputChannel):
         assert pool is not None
         self._pool = await pool.create_local_pool(self.client.exclusive, self.client.exclusive, use_reserve=True)
         self._floating.pool = self._pool
+        if self.client._lost is not None:  # lost while this waited for memory: nothing would ever arrive
+            self._error = self.client._lost
+            return
         self.client._readers[self.receiver] = self
         r = self.req
         self.client._proto().request_read(
