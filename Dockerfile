@@ -4,18 +4,20 @@
 # The Spark plugin, built for every supported Spark line, is in /opt/shuffled/jars
 # (shuffled-spark-<line>_<scala>.jar: spark.jars=local:///opt/shuffled/jars/... on Kubernetes).
 
-# Build stage: a JDK, and each line's Spark jars (from its pyspark release) to compile against.
+# Build stage: a JDK, and each line's Spark jars (from its pyspark release) to compile against; a C
+# compiler for the wheel whose protocol core mypyc compiles (setup.py; pure Python if that fails).
 FROM python:3.11-slim-bookworm AS plugin
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY shuffled ./shuffled
 COPY client ./client
+RUN SHUFFLED_COMPILE=1 pip wheel --no-deps -w /wheels .
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The lines are shuffled.spark_jar.LINES (a test keeps this list equal to it).
 RUN for line in 3.5 4.0 4.1 4.2 4.3; do \
@@ -39,10 +41,8 @@ RUN groupadd --system --gid 10001 shuffled \
     && install -d -o shuffled -g shuffled /run/shuffled
 
 WORKDIR /opt/shuffled
-COPY pyproject.toml README.md ./
-COPY shuffled ./shuffled
-COPY client ./client
-RUN pip install --no-compile . && rm -rf /opt/shuffled/build
+COPY --from=plugin /wheels /tmp/wheels
+RUN pip install --no-compile /tmp/wheels/shuffled-*.whl && rm -rf /tmp/wheels
 COPY --from=plugin /jars /opt/shuffled/jars
 
 # Listen on all interfaces inside the container; the metrics endpoint serves the

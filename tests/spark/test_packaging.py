@@ -1,7 +1,9 @@
 """The package as users get it: a wheel built from this tree (`pip wheel .`) and installed into a fresh
 virtual environment, run from outside the source tree. It carries the plugin's Java sources, so
 `shuffled demo --spark` builds the jar for the installed pyspark (into the user's cache, since
-site-packages may not be writable) and runs a PySpark job through two daemons; also with Spark 3.5."""
+site-packages may not be writable) and runs a PySpark job through two daemons; also with Spark 3.5.
+The first wheel is built with the protocol core compiled (SHUFFLED_COMPILE=1, setup.py), the second
+pure Python, so both forms run a real job; the rest of the suite runs the pure-Python tree."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ pytestmark = [needs_spark, needs_jdk, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("pyspark", ["installed", "pyspark>=3.5,<3.6"])
-def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark: str) -> None:
+@pytest.mark.parametrize(("pyspark", "compiled"), [("installed", True), ("pyspark>=3.5,<3.6", False)])
+def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark: str, compiled: bool) -> None:
     """With the pyspark the test suite runs on (the newest line), and with Spark 3.5 installed beside it."""
     # Built from a copy of the tracked files: setuptools' build/ in the tree would otherwise leave the tree
     # dirty and could carry files the tree no longer has into the wheel.
@@ -34,11 +36,13 @@ def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, source / name, follow_symlinks=False)
     wheels = tmp_path / "wheels"
+    build_env = {**os.environ, "SHUFFLED_COMPILE": "1" if compiled else ""}
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
+        env=build_env,
     )
     (wheel,) = wheels.glob("shuffled-*.whl")
     with zipfile.ZipFile(wheel) as z:
@@ -70,6 +74,8 @@ def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark
         return run.stdout.strip()
 
     assert probe("shuffled.__file__").startswith(str(venv))
+    core = probe("__import__('shuffled.protocol.connection').protocol.connection.__file__")
+    assert core.endswith(".so" if compiled else ".py"), core
     demo = subprocess.run(
         [str(venv / "bin" / "shuffled"), "demo", "--spark", "--megabytes", "8"],
         cwd=elsewhere,
