@@ -84,7 +84,7 @@ class RemoteInputChannel(InputChannel):
     __slots__ = ("closed", "conn", "gate", "upstream")
 
     def __init__(self, gate: InputGate, conn: ReadPeer, receiver: int, credit: ChannelCredit) -> None:
-        super().__init__(receiver, credit)
+        super().__init__(receiver, credit, verify=gate.services.config.relay_check == "crc")
         self.gate = gate
         self.conn = conn
         self.closed = False

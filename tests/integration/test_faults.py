@@ -8,7 +8,8 @@ the unaffected reads complete, and every daemon's pool returns to exactly its
 stored data.
 
 Corruption: a flipped *header* byte must be a PROTOCOL error on that connection; a flipped
-*payload* byte is caught by the relaying daemon's CRC32C check as CORRUPT_DATA on that read.
+*payload* byte fails that read with CORRUPT_DATA, found by the reader's end-to-end CRC32C check
+(by default) or already by the relaying daemon's (``--relay-check crc``).
 """
 
 from __future__ import annotations
@@ -36,15 +37,28 @@ SIZE = 1 << 20  # per partition: 32 buffers of 32 KiB
 PARTS = 2
 
 
-trio = cluster_fixture(3, pool_size="32M", extra=["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10"])
+FAULT_SETTINGS = ["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10"]
+trio = cluster_fixture(3, pool_size="32M", extra=FAULT_SETTINGS)
+checking_trio = cluster_fixture(3, pool_size="32M", extra=[*FAULT_SETTINGS, "--relay-check", "crc"])
+
+
+async def _proxy(cluster: Cluster) -> AsyncIterator[tuple[FaultProxy, str]]:
+    p = FaultProxy("127.0.0.7", cluster.daemons[1].addr)
+    addr = await p.start()
+    yield p, addr
+    await p.close()
 
 
 @pytest_asyncio.fixture
 async def proxy(trio: Cluster) -> AsyncIterator[tuple[FaultProxy, str]]:
-    p = FaultProxy("127.0.0.7", trio.daemons[1].addr)
-    addr = await p.start()
-    yield p, addr
-    await p.close()
+    async for p in _proxy(trio):
+        yield p
+
+
+@pytest_asyncio.fixture
+async def checking_proxy(checking_trio: Cluster) -> AsyncIterator[tuple[FaultProxy, str]]:
+    async for p in _proxy(checking_trio):
+        yield p
 
 
 async def _push(d: DaemonProcess, shuffle: int, attempt: int) -> None:
@@ -139,25 +153,34 @@ async def test_corrupt_header_is_a_protocol_error_on_that_connection_only(
     await asyncio.wait_for(body(), 60)
 
 
-async def test_corrupt_payload_byte_is_corrupt_data_at_the_relaying_daemon(
-    trio: Cluster, proxy: tuple[FaultProxy, str]
+async def _corrupt_payload(cluster: Cluster, proxy: tuple[FaultProxy, str]) -> int:
+    """One flipped bit inside a relayed buffer's payload fails the read with CORRUPT_DATA (a fetch failure:
+    Spark recomputes), never with wrong bytes; the other streams read on. The CORRUPT_DATA errors the
+    relaying daemon counted (it reports what it finds itself)."""
+    p, addr = proxy
+    fixed = HEADER.size + BUFFER_RESPONSE_FIXED.size
+    p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, fixed + 100, 0x01)
+    client, faulty = await _faulty_read(cluster, addr, 5)
+    other = asyncio.create_task(_others_still_read(cluster, client, 5))
+    with pytest.raises(CorruptData) as err:
+        await faulty
+    assert err.value.fetch_failure and "failed its CRC32C check" in err.value.message
+    p.down.corrupt = None
+    counted = int((await client.stats())["errors"].get("CORRUPT_DATA", 0))
+    await _finish(cluster, client, other, lambda: _read(client, 5, addr, 1))
+    return counted
+
+
+async def test_corrupt_payload_byte_is_corrupt_data_at_the_reader(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
+    """By default the relaying daemon forwards the writer's CRC32C unchecked and the reader checks it."""
+    assert await asyncio.wait_for(_corrupt_payload(trio, proxy), 60) == 0
+
+
+async def test_corrupt_payload_byte_is_corrupt_data_at_the_checking_relay(
+    checking_trio: Cluster, checking_proxy: tuple[FaultProxy, str]
 ) -> None:
-    """One flipped bit inside a relayed buffer's payload: the relaying daemon checks the writer's CRC32C on
-    arrival, so the read fails with CORRUPT_DATA (a fetch failure: Spark recomputes), never with wrong bytes."""
-
-    async def body() -> None:
-        p, addr = proxy
-        fixed = HEADER.size + BUFFER_RESPONSE_FIXED.size
-        p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, fixed + 100, 0x01)
-        client, faulty = await _faulty_read(trio, addr, 5)
-        other = asyncio.create_task(_others_still_read(trio, client, 5))
-        with pytest.raises(CorruptData) as err:
-            await faulty
-        assert err.value.fetch_failure
-        p.down.corrupt = None
-        await _finish(trio, client, other, lambda: _read(client, 5, addr, 1))
-
-    await asyncio.wait_for(body(), 60)
+    """With --relay-check crc the relaying daemon finds it on arrival and fails the read itself."""
+    assert await asyncio.wait_for(_corrupt_payload(checking_trio, checking_proxy), 60) == 1
 
 
 async def test_blackhole_mid_payload_times_out_within_the_peer_timeout(
