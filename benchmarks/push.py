@@ -15,6 +15,7 @@ import time
 
 from .common import (
     Context,
+    CpuMeter,
     Goal,
     MiB,
     ScenarioResult,
@@ -37,6 +38,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     bare = await ctx.bare_throughput()
     rates: dict[str, list[float]] = {"TCP": [], "Unix socket": []}
     async with ctx.daemons(store_pool(nbytes), unix=True) as (a,):
+        cpu = CpuMeter({"daemon": a.pid, "client": None})
         async with ctx.client(a.addr) as tcp, ctx.client(f"unix:{a.ready_field('unix')}") as unix:
             shuffle = 1
             t0 = time.perf_counter()
@@ -48,7 +50,8 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                 for kind, client in (("TCP", tcp), ("Unix socket", unix)):
                     shuffle += 1
                     t0 = time.perf_counter()
-                    await push(client, APP, shuffle, shuffle, [nbytes])
+                    with cpu.measure(f"push over {kind}", nbytes):
+                        await push(client, APP, shuffle, shuffle, [nbytes])
                     rates[kind].append(mib_per_s(nbytes, time.perf_counter() - t0))
                     await client.unregister_shuffle(APP, shuffle)
                 ctx.progress(f"TCP {rates['TCP'][-1]:,.0f} MiB/s, Unix socket {rates['Unix socket'][-1]:,.0f} MiB/s")
@@ -70,3 +73,4 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         f"{nbytes // MiB} MiB per push into one partition, 1 MiB writes, medians of {len(rates['TCP'])}; "
         f"Unix/TCP = {median(rates['Unix socket']) / median(rates['TCP']):.2f}"
     )
+    result.notes.extend(cpu.notes())

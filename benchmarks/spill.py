@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .common import (
     Context,
+    CpuMeter,
     MiB,
     ScenarioResult,
     bounded,
@@ -64,17 +65,21 @@ def _dd(target: Path, nbytes: int, sync: bool) -> float:
     return seconds
 
 
-async def _shuffle(ctx: Context, pool: int, nbytes: int, data_dir: Path | None) -> dict[str, float]:
-    """Push MAPS map outputs over PARTITIONS partitions into one daemon, then read every partition back."""
+async def _shuffle(ctx: Context, pool: int, nbytes: int, data_dir: Path | None, notes: list[str]) -> dict[str, float]:
+    """Push MAPS map outputs over PARTITIONS partitions into one daemon, then read every partition back;
+    what the daemon and the client spent in CPU per GiB goes to `notes`."""
     extra = ["--data-dir", str(data_dir)] if data_dir else []
     per = nbytes // MAPS // PARTITIONS
     out: dict[str, float] = {}
+    where = "spilling" if data_dir else "in memory"
     async with ctx.daemons(pool, extra=extra) as (d,):
+        cpu = CpuMeter({"daemon": d.pid, "client": None})
         async with ctx.client(d.addr) as writer, ctx.client(d.addr, reader_client_pool(PARTITIONS)) as reader:
             t0 = time.perf_counter()
-            stored = await asyncio.gather(
-                *(push(writer, APP, 1, m + 1, [per] * PARTITIONS, map_index=m) for m in range(MAPS))
-            )
+            with cpu.measure(f"push, {where}", nbytes):
+                stored = await asyncio.gather(
+                    *(push(writer, APP, 1, m + 1, [per] * PARTITIONS, map_index=m) for m in range(MAPS))
+                )
             out["push_s"] = time.perf_counter() - t0
             require(sum(stored) == nbytes, f"stored {sum(stored)} bytes of {nbytes}")
             stats = await writer.stats()
@@ -84,18 +89,23 @@ async def _shuffle(ctx: Context, pool: int, nbytes: int, data_dir: Path | None) 
                 _drop_page_cache(data_dir)
             locations = {"": list(range(1, MAPS + 1))}
             t0 = time.perf_counter()
-            got = await asyncio.gather(*(drain(reader.read(APP, 1, p, p + 1, locations)) for p in range(PARTITIONS)))
+            with cpu.measure(f"read, {where}", nbytes):
+                got = await asyncio.gather(
+                    *(drain(reader.read(APP, 1, p, p + 1, locations)) for p in range(PARTITIONS))
+                )
             out["read_s"] = time.perf_counter() - t0
             require(sum(got) == nbytes, f"read {sum(got)} bytes of {nbytes}")
+    notes.extend(cpu.notes())
     return out
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(1024 * MiB, 128 * MiB)
     data_dir = ctx.tmp_dir / "spill-data"
-    memory = await _shuffle(ctx, store_pool(nbytes, PARTITIONS), nbytes, None)
+    cpu_notes: list[str] = []
+    memory = await _shuffle(ctx, store_pool(nbytes, PARTITIONS), nbytes, None, cpu_notes)
     ctx.progress(f"in memory: push {mib_per_s(nbytes, memory['push_s']):,.0f} MiB/s")
-    spilled = await _shuffle(ctx, max(16 * MiB, nbytes // 8), nbytes, data_dir)
+    spilled = await _shuffle(ctx, max(16 * MiB, nbytes // 8), nbytes, data_dir, cpu_notes)
     ctx.progress(f"spilling: push {mib_per_s(nbytes, spilled['push_s']):,.0f} MiB/s")
 
     for what, key, spilling in (("push", "push_s", "spilling (pool = 1/8)"), ("read", "read_s", "from disk (cold)")):
@@ -132,3 +142,4 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         "(the spill files' pages are evicted before the cold read); dd: medians of "
         f"{len(rates[False]) if shutil.which('dd') else 0} runs each"
     )
+    result.notes.extend(cpu_notes)

@@ -422,21 +422,23 @@ async def corrupting_peer() -> AsyncIterator[str]:
 
 
 @pytest.mark.asyncio
-async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data() -> None:
-    """The Python reader checks every buffer; so does a daemon relaying another daemon's data."""
+@pytest.mark.parametrize(("relay_check", "relay_finds"), [("none", False), ("crc", True)])
+async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data(relay_check: str, relay_finds: bool) -> None:
+    """The Python reader checks every buffer; a daemon relaying another daemon's data forwards the writer's
+    CRC32C for its reader to check, and with --relay-check crc checks it itself (and counts it)."""
 
     async def body() -> None:
         async with corrupting_peer() as peer:
             direct = await AsyncClient.connect(peer, timeout=10)
             with pytest.raises(CorruptData, match="CRC32C"):
                 await _read(direct, "c-app", {"": [1]})
-            d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M")
+            d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--relay-check", relay_check])
             try:
                 c = await AsyncClient.connect(d.addr, timeout=10)
                 with pytest.raises(CorruptData, match="CRC32C"):
                     await _read(c, "c-app", {peer: [1]})
                 s = await pool_settled(c)
-                assert s["pool"]["used"] == 0 and s["errors"].get("CORRUPT_DATA", 0) >= 1, s
+                assert s["pool"]["used"] == 0 and (s["errors"].get("CORRUPT_DATA", 0) >= 1) == relay_finds, s
                 await c.close()
             finally:
                 d.stop()

@@ -36,8 +36,9 @@ public final class PartitionReader implements AutoCloseable {
     /** Buffers each read stream owns; the initial credit of the PartitionRequest. */
     public static final int EXCLUSIVE = 2;
     /**
-     * Buffers the reader may add from its floating pool as the backlog grows (PROTOCOL.md §11.2: 64, not
-     * Flink's 8, since a read here has one channel).
+     * The most buffers a reader may add from its floating pool as the backlog grows (PROTOCOL.md §11.2: 64,
+     * not Flink's 8, since a read here has one channel); a reader may be given fewer (the Spark plugin
+     * divides {@code spark.reducer.maxSizeInFlight} among a task's open streams).
      */
     public static final int FLOATING = 64;
     /**
@@ -62,6 +63,8 @@ public final class PartitionReader implements AutoCloseable {
 
     private final ShuffleClient client;
     private final long stream;
+    /** floating buffers this reader may take, at most {@link #FLOATING} */
+    private final int floating;
 
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition changed = lock.newCondition();
@@ -73,13 +76,31 @@ public final class PartitionReader implements AutoCloseable {
     private long unannounced;
     private long backlog;
     private long expectedSequence;
+    private int peakWindow = EXCLUSIVE;
     private boolean ended;
     private boolean closed;
     private ShuffledException error;
 
-    PartitionReader(ShuffleClient client, long stream) {
+    PartitionReader(ShuffleClient client, long stream, int floating) {
+        if (floating < 0 || floating > FLOATING) {
+            throw new IllegalArgumentException("floating buffers must be in 0.." + FLOATING + ", got " + floating);
+        }
         this.client = client;
         this.stream = stream;
+        this.floating = floating;
+    }
+
+    /**
+     * The most buffers this reader has held credit for at once (its exclusive ones plus the floating ones
+     * it took): its window, which never exceeds {@code EXCLUSIVE} plus the floating buffers it was given.
+     */
+    public int peakWindow() {
+        lock.lock();
+        try {
+            return peakWindow;
+        } finally {
+            lock.unlock();
+        }
     }
 
     /** The receiver id (stream id) on the connection. */
@@ -265,10 +286,11 @@ public final class PartitionReader implements AutoCloseable {
                             ByteBuffer data = b.payload() == null ? ByteBuffer.allocate(0) : b.payload().slice();
                             queue.add(new Chunk((int) b.partition(), b.attempt(), data));
                             backlog = b.backlog();
-                            while (free() < backlog + EXCLUSIVE && floatingHeld < FLOATING) {
+                            while (free() < backlog + EXCLUSIVE && floatingHeld < floating) {
                                 floatingHeld++;
                                 unannounced++;
                             }
+                            peakWindow = Math.max(peakWindow, EXCLUSIVE + floatingHeld);
                             announce = takeAnnouncementLocked();
                         }
                     }

@@ -242,9 +242,25 @@ public final class ShuffleClient implements AutoCloseable {
     public PartitionReader read(
             String app, long shuffle, long startPartition, long endPartition, Map<String, long[]> locations)
             throws IOException {
+        return read(app, shuffle, startPartition, endPartition, locations, PartitionReader.FLOATING);
+    }
+
+    /**
+     * As {@link #read(String, long, long, long, Map)}, with at most {@code floating} floating buffers
+     * (0 to {@link PartitionReader#FLOATING}): the reader's window is then at most
+     * {@link PartitionReader#EXCLUSIVE} + {@code floating} segments, however long the daemon's backlog.
+     */
+    public PartitionReader read(
+            String app,
+            long shuffle,
+            long startPartition,
+            long endPartition,
+            Map<String, long[]> locations,
+            int floating)
+            throws IOException {
         check();
         long id = newStreamId();
-        PartitionReader reader = new PartitionReader(this, id);
+        PartitionReader reader = new PartitionReader(this, id, floating);
         streams.put(id, reader.handler());
         try {
             send(FrameEncoder.encode(new Frame.PartitionRequest(

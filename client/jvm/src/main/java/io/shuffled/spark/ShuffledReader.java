@@ -234,7 +234,8 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 Location loc = locations.get(streams.size());
                 long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
                 String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
-                streams.add(client.read(env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts)));
+                streams.add(client.read(
+                        env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts), floating()));
             }
             local = locations.get(index).daemon().equals(client.daemonNode());
             input = new PairInput(streams.get(index), (bytes, waitNanos) -> {
@@ -246,6 +247,18 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 metrics.incFetchWaitTime(fetchWait.add(waitNanos));
             });
             return true;
+        }
+
+        /**
+         * Floating buffers per stream: {@code spark.reducer.maxSizeInFlight} (Spark's bound on what one
+         * task fetches ahead, 48m by default) shared by the streams a task has open at once, less their
+         * exclusive buffers, and at most {@link PartitionReader#FLOATING}. A task's buffered bytes then stay
+         * within what Spark's own reader would hold.
+         */
+        private int floating() {
+            long inFlight = env.conf().getSizeAsBytes("spark.reducer.maxSizeInFlight", "48m");
+            long perStream = inFlight / client.segmentSize() / (1 + OPEN_AHEAD) - PartitionReader.EXCLUSIVE;
+            return (int) Math.max(0, Math.min(PartitionReader.FLOATING, perStream));
         }
 
         /** At the end: the task's read metrics take this reader's counts (as Spark's own reader does). */

@@ -196,6 +196,24 @@ public final class ClientCheck {
         }
         check(allSame, "one stream over partitions [0, " + PARTITIONS + "): every (attempt, partition) byte-exact");
 
+        // the window: a reader given 3 floating buffers never holds credit for more than 2 + 3, however long
+        // the backlog (partition 3 is about 290 segments); one given the default grows past that
+        for (int floating : new int[] {3, PartitionReader.FLOATING}) {
+            try (PartitionReader r = client.read(app, shuffle, 3, 4, locations, floating)) {
+                long bytes = 0;
+                for (PartitionReader.Chunk ch = r.next(); ch != null; ch = r.next()) {
+                    bytes += ch.data().remaining();
+                }
+                long want = 0;
+                for (int i = 0; i < attempts.length; i++) {
+                    want += size(i, 3);
+                }
+                int peak = r.peakWindow();
+                check(bytes == want && (floating == 3 ? peak <= 5 : peak > 5),
+                        "floating " + floating + ": " + bytes + " of " + want + " bytes, window at most " + peak);
+            }
+        }
+
         // empty range and empty locations: just END_OF_PARTITION
         try (PartitionReader r = client.read(app, shuffle, 1, 1, locations)) {
             check(r.next() == null, "empty range ends at once");
