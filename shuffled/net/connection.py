@@ -115,9 +115,6 @@ class FrameConnection(asyncio.BufferedProtocol):
     def is_open(self) -> bool:
         return self.transport is not None and not self.transport.is_closing() and self._discard is None
 
-    def new_stream_id(self) -> int:
-        return self.proto.new_stream_id()
-
     def fail(self, exc: ShuffledError) -> None:
         """Fatal error: tell the peer why (stream 0), then close.
 

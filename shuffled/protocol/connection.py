@@ -304,11 +304,8 @@ class ProtocolConnection:
             self.send(encode_add_credit(receiver, credit))
 
     def cancel_read(self, receiver: int) -> None:
-        stream = self.own.get(receiver)
-        if stream is not None and stream.kind is Kind.READ:
-            del self.own[receiver]
-            if self.is_open:
-                self.send(encode_cancel(receiver))
+        if self._take(self.own, receiver, Kind.READ) and self.is_open:
+            self.send(encode_cancel(receiver))
 
     def open_push(self, request: OpenMapOutput, outbound: OutboundStream[Any]) -> None:
         """Open a push; PushCredit goes to `outbound`, whose data the shell frames under it."""
@@ -335,9 +332,7 @@ class ProtocolConnection:
 
     def read_finished(self, receiver: int) -> None:
         """A served read sent its end (or was shut down): its id is free for the other side again."""
-        stream = self.theirs.get(receiver)
-        if stream is not None and stream.kind is Kind.READ:
-            del self.theirs[receiver]
+        self._take(self.theirs, receiver, Kind.READ)
 
     def accept_push(self, writer: int, target: Target) -> None:
         stream = self.theirs.get(writer)
@@ -349,20 +344,18 @@ class ProtocolConnection:
             self.send(encode_push_credit(writer, credit))
 
     def ack_commit(self, writer: int, lengths: list[int]) -> None:
-        self._end_theirs(writer)
+        self._take(self.theirs, writer, Kind.PUSH)
         if self.is_open:
             self.send(encode_commit_ack(writer, lengths))
 
     def ack_abort(self, writer: int) -> None:
-        self._end_theirs(writer)
+        self._take(self.theirs, writer, Kind.PUSH)
         if self.is_open:
             self.send(encode_abort_ack(writer))
 
     def push_closed(self, writer: int) -> None:
         """A push ended without an answer owed (the connection's end is near, or it failed already)."""
-        stream = self.theirs.get(writer)
-        if stream is not None and stream.kind is Kind.PUSH:
-            self._end_theirs(writer)
+        self._take(self.theirs, writer, Kind.PUSH)
 
     def answer_admin(self, request: int, result: dict[str, Any]) -> None:
         self.admin_running -= 1
@@ -371,7 +364,9 @@ class ProtocolConnection:
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         """End one of their streams with an error (it leaves the table; they may reuse its id)."""
-        self._end_theirs(stream)
+        entry = self.theirs.get(stream)
+        if entry is not None:
+            self._take(self.theirs, stream, entry.kind)
         if self.is_open:
             self.send(encode_error_from(stream, exc))
 
@@ -420,11 +415,11 @@ class ProtocolConnection:
             case PushCredit(writer, credit):
                 return self._on_push_credit(writer, credit)
             case CommitAck(writer, lengths):
-                return Committed(writer, lengths) if self._ended(writer, Kind.PUSH) else None
+                return Committed(writer, lengths) if self._take(self.own, writer, Kind.PUSH) else None
             case AbortAck(writer):
-                return Aborted(writer) if self._ended(writer, Kind.PUSH) else None
+                return Aborted(writer) if self._take(self.own, writer, Kind.PUSH) else None
             case AdminResponse(request, result):
-                return AdminAnswered(request, result) if self._ended(request, Kind.ADMIN) else None
+                return AdminAnswered(request, result) if self._take(self.own, request, Kind.ADMIN) else None
             case ErrorResponse(stream, code, message):
                 exc = error_from_code(code, message)
                 if stream == 0:
@@ -448,11 +443,7 @@ class ProtocolConnection:
                     stream.outbound.add_credit(credit)
                 return CreditAdded(receiver, credit)
             case CancelPartitionRequest(receiver):
-                stream = self.theirs.get(receiver)
-                if stream is None or stream.kind is not Kind.READ:
-                    return None
-                del self.theirs[receiver]
-                return ReadCancelled(receiver)
+                return ReadCancelled(receiver) if self._take(self.theirs, receiver, Kind.READ) else None
             case OpenMapOutput():
                 if self.peer_role is not Role.CLIENT:
                     raise ProtocolError("only clients push map output")
@@ -501,10 +492,16 @@ class ProtocolConnection:
             self.pushes_open += 1
         return None
 
-    def _end_theirs(self, sid: int) -> None:
-        stream = self.theirs.pop(sid, None)
-        if stream is not None and stream.kind is Kind.PUSH:
+    def _take(self, table: dict[int, Stream], sid: int, kind: Kind) -> bool:
+        """Take stream `sid` out of `table` (ours or theirs) if it is one of `kind`; False when it is not
+        there, as for a stream that ended while a frame about it was on its way."""
+        stream = table.get(sid)
+        if stream is None or stream.kind is not kind:
+            return False
+        del table[sid]
+        if kind is Kind.PUSH and table is self.theirs:
             self.pushes_open -= 1
+        return True
 
     def _unknown_push(self, writer: int) -> StreamRefused | None:
         """None for one of their open pushes; else the refusal sent (UNKNOWN_STREAM, the connection lives on)."""
@@ -541,13 +538,6 @@ class ProtocolConnection:
         if stream.outbound is not None:
             stream.outbound.add_credit(credit)
         return PushCredited(writer, credit)
-
-    def _ended(self, sid: int, kind: Kind) -> bool:
-        stream = self.own.get(sid)
-        if stream is None or stream.kind is not kind:
-            return False
-        del self.own[sid]
-        return True
 
     # -- the handshake, frames in
 

@@ -213,9 +213,8 @@ class Daemon:
 
     def busy(self) -> tuple[int, int]:
         """Work a drain waits for: (open pushes, reads served or relayed)."""
-        now = time.monotonic()
-        counts = [connection_counts(c, now) for c in list(self.connections)]
-        return sum(n.pushing for n in counts), sum(n.served for n in counts)
+        conns = list(self.connections)
+        return sum(len(c.pushing.sessions) for c in conns), sum(len(c.reads.served) for c in conns)
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new pushes, let open pushes and reads finish; True if they did within `timeout`.

@@ -148,6 +148,8 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private final SerializerManager serializers;
         private final List<PartitionReader> streams = new ArrayList<>();
         private ShuffleClient client;
+        /** floating buffers per stream, from the client's segment size (see {@link #floating()}) */
+        private int floating;
         private int index = -1;
         private PairInput input;
         private DeserializationStream block;
@@ -229,13 +231,14 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             }
             if (client == null) {
                 client = clients.forTask(env.executorId(), context.taskAttemptId());
+                floating = floating();
             }
             while (streams.size() < Math.min(locations.size(), index + 1 + OPEN_AHEAD)) {
                 Location loc = locations.get(streams.size());
                 long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
                 String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
                 streams.add(client.read(
-                        env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts), floating()));
+                        env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts), floating));
             }
             local = locations.get(index).daemon().equals(client.daemonNode());
             input = new PairInput(streams.get(index), (bytes, waitNanos) -> {
