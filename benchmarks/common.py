@@ -580,13 +580,16 @@ class CpuMeter:
         self.spent: dict[str, list[Any]] = {}
 
     @contextlib.contextmanager
-    def measure(self, label: str, nbytes: int) -> Iterator[None]:
+    def measure(self, label: str, nbytes: int = 0) -> Iterator[list[int]]:
+        """Time the block; its bytes are `nbytes` plus what the block adds to the list it is given (for
+        sections that learn their size as they go)."""
         before = {who: cpu_seconds(pid) for who, pid in self.pids.items()}
         t0 = time.perf_counter()
-        yield
+        moved = [nbytes]
+        yield moved
         wall = time.perf_counter() - t0
         entry = self.spent.setdefault(label, [0, 0.0, dict.fromkeys(self.pids, 0.0)])
-        entry[0] += nbytes
+        entry[0] += moved[0]
         entry[1] += wall
         for who, pid in self.pids.items():
             entry[2][who] += cpu_seconds(pid) - before[who]
@@ -594,6 +597,8 @@ class CpuMeter:
     def notes(self) -> list[str]:
         out = []
         for label, (nbytes, wall, cpu) in self.spent.items():
+            if not nbytes:  # nothing went through the measured processes (a baseline's section)
+                continue
             gib = nbytes / (1 << 30)
             per = ", ".join(f"{who} {secs / gib:.2f}" for who, secs in cpu.items())
             busy = sum(cpu.values()) / wall

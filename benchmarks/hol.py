@@ -22,6 +22,7 @@ from .common import (
     SEGMENTS_PER_READER,
     BenchmarkFailure,
     Context,
+    CpuMeter,
     Goal,
     MiB,
     Plot,
@@ -71,7 +72,16 @@ async def _stalling_read(
     return n
 
 
-async def _round(client: AsyncClient, locations: dict[str, list[int]], per: int, stall: bool, limit: float) -> _Round:
+async def _round(
+    client: AsyncClient, locations: dict[str, list[int]], per: int, stall: bool, limit: float, cpu: CpuMeter
+) -> _Round:
+    with cpu.measure("one reader stalled" if stall else "nobody stalls", per * READERS):
+        return await _measured_round(client, locations, per, stall, limit)
+
+
+async def _measured_round(
+    client: AsyncClient, locations: dict[str, list[int]], per: int, stall: bool, limit: float
+) -> _Round:
     out = _Round()
     held, release = asyncio.Event(), asyncio.Event()
     t0 = time.perf_counter()
@@ -127,10 +137,11 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             await warm_up_peer(ca, cb, a.addr)
             await push(ca, APP, SHUFFLE, ATTEMPT, [per] * READERS)
             locations = {a.addr: [ATTEMPT]}
-            await _round(cb, locations, per, stall=False, limit=limit)  # warm-up: pools, connections, caches
+            await _measured_round(cb, locations, per, False, limit)  # warm-up: pools, connections, caches
+            cpu = CpuMeter({"A": a.pid, "B": b.pid, "client": None})
             for _ in bounded(ctx.repeats, ctx.pick(180.0, 20.0)):
-                free.append(await _round(cb, locations, per, stall=False, limit=limit))
-                stalled.append(await _round(cb, locations, per, stall=True, limit=limit))
+                free.append(await _round(cb, locations, per, False, limit, cpu))
+                stalled.append(await _round(cb, locations, per, True, limit, cpu))
                 ctx.progress(
                     f"others' aggregate: {free[-1].rate:,.0f} MiB/s free, {stalled[-1].rate:,.0f} MiB/s with a stall"
                 )
@@ -152,6 +163,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         f"meanwhile B had {max(r.relay_segments for r in stalled)} segments of its pool in use "
         f"(credit bounds it to {SEGMENTS_PER_READER} for the stalled stream)"
     )
+    result.notes.extend(cpu.notes())
     last_free, last_stalled = free[-1], stalled[-1]
     ranks = list(range(1, READERS))
     result.plots.append(

@@ -16,6 +16,7 @@ import time
 
 from .common import (
     Context,
+    CpuMeter,
     Goal,
     MiB,
     Plot,
@@ -49,7 +50,11 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             idle = {keys[0]: rss(a.pid) / MiB, keys[1]: rss(b.pid) / MiB}
             moved = done = 0
             t0 = time.perf_counter()
-            with RssSampler({keys[0]: a.pid, keys[1]: b.pid}, SAMPLE_INTERVAL) as sampler:
+            cpu = CpuMeter({keys[0]: a.pid, keys[1]: b.pid, "client": None})
+            with (
+                cpu.measure("push into A, read through B") as measured,
+                RssSampler({keys[0]: a.pid, keys[1]: b.pid}, SAMPLE_INTERVAL) as sampler,
+            ):
                 for r in bounded(rounds, ctx.pick(240.0, 30.0)):
                     shuffle = r + 1
                     await push(ca, APP, shuffle, shuffle, [per] * PARTITIONS)
@@ -62,6 +67,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                     )
                     await ca.unregister_shuffle(APP, shuffle)
                     moved += sum(got)
+                    measured[0] = moved
                     done += 1
                     if done == 1:
                         after_first = {keys[0]: rss(a.pid) / MiB, keys[1]: rss(b.pid) / MiB}
@@ -83,6 +89,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             baseline=pool_mib,
             goal=Goal("value", "<=", pool_mib + OVERHEAD_MIB),
         )
+    result.notes.extend(cpu.notes())
     result.notes.append(
         f"{moved // MiB} MiB moved ({moved / pool:.1f}x the {pool // MiB} MiB pool) in {done} rounds of "
         f"push, read via B, unregister, at {mib_per_s(moved, elapsed):,.0f} MiB/s; RSS before traffic: "

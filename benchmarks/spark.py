@@ -21,6 +21,7 @@ from typing import Any
 
 from .common import (
     Context,
+    CpuMeter,
     Goal,
     ManagedProcess,
     MiB,
@@ -70,10 +71,15 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     runs: list[dict[str, Any]] = []
     pool = ctx.pick(1536 * MiB, 128 * MiB)
     async with ctx.daemons(pool, pool) as daemons:
+        # The daemons' CPU per GiB Spark shuffled (its shuffle write bytes): A serves every read in the
+        # one-daemon runs; in the two-daemon runs A and B each store and serve, and relay half the reads.
+        cpu = CpuMeter({"A": daemons[0].pid, "B": daemons[1].pid})
         for setup in order:
             used = daemons[: {BUILTIN: 0, ONE: 1, TWO: 2}[setup]]
             mode = "builtin" if setup == BUILTIN else "plugin"
-            out = await run_session(ctx, mode, rows, ",".join(d.addr for d in used), jar, chosen)
+            with cpu.measure(setup) as measured:
+                out = await run_session(ctx, mode, rows, ",".join(d.addr for d in used), jar, chosen)
+                measured[0] = sum(v["shuffle_bytes"] for v in out["queries"].values()) if used else 0
             out["setup"] = setup
             runs.append(out)
             times = ", ".join(f"{q} {v['seconds']:.1f}s" for q, v in out["queries"].items())
@@ -110,4 +116,5 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         f"{rows:,} rows, {shuffled / 2**30:.2f} GiB shuffled per run (Spark's shuffle write bytes, compressed), "
         f"run order {', '.join(order)}; results identical in every run"
     )
+    result.notes.extend(cpu.notes())
     result.plots.append(plot)
