@@ -47,3 +47,22 @@ def test_quick_benchmarks_run_and_write_results(tmp_path: Path) -> None:
         if entry["status"] == "ok":
             assert entry["metrics"], f"{name} reported no metrics"
     assert list(tmp_path.glob("*.png")), "no plot was written"
+
+
+@pytest.mark.timeout(120)
+def test_zerocopy_probe_moves_every_byte_each_way() -> None:
+    """Each path of `python -m benchmarks.zerocopy` delivers exactly the bytes it sent (the receiver counts
+    them; a short count or a stall ends the run with an error) and reports a rate and both CPU columns."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.zerocopy", "--mib", "8", "--repeats", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, f"exit code {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("serve:", "relay:"))]
+    assert len(rows) == 7, done.stdout
+    for row in rows:
+        rate, cpu, receiver_cpu = (float(cell.replace(",", "")) for cell in row[52:].split()[::2])
+        assert rate > 0 and cpu > 0 and receiver_cpu > 0, row
