@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 RETRY_AFTER = 1.0
 #: spill writes queued on the writer thread at once
 IN_FLIGHT = 4
-#: most segments one pressure spill write takes (4 MiB of 32 KiB segments: one writev, one journal record)
-MAX_BATCH = 128
+#: segments one pressure spill write takes at least and at most (1 and 4 MiB of 32 KiB segments): below,
+#: the per-write costs (files opened, journal record, a loop turn) show in the CPU per GiB
+MIN_BATCH, MAX_BATCH = 32, 128
 
 
 @dataclass(slots=True)
@@ -77,7 +78,7 @@ class Spiller:
         self.start = (self.low + self.high) // 2
         self.low_share = low
         #: segments per pressure write: IN_FLIGHT of them take usage from the high watermark to the low one
-        self.batch = max(8, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT))
+        self.batch = max(MIN_BATCH, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT))
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
         #: pushes get no new credit while set (above the high watermark, until below the low one)

@@ -234,7 +234,7 @@ async def test_pressure_keeps_several_writes_queued_and_each_partition_in_push_o
     partition; once they are done every pair reads back in push order and no segment is lost."""
 
     async def body() -> None:
-        pool = GlobalPool(256 * SEGMENT, SEGMENT)
+        pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
         store = Store(SEGMENT)
         store.can_spill = True
         disk = Disk(str(tmp_path))
@@ -302,7 +302,7 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_partition(tmp_p
     pushes are let go, and every segment comes back."""
 
     async def body() -> None:
-        pool = GlobalPool(256 * SEGMENT, SEGMENT)
+        pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
         store = Store(SEGMENT)
         store.can_spill = True
         disk = Disk(str(tmp_path))
