@@ -245,7 +245,13 @@ class Spiller:
         held = [c.buffer for c in chunks if c.buffer is not None]
         for buf in held:
             buf.retain()
-        appended = self._submit(data, sub, chunks, held)
+        try:
+            appended = self._submit(data, sub, chunks, held)
+        except BaseException:  # the writer is shut down (at stop): the chunks stay in memory
+            for buf in held:
+                buf.release()
+            self.store.unspilled(sub, chunks)
+            raise
         done = asyncio.ensure_future(self._finish(data, sub, chunks, held, appended))
         done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
         self._writing[sub] = _Write(data, len(held), done)

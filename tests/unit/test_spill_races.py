@@ -360,3 +360,22 @@ async def test_a_flush_waits_for_the_partitions_write_under_way(tmp_path: Path) 
         disk.close()
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_a_spill_after_the_writer_stopped_leaves_the_chunks_in_memory(tmp_path: Path) -> None:
+    """A write that cannot even be queued (the writer thread is shut down) gives back the references it took."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 2, 4)
+        disk.close()
+        found = store.largest_in_memory()
+        assert found is not None
+        with pytest.raises(RuntimeError):
+            await spiller.spill(*found)
+        assert not spiller._writing and spiller.leaving == 0
+        assert len(found[1].memory) == found[1].memory_segments == 2
+        store.abort(out)
+        assert pool.used == 0
+
+    await asyncio.wait_for(body(), 30)
