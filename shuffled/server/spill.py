@@ -81,7 +81,8 @@ class Spiller:
         self.batch = max(MIN_BATCH, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT))
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
-        #: pushes get no new credit while set (above the high watermark, until below the low one)
+        #: pushes get no new credit while set (above the high watermark, until usage without the writes under
+        #: way is below the low one)
         self.paused = False
         #: background spilling (from the start mark until usage without the writes under way is below low)
         self.pressure = False
