@@ -199,10 +199,15 @@ class DaemonConfig:
         metavar="DIR|auto|none",
     )
     spill_high: float = setting(
-        0.85, "share of pool segments in use at which stored data spills to the data directory", unit="ratio"
+        0.85,
+        "share of pool segments in use above which pushes get no new memory until enough is being spilled "
+        "(spilling starts half way from spill-low)",
+        unit="ratio",
     )
     spill_low: float = setting(
-        0.70, "share of pool segments in use at which spilling stops and pushes get memory again", unit="ratio"
+        0.70,
+        "share of pool segments in use that spilling brings usage down to (counting the writes under way)",
+        unit="ratio",
     )
     push_share_per_connection: float = setting(
         0.25,

@@ -1,30 +1,41 @@
 """Moving stored data from the pool to disk: under memory pressure, over a quota, on request, at stop.
 
-Pressure uses two watermarks on the share of pool segments in use. Passing the
-high one starts a spill of the largest in-memory reduce partitions and holds back
-new push credit (sessions wait on `admitted()`); once usage is below the low one,
-or nothing more can be spilled, push credit flows again. The wait is the same
-back-pressure a full pool applies, just earlier, so the disk has time to catch up.
+Pressure uses marks on the share of pool segments in use. Passing the start mark
+(half way from the low watermark to the high one) starts spilling the largest
+in-memory reduce partitions in the background, pushes carry on; spilling goes on
+until what will be left once the writes under way are done is below the low
+watermark. Passing the high watermark also holds back new push credit (sessions
+wait on `admitted()`) until that projection is below the low one, or nothing more
+can be spilled. The wait is the same back-pressure a full pool applies, just
+earlier, so the disk has time to catch up.
 
-One spill writes one partition's in-memory chunks with one `writev` on the disk's
-writer thread, then the journal record describing them; only when both are done
-are the segments released. Spills run one at a time (there is one writer thread
-anyway), which also keeps a flush from overtaking a spill of the same partition.
+One spill write takes at most `batch` of one partition's oldest in-memory chunks,
+writes them with one `writev` on the disk's writer thread, then the journal record
+describing them; only when both are done are the segments released. Up to
+`IN_FLIGHT` writes wait on the writer thread at once, so it starts the next as
+soon as one ends instead of waiting for the event loop to pick it; they are
+submitted in the order they were taken, which is then their order in the files.
+A partition has at most one write under way: if it fails, its chunks go back in
+front of the partition's memory and no later chunk of theirs is in the file
+before them. A flush waits for a partition's write under way before writing the
+rest.
 
 A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the chunks stay in
 memory; map outputs that were still open and had data in the failed spill are
 aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
 the task) and their memory comes back. Committed data keeps being served from
-memory. Pressure spilling then backs off for `RETRY_AFTER` seconds. Until a
-spill succeeds again, a push that needs memory which only a spill could free
-fails at once with STORAGE_ERROR (`push_memory_error`) instead of waiting for
-credit that will not come; so does every such push on a daemon without a disk.
+memory. Pressure spilling then queues no more writes and backs off for
+`RETRY_AFTER` seconds. Until a spill succeeds again, a push that needs memory
+which only a spill could free fails at once with STORAGE_ERROR
+(`push_memory_error`) instead of waiting for credit that will not come; so does
+every such push on a daemon without a disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..logs import event
@@ -39,6 +50,20 @@ log = logging.getLogger(__name__)
 
 #: seconds pressure spilling pauses after a failed write
 RETRY_AFTER = 1.0
+#: spill writes queued on the writer thread at once
+IN_FLIGHT = 4
+#: segments one pressure spill write takes at least and at most (1 and 4 MiB of 32 KiB segments): below,
+#: the per-write costs (files opened, journal record, a loop turn) show in the CPU per GiB
+MIN_BATCH, MAX_BATCH = 32, 128
+
+
+@dataclass(slots=True)
+class _Write:
+    """A spill write under way: whose, how many segments it will free, and its outcome (bytes written)."""
+
+    data: ShuffleData
+    segments: int
+    done: asyncio.Future[int]
 
 
 class Spiller:
@@ -50,15 +75,26 @@ class Spiller:
         # (small pools get a proportionally larger reserve than `read_reserve` says).
         self.high = min(int(pool.total * high), pool.total - pool.reserve - 1)
         self.low = min(int(pool.total * low), self.high - 1)
+        self.start = (self.low + self.high) // 2
         self.low_share = low
+        #: segments per pressure write: IN_FLIGHT of them take usage from the high watermark to the low one
+        self.batch = max(MIN_BATCH, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT))
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
-        #: pushes get no new credit while set (above the high watermark, until below the low one)
+        #: pushes get no new credit while set (above the high watermark, until usage without the writes under
+        #: way is below the low one)
         self.paused = False
+        #: background spilling (from the start mark until usage without the writes under way is below low)
+        self.pressure = False
         self._resume = asyncio.Event()
         self._resume.set()
-        self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        #: spill writes under way, one per partition at most
+        self._writing: dict[Subpartition, _Write] = {}
+        #: segments the writes under way free when done
+        self.leaving = 0
+        #: set when a write ends (the spilling task looks again)
+        self._ended = asyncio.Event()
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
         self._failed_at = -RETRY_AFTER
@@ -98,30 +134,34 @@ class Spiller:
         if held is not None:
             await held.wait()
 
+    def _backing_off(self) -> bool:
+        return asyncio.get_running_loop().time() - self._failed_at < RETRY_AFTER
+
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
-        if self.disk is None or asyncio.get_running_loop().time() - self._failed_at < RETRY_AFTER:
+        if self.disk is None or self._backing_off():
             return
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
             self._apps[app] = asyncio.Event()
-        if self.pool.used >= self.high and not self.paused and self.store.memory_segments >= self.worth_spilling:
+        used = self.pool.used
+        if used - self.leaving >= self.start and self.store.memory_segments >= self.worth_spilling:
+            self.pressure = True
+        if used >= self.high and self.pressure and not self.paused:
             self.paused = True
             self._resume.clear()
-        if (self.paused or self._apps) and self._task is None:
+        if (self.pressure or self._apps) and self._task is None:
             self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         try:
             while True:
-                if self._apps:
-                    app = next(iter(self._apps))
-                    target = int(self.store.memory_quota * self.low_share)
-                    usage = self.store.usage.get(app)
-                    if usage is None or usage.segments <= target or not await self._spill_one(app):
-                        self._apps.pop(app).set()
-                    continue
-                if not self.paused or self.pool.used <= self.low or not await self._spill_one(None):
+                while len(self._writing) < IN_FLIGHT and self._spill_next():
+                    pass
+                self._settle()
+                if not self._writing:
                     return
+                self._ended.clear()
+                await self._ended.wait()
         except Exception:
             event(log, "spilling failed", logging.ERROR, exc_info=True)
         finally:
@@ -129,19 +169,44 @@ class Spiller:
             for held in self._apps.values():
                 held.set()
             self._apps.clear()
-            self.paused = False
+            self.pressure = self.paused = False
             self._resume.set()
 
-    async def _spill_one(self, app: str | None) -> bool:
-        """Spill the largest in-memory partition (of `app`, or of anyone); False if none or the disk failed."""
-        found = self.store.largest_in_memory(app)
-        if found is None:
+    def _spill_next(self) -> bool:
+        """Queue one more write if a quota or the pool asks for it; False if nothing is to be queued now."""
+        if self._backing_off():
             return False
-        try:
-            await self.spill(*found)
-        except StorageError:  # logged and counted; `check` retries once RETRY_AFTER has passed
-            return False
-        return True
+        target = int(self.store.memory_quota * self.low_share)
+        for app in self._apps:
+            usage = self.store.usage.get(app)
+            if usage is not None and usage.segments - self._leaving(app) > target and self._spill_largest(app):
+                return True
+        return self.pressure and self.pool.used - self.leaving > self.low and self._spill_largest(None)
+
+    def _settle(self) -> None:
+        """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
+        is below the mark), or for whom nothing more can be written."""
+        stuck = len(self._writing) < IN_FLIGHT  # the queueing stopped for want of chunks, not of room
+        target = int(self.store.memory_quota * self.low_share)
+        for app in list(self._apps):
+            usage = self.store.usage.get(app)
+            leaving = self._leaving(app)
+            if usage is None or usage.segments - leaving <= target or (stuck and not leaving):
+                self._apps.pop(app).set()
+        done = self.pool.used - self.leaving <= self.low or (stuck and not self._writing)
+        if done and self.paused:
+            self.paused = False
+            self._resume.set()
+        if done:
+            self.pressure = False
+
+    def _leaving(self, app: str) -> int:
+        return sum(w.segments for w in self._writing.values() if w.data.app == app)
+
+    def _spill_largest(self, app: str | None) -> bool:
+        """Start writing the largest partition not being written (of `app`, or of anyone); False if none."""
+        found = self.store.largest_in_memory(app, self._writing)
+        return found is not None and self._start(*found, self.batch) is not None
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
         """Write every in-memory chunk of these shuffles to disk; returns the bytes written.
@@ -156,29 +221,49 @@ class Spiller:
         return total
 
     async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
-        """Spill one partition's in-memory chunks. Returns the bytes written; raises StorageError if the
-        write failed (the chunks are then in memory again and their open map outputs failed).
+        """Spill all of one partition's in-memory chunks, after its write under way if there is one.
+        Returns the bytes this call wrote; raises StorageError if its write failed (the chunks are then in
+        memory again and their open map outputs failed).
 
         Once the chunks are taken, the write and its bookkeeping run to the end even if
         the caller is cancelled (a flush cut short at stop): otherwise the chunks would
         belong neither to memory nor to the file.
         """
-        async with self._lock:
-            if data.removed:
-                return 0
-            chunks = self.store.take_for_spill(sub)
-            if not chunks:
-                return 0
-            # The write's own references, taken now: an abort from here on drops only the store's.
-            held = [c.buffer for c in chunks if c.buffer is not None]
-            for buf in held:
-                buf.retain()
-            return await asyncio.shield(self._write(data, sub, chunks, held))
+        while (under_way := self._writing.get(sub)) is not None:
+            await asyncio.wait([under_way.done])  # its failure is its own; the chunks are back in memory then
+        write = self._start(data, sub, None)
+        return 0 if write is None else await asyncio.shield(write)
 
-    async def _write(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], held: list[Buffer]) -> int:
+    def _start(self, data: ShuffleData, sub: Subpartition, limit: int | None) -> asyncio.Future[int] | None:
+        """Take the partition's oldest in-memory chunks and queue their write on the writer thread now (so
+        writes and a later deletion of the shuffle reach the thread in this order); None if none."""
+        if data.removed or sub in self._writing:
+            return None
+        chunks = self.store.take_for_spill(sub, limit)
+        if not chunks:
+            return None
+        # The write's own references, taken now: an abort from here on drops only the store's.
+        held = [c.buffer for c in chunks if c.buffer is not None]
+        for buf in held:
+            buf.retain()
+        try:
+            appended = self._submit(data, sub, chunks, held)
+        except BaseException:  # the writer is shut down (at stop): the chunks stay in memory
+            for buf in held:
+                buf.release()
+            self.store.unspilled(sub, chunks)
+            raise
+        done = asyncio.ensure_future(self._finish(data, sub, chunks, held, appended))
+        done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
+        self._writing[sub] = _Write(data, len(held), done)
+        self.leaving += len(held)
+        return done
+
+    def _submit(
+        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], held: list[Buffer]
+    ) -> asyncio.Future[Appended]:
         disk = self.disk
         assert disk is not None
-        views = [buf.data() for buf in held]
         directory = self.open_journal(data)
         if sub.file is None:
             sub.file = SpillFile(disk.data_path(directory, sub.partition))
@@ -196,33 +281,50 @@ class Spiller:
                 offset += length
             return encode_record({"k": "chunks", "p": p, "c": entries})
 
+        return disk.append(sub.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
+
+    async def _finish(
+        self,
+        data: ShuffleData,
+        sub: Subpartition,
+        chunks: list[StoredChunk],
+        held: list[Buffer],
+        appended: asyncio.Future[Appended],
+    ) -> int:
+        disk = self.disk
+        assert disk is not None and sub.file is not None
         try:
-            done = await disk.append(sub.file, views, f"{directory}/{JOURNAL}", record)
-        except OSError as exc:
-            raise self._write_failed(data, sub, chunks, exc) from exc
+            try:
+                done = await appended
+            except OSError as exc:
+                raise self._write_failed(data, sub, chunks, exc) from exc
+            finally:
+                for buf in held:
+                    buf.release()
+            changed = [c for c, crc in zip(chunks, done.crcs, strict=True) if c.crc != crc]
+            if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
+                event(
+                    log,
+                    "memory corruption",
+                    logging.ERROR,
+                    app=data.app,
+                    shuffle=data.shuffle,
+                    partition=sub.partition,
+                    attempt=changed[0].attempt,
+                    chunks=len(changed),
+                )
+            self.disk_error = None
+            written = self.store.spilled(data, sub, chunks, done.offset)
+            sub.file.size = done.offset + written
+            disk.stats.spills += 1
+            disk.stats.spilled_bytes += written
+            if not data.removed:  # else `removed` already settled the shuffle's disk accounting
+                disk.stats.used_bytes += written
+            return written
         finally:
-            for buf in held:
-                buf.release()
-        changed = [c for c, crc in zip(chunks, done.crcs, strict=True) if c.crc != crc]
-        if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
-            event(
-                log,
-                "memory corruption",
-                logging.ERROR,
-                app=data.app,
-                shuffle=data.shuffle,
-                partition=p,
-                attempt=changed[0].attempt,
-                chunks=len(changed),
-            )
-        self.disk_error = None
-        written = self.store.spilled(data, sub, chunks, done.offset)
-        sub.file.size = done.offset + written
-        disk.stats.spills += 1
-        disk.stats.spilled_bytes += written
-        if not data.removed:  # else `removed` already settled the shuffle's disk accounting
-            disk.stats.used_bytes += written
-        return written
+            del self._writing[sub]
+            self.leaving -= len(held)
+            self._ended.set()
 
     def open_journal(self, data: ShuffleData) -> str:
         """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
@@ -316,3 +418,8 @@ def _log_journal_failure(done: asyncio.Future[None]) -> None:
             logging.WARNING,
             reason=done.exception(),
         )
+
+
+def _retrieve(done: asyncio.Future[int]) -> None:
+    if not done.cancelled():
+        done.exception()

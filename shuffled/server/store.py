@@ -28,7 +28,7 @@ from __future__ import annotations
 import hmac
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -364,11 +364,18 @@ class Store:
 
     # -- spill side (the Spiller does the I/O)
 
-    def take_for_spill(self, sub: Subpartition) -> list[StoredChunk]:
-        """The partition's in-memory chunks, in push order; new pushes start a fresh list."""
-        chunks = [c for c in sub.memory if c.buffer is not None and not c.dead]
-        sub.memory = []
-        return chunks
+    def take_for_spill(self, sub: Subpartition, limit: int | None = None) -> list[StoredChunk]:
+        """The partition's oldest in-memory chunks (at most `limit`), in push order; the rest stay, and new
+        pushes go after them."""
+        memory, n = sub.memory, 0
+        taken: list[StoredChunk] = []
+        while n < len(memory) and (limit is None or len(taken) < limit):
+            chunk = memory[n]
+            n += 1
+            if chunk.buffer is not None and not chunk.dead:
+                taken.append(chunk)
+        sub.memory = memory[n:]
+        return taken
 
     def spilled(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int) -> int:
         """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
@@ -396,8 +403,11 @@ class Store:
         """A spill failed: the chunks stay in memory, ahead of anything pushed meanwhile."""
         sub.memory[:0] = [c for c in chunks if c.buffer is not None and not c.dead]
 
-    def largest_in_memory(self, app: str | None = None) -> tuple[ShuffleData, Subpartition] | None:
-        """The partition holding the most memory (of one application, or of all); None if none holds any."""
+    def largest_in_memory(
+        self, app: str | None = None, busy: Container[Subpartition] = ()
+    ) -> tuple[ShuffleData, Subpartition] | None:
+        """The partition holding the most memory (of one application, or of all), leaving out `busy` ones;
+        None if none holds any."""
         best: tuple[ShuffleData, Subpartition] | None = None
         most = 0
         for name, shuffles in self.apps.items():
@@ -405,7 +415,7 @@ class Store:
                 continue
             for data in shuffles.values():
                 for sub in data.subpartitions.values():
-                    if sub.memory_segments > most:
+                    if sub.memory_segments > most and sub.memory and sub not in busy:
                         best, most = (data, sub), sub.memory_segments
         return best
 

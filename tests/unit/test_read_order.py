@@ -39,9 +39,9 @@ class Model:
     pushed: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     #: (partition, file offset) -> (attempt, sequence) written there by a spill
     files: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
-    #: the spill in flight (one at a time, as the spiller's lock makes it): its partition, chunks and the
+    #: spills in flight, at most one per partition as in the spiller, by partition: its chunks and the
     #: write's own references on their segments (an abort meanwhile drops only the store's)
-    spilling: tuple[Subpartition, list[StoredChunk], list[Buffer]] | None = None
+    spilling: dict[int, tuple[Subpartition, list[StoredChunk], list[Buffer]]] = field(default_factory=dict)
 
     def out(self, attempt: int) -> MapOutput:
         if attempt not in self.outs:
@@ -60,21 +60,22 @@ class Model:
         self.store.add(out, partition, buf, 0)
         seqs.append(len(seqs))
 
-    def spill(self, partition: int) -> None:
+    def spill(self, partition: int, limit: int | None) -> None:
+        """Take the partition's oldest in-memory chunks, all or at most `limit` (a pressure spill's batch)."""
         data = self.store.apps.get("app", {}).get(0)
-        if self.spilling is not None or data is None or partition not in data.subpartitions:
+        if partition in self.spilling or data is None or partition not in data.subpartitions:
             return
         sub = data.subpartitions[partition]
-        chunks = self.store.take_for_spill(sub)
+        chunks = self.store.take_for_spill(sub, limit)
         held = [c.buffer for c in chunks if c.buffer is not None]
         for buf in held:
             buf.retain()
-        self.spilling = (sub, chunks, held)
+        self.spilling[partition] = (sub, chunks, held)
 
-    def finish(self, ok: bool) -> None:
-        if self.spilling is None:
+    def finish(self, partition: int, ok: bool) -> None:
+        if partition not in self.spilling:
             return
-        (sub, chunks, held), self.spilling = self.spilling, None
+        sub, chunks, held = self.spilling.pop(partition)
         data = self.store.apps["app"][0]
         if sub.file is None:
             sub.file = SpillFile(f"p{sub.partition}.data")
@@ -130,12 +131,13 @@ def test_each_pair_is_one_run_in_push_order(steps: list[tuple[str, int, int]]) -
             case "abort":
                 m.store.abort(m.out(a))
             case "spill":
-                m.spill(p)
+                m.spill(p, (None, 1, 3)[a])
             case "finish":
-                m.finish(ok=a > 0)  # one in three spills fails (ENOSPC): its chunks go back to memory
+                m.finish(p, ok=a > 0)  # one in three spills fails (ENOSPC): its chunks go back to memory
             case "read":
                 m.read(p)
-    m.finish(True)
+    for p in range(PARTITIONS):
+        m.finish(p, True)
     m.read(0)
     # Every segment comes back once the shuffle is dropped.
     m.store.unregister_shuffle("app", 0)

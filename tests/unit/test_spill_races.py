@@ -4,7 +4,9 @@ a real pool and real files: the writer thread is held at a gate so the race happ
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
 from shuffled.server.disk import Disk
-from shuffled.server.spill import Spiller
+from shuffled.server.spill import IN_FLIGHT, Spiller
 from shuffled.server.store import DiskChunk, MapOutput, Store
 
 pytestmark = pytest.mark.asyncio
@@ -184,5 +186,196 @@ async def test_memory_changed_since_the_push_is_not_hidden_by_a_spill(
             f.seek(items[0].offset)
             assert checksum(f.read(items[0].length)) != pushed_crc  # so the read fails with CORRUPT_DATA
         disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+def _fill(pool: GlobalPool, store: Store, attempts: int, partitions: int, segments: int) -> list[MapOutput]:
+    """`segments` chunks round-robin over the attempts and partitions; each chunk says what it is
+    (attempt, partition, sequence within the pair), so a read shows where every byte went."""
+    outs = [store.open_map_output("app", 1, a, a, partitions) for a in range(1, attempts + 1)]
+    for i in range(segments):
+        out, p = outs[i % attempts], (i // attempts) % partitions
+        (buf,) = pool.try_take(1) or []
+        buf.set_recycler(pool.give)
+        tag = f"{out.attempt}/{p}/{out.lengths.get(p, 0) // 100}".encode().ljust(100, b".")
+        buf.memory[:100] = tag
+        buf.length = 100
+        store.add(out, p, buf, checksum(buf.data()))
+    return outs
+
+
+def _tags(store: Store, partition: int, attempts: list[int]) -> list[bytes]:
+    """What a read of one partition serves, chunk by chunk, from disk or memory."""
+    items, _ = store.snapshot("app", 1, partition, partition + 1, attempts)
+    got = []
+    for item in items:
+        if isinstance(item, DiskChunk):
+            with open(item.path, "rb") as f:
+                f.seek(item.offset)
+                got.append(f.read(item.length).rstrip(b"."))
+        else:
+            got.append(bytes(item.buffer.data()).rstrip(b"."))
+            item.buffer.release()
+    return got
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the event loop run until `condition` holds (the spilling task queues its writes without I/O)."""
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def test_pressure_keeps_several_writes_queued_and_each_partition_in_push_order(tmp_path: Path) -> None:
+    """Above the high watermark the spiller queues IN_FLIGHT writes on the writer thread at once, one per
+    partition; once they are done every pair reads back in push order and no segment is lost."""
+
+    async def body() -> None:
+        pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
+        store = Store(SEGMENT)
+        store.can_spill = True
+        disk = Disk(str(tmp_path))
+        spiller = Spiller(store, pool, disk, 0.85, 0.5)
+        outs = _fill(pool, store, 3, 6, spiller.high)
+        gate = threading.Event()
+        disk._writer.submit(gate.wait, 10)
+        spiller.check()
+        await _until(lambda: len(spiller._writing) == IN_FLIGHT)
+        assert spiller.paused and spiller.leaving == IN_FLIGHT * spiller.batch
+        assert len({w.data.shuffle for w in spiller._writing.values()}) == 1 and len(spiller._writing) == IN_FLIGHT
+        gate.set()
+        task = spiller._task
+        assert task is not None
+        await task
+        assert not spiller.paused and not spiller._writing and spiller.leaving == 0
+        assert pool.used == store.memory_segments <= spiller.low
+        assert disk.stats.spills > IN_FLIGHT  # it went on writing after the first ones ended
+        for out in outs:
+            store.commit(out)
+        for p in range(6):
+            for a in (1, 2, 3):
+                want = [f"{a}/{p}/{i}".encode() for i in range(len(_tags(store, p, [a])))]
+                assert _tags(store, p, [a]) == want
+        assert store.stats().stored_segments == store.memory_segments
+        _, dropped = store.unregister_shuffle("app", 1)
+        await spiller.removed(dropped)
+        assert pool.used == 0 and disk.stats.used_bytes == 0
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_pushes_resume_while_the_memory_they_need_is_being_written(tmp_path: Path) -> None:
+    """Push credit comes back as soon as the writes under way will bring usage below the low watermark,
+    not when they are done."""
+
+    async def body() -> None:
+        pool = GlobalPool(256 * SEGMENT, SEGMENT)
+        store = Store(SEGMENT)
+        store.can_spill = True
+        disk = Disk(str(tmp_path))
+        spiller = Spiller(store, pool, disk, 0.85, 0.8)
+        _fill(pool, store, 2, 4, spiller.high)
+        gate = threading.Event()
+        disk._writer.submit(gate.wait, 10)
+        spiller.check("app")
+        assert spiller.holding("app")
+        await asyncio.wait_for(spiller.admitted("app"), 5)
+        assert pool.used == spiller.high, "nothing was written yet"
+        assert spiller._writing and pool.used - spiller.leaving <= spiller.low
+        gate.set()
+        task = spiller._task
+        assert task is not None
+        await task
+        assert pool.used == store.memory_segments <= spiller.low
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_one_failed_write_among_queued_ones_fails_only_its_partition(tmp_path: Path) -> None:
+    """A write that fails while others wait behind it puts its chunks back in memory in push order and fails
+    the open map outputs that had data in it; the others land, no more are queued (the disk is failing),
+    pushes are let go, and every segment comes back."""
+
+    async def body() -> None:
+        pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
+        store = Store(SEGMENT)
+        store.can_spill = True
+        disk = Disk(str(tmp_path))
+        spiller = Spiller(store, pool, disk, 0.85, 0.5)
+        outs = _fill(pool, store, 1, 4, spiller.high)
+        failed: list[object] = []
+        outs[0].on_failure = failed.append
+        os.makedirs(disk.data_path(disk.shuffle_dir("app", 1), 2))  # a directory: opening it to write fails
+        gate = threading.Event()
+        disk._writer.submit(gate.wait, 10)
+        spiller.check()
+        await _until(lambda: len(spiller._writing) == IN_FLIGHT)
+        sub = store.apps["app"][1].subpartitions[2]
+        gate.set()
+        task = spiller._task
+        assert task is not None
+        await task
+        assert [type(e).__name__ for e in failed] == ["StorageError"]
+        assert disk.stats.spills >= IN_FLIGHT - 1 and disk.stats.errors == 1  # more if one ended before it
+        assert len(sub.spilled) == 0 and sub.memory_segments == len(sub.memory) > 0
+        assert not spiller.paused and not spiller._writing and spiller.leaving == 0
+        assert [bytes(c.buffer.data()).rstrip(b".") for c in sub.memory if c.buffer] == [
+            f"1/2/{i}".encode() for i in range(len(sub.memory))
+        ]
+        spiller.check()  # backing off: nothing is queued
+        assert spiller._task is None
+        store.abort(outs[0])
+        assert pool.used == 0 and store.memory_segments == 0
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_flush_waits_for_the_partitions_write_under_way(tmp_path: Path) -> None:
+    """A flush of a partition whose earlier chunks are being written returns only when those and the ones
+    pushed since are in the file, in push order."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 5, 4)
+        task, gate = await _spill_while_held(disk, spiller, store)
+        data = store.apps["app"][1]
+        (buf,) = pool.try_take(1) or []
+        buf.set_recycler(pool.give)
+        buf.memory[:3] = b"new"
+        buf.length = 3
+        store.add(out, 0, buf, checksum(buf.data()))
+        flush = asyncio.create_task(spiller.flush([data]))
+        gate.set()
+        assert await flush == 200 + 3
+        assert store.memory_segments == 0 and task.done()
+        store.commit(out)
+        items, on_disk = store.snapshot("app", 1, 0, 1, [5])
+        assert on_disk == 3 and [i.offset for i in items] == [0, 100, 200]  # type: ignore[union-attr]
+        disk.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_spill_after_the_writer_stopped_leaves_the_chunks_in_memory(tmp_path: Path) -> None:
+    """A write that cannot even be queued (the writer thread is shut down) gives back the references it took."""
+
+    async def body() -> None:
+        pool, store, disk, spiller = _setup(tmp_path)
+        out = _push(pool, store, 2, 4)
+        disk.close()
+        found = store.largest_in_memory()
+        assert found is not None
+        with pytest.raises(RuntimeError):
+            await spiller.spill(*found)
+        assert not spiller._writing and spiller.leaving == 0
+        assert len(found[1].memory) == found[1].memory_segments == 2
+        store.abort(out)
+        assert pool.used == 0
 
     await asyncio.wait_for(body(), 30)
