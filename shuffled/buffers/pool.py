@@ -15,6 +15,13 @@ let the next writer overwrite bytes still on their way out).
 When the pool is empty, requests wait on a future: that wait is back-pressure.
 A `reserve` of segments is kept for readers, so stored data can never take the
 memory that reading it back (and so freeing it) needs.
+
+Floating buffers (a read's extra credit beyond its exclusive buffers) only speed
+a read up, so they get memory nobody else needs to make progress: never the
+reserve, only while fewer than `floating_ceiling` segments are in use, and at most
+`floating_cap` of them at once. By default the ceiling leaves twice the reserve
+free; a daemon that can spill raises it to its spill high watermark (see
+`set_floating_budget`).
 """
 
 from __future__ import annotations
@@ -94,6 +101,25 @@ class GlobalPool:
         self._pools: set[LocalPool] = set()
         self._flexible: set[LocalPool] = set()
         self._min_total = 0
+        #: floating buffers are given only while fewer segments than this are in use
+        self.floating_ceiling = count - 2 * reserve
+        #: most floating buffers out at once (all local pools together)
+        self.floating_cap = count
+        #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
+        self.floating = 0
+
+    def set_floating_budget(self, ceiling: int, cap: int) -> None:
+        """Let floating buffers fill the pool up to `ceiling` used segments, at most `cap` at once.
+
+        A daemon that spills passes its high watermark and the gap down to its low one. Floating memory
+        taken below the high mark cannot block a push for good: a push that then finds the pool short
+        takes usage over the mark, which holds new push credit and spills stored data until usage is
+        back at the low mark. Capping floating buffers at that gap means one such spill always makes
+        room even when all of them are out. Pushes above the mark and exclusive buffers are untouched:
+        the ceiling is kept clear of the read reserve.
+        """
+        self.floating_ceiling = max(0, min(ceiling, self.total - self.reserve - 1))
+        self.floating_cap = max(0, cap)
 
     @property
     def free(self) -> int:
@@ -117,11 +143,12 @@ class GlobalPool:
         return self._pop(n)
 
     def try_take_spare(self) -> Buffer | None:
-        """One segment for a read's floating buffer, only while more than twice the read reserve is free:
-        floating buffers speed a read up but are not needed for it to finish, so they never take the
-        memory that pushes (and other reads' exclusive buffers) wait for."""
-        if len(self._free) <= 2 * self.reserve:
+        """One segment for a read's floating buffer, within the floating budget (see the module): floating
+        buffers speed a read up but are not needed for it to finish, so they never take the memory that
+        pushes (and other reads' exclusive buffers) wait for."""
+        if self.used >= self.floating_ceiling or self.floating >= self.floating_cap or self._waiters:
             return None
+        self.floating += 1
         return self._pop(1)[0]
 
     def _pop(self, n: int) -> list[Buffer]:
@@ -242,6 +269,8 @@ class LocalPool:
         self.use_reserve = use_reserve
         self._held: list[Buffer] = []
         self.issued = 0
+        #: floating buffers this pool holds beyond its share (counted in the global pool's `floating`)
+        self.extra = 0
         #: held segments already promised to a peer (push credit): never taken back
         self.promised = 0
         self.destroyed = False
@@ -314,11 +343,15 @@ class LocalPool:
         got.refs = 0
         self._held.append(got)
         self.target = max(self.target, self.min) + 1
+        self.extra += 1
         return True
 
     def drop_extra(self) -> None:
         """Undo one `hold_extra`: the segment goes back to the global pool now if it is here, else when
         it is recycled."""
+        if self.extra:
+            self.extra -= 1
+            self.owner.floating -= 1
         self.target -= 1
         if len(self._held) > self.promised and self.size > max(self.target, self.min):
             self.owner.give(self._held.pop())
@@ -340,6 +373,8 @@ class LocalPool:
         if self.destroyed:
             return
         self.destroyed = True
+        self.owner.floating -= self.extra
+        self.extra = 0
         while self._held:
             self.owner.give(self._held.pop())
         self.owner._drop_pool(self)
