@@ -142,14 +142,17 @@ class GlobalPool:
             return None
         return self._pop(n)
 
-    def try_take_spare(self) -> Buffer | None:
-        """One segment for a read's floating buffer, within the floating budget (see the module): floating
-        buffers speed a read up but are not needed for it to finish, so they never take the memory that
-        pushes (and other reads' exclusive buffers) wait for."""
-        if self.used >= self.floating_ceiling or self.floating >= self.floating_cap or self._waiters:
-            return None
-        self.floating += 1
-        return self._pop(1)[0]
+    def try_take_spare(self, n: int = 1) -> list[Buffer]:
+        """Up to n segments for a read's floating buffers, within the floating budget (see the module):
+        floating buffers speed a read up but are not needed for it to finish, so they never take the
+        memory that pushes (and other reads' exclusive buffers) wait for."""
+        if self._waiters:
+            return []
+        n = min(n, self.floating_ceiling - self.used, self.floating_cap - self.floating)
+        if n <= 0:
+            return []
+        self.floating += n
+        return self._pop(n)
 
     def _pop(self, n: int) -> list[Buffer]:
         out = [self._free.pop() for _ in range(n)]
@@ -157,6 +160,11 @@ class GlobalPool:
             b.refs = 1
             b.length = 0
         return out
+
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for memory (a withdrawn wait counts until the next segment comes back)."""
+        return bool(self._waiters)
 
     @property
     def waiting(self) -> int:
@@ -334,27 +342,30 @@ class LocalPool:
         buf.refs = 0
         self._held.append(buf)
 
-    def hold_extra(self) -> bool:
-        """Hold one segment more than now, if the global pool has one to spare (`try_take_spare`). Backs a
-        floating credit before it is announced, so the buffer it promises exists."""
-        got = None if self.destroyed else self.owner.try_take_spare()
-        if got is None:
-            return False
-        got.refs = 0
-        self._held.append(got)
-        self.target = max(self.target, self.min) + 1
-        self.extra += 1
-        return True
+    def hold_extra(self, n: int = 1) -> int:
+        """Hold up to n segments more than now, as far as the global pool has them to spare
+        (`try_take_spare`); how many it got. Backs floating credit before it is announced, so the
+        buffers it promises exist."""
+        if self.destroyed:
+            return 0
+        got = self.owner.try_take_spare(n)
+        for b in got:
+            b.refs = 0
+        self._held += got
+        self.target = max(self.target, self.min) + len(got)
+        self.extra += len(got)
+        return len(got)
 
-    def drop_extra(self) -> None:
-        """Undo one `hold_extra`: the segment goes back to the global pool now if it is here, else when
-        it is recycled."""
-        if self.extra:
-            self.extra -= 1
-            self.owner.floating -= 1
-        self.target -= 1
-        if len(self._held) > self.promised and self.size > max(self.target, self.min):
-            self.owner.give(self._held.pop())
+    def drop_extra(self, n: int = 1) -> None:
+        """Undo n of `hold_extra`: the segments go back to the global pool now if they are here, else
+        when they are recycled."""
+        counted = min(n, self.extra)
+        self.extra -= counted
+        self.owner.floating -= counted
+        self.target -= n
+        held = self._held
+        while len(held) > self.promised and self.size > max(self.target, self.min):
+            self.owner.give(held.pop())
 
     def detach(self, buf: Buffer, recycler: Recycler) -> None:
         """The buffer leaves this pool for good (e.g. pushed data now owned by the store)."""
