@@ -18,10 +18,9 @@ memory that reading it back (and so freeing it) needs.
 
 Floating buffers (a read's extra credit beyond its exclusive buffers) only speed
 a read up, so they get memory nobody else needs to make progress: never the
-reserve, only while fewer than `floating_ceiling` segments are in use, and at most
-`floating_cap` of them at once. By default the ceiling leaves twice the reserve
-free; a daemon that can spill raises it to its spill high watermark (see
-`set_floating_budget`).
+reserve, only while fewer than `floating_ceiling` segments are in use and nobody
+waits for memory. By default the ceiling leaves twice the reserve free; a daemon
+that can spill raises it to its spill high watermark (see `set_floating_budget`).
 """
 
 from __future__ import annotations
@@ -103,23 +102,21 @@ class GlobalPool:
         self._min_total = 0
         #: floating buffers are given only while fewer segments than this are in use
         self.floating_ceiling = count - 2 * reserve
-        #: most floating buffers out at once (all local pools together)
-        self.floating_cap = count
         #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
         self.floating = 0
 
-    def set_floating_budget(self, ceiling: int, cap: int) -> None:
-        """Let floating buffers fill the pool up to `ceiling` used segments, at most `cap` at once.
+    def set_floating_budget(self, ceiling: int) -> None:
+        """Let floating buffers fill the pool up to `ceiling` used segments (kept clear of the read reserve).
 
-        A daemon that spills passes its high watermark and the gap down to its low one. Floating memory
-        taken below the high mark cannot block a push for good: a push that then finds the pool short
-        takes usage over the mark, which holds new push credit and spills stored data until usage is
-        back at the low mark. Capping floating buffers at that gap means one such spill always makes
-        room even when all of them are out. Pushes above the mark and exclusive buffers are untouched:
-        the ceiling is kept clear of the read reserve.
+        A daemon that spills passes its high watermark: stored data normally sits between its watermarks,
+        and the old ceiling (twice the reserve free, 75 % used by default) left a loaded daemon's reads
+        their exclusive buffers only. Floating memory below the mark cannot block a push for good: no
+        floating buffer is given while anyone waits for memory, a spare one goes back as soon as someone
+        does (`FloatingPool.keep_spare`), the ones a read still needs come back as it proceeds (it always
+        can: its exclusive buffers and disk loads use the reserve), and a push that takes usage over the
+        mark holds new push credit and spills stored data down to the low mark.
         """
         self.floating_ceiling = max(0, min(ceiling, self.total - self.reserve - 1))
-        self.floating_cap = max(0, cap)
 
     @property
     def free(self) -> int:
@@ -148,7 +145,7 @@ class GlobalPool:
         memory that pushes (and other reads' exclusive buffers) wait for."""
         if self._waiters:
             return []
-        n = min(n, self.floating_ceiling - self.used, self.floating_cap - self.floating)
+        n = min(n, self.floating_ceiling - self.used)
         if n <= 0:
             return []
         self.floating += n
