@@ -264,7 +264,8 @@ class DaemonConfig:
     floating: int = setting(
         DEFAULT_FLOATING,
         "most buffers a read shares among its channels, taken as the senders' backlog grows and only while "
-        "memory is to spare (more than twice the read reserve free)",
+        "memory is to spare (nothing waits for memory and pool use is below spill-high; without a data dir, "
+        "more than twice the read reserve free)",
         unit="buffers",
         metavar="N",
     )

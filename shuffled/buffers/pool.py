@@ -15,6 +15,12 @@ let the next writer overwrite bytes still on their way out).
 When the pool is empty, requests wait on a future: that wait is back-pressure.
 A `reserve` of segments is kept for readers, so stored data can never take the
 memory that reading it back (and so freeing it) needs.
+
+Floating buffers (a read's extra credit beyond its exclusive buffers) only speed
+a read up, so they get memory nobody else needs to make progress: never the
+reserve, only while fewer than `floating_ceiling` segments are in use and nobody
+waits for memory. By default the ceiling leaves twice the reserve free; a daemon
+that can spill raises it to its spill high watermark (see `set_floating_budget`).
 """
 
 from __future__ import annotations
@@ -94,6 +100,23 @@ class GlobalPool:
         self._pools: set[LocalPool] = set()
         self._flexible: set[LocalPool] = set()
         self._min_total = 0
+        #: floating buffers are given only while fewer segments than this are in use
+        self.floating_ceiling = count - 2 * reserve
+        #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
+        self.floating = 0
+
+    def set_floating_budget(self, ceiling: int) -> None:
+        """Let floating buffers fill the pool up to `ceiling` used segments (kept clear of the read reserve).
+
+        A daemon that spills passes its high watermark: stored data normally sits between its watermarks,
+        and the old ceiling (twice the reserve free, 75 % used by default) left a loaded daemon's reads
+        their exclusive buffers only. Floating memory below the mark cannot block a push for good: no
+        floating buffer is given while anyone waits for memory, a spare one goes back as soon as someone
+        does (`FloatingPool.keep_spare`), the ones a read still needs come back as it proceeds (it always
+        can: its exclusive buffers and disk loads use the reserve), and a push that takes usage over the
+        mark holds new push credit and spills stored data down to the low mark.
+        """
+        self.floating_ceiling = max(0, min(ceiling, self.total - self.reserve - 1))
 
     @property
     def free(self) -> int:
@@ -116,13 +139,17 @@ class GlobalPool:
             return None
         return self._pop(n)
 
-    def try_take_spare(self) -> Buffer | None:
-        """One segment for a read's floating buffer, only while more than twice the read reserve is free:
+    def try_take_spare(self, n: int = 1) -> list[Buffer]:
+        """Up to n segments for a read's floating buffers, within the floating budget (see the module):
         floating buffers speed a read up but are not needed for it to finish, so they never take the
         memory that pushes (and other reads' exclusive buffers) wait for."""
-        if len(self._free) <= 2 * self.reserve:
-            return None
-        return self._pop(1)[0]
+        if self._waiters:
+            return []
+        n = min(n, self.floating_ceiling - self.used)
+        if n <= 0:
+            return []
+        self.floating += n
+        return self._pop(n)
 
     def _pop(self, n: int) -> list[Buffer]:
         out = [self._free.pop() for _ in range(n)]
@@ -130,6 +157,11 @@ class GlobalPool:
             b.refs = 1
             b.length = 0
         return out
+
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for memory (a withdrawn wait counts until the next segment comes back)."""
+        return bool(self._waiters)
 
     @property
     def waiting(self) -> int:
@@ -242,6 +274,8 @@ class LocalPool:
         self.use_reserve = use_reserve
         self._held: list[Buffer] = []
         self.issued = 0
+        #: floating buffers this pool holds beyond its share (counted in the global pool's `floating`)
+        self.extra = 0
         #: held segments already promised to a peer (push credit): never taken back
         self.promised = 0
         self.destroyed = False
@@ -305,23 +339,30 @@ class LocalPool:
         buf.refs = 0
         self._held.append(buf)
 
-    def hold_extra(self) -> bool:
-        """Hold one segment more than now, if the global pool has one to spare (`try_take_spare`). Backs a
-        floating credit before it is announced, so the buffer it promises exists."""
-        got = None if self.destroyed else self.owner.try_take_spare()
-        if got is None:
-            return False
-        got.refs = 0
-        self._held.append(got)
-        self.target = max(self.target, self.min) + 1
-        return True
+    def hold_extra(self, n: int = 1) -> int:
+        """Hold up to n segments more than now, as far as the global pool has them to spare
+        (`try_take_spare`); how many it got. Backs floating credit before it is announced, so the
+        buffers it promises exist."""
+        if self.destroyed:
+            return 0
+        got = self.owner.try_take_spare(n)
+        for b in got:
+            b.refs = 0
+        self._held += got
+        self.target = max(self.target, self.min) + len(got)
+        self.extra += len(got)
+        return len(got)
 
-    def drop_extra(self) -> None:
-        """Undo one `hold_extra`: the segment goes back to the global pool now if it is here, else when
-        it is recycled."""
-        self.target -= 1
-        if len(self._held) > self.promised and self.size > max(self.target, self.min):
-            self.owner.give(self._held.pop())
+    def drop_extra(self, n: int = 1) -> None:
+        """Undo n of `hold_extra`: the segments go back to the global pool now if they are here, else
+        when they are recycled."""
+        counted = min(n, self.extra)
+        self.extra -= counted
+        self.owner.floating -= counted
+        self.target -= n
+        held = self._held
+        while len(held) > self.promised and self.size > max(self.target, self.min):
+            self.owner.give(held.pop())
 
     def detach(self, buf: Buffer, recycler: Recycler) -> None:
         """The buffer leaves this pool for good (e.g. pushed data now owned by the store)."""
@@ -340,6 +381,8 @@ class LocalPool:
         if self.destroyed:
             return
         self.destroyed = True
+        self.owner.floating -= self.extra
+        self.extra = 0
         while self._held:
             self.owner.give(self._held.pop())
         self.owner._drop_pool(self)

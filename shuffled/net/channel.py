@@ -25,12 +25,15 @@ class PooledFloating(FloatingPool):
         super().__init__(size)
         self.pool = pool
 
-    def acquire(self) -> bool:
-        return self.pool is not None and self.pool.hold_extra()
+    def acquire(self, n: int) -> int:
+        return 0 if self.pool is None else self.pool.hold_extra(n)
 
-    def release(self) -> None:
+    def release(self, n: int) -> None:
         if self.pool is not None:
-            self.pool.drop_extra()
+            self.pool.drop_extra(n)
+
+    def memory_wanted(self) -> bool:
+        return self.pool is not None and self.pool.owner.wanted
 
 
 class InputChannel:

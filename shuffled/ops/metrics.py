@@ -131,6 +131,9 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         "shuffled_pool_local_pools", "Local pools (one per push stream and per relayed read)", pool.local_pools
     )
     yield _gauge("shuffled_pool_waiting_requests", "Requests waiting for pool memory (back-pressure)", pool.waiting)
+    yield _gauge(
+        "shuffled_pool_floating_segments", "Floating buffers reads hold beyond their exclusive ones", pool.floating
+    )
 
     store = s.store
     yield _gauge("shuffled_store_applications", "Applications with data on this daemon", store.applications)

@@ -6,7 +6,8 @@ backlog; the channel then tries to hold `backlog + exclusive` free buffers by
 taking floating ones, each becoming credit. Credit is announced lazily: the shell
 is told to send AddCredit only once enough is unannounced (`ANNOUNCE_BATCH`) or
 the sender runs short, and then carries all of it at once. Recycling a buffer gives credit back, or
-returns a floating buffer to the pool when the channel holds more than it needs.
+returns a floating buffer to the pool when the channel holds more than it needs and its backlog
+is gone or someone else wants the buffer.
 
 Sender side: `OutboundStream` never releases a data item without credit; events
 pass without it. `SendScheduler` serves ready streams round-robin.
@@ -42,9 +43,11 @@ class FloatingPool:
     """A gate's floating buffers, handed to channels first come, first served.
 
     `size` caps how many the gate's channels hold together. The memory behind them
-    is the shell's business: `acquire` is asked before each buffer becomes credit
-    (and may refuse: memory is short, the channel keeps its exclusive credit and
-    asks again with its next buffer), `release` is told when one comes back.
+    is the shell's business: `acquire` is asked before buffers become credit (and
+    may give fewer or none: memory is short, the channel keeps the credit it has
+    and asks again with its next buffer), `release` is told when some come back.
+    Both count buffers, so a channel takes what its backlog asks for, and a closed
+    one gives back what it held, in one call each rather than one per buffer.
     """
 
     def __init__(self, size: int) -> None:
@@ -54,42 +57,54 @@ class FloatingPool:
         self.free = size
         self._waiting: deque[ChannelCredit] = deque()
 
-    def acquire(self) -> bool:
-        """Back one more floating buffer with memory now; False if there is none."""
-        return True
+    def acquire(self, n: int) -> int:
+        """Back up to n more floating buffers with memory now; how many it could (0: none)."""
+        return n
 
-    def release(self) -> None:
-        """A floating buffer's memory is no longer needed."""
+    def release(self, n: int) -> None:
+        """The memory behind n floating buffers is no longer needed."""
 
-    def take(self, channel: ChannelCredit) -> bool:
-        if self.free > 0 and self.acquire():
-            self.free -= 1
-            return True
-        if not channel.waiting:
-            channel.waiting = True
-            self._waiting.append(channel)
+    def memory_wanted(self) -> bool:
+        """Someone else waits for the memory behind floating buffers (the shell's pool says; never here)."""
         return False
 
-    def give_back(self) -> list[ChannelCredit]:
-        """One buffer returns; a waiting channel may take it. Returns channels with new credit to announce."""
-        self.free += 1
-        self.release()
+    def keep_spare(self) -> bool:
+        """A channel may keep a floating buffer it holds beyond its need: no other channel waits for one
+        and no one waits for the memory behind it."""
+        waiting = self._waiting
+        while waiting and not waiting[0].needs_floating():  # no longer waiting (e.g. the asking channel)
+            waiting.popleft().waiting = False
+        return not waiting and not self.memory_wanted()
+
+    def take(self, channel: ChannelCredit, want: int) -> int:
+        """Up to `want` buffers for `channel` (> 0); if it gets fewer it waits for the rest."""
+        got = self.acquire(min(want, self.free)) if self.free else 0
+        self.free -= got
+        if got < want and not channel.waiting:
+            channel.waiting = True
+            self._waiting.append(channel)
+        return got
+
+    def give_back(self, n: int = 1) -> list[ChannelCredit]:
+        """n buffers return; waiting channels may take them. Returns channels with new credit to announce."""
+        self.free += n
+        self.release(n)
         announce: list[ChannelCredit] = []
-        while self.free and self._waiting:
-            channel = self._waiting.popleft()
-            channel.waiting = False
-            if channel.closed or not channel.needs_floating():
+        waiting = self._waiting
+        while self.free and waiting:
+            channel = waiting[0]
+            want = channel.shortfall()
+            if want <= 0:
+                waiting.popleft().waiting = False
                 continue
-            if not self.acquire():
-                channel.waiting = True
-                self._waiting.appendleft(channel)
-                break
-            self.free -= 1
-            if channel.add_floating():
+            got = self.acquire(min(want, self.free))
+            if not got:
+                break  # memory is short: the channel stays first in line
+            self.free -= got
+            if channel.add_floating(got):
                 announce.append(channel)
-            if channel.needs_floating():
-                channel.waiting = True
-                self._waiting.appendleft(channel)
+            if got == want:
+                waiting.popleft().waiting = False
         return announce
 
 
@@ -134,13 +149,17 @@ class ChannelCredit:
     def needs_floating(self) -> bool:
         return not self.closed and self.available < self.backlog + self.exclusive
 
-    def add_floating(self) -> bool:
-        self.floating += 1
-        self.available += 1
-        return self._add_unannounced()
+    def shortfall(self) -> int:
+        """Floating buffers the backlog asks for beyond what the channel holds (<= 0: none)."""
+        return 0 if self.closed else self.backlog + self.exclusive - self.available
 
-    def _add_unannounced(self) -> bool:
-        self.unannounced += 1
+    def add_floating(self, n: int) -> bool:
+        self.floating += n
+        self.available += n
+        return self._add_unannounced(n)
+
+    def _add_unannounced(self, n: int = 1) -> bool:
+        self.unannounced += n
         return self._due()
 
     def _due(self) -> bool:
@@ -160,10 +179,11 @@ class ChannelCredit:
 
     def on_backlog(self, backlog: int) -> bool:
         self.backlog = backlog
-        announce = False
-        while self.needs_floating() and self.pool.take(self):
-            announce |= self.add_floating()
-        return announce
+        want = self.shortfall()
+        if want <= 0:
+            return False
+        got = self.pool.take(self, want)
+        return got > 0 and self.add_floating(got)
 
     def on_recycle(self) -> tuple[bool, list[ChannelCredit]]:
         """A buffer of this channel was recycled.
@@ -174,13 +194,26 @@ class ChannelCredit:
             raise ValueError("recycled more buffers than were in use")
         self.in_use -= 1
         self.available += 1
-        if self.floating and (self.closed or self.available > self.backlog + self.exclusive):
+        if self.floating and (self.closed or self._surplus()):
             self.floating -= 1
             self.available -= 1
             return False, self.pool.give_back()
         if self.closed:
             return False, []
         return self._add_unannounced(), []
+
+    def _surplus(self) -> bool:
+        """More buffers free than the backlog needs, and the extra floating one should go back now.
+
+        While the sender still has a backlog, a surplus is kept unless another channel or anyone else
+        wants it: a short stream's backlog counts down by one per buffer, and giving a floating buffer
+        back each time (to take it again with the next stream) was work per buffer that bought nothing.
+        The channel holds no more than it took, and all of it goes back once the backlog is gone or the
+        stream ends.
+        """
+        if self.available <= self.backlog + self.exclusive:
+            return False
+        return self.backlog == 0 or not self.pool.keep_spare()
 
     def take_announcement(self) -> int:
         """Credit to put in the next AddCredit (0: nothing to announce)."""
@@ -195,12 +228,12 @@ class ChannelCredit:
             return []
         self.closed = True
         self.unannounced = 0
-        announce: list[ChannelCredit] = []
-        while self.floating and self.available:
-            self.floating -= 1
-            self.available -= 1
-            announce.extend(self.pool.give_back())
-        return announce
+        free = min(self.floating, self.available)
+        if not free:
+            return []
+        self.floating -= free
+        self.available -= free
+        return self.pool.give_back(free)
 
 
 class SequenceChecker:

@@ -102,6 +102,10 @@ class Daemon:
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
+        if self.disk is not None:
+            # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
+            # the high one (GlobalPool.set_floating_budget says why that is safe).
+            self.pool.set_floating_budget(self.spiller.high)
         self.peers: PeerManager[DaemonConnection] = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
@@ -369,6 +373,7 @@ class Daemon:
                 reserve=pool.reserve,
                 local_pools=pool.local_pools,
                 waiting=pool.waiting,
+                floating=pool.floating,
             ),
             store=self.store.stats(),
             disk=self.disk.stats.copy() if self.disk is not None else DiskStats(),

@@ -89,9 +89,8 @@ class DiskFedStream(BufferResponseStream):
         room = self.credit - self.queued
         if room <= 0:
             return
-        # No more than memory has free now (at least one, which the read reserve guarantees in time): a
-        # consumer's credit may exceed what a small or busy pool can give at once.
-        limit = min(room, MAX_BATCH, max(1, self.services.pool.free))
+        # The batch is cut to what memory has free when its segments are taken (`_take`), not here.
+        limit = min(room, MAX_BATCH)
         batch: list[DiskChunk] = []
         for item in items:
             if not isinstance(item, DiskChunk) or len(batch) >= limit:
@@ -105,7 +104,8 @@ class DiskFedStream(BufferResponseStream):
         pool = self.services.pool
         disk = self.services.disk
         assert disk is not None
-        buffers: list[Buffer] = await pool.take(len(batch), use_reserve=True)  # cancelled by shutdown
+        buffers = await self._take(len(batch))  # cancelled by shutdown
+        del batch[len(buffers) :]
         for buf, chunk in zip(buffers, batch, strict=True):
             buf.set_recycler(pool.give)
             buf.length = chunk.length
@@ -145,6 +145,23 @@ class DiskFedStream(BufferResponseStream):
             self.deferred -= 1
             self.push_data(Chunk(buf, chunk.partition, chunk.attempt, chunk.crc))
         self.pump()
+
+    async def _take(self, want: int) -> list[Buffer]:
+        """Up to `want` segments of the read reserve, counted when they are taken: whatever is free then (a
+        consumer's credit may exceed what a small or busy pool can give at once), else one, waited for in
+        turn (the reserve guarantees it in time), plus what the wait left free. Never more than is free, so
+        a batch does not wait for memory it cannot get; what is left to requests already waiting stays theirs."""
+        pool = self.services.pool
+        now = min(want, pool.free)
+        if now and not pool.waiting:
+            got = pool.try_take(now, use_reserve=True)
+            if got is not None:
+                return got
+        buffers = await pool.take(1, use_reserve=True)
+        more = min(want - 1, pool.free)
+        if more and not pool.waiting:
+            buffers += pool.try_take(more, use_reserve=True) or []
+        return buffers
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -34,6 +34,8 @@ class PoolStats:
     local_pools: int
     #: requests waiting for pool memory (back-pressure)
     waiting: int
+    #: floating buffers reads hold beyond their exclusive ones
+    floating: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,3 +215,40 @@ async def test_client_killed_mid_push_and_mid_read_leaks_nothing(pair: Cluster) 
             await c.close()
 
     await asyncio.wait_for(body(), 120)
+
+
+async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluster) -> None:
+    """B's pool holds stored data between its spill watermarks (normal under load): a read relayed
+    through B still gets floating buffers there, within the pool's bounds (the read reserve stays free,
+    usage stays below the high watermark), a push into B meanwhile completes, and every segment comes back."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        await _push_partitions(b, 30, 1, [10 * MiB] * 5)  # about 78 % of B's 64 MiB pool
+        loaded = await pool_settled(b)
+        total, reserve = loaded["pool"]["total"], loaded["pool"]["reserve"]
+        stored = loaded["store"]["stored_segments"]
+        assert DEFAULTS.spill_low * total <= stored < DEFAULTS.spill_high * total, loaded
+        await _push_partitions(a, 31, 1, [4 * MiB])  # 128 buffers queued at A at once: a large backlog
+
+        reader = b.read(APP, 31, 0, 1, {da.addr: [1]})
+        first = await reader.next_chunk()  # then the client stops consuming: B's gate fills up
+        assert first is not None
+        held = await wait_until(b.stats, lambda s: s["pool"]["floating"] > 0, what="B's gate holds floating buffers")
+        assert held["pool"]["free"] >= reserve and held["pool"]["used"] <= DEFAULTS.spill_high * total, held
+        assert held["pool"]["floating"] <= DEFAULTS.floating, held
+
+        await asyncio.wait_for(_push_partitions(b, 32, 1, [8 * MiB]), 30)  # pushes still make progress
+        rest = bytearray(first.data)
+        while (chunk := await reader.next_chunk()) is not None:
+            rest += chunk.data
+        assert rest == payload(1, 0, 4 * MiB)
+        for c, shuffles in ((a, [31]), (b, [30, 32])):
+            for shuffle in shuffles:
+                await c.unregister_shuffle(APP, shuffle)
+            s = await pool_settled(c)
+            assert s["pool"]["used"] == 0 and s["pool"]["floating"] == 0, s
+            await c.close()
+
+    await asyncio.wait_for(body(), 90)

@@ -328,7 +328,9 @@ WIRE_STATS = {
     "start_time": "int",
     "draining": "bool",
     "ready": "bool",
-    "pool": dict.fromkeys(("segment_size", "total", "free", "used", "reserve", "local_pools", "waiting"), "int"),
+    "pool": dict.fromkeys(
+        ("segment_size", "total", "free", "used", "reserve", "local_pools", "waiting", "floating"), "int"
+    ),
     "store": dict.fromkeys(
         (
             "applications",

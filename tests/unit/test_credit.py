@@ -35,16 +35,18 @@ class MemoryBoundFloating(FloatingPool):
         self.memory = memory
         self.backed = 0
 
-    def acquire(self) -> bool:
-        if self.memory == 0:
-            return False
-        self.memory -= 1
-        self.backed += 1
-        return True
+    def acquire(self, n: int) -> int:
+        got = min(n, self.memory)
+        self.memory -= got
+        self.backed += got
+        return got
 
-    def release(self) -> None:
-        self.memory += 1
-        self.backed -= 1
+    def release(self, n: int) -> None:
+        self.memory += n
+        self.backed -= n
+
+    def memory_wanted(self) -> bool:
+        return self.memory == 0  # short of memory: a channel's spare floating buffer goes back
 
 
 class CreditMachine(RuleBasedStateMachine):
@@ -297,6 +299,37 @@ def test_credit_is_held_back_until_a_batch_unless_the_sender_runs_short() -> Non
     assert c.on_recycle()[0] is False
     assert c.on_buffer(100) is True, "...then any unannounced credit is due at once"
     assert c.take_announcement() == 1
+
+
+def test_spare_floating_stays_while_the_backlog_counts_down() -> None:
+    """A short stream's backlog falls by one per buffer: its floating buffers stay as credit instead of
+    going back and forth with every buffer, and go back once the backlog is gone, another channel waits
+    for one, or the stream ends."""
+    pool = MemoryBoundFloating(8, 8)
+    c = ChannelCredit(2, pool)
+    assert c.on_buffer(6) and c.floating == 7 and pool.backed == 7
+    c.take_announcement()
+    for backlog in (5, 4, 3):
+        c.on_recycle()
+        assert c.on_buffer(backlog) is False or c.take_announcement()
+        assert c.floating == 7 and pool.backed == 7, "a counting-down backlog must not churn floating buffers"
+    c.on_recycle()
+    other = ChannelCredit(2, pool)
+    other.on_buffer(20)  # takes the last free one, then waits for more
+    assert other.waiting and pool.free == 0
+    c.on_buffer(2)
+    _, given = c.on_recycle()  # surplus while another channel waits: it goes there
+    assert given == [other] and c.floating == 6 and other.floating == 2
+    c.take_announcement()
+    c.on_buffer(0)  # the last data buffer: the backlog is gone
+    c.on_recycle()
+    assert c.floating == 5, "with no backlog left a spare floating buffer goes back when recycled"
+    c.close()
+    other.close()
+    for ch in (c, other):
+        for _ in range(ch.in_use):
+            ch.on_recycle()
+    assert pool.backed == 0 and pool.free == 8
 
 
 def test_floating_goes_to_waiting_channel_first_come_first_served() -> None:

@@ -160,3 +160,30 @@ async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
     assert not gate.hold_extra()
     gate.drop_extra()
     assert pool.free == 8 and pool.local_pools == 0
+
+
+@pytest.mark.asyncio
+async def test_floating_budget_follows_the_spill_watermark() -> None:
+    """With a spilling daemon's budget, floating buffers fill the pool up to the high watermark (stored data
+    sitting between the watermarks leaves them room), never the read reserve, and none while anyone waits
+    for memory; the count comes back to zero when the gate goes."""
+    pool = GlobalPool(100 * SEG, SEG, reserve=12)
+    stored = pool.try_take(78)  # stored data between the watermarks (70 % and 85 %)
+    assert stored is not None
+    gate = await asyncio.wait_for(pool.create_local_pool(2, 2, use_reserve=True), TIMEOUT)
+    assert not gate.hold_extra(), "the default budget leaves twice the reserve free (used must stay below 76)"
+    pool.set_floating_budget(85)
+    held = gate.hold_extra(64)  # a channel asks for its whole backlog at once and gets what the budget allows
+    assert held == 5 and not gate.hold_extra()
+    assert pool.used == 85 and pool.floating == 5, "floating fills the pool up to the high mark"
+    assert pool.free - pool.reserve == 3, "pushes keep the memory above the reserve beyond the mark"
+    pool.give(stored[0])
+    pool.set_floating_budget(99)
+    assert gate.hold_extra(64) == 3, "the ceiling is kept clear of the read reserve"
+    assert pool.free == pool.reserve + 1
+    gate.drop_extra(2)
+    waiter = pool.take_later(pool.free - pool.reserve + 1)  # a push that must wait for memory
+    assert not waiter.done() and not gate.hold_extra(), "no floating buffer while someone waits for memory"
+    waiter.cancel()
+    gate.destroy()
+    assert pool.floating == 0 and pool.used == 77 and pool.local_pools == 0

@@ -564,7 +564,8 @@ class PartitionReader(InputChannel):
 
     async def next_chunk(self) -> ReadChunk | None:
         """The next chunk (the previous one is released), or None at the end of the partitions."""
-        await self._start()
+        if not self._started:  # checked here: awaiting a coroutine per chunk was 1 % of a reading client
+            await self._start()
         if self._current is not None:
             self._current.release()
             self._current = None
