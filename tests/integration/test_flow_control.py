@@ -225,11 +225,15 @@ async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluste
     async def body() -> None:
         da, db = pair.daemons
         a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-        await _push_partitions(b, 30, 1, [10 * MiB] * 5)  # about 78 % of B's 64 MiB pool
+        # 1545 of B's 2048 segments (75.4 %): more than the old rule allowed floating buffers at (twice the
+        # read reserve free, so below 75 %), and below where background spilling starts (half way from the
+        # low watermark to the high one, 77.5 %), which would take stored data back under 70 %.
+        await _push_partitions(b, 30, 1, [309 * DEFAULTS.segment_size] * 5)
         loaded = await pool_settled(b)
         total, reserve = loaded["pool"]["total"], loaded["pool"]["reserve"]
         stored = loaded["store"]["stored_segments"]
-        assert DEFAULTS.spill_low * total <= stored < DEFAULTS.spill_high * total, loaded
+        start = (DEFAULTS.spill_low + DEFAULTS.spill_high) / 2
+        assert total - 2 * reserve < stored < start * total and loaded["disk"]["spills"] == 0, loaded
         await _push_partitions(a, 31, 1, [4 * MiB])  # 128 buffers queued at A at once: a large backlog
 
         reader = b.read(APP, 31, 0, 1, {da.addr: [1]})
