@@ -18,7 +18,7 @@ a real pool segment, and the property tests drive them with random interleavings
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .errors import CreditViolation, ProtocolError, SequenceGap
 
@@ -38,28 +38,48 @@ DEFAULT_FLOATING = 64
 ANNOUNCE_BATCH = 8
 
 
+class FloatingMemory(Protocol):
+    """What backs a gate's floating buffers with memory: the gate's `LocalPool`, which takes a segment from
+    the global pool when a floating buffer becomes credit and gives it back when the channel no longer
+    needs it, so an idle or memory-short daemon never holds floating buffers nobody can use."""
+
+    def hold_extra(self) -> bool:
+        """Back one more floating buffer now; False if there is no memory to spare."""
+        ...
+
+    def drop_extra(self) -> None:
+        """A floating buffer's memory is no longer needed."""
+        ...
+
+
 class FloatingPool:
     """A gate's floating buffers, handed to channels first come, first served.
 
     `size` caps how many the gate's channels hold together. The memory behind them
-    is the shell's business: `acquire` is asked before each buffer becomes credit
-    (and may refuse: memory is short, the channel keeps its exclusive credit and
-    asks again with its next buffer), `release` is told when one comes back.
+    is the shell's business, given as `memory` (composition, not a subclass, so
+    the compiled module has no interpreted subclasses): it is asked before each
+    buffer becomes credit (and may refuse: memory is short, the channel keeps its
+    exclusive credit and asks again with its next buffer), and told when one comes
+    back. Without memory the pool only counts (the state machine's tests; a client
+    reader before its local pool exists, when no buffer can arrive yet).
     """
 
-    def __init__(self, size: int) -> None:
+    __slots__ = ("_waiting", "free", "memory", "size")
+
+    def __init__(self, size: int, memory: FloatingMemory | None = None) -> None:
         if size < 0:
             raise ValueError("floating pool size must be >= 0")
         self.size = size
         self.free = size
+        self.memory = memory
         self._waiting: deque[ChannelCredit] = deque()
 
     def acquire(self) -> bool:
-        """Back one more floating buffer with memory now; False if there is none."""
-        return True
+        return self.memory is None or self.memory.hold_extra()
 
     def release(self) -> None:
-        """A floating buffer's memory is no longer needed."""
+        if self.memory is not None:
+            self.memory.drop_extra()
 
     def take(self, channel: ChannelCredit) -> bool:
         if self.free > 0 and self.acquire():

@@ -27,23 +27,22 @@ from shuffled.protocol.credit import (
 from shuffled.protocol.errors import CreditViolation, ProtocolError, SequenceGap
 
 
-class MemoryBoundFloating(FloatingPool):
-    """Floating buffers that need memory, of which there may be too little (the daemon's pool when full)."""
+class ScarceMemory:
+    """Memory behind floating buffers, of which there may be too little (the daemon's pool when full)."""
 
-    def __init__(self, size: int, memory: int) -> None:
-        super().__init__(size)
-        self.memory = memory
+    def __init__(self, free: int) -> None:
+        self.free = free
         self.backed = 0
 
-    def acquire(self) -> bool:
-        if self.memory == 0:
+    def hold_extra(self) -> bool:
+        if self.free == 0:
             return False
-        self.memory -= 1
+        self.free -= 1
         self.backed += 1
         return True
 
-    def release(self) -> None:
-        self.memory += 1
+    def drop_extra(self) -> None:
+        self.free += 1
         self.backed -= 1
 
 
@@ -56,7 +55,8 @@ class CreditMachine(RuleBasedStateMachine):
         data=st.lists(st.integers(0, 12), min_size=4, max_size=4),
     )
     def setup(self, channels: int, exclusive: int, floating: int, memory: int, data: list[int]) -> None:
-        self.pool = MemoryBoundFloating(floating, memory)
+        self.memory = ScarceMemory(memory)
+        self.pool = FloatingPool(floating, self.memory)
         self.floating_size = floating
         self.recv = [ChannelCredit(exclusive, self.pool, owner=i) for i in range(channels)]
         self.checkers = [SequenceChecker() for _ in range(channels)]
@@ -163,7 +163,7 @@ class CreditMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 3))
     def memory_frees(self, n: int) -> None:
         """Others give memory back; channels short of floating buffers find it with their next buffer."""
-        self.pool.memory += n
+        self.memory.free += n
 
     @rule(ch=st.integers(0, 3))
     def cancel(self, ch: int) -> None:
@@ -185,7 +185,7 @@ class CreditMachine(RuleBasedStateMachine):
         assert 0 <= self.pool.free <= self.floating_size
         assert self.pool.free + held_floating == self.floating_size
         # Every floating buffer held (as credit or in use) is backed by memory, and no more memory is held.
-        assert self.pool.backed == held_floating
+        assert self.memory.backed == held_floating
         for s, c in zip(self.send, self.recv, strict=True):
             assert s.credit >= 0
             if not c.closed:
@@ -232,7 +232,7 @@ class CreditMachine(RuleBasedStateMachine):
                 assert self.ended[ch]
                 assert self.delivered[ch] == self.queued[ch], "a data buffer was lost"
         assert self.pool.free == self.floating_size, "floating buffers leaked"
-        assert self.pool.backed == 0, "memory behind floating buffers leaked"
+        assert self.memory.backed == 0, "memory behind floating buffers leaked"
         assert len(self.recycled) == sum(self.delivered), "a buffer was not recycled exactly once"
 
 
