@@ -5,7 +5,7 @@
 # (shuffled-spark-<line>_<scala>.jar: spark.jars=local:///opt/shuffled/jars/... on Kubernetes).
 
 # Build stage: a JDK, and each line's Spark jars (from its pyspark release) to compile against; a C
-# compiler for the wheel whose protocol core mypyc compiles (setup.py; pure Python if that fails).
+# compiler for the wheel whose hot path mypyc compiles (setup.py; pure Python if that fails).
 FROM python:3.11-slim-bookworm AS plugin
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -353,6 +353,11 @@ class LocalPool:
         self.extra += len(got)
         return len(got)
 
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for global memory: floating buffers held beyond need should go back."""
+        return self.owner.wanted
+
     def drop_extra(self, n: int = 1) -> None:
         """Undo n of `hold_extra`: the segments go back to the global pool now if they are here, else
         when they are recycled."""

@@ -9,31 +9,11 @@ the end of the stream, errors, and how credit is announced.
 from __future__ import annotations
 
 from ..buffers import Buffer, LocalPool
-from ..protocol.credit import ChannelCredit, FloatingPool, SequenceChecker
+from ..protocol.credit import ChannelCredit, SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ..protocol.frames import BufferKind, BufferResponse
 from ..protocol.integrity import checksum
 from ..server.chunks import Chunk
-
-
-class PooledFloating(FloatingPool):
-    """A gate's floating buffers backed by its LocalPool: each one is a segment taken from the global pool
-    when it becomes credit and given back when the channel no longer needs it, so an idle or memory-short
-    daemon never holds floating buffers nobody can use (the pool is set once the gate has one)."""
-
-    def __init__(self, size: int, pool: LocalPool | None = None) -> None:
-        super().__init__(size)
-        self.pool = pool
-
-    def acquire(self, n: int) -> int:
-        return 0 if self.pool is None else self.pool.hold_extra(n)
-
-    def release(self, n: int) -> None:
-        if self.pool is not None:
-            self.pool.drop_extra(n)
-
-    def memory_wanted(self) -> bool:
-        return self.pool is not None and self.pool.owner.wanted
 
 
 class InputChannel:

@@ -33,7 +33,6 @@ class Outbound(OutboundStream[Any]):
     """An outbound stream that knows how to frame its items."""
 
     __slots__ = ("blocked_since", "sender")
-    prefix_size = 0
 
     def __init__(self, stream: int, credit: int) -> None:
         super().__init__(stream, credit)

@@ -19,7 +19,7 @@ a real pool segment, and the property tests drive them with random interleavings
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .errors import CreditViolation, ProtocolError, SequenceGap
 
@@ -39,34 +39,61 @@ DEFAULT_FLOATING = 64
 ANNOUNCE_BATCH = 8
 
 
+class FloatingMemory(Protocol):
+    """What backs a gate's floating buffers with memory: the gate's `LocalPool`, which takes a segment from
+    the global pool when a floating buffer becomes credit and gives it back when the channel no longer
+    needs it, so an idle or memory-short daemon never holds floating buffers nobody can use."""
+
+    def hold_extra(self, n: int) -> int:
+        """Back up to n more floating buffers now; how many it could (0: no memory to spare)."""
+        ...
+
+    def drop_extra(self, n: int) -> None:
+        """The memory behind n floating buffers is no longer needed."""
+        ...
+
+    @property
+    def wanted(self) -> bool:
+        """Someone else waits for this memory (a spare floating buffer should go back)."""
+        ...
+
+
 class FloatingPool:
     """A gate's floating buffers, handed to channels first come, first served.
 
     `size` caps how many the gate's channels hold together. The memory behind them
-    is the shell's business: `acquire` is asked before buffers become credit (and
-    may give fewer or none: memory is short, the channel keeps the credit it has
-    and asks again with its next buffer), `release` is told when some come back.
-    Both count buffers, so a channel takes what its backlog asks for, and a closed
-    one gives back what it held, in one call each rather than one per buffer.
+    is the shell's business, given as `memory` (composition, not a subclass, so
+    the compiled module has no interpreted subclasses): it is asked before buffers
+    become credit (and may give fewer or none: memory is short, the channel keeps
+    the credit it has and asks again with its next buffer), and told when some come
+    back. Both count buffers, so a channel takes what its backlog asks for, and a
+    closed one gives back what it held, in one call each rather than one per buffer.
+    Without memory the pool only counts (the state machine's tests; a client reader
+    before its local pool exists, when no buffer can arrive yet).
     """
 
-    def __init__(self, size: int) -> None:
+    __slots__ = ("_waiting", "free", "memory", "size")
+
+    def __init__(self, size: int, memory: FloatingMemory | None = None) -> None:
         if size < 0:
             raise ValueError("floating pool size must be >= 0")
         self.size = size
         self.free = size
+        self.memory = memory
         self._waiting: deque[ChannelCredit] = deque()
 
     def acquire(self, n: int) -> int:
         """Back up to n more floating buffers with memory now; how many it could (0: none)."""
-        return n
+        return n if self.memory is None else self.memory.hold_extra(n)
 
     def release(self, n: int) -> None:
         """The memory behind n floating buffers is no longer needed."""
+        if self.memory is not None:
+            self.memory.drop_extra(n)
 
     def memory_wanted(self) -> bool:
-        """Someone else waits for the memory behind floating buffers (the shell's pool says; never here)."""
-        return False
+        """Someone else waits for the memory behind floating buffers."""
+        return self.memory is not None and self.memory.wanted
 
     def keep_spare(self) -> bool:
         """A channel may keep a floating buffer it holds beyond its need: no other channel waits for one

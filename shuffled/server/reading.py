@@ -20,10 +20,10 @@ from typing import Protocol
 
 from ..buffers import LocalPool
 from ..logs import event
-from ..net.channel import InputChannel, PooledFloating
+from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
-from ..protocol.credit import ChannelCredit
+from ..protocol.credit import ChannelCredit, FloatingPool
 from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.frames import PartitionRequest
 from .chunks import Chunk
@@ -174,7 +174,7 @@ class InputGate:
             if self.closed:
                 self.pool.destroy()
                 return
-            floating = PooledFloating(cfg.floating, self.pool)
+            floating = FloatingPool(cfg.floating, self.pool)
             for addr, attempts in self.remote.items():
                 peer = (await self.peers.get(addr)).reads
                 if self.closed:

@@ -2,7 +2,7 @@
 virtual environment, run from outside the source tree. It carries the plugin's Java sources, so
 `shuffled demo --spark` builds the jar for the installed pyspark (into the user's cache, since
 site-packages may not be writable) and runs a PySpark job through two daemons; also with Spark 3.5.
-The first wheel is built with the protocol core compiled (SHUFFLED_COMPILE=1, setup.py), the second
+The first wheel is built with the hot path compiled (SHUFFLED_COMPILE=1, setup.py), the second
 pure Python, so both forms run a real job; the rest of the suite runs the pure-Python tree."""
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark
         return run.stdout.strip()
 
     assert probe("shuffled.__file__").startswith(str(venv))
-    core = probe("__import__('shuffled.protocol.connection').protocol.connection.__file__")
-    assert core.endswith(".so" if compiled else ".py"), core
+    for module in ("shuffled.protocol.connection", "shuffled.protocol.credit", "shuffled.net.sender"):
+        path = probe(f"__import__('importlib').import_module('{module}').__file__")
+        assert path.endswith(".so" if compiled else ".py"), path
     demo = subprocess.run(
         [str(venv / "bin" / "shuffled"), "demo", "--spark", "--megabytes", "8"],
         cwd=elsewhere,

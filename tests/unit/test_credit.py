@@ -27,26 +27,26 @@ from shuffled.protocol.credit import (
 from shuffled.protocol.errors import CreditViolation, ProtocolError, SequenceGap
 
 
-class MemoryBoundFloating(FloatingPool):
-    """Floating buffers that need memory, of which there may be too little (the daemon's pool when full)."""
+class ScarceMemory:
+    """Memory behind floating buffers, of which there may be too little (the daemon's pool when full)."""
 
-    def __init__(self, size: int, memory: int) -> None:
-        super().__init__(size)
-        self.memory = memory
+    def __init__(self, free: int) -> None:
+        self.free = free
         self.backed = 0
 
-    def acquire(self, n: int) -> int:
-        got = min(n, self.memory)
-        self.memory -= got
+    def hold_extra(self, n: int) -> int:
+        got = min(n, self.free)
+        self.free -= got
         self.backed += got
         return got
 
-    def release(self, n: int) -> None:
-        self.memory += n
+    def drop_extra(self, n: int) -> None:
+        self.free += n
         self.backed -= n
 
-    def memory_wanted(self) -> bool:
-        return self.memory == 0  # short of memory: a channel's spare floating buffer goes back
+    @property
+    def wanted(self) -> bool:
+        return self.free == 0  # short of memory: a channel's spare floating buffer goes back
 
 
 class CreditMachine(RuleBasedStateMachine):
@@ -58,7 +58,8 @@ class CreditMachine(RuleBasedStateMachine):
         data=st.lists(st.integers(0, 12), min_size=4, max_size=4),
     )
     def setup(self, channels: int, exclusive: int, floating: int, memory: int, data: list[int]) -> None:
-        self.pool = MemoryBoundFloating(floating, memory)
+        self.memory = ScarceMemory(memory)
+        self.pool = FloatingPool(floating, self.memory)
         self.floating_size = floating
         self.recv = [ChannelCredit(exclusive, self.pool, owner=i) for i in range(channels)]
         self.checkers = [SequenceChecker() for _ in range(channels)]
@@ -165,7 +166,7 @@ class CreditMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 3))
     def memory_frees(self, n: int) -> None:
         """Others give memory back; channels short of floating buffers find it with their next buffer."""
-        self.pool.memory += n
+        self.memory.free += n
 
     @rule(ch=st.integers(0, 3))
     def cancel(self, ch: int) -> None:
@@ -187,7 +188,7 @@ class CreditMachine(RuleBasedStateMachine):
         assert 0 <= self.pool.free <= self.floating_size
         assert self.pool.free + held_floating == self.floating_size
         # Every floating buffer held (as credit or in use) is backed by memory, and no more memory is held.
-        assert self.pool.backed == held_floating
+        assert self.memory.backed == held_floating
         for s, c in zip(self.send, self.recv, strict=True):
             assert s.credit >= 0
             if not c.closed:
@@ -234,7 +235,7 @@ class CreditMachine(RuleBasedStateMachine):
                 assert self.ended[ch]
                 assert self.delivered[ch] == self.queued[ch], "a data buffer was lost"
         assert self.pool.free == self.floating_size, "floating buffers leaked"
-        assert self.pool.backed == 0, "memory behind floating buffers leaked"
+        assert self.memory.backed == 0, "memory behind floating buffers leaked"
         assert len(self.recycled) == sum(self.delivered), "a buffer was not recycled exactly once"
 
 
@@ -305,14 +306,15 @@ def test_spare_floating_stays_while_the_backlog_counts_down() -> None:
     """A short stream's backlog falls by one per buffer: its floating buffers stay as credit instead of
     going back and forth with every buffer, and go back once the backlog is gone, another channel waits
     for one, or the stream ends."""
-    pool = MemoryBoundFloating(8, 8)
+    memory = ScarceMemory(8)
+    pool = FloatingPool(8, memory)
     c = ChannelCredit(2, pool)
-    assert c.on_buffer(6) and c.floating == 7 and pool.backed == 7
+    assert c.on_buffer(6) and c.floating == 7 and memory.backed == 7
     c.take_announcement()
     for backlog in (5, 4, 3):
         c.on_recycle()
         assert c.on_buffer(backlog) is False or c.take_announcement()
-        assert c.floating == 7 and pool.backed == 7, "a counting-down backlog must not churn floating buffers"
+        assert c.floating == 7 and memory.backed == 7, "a counting-down backlog must not churn floating buffers"
     c.on_recycle()
     other = ChannelCredit(2, pool)
     other.on_buffer(20)  # takes the last free one, then waits for more
@@ -329,7 +331,7 @@ def test_spare_floating_stays_while_the_backlog_counts_down() -> None:
     for ch in (c, other):
         for _ in range(ch.in_use):
             ch.on_recycle()
-    assert pool.backed == 0 and pool.free == 8
+    assert memory.backed == 0 and pool.free == 8
 
 
 def test_floating_goes_to_waiting_channel_first_come_first_served() -> None:

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
-from shuffled.net.channel import InputChannel, PooledFloating
+from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection
 from shuffled.net.soon import Soon
 from shuffled.net.streams import PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
 from shuffled.protocol.connection import ProtocolConnection, Side, release_payload
-from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit
+from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
 from shuffled.protocol.errors import (
     ConnectionLost,
     InvalidRequest,
@@ -494,7 +494,7 @@ class PartitionReader(InputChannel):
     """An input gate with one channel (to the local daemon), credit-controlled."""
 
     def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest, compressed: bool = False) -> None:
-        self._floating = PooledFloating(client.floating)
+        self._floating = FloatingPool(client.floating)
         super().__init__(receiver, ChannelCredit(client.exclusive, self._floating))
         self.client = client
         self.req = req
@@ -517,7 +517,7 @@ class PartitionReader(InputChannel):
         pool = self.client.pool
         assert pool is not None
         self._pool = await pool.create_local_pool(self.client.exclusive, self.client.exclusive, use_reserve=True)
-        self._floating.pool = self._pool
+        self._floating.memory = self._pool
         if self.client._lost is not None:  # lost while this waited for memory: nothing would ever arrive
             self._error = self.client._lost
             return
