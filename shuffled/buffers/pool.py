@@ -104,17 +104,21 @@ class GlobalPool:
         self.floating_ceiling = count - 2 * reserve
         #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
         self.floating = 0
+        #: set while stored data is being spilled to make room (the spiller's pressure): memory is wanted
+        self.spilling = False
 
     def set_floating_budget(self, ceiling: int) -> None:
         """Let floating buffers fill the pool up to `ceiling` used segments (kept clear of the read reserve).
 
-        A daemon that spills passes its high watermark: stored data normally sits between its watermarks,
-        and the old ceiling (twice the reserve free, 75 % used by default) left a loaded daemon's reads
-        their exclusive buffers only. Floating memory below the mark cannot block a push for good: no
-        floating buffer is given while anyone waits for memory, a spare one goes back as soon as someone
-        does (`FloatingPool.keep_spare`), the ones a read still needs come back as it proceeds (it always
-        can: its exclusive buffers and disk loads use the reserve), and a push that takes usage over the
-        mark holds new push credit and spills stored data down to the low mark.
+        A daemon that spills passes the mark where its background spilling starts: stored data normally
+        sits between its watermarks, and the old ceiling (twice the reserve free, 75 % used by default)
+        left a loaded daemon's reads their exclusive buffers only. Staying below the start mark, floating
+        buffers alone never make the daemon spill stored data (which they would then take the room of).
+        Floating memory cannot block a push for good: no floating buffer is given while anyone waits for
+        memory or stored data is being spilled, a spare one goes back as soon as either happens
+        (`FloatingPool.keep_spare`), the ones a read still needs come back as it proceeds (it always can:
+        its exclusive buffers and disk loads use the reserve), and the pushes' room above the ceiling is
+        more than the spiller needs to find worth spilling.
         """
         self.floating_ceiling = max(0, min(ceiling, self.total - self.reserve - 1))
 
@@ -143,7 +147,7 @@ class GlobalPool:
         """Up to n segments for a read's floating buffers, within the floating budget (see the module):
         floating buffers speed a read up but are not needed for it to finish, so they never take the
         memory that pushes (and other reads' exclusive buffers) wait for."""
-        if self._waiters:
+        if self.wanted:
             return []
         n = min(n, self.floating_ceiling - self.used)
         if n <= 0:
@@ -160,13 +164,22 @@ class GlobalPool:
 
     @property
     def wanted(self) -> bool:
-        """Someone waits for memory (a withdrawn wait counts until the next segment comes back)."""
-        return bool(self._waiters)
+        """Someone waits for memory (a withdrawn wait counts until the next segment comes back), or stored
+        data is being spilled to make room."""
+        return self.spilling or bool(self._waiters)
 
     @property
     def waiting(self) -> int:
         """Requests waiting for memory (back-pressure in effect)."""
         return sum(1 for _, _, fut in self._waiters if not fut.done())
+
+    @property
+    def free_for_readers(self) -> int:
+        """Segments a reader may take now without taking what a waiting request can use: readers waiting
+        for the reserve come first, pushes (which never use the reserve) keep what is free above it."""
+        if any(use_reserve and not fut.done() for _, use_reserve, fut in self._waiters):
+            return 0
+        return min(len(self._free), self.reserve) if self._waiters else len(self._free)
 
     def take_later(self, n: int = 1, use_reserve: bool = False) -> asyncio.Future[list[Buffer]]:
         """A future for n segments, registered now; cancel it to withdraw the request."""

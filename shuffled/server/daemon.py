@@ -104,8 +104,8 @@ class Daemon:
         self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
         if self.disk is not None:
             # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
-            # the high one (GlobalPool.set_floating_budget says why that is safe).
-            self.pool.set_floating_budget(self.spiller.high)
+            # where background spilling starts (GlobalPool.set_floating_budget says why that is safe).
+            self.pool.set_floating_budget(self.spiller.start - 1)
         self.peers: PeerManager[DaemonConnection] = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()

@@ -150,16 +150,17 @@ class DiskFedStream(BufferResponseStream):
         """Up to `want` segments of the read reserve, counted when they are taken: whatever is free then (a
         consumer's credit may exceed what a small or busy pool can give at once), else one, waited for in
         turn (the reserve guarantees it in time), plus what the wait left free. Never more than is free, so
-        a batch does not wait for memory it cannot get; what is left to requests already waiting stays theirs."""
+        a batch does not wait for memory it cannot get; what requests already waiting can use stays theirs
+        (`free_for_readers`: a waiting push leaves the reserve to reads)."""
         pool = self.services.pool
-        now = min(want, pool.free)
-        if now and not pool.waiting:
+        now = min(want, pool.free_for_readers)
+        if now:
             got = pool.try_take(now, use_reserve=True)
             if got is not None:
                 return got
         buffers = await pool.take(1, use_reserve=True)
-        more = min(want - 1, pool.free)
-        if more and not pool.waiting:
+        more = min(want - 1, pool.free_for_readers)
+        if more:
             buffers += pool.try_take(more, use_reserve=True) or []
         return buffers
 

@@ -84,8 +84,6 @@ class Spiller:
         #: pushes get no new credit while set (above the high watermark, until usage without the writes under
         #: way is below the low one)
         self.paused = False
-        #: background spilling (from the start mark until usage without the writes under way is below low)
-        self.pressure = False
         self._resume = asyncio.Event()
         self._resume.set()
         self._task: asyncio.Task[None] | None = None
@@ -134,6 +132,16 @@ class Spiller:
         if held is not None:
             await held.wait()
 
+    @property
+    def pressure(self) -> bool:
+        """Background spilling (from the start mark until usage without the writes under way is below low);
+        the pool then gives no floating buffers, and spare ones go back, so they cannot take the room made."""
+        return self.pool.spilling
+
+    @pressure.setter
+    def pressure(self, on: bool) -> None:
+        self.pool.spilling = on
+
     def _backing_off(self) -> bool:
         return asyncio.get_running_loop().time() - self._failed_at < RETRY_AFTER
 
@@ -141,16 +149,25 @@ class Spiller:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
         if self.disk is None or self._backing_off():
             return
+        changed = False
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
             self._apps[app] = asyncio.Event()
+            changed = True
         used = self.pool.used
-        if used - self.leaving >= self.start and self.store.memory_segments >= self.worth_spilling:
-            self.pressure = True
+        if (
+            not self.pressure
+            and used - self.leaving >= self.start
+            and self.store.memory_segments >= self.worth_spilling
+        ):
+            self.pressure = changed = True
         if used >= self.high and self.pressure and not self.paused:
-            self.paused = True
+            self.paused = changed = True
             self._resume.clear()
-        if (self.pressure or self._apps) and self._task is None:
-            self._task = asyncio.create_task(self._run())
+        if self._task is None:
+            if self.pressure or self._apps:
+                self._task = asyncio.create_task(self._run())
+        elif changed:  # it may be waiting for a write to end: let it look at the new state now
+            self._ended.set()
 
     async def _run(self) -> None:
         try:
@@ -209,7 +226,8 @@ class Spiller:
         return found is not None and self._start(*found, self.batch) is not None
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
-        """Write every in-memory chunk of these shuffles to disk; returns the bytes written.
+        """Write every in-memory chunk of these shuffles to disk; returns the bytes this call wrote (a
+        background write of the same partition that it waited for counts as that write's, not here).
 
         Raises StorageError at the first write that fails (the chunks not written stay in memory).
         """
@@ -331,25 +349,26 @@ class Spiller:
         disk = self.disk
         assert disk is not None
         if data.directory is None:
-            data.directory = disk.shuffle_dir(data.app, data.shuffle)
+            directory = disk.shuffle_dir(data.app, data.shuffle)
             head = {"k": "shuffle", "app": data.app, "shuffle": data.shuffle, "partitions": data.partitions}
             records = [encode_record(head)]
             records += [self._commit_record(data, a) for a in data.committed]
-            self._journal(data, b"".join(records))
+            self._journal(directory, b"".join(records))  # raises if the writer is shut down (at stop)
+            data.directory = directory  # only now: later records must follow a queued header
         return data.directory
 
     def committed(self, data: ShuffleData, attempt: int) -> None:
         """Journal a commit once the shuffle has files (before that, it lives in memory only)."""
         if data.directory is not None and self.disk is not None:
-            self._journal(data, self._commit_record(data, attempt))
+            self._journal(data.directory, self._commit_record(data, attempt))
 
     def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
         lengths = data.lengths[attempt]
         return encode_record({"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": lengths})
 
-    def _journal(self, data: ShuffleData, record: bytes) -> None:
-        assert self.disk is not None and data.directory is not None
-        self.disk.append_journal(f"{data.directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
+    def _journal(self, directory: str, record: bytes) -> None:
+        assert self.disk is not None
+        self.disk.append_journal(f"{directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
 
     def _write_failed(
         self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError

@@ -10,7 +10,7 @@ A chunk lives in a pool segment or, once spilled, at an offset of its partition'
 file; committed spilled chunks are kept as 24-byte rows of `SpilledChunks`, not
 as objects, so a daemon with much data on disk stays small. Every live in-memory
 chunk of a partition, committed or not, is also listed in push order in
-`Subpartition.memory`: a spill writes that whole list, so for any
+`Subpartition.memory`: a spill writes the front of that list, so for any
 one (partition, attempt) the chunks on disk are a prefix, in file order, of what
 was pushed, and the chunks in memory are the rest. A read therefore serves each
 pair as one run: its disk chunks sorted by offset, then its memory chunks; pairs

@@ -10,6 +10,7 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.server.feed import DiskFedStream
+from tests.turns import until
 
 SEG = 4096
 TIMEOUT = 10
@@ -32,8 +33,8 @@ async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     assert len(got) == 1, "a batch must not wait for memory that is not free"
     assert pool.free == 0
     later = asyncio.ensure_future(stream._take(4))
-    await asyncio.sleep(0)  # one turn of the loop (not a timed wait): the batch runs up to its wait
-    assert not later.done() and pool.waiting == 1
+    await until(lambda: pool.waiting == 1)  # the batch runs up to its wait
+    assert not later.done()
     for buf in held[:5]:
         pool.give(buf)
     refilled = await asyncio.wait_for(later, TIMEOUT)
@@ -42,3 +43,28 @@ async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     for buf in [*got, *refilled]:
         pool.give(buf)
     assert pool.free == 6
+
+
+@pytest.mark.asyncio
+async def test_a_waiting_push_leaves_the_reserve_to_a_batch() -> None:
+    """Pushes never use the read reserve, so one waiting for memory does not shrink a disk-fed read's batch
+    to one segment (a cold read under push back-pressure would pay a thread hand-off per segment); a
+    waiting reader does keep what is free."""
+    pool = GlobalPool(32 * SEG, SEG, reserve=8)
+    held = pool.try_take(26, use_reserve=True)  # 6 free, all inside the reserve
+    assert held is not None
+    push = pool.take_later(4)
+    assert not push.done() and pool.waiting == 1
+    stream = _stream(pool)
+    got = await asyncio.wait_for(stream._take(16), TIMEOUT)
+    assert len(got) == 6, "the free reserve is the reads' while only pushes wait"
+    reader = pool.take_later(1, use_reserve=True)
+    pool.give(got.pop())
+    assert reader.done(), "a waiting reader is served first"
+    pool.give(got.pop())
+    rest = await asyncio.wait_for(stream._take(16), TIMEOUT)
+    assert len(rest) == 1, "what is free inside the reserve, not a wait for all 16"
+    push.cancel()
+    for buf in [*got, *rest, *held, *reader.result()]:
+        pool.give(buf)
+    assert pool.free == 32 and pool.floating == 0

@@ -164,9 +164,9 @@ async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
 
 @pytest.mark.asyncio
 async def test_floating_budget_follows_the_spill_watermark() -> None:
-    """With a spilling daemon's budget, floating buffers fill the pool up to the high watermark (stored data
-    sitting between the watermarks leaves them room), never the read reserve, and none while anyone waits
-    for memory; the count comes back to zero when the gate goes."""
+    """With a spilling daemon's budget, floating buffers fill the pool up to the mark they are given (stored
+    data sitting between the watermarks leaves them room), never the read reserve, and none while anyone
+    waits for memory or stored data is being spilled; the count comes back to zero when the gate goes."""
     pool = GlobalPool(100 * SEG, SEG, reserve=12)
     stored = pool.try_take(78)  # stored data between the watermarks (70 % and 85 %)
     assert stored is not None
@@ -185,5 +185,10 @@ async def test_floating_budget_follows_the_spill_watermark() -> None:
     waiter = pool.take_later(pool.free - pool.reserve + 1)  # a push that must wait for memory
     assert not waiter.done() and not gate.hold_extra(), "no floating buffer while someone waits for memory"
     waiter.cancel()
+    gate.drop_extra(1)  # a segment comes back: the withdrawn wait no longer counts
+    assert not pool.wanted and gate.hold_extra() == 1
+    pool.spilling = True
+    assert pool.wanted and not gate.hold_extra(), "no floating buffer takes the room a spill makes"
+    pool.spilling = False
     gate.destroy()
     assert pool.floating == 0 and pool.used == 77 and pool.local_pools == 0

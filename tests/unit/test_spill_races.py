@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from shuffled.protocol.integrity import checksum
 from shuffled.server.disk import Disk
 from shuffled.server.spill import IN_FLIGHT, Spiller
 from shuffled.server.store import DiskChunk, MapOutput, Store
+from tests.turns import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -220,15 +220,6 @@ def _tags(store: Store, partition: int, attempts: list[int]) -> list[bytes]:
     return got
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    """Let the event loop run until `condition` holds (the spilling task queues its writes without I/O)."""
-    for _ in range(100):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
-
-
 async def test_pressure_keeps_several_writes_queued_and_each_partition_in_push_order(tmp_path: Path) -> None:
     """Above the high watermark the spiller queues IN_FLIGHT writes on the writer thread at once, one per
     partition; once they are done every pair reads back in push order and no segment is lost."""
@@ -243,7 +234,7 @@ async def test_pressure_keeps_several_writes_queued_and_each_partition_in_push_o
         gate = threading.Event()
         disk._writer.submit(gate.wait, 10)
         spiller.check()
-        await _until(lambda: len(spiller._writing) == IN_FLIGHT)
+        await until(lambda: len(spiller._writing) == IN_FLIGHT)
         assert spiller.paused and spiller.leaving == IN_FLIGHT * spiller.batch
         assert len({w.data.shuffle for w in spiller._writing.values()}) == 1 and len(spiller._writing) == IN_FLIGHT
         gate.set()
@@ -314,7 +305,7 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_partition(tmp_p
         gate = threading.Event()
         disk._writer.submit(gate.wait, 10)
         spiller.check()
-        await _until(lambda: len(spiller._writing) == IN_FLIGHT)
+        await until(lambda: len(spiller._writing) == IN_FLIGHT)
         sub = store.apps["app"][1].subpartitions[2]
         gate.set()
         task = spiller._task
