@@ -264,8 +264,9 @@ class DaemonConfig:
     floating: int = setting(
         DEFAULT_FLOATING,
         "most buffers a read shares among its channels, taken as the senders' backlog grows and only while "
-        "memory is to spare (nothing waits for memory and pool use is below spill-high; without a data dir, "
-        "more than twice the read reserve free)",
+        "memory is to spare (nothing waits for memory or is being spilled, and pool use is below where "
+        "spilling starts, half way from spill-low to spill-high; without a data dir, more than twice the read "
+        "reserve free)",
         unit="buffers",
         metavar="N",
     )

@@ -18,9 +18,10 @@ memory that reading it back (and so freeing it) needs.
 
 Floating buffers (a read's extra credit beyond its exclusive buffers) only speed
 a read up, so they get memory nobody else needs to make progress: never the
-reserve, only while fewer than `floating_ceiling` segments are in use and nobody
-waits for memory. By default the ceiling leaves twice the reserve free; a daemon
-that can spill raises it to its spill high watermark (see `set_floating_budget`).
+reserve, only while fewer than `floating_ceiling` segments are in use, nobody
+waits for memory and nothing is being spilled. By default the ceiling leaves twice
+the reserve free; a daemon that can spill raises it to just below where its
+background spilling starts (see `set_floating_budget`).
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ class Spiller:
         """Queue one more write if a quota or the pool asks for it; False if nothing is to be queued now."""
         if self._backing_off():
             return False
-        target = int(self.store.memory_quota * self.low_share)
+        target = self._quota_target
         for app in self._apps:
             usage = self.store.usage.get(app)
             if usage is not None and usage.segments - self._leaving(app) > target and self._spill_largest(app):
@@ -204,7 +204,7 @@ class Spiller:
         """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
         is below the mark), or for whom nothing more can be written."""
         stuck = len(self._writing) < IN_FLIGHT  # the queueing stopped for want of chunks, not of room
-        target = int(self.store.memory_quota * self.low_share)
+        target = self._quota_target
         for app in list(self._apps):
             usage = self.store.usage.get(app)
             leaving = self._leaving(app)
@@ -216,6 +216,11 @@ class Spiller:
             self._resume.set()
         if done:
             self.pressure = False
+
+    @property
+    def _quota_target(self) -> int:
+        """What an application over its memory quota is spilled down to (segments)."""
+        return int(self.store.memory_quota * self.low_share)
 
     def _leaving(self, app: str) -> int:
         return sum(w.segments for w in self._writing.values() if w.data.app == app)
