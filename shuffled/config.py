@@ -27,6 +27,8 @@ from .protocol.frames import MAX_CONTROL_BODY, MAX_STREAMS_PER_CONNECTION, U32
 MAX_COMMIT_PARTITIONS = (MAX_CONTROL_BODY - U32.size) // 8
 
 MiB = 1 << 20
+#: most copies of one map output (OpenMapOutput's `replicas`)
+MAX_REPLICAS = 4
 ENV_PREFIX = "SHUFFLED_"
 #: the file to read when no --config flag is given
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -250,10 +252,48 @@ class DaemonConfig:
     )
     peers: list[str] = setting(
         [],
-        "the other daemons (`HOST:PORT,...`), told when a shuffle or an application is removed",
+        "the other daemons (`HOST:PORT,...`), told when a shuffle or an application is removed; replicas are "
+        "placed on them. An entry may name its failure domain (`HOST:PORT@ZONE`): replicas go to another zone first",
         parse=_parse_list,
         default_text="none",
         metavar="LIST",
+    )
+    zone: str = setting(
+        "",
+        "this daemon's failure domain (rack, zone); replicas of its data go to daemons in other zones first "
+        "(empty: the zone its own `peers` entry names, if any)",
+        metavar="ZONE",
+    )
+    replicas: int = setting(
+        1,
+        "copies of each committed map output, this daemon's included, kept on distinct daemons (1: no "
+        "replication); a Spark application may ask for another count with spark.shuffled.replicas",
+        unit="copies",
+        metavar="N",
+    )
+    replica_shortfall: str = setting(
+        "degrade",
+        "what a push does when fewer daemons than its replica count can take a copy when it opens: `degrade` "
+        "(keep fewer copies, counted in stats and /metrics) or `fail` (refuse the push with PEER_UNAVAILABLE)",
+        choices=("degrade", "fail"),
+    )
+    replica_lag: int = setting(
+        16,
+        "most buffers of one push a replica may be behind before the pusher gets no more credit (a slow "
+        "replica slows its pushers instead of growing memory)",
+        unit="buffers",
+        metavar="N",
+    )
+    replica_search: int = setting(
+        3,
+        "how many of an attempt's placement candidates a replica push, a read failover and a drain try",
+        unit="daemons",
+        metavar="N",
+    )
+    failover_timeout: float = setting(
+        20.0,
+        "most time a relayed read spends finding another copy after the daemon holding its data failed",
+        unit="s",
     )
     exclusive: int = setting(
         DEFAULT_EXCLUSIVE,
@@ -412,7 +452,16 @@ class DaemonConfig:
         7338, "port of the HTTP endpoint; 0 picks a free one (logged), -1 turns the endpoint off"
     )
     drain_timeout: float = setting(
-        20.0, "on SIGTERM/SIGINT, how long open pushes and reads may take to finish before the daemon exits", unit="s"
+        20.0,
+        "on SIGTERM/SIGINT or `shuffled drain`, how long open pushes, hand-over copies and reads may take to "
+        "finish before the daemon exits",
+        unit="s",
+    )
+    drain_handoff: str = setting(
+        "off",
+        "whether SIGTERM hands committed data over before exiting (`on`: every attempt with fewer copies on "
+        "other daemons than its replica count is copied to a peer first, as `shuffled drain` does)",
+        choices=("off", "on"),
     )
     stall_timeout: float = setting(10.0, "/healthz fails when the event loop has not run for this long", unit="s")
     ready_disk_free: float = setting(
@@ -439,6 +488,17 @@ class DaemonConfig:
             root = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "shuffled")
         name = self.advertise or f"{self.host}:{self.port}"
         return os.path.join(root, re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-"))
+
+    def peer_addresses(self) -> list[str]:
+        """The `peers` entries without their zones."""
+        return [entry.partition("@")[0] for entry in self.peers]
+
+    def zones(self, node: str) -> dict[str, str]:
+        """Each daemon's failure domain as the `peers` entries and `zone` name them (placement.py)."""
+        zones = {addr: zone for addr, _, zone in (entry.partition("@") for entry in self.peers) if zone}
+        if self.zone:
+            zones[node] = self.zone
+        return zones
 
     def validate(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -496,6 +556,12 @@ class DaemonConfig:
         need(self.app_disk_quota >= 0, "app-disk-quota must be >= 0")
         need(self.app_ttl >= 0, "app-ttl must be >= 0 seconds (0: never expire)")
         need(self.flush_after >= 0, "flush-after must be >= 0 seconds (0: off)")
+        need(1 <= self.replicas <= MAX_REPLICAS, f"replicas must be in 1..{MAX_REPLICAS}")
+        need(self.replica_lag >= 1, "replica-lag must be >= 1 buffer")
+        need(self.replica_search >= 1, "replica-search must be >= 1")
+        need(self.failover_timeout > 0, "failover-timeout must be > 0 seconds")
+        for entry in self.peers:
+            need(entry.count("@") <= 1 and not entry.endswith("@"), f"peers entry {entry!r} is not HOST:PORT[@ZONE]")
         tls = (self.peer_tls_cert, self.peer_tls_key, self.peer_tls_ca)
         need(
             (self.peer_tls_port == 0 and not any(tls)) or (0 < self.peer_tls_port < 65536 and all(tls)),

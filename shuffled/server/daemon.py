@@ -457,7 +457,7 @@ class Daemon:
 
     async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:
         """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""
-        targets = (set(self.config.peers) | set(self.peers.conns)) - {self.node}
+        targets = (set(self.config.peer_addresses()) | set(self.peers.conns)) - {self.node}
 
         async def one(addr: str) -> str:
             try:

@@ -141,7 +141,7 @@ class PeerManager(Generic[C]):
         bytes sent to an internal service): only to its `--peers`, to daemons that connected to it, and to
         its own port on other hosts (every daemon of a cluster normally listens on the same one)."""
         daemon = self.daemon
-        if daemon.secret is None or addr in daemon.config.peers or addr in self.known:
+        if daemon.secret is None or addr in daemon.config.peer_addresses() or addr in self.known:
             return
         _, port = split_address(addr)
         own = split_address(daemon.node)[1] if daemon.node else daemon.config.port
