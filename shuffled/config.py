@@ -21,14 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
-from .protocol.frames import MAX_CONTROL_BODY, MAX_STREAMS_PER_CONNECTION, U32
+from .protocol.frames import MAX_CONTROL_BODY, MAX_REPLICAS, MAX_STREAMS_PER_CONNECTION, U32
 
 #: a CommitAck body is a u32 count and a u64 per partition, within the control body limit
 MAX_COMMIT_PARTITIONS = (MAX_CONTROL_BODY - U32.size) // 8
 
 MiB = 1 << 20
-#: most copies of one map output (OpenMapOutput's `replicas`)
-MAX_REPLICAS = 4
 ENV_PREFIX = "SHUFFLED_"
 #: the file to read when no --config flag is given
 CONFIG_ENV = ENV_PREFIX + "CONFIG"

@@ -84,6 +84,7 @@ from .frames import (
     MAX_CONTROL_BODY,
     MAX_HANDSHAKE_BODY,
     MAX_STREAMS_PER_CONNECTION,
+    REPLICA,
     AbortAck,
     AbortMapOutput,
     AddCredit,
@@ -193,6 +194,9 @@ class ProtocolConnection:
         self.admin_running = 0
         self._next_id = 1
         self._frames: deque[Any] = deque()
+        #: what both ends said they support in Hello/HelloAck `features` (§6): known once the handshake is done
+        self.features: frozenset[str] = frozenset()
+        self._offered: frozenset[str] = frozenset()
 
     # -- bytes in
 
@@ -252,6 +256,7 @@ class ProtocolConnection:
     def start(self, info: dict[str, Any]) -> None:
         """Dialer: say Hello (with our nonce, so the acceptor can prove its secret)."""
         assert self._dialer is not None, "only a dialer says Hello first"
+        self._offered = _features(info)
         self.send(encode(Hello(self.role, info=self._dialer.hello_info(info))))
 
     def challenge(self, secret: bytes) -> None:
@@ -263,7 +268,8 @@ class ProtocolConnection:
 
     def accept(self, info: dict[str, Any]) -> None:
         """Acceptor: take the dialer (HelloAck); its streams may open from now on."""
-        assert self.phase in (Phase.ANSWER, Phase.AUTH)
+        assert self.phase in (Phase.ANSWER, Phase.AUTH) and self._hello is not None
+        self.features = _features(info) & _features(self._hello.info)
         self._acceptor = self._hello = None
         self._open()
         self.send(encode(HelloAck(self.role, info=info)))
@@ -410,7 +416,7 @@ class ProtocolConnection:
         if type(frame) is PushData and self.role is Role.DAEMON:
             return self._on_push_data(frame)
         match frame:
-            case PushCredit() | CommitAck() | AbortAck() if self.role is Role.DAEMON:
+            case PushCredit() | CommitAck() | AbortAck() if self.role is Role.DAEMON and REPLICA not in self.features:
                 raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
             case PushCredit(writer, credit):
                 return self._on_push_credit(writer, credit)
@@ -445,8 +451,8 @@ class ProtocolConnection:
             case CancelPartitionRequest(receiver):
                 return ReadCancelled(receiver) if self._take(self.theirs, receiver, Kind.READ) else None
             case OpenMapOutput():
-                if self.peer_role is not Role.CLIENT:
-                    raise ProtocolError("only clients push map output")
+                if self.peer_role is not Role.CLIENT and (REPLICA not in self.features or frame.replica_of is None):
+                    raise ProtocolError("only clients push map output, and daemons that agreed on replica pushes")
                 return self._open_theirs(frame.writer, Kind.PUSH) or PushOpened(frame)
             case PushData():
                 return self._on_push_data(frame)
@@ -573,9 +579,16 @@ class ProtocolConnection:
             case HelloAck(role, _, info):
                 dialer.accepted(self.who)
                 self.peer_role = role
+                self.features = self._offered & _features(info)
                 self._open()
                 return HandshakeDone(info)
         raise ProtocolError(f"expected HelloAck, got {type(frame).__name__}")
+
+
+def _features(info: dict[str, Any]) -> frozenset[str]:
+    """The `features` of a Hello or HelloAck info map; anything but a list of strings offers none."""
+    value = info.get("features")
+    return frozenset(f for f in value if isinstance(f, str)) if isinstance(value, list) else frozenset()
 
 
 def _check_landed(payload: object, stream: int) -> None:

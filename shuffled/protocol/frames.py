@@ -15,6 +15,7 @@ a class here, listed in `Frame`; no dispatch code changes.
 from __future__ import annotations
 
 import functools
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -214,6 +215,57 @@ def attempt_locations(m: dict[str, Any], key: str, cls: Any) -> Any:
             if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < 1 << 64:
                 raise ProtocolError(f"{cls.__name__}: attempt ids are unsigned 64-bit integers")
     return value
+
+
+#: the Hello/HelloAck feature two daemons agree on for replica pushes, `resume` and `holds` (§6, §12.4)
+REPLICA = "replica"
+#: most copies of one map output a push may ask for (OpenMapOutput `replicas`, §12.4)
+MAX_REPLICAS = 4
+
+
+def optional_replicas(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """Copies wanted (§12.4): 1..MAX_REPLICAS, absent for the daemon's own default."""
+    value = m.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_REPLICAS):
+        raise ProtocolError(f"{cls.TYPE.name}: '{key}' must be an integer in 1..{MAX_REPLICAS}")
+    return value
+
+
+def optional_app_key(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """The digest of an application token a replica push carries instead of the token (§12.4): "" (no
+    token) or 64 lowercase hex digits."""
+    value = m.get(key)
+    if value is not None and not (isinstance(value, str) and _APP_KEY.fullmatch(value)):
+        raise ProtocolError(f"{cls.TYPE.name}: '{key}' must be \"\" or 64 lowercase hex digits")
+    return value
+
+
+def _u64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
+
+
+def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """Where a failed-over read goes on (§10.6): {partition, done, attempt?, chunks?, bytes?}."""
+    value = m.get(key)
+    if value is None:
+        return None
+    bad = ProtocolError(
+        f"{cls.TYPE.name}: '{key}' must be a map of partition (u32), done (attempt ids) and optionally "
+        "attempt (an attempt id), chunks and bytes (counts), all three or none"
+    )
+    if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or not {"partition", "done"} <= set(value):
+        raise bad
+    done = value["done"]
+    if not _u64(value["partition"]) or not isinstance(done, list) or not all(_u64(a) for a in done):
+        raise bad
+    pair = [value.get(k) for k in ("attempt", "chunks", "bytes")]
+    if any(v is not None for v in pair) and not all(v is not None and _u64(v) for v in pair):
+        raise bad
+    return value
+
+
+_APP_KEY = re.compile(r"(?:[0-9a-f]{64})?")
+_RESUME_KEYS = frozenset({"partition", "done", "attempt", "chunks", "bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,6 +536,7 @@ class PartitionRequest:
         Key("end", integer),
         Key("locations", attempt_locations),
         Key("token", optional_string, optional=True),
+        Key("resume", optional_resume, optional=True),
         stream="receiver",
         prefix="credit",
     )
@@ -498,6 +551,8 @@ class PartitionRequest:
     locations: dict[str, list[int]]
     #: the application token (PROTOCOL.md §6.2); None: the request carries none
     token: str | None = None
+    #: a read another daemon fails over to goes on where the failed one stopped (§10.6); daemons only
+    resume: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -554,6 +609,9 @@ class OpenMapOutput:
         Key("attempt", integer),
         Key("partitions", integer),
         Key("token", optional_string, optional=True),
+        Key("replicas", optional_replicas, optional=True),
+        Key("replica_of", optional_string, optional=True),
+        Key("app_key", optional_app_key, optional=True),
         stream="writer",
     )
 
@@ -565,6 +623,12 @@ class OpenMapOutput:
     partitions: int
     #: the application token (PROTOCOL.md §6.2); None: the request carries none
     token: str | None = None
+    #: copies wanted, this one included (§12.4); None: the daemon's `replicas` setting
+    replicas: int | None = None
+    #: a replica push (daemons only, §12.4): the node of the primary, where Spark's MapStatus points
+    replica_of: str | None = None
+    #: with `replica_of`: SHA-256 of the application's token, hex ("" for none), instead of the token
+    app_key: str | None = None
 
 
 @dataclass(slots=True)

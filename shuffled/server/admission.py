@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ..config import DaemonConfig
 from ..protocol.connection import ProtocolConnection
 from ..protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
-from ..protocol.frames import Role
+from ..protocol.frames import REPLICA, Role
 from .host import Host
 
 
@@ -148,4 +148,5 @@ def accept(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> 
         host.peers.accept(conn.node, conn)
         conn.tune(cfg.peer_timeout)
     conn.opened(role)
-    conn.proto.accept({"node": host.node, "segment_size": cfg.segment_size})
+    features = {"features": [REPLICA]} if role is Role.DAEMON else {}
+    conn.proto.accept({"node": host.node, "segment_size": cfg.segment_size, **features})

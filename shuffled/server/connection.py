@@ -21,7 +21,7 @@ from ..net.sender import Outbound
 from ..protocol import connection as pc
 from ..protocol import events
 from ..protocol.errors import AuthFailed, ConnectionLost, InvalidRequest, LimitExceeded, ShuffledError, TimedOut
-from ..protocol.frames import Role
+from ..protocol.frames import REPLICA, Role
 from . import admission
 from .admin_service import AdminService
 from .host import Host
@@ -104,7 +104,9 @@ class DaemonConnection(FrameConnection):
                 self.fail(exc)
             return
         self.role = Role.DAEMON
-        self.proto.start({"node": self.daemon.node, "segment_size": self.daemon.config.segment_size})
+        self.proto.start(
+            {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size, "features": [REPLICA]}
+        )
 
     def on_lost(self) -> None:
         self.daemon.connections.discard(self)
