@@ -238,8 +238,8 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _labelled(
         CounterMetricFamily(
             "shuffled_read_failovers",
-            "Relayed reads that went on from another copy after the daemon holding their data failed, by the "
-            "wire code it failed with",
+            "Times a relayed read looked for another copy of a location's data after the daemon serving it "
+            "failed, by the wire code it failed with",
             labels=["code"],
         ),
         dict(failover.failovers),

@@ -65,7 +65,7 @@ class Counters:
     #: seconds push sessions waited for memory with no credit left (back-pressure on pushers)
     push_wait_seconds: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
-    #: relayed reads that went on from another copy, by the wire code of the failure
+    #: locations of relayed reads looked for on another copy, by the wire code they failed with
     failovers: Counter[str] = field(default_factory=Counter)
     #: relayed reads that failed because no copy was left
     failovers_exhausted: int = 0

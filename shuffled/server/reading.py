@@ -293,9 +293,9 @@ class InputGate:
         except ShuffledError as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self._bug("opening a read failed", exc)
+            self.bug("opening a read failed", exc)
 
-    def _bug(self, what: str, exc: Exception) -> None:
+    def bug(self, what: str, exc: Exception) -> None:
         event(log, what, logging.ERROR, exc_info=True, app=self.req.app, shuffle=self.req.shuffle)
         self.fail(InternalError(f"{what}: {exc.__class__.__name__}: {exc}"))
 
@@ -391,7 +391,7 @@ class InputGate:
             self.fail(exc)
             return
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self._bug("failing over a read failed", exc)
+            self.bug("failing over a read failed", exc)
             return
         if not self.closed:
             assert loc.error is not None
@@ -499,6 +499,10 @@ class LocalReplicaFeed:
         except ShuffledError as exc:
             self.close()
             gate.location_failed(self.location, exc)
+            return
+        except Exception as exc:  # a bug must fail this read, never leave the client waiting
+            self.close()
+            gate.bug("reading a local copy failed", exc)
             return
         self.closed = True
         gate.channel_done()

@@ -150,7 +150,7 @@ class CreditStats:
 class FailoverStats:
     """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
 
-    #: wire error code name -> failovers after a location failed with it
+    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
     failovers: dict[str, int] = field(default_factory=dict)
     #: reads that failed because no copy was left (the client got the first error)
     exhausted: int = 0
