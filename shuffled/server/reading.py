@@ -160,7 +160,7 @@ class Location:
         self.error: ShuffledError | None = None
         #: the copies not tried yet, in placement order
         self.candidates: list[str] = []
-        #: loop time by which the failover must have found a copy
+        #: loop time by which the search under way must have found a copy
         self.deadline = 0.0
 
 
@@ -346,9 +346,10 @@ class InputGate:
             self.fail(exc)
             return
         cfg = self.services.config
+        # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
+        loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
         if loc.error is None:
             loc.error = exc
-            loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
             peers = [*cfg.peer_addresses(), self.node]
             found = candidates(peers, cfg.zones(self.node), loc.primary, self.req.app, self.req.shuffle)
             loc.candidates = found[: cfg.replica_search]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -33,7 +34,8 @@ APP = "failover-app"
 SIZE = 256 << 10  # per pair: 8 buffers of 32 KiB
 PARTS = 3
 ATTEMPTS = [1, 2]
-FLAGS = ["--peer-timeout", "3"]
+FAILOVER_TIMEOUT = 3.0
+FLAGS = ["--peer-timeout", "3", "--failover-timeout", str(FAILOVER_TIMEOUT)]
 
 
 def _want(attempts: list[int]) -> dict[tuple[int, int], bytes]:
@@ -195,5 +197,31 @@ async def test_a_lost_primary_is_read_from_its_copies_and_without_one_the_first_
                 assert err.value.code is ErrorCode.PARTITION_NOT_FOUND, err.value
                 await client.remove_application(APP)
             await _settled(names)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_search_for_a_copy_ends_within_the_failover_timeout(trio: Trio) -> None:
+    """c is killed and its first candidate is b, whose link now swallows everything (a dial there would
+    wait the whole connect timeout): the read fails with c's error once the search took failover-timeout."""
+
+    async def body() -> None:
+        a, _, c = trio.daemons
+        names = trio.names()
+        shuffle = next(s for s in range(100) if candidates(names, {}, c.addr, APP, s)[0] == trio.primary)
+        await _push(c.addr, shuffle, 1)
+        c.proc.kill()
+        await asyncio.to_thread(c.proc.wait)
+        trio.proxy.cut()
+        trio.proxy.up = Faults(blackhole=True)
+        async with await AsyncClient.connect(a.addr) as client:
+            started = time.monotonic()
+            with pytest.raises(ShuffledError) as err:
+                await _read(client, shuffle, c.addr, [1])
+            waited = time.monotonic() - started
+            assert err.value.code is ErrorCode.PEER_UNAVAILABLE, err.value
+            assert FAILOVER_TIMEOUT * 0.8 <= waited <= FAILOVER_TIMEOUT + 2, waited
+            assert (await client.stats())["failover"]["exhausted"] == 1
+            await pool_settled(client)
 
     await asyncio.wait_for(body(), 60)
