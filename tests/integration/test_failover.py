@@ -163,7 +163,8 @@ async def test_a_cut_link_resumes_on_the_copy_without_a_byte_twice_or_missing(tr
 
 async def test_a_lost_primary_is_read_from_its_copies_and_without_one_the_first_error_stays() -> None:
     """b is killed after commit: reads relayed by either other daemon get its copy's bytes, or b's error
-    when it had none; b restarted without its data fails a client's read over to the copy itself."""
+    when it had none; b restarted without its data fails a client's read over to the copy itself, and
+    answers a relayed read with PARTITION_NOT_FOUND, which fails over too."""
 
     async def body() -> None:
         with Cluster(3, pool_size="16M", extra=FLAGS) as cluster:
@@ -195,6 +196,10 @@ async def test_a_lost_primary_is_read_from_its_copies_and_without_one_the_first_
                 with pytest.raises(ShuffledError) as err:
                     await _read(client, 0, "", [2])
                 assert err.value.code is ErrorCode.PARTITION_NOT_FOUND, err.value
+            # Relayed by the copy, over the connection b just made to it: b answers PARTITION_NOT_FOUND.
+            async with await AsyncClient.connect(copy) as client:
+                assert await _read(client, 0, b.addr, [1]) == _want([1])
+                assert (await client.stats())["failover"]["failovers"]["PARTITION_NOT_FOUND"] >= 1
                 await client.remove_application(APP)
             await _settled(names)
 
