@@ -36,6 +36,7 @@ from .stats import (
     CreditStats,
     DaemonStats,
     DiskStats,
+    FailoverStats,
     FilesystemStats,
     PoolStats,
     StreamStats,
@@ -404,6 +405,11 @@ class Daemon:
             ),
             errors=dict(counters.errors),
             filesystem=FilesystemStats(capacity_bytes=fs[0], free_bytes=fs[1]) if fs else None,
+            failover=FailoverStats(
+                failovers=dict(counters.failovers),
+                exhausted=counters.failovers_exhausted,
+                resumed_reads=counters.resumed_reads,
+            ),
         )
 
     async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:

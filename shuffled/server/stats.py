@@ -147,6 +147,18 @@ class CreditStats:
 
 
 @dataclass(frozen=True, slots=True)
+class FailoverStats:
+    """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
+
+    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
+    failovers: dict[str, int] = field(default_factory=dict)
+    #: reads that failed because no copy was left (the client got the first error)
+    exhausted: int = 0
+    #: reads served from a resume point, for a peer or from this daemon's own copy
+    resumed_reads: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FilesystemStats:
     """The data directory's file system."""
 
@@ -174,6 +186,7 @@ class DaemonStats:
     errors: dict[str, int]
     #: None without a data directory (or when its file system cannot be read)
     filesystem: FilesystemStats | None
+    failover: FailoverStats = field(default_factory=FailoverStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""

@@ -380,6 +380,7 @@ WIRE_STATS = {
     ),
     "errors": {"PARTITION_NOT_FOUND": "int"},
     "filesystem": {"capacity_bytes": "int", "free_bytes": "int"},
+    "failover": {"failovers": {}, "exhausted": "int", "resumed_reads": "int"},
 }
 
 
