@@ -38,6 +38,7 @@ from .stats import (
     DiskStats,
     FilesystemStats,
     PoolStats,
+    ReplicationStats,
     StreamStats,
 )
 from .store import ShuffleData, Store
@@ -404,6 +405,12 @@ class Daemon:
             ),
             errors=dict(counters.errors),
             filesystem=FilesystemStats(capacity_bytes=fs[0], free_bytes=fs[1]) if fs else None,
+            replication=ReplicationStats(
+                forwarded_buffers=counters.replica_forwarded_buffers,
+                forwarded_bytes=counters.replica_forwarded_bytes,
+                degraded=counters.replication_degraded,
+                failed=counters.replication_failed,
+            ),
         )
 
     async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:

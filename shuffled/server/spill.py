@@ -368,8 +368,15 @@ class Spiller:
             self._journal(data.directory, self._commit_record(data, attempt))
 
     def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
-        lengths = data.lengths[attempt]
-        return encode_record({"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": lengths})
+        """The attempt's commit; with its replica marking (§12.4), so a restart knows what it holds for
+        whom: `of` the primary of a replica, `copies` where a pushed attempt's replicas are, `r` copies wanted."""
+        record = {"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": data.lengths[attempt]}
+        record["r"] = data.replicas.get(attempt, 1)
+        if attempt in data.replica_of:
+            record["of"] = data.replica_of[attempt]
+        if attempt in data.copies:
+            record["copies"] = list(data.copies[attempt])
+        return encode_record(record)
 
     def _journal(self, directory: str, record: bytes) -> None:
         assert self.disk is not None
