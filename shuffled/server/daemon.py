@@ -410,6 +410,7 @@ class Daemon:
                 forwarded_bytes=counters.replica_forwarded_bytes,
                 degraded=counters.replication_degraded,
                 failed=counters.replication_failed,
+                held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
             ),
         )
 
