@@ -160,6 +160,29 @@ async def test_a_stopped_replica_holds_the_pusher_back_and_it_completes_when_res
     await asyncio.wait_for(body(), 90)
 
 
+async def test_a_client_abort_or_vanishing_aborts_the_replica_push(pair: Cluster) -> None:
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        aborts = (await b.stats())["store"]["aborts"]
+        w = await a.open_writer(APP, 8, 0, 1, 1)
+        await w.write(0, payload(1, 0, 2 * MiB))
+        await w.abort()
+        await wait_until(b.stats, lambda s: s["store"]["aborts"] == aborts + 1, what="the replica push aborted")
+        gone = await AsyncClient.connect(da.addr)
+        w = await gone.open_writer(APP, 8, 0, 2, 1)
+        await w.write(0, payload(2, 0, 2 * MiB))
+        await wait_until(b.stats, lambda s: s["streams"]["pushing"] == 1, what="the replica push is open")
+        await gone.close()
+        await wait_until(b.stats, lambda s: s["store"]["aborts"] == aborts + 2, what="the replica push aborted")
+        for c in (a, b):
+            s = await pool_settled(c)
+            assert s["store"]["stored_segments"] == 0 and s["store"]["open_map_outputs"] == 0, s["store"]
+            await c.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
 @pytest.fixture
 def trio() -> Iterator[Cluster]:
     with Cluster(3, pool_size="64M", extra=REPLICATED) as cluster:
@@ -207,6 +230,15 @@ async def test_replica_down_restarted_or_killed(trio: Cluster) -> None:
         await push(a, shuffle, 3, [MiB, 0])
         s = await a.stats()
         assert s["replication"]["degraded"] == 1 and s["store"]["under_replicated"] == 1, s
+
+        # Restarted, the primary still knows which attempts lack copies (the journal keeps `r` and `copies`).
+        await a.close()
+        d0.stop()
+        d0 = start_daemon(d0.host, d0.port, "64M", ["--peers", peers(trio), *REPLICATED])
+        trio.daemons[0] = d0
+        a = await AsyncClient.connect(d0.addr)
+        s = await a.stats()
+        assert s["store"]["under_replicated"] == 1 and s["store"]["commits"] == 0, s["store"]
 
         # The primary killed mid-push: its replica aborts the copy and frees its memory.
         back = start_daemon(first.host, first.port, "64M", ["--peers", peers(trio), *REPLICATED])
