@@ -147,8 +147,8 @@ async def test_a_stopped_replica_holds_the_pusher_back_and_it_completes_when_res
             )
             assert not writing.done()
             # Taken before the replica stopped, or queued to it while it was stopping (credit it had granted,
-            # the sockets' buffers, `replica-lag`): far from all of it.
-            assert s["traffic"]["pushed_bytes"] - before < total // 2, s["traffic"]
+            # the sockets' buffers, `replica-lag`): a few MiB of the 48 (about 1.5 when this was written).
+            assert s["traffic"]["pushed_bytes"] - before < 8 * MiB, s["traffic"]
             assert s["pool"]["used"] <= s["store"]["stored_segments"] + 64, s["pool"]
         finally:
             os.kill(db.pid, signal.SIGCONT)
