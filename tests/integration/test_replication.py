@@ -278,3 +278,22 @@ async def test_without_a_replica_the_push_fails_with_replica_shortfall_fail() ->
             d.stop()
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_daemons_replicating_to_each_other_with_full_pools_spill_rather_than_wait_for_each_other() -> None:
+    """A's pushes wait for B's replica credit and B's for A's: with pools a fraction of what both hold, the
+    spillers make the room (replica sessions are ordinary sessions) and every push commits."""
+
+    async def body() -> None:
+        with Cluster(2, pool_size="16M", extra=REPLICATED) as cluster:
+            clients = [await AsyncClient.connect(d.addr) for d in cluster.daemons]
+            size = 12 * MiB
+            pushes = [push(c, 9, 10 * i + k, [size, size // 3]) for i, c in enumerate(clients) for k in range(2)]
+            await asyncio.gather(*pushes)
+            for c in clients:
+                s = await c.stats()
+                assert s["store"]["replica_bytes"] == 2 * (size + size // 3), s["store"]
+                assert s["disk"]["spilled_bytes"] > 0, s["disk"]
+                await c.close()
+
+    await asyncio.wait_for(body(), 60)
