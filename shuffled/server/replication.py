@@ -104,8 +104,13 @@ class ReplicaLink:
 
     async def open(self, conn: ReplicaPeer, req: OpenMapOutput) -> None:
         """Open the push `req` (its `writer` is chosen here) on `conn`; returns at the replica's first credit,
-        raises its Error or PeerUnavailable on a timeout (the link is then aborted)."""
-        self.conn, self.node = conn, conn.node
+        raises its Error, or PeerUnavailable when the peer does not take replica pushes or on a timeout (the
+        link is then aborted)."""
+        self.node = conn.node
+        if REPLICA not in conn.proto.features:
+            self.done = True
+            raise PeerUnavailable(f"daemon {conn.node} does not take replica pushes (no '{REPLICA}' feature)")
+        self.conn = conn
         writer = conn.proto.new_stream_id()
         self.stream.stream = writer
         conn.replicas.outgoing[writer] = self
@@ -310,9 +315,6 @@ class ReplicaLinks:
             conn = await self.host.peers.get(node)
         except ShuffledError as exc:
             event(log, "replica skipped", node=node, reason=exc.message)
-            return None
-        if REPLICA not in conn.proto.features:
-            event(log, "replica skipped", node=node, reason="it does not take replica pushes")
             return None
         link = ReplicaLink(self.host.config)
         try:
