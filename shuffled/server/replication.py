@@ -9,7 +9,7 @@ How far a link may fall behind is bounded: `lagging()` is true while `lag` or mo
 its chunks wait unsent (no credit from the replica, or the connection above its
 write watermark), and the session grants its client no credit then. The client
 therefore waits on the slowest replica instead of memory growing; the link calls
-`on_progress` when it catches up.
+`on_progress` once it is down to half of `lag`.
 
 A `ReplicaLinks` is one client push's set: opened on the placement candidates before
 the client's first credit, fed after each buffer is stored, committed before the
