@@ -73,13 +73,25 @@ class PushEvent(Enum):
 
 
 class PushStream(Outbound):
-    """Client → daemon: PushData under push credit, then Commit or Abort in the same order."""
+    """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
-    __slots__ = ("pushed",)
+    A primary forwarding a push to a replica (server/replication.py) sets `forward_crc`: its chunks carry the
+    CRC32C it checked when they arrived, so it is sent as is rather than computed again; and `on_progress`,
+    to hear when its queue shrinks (the pusher's credit waits on it).
+    """
 
-    def __init__(self, stream: int, credit: int = 0) -> None:
+    __slots__ = ("forward_crc", "on_progress", "pushed")
+
+    def __init__(self, stream: int, credit: int = 0, forward_crc: bool = False) -> None:
         super().__init__(stream, credit)
         self.pushed = 0
+        self.forward_crc = forward_crc
+        #: called after each data item went to the transport
+        self.on_progress: Callable[[], None] | None = None
+
+    def on_sent(self, item: Any, is_event: bool) -> None:
+        if not is_event and self.on_progress is not None:
+            self.on_progress()
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
@@ -93,6 +105,7 @@ class PushStream(Outbound):
             return HEADER.size, None
         chunk: Chunk = item
         buf = chunk.buffer
-        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, buf.length, checksum(buf.data()))
+        crc = chunk.crc if self.forward_crc else checksum(buf.data())
+        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, buf.length, crc)
         self.pushed += 1
         return PUSH_DATA_PREFIX.size, chunk.buffer

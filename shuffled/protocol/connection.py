@@ -35,6 +35,7 @@ from .auth import AcceptorAuth, DialerAuth
 from .codec import (
     FrameReader,
     encode,
+    encode_abort,
     encode_abort_ack,
     encode_add_credit,
     encode_admin_request,
@@ -317,6 +318,12 @@ class ProtocolConnection:
         """Open a push; PushCredit goes to `outbound`, whose data the shell frames under it."""
         self._own(request.writer, Stream(Kind.PUSH, outbound=outbound))
         self.send(encode(request))
+
+    def abort_push(self, writer: int) -> None:
+        """Give up one of our pushes: AbortMapOutput goes out with the control frames, so the shell drops the
+        data it still queues first; nothing more about the push is reported."""
+        if self._take(self.own, writer, Kind.PUSH) and self.is_open:
+            self.send(encode_abort(writer))
 
     def request_admin(self, op: str, args: dict[str, Any]) -> int:
         sid = self.new_stream_id()

@@ -20,6 +20,7 @@ from ..net.connection import FrameConnection
 from ..net.sender import Outbound
 from ..protocol import connection as pc
 from ..protocol import events
+from ..protocol.auth import token_digest
 from ..protocol.errors import AuthFailed, ConnectionLost, InvalidRequest, LimitExceeded, ShuffledError, TimedOut
 from ..protocol.frames import REPLICA, Role
 from . import admission
@@ -27,6 +28,7 @@ from .admin_service import AdminService
 from .host import Host
 from .push_service import PushService
 from .read_service import ReadService
+from .replication import ReplicaService
 from .watchdog import Liveness, tune_socket
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class DaemonConnection(FrameConnection):
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.reads = ReadService(self, daemon.node, daemon, daemon.peers)
         self.pushing = PushService(self, daemon)
+        #: replica pushes this daemon makes to the other side
+        self.replicas = ReplicaService()
         self.admin = AdminService(self, daemon.admin, daemon.background)
         #: the peer's IP address ("unix pid N" for a Unix socket): connection limits count per address
         self.host = "?"
@@ -82,8 +86,12 @@ class DaemonConnection(FrameConnection):
         """Per-application isolation: AUTH_FAILED unless the request's token is the application's."""
         if token is not None and not isinstance(token, str):
             raise InvalidRequest("'token' must be a string")
+        self.authorize_digest(app, token_digest(token))
+
+    def authorize_digest(self, app: str, digest: bytes) -> None:
+        """The same for a token's digest (what a replica push carries)."""
         try:
-            self.daemon.store.authorize(app, token)
+            self.daemon.store.authorize(app, digest)
         except AuthFailed as exc:
             event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
             raise
@@ -145,6 +153,7 @@ class DaemonConnection(FrameConnection):
             lost = TimedOut(self.failure.message)
         self.reads.release(lost)
         self.pushing.release()
+        self.replicas.release(lost)
         self.admin.release(lost)
 
     @property
@@ -166,13 +175,18 @@ class DaemonConnection(FrameConnection):
 
     def depends_on_peer(self) -> bool:
         """Streams or requests wait on the other side: it must keep answering."""
-        return bool(self.reads.channels or self.reads.served or self.admin.waiters)
+        return bool(self.reads.channels or self.reads.served or self.admin.waiters or self.replicas.outgoing)
 
     def has_streams(self) -> bool:
         reads = self.reads
-        return bool(reads.channels or reads.served or reads.gates or self.pushing.sessions or self.admin.waiters) or (
-            self.admin.running > 0
-        )
+        return bool(
+            reads.channels
+            or reads.served
+            or reads.gates
+            or self.pushing.sessions
+            or self.replicas.outgoing
+            or self.admin.waiters
+        ) or (self.admin.running > 0)
 
     def ping(self) -> None:
         self.admin.ping()
@@ -204,8 +218,14 @@ class DaemonConnection(FrameConnection):
                 self.admin.on_request(request)
             case events.AdminAnswered(request, result):
                 self.admin.on_answer(request, result)
+            case events.PushCredited(writer):
+                self.replicas.on_credit(writer)
+            case events.Committed(writer, lengths):
+                self.replicas.on_committed(writer, lengths)
+            case events.Aborted(writer):
+                self.replicas.on_aborted(writer)
             case events.StreamFailed(stream, exc):
-                if not self.reads.on_failed(stream, exc):
+                if not self.reads.on_failed(stream, exc) and not self.replicas.on_failed(stream, exc):
                     self.admin.on_failed(stream, exc)
             case events.StreamRefused(_, exc):
                 self.count_error(exc)

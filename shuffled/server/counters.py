@@ -64,6 +64,12 @@ class Counters:
     read_credit_granted: int = 0
     #: seconds push sessions waited for memory with no credit left (back-pressure on pushers)
     push_wait_seconds: float = 0.0
+    #: pushed buffers (and their bytes) forwarded to replicas, one per replica
+    replica_forwarded_buffers: int = 0
+    replica_forwarded_bytes: int = 0
+    #: pushes that opened fewer replicas than wanted and went on, or failed for want of a replica
+    replication_degraded: int = 0
+    replication_failed: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     #: locations of relayed reads looked for on another copy, by the wire code they failed with
     failovers: Counter[str] = field(default_factory=Counter)

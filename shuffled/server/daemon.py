@@ -39,6 +39,7 @@ from .stats import (
     FailoverStats,
     FilesystemStats,
     PoolStats,
+    ReplicationStats,
     StreamStats,
 )
 from .store import ShuffleData, Store
@@ -409,6 +410,13 @@ class Daemon:
                 failovers=dict(counters.failovers),
                 exhausted=counters.failovers_exhausted,
                 resumed_reads=counters.resumed_reads,
+            ),
+            replication=ReplicationStats(
+                forwarded_buffers=counters.replica_forwarded_buffers,
+                forwarded_bytes=counters.replica_forwarded_bytes,
+                degraded=counters.replication_degraded,
+                failed=counters.replication_failed,
+                held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
             ),
         )
 

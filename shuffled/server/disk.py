@@ -172,6 +172,10 @@ class LoadedShuffle:
     #: partition -> [(attempt, offset, length, crc)] of committed attempts, in file order
     chunks: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     file_sizes: dict[int, int] = field(default_factory=dict)
+    #: the commits' replica marking (§12.4): replica attempt -> primary, copies wanted, where the copies are
+    replica_of: dict[int, str] = field(default_factory=dict)
+    replicas: dict[int, int] = field(default_factory=dict)
+    copies: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Disk:
@@ -366,7 +370,13 @@ class Disk:
             if r.get("k") == "chunks":
                 chunks.setdefault(int(r["p"]), []).extend((int(a), int(o), int(n), int(c)) for a, o, n, c in r["c"])
             elif r.get("k") == "commit":
-                commits[int(r["attempt"])] = (int(r["map"]), {int(p): int(n) for p, n in r["lengths"].items()})
+                attempt = int(r["attempt"])
+                commits[attempt] = (int(r["map"]), {int(p): int(n) for p, n in r["lengths"].items()})
+                out.replicas[attempt] = int(r.get("r", 1))
+                if "of" in r:
+                    out.replica_of[attempt] = str(r["of"])
+                if "copies" in r:
+                    out.copies[attempt] = tuple(str(c) for c in r["copies"])
         sizes: dict[int, int] = {}
         for p in chunks:
             try:

@@ -2,7 +2,9 @@
 
 Each open map output is a `PushSession`; this service decides whether one may
 open (the daemon draining, the application's token, the fair push shares) and
-hands it the frames of its stream.
+hands it the frames of its stream. On a peer connection the pushes are replica
+pushes (§12.4): they carry the digest of the application's token instead of the
+token, and are stored as ordinary map outputs marked with their primary.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from ..protocol.auth import token_digest
 from ..protocol.connection import ProtocolConnection, release_payload
-from ..protocol.errors import MapOutputStateError, ShuffledError, ShuttingDown
+from ..protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError, ShuttingDown
 from ..protocol.frames import OpenMapOutput, PushData
 from .pushing import PushSession
-from .services import Services
+from .replication import ReplicaHost, ReplicaLinks
 from .shares import Share
 
 
@@ -30,13 +33,16 @@ class Link(Protocol):
     @property
     def draining(self) -> bool: ...
 
+    @property
+    def from_client(self) -> bool: ...
+
     def send_error(self, stream: int, exc: ShuffledError) -> None: ...
 
-    def authorize(self, app: str, token: object) -> None: ...
+    def authorize_digest(self, app: str, digest: bytes) -> None: ...
 
 
 class PushService:
-    def __init__(self, link: Link, services: Services) -> None:
+    def __init__(self, link: Link, services: ReplicaHost) -> None:
         self.link = link
         self.services = services
         self.sessions: dict[int, PushSession] = {}
@@ -66,19 +72,39 @@ class PushService:
         if self.link.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
-        store = self.services.store
+        services = self.services
+        store = services.store
         try:
-            self.link.authorize(req.app, req.token)
-            self.services.shares.check(self.push_share, req.app)
-            out = store.open_map_output(req.app, req.shuffle, req.map_index, req.attempt, req.partitions)
+            digest = self._app_key(req)
+            self.link.authorize_digest(req.app, digest)
+            services.shares.check(self.push_share, req.app)
+            replicas = self._replicas(req)
+            out = store.open_map_output(
+                req.app, req.shuffle, req.map_index, req.attempt, req.partitions, req.replica_of, replicas
+            )
         except ShuffledError as exc:
             self.send_error(req.writer, exc)
             return
-        store.bind(req.app, req.token)
-        session = PushSession(self, req, out, self.services)
+        store.bind(req.app, digest)
+        links = ReplicaLinks(services, req, digest, replicas) if req.replica_of is None and replicas > 1 else None
+        session = PushSession(self, req, out, services, links)
         self.sessions[req.writer] = session
         self.link.proto.accept_push(req.writer, session.target)
         session.task = asyncio.create_task(session.start())
+
+    def _app_key(self, req: OpenMapOutput) -> bytes:
+        """The digest of the application's token: a client sends the token, a primary its digest (`app_key`)."""
+        if not self.link.from_client:  # a replica push: the protocol lets no other push from a daemon through
+            return bytes.fromhex(req.app_key or "")
+        if req.replica_of is not None or req.app_key is not None:
+            raise InvalidRequest("replica_of and app_key are sent by daemons only (replica pushes, §12.4)")
+        return token_digest(req.token)
+
+    def _replicas(self, req: OpenMapOutput) -> int:
+        """Copies wanted, this one included: at most one per daemon the placement knows."""
+        cfg = self.services.config
+        ring = len(set(cfg.peer_addresses()) | {self.services.node})
+        return min(req.replicas or cfg.replicas, ring)
 
     def on_data(self, frame: PushData) -> None:
         session = self.sessions.get(frame.writer)

@@ -12,6 +12,12 @@ floor is bounded by its connection's and its application's shares (`shares.py`).
 A PushData whose sequence number was already received (a writer retrying after a
 lost reply) is dropped: its bytes are not stored twice, and the segment it landed
 in becomes push credit again.
+
+A client's push may be replicated (replication.py): its replica pushes open before
+the first credit, every stored buffer is forwarded to them by reference, credit
+waits while a replica lags, and the replicas commit before the local commit. A
+replica lost on the way fails the attempt with PEER_UNAVAILABLE, which Spark retries
+(the task, not the stage): a CommitAck means every copy it could have is there.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from ..logs import event
 from ..net.soon import Soon
 from ..protocol.connection import ProtocolConnection
 from ..protocol.credit import SequenceChecker
-from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, ShuffledError
+from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
 from ..protocol.integrity import checksum
+from .replication import ReplicaLinks
 from .services import Services
 from .shares import Share
 from .store import MapOutput
@@ -54,7 +61,14 @@ class PushConnection(Protocol):
 
 
 class PushSession:
-    def __init__(self, conn: PushConnection, req: OpenMapOutput, out: MapOutput, services: Services) -> None:
+    def __init__(
+        self,
+        conn: PushConnection,
+        req: OpenMapOutput,
+        out: MapOutput,
+        services: Services,
+        links: ReplicaLinks | None = None,
+    ) -> None:
         self.conn = conn
         self.services = services
         self.counters = services.counters
@@ -77,12 +91,28 @@ class PushSession:
         self._waiting: asyncio.Task[None] | None = None
         self._unannounced = 0
         self._announce_soon = Soon(self._announce)
+        #: opening the replicas and the pool, then a replicated commit
         self.task: asyncio.Task[None] | None = None
+        #: the replica pushes of a replicated client push
+        self.links = links
+        #: new credit waits until no replica lags
+        self.held_back = False
+        if links is not None:
+            links.on_failure = self._replica_failed
+            links.on_progress = self._top_up
 
     async def start(self) -> None:
         cfg = self.services.config
         if self._hopeless():
             return
+        if self.links is not None:
+            try:
+                await self.links.open()
+            except ShuffledError as exc:
+                self.fail(exc)
+                return
+            if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
+                self.links = None
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
         pool = await self.services.pool.create_local_pool(cfg.push_min, cfg.push_max)
         self._stop_waiting()
@@ -120,6 +150,8 @@ class PushSession:
                     f"CRC32C check (got {crc:08x}, the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
             services.store.add(self.out, frame.partition, buf, crc)
+            if self.links is not None:
+                self.links.forward(buf, frame.partition, crc)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()
@@ -142,6 +174,10 @@ class PushSession:
         while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
             self._charge()
         new = pool.available - pool.promised
+        if new > 0 and self.links is not None:
+            self.held_back = self.links.lagging()
+            if self.held_back:
+                return  # the links call again once no replica lags
         if new > 0:
             pool.promised += new
             self.counters.push_credit_granted += new
@@ -205,9 +241,28 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
+        if self.links is None:
+            self._commit()
+            return
+        assert self.pool is not None
+        self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
+        self.pool = None
+        self.task = asyncio.create_task(self._commit_replicated(self.links))
+
+    async def _commit_replicated(self, links: ReplicaLinks) -> None:
+        """The replicas commit first, then this copy: the client's CommitAck means all are there."""
+        out = self.out
+        try:
+            copies = await links.commit([out.lengths.get(p, 0) for p in range(out.shuffle.partitions)])
+        except ShuffledError as exc:
+            self._replica_failed(exc)
+            return
+        self._commit(copies)
+
+    def _commit(self, copies: tuple[str, ...] = ()) -> None:
         services = self.services
         try:
-            lengths = services.store.commit(self.out)
+            lengths = services.store.commit(self.out, copies)
         except ShuffledError as exc:
             self.fail(exc)
             return
@@ -221,7 +276,14 @@ class PushSession:
         self._close()
         self.conn.proto.ack_abort(self.writer)
 
+    def _replica_failed(self, exc: ShuffledError) -> None:
+        if not self.closed:
+            self.counters.replication_failed += 1
+            self.fail(PeerUnavailable(f"a replica of this push was lost ({exc.message}); the attempt is discarded"))
+
     def fail(self, exc: ShuffledError) -> None:
+        if self.closed:
+            return
         event(log, "push failed", writer=self.writer, code=exc.code.name, reason=exc.message)
         self.services.store.abort(self.out)
         self._close()
@@ -243,5 +305,7 @@ class PushSession:
         self._stop_waiting()
         if self.task is not None and not self.task.done():
             self.task.cancel()
+        if self.links is not None:
+            self.links.abort()
         if self.pool is not None:
             self.pool.destroy()

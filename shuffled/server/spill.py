@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -143,7 +144,9 @@ class Spiller:
         self.pool.spilling = on
 
     def _backing_off(self) -> bool:
-        return asyncio.get_running_loop().time() - self._failed_at < RETRY_AFTER
+        # time.monotonic, not the loop's clock: this runs for every pushed buffer, and finding the running
+        # loop costs a getpid() system call each time on Python 3.11
+        return time.monotonic() - self._failed_at < RETRY_AFTER
 
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
@@ -368,8 +371,15 @@ class Spiller:
             self._journal(data.directory, self._commit_record(data, attempt))
 
     def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
-        lengths = data.lengths[attempt]
-        return encode_record({"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": lengths})
+        """The attempt's commit; with its replica marking (§12.4), so a restart knows what it holds for
+        whom: `of` the primary of a replica, `copies` where a pushed attempt's replicas are, `r` copies wanted."""
+        record = {"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": data.lengths[attempt]}
+        record["r"] = data.replicas.get(attempt, 1)
+        if attempt in data.replica_of:
+            record["of"] = data.replica_of[attempt]
+        if attempt in data.copies:
+            record["copies"] = list(data.copies[attempt])
+        return encode_record(record)
 
     def _journal(self, directory: str, record: bytes) -> None:
         assert self.disk is not None
@@ -381,7 +391,7 @@ class Spiller:
         """Put the chunks back in memory and fail their open map outputs; returns the error they got."""
         assert self.disk is not None
         self.disk.stats.errors += 1
-        self._failed_at = asyncio.get_running_loop().time()
+        self._failed_at = time.monotonic()
         self.disk_error = exc
         event(
             log,

@@ -50,6 +50,11 @@ class StoreStats:
     commits: int = 0
     committed_bytes: int = 0
     aborts: int = 0
+    #: committed attempts held here as replicas of other daemons' (§12.4), and their bytes (memory + disk)
+    replica_attempts: int = 0
+    replica_bytes: int = 0
+    #: attempts pushed here whose commit found fewer replicas than wanted (degraded at open)
+    under_replicated: int = 0
 
 
 @dataclass(slots=True)
@@ -159,6 +164,21 @@ class FailoverStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicationStats:
+    """Replicated pushes (PROTOCOL.md §12.4) this daemon made as a primary."""
+
+    #: pushed buffers (and bytes) forwarded to replicas, counted once per replica
+    forwarded_buffers: int = 0
+    forwarded_bytes: int = 0
+    #: pushes that opened fewer replicas than wanted and went on (`replica-shortfall = degrade`)
+    degraded: int = 0
+    #: pushes failed for want of a replica, at open or lost on the way (PEER_UNAVAILABLE)
+    failed: int = 0
+    #: open pushes whose client gets no new credit now because a replica lags (`replica-lag`)
+    held_back: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FilesystemStats:
     """The data directory's file system."""
 
@@ -187,6 +207,7 @@ class DaemonStats:
     #: None without a data directory (or when its file system cannot be read)
     filesystem: FilesystemStats | None
     failover: FailoverStats = field(default_factory=FailoverStats)
+    replication: ReplicationStats = field(default_factory=ReplicationStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""

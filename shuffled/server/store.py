@@ -34,7 +34,6 @@ from enum import Enum
 from typing import Any
 
 from ..buffers import Buffer
-from ..protocol.auth import token_digest
 from ..protocol.errors import (
     AuthFailed,
     InvalidRequest,
@@ -179,6 +178,10 @@ class MapOutput:
     state: MapState = MapState.OPEN
     #: fails the push session (e.g. when spilling its data hit a full disk)
     on_failure: Callable[[ShuffledError], None] | None = None
+    #: a replica push (§12.4): the node of the primary it copies; None for data a client pushed here
+    replica_of: str | None = None
+    #: copies of this map output wanted, this one included
+    replicas: int = 1
 
 
 @dataclass(slots=True)
@@ -205,6 +208,15 @@ class ShuffleData:
     bytes: int = 0
     disk_bytes: int = 0
     files: int = 0
+    #: replica attempt -> the primary's node (§12.4); these count everywhere like any other attempt
+    replica_of: dict[int, str] = field(default_factory=dict)
+    #: committed attempt -> copies its pusher wanted, this one included
+    replicas: dict[int, int] = field(default_factory=dict)
+    #: attempt pushed here by a client -> the daemons holding its replicas (those that acked the commit)
+    copies: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    #: committed bytes of replica attempts, and attempts pushed here with fewer copies than wanted
+    replica_bytes: int = 0
+    under_replicated: int = 0
     #: the shuffle's directory once it has a journal on disk
     directory: str | None = None
     removed: bool = False
@@ -236,30 +248,41 @@ class Store:
 
     # -- isolation
 
-    def authorize(self, app: str, token: str | None) -> None:
-        """Refuse a request about `app` whose token is not the one the application is bound to.
+    def authorize(self, app: str, digest: bytes) -> None:
+        """Refuse a request about `app` whose token digest (`token_digest`) is not the one the application
+        is bound to.
 
         Whoever asks, a client or a peer daemon: peers forward the client's token with every relayed
-        read and propagated removal, so the daemon that holds the data checks it. Trusting a peer
-        instead would let anyone who knows the cluster secret reach another application's data
-        through a daemon that relays for it, or by claiming to be a daemon itself.
+        read and propagated removal, and its digest with every replica push, so the daemon that holds
+        the data checks it. Trusting a peer instead would let anyone who knows the cluster secret reach
+        another application's data through a daemon that relays for it, or by claiming to be a daemon
+        itself. A digest is what a replica push can carry: the store keeps no token.
         """
         bound = self.app_keys.get(app)
         if bound is None:
             return
-        if not hmac.compare_digest(bound, token_digest(token)):
-            why = "carries no token" if token is None else "carries a different token"
+        if not hmac.compare_digest(bound, digest):
+            why = "carries no token" if not digest else "carries a different token"
             raise AuthFailed(
                 f"application {app} belongs to other credentials: this request {why} (a different app secret?)"
             )
 
-    def bind(self, app: str, token: str | None) -> None:
-        """The first map output of an application binds it to its writer's token (kept as a digest)."""
-        self.app_keys.setdefault(app, token_digest(token))
+    def bind(self, app: str, digest: bytes) -> None:
+        """The first map output of an application binds it to its writer's token digest."""
+        self.app_keys.setdefault(app, digest)
 
     # -- push side
 
-    def open_map_output(self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int) -> MapOutput:
+    def open_map_output(
+        self,
+        app: str,
+        shuffle: int,
+        map_index: int,
+        attempt: int,
+        partitions: int,
+        replica_of: str | None = None,
+        replicas: int = 1,
+    ) -> MapOutput:
         if not app:
             raise InvalidRequest("application id must not be empty")
         if not 0 < partitions <= MAX_PARTITIONS:
@@ -276,7 +299,7 @@ class Store:
             raise InvalidRequest(f"shuffle {app}/{shuffle} has {data.partitions} partitions, writer says {partitions}")
         if attempt in data.committed or attempt in data.open:
             raise MapOutputStateError(f"map attempt {attempt} of {app}/{shuffle} is already open or committed")
-        out = MapOutput(data, map_index, attempt)
+        out = MapOutput(data, map_index, attempt, replica_of=replica_of, replicas=replicas)
         data.open[attempt] = out
         data.usage.last_active = time.monotonic()
         return out
@@ -332,7 +355,8 @@ class Store:
         usage = self.usage.get(app)
         return bool(self.memory_quota) and usage is not None and usage.segments > self.memory_quota
 
-    def commit(self, out: MapOutput) -> list[int]:
+    def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> list[int]:
+        """Make the attempt readable; `copies` are the daemons that committed its replicas first."""
         if out.state is not MapState.OPEN:
             raise MapOutputStateError(f"commit of a map output that is {out.state.value}")
         data = out.shuffle
@@ -351,8 +375,31 @@ class Store:
         out.pending = []
         self.commits += 1
         self.committed_bytes += sum(out.lengths.values())
+        self._mark(data, out.attempt, out.replica_of, out.replicas, copies)
         data.last_commit = data.usage.last_active = time.monotonic()
         return [out.lengths.get(p, 0) for p in range(data.partitions)]
+
+    @staticmethod
+    def _mark(data: ShuffleData, attempt: int, replica_of: str | None, replicas: int, copies: tuple[str, ...]) -> None:
+        """Record what a committed attempt is a copy of, or where its copies are (commit and restart)."""
+        data.replicas[attempt] = replicas
+        if replica_of is not None:
+            data.replica_of[attempt] = replica_of
+            data.replica_bytes += sum(data.lengths[attempt].values())
+            return
+        if copies:
+            data.copies[attempt] = copies
+        if len(copies) < replicas - 1:
+            data.under_replicated += 1
+
+    def holds(self, app: str, shuffle: int, attempts: list[int]) -> tuple[list[int], list[int]]:
+        """Which of these attempts are committed here, and the bytes each holds (for a drain deciding what
+        still needs a copy elsewhere)."""
+        data = self.apps.get(app, {}).get(shuffle)
+        if data is None:
+            return [], []
+        held = [a for a in attempts if a in data.committed]
+        return held, [sum(data.lengths[a].values()) for a in held]
 
     def abort(self, out: MapOutput) -> None:
         if out.state is not MapState.OPEN:
@@ -539,6 +586,13 @@ class Store:
         for attempt, (map_index, lengths) in loaded.committed.items():
             data.committed[attempt] = map_index
             data.lengths[attempt] = lengths
+            self._mark(
+                data,
+                attempt,
+                loaded.replica_of.get(attempt),
+                loaded.replicas.get(attempt, 1),
+                loaded.copies.get(attempt, ()),
+            )
         for p, items in loaded.chunks.items():
             sub = data.subpartitions[p] = Subpartition(p, file=files[p])
             for attempt, offset, length, crc in items:
@@ -595,4 +649,7 @@ class Store:
             commits=self.commits,
             committed_bytes=self.committed_bytes,
             aborts=self.aborts,
+            replica_attempts=sum(len(d.replica_of) for d in shuffles),
+            replica_bytes=sum(d.replica_bytes for d in shuffles),
+            under_replicated=sum(d.under_replicated for d in shuffles),
         )

@@ -341,6 +341,9 @@ WIRE_STATS = {
             "commits",
             "committed_bytes",
             "aborts",
+            "replica_attempts",
+            "replica_bytes",
+            "under_replicated",
         ),
         "int",
     ),
@@ -381,6 +384,7 @@ WIRE_STATS = {
     "errors": {"PARTITION_NOT_FOUND": "int"},
     "filesystem": {"capacity_bytes": "int", "free_bytes": "int"},
     "failover": {"failovers": {}, "exhausted": "int", "resumed_reads": "int"},
+    "replication": dict.fromkeys(("forwarded_buffers", "forwarded_bytes", "degraded", "failed", "held_back"), "int"),
 }
 
 
