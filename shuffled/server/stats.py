@@ -7,7 +7,8 @@ durations are whole microseconds), the shape clients, the JVM and `shuffled stat
 
 This module imports nothing else of the package, so the ops layer can use it
 without depending on the server's modules. Every class is a frozen snapshot except
-`DiskStats`, which a `Disk` also keeps as its live counters (a snapshot holds a copy).
+`DiskStats` and `DrainStats`, which a `Disk` and the daemon also keep as their live counters (a
+snapshot holds a copy).
 """
 
 from __future__ import annotations
@@ -172,6 +173,24 @@ class FilesystemStats:
     free_bytes: int
 
 
+@dataclass(slots=True)
+class DrainStats:
+    """Where a drain is (`state`: serving, pushes, copying, closing, done) and what its hand-over did: the
+    daemon keeps its live one, a snapshot holds a copy (`copy()`)."""
+
+    state: str = "serving"
+    #: committed attempts that had fewer copies on other daemons than their replica count
+    to_copy: int = 0
+    #: copies other daemons acknowledged, and their bytes
+    copied: int = 0
+    copied_bytes: int = 0
+    #: copies that failed (the attempt is then recomputed by Spark if this daemon's data is needed)
+    failed: int = 0
+
+    def copy(self) -> DrainStats:
+        return dataclasses.replace(self)
+
+
 @dataclass(frozen=True, slots=True)
 class DaemonStats:
     """One snapshot of everything the daemon counts."""
@@ -193,6 +212,7 @@ class DaemonStats:
     #: None without a data directory (or when its file system cannot be read)
     filesystem: FilesystemStats | None
     replication: ReplicationStats = field(default_factory=ReplicationStats)
+    drain: DrainStats = field(default_factory=DrainStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""
