@@ -118,6 +118,13 @@ async def test_replicas_2_only_what_lacks_copies_elsewhere_is_copied_on_sigterm(
             assert got == expected([3], SIZES)
             for c in clients.values():
                 await c.close()
+            # Restarted on its data dir, d0 serves all of it again and still knows attempt 3 is p's.
+            d0 = cluster.daemons[0] = start_daemon(d0.host, d0.port, extra=["--peers", ",".join(addrs)])
+            c0 = await AsyncClient.connect(d0.addr)
+            got = await read_by_attempt(c0, 1, 0, len(SIZES), {"": [1, 2, 3]}, app=APP)
+            assert got == expected([1, 2, 3], SIZES)
+            assert (await c0.stats())["store"]["replica_attempts"] == 1
+            await c0.close()
 
     await asyncio.wait_for(body(), 60)
 
