@@ -121,6 +121,9 @@ class Daemon:
         #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
         #: prove a daemon, the cluster secret will do); None: authentication is off
         self.peer_secret = _secret("peer-secret-file", config.peer_secret_file, PEER_SECRET_ENV)
+        #: what the admin `drain` must be proved with: the peer secret as configured, never the cluster
+        #: secret standing in for it (every application has that one)
+        self.drain_secret = self.peer_secret
         if self.peer_secret is None and config.peer_tls_port:
             self.peer_secret = self.secret
         if self.secret is not None and self.peer_secret is None:
@@ -515,14 +518,19 @@ class Daemon:
     def _drain_requested(self, args: dict[str, Any]) -> dict[str, Any]:
         """The admin `drain`: answered at once, the drain goes on after (stats `drain` shows it).
 
-        With a peer secret, only its holders may stop a daemon: applications have the cluster
-        secret, not that one.
+        With authentication on, only peer-secret holders may stop a daemon: applications have the
+        cluster secret, not that one.
         """
-        if self.peer_secret is not None:
+        if self.drain_secret is not None:
             proof = args.get("proof")
-            expected = drain_proof(self.peer_secret, self.node, int(self.start_time))
+            expected = drain_proof(self.drain_secret, self.node, int(self.start_time))
             if not isinstance(proof, str) or not proof_matches(expected, proof):
                 raise AuthFailed("drain needs a proof made with the peer secret (shuffled drain --peer-secret-file)")
+        elif self.secret is not None:
+            raise AuthFailed(
+                "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
+                "stands in for it): set peer-secret-file, or stop it with SIGTERM"
+            )
         handoff = args.get("handoff", True)
         timeout = args.get("timeout", self.config.drain_timeout)
         if not isinstance(handoff, bool):
