@@ -26,7 +26,15 @@ from typing import Any
 
 from ..buffers import Buffer
 from ..logs import event
-from ..protocol.errors import CorruptData, PartitionNotFound, PeerUnavailable, ShuffledError
+from ..protocol.errors import (
+    ConnectionLost,
+    CorruptData,
+    PartitionNotFound,
+    PeerUnavailable,
+    ShuffledError,
+    ShuttingDown,
+    TimedOut,
+)
 from ..protocol.frames import REPLICA, OpenMapOutput
 from .chunks import Chunk
 from .connection import DaemonConnection
@@ -42,6 +50,8 @@ log = logging.getLogger(__name__)
 PARALLEL = 4
 #: most spilled chunks read back with one preadv (back to back in one file)
 LOAD_BATCH = 8
+#: failures that make a daemon no target for the rest of the drain
+GONE = (PeerUnavailable, ConnectionLost, ShuttingDown, TimedOut, TimeoutError, ConnectionError)
 
 
 @dataclass(slots=True, eq=False)
@@ -70,6 +80,9 @@ class Drainer:
         self.progress = progress
         #: bounds the `holds` calls in flight; copies are bounded by their workers
         self.limit = asyncio.Semaphore(PARALLEL)
+        #: daemons that did not answer `holds`, could not be reached or are shutting down themselves: no
+        #: copy is tried there (each try could cost a connect timeout, and the drain has a deadline)
+        self.unavailable: set[str] = set()
 
     async def run(self, deadline: float) -> bool:
         """Hand over what lacks copies; True if that ended before `deadline` (failed copies are counted)."""
@@ -81,6 +94,10 @@ class Drainer:
                 event(log, "handing over", attempts=len(todo), copies=progress.to_copy)
                 queue = deque(todo)
                 await asyncio.gather(*(self._work(queue) for _ in range(PARALLEL)))
+            if progress.failed:
+                event(
+                    log, "hand-over incomplete", logging.WARNING, copies_failed=progress.failed, copied=progress.copied
+                )
         except TimeoutError:
             event(
                 log,
@@ -129,7 +146,9 @@ class Drainer:
                 conn = await self.host.peers.get(addr)
                 answer = await conn.admin.request("holds", args, self.host.config.admin_timeout)
         except (ShuffledError, TimeoutError, ConnectionError) as exc:
-            event(log, "holds not answered", peer=addr, app=data.app, shuffle=data.shuffle, reason=str(exc))
+            if addr not in self.unavailable:
+                self.unavailable.add(addr)
+                event(log, "holds not answered", logging.WARNING, peer=addr, reason=str(exc) or "timed out")
             return
         held = answer.get("attempts")
         if isinstance(held, list):
@@ -144,14 +163,17 @@ class Drainer:
 
     async def hand_over(self, h: HandOver) -> None:
         """Copy the attempt to candidates that lack it, in placement order, until it has its copies."""
+        progress = self.progress
         for target in h.candidates:
             if not h.missing or h.data.removed:
-                return
-            if target in h.holders:
+                break
+            if target in h.holders or target in self.unavailable:
                 continue
             try:
                 copied = await self.copy(h, target)
             except (ShuffledError, TimeoutError, ConnectionError) as exc:
+                if isinstance(exc, GONE):
+                    self.unavailable.add(target)
                 event(
                     log,
                     "hand-over copy failed",
@@ -160,32 +182,28 @@ class Drainer:
                     app=h.data.app,
                     shuffle=h.data.shuffle,
                     attempt=h.attempt,
-                    reason=str(exc),
+                    reason=str(exc) or "timed out",
                 )
                 continue
             h.holders.add(target)
-            self.progress.copied += 1
-            self.progress.copied_bytes += copied
-        if h.missing and not h.data.removed:
-            self.progress.failed += h.missing
-            event(
-                log,
-                "attempt not handed over",
-                logging.WARNING,
-                app=h.data.app,
-                shuffle=h.data.shuffle,
-                attempt=h.attempt,
-                copies=len(h.holders),
-                wanted=h.replicas,
-            )
+            progress.copied += 1
+            progress.copied_bytes += copied
+        if h.data.removed:  # unregistered meanwhile: nothing left to copy
+            progress.to_copy -= h.missing
+        else:
+            progress.failed += h.missing
 
     async def copy(self, h: HandOver, target: str) -> int:
         """One replica push of the attempt to `target`, fed from the store; the bytes copied once `target`
         acknowledged exactly the stored lengths."""
         host, data = self.host, h.data
+        stored = [data.lengths[h.attempt].get(p, 0) for p in range(data.partitions)]
+        map_index = data.committed[h.attempt]
         conn = await host.peers.get(target)
         if REPLICA not in conn.proto.features:
             raise PeerUnavailable(f"{target} does not take replica pushes")
+        if data.removed:
+            raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
         items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt])
         pending: deque[Chunk | DiskChunk] = deque(items)
         link = ReplicaLink(host.config)
@@ -193,7 +211,7 @@ class Drainer:
             0,
             data.app,
             data.shuffle,
-            data.committed[h.attempt],
+            map_index,
             h.attempt,
             data.partitions,
             replicas=h.replicas,
@@ -209,7 +227,6 @@ class Drainer:
             for item in pending:
                 if isinstance(item, Chunk):
                     item.buffer.release()
-        stored = [data.lengths[h.attempt].get(p, 0) for p in range(data.partitions)]
         if lengths != stored:
             raise CorruptData(
                 f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} are stored"

@@ -179,12 +179,12 @@ class DrainStats:
     daemon keeps its live one, a snapshot holds a copy (`copy()`)."""
 
     state: str = "serving"
-    #: committed attempts that had fewer copies on other daemons than their replica count
+    #: copies missing on other daemons (an attempt's replica count less the daemons holding it)
     to_copy: int = 0
-    #: copies other daemons acknowledged, and their bytes
+    #: copies other daemons acknowledged with the stored lengths, and their bytes
     copied: int = 0
     copied_bytes: int = 0
-    #: copies that failed (the attempt is then recomputed by Spark if this daemon's data is needed)
+    #: copies that could not be made (no candidate left that takes them)
     failed: int = 0
 
     def copy(self) -> DrainStats:

@@ -14,6 +14,7 @@ import pytest
 
 from shuffled.protocol.auth import drain_proof
 from shuffled.protocol.errors import AuthFailed, InvalidRequest, ShuttingDown
+from shuffled.server.drain import PARALLEL
 from shuffled.server.placement import candidates
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
@@ -125,6 +126,43 @@ async def test_replicas_2_only_what_lacks_copies_elsewhere_is_copied_on_sigterm(
             assert got == expected([1, 2, 3], SIZES)
             assert (await c0.stats())["store"]["replica_attempts"] == 1
             await c0.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_refused_copy_goes_to_the_next_candidate_or_is_counted_and_the_drain_goes_on() -> None:
+    """The first candidate is draining itself (it refuses every copy, and is not tried again); the second
+    has attempt 1 open from a client (it refuses that copy): the other attempts are copied there,
+    attempt 1 is counted failed, and the daemon still drains and exits."""
+
+    async def body() -> None:
+        with Cluster(3, extra=["--replicas", "1"]) as cluster:
+            d0 = cluster.daemons[0]
+            addrs = [d.addr for d in cluster.daemons]
+            x, y = candidates(addrs, {}, d0.addr, APP, 1)
+            by_addr = {d.addr: d for d in cluster.daemons}
+            c0, cx, cy = [await AsyncClient.connect(a) for a in (d0.addr, x, y)]
+            for attempt in range(1, 9):
+                await push(c0, 1, attempt, SIZES, app=APP)
+            held = await cx.open_writer("other-app", 5, 0, 1, 1)  # keeps x draining, refusing pushes
+            await held.write(0, b"x" * 100)
+            by_addr[x].proc.send_signal(signal.SIGTERM)
+            await wait_until(cx.stats, lambda s: s["drain"]["state"] == "pushes", what="x draining")
+            open_on_y = await cy.open_writer(APP, 1, 1, 1, len(SIZES))  # attempt 1, never committed
+            await c0._admin_call("drain", {})
+            assert await exited(d0) == 0
+            drained = logged(d0, "drained")
+            assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("8", "7", "1")
+            failures = [line for line in d0.log if 'msg="hand-over copy failed"' in line]
+            assert any(f"peer={x}" in f and "shutting down" in f for f in failures)
+            assert len([f for f in failures if f"peer={x}" in f]) <= PARALLEL < 8  # only those already on their way
+            assert [f for f in failures if f"peer={y}" in f and "attempt=1" in f]
+            copied = list(range(2, 9))
+            assert await read_by_attempt(cy, 1, 0, len(SIZES), {"": copied}, app=APP) == expected(copied, SIZES)
+            await open_on_y.abort()
+            await held.abort()
+            for c in (c0, cx, cy):
+                await c.close()
 
     await asyncio.wait_for(body(), 60)
 
