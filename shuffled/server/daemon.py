@@ -531,15 +531,15 @@ class Daemon:
                 "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
                 "stands in for it): set peer-secret-file, or stop it with SIGTERM"
             )
-        handoff = args.get("handoff", True)
-        timeout = args.get("timeout", self.config.drain_timeout)
+        handoff, timeout = args.get("handoff", True), args.get("timeout")
         if not isinstance(handoff, bool):
             raise InvalidRequest("drain 'handoff' must be a boolean")
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0:
-            raise InvalidRequest("drain 'timeout' must be a number of seconds >= 0")
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0):
+            raise InvalidRequest("drain 'timeout' must be whole seconds >= 0")
+        seconds = self.config.drain_timeout if timeout is None else timeout
         if self.drain_task is None:
-            event(log, "drain requested", timeout_s=timeout, handoff=handoff)
-        self.start_drain(timeout, handoff)
+            event(log, "drain requested", timeout_s=seconds, handoff=handoff)
+        self.start_drain(seconds, handoff)
         return {"state": self.drain_stats.state}
 
     async def _drop(self, freed: int, dropped: list[ShuffleData]) -> int:

@@ -216,6 +216,9 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
             s = await c.stats()
             assert s["drain"]["state"] == "serving" and s["ready"]
             right: dict[str, Any] = {"proof": drain_proof(b"peer-drain-secret", s["node"], s["start_time"])}
+            for bad in ({"timeout": -1}, {"timeout": 1.5}, {"handoff": "yes"}):
+                with pytest.raises(InvalidRequest):
+                    await c._admin_call("drain", {**right, **bad})
             assert await c._admin_call("drain", right) == {"state": "pushes"}
             assert await exited(d) == 0
             await c.close()
