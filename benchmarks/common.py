@@ -455,14 +455,20 @@ class Context:
 
     @contextlib.asynccontextmanager
     async def daemons(
-        self, *pools: int, unix: bool = False, extra: Sequence[str] = ()
+        self, *pools: int, unix: bool = False, extra: Sequence[str] = (), peers: bool = False
     ) -> AsyncIterator[list[DaemonProcess]]:
-        """Start one daemon per pool size on 127.0.0.2, 127.0.0.3, ... (each with `extra` flags); stop them all."""
+        """Start one daemon per pool size on 127.0.0.2, 127.0.0.3, ... (each with `extra` flags); stop them all.
+
+        With `peers` each gets the others' addresses (`--peers`), which replicas are placed on: their ports
+        are then chosen here rather than by the daemons."""
         started: list[DaemonProcess] = []
         scratch = contextlib.ExitStack()  # data dirs: the default (data-dir auto) outlives the run
+        hosts = [f"127.0.0.{FIRST_HOST + i}" for i in range(len(pools))]
+        ports = [free_port(host) if peers else 0 for host in hosts]
+        if peers:
+            extra = ["--peers", ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)), *extra]
         try:
-            for i, pool in enumerate(pools):
-                host = f"127.0.0.{FIRST_HOST + i}"
+            for host, port, pool in zip(hosts, ports, pools, strict=True):
                 flags = ["--log-level", "info"]
                 if unix:
                     self._unix_count += 1
@@ -475,7 +481,7 @@ class Context:
                     python += ["-m", "cProfile", "-o", str(self.out_dir / f"{self.scenario}-{host}.prof")]
                 size = f"{round_up_mib(pool) // MiB}M"
                 d = DaemonProcess(
-                    host, 0, size, [*flags, *extra], interpreter=python, env=_child_env(), preexec=_PREEXEC
+                    host, port, size, [*flags, *extra], interpreter=python, env=_child_env(), preexec=_PREEXEC
                 )
                 _LIVE.add(d)
                 started.append(d)

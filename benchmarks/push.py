@@ -7,6 +7,11 @@ daemon is reported on its own: it is the one that faults the pool's pages in
 same bytes over TCP and then over the Unix socket (alternating keeps drift out of
 their comparison), unregistering in between so the pool never fills. Ratios are
 to the bare-socket baseline.
+
+Then replication (PROTOCOL.md §12.4): two pairs of peered daemons, one keeping one
+copy (`--replicas 1`) and one forwarding every push to its peer (`--replicas 2`),
+pushed into alternately; the replicated rate is reported against the other (the
+issue's goal is at least 0.6 of it), with each daemon's CPU seconds per GiB.
 """
 
 from __future__ import annotations
@@ -74,3 +79,49 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         f"Unix/TCP = {median(rates['Unix socket']) / median(rates['TCP']):.2f}"
     )
     result.notes.extend(cpu.notes())
+    await _replicated(ctx, result, nbytes)
+
+
+#: the issue's goal for a push with two copies against one
+REPLICATED_GOAL = Goal("ratio", ">=", 0.6)
+
+
+async def _replicated(ctx: Context, result: ScenarioResult, nbytes: int) -> None:
+    pool = 2 * store_pool(nbytes)  # the peer holds the other pair member's copies too
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    meters: dict[int, CpuMeter] = {}
+    async with (
+        ctx.daemons(pool, pool, peers=True, extra=["--replicas", "1"]) as single,
+        ctx.daemons(pool, pool, peers=True, extra=["--replicas", "2"]) as double,
+    ):
+        pairs = {1: single, 2: double}
+        for copies, (a, b) in pairs.items():
+            meters[copies] = CpuMeter({"primary": a.pid, "replica": b.pid, "client": None})
+        async with ctx.client(single[0].addr) as one, ctx.client(double[0].addr) as two:
+            clients = {1: one, 2: two}
+            for client in clients.values():  # dial the peers and fault the pools in, untimed
+                await push(client, APP, 0, 0, [nbytes])
+                await client.unregister_shuffle(APP, 0)
+            shuffle = 0
+            for _ in bounded(ctx.repeats, ctx.pick(120.0, 15.0)):
+                for copies, client in clients.items():
+                    shuffle += 1
+                    t0 = time.perf_counter()
+                    with meters[copies].measure(f"push with {copies} cop{'y' if copies == 1 else 'ies'}", nbytes):
+                        await push(client, APP, shuffle, shuffle, [nbytes])
+                    rates[copies].append(mib_per_s(nbytes, time.perf_counter() - t0))
+                    await client.unregister_shuffle(APP, shuffle)
+                ctx.progress(f"1 copy {rates[1][-1]:,.0f} MiB/s, 2 copies {rates[2][-1]:,.0f} MiB/s")
+    one_copy = median(rates[1])
+    result.add("push with 1 copy (peered daemons)", one_copy, "MiB/s", samples=rates[1])
+    result.add(
+        "push with 2 copies",
+        median(rates[2]),
+        "MiB/s",
+        baseline_name="1 copy",
+        baseline=one_copy,
+        goal=REPLICATED_GOAL,
+        samples=rates[2],
+    )
+    for meter in meters.values():
+        result.notes.extend(meter.notes())

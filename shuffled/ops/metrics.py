@@ -160,6 +160,40 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _counter("shuffled_committed_bytes", "Bytes of committed map outputs", store.committed_bytes)
     yield _counter("shuffled_map_outputs_aborted", "Map outputs aborted or lost with their client", store.aborts)
 
+    yield _gauge(
+        "shuffled_replica_attempts", "Committed map outputs held as replicas of other daemons'", store.replica_attempts
+    )
+    yield _gauge(
+        "shuffled_replica_stored_bytes", "Committed bytes held as replicas (memory and disk)", store.replica_bytes
+    )
+    yield _gauge(
+        "shuffled_under_replicated_attempts",
+        "Map outputs pushed here that were committed with fewer replicas than wanted",
+        store.under_replicated,
+    )
+    rep = s.replication
+    yield _counter(
+        "shuffled_replicated_bytes", "Pushed bytes forwarded to replicas (once per replica)", rep.forwarded_bytes
+    )
+    yield _counter(
+        "shuffled_replicated_buffers", "Pushed buffers forwarded to replicas (once per replica)", rep.forwarded_buffers
+    )
+    yield _counter(
+        "shuffled_replication_degraded",
+        "Pushes that opened fewer replicas than wanted and went on (replica-shortfall = degrade)",
+        rep.degraded,
+    )
+    yield _counter(
+        "shuffled_replication_failed",
+        "Pushes failed with PEER_UNAVAILABLE for want of a replica, at open or lost on the way",
+        rep.failed,
+    )
+    yield _gauge(
+        "shuffled_replication_held_back_pushes",
+        "Open pushes whose client gets no new credit now because a replica lags (replica-lag)",
+        rep.held_back,
+    )
+
     conns = s.connections
     yield _labelled(
         GaugeMetricFamily("shuffled_connections", "Open connections by role", labels=["role"]),

@@ -463,6 +463,7 @@ class Daemon:
                 forwarded_bytes=counters.replica_forwarded_bytes,
                 degraded=counters.replication_degraded,
                 failed=counters.replication_failed,
+                held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
             ),
             drain=self.drain_stats.copy(),
         )

@@ -95,6 +95,8 @@ class PushSession:
         self.task: asyncio.Task[None] | None = None
         #: the replica pushes of a replicated client push
         self.links = links
+        #: new credit waits until no replica lags
+        self.held_back = False
         if links is not None:
             links.on_failure = self._replica_failed
             links.on_progress = self._top_up
@@ -170,8 +172,10 @@ class PushSession:
         while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
             self._charge()
         new = pool.available - pool.promised
-        if new > 0 and self.links is not None and self.links.lagging():
-            return  # the links call again once no replica lags
+        if new > 0 and self.links is not None:
+            self.held_back = self.links.lagging()
+            if self.held_back:
+                return  # the links call again once no replica lags
         if new > 0:
             pool.promised += new
             self.counters.push_credit_granted += new

@@ -163,6 +163,8 @@ class ReplicationStats:
     degraded: int = 0
     #: pushes failed for want of a replica, at open or lost on the way (PEER_UNAVAILABLE)
     failed: int = 0
+    #: open pushes whose client gets no new credit now because a replica lags (`replica-lag`)
+    held_back: int = 0
 
 
 @dataclass(frozen=True, slots=True)

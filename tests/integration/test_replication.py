@@ -4,14 +4,20 @@ its replicas, which commit before it does; a slow replica slows the pusher, a lo
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from shuffled.launch import free_port
+from shuffled.protocol.errors import AuthFailed, InvalidRequest, PeerUnavailable
 from shuffled.protocol.frames import OpenMapOutput
+from shuffled.server.placement import candidates
 from shuffled_client import AsyncClient
 from shuffled_client.aio import MapWriter
-from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
+from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, start_daemon, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -69,3 +75,172 @@ async def test_a_push_is_committed_on_both_daemons_with_identical_bytes(pair: Cl
             await c.close()
 
     await asyncio.wait_for(body(), 60)
+
+
+async def test_the_replica_refuses_a_push_whose_app_key_is_not_the_applications(pair: Cluster) -> None:
+    """A primary bound to another token forwards that token's digest: the replica, still bound to the first
+    application's, refuses it, and the client's push fails with AUTH_FAILED. Removing the application
+    frees its replica data too."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a1 = await AsyncClient.connect(da.addr, app_secret="one")
+        b1 = await AsyncClient.connect(db.addr, app_secret="one")
+        b2 = await AsyncClient.connect(db.addr, app_secret="two")
+        await push(a1, 2, 1, [MiB], app="keyed")  # bound to "one" on both daemons
+        await b1.remove_application("keyed", propagate=False)  # only B forgets it
+        with pytest.raises(AuthFailed):
+            await push(b2, 2, 2, [MiB], app="keyed")  # B binds "two"; A still holds "keyed" for "one"
+        assert (await b2.stats())["store"]["commits"] == (await b1.stats())["store"]["commits"]
+        await b2.remove_application("keyed", propagate=False)
+        await push(b1, 3, 3, [2 * MiB], app="keyed")  # "one" again: replicated to A
+        assert (await a1.stats())["store"]["replica_attempts"] == 1
+        await a1.remove_application("keyed")  # propagated: B's data and A's replica go
+        for c in (a1, b1):
+            s = await pool_settled(c)
+            assert s["store"]["stored_segments"] == 0 and s["store"]["replica_attempts"] == 0, s["store"]
+        for c in (a1, b1, b2):
+            await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_client_may_not_send_replica_keys(pair: Cluster) -> None:
+    async def body() -> None:
+        a = await AsyncClient.connect(pair.daemons[0].addr)
+        with pytest.raises(InvalidRequest, match="daemons only"):
+            await open_raw(a, replica_of=pair.daemons[1].addr)
+        with pytest.raises(InvalidRequest, match="daemons only"):
+            await open_raw(a, app_key="")
+        assert (await pool_settled(a))["store"]["open_map_outputs"] == 0  # the connection lives on
+        await a.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_stopped_replica_holds_the_pusher_back_and_it_completes_when_resumed(pair: Cluster) -> None:
+    """With the replica SIGSTOPped the primary stops granting credit once `replica-lag` buffers wait: the
+    writer waits (its bytes are not taken), memory does not grow; after SIGCONT the push commits on both."""
+
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        total = 48 * MiB
+        data = payload(4, 0, total)
+        w = await a.open_writer(APP, 4, 0, 4, 1)
+        await w.write(0, data[:MiB])
+
+        async def rest() -> list[int]:
+            for i in range(MiB, total, MiB):
+                await w.write(0, data[i : i + MiB])
+            return await w.commit()
+
+        os.kill(db.pid, signal.SIGSTOP)
+        try:
+            writing = asyncio.create_task(rest())
+            s = await wait_until(
+                a.stats,
+                lambda s: s["replication"]["held_back"] == 1 and s["credit"]["push_outstanding"] == 0,
+                what="the pusher is held back by the stopped replica",
+            )
+            assert not writing.done()
+            # Taken before the replica stopped, or queued to it while it was stopping (credit it had granted,
+            # the sockets' buffers, `replica-lag`): far from all of it.
+            assert s["traffic"]["pushed_bytes"] < total // 2, s["traffic"]
+            assert s["pool"]["used"] <= s["store"]["stored_segments"] + 64, s["pool"]
+        finally:
+            os.kill(db.pid, signal.SIGCONT)
+        assert await writing == [total]
+        assert await read_local(b, 4, 1, [4]) == [data]
+        await a.unregister_shuffle(APP, 4)
+        for c in (a, b):
+            assert (await pool_settled(c))["store"]["stored_segments"] == 0
+            await c.close()
+
+    await asyncio.wait_for(body(), 90)
+
+
+@pytest.fixture
+def trio() -> Iterator[Cluster]:
+    with Cluster(3, pool_size="64M", extra=REPLICATED) as cluster:
+        yield cluster
+
+
+async def test_replica_down_restarted_or_killed(trio: Cluster) -> None:
+    """The first candidate down at open → the next one takes the copy; a restarted replica keeps its
+    marking; a replica killed mid-push fails the attempt with PEER_UNAVAILABLE and nothing is committed on
+    the primary; with no replica left the push degrades (counted); a primary killed mid-push leaves
+    nothing on its replica."""
+
+    async def body() -> None:
+        d0 = trio.daemons[0]
+        shuffle = 5
+        order = candidates([d.addr for d in trio.daemons], {}, d0.addr, APP, shuffle)
+        first, second = (next(d for d in trio.daemons if d.addr == node) for node in order)
+        first.stop()
+        a = await AsyncClient.connect(d0.addr)
+        await push(a, shuffle, 1, [2 * MiB, MiB])
+        held = sum((2 * MiB, MiB))
+
+        # The copy went to the second candidate; restarted, it still knows it holds a replica.
+        second.stop()
+        restarted = start_daemon(second.host, second.port, "64M", ["--peers", peers(trio), *REPLICATED])
+        trio.daemons[trio.daemons.index(second)] = restarted
+        r = await AsyncClient.connect(restarted.addr)
+        assert (await r.stats())["store"]["replica_bytes"] == held
+        assert await read_local(r, shuffle, 2, [1]) == [payload(1, 0, 2 * MiB), payload(1, 1, MiB)]
+
+        # Killed mid-push: the attempt fails, nothing of it stays on the primary.
+        w = await a.open_writer(APP, shuffle, 0, 2, 2)
+        await w.write(0, payload(2, 0, 4 * MiB))
+        await wait_until(r.stats, lambda s: s["traffic"]["pushed_bytes"] > 0, what="the replica receives")
+        restarted.proc.kill()
+        with pytest.raises(PeerUnavailable):
+            for _ in range(64):
+                await w.write(0, payload(2, 0, MiB))
+            await w.commit()
+        s = await pool_settled(a)
+        assert s["store"]["commits"] == 1 and s["store"]["open_map_outputs"] == 0, s["store"]
+        assert s["replication"]["failed"] == 1, s["replication"]
+
+        # No candidate left: the push goes on with this copy only, counted.
+        await push(a, shuffle, 3, [MiB, 0])
+        s = await a.stats()
+        assert s["replication"]["degraded"] == 1 and s["store"]["under_replicated"] == 1, s
+
+        # The primary killed mid-push: its replica aborts the copy and frees its memory.
+        back = start_daemon(first.host, first.port, "64M", ["--peers", peers(trio), *REPLICATED])
+        trio.daemons[trio.daemons.index(first)] = back
+        f = await AsyncClient.connect(back.addr)
+        w = await a.open_writer(APP, shuffle, 0, 4, 2)
+        await w.write(0, payload(4, 0, 4 * MiB))
+        await wait_until(f.stats, lambda s: s["traffic"]["pushed_bytes"] > 0, what="the replica receives")
+        d0.proc.kill()
+        s = await pool_settled(f)
+        assert s["store"]["commits"] == 0 and s["store"]["stored_segments"] == 0, s["store"]
+        for c in (a, r, f):
+            await c.close()
+
+    await asyncio.wait_for(body(), 90)
+
+
+def peers(cluster: Cluster) -> str:
+    return ",".join(d.addr for d in cluster.daemons)
+
+
+async def test_without_a_replica_the_push_fails_with_replica_shortfall_fail() -> None:
+    async def body() -> None:
+        port = free_port(["127.0.0.1", "127.0.0.9"])
+        flags = ["--peers", f"127.0.0.1:{port},127.0.0.9:{port}", *REPLICATED, "--replica-shortfall", "fail"]
+        d = start_daemon("127.0.0.1", port, "32M", flags)  # nothing listens on 127.0.0.9
+        try:
+            a = await AsyncClient.connect(d.addr)
+            with pytest.raises(PeerUnavailable, match="replica-shortfall"):
+                await push(a, 6, 1, [MiB])
+            s = await pool_settled(a)
+            assert s["store"]["commits"] == 0 and s["replication"]["failed"] == 1, s
+            await a.close()
+        finally:
+            d.stop()
+
+    await asyncio.wait_for(body(), 30)
