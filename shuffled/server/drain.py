@@ -6,11 +6,15 @@ placement puts them (the primary, and the first `replica-search` candidates of t
 placement) with the admin `holds`, one call per daemon and shuffle. An attempt with fewer copies
 elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
 fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
-copy of a replica names the same primary, so it is found the same way.
+copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
+the full replica count, so an attempt keeps its redundancy once this daemon is gone (a host that does
+not come back loses nothing); the price is that a rolling restart copies every replicated attempt
+once more.
 
 A copy that fails is logged and counted and the drain goes on: that attempt is then recomputed by
-Spark if its data is needed, as without a hand-over. At most `PARALLEL` copies run at once; each holds
-at most its push window of loaded segments (the memory chunks it sends are the store's own).
+Spark if its data is needed, as without a hand-over. At most `PARALLEL` copies run at once; each has
+at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
+memory chunks it sends are the store's own).
 """
 
 from __future__ import annotations
@@ -75,6 +79,9 @@ class HandOver:
 
 
 class Drainer:
+    """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
+    daemon's `DrainStats`."""
+
     def __init__(self, host: Host[DaemonConnection], progress: DrainStats) -> None:
         self.host = host
         self.progress = progress
