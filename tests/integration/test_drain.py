@@ -136,7 +136,7 @@ async def test_a_refused_copy_goes_to_the_next_candidate_or_is_counted_and_the_d
     attempt 1 is counted failed, and the daemon still drains and exits."""
 
     async def body() -> None:
-        with Cluster(3, extra=["--replicas", "1"]) as cluster:
+        with Cluster(3, extra=["--replicas", "1", "--drain-timeout", "60"]) as cluster:  # x drains all along
             d0 = cluster.daemons[0]
             addrs = [d.addr for d in cluster.daemons]
             x, y = candidates(addrs, {}, d0.addr, APP, 1)
