@@ -15,17 +15,23 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shuffled.launch import STOP_TIMEOUT
 from tests.cluster import DaemonProcess, poll_until
 from tests.hosts import Hosts
-from tests.spark_support import daemon_stats
+from tests.spark_support import daemon_stats, stage_data
 
 PEER_TIMEOUT_S = 3
+#: how long a daemon stopped with SIGTERM may take to hand its data over and let its reads finish
+DRAIN_TIMEOUT_S = 60
+#: two copies of every map output, handed over on SIGTERM: what a cluster that rolls its daemons runs with
+REPLICATED = ["--replicas", "2", "--drain-handoff", "on", "--drain-timeout", str(DRAIN_TIMEOUT_S)]
 #: the disk of the `disk_full` fault, and the memory one application may hold there before it spills
 TINY_DISK, SPILL_QUOTA = "16m", "1M"
 #: what a failed job's message may name when a disk was full
@@ -64,15 +70,35 @@ class HostDaemons:
     def __init__(self, hosts: Hosts, pool: str = "32M") -> None:
         self.hosts = hosts
         self.pool = pool
+        #: flags every daemon starts with (`reconfigure` changes them)
+        self.flags: list[str] = []
         self.daemons = [self._start(i) for i in range(len(hosts.hosts))]
 
     def _start(self, i: int, extra: list[str] | None = None) -> DaemonProcess:
-        flags = ["--peer-timeout", str(PEER_TIMEOUT_S), *(extra or [])]
+        flags = ["--peer-timeout", str(PEER_TIMEOUT_S), *self.flags, *(extra or [])]
         return self.hosts.start_daemon(self.hosts.hosts[i], self.pool, flags)
 
-    def restart(self, i: int) -> None:
-        self.daemons[i].stop()
+    def restart(self, i: int, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM (a drain, with hand-over if the daemon's flags say so), then a new process on the data dir."""
+        self.daemons[i].stop(timeout)
         self.daemons[i] = self._start(i)
+
+    def reconfigure(self, flags: list[str]) -> None:
+        """Every daemon restarted with `flags`."""
+        self.flags = flags
+        for i in range(len(self.daemons)):
+            self.restart(i)
+
+    def rolling_restart(self, done: Callable[[], bool]) -> int:
+        """Each daemon in turn drained, stopped and started again, as a rolling upgrade does; stops early once
+        `done()` (the job ended). Returns how many were restarted while the job still ran."""
+        restarted = 0
+        for i in range(len(self.daemons)):
+            if done():
+                break
+            self.restart(i, DRAIN_TIMEOUT_S + STOP_TIMEOUT)
+            restarted += 1
+        return restarted
 
     def commits(self) -> int:
         return sum(daemon_stats(d)["store"]["commits"] for d in self.daemons)
@@ -173,6 +199,39 @@ def keyed_sums(spark: Any, rows: int, keys: int = 997) -> tuple[Any, list[tuple[
     for i in range(rows):
         sums[i % keys] = sums.get(i % keys, 0) + i
     return data.groupByKey(12).mapValues(sum), sorted(sums.items())
+
+
+def paced_chain(spark: Any, rows: int, seconds: float, keys: int = 997) -> tuple[Any, list[tuple[int, int]]]:
+    """A three-stage job (two shuffles) whose tasks each take at least `seconds`, so that daemons can be
+    restarted one by one while it runs; and its exact result."""
+
+    def pace(items: Any) -> Any:
+        time.sleep(seconds)  # workload pacing inside a Spark task, not a test synchronisation
+        return items
+
+    data = spark.sparkContext.parallelize(range(rows), 12).mapPartitions(pace).map(lambda i: (i % keys, i))
+    sums = data.reduceByKey(lambda a, b: a + b, 6).mapPartitions(pace)
+    job = sums.map(lambda kv: (kv[1] % 101, kv[0])).reduceByKey(lambda a, b: a + b, 3).mapPartitions(pace)
+    totals: dict[int, int] = {}
+    for i in range(rows):
+        totals[i % keys] = totals.get(i % keys, 0) + i
+    expected: dict[int, int] = {}
+    for key, total in totals.items():
+        expected[total % 101] = expected.get(total % 101, 0) + key
+    return job, sorted(expected.items())
+
+
+def resubmitted(spark: Any, before: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Stage attempts since `before` that were resubmissions (attempt > 0): what a fetch failure causes."""
+    return [
+        (s.stageId(), s.attemptId())
+        for s in stage_data(spark)
+        if (s.stageId(), s.attemptId()) not in before and s.attemptId() > 0
+    ]
+
+
+def stage_attempts(spark: Any) -> set[tuple[int, int]]:
+    return {(s.stageId(), s.attemptId()) for s in stage_data(spark)}
 
 
 def run_with_fault(job: Any, daemons: HostDaemons, fault: Fault) -> Outcome:

@@ -39,11 +39,12 @@ U32_MAX = (1 << 32) - 1
 def to_json(frame: F.Frame) -> dict[str, Any]:
     """A frame as the JSON object tests rebuild it from: type name, then the dataclass fields in order."""
     out: dict[str, Any] = {"type": frame.TYPE.name}
+    optional = {k.name for k in getattr(frame.BODY, "keys", ()) if k.optional}
     for f in dataclasses.fields(frame):
         value = getattr(frame, f.name)
         if f.name == "length" and isinstance(frame, F.BufferResponse | F.PushData):
             continue  # implied by the payload
-        if f.name == "token" and value is None:
+        if f.name in optional and value is None:
             continue  # an optional key the frame does not carry
         if f.name == "payload":
             out["payload_hex"] = bytes(value or b"").hex()
@@ -194,6 +195,18 @@ VALID: list[tuple[str, F.Frame]] = [
         "OpenMapOutput with an application token",
         F.OpenMapOutput(writer=7, app=AUTH_APP, shuffle=3, map_index=1, attempt=4712, partitions=2, token=APP_TOKEN),
     ),
+    (
+        "OpenMapOutput asking for 2 copies",
+        F.OpenMapOutput(
+            writer=8, app="app-20240101-0001", shuffle=3, map_index=2, attempt=4713, partitions=200, replicas=2
+        ),
+    ),
+    (
+        "OpenMapOutput with an application token, asking for 4 copies",
+        F.OpenMapOutput(
+            writer=9, app=AUTH_APP, shuffle=3, map_index=3, attempt=4714, partitions=2, token=APP_TOKEN, replicas=4
+        ),
+    ),
     ("PushCredit", F.PushCredit(5, 16)),
     ("PushData", data(F.PushData(5, 0, 199, 0, b"key=value\n" * 3))),
     ("PushData, largest sequence", data(F.PushData(5, U32_MAX, 0, 0, b"\x00"))),
@@ -233,6 +246,79 @@ VALID: list[tuple[str, F.Frame]] = [
     ),
     ("AdminResponse, stats", F.AdminResponse(1, STATS_RESULT)),
 ]
+
+#: the digest a replica push carries instead of the token (§7.8): SHA-256 of the example token
+APP_KEY = auth.token_digest(APP_TOKEN).hex()
+
+#: frames only daemons send each other (§15: client implementations may skip them)
+PEER: list[tuple[str, F.Frame]] = [
+    (
+        "Hello from a daemon, offering features",
+        F.Hello(
+            F.Role.DAEMON,
+            info={"node": "10.0.0.2:7337", "segment_size": 32768, "features": [F.REPLICA], "nonce": DIALER_NONCE},
+        ),
+    ),
+    (
+        "HelloAck to a daemon, offering features",
+        F.HelloAck(F.Role.DAEMON, info={"node": "10.0.0.1:7337", "segment_size": 32768, "features": [F.REPLICA]}),
+    ),
+    (
+        "OpenMapOutput, a replica push",
+        F.OpenMapOutput(
+            writer=3,
+            app=AUTH_APP,
+            shuffle=3,
+            map_index=1,
+            attempt=4712,
+            partitions=2,
+            replicas=2,
+            replica_of="10.0.0.1:7337",
+            app_key=APP_KEY,
+        ),
+    ),
+    (
+        "OpenMapOutput, a replica push of an application without a token",
+        F.OpenMapOutput(
+            writer=4,
+            app="app-1",
+            shuffle=0,
+            map_index=0,
+            attempt=7,
+            partitions=1,
+            replica_of="10.0.0.1:7337",
+            app_key="",
+        ),
+    ),
+    (
+        "PartitionRequest resuming inside a pair",
+        F.PartitionRequest(
+            receiver=5,
+            credit=2,
+            app=AUTH_APP,
+            shuffle=3,
+            start=4,
+            end=6,
+            locations={"": [41, 42, 43]},
+            token=APP_TOKEN,
+            resume={"partition": 4, "done": [41], "attempt": 42, "chunks": 3, "bytes": 98304},
+        ),
+    ),
+    (
+        "PartitionRequest resuming between pairs",
+        F.PartitionRequest(
+            receiver=6,
+            credit=2,
+            app="app-1",
+            shuffle=0,
+            start=2,
+            end=3,
+            locations={"": [U64_MAX, 8]},
+            resume={"partition": 2, "done": [U64_MAX]},
+        ),
+    ),
+]
+
 
 #: the worked example in PROTOCOL.md (one read of 3 buffers under 2 initial credits); names start with "example:"
 EXAMPLE: list[tuple[str, F.Frame]] = [
@@ -500,6 +586,27 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
         "the map must fill the body exactly",
         False,
     ),
+    (
+        "OpenMapOutput asking for 0 copies",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replicas": 0})),
+        P,
+        "replicas, when present, is an integer in 1..4",
+        False,
+    ),
+    (
+        "OpenMapOutput asking for 5 copies",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replicas": 5})),
+        P,
+        "replicas, when present, is an integer in 1..4",
+        False,
+    ),
+    (
+        "OpenMapOutput with a boolean for replicas",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replicas": True})),
+        P,
+        "true is not an integer",
+        False,
+    ),
     ("AdminRequest without op", frame(F.FrameType.ADMIN_REQUEST, 1, packb({"args": {}})), P, "'op' is required", False),
     (
         "AdminRequest with args not a map",
@@ -529,6 +636,78 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
         P,
         "a header cut off by the end of the connection",
         True,
+    ),
+]
+
+#: daemon-only keys a decoder must refuse (§15 `peer_vectors`): (name, bytes, code, reason, at_eof) as INVALID
+PEER_INVALID: list[tuple[str, bytes, int, str, bool]] = [
+    (
+        "OpenMapOutput with an app_key in upper case",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replica_of": "h:1", "app_key": APP_KEY.upper()})),
+        P,
+        'app_key is "" or 64 lowercase hex digits',
+        False,
+    ),
+    (
+        "OpenMapOutput with an app_key of 63 digits",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replica_of": "h:1", "app_key": APP_KEY[:63]})),
+        P,
+        'app_key is "" or 64 lowercase hex digits',
+        False,
+    ),
+    (
+        "OpenMapOutput with replica_of as an integer",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replica_of": 1})),
+        P,
+        "replica_of, when present, is a str",
+        False,
+    ),
+    (
+        "PartitionRequest with resume as an array",
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": [0, []]})),
+        P,
+        "resume is a map",
+        False,
+    ),
+    (
+        "PartitionRequest with resume without done",
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0}})),
+        P,
+        "resume needs partition and done",
+        False,
+    ),
+    (
+        "PartitionRequest with resume naming chunks but no attempt",
+        frame(
+            F.FrameType.PARTITION_REQUEST,
+            1,
+            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0, "done": [], "chunks": 1, "bytes": 5}}),
+        ),
+        P,
+        "attempt, chunks and bytes come all three or not at all",
+        False,
+    ),
+    (
+        "PartitionRequest with resume and a negative attempt id in done",
+        frame(
+            F.FrameType.PARTITION_REQUEST,
+            1,
+            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0, "done": [-1]}}),
+        ),
+        P,
+        "done lists u64 attempt ids",
+        False,
+    ),
+    (
+        "PartitionRequest with resume and an unknown key",
+        frame(
+            F.FrameType.PARTITION_REQUEST,
+            1,
+            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0, "done": [], "skip": 1}}),
+        ),
+        P,
+        "resume has only the keys partition, done, attempt, chunks and bytes",
+        False,
     ),
 ]
 
@@ -570,9 +749,21 @@ DECODE_ONLY: list[tuple[str, bytes, F.Frame]] = [
 ]
 
 
+def _vectors(frames: list[tuple[str, F.Frame]]) -> list[dict[str, Any]]:
+    return [{"name": name, "frame": to_json(f), "hex": encode(f).hex()} for name, f in frames]
+
+
+def _invalid(entries: list[tuple[str, bytes, int, str, bool]]) -> list[dict[str, Any]]:
+    return [
+        {"name": name, "hex": raw.hex(), "code": int(code), "reason": reason, "at_eof": at_eof}
+        for name, raw, code, reason, at_eof in entries
+    ]
+
+
 def build() -> dict[str, Any]:
-    vectors = [{"name": name, "frame": to_json(f), "hex": encode(f).hex()} for name, f in VALID + EXAMPLE]
-    names = [v["name"] for v in vectors]
+    vectors = _vectors(VALID + EXAMPLE)
+    peer = {"vectors": _vectors(PEER), "invalid": _invalid(PEER_INVALID)}
+    names = [v["name"] for v in vectors + peer["vectors"] + peer["invalid"]]
     assert len(set(names)) == len(names), "vector names must be unique"
     return {
         "description": (
@@ -582,16 +773,16 @@ def build() -> dict[str, Any]:
             "'invalid': inputs a decoder must reject; 'code' is the error code it reports on stream 0, "
             "'at_eof' marks inputs that are only wrong because the connection ends inside a frame. "
             "Decoders use the default payload limit, 32768 bytes. Integers may exceed 2^63-1 (u64). "
-            "'auth': the proofs and the application token of PROTOCOL.md §6 for the given inputs (secrets as hex)."
+            "'auth': the proofs and the application token of PROTOCOL.md §6 for the given inputs (secrets as hex). "
+            "'peer_vectors': 'vectors' and 'invalid' as above for what only daemons send each other (features, "
+            "replica pushes, resumed reads); client implementations may skip them."
         ),
         "protocol_version": F.VERSION,
         "max_payload": F.DEFAULT_MAX_PAYLOAD,
         "vectors": vectors,
         "decode_only": [{"name": name, "frame": to_json(f), "hex": raw.hex()} for name, raw, f in DECODE_ONLY],
-        "invalid": [
-            {"name": name, "hex": raw.hex(), "code": int(code), "reason": reason, "at_eof": at_eof}
-            for name, raw, code, reason, at_eof in INVALID
-        ],
+        "invalid": _invalid(INVALID),
+        "peer_vectors": peer,
         "auth": {
             "secret_hex": AUTH_SECRET.hex(),
             "dialer_nonce": DIALER_NONCE,

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Iterator
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from shuffled import spark_jar
+from shuffled.protocol import codec
+from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.frames import BufferKind, ErrorResponse, Hello, HelloAck, PartitionRequest, Role
 from shuffled_client import AsyncClient
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
@@ -143,3 +148,87 @@ async def test_java_reader_refuses_a_buffer_that_fails_its_crc(jars: tuple[Path,
     async with corrupting_peer() as peer:
         proc = await asyncio.to_thread(_client_check, jars, peer, "corrupt", "c-app", "1", "1")
         assert _assert_clean(proc) == 1
+
+
+@asynccontextmanager
+async def closing_daemon(buffers: int) -> AsyncIterator[tuple[str, list[int]]]:
+    """A scripted daemon that answers every read with `buffers` data buffers, then `SHUTTING_DOWN`: with 0,
+    what a draining daemon says to a client's new read (PROTOCOL.md §8). Yields its node and the receiver
+    ids it refused, in order."""
+    from tests.integration.test_bad_input import Raw
+
+    refused: list[int] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        raw = Raw(r, w)
+        assert isinstance(await raw.frame(), Hello)
+        await raw.send(codec.encode(HelloAck(Role.DAEMON, info={"node": node, "segment_size": 32 << 10})))
+        try:
+            while True:
+                req = await raw.frame()
+                if isinstance(req, PartitionRequest):
+                    (attempt,) = next(iter(req.locations.values()))
+                    for seq in range(buffers):
+                        data = payload(attempt, req.start, 1000)
+                        await raw.send(
+                            codec.encode_buffer_response(
+                                req.receiver, seq, 0, req.start, BufferKind.DATA, attempt, data
+                            )
+                        )
+                    refused.append(req.receiver)
+                    await raw.send(codec.encode(ErrorResponse(req.receiver, ErrorCode.SHUTTING_DOWN, "draining")))
+        except (TimeoutError, EOFError, ConnectionError):
+            return
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    node = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield node, refused
+    finally:
+        server.close()
+
+
+def _read_streams(jars: tuple[Path, Path], addresses: list[str], timeout_ms: int, *args: str) -> list[str]:
+    """ReadStreamsCheck's output lines (see its Javadoc)."""
+    cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), "io.shuffled.spark.ReadStreamsCheck"]
+    proc = subprocess.run(
+        [*cmd, ",".join(addresses), str(timeout_ms), *args], capture_output=True, text=True, timeout=JAVA_TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.asyncio
+async def test_a_read_refused_before_its_first_byte_goes_through_another_daemon(
+    jars: tuple[Path, Path], daemon: DaemonProcess
+) -> None:
+    """A draining daemon refuses a task's new reads with SHUTTING_DOWN: the task reads through the next daemon
+    of spark.shuffled.address instead of failing, every stream opened ahead included, and gets every byte once;
+    a refusal after a byte was taken ends the read as before; a refusal everywhere ends it after the timeout."""
+    app, shuffle, attempts = "read-retry", 13, [41, 42, 43, 44, 45]
+    sizes = [0, 100, 40_000, 70_000]
+
+    async def push(client: AsyncClient) -> None:
+        for i, a in enumerate(attempts):
+            writer = await client.open_writer(app, shuffle, i, a, len(sizes))
+            for p, n in enumerate(sizes):
+                await writer.write(p, payload(a, p, n))
+            await writer.commit()
+
+    async with await AsyncClient.connect(daemon.addr) as client:
+        await asyncio.wait_for(push(client), ASYNC_TIMEOUT)
+        args = [app, str(shuffle), str(len(sizes)), daemon.addr, *map(str, attempts)]
+        expected = [
+            f"pair {p} {a} {n} {zlib.crc32(payload(a, p, n))}" for a in attempts for p, n in enumerate(sizes) if n
+        ]
+        async with closing_daemon(0) as (closing, refused):
+            lines = await asyncio.to_thread(_read_streams, jars, [closing, daemon.addr], 20_000, *args)
+            assert lines == [*expected, f"via {daemon.addr}"]
+            assert len(refused) >= 1  # the task's own daemon was asked first
+            lines = await asyncio.to_thread(_read_streams, jars, [closing], 1_000, *args)
+            assert lines == ["error SHUTTING_DOWN draining after 0 bytes"]
+            assert len(refused) >= 4, "the task waited for its daemon to come back, asking again"
+        async with closing_daemon(1) as (closing, refused):
+            lines = await asyncio.to_thread(_read_streams, jars, [closing, daemon.addr], 20_000, *args)
+            assert lines == ["error SHUTTING_DOWN draining after 1000 bytes"]  # not read again elsewhere
+        await asyncio.wait_for(client.unregister_shuffle(app, shuffle), ASYNC_TIMEOUT)

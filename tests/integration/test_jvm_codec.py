@@ -89,6 +89,21 @@ def test_vector_check_reports_a_wrong_vector(jars: tuple[Path, Path], tmp_path: 
 
 
 @needs_jdk
+def test_vector_check_holds_the_jvm_to_the_replicas_key(jars: tuple[Path, Path], tmp_path: Path) -> None:
+    """`spark.shuffled.replicas` reaches the wire as the OpenMapOutput vectors say, byte for byte (§7.8, §16)."""
+    data = _vectors()
+    asking = [v for v in data["vectors"] if v["frame"]["type"] == "OPEN_MAP_OUTPUT" and "replicas" in v["frame"]]
+    assert asking, "frames.json has an OpenMapOutput with replicas"
+    for v in asking:
+        v["frame"]["replicas"] = 5 - v["frame"]["replicas"]
+    bad = tmp_path / "frames.json"
+    bad.write_text(json.dumps(data), encoding="utf-8")
+    proc = _run("VectorCheck", jars, str(bad))
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL ")]
+    assert {line.split(":")[0][5:] for line in failed if "[file]" not in line} == {v["name"] for v in asking}
+
+
+@needs_jdk
 def test_the_jvm_client_replays_the_recorded_conversations(jars: tuple[Path, Path]) -> None:
     """Every conversation through the JVM codec and authentication; those a client dials (the handshakes,
     admin calls, a committed push) through a real ShuffleClient, which must send the recorded bytes."""
@@ -147,6 +162,7 @@ def test_constants_match_the_python_codec(jars: tuple[Path, Path]) -> None:
         "MAX_CONTROL_BODY": F.MAX_CONTROL_BODY,
         "DEFAULT_MAX_PAYLOAD": F.DEFAULT_MAX_PAYLOAD,
         "MAX_STREAMS_PER_CONNECTION": F.MAX_STREAMS_PER_CONNECTION,
+        "MAX_REPLICAS": F.MAX_REPLICAS,
         "MAGIC": int.from_bytes(F.MAGIC, "big"),
     }
 

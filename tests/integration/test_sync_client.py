@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
-from shuffled_client import Client, MapOutputStateError, PartitionNotFound
+from shuffled.protocol.codec import decode_all, encode
+from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.frames import HEADER, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
+from shuffled_client import Client, MapOutputStateError, PartitionNotFound, ShuttingDown
 from tests.cluster import free_port, payload, start_daemon
 
 
@@ -43,3 +48,67 @@ def test_blocking_client_over_unix_socket(tmp_path: Path) -> None:
     finally:
         d.stop()
     assert not sock.exists(), "the daemon removes its socket file on stop"
+
+
+def _frame(conn: socket.socket) -> bytes:
+    """One whole frame off a blocking socket."""
+    data = b""
+    while len(data) < HEADER.size or len(data) < HEADER.size + int.from_bytes(data[:4], "big"):
+        chunk = conn.recv(65536)
+        assert chunk, "the client closed the connection"
+        data += chunk
+    return data
+
+
+def test_replicas_reach_the_daemon_in_the_open_and_bad_values_never_leave() -> None:
+    """`replicas=` is OpenMapOutput's `replicas` key, after the token (PROTOCOL.md §7.8); a value the daemon
+    would find malformed (fatal for the connection) is refused before anything is sent. Against a daemon that
+    answers the open with SHUTTING_DOWN, as a draining daemon does, so the bytes are the client's own."""
+    opened: list[bytes] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(10)
+        node = f"127.0.0.1:{server.getsockname()[1]}"
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(10)
+                assert isinstance(decode_all(_frame(conn))[0], Hello)
+                conn.sendall(encode(HelloAck(Role.DAEMON, info={"node": node, "segment_size": 32768})))
+                raw = _frame(conn)
+                opened.append(raw)
+                (request,) = decode_all(raw)
+                assert isinstance(request, OpenMapOutput)
+                conn.sendall(encode(ErrorResponse(request.writer, ErrorCode.SHUTTING_DOWN, "draining")))
+                conn.recv(1)  # until the client closes
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        with Client(node, timeout=10, app_secret="s") as c:
+            for bad in (0, 5, True, 2.0):
+                with pytest.raises(ValueError, match="replicas"):
+                    c.open_writer("r-app", 1, 0, 7, 3, replicas=bad)  # type: ignore[arg-type]
+            with pytest.raises(ShuttingDown, match="draining") as refused:
+                c.open_writer("r-app", 1, 0, 7, 3, replicas=2)
+            assert refused.value.retryable
+            token = c._aio._token("r-app")
+        thread.join(10)
+    (frame,) = decode_all(opened[0])
+    assert isinstance(frame, OpenMapOutput) and (frame.replicas, frame.replica_of, frame.app_key) == (2, None, None)
+    assert opened[0] == encode(OpenMapOutput(frame.writer, "r-app", 1, 0, 7, 3, token=token, replicas=2))
+    assert opened[0].index(b"token") < opened[0].index(b"replicas")
+
+
+def test_a_daemon_takes_a_push_that_asks_for_copies() -> None:
+    """A lone daemon has nowhere to copy to: the push asking for two copies still commits and reads back."""
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", [])
+    try:
+        with Client(d.addr, timeout=10) as c:
+            w = c.open_writer("r-app", 2, 0, 8, 2, replicas=2)
+            w.write(1, payload(8, 1, 70_000))
+            assert w.commit() == [0, 70_000]
+            with c.read("r-app", 2, 0, 2, {"": [8]}) as reader:
+                assert bytes(reader.read_all()) == payload(8, 1, 70_000)
+            c.unregister_shuffle("r-app", 2, propagate=False)
+    finally:
+        d.stop()

@@ -13,6 +13,7 @@ the bridge. Skipped where namespaces cannot be created (not root).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,16 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
-from tests.host_faults import HostDaemons, acceptable, keyed_sums, run_with_fault
+from tests.host_faults import (
+    REPLICATED,
+    HostDaemons,
+    acceptable,
+    keyed_sums,
+    paced_chain,
+    resubmitted,
+    run_with_fault,
+    stage_attempts,
+)
 from tests.hosts import DAEMON_PORT, Hosts, netns_unavailable
 from tests.spark_support import PLUGIN_TIMEOUT, daemon_stats, job_traffic, needs_spark
 
@@ -127,3 +137,63 @@ def test_fault_mid_job_gives_the_exact_result_or_names_the_cause(
     assert acceptable(outcome, expected, fault), outcome.error or "wrong rows"
     assert fault.seen, f"{fault.name} never took effect: the test proved nothing"
     host_daemons.settled()
+
+
+# Replicated map output. These run last: they restart every daemon with two copies of each map output and
+# hand-over on SIGTERM, the settings of a cluster that must lose hosts and roll upgrades without recomputing.
+
+
+@pytest.fixture(scope="module")
+def replicated(host_daemons: HostDaemons) -> HostDaemons:
+    host_daemons.reconfigure(REPLICATED)
+    return host_daemons
+
+
+def total(daemons: HostDaemons, path: str) -> int:
+    section, key = path.split(".")
+    return sum(daemon_stats(d)[section][key] for d in daemons.daemons)
+
+
+def test_a_daemon_killed_after_the_map_stage_costs_no_recomputation(spark: Any, replicated: HostDaemons) -> None:
+    """Host 2's daemon is SIGKILLed once the shuffle is stored (its memory, and the map output it held, are
+    gone) and restarted: the reduce stage reads the replicas, the result is exact, and Spark resubmits no
+    stage (a fetch failure would have)."""
+    job, expected = keyed_sums(spark, FAULT_ROWS)
+    assert sorted(job.collect()) == expected
+    assert total(replicated, "store.replica_attempts") > 0, "no map output was replicated"
+    before = stage_attempts(spark)
+    failovers = total(replicated, "replication.failovers")
+    fault = replicated.kill(2)
+    fault.inject()
+    fault.repair()
+    assert sorted(job.collect()) == expected
+    assert not resubmitted(spark, before), "a stage was resubmitted: map output was recomputed"
+    assert total(replicated, "replication.failovers") > failovers, "no read failed over: the test proved nothing"
+    replicated.settled()
+
+
+def test_a_daemon_killed_during_the_map_stage_gives_the_exact_result(spark: Any, replicated: HostDaemons) -> None:
+    """Map output not yet replicated when host 2's daemon dies is pushed again by Spark's task retries."""
+    fault = replicated.kill(2)
+    job, expected = keyed_sums(spark, FAULT_ROWS)
+    outcome = run_with_fault(job, replicated, fault)
+    assert outcome.result == expected, outcome.error or "wrong rows"
+    assert fault.seen
+    replicated.settled()
+
+
+def test_rolling_restart_of_every_daemon_during_a_multi_stage_job(spark: Any, replicated: HostDaemons) -> None:
+    """Each daemon in turn is drained (refuses new pushes, hands its data over, lets reads finish), stopped
+    and started again on its data dir while a three-stage job runs: exact result, no stage resubmitted."""
+    job, expected = paced_chain(spark, FAULT_ROWS, seconds=1.5)
+    before = stage_attempts(spark)
+    commits = replicated.commits()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(lambda: sorted(job.collect()))
+        poll_until(lambda: running.done() or replicated.commits() > commits, 120, "map output committed")
+        restarted = replicated.rolling_restart(running.done)
+        result = running.result(timeout=300)
+    assert result == expected
+    assert restarted == len(replicated.daemons), f"the job ended after {restarted} restarts: it proved less"
+    assert not resubmitted(spark, before), "a stage was resubmitted during the rolling restart"
+    replicated.settled()

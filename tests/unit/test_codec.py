@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from shuffled.buffers.pool import SLACK
 from shuffled.protocol import frames as F
 from shuffled.protocol.codec import FrameReader, PayloadSink, decode_all, encode
-from shuffled.protocol.errors import ProtocolError, ShuffledError
+from shuffled.protocol.errors import ErrorCode, ProtocolError, ShuffledError
 from shuffled.protocol.integrity import checksum
 
 u32 = st.integers(0, 2**32 - 1)
@@ -22,6 +23,12 @@ u64 = st.integers(0, 2**64 - 1)
 small = st.integers(0, 2**31 - 1)
 text = st.text(max_size=20)
 payload = st.binary(max_size=300)
+attempt_ids = st.lists(u64, max_size=4)
+#: a failed-over read's resume point (§10.6): with or without a pair in progress
+resume = st.fixed_dictionaries({"partition": small, "done": attempt_ids}) | st.fixed_dictionaries(
+    {"partition": small, "done": attempt_ids, "attempt": u64, "chunks": small, "bytes": u64}
+)
+app_key = st.just("") | st.text("0123456789abcdef", min_size=64, max_size=64)
 
 frames = st.one_of(
     st.builds(F.Hello, role=st.sampled_from(F.Role), info=st.dictionaries(st.sampled_from(["node", "name"]), text)),
@@ -40,6 +47,7 @@ frames = st.one_of(
         end=small,
         locations=st.dictionaries(text, st.lists(u64, max_size=5), max_size=3),
         token=st.none() | text,
+        resume=st.none() | resume,
     ),
     st.builds(F.AddCredit, receiver=u32, credit=st.integers(1, 2**32 - 1)),
     st.builds(
@@ -63,6 +71,9 @@ frames = st.one_of(
         attempt=small,
         partitions=small,
         token=st.none() | text,
+        replicas=st.none() | st.integers(1, F.MAX_REPLICAS),
+        replica_of=st.none() | text,
+        app_key=st.none() | app_key,
     ),
     st.builds(F.PushCredit, writer=u32, credit=st.integers(1, 2**32 - 1)),
     st.builds(F.PushData, writer=u32, sequence=u32, partition=u32, length=st.just(0), payload=payload),
@@ -176,6 +187,62 @@ def test_mutated_frames_raise_only_shuffled_errors(frame: F.Frame, data: st.Data
         decode_all(bytes(raw))
     except ShuffledError:
         pass
+
+
+OPEN = {"app": "a", "shuffle": 1, "map_index": 0, "attempt": 1, "partitions": 2}
+REQUEST = {"app": "a", "shuffle": 1, "start": 0, "end": 1, "locations": {"": [1]}}
+
+
+def _open_body(**keys: object) -> bytes:
+    return encode(F.OpenMapOutput(1, "a", 1, 0, 1, 2))[:12] + msgpack.packb({**OPEN, **keys})
+
+
+def _request_body(**keys: object) -> bytes:
+    return encode(F.PartitionRequest(1, 2, "a", 1, 0, 1, {"": [1]}))[:16] + msgpack.packb({**REQUEST, **keys})
+
+
+def _framed(partial: bytes) -> bytes:
+    """Header with the right length for a hand-packed body (the header above came from a shorter one)."""
+    return (len(partial) - 12).to_bytes(4, "big") + partial[4:]
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (_open_body(replicas=0), "replicas"),
+        (_open_body(replicas=F.MAX_REPLICAS + 1), "replicas"),
+        (_open_body(replicas=True), "replicas"),
+        (_open_body(replicas="2"), "replicas"),
+        (_open_body(replica_of=7), "replica_of"),
+        (_open_body(app_key="A" * 64), "app_key"),
+        (_open_body(app_key="0" * 63), "app_key"),
+        (_open_body(app_key="0" * 65), "app_key"),
+        (_open_body(app_key=b"\0" * 32), "app_key"),
+        (_request_body(resume=[]), "resume"),
+        (_request_body(resume={"done": []}), "resume"),
+        (_request_body(resume={"partition": 0}), "resume"),
+        (_request_body(resume={"partition": -1, "done": []}), "resume"),
+        (_request_body(resume={"partition": 0, "done": [True]}), "resume"),
+        (_request_body(resume={"partition": 0, "done": [-1]}), "resume"),
+        (_request_body(resume={"partition": 0, "done": [], "attempt": 1}), "resume"),
+        (_request_body(resume={"partition": 0, "done": [], "attempt": 1, "chunks": 2, "bytes": None}), "resume"),
+        (_request_body(resume={"partition": 0, "done": [], "attempt": 1, "chunks": 2, "bytes": 3, "x": 0}), "resume"),
+    ],
+)
+def test_new_optional_keys_are_checked_on_decode(body: bytes, why: str) -> None:
+    """Replication's keys (§7.4, §7.8) are refused as PROTOCOL when malformed, like every other frame field."""
+    with pytest.raises(ProtocolError, match=why) as info:
+        decode_all(_framed(body))
+    assert info.value.code == ErrorCode.PROTOCOL
+
+
+def test_new_optional_keys_stay_off_the_wire_when_unset() -> None:
+    """A frame without them is the version 2 frame it always was: clients that never set them send the old bytes."""
+    plain = encode(F.OpenMapOutput(1, "a", 1, 0, 1, 2, token="t"))
+    assert b"replica" not in plain and b"app_key" not in plain
+    assert b"resume" not in encode(F.PartitionRequest(1, 2, "a", 1, 0, 1, {"": [1]}, token="t"))
+    both = encode(F.OpenMapOutput(1, "a", 1, 0, 1, 2, token="t", replicas=2))
+    assert both.index(b"token") < both.index(b"replicas"), "replicas follows token on the wire (§7.8)"
 
 
 def test_payload_over_limit_is_refused() -> None:

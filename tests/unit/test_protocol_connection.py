@@ -50,7 +50,7 @@ from shuffled.protocol.events import (
     StreamFailed,
     StreamRefused,
 )
-from shuffled.protocol.frames import AddCredit, BufferKind, Hello, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import AddCredit, BufferKind, Hello, OpenMapOutput, PartitionRequest, PushCredit, Role
 from tests.protocol_pair import ABORT, ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
 
 NODE = "198.18.0.1:7337"
@@ -183,6 +183,103 @@ def test_a_client_is_not_asked_for_data_and_only_clients_push() -> None:
     peers.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
     with pytest.raises(ProtocolError, match="only clients push"):
         peers.deliver(DIALER)
+
+
+# -- replica pushes between daemons (§7.1 features, §7.8)
+
+PRIMARY = "198.18.0.2:7337"
+
+
+def _peers(dialer: object, acceptor: object) -> Pair:
+    """Two daemon ends, each offering `features` (any value, as a peer might send it) in its Hello/HelloAck."""
+    pair = _pair(dialer_role=Role.DAEMON)
+    pair.dialer.start({"node": PRIMARY, "features": dialer})
+    pair.deliver(DIALER)
+    pair.acceptor.accept({"node": NODE, "features": acceptor})
+    pair.deliver(ACCEPTOR)
+    assert pair.dialer.is_open and pair.acceptor.is_open
+    return pair
+
+
+@pytest.mark.parametrize(
+    ("dialer", "acceptor", "agreed"),
+    [
+        (["replica", "x"], ["y", "replica"], {"replica"}),
+        (["replica"], [], set()),
+        (["replica"], None, set()),
+        ("replica", ["replica"], set()),  # not a list: offers nothing
+        ({"replica": True}, ["replica"], set()),
+        (["replica", 7], ["replica", 7], {"replica"}),  # non-strings are not features
+    ],
+)
+def test_the_agreed_features_are_what_both_ends_offered(dialer: object, acceptor: object, agreed: set[str]) -> None:
+    pair = _peers(dialer, acceptor)
+    assert pair.dialer.features == pair.acceptor.features == agreed
+
+
+def test_a_client_offers_no_features_and_agrees_on_none() -> None:
+    pair = _pair()
+    _open(pair)
+    assert pair.dialer.features == pair.acceptor.features == frozenset()
+
+
+def _replica_open(writer: int, replica_of: str | None = PRIMARY) -> OpenMapOutput:
+    return OpenMapOutput(writer, "app", 1, 0, writer, 2, replicas=2, replica_of=replica_of, app_key="")
+
+
+@pytest.mark.parametrize("opener", [DIALER, ACCEPTOR])
+def test_a_replica_push_runs_between_daemons_that_agreed_on_it(opener: str) -> None:
+    """Either end may push to the other: the answers (PushCredit, CommitAck, AbortAck) then reach a daemon."""
+    pair = _peers(["replica"], ["replica"])
+    primary, replica = pair.side(opener), pair.side(ACCEPTOR if opener == DIALER else DIALER)
+    served = ACCEPTOR if opener == DIALER else DIALER
+    out: OutboundStream[Any] = OutboundStream(1, 0)
+    primary.open_push(_replica_open(1), out)
+    abort: OutboundStream[Any] = OutboundStream(2, 0)
+    primary.open_push(_replica_open(2), abort)
+    opened = pair.deliver(opener)
+    assert opened == [PushOpened(_replica_open(1)), PushOpened(_replica_open(2))]
+    for writer in (1, 2):
+        replica.accept_push(writer, landing)
+        replica.grant_push_credit(writer, 2)
+    assert pair.deliver(served) == [PushCredited(1, 2), PushCredited(2, 2)]
+    out.push_data((1, b"copy"))
+    out.push_event(COMMIT)
+    abort.push_event(ABORT)
+    send_pushes(primary, out, 1)
+    send_pushes(primary, abort, 2)
+    events = pair.deliver(opener)
+    assert [type(e) for e in events] == [PushDataArrived, CommitRequested, AbortRequested]
+    replica.ack_commit(1, [0, 4])
+    replica.ack_abort(2)
+    assert pair.deliver(served) == [Committed(1, [0, 4]), Aborted(2)]
+    assert not primary.own and not replica.theirs
+
+
+@pytest.mark.parametrize(
+    ("dialer", "acceptor", "replica_of"),
+    [
+        ([], ["replica"], PRIMARY),  # the dialer offered nothing
+        (["replica"], [], PRIMARY),  # the acceptor did not agree
+        (["replica"], ["replica"], None),  # agreed, but not a replica push: daemons never push their own output
+    ],
+)
+def test_a_daemon_push_without_the_feature_or_replica_of_is_fatal(
+    dialer: list[str], acceptor: list[str], replica_of: str | None
+) -> None:
+    pair = _peers(dialer, acceptor)
+    pair.dialer.open_push(_replica_open(1, replica_of), OutboundStream(1, 0))
+    with pytest.raises(ProtocolError, match="only clients push") as info:
+        pair.deliver(DIALER)
+    assert info.value.code == ErrorCode.PROTOCOL
+
+
+def test_push_answers_reach_a_daemon_only_with_the_feature() -> None:
+    without = _peers([], [])
+    with pytest.raises(ProtocolError, match="PushCredit is not expected by a daemon"):
+        without.acceptor.receive_data(encode(PushCredit(1, 2)))
+    agreed = _peers(["replica"], ["replica"])
+    assert agreed.acceptor.receive_data(encode(PushCredit(1, 2))) == []  # a stream it never opened: ignored
 
 
 def test_a_daemon_is_never_sent_answers_to_pushes() -> None:

@@ -30,6 +30,11 @@ with (PROTO / "vectors" / "frames.json").open(encoding="utf-8") as _f:
 VALID: list[dict[str, Any]] = VECTORS["vectors"]
 DECODE_ONLY: list[dict[str, Any]] = VECTORS["decode_only"]
 INVALID: list[dict[str, Any]] = VECTORS["invalid"]
+#: what only daemons send each other (§15): the reference codec is a daemon's, so it must hold all of these too
+PEER_VALID: list[dict[str, Any]] = VECTORS["peer_vectors"]["vectors"]
+PEER_INVALID: list[dict[str, Any]] = VECTORS["peer_vectors"]["invalid"]
+ALL_VALID = VALID + PEER_VALID
+ALL_INVALID = INVALID + PEER_INVALID
 MAX_PAYLOAD: int = VECTORS["max_payload"]
 
 
@@ -88,24 +93,24 @@ def test_auth_example_matches_the_reference_computation() -> None:
 def test_vector_file_shape() -> None:
     assert VECTORS["protocol_version"] == F.VERSION
     assert MAX_PAYLOAD == F.DEFAULT_MAX_PAYLOAD
-    names = _ids(VALID) + _ids(DECODE_ONLY) + _ids(INVALID)
+    names = _ids(ALL_VALID) + _ids(DECODE_ONLY) + _ids(ALL_INVALID)
     assert len(names) == len(set(names)), "vector names must be unique"
-    for entry in VALID + DECODE_ONLY + INVALID:
+    for entry in ALL_VALID + DECODE_ONLY + ALL_INVALID:
         assert re.fullmatch(r"(?:[0-9a-f]{2})+", entry["hex"]), entry["name"]
 
 
-@pytest.mark.parametrize("vector", VALID, ids=_ids(VALID))
+@pytest.mark.parametrize("vector", ALL_VALID, ids=_ids(ALL_VALID))
 def test_encode_matches_hex(vector: dict[str, Any]) -> None:
     assert encode(build(vector["frame"])).hex() == vector["hex"]
 
 
-@pytest.mark.parametrize("vector", VALID + DECODE_ONLY, ids=_ids(VALID + DECODE_ONLY))
+@pytest.mark.parametrize("vector", ALL_VALID + DECODE_ONLY, ids=_ids(ALL_VALID + DECODE_ONLY))
 def test_decode_matches_fields(vector: dict[str, Any]) -> None:
     frames = decode_all(bytes.fromhex(vector["hex"]), max_payload=MAX_PAYLOAD)
     assert frames == [build(vector["frame"])]
 
 
-@pytest.mark.parametrize("vector", VALID + DECODE_ONLY, ids=_ids(VALID + DECODE_ONLY))
+@pytest.mark.parametrize("vector", ALL_VALID + DECODE_ONLY, ids=_ids(ALL_VALID + DECODE_ONLY))
 def test_decode_one_byte_at_a_time(vector: dict[str, Any]) -> None:
     frames, reader = feed(bytes.fromhex(vector["hex"]))
     assert frames == [build(vector["frame"])]
@@ -119,14 +124,14 @@ def test_all_vectors_back_to_back_one_byte_at_a_time() -> None:
     assert not reader.pending_bytes()
 
 
-@pytest.mark.parametrize("entry", INVALID, ids=_ids(INVALID))
+@pytest.mark.parametrize("entry", ALL_INVALID, ids=_ids(ALL_INVALID))
 def test_invalid_is_rejected(entry: dict[str, Any]) -> None:
     with pytest.raises(ProtocolError) as info:
         decode_all(bytes.fromhex(entry["hex"]), max_payload=MAX_PAYLOAD)
     assert info.value.code == entry["code"], info.value.message
 
 
-@pytest.mark.parametrize("entry", INVALID, ids=_ids(INVALID))
+@pytest.mark.parametrize("entry", ALL_INVALID, ids=_ids(ALL_INVALID))
 def test_invalid_is_rejected_from_the_bytes_alone(entry: dict[str, Any]) -> None:
     """Apart from inputs cut off by the end of the connection, the bytes themselves are refused while reading."""
     data = bytes.fromhex(entry["hex"])
@@ -143,6 +148,18 @@ def test_every_frame_type_has_a_vector() -> None:
     covered = {v["frame"]["type"] for v in VALID}
     missing = [t.name for t in F.FrameType if t.name not in covered]
     assert not missing, f"frame types without a golden vector: {missing}"
+
+
+def test_client_vectors_carry_no_daemon_only_key() -> None:
+    """A client implementation may skip `peer_vectors`, so nothing it must encode or refuse needs a daemon's keys."""
+    daemon_only = {"replica_of", "app_key", "resume", "features"}
+    for v in VALID + DECODE_ONLY:
+        frame = v["frame"]
+        assert not daemon_only & (set(frame) | set(frame.get("info", {}))), v["name"]
+    for v in PEER_VALID:
+        frame = v["frame"]
+        assert daemon_only & (set(frame) | set(frame.get("info", {}))), v["name"]
+    assert any(v["frame"].get("replicas") for v in VALID), "the client key replicas has a client vector"
 
 
 def test_vectors_cover_both_buffer_kinds_and_roles() -> None:

@@ -9,6 +9,7 @@ from shuffled.protocol.errors import (
     PeerUnavailable,
     QuotaExceeded,
     ShuffledError,
+    ShuttingDown,
     StorageError,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "ReadChunk",
     "Reader",
     "ShuffledError",
+    "ShuttingDown",
     "StorageError",
     "Writer",
 ]

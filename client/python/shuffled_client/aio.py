@@ -41,7 +41,7 @@ from shuffled.protocol.events import (
     PushCredited,
     StreamFailed,
 )
-from shuffled.protocol.frames import OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
 from shuffled.server.chunks import Chunk
 
 #: client-side pool: enough for a few concurrent writers and readers
@@ -152,19 +152,31 @@ class AsyncClient:
     # -- public API
 
     async def open_writer(
-        self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int, compression: str | None = None
+        self,
+        app: str,
+        shuffle: int,
+        map_index: int,
+        attempt: int,
+        partitions: int,
+        compression: str | None = None,
+        replicas: int | None = None,
     ) -> MapWriter:
         """Open one map attempt's output; waits for the daemon's first push credit.
 
-        `compression="lz4"` compresses each buffer (PROTOCOL.md §10.4); every writer and reader of the
-        application must then use it.
+        `compression="lz4"` compresses each buffer (PROTOCOL.md §10.5); every writer and reader of the
+        application must then use it. `replicas` (1..4) asks for that many copies of the output, the
+        daemon's own included, so it stays readable when a daemon is lost; None leaves it to the daemon's
+        `replicas` setting (PROTOCOL.md §7.8).
         """
         check_codec(compression)
+        check_replicas(replicas)
         self._check()
         proto = self._proto()
         writer = MapWriter(self, proto.new_stream_id(), partitions, compression)
         self._writers[writer.stream.stream] = writer
-        req = OpenMapOutput(writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app))
+        req = OpenMapOutput(
+            writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app), replicas
+        )
         proto.open_push(req, writer.stream)
         await writer._opened
         return writer
@@ -622,3 +634,9 @@ class PartitionReader(InputChannel):
             self._queue.popleft().release()
         if self._pool is not None:
             self._pool.destroy()
+
+
+def check_replicas(replicas: int | None) -> None:
+    """Refuse here what the daemon would find malformed: a bad `replicas` would close the whole connection."""
+    if replicas is not None and (type(replicas) is not int or not 1 <= replicas <= MAX_REPLICAS):
+        raise ValueError(f"replicas must be an integer in 1..{MAX_REPLICAS} or None, got {replicas!r}")

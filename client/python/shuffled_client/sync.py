@@ -40,10 +40,17 @@ class Client:
         return self._loop.run_until_complete(coro)
 
     def open_writer(
-        self, app: str, shuffle: int, map_index: int, attempt: int, partitions: int, compression: str | None = None
+        self,
+        app: str,
+        shuffle: int,
+        map_index: int,
+        attempt: int,
+        partitions: int,
+        compression: str | None = None,
+        replicas: int | None = None,
     ) -> Writer:
-        """See AsyncClient.open_writer for `compression`."""
-        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression)
+        """See AsyncClient.open_writer for `compression` and `replicas`."""
+        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression, replicas)
         return Writer(self, self._run(aio))
 
     def read(

@@ -208,8 +208,19 @@ public final class ShuffleClient implements AutoCloseable {
         return lost == null;
     }
 
-    /** Opens one map attempt's output and waits for the daemon's first push credit (§12). */
+    /** Opens one map attempt's output, as many copies as the daemon's setting says (see below). */
     public MapOutputWriter openWriter(String app, long shuffle, long mapIndex, long attemptId, int numPartitions)
+            throws IOException {
+        return openWriter(app, shuffle, mapIndex, attemptId, numPartitions, 0);
+    }
+
+    /**
+     * Opens one map attempt's output and waits for the daemon's first push credit (§12). {@code replicas}:
+     * how many daemons should hold it, 1..{@link Wire#MAX_REPLICAS} (the daemon copies it to the others
+     * before it acknowledges the commit), or 0 for the daemon's own setting.
+     */
+    public MapOutputWriter openWriter(
+            String app, long shuffle, long mapIndex, long attemptId, int numPartitions, int replicas)
             throws IOException {
         check();
         if (numPartitions < 1 || numPartitions > Wire.MAX_PARTITIONS) {
@@ -220,7 +231,8 @@ public final class ShuffleClient implements AutoCloseable {
         streams.put(id, writer.handler());
         try {
             send(FrameEncoder.encode(
-                    new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions, token(app))));
+                    new Frame.OpenMapOutput(
+                            id, app, shuffle, mapIndex, attemptId, numPartitions, token(app), replicas)));
         } catch (IOException e) {
             streams.remove(id);
             throw e;

@@ -38,6 +38,11 @@ final class DaemonClients implements AutoCloseable {
         T apply(ShuffleClient client) throws IOException;
     }
 
+    /** {@code spark.shuffled.replicas}: copies of each map output, 0 for the daemons' own setting. */
+    int replicas() {
+        return conf.replicas;
+    }
+
     /** The daemon a task reads through. */
     ShuffleClient forTask(String executorId, long taskAttemptId) throws IOException {
         return withDaemon(executorId, taskAttemptId, c -> c);

@@ -46,9 +46,7 @@ final class PairInput extends InputStream {
             current = null;
             fill(); // drop the rest of the current pair
         }
-        if (pending == null && !ended) {
-            pending = take();
-        }
+        peek();
         if (pending == null) {
             return false;
         }
@@ -62,6 +60,13 @@ final class PairInput extends InputStream {
         pending = null;
         inPair = true;
         return true;
+    }
+
+    /** Makes the next chunk (or the stream's end) at hand without starting its pair. */
+    void peek() throws IOException {
+        if (pending == null && !ended) {
+            pending = take();
+        }
     }
 
     int partition() {

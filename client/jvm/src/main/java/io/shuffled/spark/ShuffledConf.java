@@ -1,5 +1,6 @@
 package io.shuffled.spark;
 
+import io.shuffled.client.wire.Wire;
 import java.util.ArrayList;
 import java.util.List;
 import org.apache.spark.SparkConf;
@@ -17,6 +18,7 @@ final class ShuffledConf {
     static final String SECRET = "spark.shuffled.secret";
     static final String SECRET_FILE = "spark.shuffled.secretFile";
     static final String APP_SECRET = "spark.shuffled.appSecret";
+    static final String REPLICAS = "spark.shuffled.replicas";
 
     static final String DEFAULT_ADDRESS = "127.0.0.1:7337";
 
@@ -37,6 +39,8 @@ final class ShuffledConf {
     final String secret;
     /** The application's own secret (§6.2): its tokens keep other applications away from its data. */
     final String appSecret;
+    /** Copies of each map output the application asks for (§7.8); 0: unset, the daemons' own setting. */
+    final int replicas;
 
     ShuffledConf(SparkConf conf) {
         refuse(conf, "spark.shuffle.useOldFetchProtocol",
@@ -68,6 +72,10 @@ final class ShuffledConf {
             app = conf.get("spark.authenticate.secret", "");
         }
         appSecret = app.isBlank() ? null : app;
+        replicas = conf.getInt(REPLICAS, 0);
+        if (conf.contains(REPLICAS) && (replicas < 1 || replicas > Wire.MAX_REPLICAS)) {
+            throw new IllegalArgumentException(REPLICAS + " must be in 1.." + Wire.MAX_REPLICAS + ", got " + replicas);
+        }
     }
 
     /** {@code spark.shuffled.secret}, else the content of {@code spark.shuffled.secretFile} (read where it runs). */

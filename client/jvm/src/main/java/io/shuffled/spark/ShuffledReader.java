@@ -54,9 +54,6 @@ import scala.math.Ordering;
  * forgets the outputs on it and recomputes them; other errors fail the task with the daemon's message.
  */
 final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
-    /** Read streams open beyond the one being read (each holds up to its credit in buffers). */
-    static final int OPEN_AHEAD = 3;
-
     private final BaseShuffleHandle<K, ?, C> handle;
     private final int startMap;
     private final int endMap;
@@ -146,10 +143,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private final List<Location> locations;
         private final SerializerInstance serializer;
         private final SerializerManager serializers;
-        private final List<PartitionReader> streams = new ArrayList<>();
-        private ShuffleClient client;
-        /** floating buffers per stream, from the client's segment size (see {@link #floating()}) */
-        private int floating;
+        private final ReadStreams streams;
         private int index = -1;
         private PairInput input;
         private DeserializationStream block;
@@ -165,6 +159,8 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             this.locations = locations;
             this.serializer = dep.serializer().newInstance();
             this.serializers = env.serializerManager();
+            this.streams = new ReadStreams(clients, env.executorId(), context.taskAttemptId(), locations.size(),
+                    this::open);
         }
 
         @Override
@@ -219,37 +215,36 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             return true;
         }
 
-        /**
-         * Moves to the next location. Streams are opened up to {@link #OPEN_AHEAD} locations ahead of the
-         * one being read, so the next daemons already send under their initial credit while this one is
-         * read, and a task's buffered memory stays bounded however many daemons hold its input.
-         */
+        /** Moves to the next location (see {@link ReadStreams} for how its stream is opened). */
         private boolean nextLocation() throws IOException {
             index++;
             if (index >= locations.size()) {
                 return false;
             }
-            if (client == null) {
-                client = clients.forTask(env.executorId(), context.taskAttemptId());
-                floating = floating();
-            }
-            while (streams.size() < Math.min(locations.size(), index + 1 + OPEN_AHEAD)) {
-                Location loc = locations.get(streams.size());
-                long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
-                String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
-                streams.add(client.read(
-                        env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts), floating));
-            }
-            local = locations.get(index).daemon().equals(client.daemonNode());
-            input = new PairInput(streams.get(index), (bytes, waitNanos) -> {
-                if (local) {
+            int at = index;
+            input = streams.start(at, (bytes, waitNanos) -> {
+                if (isLocal(at)) {
                     metrics.incLocalBytesRead(bytes);
                 } else {
                     metrics.incRemoteBytesRead(bytes);
                 }
                 metrics.incFetchWaitTime(fetchWait.add(waitNanos));
             });
+            local = isLocal(at);
             return true;
+        }
+
+        /** Whether the location's daemon is the one the task reads through (it may change, see ReadStreams). */
+        private boolean isLocal(int location) {
+            return locations.get(location).daemon().equals(streams.client().daemonNode());
+        }
+
+        private PartitionReader open(ShuffleClient client, int location) throws IOException {
+            Location loc = locations.get(location);
+            long[] attempts = loc.attempts().stream().mapToLong(Long::longValue).toArray();
+            String where = loc.daemon().equals(client.daemonNode()) ? "" : loc.daemon();
+            return client.read(
+                    env.conf().getAppId(), dep.shuffleId(), start, end, Map.of(where, attempts), floating(client));
         }
 
         /**
@@ -258,9 +253,10 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
          * exclusive buffers, and at most {@link PartitionReader#FLOATING}. A task's buffered bytes then stay
          * within what Spark's own reader would hold.
          */
-        private int floating() {
+        private int floating(ShuffleClient client) {
             long inFlight = env.conf().getSizeAsBytes("spark.reducer.maxSizeInFlight", "48m");
-            long perStream = inFlight / client.segmentSize() / (1 + OPEN_AHEAD) - PartitionReader.EXCLUSIVE;
+            long streamsAtOnce = 1 + ReadStreams.OPEN_AHEAD;
+            long perStream = inFlight / client.segmentSize() / streamsAtOnce - PartitionReader.EXCLUSIVE;
             return (int) Math.max(0, Math.min(PartitionReader.FLOATING, perStream));
         }
 
@@ -283,10 +279,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
 
         void close() {
             closeBlock();
-            for (PartitionReader r : streams) {
-                r.close();
-            }
-            streams.clear();
+            streams.close();
             index = locations.size(); // nothing more is opened
         }
 
@@ -309,6 +302,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             BlockManagerId blame;
             long mapId = -1;
             int mapIndex = -1;
+            ShuffleClient client = streams.client();
             if (!timedOut && client != null && client.isOpen() && at >= 0 && at < locations.size()) {
                 Location loc = locations.get(at);
                 blame = loc.id();

@@ -77,7 +77,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         int partitions = dep.partitioner().numPartitions();
         String app = env.conf().getAppId();
         ShuffleClient client = clients.withDaemon(env.executorId(), context.taskAttemptId(), c -> {
-            output = c.openWriter(app, dep.shuffleId(), context.partitionId(), mapId, partitions);
+            output = c.openWriter(app, dep.shuffleId(), context.partitionId(), mapId, partitions, clients.replicas());
             return c;
         });
         long written;

@@ -6,7 +6,8 @@ import org.apache.spark.SparkConf;
 
 /**
  * Checks of the plugin's small rules that a Spark job shows only by chance: fetch wait that is made of
- * sub-millisecond waits, the Spark settings the plugin refuses at start, and the Spark line it was built for. Prints one line per check,
+ * sub-millisecond waits, the Spark settings the plugin refuses at start, the range of spark.shuffled.replicas, and
+ * the Spark line it was built for. Prints one line per check,
  * then {@code N passed, M failed}; exits non-zero on any failure.
  */
 public final class PluginCheck {
@@ -23,6 +24,10 @@ public final class PluginCheck {
             "spark.storage.decommission.shuffleBlocks.enabled"}) {
             c.refused(key);
         }
+        c.replicas(null, 0);
+        c.replicas("2", 2);
+        c.replicas("0", -1);
+        c.replicas("5", -1);
         c.sparkLineOfThisJar();
         c.otherSparkLineRefused();
         System.out.println(c.passed + " passed, " + c.failures.size() + " failed");
@@ -67,6 +72,22 @@ public final class PluginCheck {
             failure = e.getMessage().contains(key) ? null : "message does not name the setting: " + e.getMessage();
         }
         verdict("refuses " + key + "=true", failure);
+    }
+
+    /** spark.shuffled.replicas: unset is 0 (not sent), 1..4 is taken, anything else refused at start (-1). */
+    private void replicas(String value, int expected) {
+        SparkConf conf = new SparkConf(false);
+        if (value != null) {
+            conf.set(ShuffledConf.REPLICAS, value);
+        }
+        String failure;
+        try {
+            int got = new ShuffledConf(conf).replicas;
+            failure = got == expected ? null : "got " + got;
+        } catch (IllegalArgumentException e) {
+            failure = expected == -1 && e.getMessage().contains(ShuffledConf.REPLICAS) ? null : e.getMessage();
+        }
+        verdict(ShuffledConf.REPLICAS + "=" + value + (expected == -1 ? " refused" : " is " + expected), failure);
     }
 
     private void sparkLineOfThisJar() {

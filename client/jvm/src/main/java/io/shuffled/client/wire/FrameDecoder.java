@@ -419,7 +419,8 @@ public final class FrameDecoder {
                         int64(m, "map_index", name),
                         u64(m.get("attempt"), name + ": field 'attempt'"),
                         int64(m, "partitions", name),
-                        optionalStr(m, "token", name));
+                        optionalStr(m, "token", name),
+                        replicas(m, name));
             }
             case ADMIN_REQUEST: {
                 Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
@@ -516,6 +517,18 @@ public final class FrameDecoder {
             throw new ProtocolException(what + ": field '" + key + "' is out of range (" + v + ")");
         }
         throw wrongType(what, key);
+    }
+
+    /** OpenMapOutput's optional {@code replicas} (§7.8): 1..MAX_REPLICAS, or 0 when absent. */
+    private static int replicas(Map<String, Object> m, String what) throws ProtocolException {
+        if (m.get("replicas") == null) {
+            return 0;
+        }
+        long n = int64(m, "replicas", what);
+        if (n < 1 || n > Wire.MAX_REPLICAS) {
+            throw new ProtocolException(what + ": 'replicas' must be an integer in 1.." + Wire.MAX_REPLICAS);
+        }
+        return (int) n;
     }
 
     /** A u64 field: a msgpack integer in 0..2^64−1, returned as the bits of a long. */

@@ -174,7 +174,7 @@ public final class FrameEncoder {
         }
         if (frame instanceof Frame.OpenMapOutput m) {
             MsgPack.Writer w = new MsgPack.Writer(96);
-            w.writeMapHeader(m.token() == null ? 5 : 6);
+            w.writeMapHeader(5 + (m.token() == null ? 0 : 1) + (m.replicas() == 0 ? 0 : 1));
             w.writeString("app").writeString(m.app());
             w.writeString("shuffle").writeSigned(m.shuffle());
             w.writeString("map_index").writeSigned(m.mapIndex());
@@ -182,6 +182,9 @@ public final class FrameEncoder {
             w.writeString("partitions").writeSigned(m.partitions());
             if (m.token() != null) {
                 w.writeString("token").writeString(m.token());
+            }
+            if (m.replicas() != 0) {
+                w.writeString("replicas").writeSigned(m.replicas());
             }
             return w.toByteArray();
         }

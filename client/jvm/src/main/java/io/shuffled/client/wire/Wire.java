@@ -40,6 +40,8 @@ public final class Wire {
     public static final int MAX_STREAMS_PER_CONNECTION = 65536;
     /** Largest partition count of a shuffle (§9). */
     public static final long MAX_PARTITIONS = 1L << 24;
+    /** Most copies of one map output an OpenMapOutput may ask for ({@code replicas}, §7.8). */
+    public static final int MAX_REPLICAS = 4;
 
     public static final long MAX_U32 = 0xFFFF_FFFFL;
     public static final int MAX_U16 = 0xFFFF;

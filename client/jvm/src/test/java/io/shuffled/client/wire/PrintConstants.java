@@ -28,6 +28,7 @@ public final class PrintConstants {
         System.out.println("const MAX_CONTROL_BODY " + Wire.MAX_CONTROL_BODY);
         System.out.println("const DEFAULT_MAX_PAYLOAD " + Wire.DEFAULT_MAX_PAYLOAD);
         System.out.println("const MAX_STREAMS_PER_CONNECTION " + Wire.MAX_STREAMS_PER_CONNECTION);
+        System.out.println("const MAX_REPLICAS " + Wire.MAX_REPLICAS);
         System.out.println("const MAGIC " + Wire.MAGIC);
     }
 }

@@ -290,6 +290,8 @@ public final class VectorCheck {
         present.remove("type");
         String token = f.has("token") ? text(f, "token") : null; // optional key (§6.2)
         present.remove("token");
+        int replicas = f.has("replicas") ? (int) i64(f, "replicas") : 0; // optional key (§7.8)
+        present.remove("replicas");
         require(present.equals(new TreeSet<>(fields)), type + " has fields " + present + ", expected " + fields);
         switch (type) {
             case "HELLO":
@@ -329,7 +331,8 @@ public final class VectorCheck {
                 return new Frame.CancelPartitionRequest(u32(f, "receiver"));
             case "OPEN_MAP_OUTPUT":
                 return new Frame.OpenMapOutput(u32(f, "writer"), text(f, "app"), i64(f, "shuffle"),
-                        i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"), token);
+                        i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"), token,
+                        replicas);
             case "PUSH_CREDIT":
                 return new Frame.PushCredit(u32(f, "writer"), u32(f, "credit"));
             case "PUSH_DATA":
