@@ -333,6 +333,20 @@ class LocalPool:
         buf.set_recycler(self.recycle)
         return buf
 
+    async def add_exclusive(self, n: int) -> None:
+        """Guarantee n segments more (waits for them): a read that reopens a channel on another daemon
+        needs new exclusive buffers while the failed channel's may still be on their way to the client."""
+        got = await self.owner.take(n, self.use_reserve)
+        if self.destroyed:
+            for b in got:
+                self.owner.give(b)
+            return
+        self.add_segments(got)
+        self.min += n
+        self.max += n
+        self.target += n
+        self.owner._min_total += n
+
     def grow(self) -> bool:
         """Take one more segment from the global pool into this pool, if allowed and free."""
         if self.destroyed or self.size >= self.target:

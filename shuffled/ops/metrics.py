@@ -283,6 +283,25 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         {code.name: errors.get(code.name, 0) for code in ErrorCode},
     )
 
+    failover = s.failover
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_read_failovers",
+            "Times a relayed read looked for another copy of a location's data after the daemon serving it "
+            "failed, by the wire code it failed with",
+            labels=["code"],
+        ),
+        dict(failover.failovers),
+    )
+    yield _counter(
+        "shuffled_read_failovers_exhausted",
+        "Relayed reads that failed because no copy of their data was left",
+        failover.exhausted,
+    )
+    yield _counter(
+        "shuffled_resumed_reads", "Reads served from where a failed copy's read stopped", failover.resumed_reads
+    )
+
     disk = s.disk
     yield _counter("shuffled_spills", "Spills of pool data to disk", disk.spills)
     yield _counter("shuffled_spilled_bytes", "Bytes spilled to disk", disk.spilled_bytes)

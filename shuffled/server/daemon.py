@@ -39,6 +39,7 @@ from .stats import (
     DaemonStats,
     DiskStats,
     DrainStats,
+    FailoverStats,
     FilesystemStats,
     PoolStats,
     ReplicationStats,
@@ -466,6 +467,11 @@ class Daemon:
                 held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
             ),
             drain=self.drain_stats.copy(),
+            failover=FailoverStats(
+                failovers=dict(counters.failovers),
+                exhausted=counters.failovers_exhausted,
+                resumed_reads=counters.resumed_reads,
+            ),
         )
 
     async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,10 @@ put in a request's locations). Either side may dial when it first needs the
 other. When both dial at once, the connection dialled by the daemon with the
 smaller name wins: the larger one's dial is refused with DUPLICATE_CONNECTION and
 it adopts the connection that arrives from the smaller one.
+
+A daemon that could not be dialled is not dialled again for a peer timeout (or until
+it connects to us): every read that names a dead host would otherwise wait a whole
+connect timeout before failing over to a copy.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class PeerManager(Generic[C]):
         self._arrival: dict[str, asyncio.Future[C]] = {}
         #: daemons that proved themselves by connecting to us
         self.known: set[str] = set()
+        #: daemon -> (loop time until which it is not dialled again, why its last dial failed)
+        self._unreachable: dict[str, tuple[float, PeerUnavailable]] = {}
 
     async def get(self, addr: str) -> C:
         if addr == self.daemon.node:
@@ -96,12 +102,26 @@ class PeerManager(Generic[C]):
         if conn is not None and conn.is_open:
             return conn
         self._check_dialable(addr)
+        failed = self._unreachable.get(addr)
+        if failed is not None:
+            if asyncio.get_running_loop().time() < failed[0]:
+                raise PeerUnavailable(f"{failed[1].message} (not dialled again yet)")
+            del self._unreachable[addr]
         task = self._dialing.get(addr)
         if task is None:
             task = self._dialing[addr] = asyncio.create_task(self._dial(addr))
         return await asyncio.shield(task)
 
     async def _dial(self, addr: str) -> C:
+        try:
+            return await self._connect(addr)
+        except PeerUnavailable as exc:
+            cfg = self.daemon.config
+            pause = cfg.peer_timeout or cfg.connect_timeout
+            self._unreachable[addr] = (asyncio.get_running_loop().time() + pause, exc)
+            raise
+
+    async def _connect(self, addr: str) -> C:
         cfg = self.daemon.config
         loop = asyncio.get_running_loop()
         try:
@@ -156,6 +176,7 @@ class PeerManager(Generic[C]):
         if old is not None and old is not conn and old.is_open:
             old.close("superseded by a newer connection from the same daemon")
         self.conns[node] = conn
+        self._unreachable.pop(node, None)
         if conn.dialed is None:
             self.known.add(node)
         fut = self._arrival.pop(node, None)

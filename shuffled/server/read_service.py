@@ -19,13 +19,14 @@ from ..net.sender import Sender
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream
 from ..protocol.connection import ProtocolConnection, release_payload
-from ..protocol.errors import InvalidRequest, ShuffledError, ShuttingDown
+from ..protocol.errors import InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
 from .chunks import Chunk
 from .feed import DiskFedStream
 from .peers import split_address
 from .reading import InputGate, Peers, RemoteInputChannel
 from .services import Services
+from .store import DiskChunk, Resume
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,10 @@ class ReadService:
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         self.link.send_error(stream, exc)
 
+    @property
+    def features(self) -> frozenset[str]:
+        return self.link.proto.features
+
     def new_stream_id(self) -> int:
         return self.link.proto.new_stream_id()
 
@@ -95,21 +100,35 @@ class ReadService:
                 local = (local or []) + attempts
             else:
                 remote[addr] = attempts
+        resume = Resume.from_wire(req.resume) if req.resume is not None else None
+        missing: ShuffledError | None = None
         try:
             if remote and not self.link.from_client:
                 raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
+            if resume is not None and (remote or local is None):
+                raise InvalidRequest("a resumed read may name only the daemon it asks")
             self.link.authorize(req.app, req.token)
             for addr in remote:
                 split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
-            store = self.services.store
-            items, on_disk = (
-                store.snapshot(req.app, req.shuffle, req.start, req.end, local) if local is not None else ([], 0)
-            )
+            items: list[Chunk | DiskChunk] = []
+            on_disk = 0
+            if local is not None:
+                try:
+                    items, on_disk = self.services.store.snapshot(
+                        req.app, req.shuffle, req.start, req.end, local, resume
+                    )
+                except PartitionNotFound as exc:
+                    if not self._copies_elsewhere(resume):
+                        raise
+                    # This daemon lost the data (restarted after a crash): its copies may still have it.
+                    remote[self.node], missing = local, exc
         except ShuffledError as exc:
             self.send_error(rid, exc)
             return
+        if resume is not None:
+            self.services.counters.resumed_reads += 1
         fed: DiskFedStream | None = None
         if on_disk:
             fed = DiskFedStream(
@@ -136,7 +155,7 @@ class ReadService:
         self.served[rid] = stream
         self.link.proto.accept_read(rid, stream)
         if remote:
-            gate = InputGate(self, stream, req, remote, self.services, self.peers, local_pending=fed is not None)
+            gate = InputGate(self, stream, req, remote, self.services, self.peers, self.node, fed is not None, missing)
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
         elif fed is None:
@@ -144,6 +163,12 @@ class ReadService:
         self.sender.wake(stream)
         if fed is not None:
             fed.pump()
+
+    def _copies_elsewhere(self, resume: Resume | None) -> bool:
+        """A client's read of data this daemon lacks may fail over to the placement candidates (only a
+        client's: a peer asking here is itself failing over and tries the next copy)."""
+        peers = self.services.config.peer_addresses()
+        return self.link.from_client and resume is None and bool(self.node) and any(p != self.node for p in peers)
 
     def on_credit(self, rid: int) -> None:
         stream = self.served.get(rid)

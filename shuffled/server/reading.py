@@ -10,24 +10,42 @@ transport has flushed it, so a slow client slows only its own remote streams and
 never the shared connection. The backlog the client is told includes what the
 remote daemons announced they still hold, so the client's window grows with the
 whole stream rather than with the few buffers this daemon has at hand.
+
+Failover (PROTOCOL.md §10.4, §10.6): every location's progress is recorded as it is
+relayed (`PairProgress`). When the daemon holding a location fails (unreachable, lost,
+silent, or without the data) the gate reopens that location on the next daemon of its
+placement candidates, resuming exactly where the relayed bytes stop, so the client
+sees neither a gap nor a repeat. Only when no copy is left does the read fail, with the
+error the location first failed with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections import deque
 from typing import Protocol
 
-from ..buffers import LocalPool
+from ..buffers import Buffer, LocalPool
 from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
 from ..protocol.credit import ChannelCredit, FloatingPool
-from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
-from ..protocol.frames import PartitionRequest
+from ..protocol.errors import (
+    CorruptData,
+    ErrorCode,
+    InternalError,
+    LimitExceeded,
+    PartitionNotFound,
+    ShuffledError,
+)
+from ..protocol.frames import REPLICA, PartitionRequest
 from .chunks import Chunk
+from .placement import candidates
 from .services import Services
+from .store import DiskChunk, Resume
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +74,9 @@ class ReadPeer(Protocol):
     @property
     def channels(self) -> dict[int, RemoteInputChannel]: ...
 
+    @property
+    def features(self) -> frozenset[str]: ...
+
     def new_stream_id(self) -> int: ...
 
     def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None: ...
@@ -78,15 +99,83 @@ class Peers(Protocol):
     async def get(self, addr: str) -> PeerLink: ...
 
 
+#: the errors a location fails over on: the copy is gone, silent, lost or bad, another may be fine
+FAILOVER_CODES = frozenset(
+    {
+        ErrorCode.PEER_UNAVAILABLE,
+        ErrorCode.CONNECTION_LOST,
+        ErrorCode.TIMEOUT,
+        ErrorCode.PARTITION_NOT_FOUND,
+        ErrorCode.SHUTTING_DOWN,
+        ErrorCode.CORRUPT_DATA,
+    }
+)
+
+
+class PairProgress:
+    """How far a location was relayed: enough to resume it on another copy (§10.6) without a byte twice.
+
+    Updated before a chunk is relayed; a relayed chunk is queued on the client stream in order, so what
+    is counted here is exactly what the client will get.
+    """
+
+    __slots__ = ("attempt", "bytes", "chunks", "done", "partition")
+
+    def __init__(self) -> None:
+        self.partition = -1
+        #: attempts of `partition` relayed whole
+        self.done: list[int] = []
+        #: the attempt being relayed (None: nothing relayed yet)
+        self.attempt: int | None = None
+        self.chunks = 0
+        self.bytes = 0
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.partition != self.partition:
+            self.partition, self.done, self.attempt = chunk.partition, [], None
+        if chunk.attempt != self.attempt:
+            if self.attempt is not None:
+                self.done.append(self.attempt)
+            self.attempt, self.chunks, self.bytes = chunk.attempt, 0, 0
+        self.chunks += 1
+        self.bytes += chunk.buffer.length
+
+    def resume(self) -> Resume | None:
+        """The resume point, None before the first chunk (then a copy serves the request from its start)."""
+        if self.attempt is None:
+            return None
+        return Resume(self.partition, tuple(self.done), self.attempt, self.chunks, self.bytes)
+
+
+class Location:
+    """One daemon's part of a read (its address and the attempts named there), followed across copies."""
+
+    __slots__ = ("attempts", "candidates", "deadline", "error", "primary", "progress")
+
+    def __init__(self, primary: str, attempts: list[int]) -> None:
+        self.primary = primary
+        self.attempts = attempts
+        self.progress = PairProgress()
+        #: the error the primary failed with (what the client gets when no copy is left); None until then
+        self.error: ShuffledError | None = None
+        #: the copies not tried yet, in placement order
+        self.candidates: list[str] = []
+        #: loop time by which the search under way must have found a copy
+        self.deadline = 0.0
+
+
 class RemoteInputChannel(InputChannel):
     """A PartitionRequest this daemon made to another daemon on behalf of a gate."""
 
-    __slots__ = ("closed", "conn", "gate", "upstream")
+    __slots__ = ("closed", "conn", "gate", "location", "upstream")
 
-    def __init__(self, gate: InputGate, conn: ReadPeer, receiver: int, credit: ChannelCredit) -> None:
+    def __init__(
+        self, gate: InputGate, conn: ReadPeer, receiver: int, credit: ChannelCredit, location: Location
+    ) -> None:
         super().__init__(receiver, credit, verify=gate.services.config.relay_check == "crc")
         self.gate = gate
         self.conn = conn
+        self.location = location
         self.closed = False
         #: the backlog the remote daemon last announced, as counted in the client stream's backlog
         self.upstream = 0
@@ -99,6 +188,7 @@ class RemoteInputChannel(InputChannel):
 
     def deliver(self, chunk: Chunk) -> None:
         self._count_upstream(self.credit.backlog)
+        self.location.progress.add(chunk)
         self.gate.relay(chunk)
 
     def _count_upstream(self, backlog: int) -> None:
@@ -112,7 +202,8 @@ class RemoteInputChannel(InputChannel):
         self.gate.channel_done()
 
     def on_stream_error(self, exc: ShuffledError) -> None:
-        self.gate.fail(exc)
+        self.cancel()
+        self.gate.location_failed(self.location, exc)
 
     def _finish(self) -> None:
         self._count_upstream(0)
@@ -131,7 +222,7 @@ class RemoteInputChannel(InputChannel):
         if self.closed:
             return
         self._finish()
-        self.gate.fail(exc)
+        self.gate.location_failed(self.location, exc)
 
 
 class InputGate:
@@ -145,20 +236,30 @@ class InputGate:
         remote: dict[str, list[int]],
         services: Services,
         peers: Peers,
+        node: str,
         local_pending: bool = False,
+        missing: ShuffledError | None = None,
     ) -> None:
         self.client = client
         self.services = services
         self.peers = peers
+        #: this daemon's name: a location here is one it lacks (`missing`), a candidate here is read locally
+        self.node = node
+        self.missing = missing
         self.out = out
         self.req = req
         self.remote = remote
         self.pool: LocalPool | None = None
+        self.floating: FloatingPool | None = None
         self.channels: list[RemoteInputChannel] = []
+        self.feeds: list[LocalReplicaFeed] = []
         #: parts still to finish: one per remote daemon, plus the local data while it is loaded from disk
         self.pending = len(remote) + local_pending
         self.closed = False
         self.task: asyncio.Task[None] | None = None
+        self._failovers: set[asyncio.Task[None]] = set()
+        #: exclusive buffer sets the pool holds that no channel has taken yet (one per remote daemon)
+        self._spare = len(remote)
 
     async def open(self) -> None:
         services = self.services
@@ -174,44 +275,145 @@ class InputGate:
             if self.closed:
                 self.pool.destroy()
                 return
-            floating = FloatingPool(cfg.floating, self.pool)
+            self.floating = FloatingPool(cfg.floating, self.pool)
             for addr, attempts in self.remote.items():
-                peer = (await self.peers.get(addr)).reads
+                loc = Location(addr, attempts)
+                if addr == self.node:
+                    assert self.missing is not None
+                    self.location_failed(loc, self.missing)
+                    continue
+                try:
+                    peer = (await self.peers.get(addr)).reads
+                except ShuffledError as exc:
+                    self.location_failed(loc, exc)
+                    continue
                 if self.closed:
                     return
-                if len(peer.channels) >= cfg.max_streams_per_connection:
-                    raise LimitExceeded(
-                        f"max-streams-per-connection ({cfg.max_streams_per_connection}) reads from daemon {addr} "
-                        "are open on its connection"
-                    )
-                credit = ChannelCredit(cfg.exclusive, floating)
-                ch = RemoteInputChannel(self, peer, peer.new_stream_id(), credit)
-                self.channels.append(ch)
-                peer.open_channel(
-                    ch,
-                    PartitionRequest(
-                        ch.receiver,
-                        cfg.exclusive,
-                        self.req.app,
-                        self.req.shuffle,
-                        self.req.start,
-                        self.req.end,
-                        {"": attempts},
-                        self.req.token,  # the daemon holding the data checks the client's token too
-                    ),
-                )
+                await self._open_channel(loc, peer)
         except ShuffledError as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            event(
-                log,
-                "opening a read failed",
-                logging.ERROR,
-                exc_info=True,
-                app=self.req.app,
-                shuffle=self.req.shuffle,
+            self.bug("opening a read failed", exc)
+
+    def bug(self, what: str, exc: Exception) -> None:
+        event(log, what, logging.ERROR, exc_info=True, app=self.req.app, shuffle=self.req.shuffle)
+        self.fail(InternalError(f"{what}: {exc.__class__.__name__}: {exc}"))
+
+    async def _open_channel(self, loc: Location, peer: ReadPeer) -> None:
+        cfg = self.services.config
+        if len(peer.channels) >= cfg.max_streams_per_connection:
+            raise LimitExceeded(
+                f"max-streams-per-connection ({cfg.max_streams_per_connection}) reads from daemon {loc.primary} "
+                "are open on its connection"
             )
-            self.fail(InternalError(f"opening the read failed: {exc.__class__.__name__}: {exc}"))
+        if self._spare:
+            self._spare -= 1
+        else:  # a failed-over location: the failed channel's buffers may still be on their way to the client
+            assert self.pool is not None
+            await self.pool.add_exclusive(cfg.exclusive)
+            if self.closed:
+                return
+        assert self.floating is not None
+        ch = RemoteInputChannel(self, peer, peer.new_stream_id(), ChannelCredit(cfg.exclusive, self.floating), loc)
+        self.channels.append(ch)
+        resume = loc.progress.resume()
+        peer.open_channel(
+            ch,
+            PartitionRequest(
+                ch.receiver,
+                cfg.exclusive,
+                self.req.app,
+                self.req.shuffle,
+                self.req.start if resume is None else resume.partition,
+                self.req.end,
+                {"": loc.attempts},
+                self.req.token,  # the daemon holding the data checks the client's token too
+                None if resume is None else resume.to_wire(),
+            ),
+        )
+
+    # -- failover
+
+    def location_failed(self, loc: Location, exc: ShuffledError) -> None:
+        """A location's channel (or local feed) failed: go on from another copy if the error allows it.
+
+        INVALID_REQUEST fails over only once the location already failed (a copy that refuses the resume
+        point, e.g. one that holds the pair as other chunks); on a first request it is the client's mistake.
+        """
+        if self.closed:
+            return
+        if exc.code not in FAILOVER_CODES and not (exc.code is ErrorCode.INVALID_REQUEST and loc.error is not None):
+            self.fail(exc)
+            return
+        cfg = self.services.config
+        # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
+        loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
+        if loc.error is None:
+            loc.error = exc
+            peers = [*cfg.peer_addresses(), self.node]
+            found = candidates(peers, cfg.zones(self.node), loc.primary, self.req.app, self.req.shuffle)
+            loc.candidates = found[: cfg.replica_search]
+        self.services.counters.failovers[exc.code.name] += 1
+        event(
+            log,
+            "read failing over",
+            app=self.req.app,
+            shuffle=self.req.shuffle,
+            primary=loc.primary,
+            code=exc.code.name,
+            reason=exc.message,
+            left=len(loc.candidates),
+        )
+        task = asyncio.create_task(self._failover(loc))
+        self._failovers.add(task)
+        task.add_done_callback(self._failovers.discard)
+
+    async def _failover(self, loc: Location) -> None:
+        """Reopen `loc` on its next candidate that can serve it; without one, fail with its first error."""
+        try:
+            async with asyncio.timeout_at(loc.deadline):
+                while loc.candidates and not self.closed:
+                    node = loc.candidates.pop(0)
+                    if node == self.node:
+                        if self._read_locally(loc):
+                            return
+                        continue
+                    try:
+                        peer = (await self.peers.get(node)).reads
+                    except ShuffledError:
+                        continue
+                    if loc.progress.attempt is not None and REPLICA not in peer.features:
+                        continue  # it would not understand `resume` and resend what was relayed
+                    await self._open_channel(loc, peer)
+                    return
+        except TimeoutError:
+            pass
+        except ShuffledError as exc:
+            self.fail(exc)
+            return
+        except Exception as exc:  # a bug must fail this read, never leave the client waiting
+            self.bug("failing over a read failed", exc)
+            return
+        if not self.closed:
+            assert loc.error is not None
+            self.services.counters.failovers_exhausted += 1
+            self.fail(loc.error)
+
+    def _read_locally(self, loc: Location) -> bool:
+        """This daemon is a candidate: serve the location from its own store if it holds the attempts."""
+        resume = loc.progress.resume()
+        req = self.req
+        start = req.start if resume is None else resume.partition
+        try:
+            items, _ = self.services.store.snapshot(req.app, req.shuffle, start, req.end, loc.attempts, resume)
+        except ShuffledError:
+            return False
+        if resume is not None:
+            self.services.counters.resumed_reads += 1
+        self.feeds.append(LocalReplicaFeed(self, loc, items))
+        return True
+
+    # -- relaying
 
     def relay(self, chunk: Chunk) -> None:
         if self.closed:
@@ -251,6 +453,105 @@ class InputGate:
         if cancel:
             for ch in self.channels:
                 ch.cancel()
+            for feed in self.feeds:
+                feed.close()
+            for task in self._failovers:
+                task.cancel()
         if self.pool is not None:
             # Buffers still queued or in flight return to the global pool when released.
             self.pool.destroy()
+
+
+class LocalReplicaFeed:
+    """A failed location served from this daemon's own copy, from where the relayed bytes stop.
+
+    Memory chunks are relayed as they are; spilled ones are read into read-reserve segments, at most a
+    channel's worth (exclusive plus floating) loaded and not yet flushed to the client, and checked
+    against their CRC32C. Failover is the rare path: chunks are read one at a time.
+    """
+
+    __slots__ = ("closed", "gate", "items", "limit", "loaded", "location", "reading", "room", "task")
+
+    def __init__(self, gate: InputGate, location: Location, items: list[Chunk | DiskChunk]) -> None:
+        cfg = gate.services.config
+        self.gate = gate
+        self.location = location
+        self.items: deque[Chunk | DiskChunk] = deque(items)
+        self.limit = cfg.exclusive + cfg.floating
+        self.loaded = 0
+        self.room = asyncio.Event()
+        #: a thread is filling a segment: the task must not be cancelled (it gives the segment back)
+        self.reading = False
+        self.closed = False
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        gate = self.gate
+        try:
+            while self.items:
+                item = self.items[0]
+                chunk = await self._load(item) if isinstance(item, DiskChunk) else item
+                if self.closed:
+                    chunk.buffer.release()
+                    return
+                self.items.popleft()
+                self.location.progress.add(chunk)
+                gate.relay(chunk)
+        except ShuffledError as exc:
+            self.close()
+            gate.location_failed(self.location, exc)
+            return
+        except Exception as exc:  # a bug must fail this read, never leave the client waiting
+            self.close()
+            gate.bug("reading a local copy failed", exc)
+            return
+        self.closed = True
+        gate.channel_done()
+
+    async def _load(self, item: DiskChunk) -> Chunk:
+        services = self.gate.services
+        disk = services.disk
+        assert disk is not None
+        while self.loaded >= self.limit:
+            self.room.clear()
+            await self.room.wait()
+        (buf,) = await services.pool.take(1, use_reserve=True)
+        self.loaded += 1
+        buf.set_recycler(self._recycle)
+        buf.length = item.length
+        self.reading = True
+        try:
+            fd, (crc,) = await disk.read(None, item.path, item.offset, [buf.data()])
+            os.close(fd)
+        except FileNotFoundError:
+            buf.release()
+            raise PartitionNotFound(f"spill file {item.path} is gone (shuffle removed while being read?)") from None
+        except (OSError, EOFError) as exc:
+            buf.release()
+            raise CorruptData(f"reading spilled data from {item.path} failed: {exc}") from None
+        finally:
+            self.reading = False
+        if crc != item.crc:
+            buf.release()
+            raise CorruptData(
+                f"spilled data of partition {item.partition} (map attempt {item.attempt}) failed its CRC32C "
+                f"check at offset {item.offset} of {item.path}"
+            )
+        return Chunk(buf, item.partition, item.attempt, crc)
+
+    def _recycle(self, buf: Buffer) -> None:
+        self.gate.services.pool.give(buf)
+        self.loaded -= 1
+        self.room.set()
+
+    def close(self) -> None:
+        """The read ended or failed: give back what is not relayed (a running disk read gives its own)."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.reading and asyncio.current_task() is not self.task:
+            self.task.cancel()
+        while self.items:
+            item = self.items.popleft()
+            if isinstance(item, Chunk):
+                item.buffer.release()

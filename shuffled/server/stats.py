@@ -168,6 +168,18 @@ class ReplicationStats:
 
 
 @dataclass(frozen=True, slots=True)
+class FailoverStats:
+    """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
+
+    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
+    failovers: dict[str, int] = field(default_factory=dict)
+    #: reads that failed because no copy was left (the client got the first error)
+    exhausted: int = 0
+    #: reads served from a resume point, for a peer or from this daemon's own copy
+    resumed_reads: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FilesystemStats:
     """The data directory's file system."""
 
@@ -215,6 +227,7 @@ class DaemonStats:
     filesystem: FilesystemStats | None
     replication: ReplicationStats = field(default_factory=ReplicationStats)
     drain: DrainStats = field(default_factory=DrainStats)
+    failover: FailoverStats = field(default_factory=FailoverStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""

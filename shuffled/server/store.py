@@ -31,6 +31,7 @@ from array import array
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from ..buffers import Buffer
 from ..protocol.errors import (
@@ -67,6 +68,29 @@ class StoredChunk:
     #: its attempt was aborted or its shuffle removed: never spilled or served again
     dead: bool = False
     committed: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Resume:
+    """Where a read another copy served stopped (PROTOCOL.md §10.6): in partition `partition`, the pairs
+    of attempts `done` were relayed whole, and the first `chunks` chunks (`bytes` in all) of `attempt`'s."""
+
+    partition: int
+    done: tuple[int, ...] = ()
+    attempt: int | None = None
+    chunks: int = 0
+    bytes: int = 0
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Resume:
+        """A PartitionRequest's `resume` map, whose types frames.py checked."""
+        return cls(m["partition"], tuple(m["done"]), m.get("attempt"), m.get("chunks") or 0, m.get("bytes") or 0)
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"partition": self.partition, "done": list(self.done)}
+        if self.attempt is not None:
+            m |= {"attempt": self.attempt, "chunks": self.chunks, "bytes": self.bytes}
+        return m
 
 
 @dataclass(slots=True, frozen=True)
@@ -469,11 +493,14 @@ class Store:
     # -- read side
 
     def snapshot(
-        self, app: str, shuffle: int, start: int, end: int, attempts: list[int]
+        self, app: str, shuffle: int, start: int, end: int, attempts: list[int], resume: Resume | None = None
     ) -> tuple[list[Chunk | DiskChunk], int]:
         """Chunks of partitions [start, end) from exactly these committed attempts, and how many are on disk.
 
-        In-memory chunks are retained once each (the reader's reference).
+        In-memory chunks are retained once each (the reader's reference). With `resume` (PROTOCOL.md §10.6)
+        partition `start` goes on where another copy's read stopped: every copy holds a pair as the same
+        chunks, so skipping the first `chunks` of the pair in progress (and the pairs `done`) leaves exactly
+        what that read had not relayed. Everything is checked before any chunk is retained.
         """
         data = self.apps.get(app, {}).get(shuffle)
         if data is None:
@@ -488,32 +515,67 @@ class Store:
             raise PartitionNotFound(f"map attempts not committed here for {app}/{shuffle}: {shown}")
         data.usage.last_active = time.monotonic()
         wanted = set(attempts)
-        out: list[Chunk | DiskChunk] = []
-        on_disk = 0
+        first = self._resumed(data, start, wanted, resume) if resume is not None else None
         # Partitions that hold data, without walking a huge range that holds little.
         subs = data.subpartitions
         wanted_parts = range(start, end) if end - start <= len(subs) else sorted(p for p in subs if start <= p < end)
+        out: list[Chunk | DiskChunk] = []
+        on_disk = 0
         for p in wanted_parts:
-            sub = subs.get(p)
-            if sub is None:
+            if first is not None and p == start:
+                runs = [first]
+            elif (sub := subs.get(p)) is not None:
+                runs = list(self._runs(sub, p, wanted).values())
+            else:
                 continue
-            # One run per attempt (PROTOCOL.md §10.1: a reader reads a pair as one stream): its spilled
-            # prefix in file order, then the rest from memory. A spill file holds several attempts
-            # interleaved (two map tasks pushing at once), so file order alone would interleave pairs.
-            runs: dict[int, list[Chunk | DiskChunk]] = {}
-            if sub.spilled:
-                assert sub.file is not None
-                for disk in sub.spilled.select(sub.file.path, p, wanted):
-                    runs.setdefault(disk.attempt, []).append(disk)
-                    on_disk += 1
-            for chunk in sub.chunks:
-                if chunk.attempt in wanted:
-                    assert chunk.buffer is not None
-                    chunk.buffer.retain()
-                    runs.setdefault(chunk.attempt, []).append(Chunk(chunk.buffer, p, chunk.attempt, chunk.crc))
-            for run in runs.values():
-                out.extend(run)
+            for run in runs:
+                for item in run:
+                    if isinstance(item, DiskChunk):
+                        out.append(item)
+                        on_disk += 1
+                    else:
+                        assert item.buffer is not None
+                        item.buffer.retain()
+                        out.append(Chunk(item.buffer, p, item.attempt, item.crc))
         return out, on_disk
+
+    @staticmethod
+    def _runs(sub: Subpartition, p: int, wanted: set[int]) -> dict[int, list[StoredChunk | DiskChunk]]:
+        """One run per attempt (PROTOCOL.md §10.1: a reader reads a pair as one stream): its spilled prefix
+        in file order, then the rest from memory. A spill file holds several attempts interleaved (two map
+        tasks pushing at once), so file order alone would interleave pairs."""
+        runs: dict[int, list[StoredChunk | DiskChunk]] = {}
+        if sub.spilled:
+            assert sub.file is not None
+            for disk in sub.spilled.select(sub.file.path, p, wanted):
+                runs.setdefault(disk.attempt, []).append(disk)
+        for chunk in sub.chunks:
+            if chunk.attempt in wanted:
+                runs.setdefault(chunk.attempt, []).append(chunk)
+        return runs
+
+    def _resumed(
+        self, data: ShuffleData, start: int, wanted: set[int], resume: Resume
+    ) -> list[StoredChunk | DiskChunk]:
+        """What partition `start` still owes a resumed read: the rest of the pair in progress, then the
+        pairs not yet begun, in the usual order."""
+        if resume.partition != start:
+            raise InvalidRequest(f"resume names partition {resume.partition}, the request starts at {start}")
+        named = set(resume.done) | ({resume.attempt} if resume.attempt is not None else set())
+        if not named <= wanted:
+            raise InvalidRequest("resume names map attempts the request does not")
+        sub = data.subpartitions.get(start)
+        runs = self._runs(sub, start, wanted) if sub is not None else {}
+        rest: list[StoredChunk | DiskChunk] = []
+        if resume.attempt is not None:
+            run = runs.pop(resume.attempt, [])
+            if len(run) < resume.chunks or sum(c.length for c in run[: resume.chunks]) != resume.bytes:
+                raise InvalidRequest("resume point does not match this copy")
+            rest += run[resume.chunks :]
+        for attempt, run in runs.items():
+            if attempt not in named:
+                rest += run
+        return rest
 
     # -- restart
 

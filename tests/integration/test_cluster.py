@@ -112,8 +112,9 @@ async def test_missing_data_gives_clear_per_stream_errors(cluster: Cluster) -> N
             await _collect(a.read(APP, 999, 0, 1, {"": [1]}))
         with pytest.raises(PartitionNotFound, match="78"):
             await _collect(a.read(APP, 2, 0, 1, {cluster.daemons[1].addr: [77, 78]}))
+        # (an attempt no daemon holds: the relaying daemon would find a copy of 77 on b, PROTOCOL.md §10.6)
         with pytest.raises(PeerUnavailable):
-            await _collect(a.read(APP, 2, 0, 1, {"127.0.0.9:1": [77]}))
+            await _collect(a.read(APP, 2, 0, 1, {"127.0.0.9:1": [79]}))
         # The same connections keep working after those errors.
         got = await _collect(a.read(APP, 2, 3, 4, {cluster.daemons[1].addr: [77]}))
         assert got == {(77, 3): payload(77, 3, SIZES[3])}

@@ -7,6 +7,11 @@ affected read fails with a clear error (or completes, for slow but live links),
 the unaffected reads complete, and every daemon's pool returns to exactly its
 stored data.
 
+The proxy's address is not a daemon's, so a relaying daemon that loses it fails over (PROTOCOL.md §10.4)
+to the address's placement candidates; with `--replica-search 1` and these shuffle ids that is never B,
+so a failed read here is one whose data has no other copy (tests/integration/test_failover.py covers
+the reads that have one).
+
 Corruption: a flipped *header* byte must be a PROTOCOL error on that connection; a flipped
 *payload* byte fails that read with CORRUPT_DATA, found by the reader's end-to-end CRC32C check
 (by default) or already by the relaying daemon's (``--relay-check crc``).
@@ -25,6 +30,7 @@ import pytest_asyncio
 
 from shuffled.protocol.errors import ConnectionLost, CorruptData, ErrorCode, ShuffledError, TimedOut
 from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
+from shuffled.server.placement import candidates
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, payload, pool_settled
 from tests.integration.faultproxy import FaultProxy, Mark
@@ -37,7 +43,7 @@ SIZE = 1 << 20  # per partition: 32 buffers of 32 KiB
 PARTS = 2
 
 
-FAULT_SETTINGS = ["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10"]
+FAULT_SETTINGS = ["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10", "--replica-search", "1"]
 trio = cluster_fixture(3, pool_size="32M", extra=FAULT_SETTINGS)
 checking_trio = cluster_fixture(3, pool_size="32M", extra=[*FAULT_SETTINGS, "--relay-check", "crc"])
 
@@ -96,6 +102,8 @@ async def _cleanup(trio: Cluster) -> None:
 async def _faulty_read(trio: Cluster, proxy_addr: str, shuffle: int) -> tuple[AsyncClient, asyncio.Task[bytes]]:
     """Data on B (attempt 1) and C (attempt 3); start the read of B's through the proxy, relayed by A."""
     a, b, c = trio.daemons
+    peers = [d.addr for d in trio.daemons]
+    assert b.addr not in candidates(peers, {}, proxy_addr, APP, shuffle)[:1], "B would be a copy to fail over to"
     await _push(b, shuffle, 1)
     await _push(c, shuffle, 3)
     client = await AsyncClient.connect(a.addr)
@@ -123,14 +131,14 @@ async def test_cut_mid_frame_fails_the_relayed_read_cleanly(trio: Cluster, proxy
         p, addr = proxy
         # 1000 bytes into the 5th BufferResponse: inside a payload, with buffers already relayed.
         p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 5, 1000, "cut")
-        client, faulty = await _faulty_read(trio, addr, 1)
-        other = asyncio.create_task(_others_still_read(trio, client, 1))
+        client, faulty = await _faulty_read(trio, addr, 8)
+        other = asyncio.create_task(_others_still_read(trio, client, 8))
         with pytest.raises(ConnectionLost) as err:
             await faulty
         assert err.value.fetch_failure
         # The link is healthy again: A dials anew and the same read succeeds.
         p.down.mark = None
-        await _finish(trio, client, other, lambda: _read(client, 1, addr, 1))
+        await _finish(trio, client, other, lambda: _read(client, 8, addr, 1))
 
     await asyncio.wait_for(body(), 60)
 
@@ -160,14 +168,14 @@ async def _corrupt_payload(cluster: Cluster, proxy: tuple[FaultProxy, str]) -> i
     p, addr = proxy
     fixed = HEADER.size + BUFFER_RESPONSE_FIXED.size
     p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, fixed + 100, 0x01)
-    client, faulty = await _faulty_read(cluster, addr, 5)
-    other = asyncio.create_task(_others_still_read(cluster, client, 5))
+    client, faulty = await _faulty_read(cluster, addr, 9)
+    other = asyncio.create_task(_others_still_read(cluster, client, 9))
     with pytest.raises(CorruptData) as err:
         await faulty
     assert err.value.fetch_failure and "failed its CRC32C check" in err.value.message
     p.down.corrupt = None
     counted = int((await client.stats())["errors"].get("CORRUPT_DATA", 0))
-    await _finish(cluster, client, other, lambda: _read(client, 5, addr, 1))
+    await _finish(cluster, client, other, lambda: _read(client, 9, addr, 1))
     return counted
 
 

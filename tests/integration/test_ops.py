@@ -385,6 +385,7 @@ WIRE_STATS = {
     "filesystem": {"capacity_bytes": "int", "free_bytes": "int"},
     "replication": dict.fromkeys(("forwarded_buffers", "forwarded_bytes", "degraded", "failed", "held_back"), "int"),
     "drain": {"state": "str", **dict.fromkeys(("to_copy", "copied", "copied_bytes", "failed"), "int")},
+    "failover": {"failovers": {}, "exhausted": "int", "resumed_reads": "int"},
 }
 
 

@@ -1,0 +1,232 @@
+"""Read failover between three real daemons (PROTOCOL.md §10.4, §10.6; issue 18).
+
+A "replica" here is made without replication: the client pushes the same attempt with the same writes
+to the primary and to a placement candidate, which stores it as the same chunks. The relaying daemon
+must then hide the loss of the primary from the reader: the same bytes, each (partition, attempt) pair
+whole and as one run, nothing repeated or dropped, whether the primary is gone before the read, its
+link is cut in the middle of a partition (the read resumes on the copy, from memory or from disk), the
+relaying daemon holds the copy itself, or the primary restarted without its data. With no copy left
+the reader gets the error the primary failed with. Every pool returns to exactly its stored data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import pytest_asyncio
+
+from shuffled.launch import DaemonProcess, free_port
+from shuffled.protocol.errors import ErrorCode, ShuffledError
+from shuffled.protocol.frames import FrameType
+from shuffled.server.placement import candidates
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, payload, pool_settled, start_daemon
+from tests.integration.faultproxy import FaultProxy, Faults, Mark
+
+pytestmark = pytest.mark.asyncio
+
+APP = "failover-app"
+SIZE = 256 << 10  # per pair: 8 buffers of 32 KiB
+PARTS = 3
+ATTEMPTS = [1, 2]
+FAILOVER_TIMEOUT = 3.0
+FLAGS = ["--peer-timeout", "3", "--failover-timeout", str(FAILOVER_TIMEOUT)]
+
+
+def _want(attempts: list[int]) -> dict[tuple[int, int], bytes]:
+    return {(p, a): payload(a, p, SIZE) for p in range(PARTS) for a in attempts}
+
+
+async def _push(addr: str, shuffle: int, attempt: int, spill_midway: bool = False) -> None:
+    """One attempt's pairs, written in halves; `spill_midway` flushes the daemon between the halves, so
+    every pair has its first chunks on disk and the rest in memory."""
+    async with await AsyncClient.connect(addr) as c:
+        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS)
+        for half in (0, 1):
+            for p in range(PARTS):
+                data = payload(attempt, p, SIZE)
+                await w.write(p, data[half * SIZE // 2 : (half + 1) * SIZE // 2])
+            if spill_midway and half == 0:
+                await c.flush(APP, shuffle)
+        await w.commit()
+
+
+async def _read(client: AsyncClient, shuffle: int, where: str, attempts: list[int]) -> dict[tuple[int, int], bytes]:
+    """Each pair's bytes; a pair read in two runs (§10.1) or a partition out of order fails the test."""
+    got: dict[tuple[int, int], bytearray] = {}
+    runs: list[tuple[int, int]] = []
+    async with client.read(APP, shuffle, 0, PARTS, {where: attempts}) as r:
+        async for chunk in r:
+            pair = (chunk.partition, chunk.attempt)
+            if not runs or runs[-1] != pair:
+                assert pair not in runs, f"pair {pair} in two runs: {runs}"
+                assert not runs or runs[-1][0] <= pair[0], f"partition out of order: {runs} then {pair}"
+                runs.append(pair)
+            got.setdefault(pair, bytearray()).extend(chunk.data)
+            chunk.release()
+    return {k: bytes(v) for k, v in got.items()}
+
+
+async def _stats(addr: str) -> dict[str, object]:
+    async with await AsyncClient.connect(addr) as c:
+        return await c.stats()
+
+
+async def _settled(addrs: list[str]) -> None:
+    for addr in addrs:
+        async with await AsyncClient.connect(addr) as c:
+            await pool_settled(c)
+
+
+@dataclass
+class Trio:
+    """Daemons a, b, c; b advertises the proxy's address, so every daemon reaches b through it."""
+
+    daemons: list[DaemonProcess]
+    proxy: FaultProxy
+    #: b's name (the proxy's address), then b's placement candidates for the shuffle in use
+    primary: str
+
+    def names(self) -> list[str]:
+        return [self.daemons[0].addr, self.primary, self.daemons[2].addr]
+
+    def copies(self, shuffle: int) -> list[str]:
+        return candidates(self.names(), {}, self.primary, APP, shuffle)
+
+
+@pytest_asyncio.fixture
+async def trio() -> AsyncIterator[Trio]:
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    port = free_port(hosts)
+    proxy = FaultProxy("127.0.0.7", f"127.0.0.2:{port}")
+    paddr = await proxy.start()
+    peers = ",".join([f"127.0.0.1:{port}", paddr, f"127.0.0.3:{port}"])
+    flags = [[*FLAGS, "--peers", peers, *(["--advertise", paddr] if h == hosts[1] else [])] for h in hosts]
+    # a small pool, so a relayed read also spills on the way (pushes wait for memory, reads do not)
+    starts = [asyncio.to_thread(start_daemon, h, port, "16M", f) for h, f in zip(hosts, flags, strict=True)]
+    daemons = list(await asyncio.gather(*starts, return_exceptions=True))
+    try:
+        assert all(isinstance(d, DaemonProcess) for d in daemons), daemons
+        yield Trio([d for d in daemons if isinstance(d, DaemonProcess)], proxy, paddr)
+    finally:
+        await proxy.close()
+        for d in daemons:
+            if isinstance(d, DaemonProcess):
+                await asyncio.to_thread(d.stop)
+
+
+async def _cut_read(trio: Trio, shuffle: int, relay: str, nth: int, spill: tuple[bool, bool]) -> None:
+    """Attempts on b and on its first candidate (`spill`: whether each holds the first half of every pair
+    on disk); a read relayed by `relay` loses b's link `nth` buffers in and must resume on the copy."""
+    a, b, c = trio.daemons
+    copy = trio.copies(shuffle)[0]
+    for attempt in ATTEMPTS:
+        await _push(b.addr, shuffle, attempt, spill_midway=spill[0])
+        await _push(copy, shuffle, attempt, spill_midway=spill[1])
+    trio.proxy.cut()  # the next read dials b anew, through the faults below
+    trio.proxy.down = Faults(mark=Mark(FrameType.BUFFER_RESPONSE, nth, 1000, "cut"))
+    resumed = (await _stats(copy))["failover"]["resumed_reads"]  # type: ignore[index]
+    async with await AsyncClient.connect(relay) as client:
+        assert await _read(client, shuffle, trio.primary, ATTEMPTS) == _want(ATTEMPTS)
+        assert trio.proxy.down.fired.is_set()
+        failover = (await client.stats())["failover"]
+        assert failover["failovers"].get("CONNECTION_LOST", 0) >= 1, failover
+    assert (await _stats(copy))["failover"]["resumed_reads"] > resumed  # type: ignore[index, operator]
+    await _settled([a.addr, b.addr, c.addr])
+
+
+async def test_a_cut_link_resumes_on_the_copy_without_a_byte_twice_or_missing(trio: Trio) -> None:
+    async def body() -> None:
+        a, _, c = trio.daemons
+        for shuffle, relay_is_copy, nth, spill in (
+            # a copy elsewhere, cut in partition 0's first pair, all in memory
+            (1, False, 5, (False, False)),
+            # cut in partition 1's first pair (8 buffers each), resumed across the copy's disk/memory split
+            (2, False, 21, (True, True)),
+            # the relaying daemon holds the copy: resumed from its own store, spilled chunks read back
+            (3, True, 13, (False, True)),
+        ):
+            copy = trio.copies(shuffle)[0]
+            other = next(d.addr for d in (a, c) if d.addr != copy)
+            await _cut_read(trio, shuffle, copy if relay_is_copy else other, nth, spill)
+        async with await AsyncClient.connect(a.addr) as client:
+            await client.remove_application(APP)
+        await _settled([d.addr for d in trio.daemons])
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_lost_primary_is_read_from_its_copies_and_without_one_the_first_error_stays() -> None:
+    """b is killed after commit: reads relayed by either other daemon get its copy's bytes, or b's error
+    when it had none; b restarted without its data fails a client's read over to the copy itself, and
+    answers a relayed read with PARTITION_NOT_FOUND, which fails over too."""
+
+    async def body() -> None:
+        with Cluster(3, pool_size="16M", extra=FLAGS) as cluster:
+            _, b, _ = cluster.daemons
+            names = [d.addr for d in cluster.daemons]
+            copy, other = candidates(names, {}, b.addr, APP, 0)
+            await _push(b.addr, 0, 1)
+            await _push(copy, 0, 1, spill_midway=True)
+            await _push(b.addr, 0, 2)  # no copy anywhere
+            async with await AsyncClient.connect(copy) as c0:
+                await c0.flush(APP, 0)  # the copy's own read goes through the disk path too
+            b.proc.kill()
+            await asyncio.to_thread(b.proc.wait)
+            for relay in (other, copy):
+                async with await AsyncClient.connect(relay) as client:
+                    assert await _read(client, 0, b.addr, [1]) == _want([1])
+                    with pytest.raises(ShuffledError) as err:
+                        await _read(client, 0, b.addr, [2])
+                    assert err.value.code is ErrorCode.PEER_UNAVAILABLE and err.value.fetch_failure, err.value
+                    failover = (await client.stats())["failover"]
+                    assert failover["exhausted"] >= 1 and failover["failovers"]["PEER_UNAVAILABLE"] >= 2
+            # b comes back on its address with an empty data dir (a crash lost what was in memory)
+            host, port = b.addr.split(":")
+            flags = ["--data-dir", tempfile.mkdtemp(), "--peers", ",".join(names), *FLAGS]
+            cluster.daemons[1] = await asyncio.to_thread(start_daemon, host, int(port), "16M", flags)
+            async with await AsyncClient.connect(b.addr) as client:
+                assert await _read(client, 0, "", [1]) == _want([1])
+                assert await _read(client, 0, b.addr, [1]) == _want([1])
+                with pytest.raises(ShuffledError) as err:
+                    await _read(client, 0, "", [2])
+                assert err.value.code is ErrorCode.PARTITION_NOT_FOUND, err.value
+            # Relayed by the copy, over the connection b just made to it: b answers PARTITION_NOT_FOUND.
+            async with await AsyncClient.connect(copy) as client:
+                assert await _read(client, 0, b.addr, [1]) == _want([1])
+                assert (await client.stats())["failover"]["failovers"]["PARTITION_NOT_FOUND"] >= 1
+                await client.remove_application(APP)
+            await _settled(names)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_search_for_a_copy_ends_within_the_failover_timeout(trio: Trio) -> None:
+    """c is killed and its first candidate is b, whose link now swallows everything (a dial there would
+    wait the whole connect timeout): the read fails with c's error once the search took failover-timeout."""
+
+    async def body() -> None:
+        a, _, c = trio.daemons
+        names = trio.names()
+        shuffle = next(s for s in range(100) if candidates(names, {}, c.addr, APP, s)[0] == trio.primary)
+        await _push(c.addr, shuffle, 1)
+        c.proc.kill()
+        await asyncio.to_thread(c.proc.wait)
+        trio.proxy.cut()
+        trio.proxy.up = Faults(blackhole=True)
+        async with await AsyncClient.connect(a.addr) as client:
+            started = time.monotonic()
+            with pytest.raises(ShuffledError) as err:
+                await _read(client, shuffle, c.addr, [1])
+            waited = time.monotonic() - started
+            assert err.value.code is ErrorCode.PEER_UNAVAILABLE, err.value
+            assert FAILOVER_TIMEOUT * 0.8 <= waited <= FAILOVER_TIMEOUT + 2, waited
+            assert (await client.stats())["failover"]["exhausted"] == 1
+            await pool_settled(client)
+
+    await asyncio.wait_for(body(), 60)

@@ -1,0 +1,203 @@
+"""The InputGate's failover rules, with fake peers (tests/integration/test_failover.py runs real daemons).
+
+Which errors fail over and which fail the read; a candidate without the `replica` feature is used only
+while nothing was relayed (it would not understand `resume`); the request sent to a copy resumes exactly
+where the relayed chunks stop; a new channel gets new exclusive buffers from the read reserve, and every
+segment is back in the global pool when the read is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shuffled.buffers import GlobalPool
+from shuffled.config import DaemonConfig
+from shuffled.protocol.errors import (
+    AuthFailed,
+    ConnectionLost,
+    ErrorCode,
+    InvalidRequest,
+    PeerUnavailable,
+    ShuffledError,
+)
+from shuffled.protocol.frames import REPLICA, PartitionRequest
+from shuffled.server.chunks import Chunk
+from shuffled.server.counters import Counters
+from shuffled.server.reading import InputGate, RemoteInputChannel
+from shuffled.server.store import Store
+
+pytestmark = pytest.mark.asyncio
+
+SEGMENT = 4096
+ME, PRIMARY, OTHER = "n1:1", "n2:1", "n3:1"
+#: shuffle 0's candidates for PRIMARY are [OTHER, ME]; shuffle 1's are [ME, OTHER]
+SHUFFLE = 0
+
+
+@dataclass
+class FakeReads:
+    features: frozenset[str]
+    channels: dict[int, RemoteInputChannel] = field(default_factory=dict)
+    requests: list[PartitionRequest] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    ids: int = 0
+    is_open: bool = True
+
+    def new_stream_id(self) -> int:
+        self.ids += 1
+        return self.ids
+
+    def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
+        self.channels[ch.receiver] = ch
+        self.requests.append(req)
+
+    def cancel_channel(self, receiver: int) -> None:
+        self.cancelled.append(receiver)
+
+    def announce(self, ch: RemoteInputChannel) -> None:
+        pass
+
+
+@dataclass
+class FakePeers:
+    links: dict[str, FakeReads]
+
+    async def get(self, addr: str) -> Any:
+        if addr not in self.links:
+            raise PeerUnavailable(f"cannot reach daemon {addr}")
+        return SimpleNamespace(reads=self.links[addr])
+
+
+@dataclass
+class FakeOut:
+    stream: int = 1
+    closed: bool = False
+    ended: bool = False
+    upstream: int = 0
+    chunks: list[Chunk] = field(default_factory=list)
+
+    def push_data(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+
+    def end(self) -> None:
+        self.ended = True
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeClient:
+    sender: Any = field(default_factory=lambda: SimpleNamespace(wake=lambda stream: None))
+    served: dict[int, Any] = field(default_factory=dict)
+    gates: dict[int, InputGate] = field(default_factory=dict)
+    errors: list[ShuffledError] = field(default_factory=list)
+
+    def send_error(self, stream: int, exc: ShuffledError) -> None:
+        self.errors.append(exc)
+
+
+async def _gate(links: dict[str, FakeReads]) -> tuple[InputGate, FakeClient, FakeOut, GlobalPool]:
+    cfg = DaemonConfig(peers=[ME, PRIMARY, OTHER], exclusive=2, floating=4)
+    pool = GlobalPool(64 * SEGMENT, SEGMENT, reserve=32)
+    services = SimpleNamespace(config=cfg, pool=pool, store=Store(SEGMENT), counters=Counters(), disk=None)
+    client, out = FakeClient(), FakeOut()
+    req = PartitionRequest(1, 8, "app", SHUFFLE, 0, 4, {PRIMARY: [7]})
+    gate = InputGate(client, out, req, {PRIMARY: [7]}, services, FakePeers(links), ME)  # type: ignore[arg-type]
+    await gate.open()
+    return gate, client, out, pool
+
+
+async def _failed_over(gate: InputGate) -> None:
+    while gate._failovers:
+        await asyncio.wait(set(gate._failovers))
+
+
+def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None:
+    for _ in range(n):
+        buf = ch.gate.pool.request()  # type: ignore[union-attr]
+        assert buf is not None
+        buf.length = 100
+        ch.deliver(Chunk(buf, partition, attempt))
+
+
+def _end(gate: InputGate, out: FakeOut, pool: GlobalPool) -> None:
+    for chunk in out.chunks:
+        chunk.buffer.release()
+    gate.close()
+    assert pool.free == pool.total
+
+
+async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
+    async def body() -> None:
+        primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
+        gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
+        (ch,) = primary.channels.values()
+        _relay(ch, 0, 7, 2)  # both exclusive buffers, still on their way to the client
+        ch.fail(ConnectionLost("lost"))
+        await _failed_over(gate)
+        (req,) = other.requests
+        assert req.locations == {"": [7]} and req.start == 0
+        assert req.resume == {"partition": 0, "done": [], "attempt": 7, "chunks": 2, "bytes": 200}
+        assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
+        (ch2,) = other.channels.values()
+        _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
+        assert [c.partition for c in out.chunks] == [0] * 4
+        assert not client.errors and gate.services.counters.failovers == {"CONNECTION_LOST": 1}
+        _end(gate, out, pool)
+
+    await asyncio.wait_for(body(), 10)
+
+
+async def test_a_candidate_without_the_feature_is_skipped_once_bytes_were_relayed() -> None:
+    async def body() -> None:
+        for relayed in (0, 2):
+            primary, old = FakeReads(frozenset({REPLICA})), FakeReads(frozenset())
+            gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: old})
+            (ch,) = primary.channels.values()
+            _relay(ch, 0, 7, relayed)
+            ch.fail(ConnectionLost("lost"))
+            await _failed_over(gate)
+            if relayed:
+                # OTHER skipped, ME (this daemon) lacks the data: the first error reaches the client.
+                assert not old.requests and [e.code for e in client.errors] == [ErrorCode.CONNECTION_LOST]
+                assert gate.services.counters.failovers_exhausted == 1
+            else:
+                (req,) = old.requests
+                assert req.resume is None and not client.errors
+            _end(gate, out, pool)
+
+    await asyncio.wait_for(body(), 10)
+
+
+async def test_errors_that_are_not_about_the_copy_fail_the_read() -> None:
+    async def body() -> None:
+        for exc in (AuthFailed("other credentials"), InvalidRequest("bad range")):
+            primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
+            gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
+            (ch,) = primary.channels.values()
+            ch.fail(exc)
+            assert client.errors == [exc] and not gate._failovers and not other.requests
+            _end(gate, out, pool)
+
+    await asyncio.wait_for(body(), 10)
+
+
+async def test_a_copy_refusing_the_resume_point_moves_on_and_an_unreachable_primary_fails_over() -> None:
+    async def body() -> None:
+        other = FakeReads(frozenset({REPLICA}))
+        gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
+        await _failed_over(gate)
+        (ch,) = other.channels.values()
+        assert gate.services.counters.failovers == {"PEER_UNAVAILABLE": 1}
+        ch.fail(InvalidRequest("resume point does not match this copy"))  # not the first request: next copy
+        await _failed_over(gate)
+        assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
+        _end(gate, out, pool)
+
+    await asyncio.wait_for(body(), 10)

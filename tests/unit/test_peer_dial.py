@@ -1,0 +1,62 @@
+"""A daemon that could not be dialled fails the next `get` at once for about a peer timeout, so reads that
+name a dead host fail over without each waiting a connect timeout; a connection it makes to us ends that."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from shuffled.config import DaemonConfig
+from shuffled.protocol.errors import PeerUnavailable
+from shuffled.server.peers import PeerManager
+
+pytestmark = pytest.mark.asyncio
+
+DEAD = "127.0.0.9:7000"
+
+
+@dataclass
+class Conn:
+    dialed: str | None = None
+    is_open: bool = True
+
+    def close(self, reason: str = "closed") -> None:
+        self.is_open = False
+
+
+@dataclass
+class Host:
+    config: DaemonConfig
+    node: str = "127.0.0.1:7000"
+    secret: bytes | None = None
+    dials: list[str] = field(default_factory=list)
+
+    async def dial_peer(self, addr: str, host: str, port: int) -> Conn:
+        self.dials.append(addr)
+        raise ConnectionRefusedError("refused")
+
+
+async def test_a_failed_dial_is_not_repeated_within_the_peer_timeout() -> None:
+    async def body() -> None:
+        host = Host(DaemonConfig(peer_timeout=0.2))
+        peers: PeerManager[Conn] = PeerManager(host)
+        with pytest.raises(PeerUnavailable, match="refused"):
+            await peers.get(DEAD)
+        with pytest.raises(PeerUnavailable, match="not dialled again yet"):
+            await peers.get(DEAD)
+        assert host.dials == [DEAD]
+        # The pause lasts about the peer timeout; once it is over the daemon is dialled again.
+        until, why = peers._unreachable[DEAD]
+        assert 0.1 < until - asyncio.get_running_loop().time() <= 0.2
+        peers._unreachable[DEAD] = (0.0, why)
+        with pytest.raises(PeerUnavailable, match="refused"):
+            await peers.get(DEAD)
+        assert host.dials == [DEAD, DEAD]
+        # A connection from the daemon itself ends the pause at once.
+        inbound = Conn()
+        peers.accept(DEAD, inbound)
+        assert await peers.get(DEAD) is inbound
+
+    await asyncio.wait_for(body(), 10)
