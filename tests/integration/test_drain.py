@@ -73,6 +73,9 @@ async def test_replicas_1_every_attempt_is_copied_then_served_by_its_candidate_a
             c1 = await AsyncClient.connect(d1.addr)
             assert await chunks(c1, 1, [1, 2, 3]) == before
             assert await read_by_attempt(c1, 2, 0, 1, {"": [9]}, app=APP) == expected([9], SIZES[:1])
+            # A reader still names the drained daemon (Spark's MapStatus does): the read fails over to the copy.
+            got = await read_by_attempt(c1, 1, 0, len(SIZES), {d0.addr: [1, 2, 3]}, app=APP)
+            assert got == expected([1, 2, 3], SIZES)
             await c1.close()
             # The drained daemon's data dir still serves everything after a restart.
             d0 = cluster.daemons[0] = start_daemon(d0.host, d0.port, extra=["--peers", f"{d0.addr},{d1.addr}"])
@@ -117,6 +120,9 @@ async def test_replicas_2_only_what_lacks_copies_elsewhere_is_copied_on_sigterm(
             assert got == expected([1, 2], SIZES)
             got = await read_by_attempt(clients[q], 1, 0, len(SIZES), {"": [3]}, app=APP)
             assert got == expected([3], SIZES)
+            for addr in (x, y):  # a read naming the drained daemon fails over to a copy, whoever relays it
+                got = await read_by_attempt(clients[addr], 1, 0, len(SIZES), {d0.addr: [1, 2]}, app=APP)
+                assert got == expected([1, 2], SIZES)
             for c in clients.values():
                 await c.close()
             # Restarted on its data dir, d0 serves all of it again and still knows attempt 3 is p's.
