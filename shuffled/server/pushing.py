@@ -111,6 +111,8 @@ class PushSession:
             except ShuffledError as exc:
                 self.fail(exc)
                 return
+            if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
+                self.links = None
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
         pool = await self.services.pool.create_local_pool(cfg.push_min, cfg.push_max)
         self._stop_waiting()
@@ -239,7 +241,7 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
-        if self.links is None or not self.links.links:
+        if self.links is None:
             self._commit()
             return
         assert self.pool is not None

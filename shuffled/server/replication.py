@@ -121,7 +121,7 @@ class ReplicaLink:
         self.conn.sender.wake(self.stream)
 
     def lagging(self) -> bool:
-        """`lag` or more chunks wait unsent; `on_progress` is called once they no longer do."""
+        """`lag` or more chunks wait unsent; `on_progress` is called once at most half of that do."""
         if self.stream.queued < self.lag or self.done:
             return False
         self._blocked = True
@@ -195,7 +195,9 @@ class ReplicaLink:
             raise
 
     def _sent(self) -> None:
-        if self._blocked and self.stream.queued < self.lag:
+        # Resumed at half the lag, not one below it: the pusher then gets credit in batches, not one
+        # PushCredit (and one wake-up of the writer) per buffer the replica takes.
+        if self._blocked and self.stream.queued <= self.lag // 2:
             self._blocked = False
             self._caught_up.set()
             if self.on_progress is not None:

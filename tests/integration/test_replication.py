@@ -89,9 +89,10 @@ async def test_the_replica_refuses_a_push_whose_app_key_is_not_the_applications(
         b2 = await AsyncClient.connect(db.addr, app_secret="two")
         await push(a1, 2, 1, [MiB], app="keyed")  # bound to "one" on both daemons
         await b1.remove_application("keyed", propagate=False)  # only B forgets it
+        commits = [(await c.stats())["store"]["commits"] for c in (a1, b1)]
         with pytest.raises(AuthFailed):
             await push(b2, 2, 2, [MiB], app="keyed")  # B binds "two"; A still holds "keyed" for "one"
-        assert (await b2.stats())["store"]["commits"] == (await b1.stats())["store"]["commits"]
+        assert [(await c.stats())["store"]["commits"] for c in (a1, b1)] == commits
         await b2.remove_application("keyed", propagate=False)
         await push(b1, 3, 3, [2 * MiB], app="keyed")  # "one" again: replicated to A
         assert (await a1.stats())["store"]["replica_attempts"] == 1
@@ -127,6 +128,7 @@ async def test_a_stopped_replica_holds_the_pusher_back_and_it_completes_when_res
         a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
         total = 48 * MiB
         data = payload(4, 0, total)
+        before = (await a.stats())["traffic"]["pushed_bytes"]
         w = await a.open_writer(APP, 4, 0, 4, 1)
         await w.write(0, data[:MiB])
 
@@ -145,8 +147,8 @@ async def test_a_stopped_replica_holds_the_pusher_back_and_it_completes_when_res
             )
             assert not writing.done()
             # Taken before the replica stopped, or queued to it while it was stopping (credit it had granted,
-            # the sockets' buffers, `replica-lag`): far from all of it.
-            assert s["traffic"]["pushed_bytes"] < total // 2, s["traffic"]
+            # the sockets' buffers, `replica-lag`): a few MiB of the 48 (about 1.5 when this was written).
+            assert s["traffic"]["pushed_bytes"] - before < 8 * MiB, s["traffic"]
             assert s["pool"]["used"] <= s["store"]["stored_segments"] + 64, s["pool"]
         finally:
             os.kill(db.pid, signal.SIGCONT)
@@ -158,6 +160,29 @@ async def test_a_stopped_replica_holds_the_pusher_back_and_it_completes_when_res
             await c.close()
 
     await asyncio.wait_for(body(), 90)
+
+
+async def test_a_client_abort_or_vanishing_aborts_the_replica_push(pair: Cluster) -> None:
+    async def body() -> None:
+        da, db = pair.daemons
+        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+        aborts = (await b.stats())["store"]["aborts"]
+        w = await a.open_writer(APP, 8, 0, 1, 1)
+        await w.write(0, payload(1, 0, 2 * MiB))
+        await w.abort()
+        await wait_until(b.stats, lambda s: s["store"]["aborts"] == aborts + 1, what="the replica push aborted")
+        gone = await AsyncClient.connect(da.addr)
+        w = await gone.open_writer(APP, 8, 0, 2, 1)
+        await w.write(0, payload(2, 0, 2 * MiB))
+        await wait_until(b.stats, lambda s: s["streams"]["pushing"] == 1, what="the replica push is open")
+        await gone.close()
+        await wait_until(b.stats, lambda s: s["store"]["aborts"] == aborts + 2, what="the replica push aborted")
+        for c in (a, b):
+            s = await pool_settled(c)
+            assert s["store"]["stored_segments"] == 0 and s["store"]["open_map_outputs"] == 0, s["store"]
+            await c.close()
+
+    await asyncio.wait_for(body(), 30)
 
 
 @pytest.fixture
@@ -208,6 +233,15 @@ async def test_replica_down_restarted_or_killed(trio: Cluster) -> None:
         s = await a.stats()
         assert s["replication"]["degraded"] == 1 and s["store"]["under_replicated"] == 1, s
 
+        # Restarted, the primary still knows which attempts lack copies (the journal keeps `r` and `copies`).
+        await a.close()
+        d0.stop()
+        d0 = start_daemon(d0.host, d0.port, "64M", ["--peers", peers(trio), *REPLICATED])
+        trio.daemons[0] = d0
+        a = await AsyncClient.connect(d0.addr)
+        s = await a.stats()
+        assert s["store"]["under_replicated"] == 1 and s["store"]["commits"] == 0, s["store"]
+
         # The primary killed mid-push: its replica aborts the copy and frees its memory.
         back = start_daemon(first.host, first.port, "64M", ["--peers", peers(trio), *REPLICATED])
         trio.daemons[trio.daemons.index(first)] = back
@@ -244,3 +278,22 @@ async def test_without_a_replica_the_push_fails_with_replica_shortfall_fail() ->
             d.stop()
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_daemons_replicating_to_each_other_with_full_pools_spill_rather_than_wait_for_each_other() -> None:
+    """A's pushes wait for B's replica credit and B's for A's: with pools a fraction of what both hold, the
+    spillers make the room (replica sessions are ordinary sessions) and every push commits."""
+
+    async def body() -> None:
+        with Cluster(2, pool_size="16M", extra=REPLICATED) as cluster:
+            clients = [await AsyncClient.connect(d.addr) for d in cluster.daemons]
+            size = 12 * MiB
+            pushes = [push(c, 9, 10 * i + k, [size, size // 3]) for i, c in enumerate(clients) for k in range(2)]
+            await asyncio.gather(*pushes)
+            for c in clients:
+                s = await c.stats()
+                assert s["store"]["replica_bytes"] == 2 * (size + size // 3), s["store"]
+                assert s["disk"]["spilled_bytes"] > 0, s["disk"]
+                await c.close()
+
+    await asyncio.wait_for(body(), 60)

@@ -50,7 +50,16 @@ from shuffled.protocol.events import (
     StreamFailed,
     StreamRefused,
 )
-from shuffled.protocol.frames import AddCredit, BufferKind, Hello, OpenMapOutput, PartitionRequest, PushCredit, Role
+from shuffled.protocol.frames import (
+    REPLICA,
+    AddCredit,
+    BufferKind,
+    Hello,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    Role,
+)
 from tests.protocol_pair import ABORT, ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
 
 NODE = "198.18.0.1:7337"
@@ -524,3 +533,25 @@ TwoParties.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_two_parties = TwoParties.TestCase
+
+
+def test_an_abandoned_replica_push_is_aborted_and_its_late_answers_are_dropped() -> None:
+    """`abort_push` (a primary giving up a replica push, §12.4): the replica is told at once, and the
+    answers still on their way for the forgotten push raise no event."""
+    peers = _pair(dialer_role=Role.DAEMON)
+    peers.dialer.start({"node": "198.18.0.2:7337", "features": [REPLICA]})
+    peers.deliver(DIALER)
+    peers.acceptor.accept({"node": NODE, "features": [REPLICA]})
+    peers.deliver(ACCEPTOR)
+    assert peers.dialer.features == peers.acceptor.features == {REPLICA}
+    peers.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1, replica_of="198.18.0.2:7337"), OutboundStream(1, 0))
+    (opened,) = peers.deliver(DIALER)
+    assert isinstance(opened, PushOpened) and opened.request.replica_of == "198.18.0.2:7337"
+    peers.acceptor.accept_push(1, landing)
+    peers.acceptor.grant_push_credit(1, 2)
+    assert peers.deliver(ACCEPTOR) == [PushCredited(1, 2)]
+    peers.dialer.abort_push(1)
+    assert peers.deliver(DIALER) == [AbortRequested(1)] and peers.dialer.own == {}
+    peers.acceptor.grant_push_credit(1, 1)
+    peers.acceptor.ack_abort(1)
+    assert peers.deliver(ACCEPTOR) == []
