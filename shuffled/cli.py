@@ -1,4 +1,5 @@
-"""Command line: `shuffled serve`, `demo`, `stats`, `config`, `metrics-reference`, `spark-jar`, `spark-conf`."""
+"""Command line: `shuffled serve`, `drain`, `demo`, `stats`, `config`, `metrics-reference`, `spark-jar`,
+`spark-conf`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from . import config as settings
 from .logs import event, setup_logging
 
 log = logging.getLogger(__name__)
+
+#: seconds between looks at a draining daemon (`shuffled drain --wait`)
+DRAIN_POLL = 0.5
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -86,12 +90,38 @@ def _build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("stats", help="print a running daemon's pool, store and stream counters as JSON")
     stats.add_argument("address", help="daemon address, host:port or unix:/path")
-    stats.add_argument(
-        "--secret-file",
-        default=os.environ.get("SHUFFLED_SECRET_FILE"),
-        metavar="PATH",
-        help="the cluster secret, for a daemon that requires one (default: $SHUFFLED_SECRET_FILE)",
+
+    drain = sub.add_parser(
+        "drain",
+        help="make a running daemon hand its data over to other daemons and exit",
+        description="The daemon refuses new pushes (its /readyz fails), lets open pushes finish, copies every "
+        "committed attempt with fewer copies on other daemons than its replica count to one of them, refuses new "
+        "reads from its clients, lets open reads finish and exits; answered at once (stats `drain` shows the "
+        "progress). With a peer secret configured, the request carries a proof made with it.",
     )
+    drain.add_argument("address", help="daemon address, host:port or unix:/path")
+    drain.add_argument("--wait", action="store_true", help="return when the daemon has stopped, not at once")
+    drain.add_argument(
+        "--timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="how long pushes, copies and reads may take before the daemon exits anyway (default: its drain-timeout)",
+    )
+    drain.add_argument("--no-handoff", action="store_true", help="exit without copying data to other daemons")
+    drain.add_argument(
+        "--peer-secret-file",
+        default=os.environ.get("SHUFFLED_PEER_SECRET_FILE"),
+        metavar="PATH",
+        help=f"the daemons' peer secret (default: $SHUFFLED_PEER_SECRET_FILE, else ${settings.PEER_SECRET_ENV})",
+    )
+    for p in (stats, drain):
+        p.add_argument(
+            "--secret-file",
+            default=os.environ.get("SHUFFLED_SECRET_FILE"),
+            metavar="PATH",
+            help="the cluster secret, for a daemon that requires one (default: $SHUFFLED_SECRET_FILE)",
+        )
 
     config = sub.add_parser("config", help="print the effective configuration or the settings reference")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -136,7 +166,11 @@ def _load_config(args: argparse.Namespace, command: str) -> tuple[settings.Daemo
 
 
 async def _serve(config: settings.DaemonConfig) -> int:
-    """Run until a signal; drain on the first, stop at once on a second."""
+    """Run until a signal or the admin `drain`; drain on the first, stop at once on a second signal.
+
+    After `shuffled drain` the first signal lets the drain go on: Kubernetes sends SIGTERM once the
+    preStop hook (which runs `shuffled drain --wait`) has returned or timed out.
+    """
     from .server.daemon import Daemon
 
     daemon = Daemon(config)
@@ -150,10 +184,18 @@ async def _serve(config: settings.DaemonConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signals.put_nowait, sig.name)
-    first = await signals.get()
-    event(log, "stopping", signal=first, drain_timeout_s=config.drain_timeout)
-    drain = asyncio.create_task(daemon.drain(config.drain_timeout))
-    second = asyncio.create_task(signals.get())
+    first = asyncio.create_task(signals.get())
+    requested = asyncio.create_task(daemon.stop_requested.wait())
+    await asyncio.wait({first, requested}, return_when=asyncio.FIRST_COMPLETED)
+    requested.cancel()
+    if first.done():
+        handoff = config.drain_handoff == "on"
+        event(log, "stopping", signal=first.result(), drain_timeout_s=config.drain_timeout, handoff=handoff)
+        drain = daemon.start_drain(config.drain_timeout, handoff)
+        second = asyncio.create_task(signals.get())
+    else:
+        drain = daemon.start_drain(config.drain_timeout, True)  # the running one
+        second = asyncio.create_task(_another(first, signals))
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if not drain.done():
@@ -164,6 +206,64 @@ async def _serve(config: settings.DaemonConfig) -> int:
     await daemon.stop()
     event(log, "stopped", exit_code=code)
     return code
+
+
+async def _another(first: asyncio.Task[str], signals: asyncio.Queue[str]) -> str:
+    """The signal after `first`."""
+    await first
+    return await signals.get()
+
+
+def _peer_secret(path: str | None) -> bytes | None:
+    from .protocol.auth import read_secret_file, secret_bytes
+
+    if path:
+        return read_secret_file(path)
+    from_env = os.environ.get(settings.PEER_SECRET_ENV)
+    return secret_bytes(from_env) if from_env is not None else None
+
+
+async def _drain(args: argparse.Namespace) -> int:
+    """Ask for the drain (with a proof when there is a peer secret); with --wait, follow it until the
+    daemon closes the connection and refuses new ones."""
+    from shuffled_client import AsyncClient, ConnectionLost
+
+    from .protocol.auth import drain_proof, read_secret_file
+
+    secret = read_secret_file(args.secret_file) if args.secret_file else None
+    peer_secret = _peer_secret(args.peer_secret_file)
+    client = await AsyncClient.connect(args.address, secret=secret)
+    try:
+        stats = await client.stats()
+        request: dict[str, Any] = {"handoff": not args.no_handoff}
+        if args.timeout is not None:
+            request["timeout"] = args.timeout
+        if peer_secret is not None:
+            request["proof"] = drain_proof(peer_secret, stats["node"], stats["start_time"])
+        answer = await client._admin_call("drain", request)
+        print(f"{stats['node']}: draining ({answer['state']})", flush=True)
+        if not args.wait:
+            return 0
+        shown: dict[str, Any] = {}
+        while True:
+            try:
+                progress = (await client.stats())["drain"]
+            except ConnectionLost:
+                break
+            if progress != shown:
+                print(" ".join(f"{k}={v}" for k, v in sorted(progress.items())), flush=True)
+                shown = progress
+            await asyncio.sleep(DRAIN_POLL)
+    finally:
+        await client.close()
+    while True:  # the connection is closed when the daemon stops; its listeners close right after
+        try:
+            await (await AsyncClient.connect(args.address, secret=secret, timeout=DRAIN_POLL * 10)).close()
+        except ConnectionLost:
+            break
+        await asyncio.sleep(DRAIN_POLL)
+    print(f"{stats['node']}: stopped", flush=True)
+    return 0
 
 
 def _spark_command(args: argparse.Namespace) -> int:
@@ -220,6 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.maps, args.partitions, args.megabytes, spark=args.spark)
     if args.command in ("spark-jar", "spark-conf"):
         return _spark_command(args)
+    if args.command == "drain":
+        from .protocol.errors import ShuffledError
+
+        try:
+            return asyncio.run(_drain(args))
+        except (OSError, ValueError, ShuffledError) as exc:
+            print(f"shuffled drain: {exc}", file=sys.stderr)
+            return 1
     if args.command == "stats":
         from shuffled_client import Client
 

@@ -120,6 +120,21 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _gauge("shuffled_start_time_seconds", "Start time of the daemon since the Unix epoch", s.start_time)
     yield _gauge("shuffled_ready", "1 when the daemon accepts pushes (what /readyz says)", int(s.ready))
     yield _gauge("shuffled_draining", "1 while the daemon shuts down", int(s.draining))
+    drain = s.drain
+    yield _gauge(
+        "shuffled_drain_pending_copies",
+        "Copies a draining daemon's hand-over still has to make",
+        drain.to_copy - drain.copied - drain.failed,
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_drain_copies", "Hand-over copies of a drain, by outcome (copied, failed)", labels=["outcome"]
+        ),
+        {"copied": drain.copied, "failed": drain.failed},
+    )
+    yield _counter(
+        "shuffled_drain_copied_bytes", "Bytes the drain's hand-over copied to other daemons", drain.copied_bytes
+    )
 
     pool = s.pool
     yield _gauge("shuffled_pool_segment_size_bytes", "Size of one pool segment (one buffer)", pool.segment_size)

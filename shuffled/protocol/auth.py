@@ -22,6 +22,7 @@ from .errors import AuthFailed
 _DIALER = b"shuffled-v2 dialer\n"
 _ACCEPTOR = b"shuffled-v2 acceptor\n"
 _APP = b"shuffled-v2 app\n"
+_DRAIN = b"shuffled-v2 drain\n"
 #: hex characters of a nonce we make (16 random bytes); shorter ones from others are refused
 NONCE_HEX = 32
 
@@ -57,6 +58,12 @@ def proof_matches(expected: str, got: str) -> bool:
 def app_token(app_secret: bytes, app: str) -> str:
     """What a client sends as `token` in requests about `app`: never the secret itself."""
     return hmac.new(app_secret, _APP + app.encode(), hashlib.sha256).hexdigest()
+
+
+def drain_proof(peer_secret: bytes, node: str, start_time: int) -> str:
+    """What the admin `drain` carries: only peer-secret holders can stop a daemon, and a proof names one
+    process life (its node and start time), so a replay after a restart stops nothing."""
+    return hmac.new(peer_secret, _DRAIN + f"{node}\n{start_time}".encode(), hashlib.sha256).hexdigest()
 
 
 def token_digest(token: str | None) -> bytes:

@@ -9,13 +9,15 @@ from typing import Any, Protocol
 
 from ..logs import event
 from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import InternalError, ShuffledError, ShuttingDown
+from ..protocol.errors import InternalError, InvalidRequest, ShuffledError, ShuttingDown
 from ..protocol.frames import AdminRequest
 
 log = logging.getLogger(__name__)
 
 #: what carries an admin operation out (the daemon's `admin`)
 Operation = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+#: operations only a peer daemon may ask (no application token: the asker proved the peer secret)
+PEER_OPS = frozenset({"holds"})
 
 
 class Link(Protocol):
@@ -23,6 +25,9 @@ class Link(Protocol):
 
     @property
     def proto(self) -> ProtocolConnection: ...
+
+    @property
+    def from_client(self) -> bool: ...
 
     def count_error(self, exc: ShuffledError) -> None: ...
 
@@ -48,7 +53,10 @@ class AdminService:
         of the connection's admin slots (and keep it from idling out) for good."""
         try:
             app = req.args.get("app")
-            if isinstance(app, str) and req.op != "stats":
+            if req.op in PEER_OPS:
+                if self.link.from_client:
+                    raise InvalidRequest(f"admin {req.op} is asked by peer daemons only")
+            elif isinstance(app, str) and req.op != "stats":
                 self.link.authorize(app, req.args.get("token"))
             result = await self.operation(req.op, req.args)
         except ShuffledError as exc:

@@ -71,6 +71,10 @@ class DaemonConnection(FrameConnection):
         return self.daemon.draining
 
     @property
+    def closing(self) -> bool:
+        return self.daemon.closing
+
+    @property
     def from_client(self) -> bool:
         return self.role is Role.CLIENT
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..buffers import GlobalPool
@@ -22,11 +23,12 @@ from ..logs import event
 from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..protocol.auth import read_secret_file, secret_bytes
-from ..protocol.errors import InvalidRequest, ShuffledError, StorageError
+from ..protocol.auth import drain_proof, proof_matches, read_secret_file, secret_bytes
+from ..protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
 from .connection import DaemonConnection
 from .counters import Counters, micros
 from .disk import Disk, SpillFile
+from .drain import Drainer
 from .peers import PeerManager
 from .shares import PushShares
 from .spill import Spiller
@@ -36,6 +38,7 @@ from .stats import (
     CreditStats,
     DaemonStats,
     DiskStats,
+    DrainStats,
     FailoverStats,
     FilesystemStats,
     PoolStats,
@@ -49,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
 HOUSEKEEPING_INTERVAL = 1.0
+#: seconds between checks whether a drain phase's work is done
+DRAIN_POLL = 0.05
 
 
 def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
@@ -117,6 +122,9 @@ class Daemon:
         #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
         #: prove a daemon, the cluster secret will do); None: authentication is off
         self.peer_secret = _secret("peer-secret-file", config.peer_secret_file, PEER_SECRET_ENV)
+        #: what the admin `drain` must be proved with: the peer secret as configured, never the cluster
+        #: secret standing in for it (every application has that one)
+        self.drain_secret = self.peer_secret
         if self.peer_secret is None and config.peer_tls_port:
             self.peer_secret = self.secret
         if self.secret is not None and self.peer_secret is None:
@@ -137,8 +145,15 @@ class Daemon:
         self.counters = Counters()
         self.metrics = DaemonMetrics()
         self.started = False
-        #: set on SIGTERM/SIGINT: new pushes are refused, readiness is false
+        #: set on SIGTERM/SIGINT or the admin `drain`: new pushes are refused, readiness is false
         self.draining = False
+        #: the drain's last phase: new reads from clients are refused (SHUTTING_DOWN), open ones finish
+        self.closing = False
+        #: the drain's phase and what its hand-over did (stats `drain`)
+        self.drain_stats = DrainStats()
+        self.drain_task: asyncio.Task[bool] | None = None
+        #: set when a drain starts, from a signal or the admin `drain`: the serve loop then waits for it
+        self.stop_requested = asyncio.Event()
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -222,23 +237,61 @@ class Daemon:
         conns = list(self.connections)
         return sum(len(c.pushing.sessions) for c in conns), sum(len(c.reads.served) for c in conns)
 
-    async def drain(self, timeout: float) -> bool:
-        """Refuse new pushes, let open pushes and reads finish; True if they did within `timeout`.
+    def start_drain(self, timeout: float, handoff: bool) -> asyncio.Task[bool]:
+        """Begin the drain once per process life (a second request gets the running one); readiness fails
+        and new pushes are refused from now on, before the caller hears back."""
+        if self.drain_task is None:
+            self.draining = True
+            self.drain_stats.state = "pushes"
+            self.drain_task = asyncio.create_task(self.drain(timeout, handoff))
+            self.stop_requested.set()
+        return self.drain_task
 
+    async def drain(self, timeout: float, handoff: bool = False) -> bool:
+        """Refuse new pushes, let open pushes finish, hand committed data over (`handoff`), refuse new
+        client reads and let open reads finish; True if all of it was done within `timeout`.
+
+        The phases show in stats `drain.state`. A peer's reads are still served while
+        closing: they are cut when the daemon stops, and the reader fails over to a copy.
         Waiting polls a few times a second: a drain runs once per process life and
         polling needs no hook in every place a push or read can end.
         """
         self.draining = True
-        pushes, reads = self.busy()
-        event(log, "draining", timeout_s=timeout, pushes=pushes, reads=reads)
+        progress = self.drain_stats
         deadline = time.monotonic() + timeout
-        while (pushes or reads) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            pushes, reads = self.busy()
-        done = not (pushes or reads)
-        level = logging.INFO if done else logging.WARNING
-        event(log, "drained" if done else "drain timed out", level, pushes=pushes, reads=reads)
+        pushes, reads = self.busy()
+        event(log, "draining", timeout_s=timeout, handoff=handoff, pushes=pushes, reads=reads)
+        progress.state = "pushes"
+        done = await self._wait_until(lambda: self.busy()[0] == 0, deadline)
+        if handoff:
+            progress.state = "copying"
+            done = await Drainer(self, progress).run(deadline) and done
+        progress.state = "closing"
+        self.closing = True
+        open_reads = [(c.reads.served, rid, s) for c in self.connections for rid, s in c.reads.served.items()]
+        done = await self._wait_until(lambda: all(d.get(r) is not s for d, r, s in open_reads), deadline) and done
+        progress.state = "done"
+        pushes, reads = self.busy()
+        event(
+            log,
+            "drained" if done else "drain timed out",
+            logging.INFO if done else logging.WARNING,
+            pushes=pushes,
+            reads=reads,
+            to_copy=progress.to_copy,
+            copied=progress.copied,
+            copied_bytes=progress.copied_bytes,
+            copy_failed=progress.failed,
+        )
         return done
+
+    @staticmethod
+    async def _wait_until(ready: Callable[[], bool], deadline: float) -> bool:
+        while not ready():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(DRAIN_POLL)
+        return True
 
     def readiness(self) -> list[str]:
         """Why this daemon should not get new pushes now (empty: ready)."""
@@ -406,17 +459,18 @@ class Daemon:
             ),
             errors=dict(counters.errors),
             filesystem=FilesystemStats(capacity_bytes=fs[0], free_bytes=fs[1]) if fs else None,
-            failover=FailoverStats(
-                failovers=dict(counters.failovers),
-                exhausted=counters.failovers_exhausted,
-                resumed_reads=counters.resumed_reads,
-            ),
             replication=ReplicationStats(
                 forwarded_buffers=counters.replica_forwarded_buffers,
                 forwarded_bytes=counters.replica_forwarded_bytes,
                 degraded=counters.replication_degraded,
                 failed=counters.replication_failed,
                 held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
+            ),
+            drain=self.drain_stats.copy(),
+            failover=FailoverStats(
+                failovers=dict(counters.failovers),
+                exhausted=counters.failovers_exhausted,
+                resumed_reads=counters.resumed_reads,
             ),
         )
 
@@ -431,6 +485,10 @@ class Daemon:
             return self.stats().to_wire()
         if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
             return {}
+        if op == "holds":
+            return self._holds(args)
+        if op == "drain":
+            return self._drain_requested(args)
         if op not in ("unregister_shuffle", "remove_application", "flush"):
             raise InvalidRequest(f"unknown admin operation {op!r}")
         app = args.get("app")
@@ -452,6 +510,44 @@ class Daemon:
         if args.get("propagate"):
             result["peers"] = await self._propagate(op, {**args, "propagate": False})
         return result
+
+    def _holds(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Which of these attempts are committed here, and their bytes: how a draining daemon counts the
+        copies of its data on other daemons."""
+        app, shuffle, attempts = args.get("app"), args.get("shuffle"), args.get("attempts")
+        if not isinstance(app, str) or not isinstance(shuffle, int) or isinstance(shuffle, bool):
+            raise InvalidRequest("holds needs 'app' and an integer 'shuffle'")
+        if not isinstance(attempts, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in attempts):
+            raise InvalidRequest("holds needs 'attempts', a list of attempt ids")
+        held, sizes = self.store.holds(app, shuffle, attempts)
+        return {"attempts": held, "bytes": sizes}
+
+    def _drain_requested(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The admin `drain`: answered at once, the drain goes on after (stats `drain` shows it).
+
+        With authentication on, only peer-secret holders may stop a daemon: applications have the
+        cluster secret, not that one.
+        """
+        if self.drain_secret is not None:
+            proof = args.get("proof")
+            expected = drain_proof(self.drain_secret, self.node, int(self.start_time))
+            if not isinstance(proof, str) or not proof_matches(expected, proof):
+                raise AuthFailed("drain needs a proof made with the peer secret (shuffled drain --peer-secret-file)")
+        elif self.secret is not None:
+            raise AuthFailed(
+                "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
+                "stands in for it): set peer-secret-file, or stop it with SIGTERM"
+            )
+        handoff, timeout = args.get("handoff", True), args.get("timeout")
+        if not isinstance(handoff, bool):
+            raise InvalidRequest("drain 'handoff' must be a boolean")
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0):
+            raise InvalidRequest("drain 'timeout' must be whole seconds >= 0")
+        seconds = self.config.drain_timeout if timeout is None else timeout
+        if self.drain_task is None:
+            event(log, "drain requested", timeout_s=seconds, handoff=handoff)
+        self.start_drain(seconds, handoff)
+        return {"state": self.drain_stats.state}
 
     async def _drop(self, freed: int, dropped: list[ShuffleData]) -> int:
         await self.spiller.removed(dropped)

@@ -36,6 +36,9 @@ class Host(Services, Protocol[C]):
     def draining(self) -> bool: ...
 
     @property
+    def closing(self) -> bool: ...
+
+    @property
     def connections(self) -> set[C]: ...
 
     @property

@@ -19,7 +19,7 @@ from ..net.sender import Sender
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream
 from ..protocol.connection import ProtocolConnection, release_payload
-from ..protocol.errors import InvalidRequest, PartitionNotFound, ShuffledError
+from ..protocol.errors import InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
 from .chunks import Chunk
 from .feed import DiskFedStream
@@ -45,6 +45,9 @@ class Link(Protocol):
 
     @property
     def from_client(self) -> bool: ...
+
+    @property
+    def closing(self) -> bool: ...
 
     def send_error(self, stream: int, exc: ShuffledError) -> None: ...
 
@@ -87,6 +90,9 @@ class ReadService:
 
     def on_request(self, req: PartitionRequest) -> None:
         rid = req.receiver
+        if self.link.closing and self.link.from_client:  # a peer's read still goes on: see Daemon.drain
+            self.send_error(rid, ShuttingDown("the daemon is shutting down; read through another daemon"))
+            return
         local: list[int] | None = None
         remote: dict[str, list[int]] = {}
         for addr, attempts in req.locations.items():

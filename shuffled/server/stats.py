@@ -7,7 +7,8 @@ durations are whole microseconds), the shape clients, the JVM and `shuffled stat
 
 This module imports nothing else of the package, so the ops layer can use it
 without depending on the server's modules. Every class is a frozen snapshot except
-`DiskStats`, which a `Disk` also keeps as its live counters (a snapshot holds a copy).
+`DiskStats` and `DrainStats`, which a `Disk` and the daemon also keep as their live counters (a
+snapshot holds a copy).
 """
 
 from __future__ import annotations
@@ -152,18 +153,6 @@ class CreditStats:
 
 
 @dataclass(frozen=True, slots=True)
-class FailoverStats:
-    """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
-
-    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
-    failovers: dict[str, int] = field(default_factory=dict)
-    #: reads that failed because no copy was left (the client got the first error)
-    exhausted: int = 0
-    #: reads served from a resume point, for a peer or from this daemon's own copy
-    resumed_reads: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class ReplicationStats:
     """Replicated pushes (PROTOCOL.md §12.4) this daemon made as a primary."""
 
@@ -179,11 +168,41 @@ class ReplicationStats:
 
 
 @dataclass(frozen=True, slots=True)
+class FailoverStats:
+    """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
+
+    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
+    failovers: dict[str, int] = field(default_factory=dict)
+    #: reads that failed because no copy was left (the client got the first error)
+    exhausted: int = 0
+    #: reads served from a resume point, for a peer or from this daemon's own copy
+    resumed_reads: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FilesystemStats:
     """The data directory's file system."""
 
     capacity_bytes: int
     free_bytes: int
+
+
+@dataclass(slots=True)
+class DrainStats:
+    """Where a drain is (`state`: serving, pushes, copying, closing, done) and what its hand-over did: the
+    daemon keeps its live one, a snapshot holds a copy (`copy()`)."""
+
+    state: str = "serving"
+    #: copies missing on other daemons (an attempt's replica count less the daemons holding it)
+    to_copy: int = 0
+    #: copies other daemons acknowledged with the stored lengths, and their bytes
+    copied: int = 0
+    copied_bytes: int = 0
+    #: copies that could not be made (no candidate left that takes them)
+    failed: int = 0
+
+    def copy(self) -> DrainStats:
+        return dataclasses.replace(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +225,9 @@ class DaemonStats:
     errors: dict[str, int]
     #: None without a data directory (or when its file system cannot be read)
     filesystem: FilesystemStats | None
-    failover: FailoverStats = field(default_factory=FailoverStats)
     replication: ReplicationStats = field(default_factory=ReplicationStats)
+    drain: DrainStats = field(default_factory=DrainStats)
+    failover: FailoverStats = field(default_factory=FailoverStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""

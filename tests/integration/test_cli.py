@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import free_port, secret_flags, start_daemon
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "shuffled", *args], capture_output=True, text=True, timeout=60)
@@ -48,3 +50,21 @@ def test_an_unusable_data_dir_is_a_clear_start_up_error(tmp_path: Path) -> None:
     result = _cli("serve", "--port", "0", "--data-dir", str(tmp_path / "file" / "d"))
     assert result.returncode == 1
     assert f"data dir {tmp_path / 'file' / 'd'} is not usable" in result.stderr
+
+
+def test_drain_wait_returns_once_the_daemon_has_stopped(tmp_path: Path) -> None:
+    """`shuffled drain --wait` with the secrets a daemon's host has: the daemon drains and exits 0, and the
+    command returns after that; without the peer secret it is refused and the daemon keeps serving."""
+    host = "127.0.0.1"
+    d = start_daemon(host, free_port([host]), extra=secret_flags(tmp_path, "cli-secret"))
+    try:
+        refused = _cli("drain", d.addr, "--secret-file", str(tmp_path / "secret"))
+        assert refused.returncode == 1 and "peer secret" in refused.stderr
+        assert d.proc.poll() is None
+        peer = ["--peer-secret-file", str(tmp_path / "peer-secret")]
+        result = _cli("drain", d.addr, "--wait", "--timeout", "10", "--secret-file", str(tmp_path / "secret"), *peer)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"{d.addr}: draining") and result.stdout.endswith(f"{d.addr}: stopped\n")
+        assert d.proc.wait(10) == 0
+    finally:
+        d.stop()

@@ -189,6 +189,17 @@ def test_daemonset_config_map_and_container_match(tmp_path: Path) -> None:
     _check_daemon_container(container, config)
     assert config.advertise == f"10.0.0.5:{config.port}"
     assert spec["terminationGracePeriodSeconds"] > config.drain_timeout
+    # A rolling restart hands data over: the daemon drains (and copies) before Kubernetes sends SIGTERM.
+    assert config.replicas >= 2 and config.drain_handoff == "on"
+    hook = _build_parser().parse_args(container["lifecycle"]["preStop"]["exec"]["command"][1:])
+    assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "shuffled"
+    assert hook.command == "drain" and hook.wait and not hook.no_handoff
+    assert hook.address == f"unix:{config.unix_socket}"
+    assert hook.timeout is None or hook.timeout < spec["terminationGracePeriodSeconds"]
+    budget = docs["PodDisruptionBudget"]
+    assert budget["apiVersion"] == "policy/v1" and budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"] == docs["DaemonSet"]["spec"]["selector"]
+    assert budget["metadata"]["namespace"] == docs["DaemonSet"]["metadata"]["namespace"]
 
 
 # -- systemd

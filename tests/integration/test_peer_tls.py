@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.errors import ErrorCode, PeerUnavailable
+from shuffled.protocol.auth import drain_proof
+from shuffled.protocol.errors import AuthFailed, ErrorCode, PeerUnavailable
 from shuffled.protocol.frames import ErrorResponse, Hello, Role
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, start_daemon
@@ -104,5 +105,29 @@ async def test_a_daemon_with_another_ca_cannot_connect(tls_pair: list[DaemonProc
             await c.close()
         finally:
             rogue.stop()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_without_a_peer_secret_of_its_own_a_daemon_cannot_be_drained(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """Peer TLS stands in for the peer secret, so the cluster secret proves a peer: it must not stop one."""
+
+    async def body() -> None:
+        (tmp_path / "secret").write_text("tls-secret\n")
+        host = HOSTS[0]
+        flags = ["--secret-file", str(tmp_path / "secret"), *tls_flags(pki, free_port([host]))]
+        d = start_daemon(host, free_port([host]), "16M", flags)
+        try:
+            c = await AsyncClient.connect(d.addr, secret="tls-secret")
+            s = await c.stats()
+            proof = drain_proof(b"tls-secret", s["node"], s["start_time"])
+            with pytest.raises(AuthFailed, match="none of its own"):
+                await c._admin_call("drain", {"proof": proof})
+            assert (await c.stats())["drain"]["state"] == "serving"
+            await c.close()
+        finally:
+            d.stop()
 
     await asyncio.wait_for(body(), 60)

@@ -1,0 +1,318 @@
+"""A draining daemon hands its committed data over to other daemons before it stops (`Daemon.drain`,
+phase *copying*).
+
+For every committed attempt held here, the copies elsewhere are counted by asking the daemons where
+placement puts them (the primary, and the first `replica-search` candidates of the primary's
+placement) with the admin `holds`, one call per daemon and shuffle. An attempt with fewer copies
+elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
+fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
+copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
+the full replica count, so an attempt keeps its redundancy once this daemon is gone (a host that does
+not come back loses nothing); the price is that a rolling restart copies every replicated attempt
+once more.
+
+A copy that fails is logged and counted and the drain goes on: that attempt is then recomputed by
+Spark if its data is needed, as without a hand-over. At most `PARALLEL` copies run at once; each has
+at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
+memory chunks it sends are the store's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..buffers import Buffer
+from ..logs import event
+from ..protocol.errors import (
+    ConnectionLost,
+    CorruptData,
+    PartitionNotFound,
+    PeerUnavailable,
+    ShuffledError,
+    ShuttingDown,
+    TimedOut,
+)
+from ..protocol.frames import REPLICA, OpenMapOutput
+from .chunks import Chunk
+from .connection import DaemonConnection
+from .host import Host
+from .placement import candidates
+from .replication import ReplicaLink
+from .stats import DrainStats
+from .store import DiskChunk, ShuffleData
+
+log = logging.getLogger(__name__)
+
+#: copies (and `holds` calls) at once: enough to keep a few peers busy, few enough for a small pool
+PARALLEL = 4
+#: most spilled chunks read back with one preadv (back to back in one file)
+LOAD_BATCH = 8
+#: failures that make a daemon no target for the rest of the drain
+GONE = (PeerUnavailable, ConnectionLost, ShuttingDown, TimedOut, TimeoutError, ConnectionError)
+
+
+@dataclass(slots=True, eq=False)
+class HandOver:
+    """One committed attempt held here and where its copies are."""
+
+    data: ShuffleData
+    attempt: int
+    #: the node a reader names for it: this daemon, or the primary this one holds a replica of
+    primary: str
+    #: its replica count, which is also how many copies it should have on other daemons than this one
+    replicas: int
+    #: where copies are placed and looked for, this daemon left out
+    candidates: list[str]
+    #: other daemons that hold it committed
+    holders: set[str] = field(default_factory=set)
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.replicas - len(self.holders))
+
+
+class Drainer:
+    """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
+    daemon's `DrainStats`."""
+
+    def __init__(self, host: Host[DaemonConnection], progress: DrainStats) -> None:
+        self.host = host
+        self.progress = progress
+        #: bounds the `holds` calls in flight; copies are bounded by their workers
+        self.limit = asyncio.Semaphore(PARALLEL)
+        #: daemons that did not answer `holds`, could not be reached or are shutting down themselves: no
+        #: copy is tried there (each try could cost a connect timeout, and the drain has a deadline)
+        self.unavailable: set[str] = set()
+
+    async def run(self, deadline: float) -> bool:
+        """Hand over what lacks copies; True if that ended before `deadline` (failed copies are counted)."""
+        progress = self.progress
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                todo = [h for h in await self.survey() if h.missing]
+                progress.to_copy = sum(h.missing for h in todo)
+                event(log, "handing over", attempts=len(todo), copies=progress.to_copy)
+                queue = deque(todo)
+                await asyncio.gather(*(self._work(queue) for _ in range(PARALLEL)))
+            if progress.failed:
+                event(
+                    log, "hand-over incomplete", logging.WARNING, copies_failed=progress.failed, copied=progress.copied
+                )
+        except TimeoutError:
+            event(
+                log,
+                "hand-over timed out",
+                logging.WARNING,
+                to_copy=progress.to_copy,
+                copied=progress.copied,
+                failed=progress.failed,
+            )
+            return False
+        return True
+
+    async def survey(self) -> list[HandOver]:
+        """Every committed attempt held here, with the other daemons that hold it too."""
+        host = self.host
+        cfg = host.config
+        node = host.node
+        ring = [*cfg.peer_addresses(), node]
+        zones = cfg.zones(node)
+        groups: dict[tuple[int, str], list[HandOver]] = {}
+        shuffles = {id(d): d for s in host.store.apps.values() for d in s.values()}
+        for data in shuffles.values():
+            for attempt in data.committed:
+                primary = data.replica_of.get(attempt, node)
+                wanted = data.replicas.get(attempt, cfg.replicas)
+                group = groups.get((id(data), primary))
+                if group is None:
+                    placed = candidates(ring, zones, primary, data.app, data.shuffle)[: cfg.replica_search]
+                    group = groups[id(data), primary] = []
+                    cands = [c for c in placed if c != node]
+                else:
+                    cands = group[0].candidates
+                group.append(HandOver(data, attempt, primary, wanted, cands))
+        asks = []
+        for (key, primary), group in groups.items():
+            asked = group[0].candidates + ([primary] if primary != node else [])
+            asks += [self._ask(addr, shuffles[key], group) for addr in asked]
+        await asyncio.gather(*asks)
+        return [h for group in groups.values() for h in group]
+
+    async def _ask(self, addr: str, data: ShuffleData, group: list[HandOver]) -> None:
+        """Which of the group's attempts `addr` holds; a daemon that cannot answer holds none."""
+        args: dict[str, Any] = {"app": data.app, "shuffle": data.shuffle, "attempts": [h.attempt for h in group]}
+        try:
+            async with self.limit:
+                conn = await self.host.peers.get(addr)
+                answer = await conn.admin.request("holds", args, self.host.config.admin_timeout)
+        except (ShuffledError, TimeoutError, ConnectionError) as exc:
+            if addr not in self.unavailable:
+                self.unavailable.add(addr)
+                event(log, "holds not answered", logging.WARNING, peer=addr, reason=str(exc) or "timed out")
+            return
+        held = answer.get("attempts")
+        if isinstance(held, list):
+            found = set(held)
+            for h in group:
+                if h.attempt in found:
+                    h.holders.add(addr)
+
+    async def _work(self, queue: deque[HandOver]) -> None:
+        while queue:
+            await self.hand_over(queue.popleft())
+
+    async def hand_over(self, h: HandOver) -> None:
+        """Copy the attempt to candidates that lack it, in placement order, until it has its copies."""
+        progress = self.progress
+        for target in h.candidates:
+            if not h.missing or h.data.removed:
+                break
+            if target in h.holders or target in self.unavailable:
+                continue
+            try:
+                copied = await self.copy(h, target)
+            except (ShuffledError, TimeoutError, ConnectionError) as exc:
+                if isinstance(exc, GONE):
+                    self.unavailable.add(target)
+                event(
+                    log,
+                    "hand-over copy failed",
+                    logging.WARNING,
+                    peer=target,
+                    app=h.data.app,
+                    shuffle=h.data.shuffle,
+                    attempt=h.attempt,
+                    reason=str(exc) or "timed out",
+                )
+                continue
+            h.holders.add(target)
+            progress.copied += 1
+            progress.copied_bytes += copied
+        if h.data.removed:  # unregistered meanwhile: nothing left to copy
+            progress.to_copy -= h.missing
+        else:
+            progress.failed += h.missing
+
+    async def copy(self, h: HandOver, target: str) -> int:
+        """One replica push of the attempt to `target`, fed from the store; the bytes copied once `target`
+        acknowledged exactly the stored lengths."""
+        host, data = self.host, h.data
+        stored = [data.lengths[h.attempt].get(p, 0) for p in range(data.partitions)]
+        map_index = data.committed[h.attempt]
+        conn = await host.peers.get(target)
+        if REPLICA not in conn.proto.features:
+            raise PeerUnavailable(f"{target} does not take replica pushes")
+        if data.removed:
+            raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
+        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt])
+        pending: deque[Chunk | DiskChunk] = deque(items)
+        link = ReplicaLink(host.config)
+        req = OpenMapOutput(
+            0,
+            data.app,
+            data.shuffle,
+            map_index,
+            h.attempt,
+            data.partitions,
+            replicas=h.replicas,
+            replica_of=h.primary,
+            app_key=host.store.app_keys.get(data.app, b"").hex(),
+        )
+        try:
+            await link.open(conn, req)
+            await self._send(link, pending)
+            lengths = await link.commit()
+        finally:
+            link.abort()  # a no-op once committed
+            for item in pending:
+                if isinstance(item, Chunk):
+                    item.buffer.release()
+        if lengths != stored:
+            raise CorruptData(
+                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} are stored"
+            )
+        return sum(stored)
+
+    async def _send(self, link: ReplicaLink, items: deque[Chunk | DiskChunk]) -> None:
+        """Every chunk in store order, one PushData each (so the copy's chunks are the primary's): memory
+        chunks as they are, spilled ones read back into segments and checked against their CRC. At most
+        the link's lag of chunks wait unsent."""
+        fd: int | None = None
+        path = ""
+        try:
+            while items:
+                await link.caught_up()
+                head = items.popleft()
+                if isinstance(head, Chunk):
+                    link.send(head)
+                    continue
+                batch = [head]
+                while len(batch) < LOAD_BATCH and items and isinstance(nxt := items[0], DiskChunk):
+                    if nxt.path != head.path or nxt.offset != batch[-1].offset + batch[-1].length:
+                        break
+                    batch.append(nxt)
+                    items.popleft()
+                buffers = await self._take(len(batch))
+                items.extendleft(reversed(batch[len(buffers) :]))
+                del batch[len(buffers) :]
+                current, fd = fd, None  # a failed read closes it
+                if current is not None and path != head.path:
+                    os.close(current)
+                    current = None
+                fd, crcs = await self._read(current, head.path, batch, buffers)
+                path = head.path
+                bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
+                if bad:
+                    for buf in buffers:
+                        buf.release()
+                    raise CorruptData(f"spilled data of attempt {bad[0].attempt} failed its CRC32C check in {path}")
+                for buf, c in zip(buffers, batch, strict=True):
+                    link.send(Chunk(buf, c.partition, c.attempt, c.crc))
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    async def _take(self, want: int) -> list[Buffer]:
+        """Up to `want` segments of the read reserve (at least one, waited for): stored data can always be
+        read back, and a copy never waits for more memory than is free."""
+        pool = self.host.pool
+        got = pool.try_take(min(want, max(1, pool.free_for_readers)), use_reserve=True)
+        buffers = got if got is not None else await pool.take(1, use_reserve=True)
+        for buf in buffers:
+            buf.set_recycler(pool.give)
+        return buffers
+
+    async def _read(
+        self, fd: int | None, path: str, batch: list[DiskChunk], buffers: list[Buffer]
+    ) -> tuple[int, list[int]]:
+        """Load the batch; the fd is the caller's again only on success (a failed read closes it). When the
+        drain's deadline cancels the wait, the reading thread is let finish before the buffers go back."""
+        disk = self.host.disk
+        assert disk is not None
+        for buf, c in zip(buffers, batch, strict=True):
+            buf.length = c.length
+        reading = disk.read(fd, path, batch[0].offset, [b.data() for b in buffers])
+        loaded = False
+        try:
+            result = await asyncio.shield(reading)
+            loaded = True
+            return result
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                os.close((await reading)[0])
+            raise
+        except FileNotFoundError:
+            raise PartitionNotFound(f"spill file {path} is gone (shuffle removed while being copied?)") from None
+        except (OSError, EOFError) as exc:
+            raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
+        finally:
+            if not loaded:
+                for buf in buffers:
+                    buf.release()

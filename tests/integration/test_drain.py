@@ -1,0 +1,234 @@
+"""Drain with hand-over on real daemons: what a stopping daemon holds ends up on the daemons where
+placement looks for copies, chunk for chunk, and its own data dir still serves it after a restart;
+open reads finish while new client reads are refused; only peer-secret holders may drain a daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shuffled.protocol.auth import drain_proof
+from shuffled.protocol.errors import AuthFailed, InvalidRequest, ShuttingDown
+from shuffled.server.drain import PARALLEL
+from shuffled.server.placement import candidates
+from shuffled_client import AsyncClient
+from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
+from tests.integration.test_durability import expected, push, read_by_attempt
+
+pytestmark = pytest.mark.asyncio
+
+KiB = 1 << 10
+MiB = 1 << 20
+APP = "app-drain"
+SIZES = [300 * KiB, 0, 1 * MiB + 5, 70 * KiB]
+
+
+async def chunks(client: AsyncClient, shuffle: int, attempts: list[int]) -> dict[tuple[int, int], list[bytes]]:
+    """The chunks of each (partition, attempt) pair as served, in order: every copy must have the same ones
+    (a read that fails over resumes a pair by chunk count), whatever order the pairs come in."""
+    got: dict[tuple[int, int], list[bytes]] = {}
+    async with client.read(APP, shuffle, 0, len(SIZES), {"": attempts}) as reader:
+        async for chunk in reader:
+            got.setdefault((chunk.partition, chunk.attempt), []).append(bytes(chunk.data))
+    return got
+
+
+async def exited(d: DaemonProcess, timeout: float = 30.0) -> int:
+    async def poll() -> int | None:
+        return d.proc.poll()
+
+    code: int = await wait_until(poll, lambda rc: rc is not None, timeout, "the drained daemon exited")
+    return code
+
+
+def logged(d: DaemonProcess, msg: str) -> dict[str, str]:
+    """The fields of the daemon's (key=value) log line `msg`."""
+    (line,) = [line for line in d.log if f"msg={msg} " in line or line.rstrip().endswith(f"msg={msg}")]
+    return dict(re.findall(r"(\w+)=(\S+)", line))
+
+
+async def test_replicas_1_every_attempt_is_copied_then_served_by_its_candidate_and_after_a_restart() -> None:
+    async def body() -> None:
+        with Cluster(2, extra=["--replicas", "1"]) as cluster:
+            d0, d1 = cluster.daemons
+            assert candidates([d0.addr, d1.addr], {}, d0.addr, APP, 1) == [d1.addr]
+            c0 = await AsyncClient.connect(d0.addr)
+            await push(c0, 1, 1, SIZES, app=APP)
+            await push(c0, 1, 2, SIZES, app=APP)
+            await c0.flush(APP, 1)  # attempts 1 and 2 are read back from disk for the copy
+            await push(c0, 1, 3, SIZES, app=APP)  # attempt 3 is copied from memory
+            await push(c0, 2, 9, SIZES[:1], app=APP)
+            before = await chunks(c0, 1, [1, 2, 3])
+            assert await c0._admin_call("drain", {}) == {"state": "pushes"}
+            assert await exited(d0) == 0
+            await c0.close()
+            drained = logged(d0, "drained")
+            assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("4", "4", "0")
+            assert int(drained["copied_bytes"]) == 3 * sum(SIZES) + SIZES[0]
+            c1 = await AsyncClient.connect(d1.addr)
+            assert await chunks(c1, 1, [1, 2, 3]) == before
+            assert await read_by_attempt(c1, 2, 0, 1, {"": [9]}, app=APP) == expected([9], SIZES[:1])
+            # A reader still names the drained daemon (Spark's MapStatus does): the read fails over to the copy.
+            got = await read_by_attempt(c1, 1, 0, len(SIZES), {d0.addr: [1, 2, 3]}, app=APP)
+            assert got == expected([1, 2, 3], SIZES)
+            await c1.close()
+            # The drained daemon's data dir still serves everything after a restart.
+            d0 = cluster.daemons[0] = start_daemon(d0.host, d0.port, extra=["--peers", f"{d0.addr},{d1.addr}"])
+            c0 = await AsyncClient.connect(d0.addr)
+            assert await read_by_attempt(c0, 1, 0, len(SIZES), {"": [1, 2, 3]}, app=APP) == expected([1, 2, 3], SIZES)
+            s = await c0.stats()
+            assert s["drain"]["state"] == "serving" and s["ready"]
+            await c0.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_replicas_2_only_what_lacks_copies_elsewhere_is_copied_on_sigterm() -> None:
+    """SIGTERM with drain-handoff on, every daemon with --replicas 2, so pushes are replicated: an attempt
+    held by both other daemons stays as it is; one replicated as usual gets one more copy; a replica held
+    here is copied to the next candidate of its primary, as a replica of that primary."""
+
+    async def body() -> None:
+        with Cluster(3, extra=["--replicas", "2", "--drain-handoff", "on"]) as cluster:
+            d0 = cluster.daemons[0]
+            addrs = [d.addr for d in cluster.daemons]
+            x, y = candidates(addrs, {}, d0.addr, APP, 1)
+            (p,) = [a for a in (x, y) if candidates(addrs, {}, a, APP, 1)[0] == d0.addr]
+            (q,) = [a for a in (x, y) if a != p]  # the primary p's other candidate
+            clients = {addr: await AsyncClient.connect(addr) for addr in addrs}
+            await push(clients[d0.addr], 1, 1, SIZES, app=APP)  # on d0 and x
+            await push(clients[y], 1, 1, SIZES, app=APP)  # and on y (its replicas refuse: they hold it)
+            await push(clients[d0.addr], 1, 2, SIZES, app=APP)  # on d0 and x: one copy to y
+            await push(clients[p], 1, 3, SIZES, app=APP)  # on p and, as its replica, d0: one copy to q
+            before = {a: (await clients[a].stats())["store"] for a in (x, y)}
+            with pytest.raises(InvalidRequest, match="peer daemons only"):
+                await clients[x]._admin_call("holds", {"app": APP, "shuffle": 1, "attempts": [1]})
+            d0.proc.send_signal(signal.SIGTERM)
+            assert await exited(d0) == 0
+            drained = logged(d0, "drained")
+            assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("2", "2", "0")
+            after = {a: (await clients[a].stats())["store"] for a in (x, y)}
+            assert after[y]["commits"] == before[y]["commits"] + 1 + (q == y)
+            assert after[x]["commits"] == before[x]["commits"] + (q == x)
+            assert after[q]["replica_attempts"] == before[q]["replica_attempts"] + 1 + (q == y)
+            got = await read_by_attempt(clients[y], 1, 0, len(SIZES), {"": [1, 2]}, app=APP)
+            assert got == expected([1, 2], SIZES)
+            got = await read_by_attempt(clients[q], 1, 0, len(SIZES), {"": [3]}, app=APP)
+            assert got == expected([3], SIZES)
+            for addr in (x, y):  # a read naming the drained daemon fails over to a copy, whoever relays it
+                got = await read_by_attempt(clients[addr], 1, 0, len(SIZES), {d0.addr: [1, 2]}, app=APP)
+                assert got == expected([1, 2], SIZES)
+            for c in clients.values():
+                await c.close()
+            # Restarted on its data dir, d0 serves all of it again and still knows attempt 3 is p's.
+            d0 = cluster.daemons[0] = start_daemon(d0.host, d0.port, extra=["--peers", ",".join(addrs)])
+            c0 = await AsyncClient.connect(d0.addr)
+            got = await read_by_attempt(c0, 1, 0, len(SIZES), {"": [1, 2, 3]}, app=APP)
+            assert got == expected([1, 2, 3], SIZES)
+            assert (await c0.stats())["store"]["replica_attempts"] == 1
+            await c0.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_refused_copy_goes_to_the_next_candidate_or_is_counted_and_the_drain_goes_on() -> None:
+    """The first candidate is draining itself (it refuses every copy, and is not tried again); the second
+    has attempt 1 open from a client (it refuses that copy): the other attempts are copied there,
+    attempt 1 is counted failed, and the daemon still drains and exits."""
+
+    async def body() -> None:
+        with Cluster(3, extra=["--replicas", "1", "--drain-timeout", "60"]) as cluster:  # x drains all along
+            d0 = cluster.daemons[0]
+            addrs = [d.addr for d in cluster.daemons]
+            x, y = candidates(addrs, {}, d0.addr, APP, 1)
+            by_addr = {d.addr: d for d in cluster.daemons}
+            c0, cx, cy = [await AsyncClient.connect(a) for a in (d0.addr, x, y)]
+            for attempt in range(1, 9):
+                await push(c0, 1, attempt, SIZES, app=APP)
+            held = await cx.open_writer("other-app", 5, 0, 1, 1)  # keeps x draining, refusing pushes
+            await held.write(0, b"x" * 100)
+            by_addr[x].proc.send_signal(signal.SIGTERM)
+            await wait_until(cx.stats, lambda s: s["drain"]["state"] == "pushes", what="x draining")
+            open_on_y = await cy.open_writer(APP, 1, 1, 1, len(SIZES))  # attempt 1, never committed
+            await c0._admin_call("drain", {})
+            assert await exited(d0) == 0
+            drained = logged(d0, "drained")
+            assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("8", "7", "1")
+            failures = [line for line in d0.log if 'msg="hand-over copy failed"' in line]
+            assert any(f"peer={x}" in f and "shutting down" in f for f in failures)
+            assert len([f for f in failures if f"peer={x}" in f]) <= PARALLEL < 8  # only those already on their way
+            assert [f for f in failures if f"peer={y}" in f and "attempt=1" in f]
+            copied = list(range(2, 9))
+            assert await read_by_attempt(cy, 1, 0, len(SIZES), {"": copied}, app=APP) == expected(copied, SIZES)
+            await open_on_y.abort()
+            await held.abort()
+            for c in (c0, cx, cy):
+                await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_closing_refuses_new_client_reads_while_an_open_one_completes() -> None:
+    async def body() -> None:
+        host = "127.0.0.1"
+        d = start_daemon(host, free_port([host]))
+        try:
+            c = await AsyncClient.connect(d.addr)
+            w = await c.open_writer(APP, 1, 0, 1, 1)
+            data = payload(1, 0, 2 * MiB)
+            await w.write(0, data)
+            assert await w.commit() == [len(data)]
+            # Two buffers of credit and no floating ones: the read stays open until it is consumed.
+            slow = await AsyncClient.connect(d.addr, exclusive=2, floating=0)
+            reader = slow.read(APP, 1, 0, 1, {"": [1]})
+            first = await reader.next_chunk()
+            assert first is not None
+            got = bytearray(first.data)
+            assert await c._admin_call("drain", {"handoff": False}) == {"state": "pushes"}
+            s = await wait_until(c.stats, lambda s: s["drain"]["state"] == "closing", what="closing")
+            assert s["draining"] and not s["ready"] and s["streams"]["served"] == 1
+            with pytest.raises(ShuttingDown):
+                await read_by_attempt(c, 1, 0, 1, {"": [1]}, app=APP)
+            while (chunk := await reader.next_chunk()) is not None:
+                got += chunk.data
+            assert bytes(got) == data
+            assert await exited(d) == 0
+            await slow.close()
+            await c.close()
+        finally:
+            d.stop()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> None:
+    async def body() -> None:
+        host = "127.0.0.1"
+        flags = secret_flags(tmp_path, "drain-secret")
+        d = start_daemon(host, free_port([host]), extra=flags)
+        try:
+            c = await AsyncClient.connect(d.addr, secret="drain-secret")
+            s = await c.stats()
+            wrong = drain_proof(b"drain-secret", s["node"], s["start_time"])  # the cluster secret: not enough
+            stale = drain_proof(b"peer-drain-secret", s["node"], s["start_time"] - 1)  # another process life
+            for args in ({}, {"proof": wrong}, {"proof": stale}, {"proof": 5}):
+                with pytest.raises(AuthFailed, match="peer secret"):
+                    await c._admin_call("drain", args)
+            s = await c.stats()
+            assert s["drain"]["state"] == "serving" and s["ready"]
+            right: dict[str, Any] = {"proof": drain_proof(b"peer-drain-secret", s["node"], s["start_time"])}
+            for bad in ({"timeout": -1}, {"timeout": 1.5}, {"handoff": "yes"}):
+                with pytest.raises(InvalidRequest):
+                    await c._admin_call("drain", {**right, **bad})
+            assert await c._admin_call("drain", right) == {"state": "pushes"}
+            assert await exited(d) == 0
+            await c.close()
+        finally:
+            d.stop()
+
+    await asyncio.wait_for(body(), 60)
