@@ -13,6 +13,7 @@ message that names the cause; the pools must settle with nothing leaked.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -89,16 +90,16 @@ class HostDaemons:
         for i in range(len(self.daemons)):
             self.restart(i)
 
-    def rolling_restart(self, done: Callable[[], bool]) -> int:
+    def rolling_restart(self, done: Callable[[], bool]) -> list[DaemonProcess]:
         """Each daemon in turn drained, stopped and started again, as a rolling upgrade does; stops early once
-        `done()` (the job ended). Returns how many were restarted while the job still ran."""
-        restarted = 0
+        `done()` (the job ended). Returns the processes stopped while the job still ran."""
+        stopped = []
         for i in range(len(self.daemons)):
             if done():
                 break
+            stopped.append(self.daemons[i])
             self.restart(i, DRAIN_TIMEOUT_S + STOP_TIMEOUT)
-            restarted += 1
-        return restarted
+        return stopped
 
     def commits(self) -> int:
         return sum(daemon_stats(d)["store"]["commits"] for d in self.daemons)
@@ -228,6 +229,13 @@ def resubmitted(spark: Any, before: set[tuple[int, int]]) -> list[tuple[int, int
         for s in stage_data(spark)
         if (s.stageId(), s.attemptId()) not in before and s.attemptId() > 0
     ]
+
+
+def drained(daemon: DaemonProcess) -> tuple[bool, int]:
+    """Whether a stopped daemon's drain finished in time, and how many copies it handed over."""
+    lines = [line for line in daemon.log if "drained" in line or "drain timed out" in line]
+    copied = re.search(r"\bcopied=(\d+)", lines[-1]) if lines else None
+    return bool(lines) and "drained" in lines[-1], int(copied.group(1)) if copied else 0
 
 
 def stage_attempts(spark: Any) -> set[tuple[int, int]]:

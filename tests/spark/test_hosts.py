@@ -25,6 +25,7 @@ from tests.host_faults import (
     REPLICATED,
     HostDaemons,
     acceptable,
+    drained,
     keyed_sums,
     paced_chain,
     resubmitted,
@@ -150,8 +151,10 @@ def replicated(host_daemons: HostDaemons) -> HostDaemons:
 
 
 def total(daemons: HostDaemons, path: str) -> int:
+    """A stats counter summed over the daemons (a counter by code: all codes)."""
     section, key = path.split(".")
-    return sum(daemon_stats(d)[section][key] for d in daemons.daemons)
+    values = [daemon_stats(d)[section][key] for d in daemons.daemons]
+    return sum(sum(v.values()) if isinstance(v, dict) else v for v in values)
 
 
 def test_a_daemon_killed_after_the_map_stage_costs_no_recomputation(spark: Any, replicated: HostDaemons) -> None:
@@ -162,13 +165,13 @@ def test_a_daemon_killed_after_the_map_stage_costs_no_recomputation(spark: Any, 
     assert sorted(job.collect()) == expected
     assert total(replicated, "store.replica_attempts") > 0, "no map output was replicated"
     before = stage_attempts(spark)
-    failovers = total(replicated, "replication.failovers")
+    failovers = total(replicated, "failover.failovers")
     fault = replicated.kill(2)
     fault.inject()
     fault.repair()
     assert sorted(job.collect()) == expected
     assert not resubmitted(spark, before), "a stage was resubmitted: map output was recomputed"
-    assert total(replicated, "replication.failovers") > failovers, "no read failed over: the test proved nothing"
+    assert total(replicated, "failover.failovers") > failovers, "no read failed over: the test proved nothing"
     replicated.settled()
 
 
@@ -191,9 +194,12 @@ def test_rolling_restart_of_every_daemon_during_a_multi_stage_job(spark: Any, re
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(lambda: sorted(job.collect()))
         poll_until(lambda: running.done() or replicated.commits() > commits, 120, "map output committed")
-        restarted = replicated.rolling_restart(running.done)
+        stopped = replicated.rolling_restart(running.done)
         result = running.result(timeout=300)
     assert result == expected
-    assert restarted == len(replicated.daemons), f"the job ended after {restarted} restarts: it proved less"
+    assert len(stopped) == len(replicated.daemons), f"the job ended after {len(stopped)} restarts: it proved less"
+    drains = [drained(d) for d in stopped]
+    assert all(finished for finished, _ in drains), f"a drain timed out: {drains}"
+    assert sum(copies for _, copies in drains) > 0, "no drain handed anything over: the test proved less"
     assert not resubmitted(spark, before), "a stage was resubmitted during the rolling restart"
     replicated.settled()
