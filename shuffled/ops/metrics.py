@@ -193,6 +193,11 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         "Open pushes whose client gets no new credit now because a replica lags (replica-lag)",
         rep.held_back,
     )
+    yield _gauge(
+        "shuffled_placement_peers",
+        "Other daemons on the placement ring (peers and what peers-dns resolves to); replicas go to them",
+        rep.peers,
+    )
 
     conns = s.connections
     yield _labelled(
