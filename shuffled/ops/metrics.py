@@ -296,7 +296,8 @@ def families(s: DaemonStats) -> Iterator[Metric]:
             "failed, by the wire code it failed with",
             labels=["code"],
         ),
-        dict(failover.failovers),
+        # every code from zero, as for shuffled_errors: a rate then sees a location's first failover
+        {code.name: failover.failovers.get(code.name, 0) for code in ErrorCode},
     )
     yield _counter(
         "shuffled_read_failovers_exhausted",
