@@ -58,7 +58,7 @@ class Membership:
         return [*self.others(), self.node] if self.node else self.others()
 
     def knows(self, addr: str) -> bool:
-        return addr != self.node and addr in self.others()
+        return addr in self.others()
 
     def candidates(self, primary: str, app: str, shuffle: int) -> list[str]:
         """The daemons a replica push, a read failover and a drain try for `primary`'s data of a shuffle,
