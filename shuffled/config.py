@@ -256,6 +256,15 @@ class DaemonConfig:
         default_text="none",
         metavar="LIST",
     )
+    peers_dns: str | None = setting(
+        None,
+        "a DNS name whose A/AAAA records are the daemons (`NAME:PORT`, e.g. a Kubernetes headless Service): "
+        "resolved at start and every second, each address joins `peers` as `IP:PORT` (this daemon's "
+        "advertise must be the address the name gives for it)",
+        parse=_optional,
+        default_text="off",
+        metavar="NAME:PORT",
+    )
     zone: str = setting(
         "",
         "this daemon's failure domain (rack, zone); replicas of its data go to daemons in other zones first "
@@ -558,6 +567,12 @@ class DaemonConfig:
         need(self.replica_lag >= 1, "replica-lag must be >= 1 buffer")
         need(self.replica_search >= 1, "replica-search must be >= 1")
         need(self.failover_timeout > 0, "failover-timeout must be > 0 seconds")
+        if self.peers_dns is not None:
+            name, _, port = self.peers_dns.rpartition(":")
+            need(
+                bool(name) and port.isdigit() and 0 < int(port) < 65536,
+                f"peers-dns {self.peers_dns!r} is not NAME:PORT",
+            )
         for entry in self.peers:
             need(entry.count("@") <= 1 and not entry.endswith("@"), f"peers entry {entry!r} is not HOST:PORT[@ZONE]")
         tls = (self.peer_tls_cert, self.peer_tls_key, self.peer_tls_ca)

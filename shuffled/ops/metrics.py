@@ -193,6 +193,11 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         "Open pushes whose client gets no new credit now because a replica lags (replica-lag)",
         rep.held_back,
     )
+    yield _gauge(
+        "shuffled_placement_peers",
+        "Other daemons on the placement ring (peers and what peers-dns resolves to); replicas go to them",
+        rep.peers,
+    )
 
     conns = s.connections
     yield _labelled(
@@ -291,7 +296,8 @@ def families(s: DaemonStats) -> Iterator[Metric]:
             "failed, by the wire code it failed with",
             labels=["code"],
         ),
-        dict(failover.failovers),
+        # every code from zero, as for shuffled_errors: a rate then sees a location's first failover
+        {code.name: failover.failovers.get(code.name, 0) for code in ErrorCode},
     )
     yield _counter(
         "shuffled_read_failovers_exhausted",

@@ -29,6 +29,7 @@ from .connection import DaemonConnection
 from .counters import Counters, micros
 from .disk import Disk, SpillFile
 from .drain import Drainer
+from .membership import Membership
 from .peers import PeerManager
 from .shares import PushShares
 from .spill import Spiller
@@ -116,7 +117,8 @@ class Daemon:
         self.peers: PeerManager[DaemonConnection] = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
         self.background: set[asyncio.Task[Any]] = set()
-        self.node = config.advertise or ""
+        #: every daemon this one knows of (`peers`, `peers-dns`), itself included
+        self.membership = Membership(config, config.advertise or "")
         #: the cluster secret every client proves on connect; None: authentication is off
         self.secret = _secret("secret-file", config.secret_file, SECRET_ENV)
         #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
@@ -159,6 +161,11 @@ class Daemon:
         self._housekeeping: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
 
+    @property
+    def node(self) -> str:
+        """This daemon's advertised address: its name on the placement ring and in Spark's MapStatus."""
+        return self.membership.node
+
     async def dial_peer(self, addr: str, host: str, port: int) -> DaemonConnection:
         """A connection to daemon `addr` at `host`:`port` (its peer TLS port with peer TLS) once the
         handshake is done; the PeerManager decides when to dial and what a failure means."""
@@ -189,7 +196,7 @@ class Daemon:
         self._servers.append(server)
         port = server.sockets[0].getsockname()[1]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-        self.node = cfg.advertise or f"{host}:{port}"
+        self.membership.node = cfg.advertise or f"{host}:{port}"
         if self.peer_tls is not None:
             tls_server = await loop.create_server(
                 lambda: DaemonConnection(self, tls=True),
@@ -207,6 +214,7 @@ class Daemon:
         if cfg.metrics_port >= 0:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
+        await self.membership.refresh()  # before pushes arrive, so the first ones find their replicas
         self._housekeeping = asyncio.create_task(self._housekeep())
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
@@ -229,6 +237,7 @@ class Daemon:
             data_dir=self.disk.root if self.disk else "none (memory only: a full pool fails pushes)",
             peer_tls_port=cfg.peer_tls_port or None,
             restored_shuffles=restored,
+            peers=len(self.membership.others()),
             http=self.ops.address if self.ops else None,
         )
 
@@ -350,6 +359,7 @@ class Daemon:
 
     async def _housekeep_once(self) -> None:
         cfg = self.config
+        self.membership.refresh_soon()
         now = time.monotonic()
         if cfg.app_ttl:
             for app, usage in list(self.store.usage.items()):
@@ -394,6 +404,7 @@ class Daemon:
         """Write every committed byte still in memory to disk, so a restart serves it."""
         if self._housekeeping is not None:
             self._housekeeping.cancel()
+        self.membership.stop()
         if self.disk is None:
             return
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
@@ -465,6 +476,7 @@ class Daemon:
                 degraded=counters.replication_degraded,
                 failed=counters.replication_failed,
                 held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
+                peers=len(self.membership.others()),
             ),
             drain=self.drain_stats.copy(),
             failover=FailoverStats(
@@ -567,7 +579,7 @@ class Daemon:
 
     async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:
         """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""
-        targets = (set(self.config.peer_addresses()) | set(self.peers.conns)) - {self.node}
+        targets = (set(self.membership.others()) | set(self.peers.conns)) - {self.node}
 
         async def one(addr: str) -> str:
             try:

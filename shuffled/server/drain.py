@@ -43,7 +43,6 @@ from ..protocol.frames import REPLICA, OpenMapOutput
 from .chunks import Chunk
 from .connection import DaemonConnection
 from .host import Host
-from .placement import candidates
 from .replication import ReplicaLink
 from .stats import DrainStats
 from .store import DiskChunk, ShuffleData
@@ -122,8 +121,6 @@ class Drainer:
         host = self.host
         cfg = host.config
         node = host.node
-        ring = [*cfg.peer_addresses(), node]
-        zones = cfg.zones(node)
         groups: dict[tuple[int, str], list[HandOver]] = {}
         shuffles = {id(d): d for s in host.store.apps.values() for d in s.values()}
         for data in shuffles.values():
@@ -132,7 +129,7 @@ class Drainer:
                 wanted = data.replicas.get(attempt, cfg.replicas)
                 group = groups.get((id(data), primary))
                 if group is None:
-                    placed = candidates(ring, zones, primary, data.app, data.shuffle)[: cfg.replica_search]
+                    placed = host.membership.candidates(primary, data.app, data.shuffle)
                     group = groups[id(data), primary] = []
                     cands = [c for c in placed if c != node]
                 else:

@@ -21,6 +21,7 @@ from typing import Generic, Protocol, TypeVar
 from ..config import DaemonConfig
 from ..logs import event
 from ..protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
+from .membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class PeerHost(Protocol[C_co]):
 
     @property
     def secret(self) -> bytes | None: ...
+
+    @property
+    def membership(self) -> Membership: ...
 
     async def dial_peer(self, addr: str, host: str, port: int) -> C_co:
         """A connection to daemon `addr` at `host`:`port` once its handshake is done."""
@@ -158,17 +162,18 @@ class PeerManager(Generic[C]):
 
     def _check_dialable(self, addr: str) -> None:
         """With authentication on, a client may not make this daemon connect anywhere it likes (a port scan,
-        bytes sent to an internal service): only to its `--peers`, to daemons that connected to it, and to
-        its own port on other hosts (every daemon of a cluster normally listens on the same one)."""
+        bytes sent to an internal service): only to the daemons it knows of (`--peers`, `--peers-dns`), to
+        daemons that connected to it, and to its own port on other hosts (every daemon of a cluster normally
+        listens on the same one)."""
         daemon = self.daemon
-        if daemon.secret is None or addr in daemon.config.peer_addresses() or addr in self.known:
+        if daemon.secret is None or daemon.membership.knows(addr) or addr in self.known:
             return
         _, port = split_address(addr)
         own = split_address(daemon.node)[1] if daemon.node else daemon.config.port
         if port != own:
             raise PeerUnavailable(
                 f"{addr} is not a known daemon: with authentication on, this daemon relays only to its peers "
-                f"(--peers), to daemons that connected to it, and to port {own} on other hosts"
+                f"(--peers, --peers-dns), to daemons that connected to it, and to port {own} on other hosts"
             )
 
     def _register(self, node: str, conn: C) -> None:

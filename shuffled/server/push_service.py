@@ -102,9 +102,7 @@ class PushService:
 
     def _replicas(self, req: OpenMapOutput) -> int:
         """Copies wanted, this one included: at most one per daemon the placement knows."""
-        cfg = self.services.config
-        ring = len(set(cfg.peer_addresses()) | {self.services.node})
-        return min(req.replicas or cfg.replicas, ring)
+        return min(req.replicas or self.services.config.replicas, len(self.services.membership.ring()))
 
     def on_data(self, frame: PushData) -> None:
         session = self.sessions.get(frame.writer)

@@ -167,8 +167,8 @@ class ReadService:
     def _copies_elsewhere(self, resume: Resume | None) -> bool:
         """A client's read of data this daemon lacks may fail over to the placement candidates (only a
         client's: a peer asking here is itself failing over and tries the next copy)."""
-        peers = self.services.config.peer_addresses()
-        return self.link.from_client and resume is None and bool(self.node) and any(p != self.node for p in peers)
+        others = self.services.membership.others()
+        return self.link.from_client and resume is None and bool(self.node) and bool(others)
 
     def on_credit(self, rid: int) -> None:
         stream = self.served.get(rid)

@@ -43,7 +43,6 @@ from ..protocol.errors import (
 )
 from ..protocol.frames import REPLICA, PartitionRequest
 from .chunks import Chunk
-from .placement import candidates
 from .services import Services
 from .store import DiskChunk, Resume
 
@@ -350,9 +349,7 @@ class InputGate:
         loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
         if loc.error is None:
             loc.error = exc
-            peers = [*cfg.peer_addresses(), self.node]
-            found = candidates(peers, cfg.zones(self.node), loc.primary, self.req.app, self.req.shuffle)
-            loc.candidates = found[: cfg.replica_search]
+            loc.candidates = self.services.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
         self.services.counters.failovers[exc.code.name] += 1
         event(
             log,

@@ -35,7 +35,6 @@ from ..protocol.connection import ProtocolConnection
 from ..protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
 from ..protocol.frames import REPLICA, OpenMapOutput
 from .chunks import Chunk
-from .placement import candidates
 from .services import Services
 
 log = logging.getLogger(__name__)
@@ -282,9 +281,7 @@ class ReplicaLinks:
         client's push must fail with it) and, when fewer than wanted opened and `replica-shortfall` is
         `fail`, PEER_UNAVAILABLE; degrades (counted) otherwise."""
         host, cfg, req = self.host, self.host.config, self.req
-        for node in candidates(cfg.peer_addresses(), cfg.zones(host.node), host.node, req.app, req.shuffle)[
-            : cfg.replica_search
-        ]:
+        for node in host.membership.candidates(host.node, req.app, req.shuffle):
             if len(self.links) >= self.wanted:
                 break
             link = await self._open_on(node)

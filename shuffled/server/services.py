@@ -15,6 +15,7 @@ from ..config import DaemonConfig
 from ..ops.metrics import DaemonMetrics
 from .counters import Counters
 from .disk import Disk
+from .membership import Membership
 from .shares import PushShares
 from .spill import Spiller
 from .store import Store
@@ -44,3 +45,6 @@ class Services(Protocol):
 
     @property
     def metrics(self) -> DaemonMetrics: ...
+
+    @property
+    def membership(self) -> Membership: ...

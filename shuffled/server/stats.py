@@ -165,6 +165,8 @@ class ReplicationStats:
     failed: int = 0
     #: open pushes whose client gets no new credit now because a replica lags (`replica-lag`)
     held_back: int = 0
+    #: other daemons on the placement ring now (`peers` and what `peers-dns` resolved to)
+    peers: int = 0
 
 
 @dataclass(frozen=True, slots=True)

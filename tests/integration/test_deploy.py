@@ -187,7 +187,12 @@ def test_daemonset_config_map_and_container_match(tmp_path: Path) -> None:
     container = {**container, "args": ["--config", str(toml)]}
     config = _env_config(container)
     _check_daemon_container(container, config)
-    assert config.advertise == f"10.0.0.5:{config.port}"
+    # The daemon advertises its pod IP, which the host network makes its node's IP: what the peers
+    # Service's DNS returns for it, so it is on every daemon's placement ring once, under its own name.
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert config.advertise == f"10.1.2.3:{config.port}"
     assert spec["terminationGracePeriodSeconds"] > config.drain_timeout
     # A rolling restart hands data over: the daemon drains (and copies) before Kubernetes sends SIGTERM.
     assert config.replicas >= 2 and config.drain_handoff == "on"
@@ -200,6 +205,24 @@ def test_daemonset_config_map_and_container_match(tmp_path: Path) -> None:
     assert budget["apiVersion"] == "policy/v1" and budget["spec"]["maxUnavailable"] == 1
     assert budget["spec"]["selector"] == docs["DaemonSet"]["spec"]["selector"]
     assert budget["metadata"]["namespace"] == docs["DaemonSet"]["metadata"]["namespace"]
+    _check_peers_service(docs, config)
+
+
+def _check_peers_service(docs: dict[str, dict[str, Any]], config: DaemonConfig) -> None:
+    """`peers_dns` names a headless Service that lists every daemon pod, ready or not, on the daemon port."""
+    service, daemonset = docs["Service"], docs["DaemonSet"]
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert spec["selector"] == daemonset["spec"]["selector"]["matchLabels"]
+    assert spec["selector"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    (port,) = spec["ports"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["port"] == config.port and named[port["targetPort"]] == config.port
+    namespace = service["metadata"]["namespace"]
+    assert namespace == daemonset["metadata"]["namespace"]
+    assert config.peers_dns == f"{service['metadata']['name']}.{namespace}.svc:{config.port}"
+    assert not config.peers, "the Service lists the daemons; a static list would go stale"
 
 
 # -- systemd

@@ -383,7 +383,9 @@ WIRE_STATS = {
     ),
     "errors": {"PARTITION_NOT_FOUND": "int"},
     "filesystem": {"capacity_bytes": "int", "free_bytes": "int"},
-    "replication": dict.fromkeys(("forwarded_buffers", "forwarded_bytes", "degraded", "failed", "held_back"), "int"),
+    "replication": dict.fromkeys(
+        ("forwarded_buffers", "forwarded_bytes", "degraded", "failed", "held_back", "peers"), "int"
+    ),
     "drain": {"state": "str", **dict.fromkeys(("to_copy", "copied", "copied_bytes", "failed"), "int")},
     "failover": {"failovers": {}, "exhausted": "int", "resumed_reads": "int"},
 }

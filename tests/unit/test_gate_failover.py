@@ -28,6 +28,7 @@ from shuffled.protocol.errors import (
 from shuffled.protocol.frames import REPLICA, PartitionRequest
 from shuffled.server.chunks import Chunk
 from shuffled.server.counters import Counters
+from shuffled.server.membership import Membership
 from shuffled.server.reading import InputGate, RemoteInputChannel
 from shuffled.server.store import Store
 
@@ -105,7 +106,9 @@ class FakeClient:
 async def _gate(links: dict[str, FakeReads]) -> tuple[InputGate, FakeClient, FakeOut, GlobalPool]:
     cfg = DaemonConfig(peers=[ME, PRIMARY, OTHER], exclusive=2, floating=4)
     pool = GlobalPool(64 * SEGMENT, SEGMENT, reserve=32)
-    services = SimpleNamespace(config=cfg, pool=pool, store=Store(SEGMENT), counters=Counters(), disk=None)
+    services = SimpleNamespace(
+        config=cfg, pool=pool, store=Store(SEGMENT), counters=Counters(), disk=None, membership=Membership(cfg, ME)
+    )
     client, out = FakeClient(), FakeOut()
     req = PartitionRequest(1, 8, "app", SHUFFLE, 0, 4, {PRIMARY: [7]})
     gate = InputGate(client, out, req, {PRIMARY: [7]}, services, FakePeers(links), ME)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import pytest
 
 from shuffled.config import DaemonConfig
 from shuffled.protocol.errors import PeerUnavailable
+from shuffled.server.membership import Membership
 from shuffled.server.peers import PeerManager
 
 pytestmark = pytest.mark.asyncio
@@ -32,6 +33,13 @@ class Host:
     node: str = "127.0.0.1:7000"
     secret: bytes | None = None
     dials: list[str] = field(default_factory=list)
+
+    @property
+    def membership(self) -> Membership:
+        return self._membership
+
+    def __post_init__(self) -> None:
+        self._membership = Membership(self.config, self.node)
 
     async def dial_peer(self, addr: str, host: str, port: int) -> Conn:
         self.dials.append(addr)
@@ -58,5 +66,22 @@ async def test_a_failed_dial_is_not_repeated_within_the_peer_timeout() -> None:
         inbound = Conn()
         peers.accept(DEAD, inbound)
         assert await peers.get(DEAD) is inbound
+
+    await asyncio.wait_for(body(), 10)
+
+
+async def test_with_authentication_a_daemon_dials_on_other_ports_only_the_daemons_it_knows_of() -> None:
+    """`peers` and what `peers-dns` resolved to are known; another port on some host is not."""
+
+    async def body() -> None:
+        host = Host(DaemonConfig(peers=["127.0.0.8:7001"], peers_dns="shuffled-peers:7002"), secret=b"s")
+        host.membership.resolved = ["127.0.0.9:7002"]
+        peers: PeerManager[Conn] = PeerManager(host)
+        for known in ("127.0.0.8:7001", "127.0.0.9:7002", "127.0.0.10:7000"):  # the last: the daemon's own port
+            with pytest.raises(PeerUnavailable, match="refused"):
+                await peers.get(known)
+        with pytest.raises(PeerUnavailable, match="not a known daemon"):
+            await peers.get("127.0.0.10:7002")
+        assert host.dials == ["127.0.0.8:7001", "127.0.0.9:7002", "127.0.0.10:7000"]
 
     await asyncio.wait_for(body(), 10)
