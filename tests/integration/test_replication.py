@@ -258,6 +258,37 @@ async def test_replica_down_restarted_or_killed(trio: Cluster) -> None:
     await asyncio.wait_for(body(), 90)
 
 
+async def test_a_replica_back_after_its_primary_was_lost_serves_the_reads(trio: Cluster) -> None:
+    """Restart and rejoin: the replica is stopped (its copy goes to its data dir), the primary is killed,
+    the replica comes back on its data dir; a read naming the lost primary, relayed by the third daemon,
+    gets the exact bytes from the replica that came back."""
+
+    async def body() -> None:
+        names = [d.addr for d in trio.daemons]
+        shuffle = 7
+        primary = trio.daemons[0]
+        replica = next(d for d in trio.daemons if d.addr == candidates(names, {}, primary.addr, APP, shuffle)[0])
+        relay = next(d for d in trio.daemons if d not in (primary, replica))
+        sizes = [MiB, 2 * MiB]
+        async with await AsyncClient.connect(primary.addr) as a:
+            await push(a, shuffle, 1, sizes)
+        await asyncio.to_thread(replica.stop)
+        primary.proc.kill()
+        await asyncio.to_thread(primary.proc.wait)
+        back = await asyncio.to_thread(
+            start_daemon, replica.host, replica.port, "64M", ["--peers", peers(trio), *REPLICATED]
+        )
+        trio.daemons[trio.daemons.index(replica)] = back
+        async with await AsyncClient.connect(relay.addr) as r:
+            for p, size in enumerate(sizes):
+                async with r.read(APP, shuffle, p, p + 1, {primary.addr: [1]}) as reader:
+                    assert await reader.read_all() == payload(1, p, size)
+            assert sum((await r.stats())["failover"]["failovers"].values()) >= 1
+            await pool_settled(r)
+
+    await asyncio.wait_for(body(), 60)
+
+
 def peers(cluster: Cluster) -> str:
     return ",".join(d.addr for d in cluster.daemons)
 
