@@ -9,7 +9,10 @@ How far a link may fall behind is bounded: `lagging()` is true while `lag` or mo
 its chunks wait unsent (no credit from the replica, or the connection above its
 write watermark), and the session grants its client no credit then. The client
 therefore waits on the slowest replica instead of memory growing; the link calls
-`on_progress` once it is down to half of `lag`.
+`on_progress` once it is down to half of `lag`. The send loop reports each buffer it
+sends to the link only while the link lags, and the link wakes the send loop only
+when its stream is not already waiting for its turn: forwarding a buffer costs the
+primary one queue append, not a chain of calls per buffer.
 
 A `ReplicaLinks` is one client push's set: opened on the placement candidates before
 the client's first credit, fed after each buffer is stored, committed before the
@@ -87,8 +90,8 @@ class ReplicaLink:
         self.commit_timeout = config.peer_timeout or None
         self.node = ""
         self.conn: ReplicaPeer | None = None
+        #: its `on_progress` is `_sent` only while the link lags (see `lagging`)
         self.stream = PushStream(0, forward_crc=True)
-        self.stream.on_progress = self._sent
         loop = asyncio.get_running_loop()
         self._opened: asyncio.Future[None] = loop.create_future()
         self._committed: asyncio.Future[list[int]] = loop.create_future()
@@ -121,14 +124,17 @@ class ReplicaLink:
         if self.done or self.conn is None:
             chunk.buffer.release()
             return
-        self.stream.push_data(chunk)
-        self.conn.sender.wake(self.stream)
+        stream = self.stream
+        stream.push_data(chunk)
+        if not stream.scheduled:  # a scheduled stream is sent on the send loop's next turn anyway
+            self.conn.sender.wake(stream)
 
     def lagging(self) -> bool:
         """`lag` or more chunks wait unsent; `on_progress` is called once at most half of that do."""
         if self.stream.queued < self.lag or self.done:
             return False
         self._blocked = True
+        self.stream.on_progress = self._sent
         self._caught_up.clear()
         return True
 
@@ -202,13 +208,13 @@ class ReplicaLink:
         # Resumed at half the lag, not one below it: the pusher then gets credit in batches, not one
         # PushCredit (and one wake-up of the writer) per buffer the replica takes.
         if self._blocked and self.stream.queued <= self.lag // 2:
-            self._blocked = False
-            self._caught_up.set()
+            self._wake_waiters()
             if self.on_progress is not None:
                 self.on_progress()
 
     def _wake_waiters(self) -> None:
         self._blocked = False
+        self.stream.on_progress = None
         self._caught_up.set()
 
     def _raise_failure(self) -> None:

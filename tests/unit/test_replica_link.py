@@ -1,0 +1,101 @@
+"""A replica link's lag gate as the send loop drives it: the pusher hears of progress once, at half the lag,
+and every forwarded buffer goes out and comes back to its owner."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shuffled.buffers import Buffer, GlobalPool
+from shuffled.config import DaemonConfig
+from shuffled.net.sender import Sender
+from shuffled.protocol.frames import REPLICA
+from shuffled.server.chunks import Chunk
+from shuffled.server.replication import ReplicaLink, ReplicaService
+from tests.turns import until
+
+SEG = 4096
+LAG = 8
+TIMEOUT = 10
+
+
+class Transport:
+    """Takes every write at once (nothing stays queued), counting the PushData payloads."""
+
+    def __init__(self) -> None:
+        self.payloads = 0
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def writelines(self, parts: list[Any]) -> None:
+        self.payloads += sum(1 for p in parts if len(p) == SEG)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _link(sender: Sender) -> ReplicaLink:
+    link = ReplicaLink(DaemonConfig(replica_lag=LAG))
+    proto = SimpleNamespace(features=frozenset([REPLICA]))
+    conn: Any = SimpleNamespace(node="replica", proto=proto, sender=sender, replicas=ReplicaService())
+    link.conn = conn
+    link.stream.stream = 1
+    return link
+
+
+def _forward(link: ReplicaLink, pool: GlobalPool, stored: list[Buffer]) -> None:
+    """A stored buffer (the store's reference dropped at once) forwarded by reference."""
+    (buf,) = pool.try_take(1) or []
+    buf.refs, buf.length = 1, SEG
+    buf.set_recycler(pool.give)
+    stored.append(buf)
+    buf.retain()
+    link.send(Chunk(buf, 0, 1, 0))
+    buf.release()
+
+
+@pytest.mark.asyncio
+async def test_the_pusher_hears_once_at_half_the_lag_and_every_buffer_comes_back() -> None:
+    async def body() -> None:
+        pool = GlobalPool(64 * SEG, SEG)
+        transport = Transport()
+        sender = Sender(transport)  # type: ignore[arg-type]
+        link = _link(sender)
+        progress: list[int] = []
+        link.on_progress = lambda: progress.append(link.stream.queued)
+        stored: list[Buffer] = []
+        for _ in range(LAG):  # no credit yet: everything waits
+            _forward(link, pool, stored)
+        assert link.lagging()
+        for _ in range(LAG // 2 - 1):  # sent one by one: the link still lags above half
+            link.stream.add_credit(1)
+            link.credited()
+            sender._flush()
+        assert progress == [], "the pusher waits until half the lag is sent"
+        link.stream.add_credit(1)
+        link.credited()
+        sender._flush()
+        assert progress == [LAG // 2], "the pusher hears once, at half the lag"
+        assert link.stream.on_progress is None, "the send loop reports buffers only while the link lags"
+        link.stream.add_credit(LAG)  # the 4 still queued and 4 more go out on the send loop's next turn
+        link.credited()
+        for _ in range(16):
+            _forward(link, pool, stored)
+        await until(lambda: transport.payloads == LAG + 4)  # the send loop's flush, on its own
+        assert progress == [LAG // 2], "no more progress calls while the link does not lag"
+        assert link.lagging(), "12 buffers wait for credit again"
+        link.stream.add_credit(12)
+        link.credited()
+        sender._flush()
+        assert transport.payloads == LAG + 16
+        assert all(buf.refs == 0 for buf in stored), "every forwarded buffer is recycled once written"
+        assert pool.free == 64
+
+    await asyncio.wait_for(body(), TIMEOUT)
