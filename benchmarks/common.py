@@ -386,6 +386,62 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+# --------------------------------------------------------------------------- CPU caps
+
+
+#: the cgroup v1 CPU controller (cgroup v2 exposes `cpu.max` under /sys/fs/cgroup or its `unified` mount)
+_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+_CGROUP_V2 = next(
+    (
+        p
+        for p in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+        if (p / "cgroup.controllers").exists() and "cpu" in (p / "cgroup.controllers").read_text().split()
+    ),
+    None,
+)
+
+
+def cpu_cap_unavailable() -> str | None:
+    """Why processes cannot be given a CPU quota here (None: they can)."""
+    if os.geteuid() != 0:
+        return "not root"
+    if not (_CGROUP_V1 / "cpu.cfs_quota_us").exists() and _CGROUP_V2 is None:
+        return "no cgroup CPU controller"
+    return None
+
+
+@contextlib.contextmanager
+def cpu_capped(hosts: Sequence[Sequence[int]], cores: float) -> Iterator[None]:
+    """Each group of processes limited to `cores` of CPU time together (a cgroup with a CFS quota), as if
+    each group ran on a host of that size: a pusher and its daemon on one, a replica on another, instead
+    of all of them taking what they can of one machine's cores. Moved back to the root group on exit."""
+    period = 10_000  # µs: short, so that a push of a fraction of a second is held to the quota throughout
+    groups: list[tuple[Path, Path]] = []  # (its group, the root to move its processes back to)
+    try:
+        for i, pids in enumerate(hosts):
+            root = _CGROUP_V2 or _CGROUP_V1
+            group = root / f"shuffled-bench-{os.getpid()}-{i}"
+            if _CGROUP_V2 is not None:
+                (root / "cgroup.subtree_control").write_text("+cpu")
+                group.mkdir()
+                (group / "cpu.max").write_text(f"{int(cores * period)} {period}")
+            else:
+                group.mkdir()
+                (group / "cpu.cfs_period_us").write_text(str(period))
+                (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+            groups.append((group, root))
+            for pid in pids:
+                (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for group, root in groups:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (root / "cgroup.procs").write_text(pid)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
 # --------------------------------------------------------------------------- the run context
 
 
