@@ -202,6 +202,12 @@ async def _serve(config: settings.DaemonConfig) -> int:
         drain.cancel()
         event(log, "stopping now", logging.WARNING, signal=second.result())
         code = 1
+    else:
+        try:
+            drain.result()
+        except Exception:  # a bug: logged, and the daemon still stops (its data dir keeps what it holds)
+            event(log, "drain failed", logging.ERROR, exc_info=True)
+            code = 1
     second.cancel()
     await daemon.stop()
     event(log, "stopped", exit_code=code)
@@ -225,7 +231,8 @@ def _peer_secret(path: str | None) -> bytes | None:
 
 async def _drain(args: argparse.Namespace) -> int:
     """Ask for the drain (with a proof when there is a peer secret); with --wait, follow it until the
-    daemon closes the connection and refuses new ones."""
+    daemon closes the connection and refuses new ones, or a daemon that is not draining answers on its
+    address (a supervisor restarted it)."""
     from shuffled_client import AsyncClient, ConnectionLost
 
     from .protocol.auth import drain_proof, read_secret_file
@@ -258,9 +265,12 @@ async def _drain(args: argparse.Namespace) -> int:
         await client.close()
     while True:  # the connection is closed when the daemon stops; its listeners close right after
         try:
-            await (await AsyncClient.connect(args.address, secret=secret, timeout=DRAIN_POLL * 10)).close()
+            async with await AsyncClient.connect(args.address, secret=secret, timeout=DRAIN_POLL * 10) as probe:
+                now = await probe.stats()
         except ConnectionLost:
             break
+        if not now["draining"] or (now["node"], now["start_time"]) != (stats["node"], stats["start_time"]):
+            break  # another life of the daemon (a supervisor restarted it): the drained one has stopped
         await asyncio.sleep(DRAIN_POLL)
     print(f"{stats['node']}: stopped", flush=True)
     return 0

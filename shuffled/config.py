@@ -268,7 +268,9 @@ class DaemonConfig:
     zone: str = setting(
         "",
         "this daemon's failure domain (rack, zone); replicas of its data go to daemons in other zones first "
-        "(empty: the zone its own `peers` entry names, if any)",
+        "(empty: the zone its own `peers` entry names, if any). Other daemons learn zones only from their "
+        "`peers`: give every daemon's zone in its `peers` entry, the same list everywhere (a warning at "
+        "start says when this daemon's entry does not match)",
         metavar="ZONE",
     )
     replicas: int = setting(
@@ -499,6 +501,18 @@ class DaemonConfig:
     def peer_addresses(self) -> list[str]:
         """The `peers` entries without their zones."""
         return [entry.partition("@")[0] for entry in self.peers]
+
+    def zone_mismatch(self, node: str) -> str | None:
+        """Why other daemons may compute other placements than this one (each knows another daemon's zone
+        only from its `peers` entries), or None: `zone` is set, and `peers` must name it for this daemon
+        and name a zone for every other one."""
+        if not self.zone:
+            return None
+        listed = {addr: zone for addr, _, zone in (entry.partition("@") for entry in self.peers)}
+        if listed.get(node) != self.zone:
+            return f"the peers entry of {node} does not say @{self.zone}"
+        unzoned = sorted(addr for addr, zone in listed.items() if not zone)
+        return f"peers entries without @zone: {','.join(unzoned)}" if unzoned else None
 
     def zones(self, node: str) -> dict[str, str]:
         """Each daemon's failure domain as the `peers` entries and `zone` name them (placement.py)."""

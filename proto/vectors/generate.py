@@ -699,6 +699,17 @@ PEER_INVALID: list[tuple[str, bytes, int, str, bool]] = [
         False,
     ),
     (
+        "PartitionRequest with resume at a partition beyond u32",
+        frame(
+            F.FrameType.PARTITION_REQUEST,
+            1,
+            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": U32_MAX + 1, "done": []}}),
+        ),
+        P,
+        "resume.partition is a u32 like every partition",
+        False,
+    ),
+    (
         "PartitionRequest with resume and an unknown key",
         frame(
             F.FrameType.PARTITION_REQUEST,

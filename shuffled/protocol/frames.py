@@ -256,7 +256,8 @@ def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
     if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or not {"partition", "done"} <= set(value):
         raise bad
     done = value["done"]
-    if not _u64(value["partition"]) or not isinstance(done, list) or not all(_u64(a) for a in done):
+    partition = value["partition"]
+    if not (_u64(partition) and partition < 1 << 32) or not isinstance(done, list) or not all(_u64(a) for a in done):
         raise bad
     pair = [value.get(k) for k in ("attempt", "chunks", "bytes")]
     if any(v is not None for v in pair) and not all(v is not None and _u64(v) for v in pair):

@@ -218,6 +218,14 @@ class Daemon:
         self._housekeeping = asyncio.create_task(self._housekeep())
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
+        if (mismatch := cfg.zone_mismatch(self.node)) is not None:
+            event(
+                log,
+                "zones differ between daemons: replicas may be placed and looked for in different places",
+                logging.WARNING,
+                reason=mismatch,
+                fix="give every daemon's zone in its peers entry (HOST:PORT@ZONE), the same list on every daemon",
+            )
         if self.secret is None:
             event(
                 log,

@@ -6,7 +6,8 @@ Layout under `--data-dir`:
     app-<id>/<shuffle>/journal         records: u32 length, u32 CRC32C of the body, msgpack map
     app-<id>/<shuffle>/p<N>.data       chunks of reduce partition N, in spill order
 
-The journal says what the data files mean: a header naming the shuffle, one
+The journal says what the data files mean: a header naming the shuffle (and the
+digest of the token its application is bound to), one
 record per spill (each chunk's map attempt, offset, length and CRC32C) and one per
 committed map attempt (its byte length per partition). A restarted daemon serves
 an attempt only if its commit record is intact and every byte it committed is
@@ -176,6 +177,8 @@ class LoadedShuffle:
     replica_of: dict[int, str] = field(default_factory=dict)
     replicas: dict[int, int] = field(default_factory=dict)
     copies: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    #: the digest of the token the application was bound to (`Store.app_keys`); None if not journaled
+    app_key: bytes | None = None
 
 
 class Disk:
@@ -364,6 +367,9 @@ class Disk:
         out = LoadedShuffle(str(head["app"]), int(head["shuffle"]), int(head["partitions"]), directory)
         if app_dir_name(out.app) != os.path.basename(os.path.dirname(directory)):
             return None
+        key = head.get("key")
+        if isinstance(key, bytes):
+            out.app_key = key
         chunks: dict[int, list[tuple[int, int, int, int]]] = {}
         commits: dict[int, tuple[int, dict[int, int]]] = {}
         for r in records:

@@ -3,7 +3,9 @@ phase *copying*).
 
 For every committed attempt held here, the copies elsewhere are counted by asking the daemons where
 placement puts them (the primary, and the first `replica-search` candidates of the primary's
-placement) with the admin `holds`, one call per daemon and shuffle. An attempt with fewer copies
+placement) with the admin `holds`, one call per daemon and shuffle; a daemon that does not answer within
+a share of the drain's remaining time holds nothing and is not asked again, so copying still starts
+in time. An attempt with fewer copies
 elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
 fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
 copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
@@ -11,7 +13,9 @@ the full replica count, so an attempt keeps its redundancy once this daemon is g
 not come back loses nothing); the price is that a rolling restart copies every replicated attempt
 once more.
 
-A copy that fails is logged and counted and the drain goes on: that attempt is then recomputed by
+A copy carries the digest of the token its application is bound to (journaled with the shuffle, so
+known after a restart too); an attempt whose application's binding is unknown is not copied. A copy
+that fails is logged and counted and the drain goes on: that attempt is then recomputed by
 Spark if its data is needed, as without a hand-over. At most `PARALLEL` copies run at once; each has
 at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
 memory chunks it sends are the store's own).
@@ -53,6 +57,8 @@ log = logging.getLogger(__name__)
 PARALLEL = 4
 #: most spilled chunks read back with one preadv (back to back in one file)
 LOAD_BATCH = 8
+#: most of the drain's remaining time one `holds` call may take: a silent daemon must leave time to copy
+SURVEY_SHARE = 0.25
 #: failures that make a daemon no target for the rest of the drain
 GONE = (PeerUnavailable, ConnectionLost, ShuttingDown, TimedOut, TimeoutError, ConnectionError)
 
@@ -95,11 +101,13 @@ class Drainer:
         progress = self.progress
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                todo = [h for h in await self.survey() if h.missing]
+                todo = [h for h in await self.survey(deadline) if h.missing]
                 progress.to_copy = sum(h.missing for h in todo)
                 event(log, "handing over", attempts=len(todo), copies=progress.to_copy)
                 queue = deque(todo)
-                await asyncio.gather(*(self._work(queue) for _ in range(PARALLEL)))
+                async with asyncio.TaskGroup() as workers:  # a bug in one cancels the others
+                    for _ in range(PARALLEL):
+                        workers.create_task(self._work(queue))
             if progress.failed:
                 event(
                     log, "hand-over incomplete", logging.WARNING, copies_failed=progress.failed, copied=progress.copied
@@ -114,10 +122,14 @@ class Drainer:
                 failed=progress.failed,
             )
             return False
+        except Exception:  # a bug: the hand-over ends here, and the drain goes on to stop the daemon
+            event(log, "hand-over failed", logging.ERROR, exc_info=True, copied=progress.copied)
+            return False
         return True
 
-    async def survey(self) -> list[HandOver]:
-        """Every committed attempt held here, with the other daemons that hold it too."""
+    async def survey(self, deadline: float) -> list[HandOver]:
+        """Every committed attempt held here, with the other daemons that hold it too (as far as they
+        answered in time: copying waits for the whole survey, so one silent daemon must not hold it up)."""
         host = self.host
         cfg = host.config
         node = host.node
@@ -138,17 +150,24 @@ class Drainer:
         asks = []
         for (key, primary), group in groups.items():
             asked = group[0].candidates + ([primary] if primary != node else [])
-            asks += [self._ask(addr, shuffles[key], group) for addr in asked]
+            asks += [self._ask(addr, shuffles[key], group, deadline) for addr in asked]
         await asyncio.gather(*asks)
         return [h for group in groups.values() for h in group]
 
-    async def _ask(self, addr: str, data: ShuffleData, group: list[HandOver]) -> None:
-        """Which of the group's attempts `addr` holds; a daemon that cannot answer holds none."""
+    async def _ask(self, addr: str, data: ShuffleData, group: list[HandOver], deadline: float) -> None:
+        """Which of the group's attempts `addr` holds; a daemon that cannot answer within a share of the
+        drain's remaining time (or failed to before) holds none."""
         args: dict[str, Any] = {"app": data.app, "shuffle": data.shuffle, "attempts": [h.attempt for h in group]}
+        if addr in self.unavailable:
+            return
         try:
             async with self.limit:
-                conn = await self.host.peers.get(addr)
-                answer = await conn.admin.request("holds", args, self.host.config.admin_timeout)
+                if addr in self.unavailable:  # it failed while this call waited its turn
+                    return
+                wait = min(self.host.config.admin_timeout, (deadline - time.monotonic()) * SURVEY_SHARE)
+                async with asyncio.timeout(max(0.0, wait)):
+                    conn = await self.host.peers.get(addr)
+                    answer = await conn.admin.request("holds", args, self.host.config.admin_timeout)
         except (ShuffledError, TimeoutError, ConnectionError) as exc:
             if addr not in self.unavailable:
                 self.unavailable.add(addr)
@@ -168,6 +187,18 @@ class Drainer:
     async def hand_over(self, h: HandOver) -> None:
         """Copy the attempt to candidates that lack it, in placement order, until it has its copies."""
         progress = self.progress
+        if h.data.app not in self.host.store.app_keys:
+            # Sent as "no token", a copy would bind the application so on the target, or be refused there.
+            event(
+                log,
+                "hand-over skipped: the application's token binding is unknown",
+                logging.WARNING,
+                app=h.data.app,
+                shuffle=h.data.shuffle,
+                attempt=h.attempt,
+            )
+            progress.failed += h.missing
+            return
         for target in h.candidates:
             if not h.missing or h.data.removed:
                 break
@@ -220,7 +251,7 @@ class Drainer:
             data.partitions,
             replicas=h.replicas,
             replica_of=h.primary,
-            app_key=host.store.app_keys.get(data.app, b"").hex(),
+            app_key=host.store.app_keys[data.app].hex(),
         )
         try:
             await link.open(conn, req)

@@ -95,7 +95,9 @@ class PushService:
     def _app_key(self, req: OpenMapOutput) -> bytes:
         """The digest of the application's token: a client sends the token, a primary its digest (`app_key`)."""
         if not self.link.from_client:  # a replica push: the protocol lets no other push from a daemon through
-            return bytes.fromhex(req.app_key or "")
+            if req.app_key is None:  # taken as "no token", it would bind an unbound application to that
+                raise InvalidRequest("a replica push must carry the application's app_key (§12.4)")
+            return bytes.fromhex(req.app_key)
         if req.replica_of is not None or req.app_key is not None:
             raise InvalidRequest("replica_of and app_key are sent by daemons only (replica pushes, §12.4)")
         return token_digest(req.token)

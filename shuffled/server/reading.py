@@ -336,12 +336,14 @@ class InputGate:
     def location_failed(self, loc: Location, exc: ShuffledError) -> None:
         """A location's channel (or local feed) failed: go on from another copy if the error allows it.
 
-        INVALID_REQUEST fails over only once the location already failed (a copy that refuses the resume
-        point, e.g. one that holds the pair as other chunks); on a first request it is the client's mistake.
+        Once the location failed over, any error of a copy moves on to the next candidate (a copy that
+        refuses the resume point, is bound to another token, is full...): the read then ends with the
+        location's first error, a fetch failure, so Spark recomputes instead of retrying the task. On a
+        first request only FAILOVER_CODES do: INVALID_REQUEST, say, is the client's mistake.
         """
         if self.closed:
             return
-        if exc.code not in FAILOVER_CODES and not (exc.code is ErrorCode.INVALID_REQUEST and loc.error is not None):
+        if exc.code not in FAILOVER_CODES and loc.error is None:
             self.fail(exc)
             return
         cfg = self.services.config
@@ -381,13 +383,13 @@ class InputGate:
                         continue
                     if loc.progress.attempt is not None and REPLICA not in peer.features:
                         continue  # it would not understand `resume` and resend what was relayed
-                    await self._open_channel(loc, peer)
+                    try:
+                        await self._open_channel(loc, peer)
+                    except ShuffledError:
+                        continue  # e.g. its connection has no stream left: the next copy may
                     return
         except TimeoutError:
             pass
-        except ShuffledError as exc:
-            self.fail(exc)
-            return
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
             self.bug("failing over a read failed", exc)
             return

@@ -358,7 +358,15 @@ class Spiller:
         assert disk is not None
         if data.directory is None:
             directory = disk.shuffle_dir(data.app, data.shuffle)
-            head = {"k": "shuffle", "app": data.app, "shuffle": data.shuffle, "partitions": data.partitions}
+            head: dict[str, object] = {
+                "k": "shuffle",
+                "app": data.app,
+                "shuffle": data.shuffle,
+                "partitions": data.partitions,
+            }
+            key = self.store.app_keys.get(data.app)
+            if key is not None:  # the application's binding, so a restart (and its drain) keeps it
+                head["key"] = key
             records = [encode_record(head)]
             records += [self._commit_record(data, a) for a in data.committed]
             self._journal(directory, b"".join(records))  # raises if the writer is shut down (at stop)

@@ -583,6 +583,8 @@ class Store:
         """Committed data found on disk at start becomes servable again."""
         data = self._shuffle(loaded.app, loaded.shuffle, loaded.partitions)
         data.directory = loaded.directory
+        if loaded.app_key is not None:
+            self.bind(loaded.app, loaded.app_key)
         for attempt, (map_index, lengths) in loaded.committed.items():
             data.committed[attempt] = map_index
             data.lengths[attempt] = lengths

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from shuffled.launch import DaemonProcess
+from shuffled_client import AsyncClient
 from tests.cluster import free_port, secret_flags, start_daemon
 
 
@@ -68,3 +73,39 @@ def test_drain_wait_returns_once_the_daemon_has_stopped(tmp_path: Path) -> None:
         assert d.proc.wait(10) == 0
     finally:
         d.stop()
+
+
+@pytest.mark.asyncio
+async def test_drain_wait_ends_when_a_supervisor_restarted_the_daemon() -> None:
+    """Under a supervisor that restarts the daemon (systemd Restart=always) its address answers again at
+    once: `shuffled drain --wait` sees another life of the daemon there and returns. The command is
+    held (SIGSTOP) while the daemon exits and comes back, so it cannot see the address refuse."""
+
+    async def body() -> None:
+        host = "127.0.0.1"
+        d = start_daemon(host, free_port([host]))
+        restarted: DaemonProcess | None = None
+        cmd = [sys.executable, "-m", "shuffled", "drain", d.addr, "--wait", "--timeout", "20"]
+        cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            c = await AsyncClient.connect(d.addr)
+            held = await c.open_writer("app-cli", 1, 0, 1, 1)  # the drain waits for this push
+            assert cli.stdout is not None
+            assert (await asyncio.to_thread(cli.stdout.readline)).startswith(f"{d.addr}: draining")
+            os.kill(cli.pid, signal.SIGSTOP)
+            await held.abort()
+            await c.close()
+            assert await asyncio.to_thread(d.proc.wait, 20) == 0
+            restarted = await asyncio.to_thread(start_daemon, host, d.port)
+            os.kill(cli.pid, signal.SIGCONT)
+            out, _ = await asyncio.to_thread(cli.communicate, None, 20)
+            assert cli.returncode == 0 and out.endswith(f"{d.addr}: stopped\n"), out
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
+            d.stop()
+            if restarted is not None:
+                restarted.stop()
+
+    await asyncio.wait_for(body(), 60)

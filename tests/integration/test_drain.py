@@ -232,3 +232,66 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
             d.stop()
 
     await asyncio.wait_for(body(), 60)
+
+
+async def test_a_restarted_daemon_hands_data_over_under_the_token_its_application_is_bound_to() -> None:
+    """The application's binding survives a restart (journaled with the shuffle): the drain's copies carry
+    it, so the copy serves the application's own token and nobody else."""
+
+    async def body() -> None:
+        with Cluster(2, extra=["--replicas", "1"]) as cluster:
+            d0, d1 = cluster.daemons
+            c0 = await AsyncClient.connect(d0.addr, app_secret="one")
+            await push(c0, 1, 1, SIZES, app=APP)
+            await c0.flush(APP, 1)
+            await c0.close()
+            d0.stop()
+            d0 = cluster.daemons[0] = start_daemon(d0.host, d0.port, extra=["--peers", f"{d0.addr},{d1.addr}"])
+            c0 = await AsyncClient.connect(d0.addr)
+            with pytest.raises(AuthFailed):  # bound to "one" again, before any new push
+                await read_by_attempt(c0, 1, 0, len(SIZES), {"": [1]}, app=APP)
+            await c0._admin_call("drain", {})
+            assert await exited(d0) == 0
+            drained = logged(d0, "drained")
+            assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("1", "1", "0")
+            c1, anyone = await AsyncClient.connect(d1.addr, app_secret="one"), await AsyncClient.connect(d1.addr)
+            assert await read_by_attempt(c1, 1, 0, len(SIZES), {"": [1]}, app=APP) == expected([1], SIZES)
+            with pytest.raises(AuthFailed):
+                await read_by_attempt(anyone, 1, 0, len(SIZES), {"": [1]}, app=APP)
+            for c in (c0, c1, anyone):
+                await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_a_silent_peer_does_not_keep_the_drain_from_copying_to_a_healthy_one() -> None:
+    """One candidate is SIGSTOPped with its connection open (its `holds` would wait admin-timeout, 30 s,
+    beyond the drain's 4 s): asked for a share of the drain's time only, it holds nothing, and the
+    healthy candidate gets the copy before the drain's deadline."""
+
+    async def body() -> None:
+        with Cluster(3, extra=["--replicas", "1", "--drain-timeout", "4"]) as cluster:
+            d0, silent, healthy = cluster.daemons
+            ring = [d.addr for d in cluster.daemons]
+            shuffle = next(
+                s for s in range(1, 50) if candidates(ring, {}, d0.addr, APP, s) == [healthy.addr, silent.addr]
+            )
+            c0, cs = await AsyncClient.connect(d0.addr), await AsyncClient.connect(silent.addr)
+            await push(c0, shuffle, 1, SIZES, app=APP)
+            await push(cs, 99, 7, SIZES[:1], app=APP)
+            await read_by_attempt(c0, 99, 0, 1, {silent.addr: [7]}, app=APP)  # d0 now has a link to it
+            silent.proc.send_signal(signal.SIGSTOP)
+            try:
+                await c0._admin_call("drain", {})
+                assert await exited(d0) == 0  # within the drain's deadline
+            finally:
+                silent.proc.send_signal(signal.SIGCONT)
+            drained = logged(d0, "drained")
+            assert (drained["copied"], drained["copy_failed"]) == ("1", "0"), drained
+            ch = await AsyncClient.connect(healthy.addr)
+            got = await read_by_attempt(ch, shuffle, 0, len(SIZES), {"": [1]}, app=APP)
+            assert got == expected([1], SIZES)
+            for c in (c0, cs, ch):
+                await c.close()
+
+    await asyncio.wait_for(body(), 60)

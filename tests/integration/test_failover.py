@@ -31,6 +31,7 @@ from tests.integration.faultproxy import FaultProxy, Faults, Mark
 pytestmark = pytest.mark.asyncio
 
 APP = "failover-app"
+KEYED = "failover-keyed"
 SIZE = 256 << 10  # per pair: 8 buffers of 32 KiB
 PARTS = 3
 ATTEMPTS = [1, 2]
@@ -164,7 +165,8 @@ async def test_a_cut_link_resumes_on_the_copy_without_a_byte_twice_or_missing(tr
 async def test_a_lost_primary_is_read_from_its_copies_and_without_one_the_first_error_stays() -> None:
     """b is killed after commit: reads relayed by either other daemon get its copy's bytes, or b's error
     when it had none; b restarted without its data fails a client's read over to the copy itself, and
-    answers a relayed read with PARTITION_NOT_FOUND, which fails over too."""
+    answers a relayed read with PARTITION_NOT_FOUND, which fails over too. A copy refusing the read (bound
+    to another token) is skipped like a missing one."""
 
     async def body() -> None:
         with Cluster(3, pool_size="16M", extra=FLAGS) as cluster:
@@ -176,8 +178,21 @@ async def test_a_lost_primary_is_read_from_its_copies_and_without_one_the_first_
             await _push(b.addr, 0, 2)  # no copy anywhere
             async with await AsyncClient.connect(copy) as c0:
                 await c0.flush(APP, 0)  # the copy's own read goes through the disk path too
+            keyed_copy, keyed_relay = candidates(names, {}, b.addr, KEYED, 0)
+            for addr, secret in ((b.addr, "one"), (keyed_copy, "two")):  # the copy is bound to another token
+                async with await AsyncClient.connect(addr, app_secret=secret) as c0:
+                    w = await c0.open_writer(KEYED, 0, 0, 1, 1)
+                    await w.write(0, payload(1, 0, SIZE))
+                    await w.commit()
             b.proc.kill()
             await asyncio.to_thread(b.proc.wait)
+            # The copy answers AUTH_FAILED, an error about that copy: the read goes on to the next candidate
+            # (the relay, which lacks it) and ends with b's error, a fetch failure (Spark recomputes).
+            async with await AsyncClient.connect(keyed_relay, app_secret="one") as client:
+                with pytest.raises(ShuffledError) as err:
+                    async with client.read(KEYED, 0, 0, 1, {b.addr: [1]}) as r:
+                        await r.read_all()
+                assert err.value.code is ErrorCode.PEER_UNAVAILABLE and err.value.fetch_failure, err.value
             for relay in (other, copy):
                 async with await AsyncClient.connect(relay) as client:
                     assert await _read(client, 0, b.addr, [1]) == _want([1])

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from shuffled.launch import free_port
-from shuffled.protocol.errors import AuthFailed, InvalidRequest, PeerUnavailable
-from shuffled.protocol.frames import OpenMapOutput
+from shuffled.protocol import codec
+from shuffled.protocol.errors import AuthFailed, ErrorCode, InvalidRequest, PeerUnavailable
+from shuffled.protocol.frames import REPLICA, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
 from shuffled.server.placement import candidates
 from shuffled_client import AsyncClient
 from shuffled_client.aio import MapWriter
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, start_daemon, wait_until
+from tests.integration.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
 
@@ -115,6 +117,29 @@ async def test_a_client_may_not_send_replica_keys(pair: Cluster) -> None:
             await open_raw(a, app_key="")
         assert (await pool_settled(a))["store"]["open_map_outputs"] == 0  # the connection lives on
         await a.close()
+
+    await asyncio.wait_for(body(), 30)
+
+
+async def test_a_replica_push_without_app_key_is_refused_and_binds_nothing(pair: Cluster) -> None:
+    """Taken as "no token", it would bind an unbound application so: a client with a token is then locked
+    out, and one without could read the data."""
+
+    async def body() -> None:
+        da = pair.daemons[0]
+        node = "127.0.0.9:1"  # a daemon of its own (da may already dial db)
+        raw = await Raw.open(da.addr)
+        info = {"node": node, "segment_size": 32 << 10, "features": [REPLICA]}
+        await raw.send(codec.encode(Hello(Role.DAEMON, info=info)))
+        assert isinstance(await raw.frame(), HelloAck)
+        await raw.send(codec.encode(OpenMapOutput(1, "unbound", 1, 0, 1, 1, replica_of=node)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and (err.stream, err.code) == (1, ErrorCode.INVALID_REQUEST), err
+        raw.writer.close()
+        keyed = await AsyncClient.connect(da.addr, app_secret="one")
+        await push(keyed, 1, 1, [MiB], app="unbound")  # still unbound: it binds to "one"
+        await keyed.remove_application("unbound")
+        await keyed.close()
 
     await asyncio.wait_for(body(), 30)
 

@@ -153,3 +153,19 @@ def test_example_config_in_deploy_loads() -> None:
     config, sources = load(_args("--config", str(ROOT / "deploy" / "shuffled.toml")), {"SHUFFLED_ADVERTISE": "h:7337"})
     assert config.metrics_host == "0.0.0.0" and config.unix_socket == "/run/shuffled/shuffled.sock"
     assert sources["pool_size"].endswith("shuffled.toml")
+
+
+@pytest.mark.parametrize(
+    ("peers", "zone", "mismatch"),
+    [
+        ("a:1,b:2", "", None),  # no zones at all: every daemon computes the same orders
+        ("a:1@z1,b:2@z2", "z1", None),
+        ("a:1,b:2", "z1", "a:1 does not say @z1"),  # the others do not know a's zone
+        ("a:1@z2,b:2@z2", "z1", "a:1 does not say @z1"),
+        ("a:1@z1,b:2", "z1", "without @zone: b:2"),  # a does not know b's zone, b does
+    ],
+)
+def test_a_zone_the_peers_list_does_not_carry_is_reported(peers: str, zone: str, mismatch: str | None) -> None:
+    config, _ = load(_args("--peers", peers, *(["--zone", zone] if zone else [])), {})
+    found = config.zone_mismatch("a:1")
+    assert found is None if mismatch is None else found is not None and mismatch in found

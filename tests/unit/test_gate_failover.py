@@ -21,9 +21,12 @@ from shuffled.protocol.errors import (
     AuthFailed,
     ConnectionLost,
     ErrorCode,
+    InternalError,
     InvalidRequest,
+    LimitExceeded,
     PeerUnavailable,
     ShuffledError,
+    StorageError,
 )
 from shuffled.protocol.frames import REPLICA, PartitionRequest
 from shuffled.server.chunks import Chunk
@@ -191,14 +194,27 @@ async def test_errors_that_are_not_about_the_copy_fail_the_read() -> None:
     await asyncio.wait_for(body(), 10)
 
 
-async def test_a_copy_refusing_the_resume_point_moves_on_and_an_unreachable_primary_fails_over() -> None:
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        InvalidRequest("resume point does not match this copy"),
+        AuthFailed("application bound to other credentials"),
+        LimitExceeded("max-streams-per-connection"),
+        StorageError("disk failed"),
+        InternalError("a bug"),
+    ],
+)
+async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_error(refusal: ShuffledError) -> None:
+    """Once failing over, a copy's error is about that copy: the read goes on to the next candidate and,
+    with none left, fails with the primary's error (a fetch failure: Spark recomputes, not retries)."""
+
     async def body() -> None:
         other = FakeReads(frozenset({REPLICA}))
         gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
         await _failed_over(gate)
         (ch,) = other.channels.values()
         assert gate.services.counters.failovers == {"PEER_UNAVAILABLE": 1}
-        ch.fail(InvalidRequest("resume point does not match this copy"))  # not the first request: next copy
+        ch.fail(refusal)  # not the first request: next copy
         await _failed_over(gate)
         assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
         _end(gate, out, pool)

@@ -1,0 +1,42 @@
+"""A bug in one hand-over worker ends the hand-over: the other workers are cancelled, the bug is logged
+with its traceback, and the drain goes on to stop the daemon (Drainer.run returns instead of raising)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from shuffled.server.drain import PARALLEL, Drainer, HandOver
+from shuffled.server.stats import DrainStats
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_a_bug_in_one_worker_cancels_the_others_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        drainer = Drainer(SimpleNamespace(), DrainStats())  # type: ignore[arg-type]
+        todo = [HandOver(SimpleNamespace(), a, "p:1", 2, ["q:1"]) for a in range(PARALLEL)]  # type: ignore[arg-type]
+        waiting: list[asyncio.Future[None]] = []
+
+        async def survey(*_: float) -> list[HandOver]:
+            return todo
+
+        async def hand_over(h: HandOver) -> None:
+            if h.attempt == PARALLEL - 1:  # the others are already waiting
+                raise KeyError("a bug")
+            waiting.append(asyncio.get_running_loop().create_future())
+            await waiting[-1]
+
+        drainer.survey = survey  # type: ignore[method-assign]
+        drainer.hand_over = hand_over  # type: ignore[method-assign]
+        with caplog.at_level(logging.ERROR, logger="shuffled.server.drain"):
+            assert await drainer.run(time.monotonic() + 60) is False
+        assert len(waiting) == PARALLEL - 1 and all(f.cancelled() for f in waiting)
+        (record,) = [r for r in caplog.records if r.getMessage() == "hand-over failed"]
+        assert record.exc_info is not None and "a bug" in str(record.exc_info[1].exceptions[0])  # type: ignore[union-attr, index]
+
+    await asyncio.wait_for(body(), 10)
