@@ -19,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tests.spark_standalone import SHORT_RUN_JVM
+
 from .common import (
     Context,
     CpuMeter,
@@ -53,6 +55,8 @@ async def run_session(
     """One `benchmarks.spark_job` process (a Spark session of its own); its JSON line of results."""
     argv = [sys.executable, "-m", "benchmarks.spark_job", "--mode", mode, "--rows", str(rows)]
     argv += ["--addresses", addresses, "--jar", jar, *extra] + (["--queries", queries] if queries else [])
+    if ctx.quick:  # its numbers are not read, only that it runs: start and finish the JVMs sooner
+        argv += [f"--conf=spark.{side}.extraJavaOptions={SHORT_RUN_JVM}" for side in ("driver", "executor")]
     job = ManagedProcess(f"spark {mode}", argv, r"^\{")
     try:
         line = await job.wait_ready(timeout=ctx.scenario_limit)

@@ -14,6 +14,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from tests.spark_standalone import SHORT_RUN_JVM
+
 Job = Callable[[SparkSession], Any]
 
 #: Settings both kinds of session share: joins always shuffle (no broadcast), few partitions (fast).
@@ -23,6 +25,8 @@ COMMON_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.default.parallelism": "4",
     "spark.sql.adaptive.enabled": "true",
+    "spark.driver.extraJavaOptions": SHORT_RUN_JVM,  # test jobs are short and small
+    "spark.executor.extraJavaOptions": SHORT_RUN_JVM,
 }
 
 

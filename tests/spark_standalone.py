@@ -19,6 +19,11 @@ import pyspark
 
 from tests.cluster import free_port
 
+#: JVM options for Spark JVMs that run short jobs on small data (test sessions, --quick benchmarks, the
+#: standalone master and workers): the JIT's first tier and the serial collector start and finish them
+#: sooner than the server defaults tuned for long jobs, and change no result
+SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 START_TIMEOUT = 90.0
 
@@ -68,7 +73,12 @@ def standalone_cluster(
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port = free_port([master_host])
     url = f"spark://{master_host}:{port}"
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_NO_DAEMONIZE": "1"}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_NO_DAEMONIZE": "1",
+        "SPARK_DAEMON_JAVA_OPTS": SHORT_RUN_JVM,
+    }
     procs: list[SparkProcess] = []
     with tempfile.TemporaryDirectory(prefix="shuffled-spark-workers-") as work:
         try:
