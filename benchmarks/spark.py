@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tests.spark_standalone import SHORT_RUN_JVM
+from tests.spark_jobs import SHORT_RUN_JVM
 
 from .common import (
     Context,

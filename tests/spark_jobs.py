@@ -14,9 +14,14 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from tests.spark_standalone import SHORT_RUN_JVM
-
 Job = Callable[[SparkSession], Any]
+
+#: JVM options for Spark JVMs that run short jobs on small data (test sessions, --quick benchmarks, the
+#: standalone master and workers): the JIT's first tier and the serial collector start and finish them
+#: sooner than the server defaults tuned for long jobs, and change no result. Here, not in a module that
+#: imports pytest: each Spark line's venv (tests/spark/spark_line_job.py) imports this module and has only
+#: pyspark.
+SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 #: Settings both kinds of session share: joins always shuffle (no broadcast), few partitions (fast).
 COMMON_CONF = {

@@ -18,11 +18,7 @@ from pathlib import Path
 import pyspark
 
 from tests.cluster import free_port
-
-#: JVM options for Spark JVMs that run short jobs on small data (test sessions, --quick benchmarks, the
-#: standalone master and workers): the JIT's first tier and the serial collector start and finish them
-#: sooner than the server defaults tuned for long jobs, and change no result
-SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+from tests.spark_jobs import SHORT_RUN_JVM
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 START_TIMEOUT = 90.0
