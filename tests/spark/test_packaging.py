@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -22,6 +23,30 @@ from tests.spark_support import needs_spark
 pytestmark = [needs_spark, needs_jdk, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _venv_seeing_these_packages(venv: Path) -> Path:
+    """A new virtual environment whose Python finds the packages of the one running the tests after its own.
+
+    The dependencies (and pyspark) come from there, shuffled from the wheel. `venv --system-site-packages` is not
+    that when the tests run in a virtual environment themselves: it shows the base interpreter's site-packages,
+    not this environment's. So the new one gets a path file naming this interpreter's site directories; its own
+    site-packages stay first on sys.path, so the wheel's shuffled, and a pyspark installed into it, win. Path lines
+    only: the path files in those directories (such as the editable install of this tree) do not run."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    ours = [d for d in [*site.getsitepackages(), *user] if d in sys.path]
+    assert ours, f"no site directory of {sys.executable} on sys.path: {sys.path}"
+    (Path(purelib) / "outer-site-packages.pth").write_text("".join(f"{d}\n" for d in ours))
+    return python
 
 
 @pytest.mark.parametrize(("pyspark", "compiled"), [("installed", True), ("pyspark>=3.5,<3.6", False)])
@@ -49,10 +74,8 @@ def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark
         names = z.namelist()
     assert "shuffled/jvm/main/java/io/shuffled/spark/ShuffledShuffleManager.java" in names
     assert any(n.startswith("shuffled/jvm/compat/checksums-rows/") for n in names)
-    # The dependencies (and pyspark) come from this interpreter's site-packages; shuffled from the wheel.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
+    python = _venv_seeing_these_packages(venv)
     subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=300)
     if pyspark != "installed":
         install = subprocess.run(
