@@ -18,10 +18,11 @@ import os
 from typing import Any
 
 from shuffled.config import DaemonConfig
+from shuffled.launch import DaemonProcess
 from shuffled_client import Client
 
 from . import star_schema
-from .common import Context, DaemonProcess, Goal, MiB, Plot, RssSampler, ScenarioResult, require
+from .common import Context, Goal, MiB, Plot, RssSampler, ScenarioResult, require
 from .spark import plugin_jar, run_session
 
 #: sales rows of a full run (10 million: about 1.4 GiB shuffled per session)

@@ -72,7 +72,10 @@ def test_dockerfile_passes_hadolint() -> None:
 
 def test_dockerfile_runs_the_package_entry_point_on_its_ports() -> None:
     instructions = _dockerfile()
-    get = lambda name: [args for word, args in instructions if word == name]  # noqa: E731
+
+    def get(name: str) -> list[str]:
+        return [args for word, args in instructions if word == name]
+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     (entry,) = get("ENTRYPOINT")
     command = json.loads(entry)
@@ -171,6 +174,7 @@ def test_executor_pod_template_sidecar_matches_the_daemon_and_spark_conf() -> No
     (executor,) = pod["spec"]["containers"]
     assert executor["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"]
     shared = {m["name"] for m in executor["volumeMounts"]} & {m["name"] for m in sidecar["volumeMounts"]}
+    assert config.unix_socket is not None
     assert any(m["mountPath"] == str(Path(config.unix_socket).parent) for m in executor["volumeMounts"])
     assert shared, "the executor must mount the sidecar's socket directory"
     assert config.unix_socket_mode & 0o060 == 0o060 and 10001 in pod["spec"]["securityContext"]["supplementalGroups"]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,9 +215,11 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
             for p, n in enumerate(sizes):
                 await w.write(p, payload(base + 3, p, n)[: n // 2])
             full = before + sum(n // 2 // (32 * KiB) for n in sizes)  # the client pushes full segments only
-            await wait_until(
-                client.stats, lambda s, full=full: s["store"]["stored_segments"] >= full, what="first half landed"
-            )
+
+            def landed(s: dict[str, Any], full: int = full) -> bool:
+                return bool(s["store"]["stored_segments"] >= full)
+
+            await wait_until(client.stats, landed, what="first half landed")
             assert (await client.flush(APP, 2))["flushed_bytes"] > 0
             for p, n in enumerate(sizes):
                 await w.write(p, payload(base + 3, p, n)[n // 2 :])
@@ -465,7 +468,7 @@ async def test_quotas_refuse_the_pusher_of_that_application_only(
     await asyncio.wait_for(body(), 90)
 
 
-def _small_dir(path: Path, size: int, how: str) -> tuple[Callable[[], None] | None, Callable[[], None]]:
+def _small_dir(path: Path, size: int, how: str) -> tuple[Callable[[], None] | None, Callable[[], object]]:
     """A data dir that fills up after `size` bytes: a tmpfs of that size (a real ENOSPC; skipped
     where mounting is not allowed), or RLIMIT_FSIZE on the daemon (a file growing past `size` fails
     with EFBIG, SIGXFSZ ignored), which works anywhere."""

@@ -81,7 +81,7 @@ def _expected(attempt: int) -> bytes:
 
 async def _read(c: AsyncClient, shuffle: int, where: str, attempt: int) -> bytes:
     async with c.read(APP, shuffle, 0, PARTS, {where: [attempt]}) as r:
-        return await r.read_all()  # type: ignore[no-any-return]
+        return await r.read_all()
 
 
 async def _all_settled(trio: Cluster) -> None:

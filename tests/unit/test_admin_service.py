@@ -31,6 +31,7 @@ class Link:
         self.proto.accept({})
         self.proto.data_to_send()
         self.errors: list[ShuffledError] = []
+        self.from_client = True  # the Hello above is a client's
 
     def count_error(self, exc: ShuffledError) -> None:
         self.errors.append(exc)
