@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shuffled import __version__
 from shuffled.launch import DaemonProcess
 from shuffled_client import AsyncClient
 from tests.cluster import free_port, secret_flags, start_daemon
@@ -26,6 +27,12 @@ def test_cli_help_names_every_serve_flag() -> None:
     serve = _cli("serve", "--help")
     for flag in ("--host", "--port", "--unix-socket", "--pool-size", "--segment-size", "--data-dir", "--peers"):
         assert flag in serve.stdout
+
+
+def test_version_is_the_packages() -> None:
+    """`shuffled --version` prints the version the package (and so its wheel's metadata) carries."""
+    version = _cli("--version")
+    assert version.returncode == 0 and version.stdout == f"shuffled {__version__}\n"
 
 
 @pytest.mark.parametrize(

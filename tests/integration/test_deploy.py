@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from shuffled import __version__, spark_jar
 from shuffled import config as settings
-from shuffled import spark_jar
 from shuffled.cli import _build_parser
 from shuffled.config import DaemonConfig, parse_size
 from shuffled_client import AsyncClient
@@ -140,8 +140,7 @@ def _env_config(container: dict[str, Any], extra: dict[str, str] | None = None) 
 
 
 def _check_daemon_container(container: dict[str, Any], config: DaemonConfig) -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert container["image"] == f"shuffled:{version}"
+    assert container["image"] == f"shuffled:{__version__}"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["shuffled"] == config.port and ports["shuffled-http"] == config.metrics_port
     assert config.metrics_host == "0.0.0.0" and config.host == "0.0.0.0"  # probes come from the kubelet

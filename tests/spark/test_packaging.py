@@ -1,5 +1,6 @@
 """The package as users get it: a wheel built from this tree (`pip wheel .`) and installed into a fresh
-virtual environment, run from outside the source tree. It carries the plugin's Java sources, so
+virtual environment, run from outside the source tree. It carries the version of shuffled/__init__.py, the
+license files, the type-hint markers (py.typed) and the plugin's Java sources, so
 `shuffled demo --spark` builds the jar for the installed pyspark (into the user's cache, since
 site-packages may not be writable) and runs a PySpark job through two daemons; also with Spark 3.5.
 The first wheel is built with the hot path compiled (SHUFFLED_COMPILE=1, setup.py), the second
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from shuffled import __version__
 from tests.jvm import needs_jdk
 from tests.spark_support import needs_spark
 
@@ -70,10 +72,14 @@ def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark
         env=build_env,
     )
     (wheel,) = wheels.glob("shuffled-*.whl")
+    assert wheel.name.startswith(f"shuffled-{__version__}-"), wheel.name
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
     assert "shuffled/jvm/main/java/io/shuffled/spark/ShuffledShuffleManager.java" in names
     assert any(n.startswith("shuffled/jvm/compat/checksums-rows/") for n in names)
+    assert {"shuffled/py.typed", "shuffled_client/py.typed"} <= set(names)
+    for license_file in ("LICENSE", "NOTICE"):
+        assert f"shuffled-{__version__}.dist-info/licenses/{license_file}" in names
     venv = tmp_path / "venv"
     python = _venv_seeing_these_packages(venv)
     subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=300)
