@@ -7,7 +7,7 @@ affected read fails with a clear error (or completes, for slow but live links),
 the unaffected reads complete, and every daemon's pool returns to exactly its
 stored data.
 
-The proxy's address is not a daemon's, so a relaying daemon that loses it fails over (PROTOCOL.md §10.4)
+The proxy's address is not a daemon's, so a relaying daemon that loses it fails over (PROTOCOL.md §10.6)
 to the address's placement candidates; with `--replica-search 1` and these shuffle ids that is never B,
 so a failed read here is one whose data has no other copy (tests/integration/test_failover.py covers
 the reads that have one).
