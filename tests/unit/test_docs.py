@@ -1,5 +1,6 @@
 """Docs that cannot drift from the code: README's Spark settings are the plugin's, CI runs README's test
-commands, every PROTOCOL.md section cited exists, and image tags carry the package's version."""
+commands, every PROTOCOL.md section and repository path named exists, and image tags carry the
+package's version."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: where the project's own text is: code, tests, docs, deploy files (not build output or the venv)
 TEXT_ROOTS = ("shuffled", "client", "tests", "benchmarks", "docs", "proto", "deploy", ".ci")
 TEXT_SUFFIXES = {".py", ".java", ".md", ".json", ".yaml", ".yml", ".toml", ".conf", ".service", ""}
-
-
 #: generated or copied trees: build output, benchmark results, and shuffled/jvm (client/jvm/src again)
 SKIPPED = ("build", "results", "__pycache__")
 
@@ -106,7 +105,23 @@ def test_image_tags_are_the_package_version() -> None:
     tags = {
         f"{path.relative_to(ROOT)}: {tag}"
         for path in _text_files()
-        for tag in re.findall(r"\bshuffled:(\d+\.\d+\.\d+\S*)", path.read_text(errors="replace"))
+        for tag in re.findall(r"\bshuffled:(\d+\.\d+\.\d+[\w.+-]*)", path.read_text(errors="replace"))
         if tag != __version__
     }
     assert not tags, f"image tags that are not shuffled.__version__ ({__version__}): {sorted(tags)}"
+
+
+#: what the build and the benchmarks write: named in the docs, absent from a clean tree
+GENERATED = ("client/jvm/build", "benchmarks/results")
+
+
+def test_every_repository_path_named_exists() -> None:
+    """A file or folder of the repository named in code, tests or docs (`shuffled/server/placement.py`)."""
+    pattern = re.compile(r"(?<![\w./-])((?:shuffled|client|tests|benchmarks|docs|proto|deploy|\.ci)/[\w./-]*\w)")
+    missing = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _text_files()
+        for name in pattern.findall(path.read_text(errors="replace"))
+        if not (ROOT / name).exists() and not name.startswith(GENERATED)
+    }
+    assert not missing, f"no such path in the repository: {sorted(missing)}"
