@@ -29,7 +29,7 @@ from .spark import plugin_jar, run_session
 ROWS_VARIABLE = "SHUFFLED_BENCH_SCALE_ROWS"
 BUILTIN, DEFAULTS, SMALL = "built-in", "defaults", "small pools"
 OVERHEAD_MIB = 100
-#: every session: no shuffle dropped, the 64 shuffle partitions of the issue's workload
+#: every session: no shuffle dropped, the 64 shuffle partitions of the workload it models
 _EXTRA = ("--keep-shuffles", "--partitions", "64")
 #: --quick starts its Spark sessions with the two queries that shuffle most for their time
 QUICK_TIME_LIMIT = 90.0

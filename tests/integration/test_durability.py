@@ -647,9 +647,9 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
 async def test_an_application_cannot_share_a_long_ids_spill_directory(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """A 300-character id's directory was its first 100 characters, '-' and a SHA-256; another application
-    could take exactly that as its id, share the directory and delete the victim's spill files by
-    removing its own shuffle (issue 14, item 7)."""
+    """An application whose id is a 300-character id's shortened directory name (its first 100 characters,
+    '-' and a SHA-256) gets a directory of its own: sharing it, removing its own shuffle would delete the
+    other application's spill files."""
 
     async def body() -> None:
         d = stop_later(daemon(tmp_path / "data"))
@@ -673,7 +673,7 @@ async def test_an_aborted_map_output_gives_its_spilled_bytes_back(
 ) -> None:
     """24 MiB pushed into an 8 MiB pool and never committed: most of it is spilled. When the writer aborts
     or its connection vanishes, those bytes are freed on disk too, not kept until the shuffle goes
-    (issue 14, item 9: one client wrote 876 MB this way in 8 s); committed data stays readable."""
+    (kept, they let one client fill 876 MB of disk in 8 s); committed data stays readable."""
 
     async def body() -> None:
         data_dir = tmp_path / "data"

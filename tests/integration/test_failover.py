@@ -1,4 +1,4 @@
-"""Read failover between three real daemons (PROTOCOL.md §10.4, §10.6; issue 18).
+"""Read failover between three real daemons (PROTOCOL.md §10.4, §10.6).
 
 A "replica" here is made without replication: the client pushes the same attempt with the same writes
 to the primary and to a placement candidate, which stores it as the same chunks. The relaying daemon

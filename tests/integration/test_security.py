@@ -231,7 +231,7 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
 ) -> None:
     """A relayed read works between daemons sharing the peer secret. A daemon with the cluster secret
     but another peer secret is refused; so is a client that claims to be daemon ``a`` to ``b`` (it
-    closed b's real connection to a and answered reads for a's data with forged bytes: issue 14, item 4)."""
+    could otherwise close b's real connection to a and answer reads for a's data with forged bytes)."""
 
     async def body() -> None:
         a, b = pair
@@ -315,9 +315,9 @@ async def test_an_application_is_kept_from_other_application_secrets(pair: list[
 @pytest.mark.asyncio
 async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list[DaemonProcess]) -> None:
     """Someone who knows the cluster secret but not app-7's: a read relayed by the other daemon with no
-    token and a removal propagated by it with no token meet the token check where the data is (issue 14,
-    items 1 and 2: each got the data or removed it). Claiming to be a daemon (item 3) ends at the
-    handshake now: see the peer secret test."""
+    token and a removal propagated by it with no token meet the token check where the data is, so neither
+    gets the data nor removes it. Claiming to be a daemon instead ends at the handshake: see the peer
+    secret test."""
 
     async def body() -> None:
         a, b = pair

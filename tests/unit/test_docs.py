@@ -1,6 +1,6 @@
 """Docs that cannot drift from the code: README's Spark settings are the plugin's, CI runs README's test
-commands, every PROTOCOL.md section and repository path named exists, and image tags carry the
-package's version."""
+commands, every PROTOCOL.md section and repository path named exists, image tags carry the package's
+version, and the text describes behaviour rather than pointing at issue numbers."""
 
 from __future__ import annotations
 
@@ -109,6 +109,16 @@ def test_image_tags_are_the_package_version() -> None:
         if tag != __version__
     }
     assert not tags, f"image tags that are not shuffled.__version__ ({__version__}): {sorted(tags)}"
+
+
+def test_text_describes_behaviour_not_issue_numbers() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in _text_files()
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if re.search(r"\b(?:issue|item)s? \d", line, re.IGNORECASE)
+    ]
+    assert not found, "say what the code or test does instead:\n" + "\n".join(found)
 
 
 #: what the build and the benchmarks write: named in the docs, absent from a clean tree
