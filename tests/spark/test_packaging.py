@@ -80,19 +80,20 @@ def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark
     assert {"shuffled/py.typed", "shuffled_client/py.typed"} <= set(names)
     for license_file in ("LICENSE", "NOTICE"):
         assert f"shuffled-{__version__}.dist-info/licenses/{license_file}" in names
+    # Away from the source tree: on a PYTHONPATH naming it, pip would take an egg-info an editable install left
+    # there for shuffled already installed, at the wheel's version, and skip the wheel.
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("PYTHONPATH", None)
     venv = tmp_path / "venv"
     python = _venv_seeing_these_packages(venv)
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, timeout=300)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "--no-deps", str(wheel)], env=env, check=True, timeout=300)
     if pyspark != "installed":
-        install = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", pyspark], capture_output=True, text=True, timeout=900
-        )
+        install = subprocess.run([*pip, pyspark], env=env, capture_output=True, text=True, timeout=900)
         if install.returncode != 0:
             pytest.skip(f"cannot install {pyspark}: {install.stderr.strip()[-500:]}")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    env.pop("PYTHONPATH", None)
 
     def probe(expression: str) -> str:
         code = f"import shuffled, pyspark; print({expression})"
