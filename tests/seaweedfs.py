@@ -8,7 +8,8 @@ missing bucket is an error). Volumes are small and not preallocated, so an empty
 disk; `GOMEMLIMIT` keeps its heap near 256 MiB.
 
 `start()` returns once the S3 API answers a signed listing of a bucket it made (a condition polled up to a
-deadline, not a sleep); `stop()` ends the process (SIGTERM, then SIGKILL) and `kill()` is a crash.
+deadline, not a sleep), and starts it again after `kill()` (a crash; a graceful stop takes weed 10-15 s,
+so the tests never wait for one) on the same data and ports.
 `incomplete_uploads()` reads the filer's own listing of multipart uploads under way (SeaweedFS keeps them
 under `/buckets/NAME/.uploads/`), which the S3 client in use cannot list, so tests can prove none is left.
 """
@@ -36,6 +37,8 @@ import pytest
 #: ports a `weed server` listens on (each gets a gRPC port of its own too)
 _SERVICES = ("master", "volume", "filer", "s3")
 START_TIMEOUT = 30.0
+#: loopback never goes through an HTTP proxy of the environment
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 STOP_TIMEOUT = 10.0
 
 
@@ -169,7 +172,7 @@ class SeaweedFS:
         try:
             self._wait_ready(time.monotonic() + timeout)
         except BaseException:
-            self.stop()
+            self.kill()
             raise
         return self
 
@@ -194,7 +197,7 @@ class SeaweedFS:
 
     def _http_answers(self, service: str, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.ports[service]}{path}", timeout=2):
+            with _OPENER.open(f"http://{self.host}:{self.ports[service]}{path}", timeout=2):
                 return True
         except urllib.error.HTTPError:
             return True  # an answer all the same
@@ -244,22 +247,28 @@ class SeaweedFS:
 
     def limit_writes(self, bucket: str, concurrent: int | None) -> None:
         """The S3 gateway's circuit breaker: more than `concurrent` writes at once to `bucket` are answered
-        503 (0: every write); None removes the limit. It takes effect at once (checked by the caller)."""
-        if concurrent is None:
-            out = self.shell(f"s3.circuitBreaker -buckets {bucket} -actions Write -delete -apply")
-        else:
-            out = self.shell(
-                f"s3.circuitBreaker -buckets {bucket} -type Count -actions Write -values {concurrent} -apply"
-            )
-        if "error" in out.lower():
-            raise RuntimeError(f"s3.circuitBreaker: {out}")
+        503 (0: every write); None lifts it. Limits per bucket need the breaker on globally, so the global
+        limit is one nothing reaches. The gateway applies a change when the filer tells it (the caller waits
+        for its effect)."""
+        commands = (
+            ["-global -type Count -actions Read -values 1000000 -apply", f"-buckets {bucket} -delete -apply"]
+            if concurrent is None
+            else [
+                "-global -type Count -actions Read -values 1000000 -apply",
+                f"-buckets {bucket} -type Count -actions Write -values {concurrent} -apply",
+            ]
+        )
+        for command in commands:
+            out = self.shell(f"s3.circuitBreaker {command}")
+            if "error" in out.lower():
+                raise RuntimeError(f"s3.circuitBreaker {command}: {out}")
 
     def incomplete_uploads(self, bucket: str | None = None) -> list[str]:
         """Keys of multipart uploads begun and neither completed nor aborted, from the filer's listing."""
         url = f"http://{self.host}:{self.ports['filer']}/buckets/{bucket or self.bucket}/.uploads/?limit=10000"
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
+            with _OPENER.open(request, timeout=10) as answer:
                 listing = json.load(answer)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
@@ -270,7 +279,7 @@ class SeaweedFS:
     def request_counts(self) -> dict[str, float]:
         """S3 requests the gateway answered, by action (its Prometheus counter `SeaweedFS_s3_request_total`)."""
         url = f"http://{self.host}:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as answer:
+        with _OPENER.open(url, timeout=10) as answer:
             text = answer.read().decode()
         counts: dict[str, float] = {}
         for m in re.finditer(r"^SeaweedFS_s3_request_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
@@ -290,19 +299,9 @@ class SeaweedFS:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(STOP_TIMEOUT)
 
-    def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
     def close(self) -> None:
-        """Stop and delete the data directory (if this object made it)."""
-        self.stop()
+        """Stop (a kill: nothing it holds is kept) and delete the data directory (if this object made it)."""
+        self.kill()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 

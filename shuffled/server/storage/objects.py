@@ -16,8 +16,10 @@ Writes are atomic: an object bigger than `part_size` goes up as a multipart uplo
 completed, which is when `write` returns. When a part or the completion fails, the client aborts the
 upload before raising, so no parts stay behind. A cancelled client call would drop the upload without
 aborting it, so a write is never cancelled: when its deadline passes (or its caller is cancelled), the
-caller gets the error at once and the upload is left to finish or fail by the client's own bounds; an
-object that completes after all is deleted then (`close` waits for those). What an abort cannot reach
+caller gets the error at once and the upload is left to finish or fail by the client's own bounds, and
+its key is deleted then (`close` waits for those). A write that fails deletes its key before raising, as
+a PUT whose answer was lost may have stored the object. Keys are therefore written once (a failed write
+of a key takes an older object of that key with it). What an abort cannot reach
 (the server down, the daemon killed) stays as an incomplete upload, which obstore cannot list: the
 bucket needs a lifecycle rule that aborts incomplete uploads (docs/operations.md).
 """
@@ -25,6 +27,7 @@ bucket needs a lifecycle rule that aborts incomplete uploads (docs/operations.md
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -241,7 +244,9 @@ class ObjectStore:
                 raise
             raise self._failed("put", key, started, f"did not complete within {deadline:.0f}s") from None
         except Exception as exc:
-            raise self._failed("put", key, started, self._reason(exc)) from None
+            reason = self._reason(exc)
+            await self._discard(key)  # a PUT whose answer was lost may have stored the object all the same
+            raise self._failed("put", key, started, reason) from None
         self._done("put", started)
         stats = self.stats
         stats.bytes_up += size
@@ -365,18 +370,21 @@ class ObjectStore:
         except TimeoutError:
             raise TimeoutError(f"no answer within {self.config.request_bound():.0f}s") from None
 
+    async def _discard(self, key: str) -> None:
+        """Delete what a write that did not succeed may have stored (its caller was told it failed)."""
+        try:
+            await self.delete(key)
+        except StorageError as exc:
+            event(log, "object of a failed write not deleted", logging.WARNING, key=key, reason=exc.message)
+
     def _abandon(self, key: str, upload: asyncio.Future[Any]) -> None:
-        """The caller stopped waiting for this upload: if it completes after all, delete its object."""
+        """The caller stopped waiting for this upload: once the client is done with it, delete the key
+        (whether it completed, failed or was aborted, nothing of it may stay)."""
 
         async def settle() -> None:
-            try:
+            with contextlib.suppress(Exception):
                 await upload
-            except Exception:
-                return  # failed: the client aborted it
-            try:
-                await self.delete(key)
-            except StorageError as exc:
-                event(log, "abandoned object not deleted", logging.WARNING, key=key, reason=exc.message)
+            await self._discard(key)
 
         task = asyncio.ensure_future(settle())
         self._orphans.add(task)
