@@ -8,6 +8,7 @@ showing a secret. Every test ends with nothing under its prefix."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import mmap
 import os
 import random
@@ -101,7 +102,7 @@ async def test_large_objects_round_trip_and_read_back_in_ranges(store: ObjectSto
             target = bytearray(length)
             view = memoryview(target)
             cut = [0, *sorted(rng.sample(range(1, length), min(3, length - 1))), length]
-            assert await store.read_into("shuffle/big", start, [view[a:b] for a, b in zip(cut, cut[1:], strict=False)])
+            assert await store.read_into("shuffle/big", start, [view[a:b] for a, b in itertools.pairwise(cut)])
             assert target == pool[start : start + length], (start, length)
         back = bytearray(len(small))
         await store.read_into("shuffle/small", 0, [memoryview(back)])
@@ -267,7 +268,7 @@ async def test_a_slow_or_silent_server_times_out(s3: SeaweedFS, fault: str) -> N
                 slow.list_objects("slow/"),
             ):
                 started = time.monotonic()
-                with pytest.raises(StorageError, match="did not answer within 1s|no answer within|did not complete"):
+                with pytest.raises(StorageError, match=r"did not answer within 1s|no answer within|did not complete"):
                     await call
                 assert time.monotonic() - started < bound
             await slow.close()
