@@ -173,6 +173,11 @@ class ObjectStore:
     def __repr__(self) -> str:
         return f"ObjectStore({self.config.url}, endpoint={self.config.endpoint}, credentials={self.credential_source})"
 
+    @property
+    def client(self) -> S3Store:
+        """The obstore client as this layer configured it: for measuring the layer against the client alone."""
+        return self._client_or_raise("get", "")
+
     def _client(self, creds: credentials.Credentials | None) -> S3Store:
         cfg = self.config
         https = cfg.endpoint is None or cfg.endpoint.startswith("https://")
