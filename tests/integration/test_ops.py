@@ -388,6 +388,12 @@ WIRE_STATS = {
     ),
     "drain": {"state": "str", **dict.fromkeys(("to_copy", "copied", "copied_bytes", "failed"), "int")},
     "failover": {"failovers": {}, "exhausted": "int", "resumed_reads": "int"},
+    "object_store": {
+        **dict.fromkeys(("url", "state", "reason"), "str"),
+        "requests": {},
+        "errors": {},
+        **dict.fromkeys(("bytes_up", "bytes_down", "parts", "objects_held", "bytes_held"), "int"),
+    },
 }
 
 
