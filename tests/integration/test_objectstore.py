@@ -166,6 +166,33 @@ async def test_an_upload_cut_mid_way_raises_and_leaves_nothing(s3: SeaweedFS) ->
 
 
 @pytest.mark.asyncio
+async def test_a_caller_that_stops_waiting_mid_upload_leaves_nothing(s3: SeaweedFS) -> None:
+    """The caller of a throttled 12 MiB write is cancelled while the multipart upload is under way (the
+    server lists it): the client is never told to drop it half-way (which would leave the upload
+    incomplete), so it completes, and its object is deleted; `close` waits for that."""
+
+    async def body() -> None:
+        proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
+        address = await proxy.start()
+        objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", endpoint=f"http://{address}", timeout=20.0)
+        try:
+            proxy.up.rate = 4 * MiB
+            write = asyncio.ensure_future(objects.write("gone/obj", _segments(_pool(12 * MiB, seed=6))))
+            await asyncio.to_thread(poll_until, s3.incomplete_uploads, 20, "the upload under way")
+            write.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await write
+            await asyncio.wait_for(objects.close(), 60)
+            assert objects.stats.objects_held == 0
+            assert await objects.list_objects() == []
+            assert s3.incomplete_uploads() == []
+        finally:
+            await proxy.close()
+
+    await asyncio.wait_for(body(), 120)
+
+
+@pytest.mark.asyncio
 async def test_the_server_killed_mid_upload_fails_the_write_within_its_bounds(tmp_path: Path) -> None:
     """The server is killed while a 40 MiB upload is under way (throttled through the proxy so it is): the
     write raises (the retries find nothing listening) within one request's bound, and after a restart on the
