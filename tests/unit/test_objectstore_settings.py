@@ -1,14 +1,18 @@
-"""S3 credentials the usual AWS ways (shuffled/server/storage/credentials.py): environment first, then the
-profile in the shared credentials file, then in the config file; sources the client fetches itself are left
-to it; nothing found is a clear error; and no secret shows in a `repr`, in the layer's or in its errors."""
+"""The object store's settings and credentials, without a server: `object-store-*` values are refused naming
+the setting and reach the layer as given; S3 credentials come the usual AWS ways
+(shuffled/server/storage/credentials.py: environment first, then the profile in the shared credentials
+file, then in the config file; sources the client fetches itself are left to it; nothing found is a clear
+error); and no secret shows in a `repr`, the layer's or its errors."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
 
+from shuffled import config as settings
 from shuffled.protocol.errors import StorageError
 from shuffled.server.storage import credentials
 from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
@@ -84,3 +88,35 @@ def test_the_layer_hides_its_secrets_and_fails_without_credentials(tmp_path: Pat
 def test_object_store_urls_are_checked(url: str) -> None:
     with pytest.raises(ValueError):
         ObjectStoreConfig(url)
+
+
+@pytest.mark.parametrize(
+    ("env", "refusal"),
+    [
+        ({"SHUFFLED_OBJECT_STORE": "s3://Not_A_Bucket/p"}, "object-store"),
+        ({"SHUFFLED_OBJECT_STORE_PART_SIZE": "1M"}, "object-store-part-size must be 5M..5G"),
+        ({"SHUFFLED_OBJECT_STORE_ENDPOINT": "ftp://store:21"}, "is not an http:// or https:// URL"),
+        ({"SHUFFLED_OBJECT_STORE_TIMEOUT": "0"}, "object-store-timeout must be > 0"),
+        ({"SHUFFLED_OBJECT_STORE_PATH_STYLE": "yes"}, "object-store-path-style"),
+    ],
+)
+def test_object_store_settings_are_refused_naming_the_setting(env: dict[str, str], refusal: str) -> None:
+    with pytest.raises(settings.ConfigError, match=re.escape(refusal)):
+        settings.load(None, env)
+
+
+def test_object_store_settings_reach_the_layer() -> None:
+    env = {
+        "SHUFFLED_OBJECT_STORE": "s3://my-bucket/shuffle/data/",
+        "SHUFFLED_OBJECT_STORE_ENDPOINT": "http://127.0.0.1:8333",
+        "SHUFFLED_OBJECT_STORE_PATH_STYLE": "on",
+        "SHUFFLED_OBJECT_STORE_PART_SIZE": "32M",
+    }
+    config = ObjectStoreConfig.of(settings.load(None, env)[0])
+    assert (config.bucket, config.prefix, config.path_style, config.part_size) == (
+        "my-bucket",
+        "shuffle/data",
+        True,
+        32 << 20,
+    )
+    assert settings.load(None, {})[0].object_store is None
