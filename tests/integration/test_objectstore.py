@@ -439,3 +439,16 @@ def test_no_probe_object_is_left_behind(s3: SeaweedFS) -> None:
         return await _store(s3, prefix).list_objects()
 
     assert asyncio.run(listing()) == []
+
+
+def test_a_daemon_becomes_ready_when_its_store_comes_right(s3: SeaweedFS) -> None:
+    """A failed probe is tried again (every 10 s): once the missing bucket exists, /readyz turns 200."""
+    bucket = f"later-{uuid.uuid4().hex[:8]}"
+    d = _daemon(s3, s3.url("p", bucket), s3.admin.env())
+    try:
+        status, text = poll_until(lambda: _probed(d), 30, "the first probe's outcome")
+        assert status == 503 and "no such bucket" in text, text
+        s3.create_bucket(bucket)
+        poll_until(lambda: _readyz(d)[0] == 200, 40, "ready once the bucket exists")
+    finally:
+        d.stop()
