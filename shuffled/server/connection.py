@@ -97,8 +97,13 @@ class DaemonConnection(FrameConnection):
         try:
             self.daemon.store.authorize(app, digest)
         except AuthFailed as exc:
-            event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
+            self.refused(app, exc)
             raise
+
+    def refused(self, app: str, exc: AuthFailed) -> None:
+        """Log a request about `app` refused for its token (reads are checked where they are served: the
+        store's `snapshot`)."""
+        event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
 
     # -- lifecycle
 

@@ -237,9 +237,10 @@ class Drainer:
         conn = await host.peers.get(target)
         if REPLICA not in conn.proto.features:
             raise PeerUnavailable(f"{target} does not take replica pushes")
-        if data.removed:
+        key = host.store.app_keys.get(data.app)
+        if data.removed or key is None:
             raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
-        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt])
+        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
         pending: deque[Chunk | DiskChunk] = deque(items)
         link = ReplicaLink(host.config)
         req = OpenMapOutput(
@@ -251,7 +252,7 @@ class Drainer:
             data.partitions,
             replicas=h.replicas,
             replica_of=h.primary,
-            app_key=host.store.app_keys[data.app].hex(),
+            app_key=key.hex(),
         )
         try:
             await link.open(conn, req)

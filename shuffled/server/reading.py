@@ -32,8 +32,10 @@ from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
+from ..protocol.auth import token_digest
 from ..protocol.credit import ChannelCredit, FloatingPool
 from ..protocol.errors import (
+    AuthFailed,
     CorruptData,
     ErrorCode,
     InternalError,
@@ -399,12 +401,19 @@ class InputGate:
             self.fail(loc.error)
 
     def _read_locally(self, loc: Location) -> bool:
-        """This daemon is a candidate: serve the location from its own store if it holds the attempts."""
+        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
+        the client's token is the one their application is bound to now (it may have had no binding here
+        when the read arrived)."""
         resume = loc.progress.resume()
         req = self.req
         start = req.start if resume is None else resume.partition
         try:
-            items, _ = self.services.store.snapshot(req.app, req.shuffle, start, req.end, loc.attempts, resume)
+            items, _ = self.services.store.snapshot(
+                req.app, req.shuffle, start, req.end, loc.attempts, resume, digest=token_digest(req.token)
+            )
+        except AuthFailed as exc:
+            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
+            return False
         except ShuffledError:
             return False
         if resume is not None:
