@@ -488,8 +488,9 @@ class Daemon:
             ),
             drain=self.drain_stats.copy(),
             failover=FailoverStats(
-                failovers=dict(counters.failovers),
-                exhausted=counters.failovers_exhausted,
+                tries=dict(counters.failover_tries),
+                recovered=counters.failover_recovered,
+                exhausted=counters.failover_exhausted,
                 resumed_reads=counters.resumed_reads,
             ),
         )

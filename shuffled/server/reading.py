@@ -200,7 +200,7 @@ class RemoteInputChannel(InputChannel):
 
     def on_end(self) -> None:
         self._finish()
-        self.gate.channel_done()
+        self.gate.location_done(self.location)
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self.cancel()
@@ -354,7 +354,7 @@ class InputGate:
         if loc.error is None:
             loc.error = exc
             loc.candidates = self.services.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-        self.services.counters.failovers[exc.code.name] += 1
+        self.services.counters.failover_tries[exc.code.name] += 1
         event(
             log,
             "read failing over",
@@ -397,7 +397,7 @@ class InputGate:
             return
         if not self.closed:
             assert loc.error is not None
-            self.services.counters.failovers_exhausted += 1
+            self.services.counters.failover_exhausted += 1
             self.fail(loc.error)
 
     def _read_locally(self, loc: Location) -> bool:
@@ -432,6 +432,12 @@ class InputGate:
         counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)
         self.client.sender.wake(self.out)
+
+    def location_done(self, loc: Location) -> None:
+        """A location was served to its end; from another copy than the one first asked, it recovered."""
+        if loc.error is not None and not self.closed:
+            self.services.counters.failover_recovered += 1
+        self.channel_done()
 
     def channel_done(self) -> None:
         self.pending -= 1
@@ -514,7 +520,7 @@ class LocalReplicaFeed:
             gate.bug("reading a local copy failed", exc)
             return
         self.closed = True
-        gate.channel_done()
+        gate.location_done(self.location)
 
     async def _load(self, item: DiskChunk) -> Chunk:
         services = self.gate.services

@@ -173,8 +173,11 @@ class ReplicationStats:
 class FailoverStats:
     """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
 
-    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
-    failovers: dict[str, int] = field(default_factory=dict)
+    #: wire error code name -> times a location of a relayed read (or a copy of it) failed with it and the next
+    #: copy was looked for: tries, not successes
+    tries: dict[str, int] = field(default_factory=dict)
+    #: locations of relayed reads that failed and were then served to their end by another copy
+    recovered: int = 0
     #: reads that failed because no copy was left (the client got the first error)
     exhausted: int = 0
     #: reads served from a resume point, for a peer or from this daemon's own copy

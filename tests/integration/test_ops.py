@@ -387,7 +387,7 @@ WIRE_STATS = {
         ("forwarded_buffers", "forwarded_bytes", "degraded", "failed", "held_back", "peers"), "int"
     ),
     "drain": {"state": "str", **dict.fromkeys(("to_copy", "copied", "copied_bytes", "failed"), "int")},
-    "failover": {"failovers": {}, "exhausted": "int", "resumed_reads": "int"},
+    "failover": {"tries": {}, "recovered": "int", "exhausted": "int", "resumed_reads": "int"},
 }
 
 

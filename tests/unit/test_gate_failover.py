@@ -162,7 +162,11 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         (ch2,) = other.channels.values()
         _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
         assert [c.partition for c in out.chunks] == [0] * 4
-        assert not client.errors and gate.services.counters.failovers == {"CONNECTION_LOST": 1}
+        counters = gate.services.counters
+        assert not client.errors and counters.failover_tries == {"CONNECTION_LOST": 1}
+        assert counters.failover_recovered == 0  # a try so far, not a success
+        ch2.on_end()
+        assert out.ended and counters.failover_recovered == 1 and counters.failover_exhausted == 0
         _end(gate, out, pool)
 
     await asyncio.wait_for(body(), 10)
@@ -180,7 +184,7 @@ async def test_a_candidate_without_the_feature_is_skipped_once_bytes_were_relaye
             if relayed:
                 # OTHER skipped, ME (this daemon) lacks the data: the first error reaches the client.
                 assert not old.requests and [e.code for e in client.errors] == [ErrorCode.CONNECTION_LOST]
-                assert gate.services.counters.failovers_exhausted == 1
+                assert gate.services.counters.failover_exhausted == 1
             else:
                 (req,) = old.requests
                 assert req.resume is None and not client.errors
@@ -221,7 +225,7 @@ async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_err
         gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
         await _failed_over(gate)
         (ch,) = other.channels.values()
-        assert gate.services.counters.failovers == {"PEER_UNAVAILABLE": 1}
+        assert gate.services.counters.failover_tries == {"PEER_UNAVAILABLE": 1}
         ch.fail(refusal)  # not the first request: next copy
         await _failed_over(gate)
         assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
