@@ -109,3 +109,16 @@ async def test_drain_wait_ends_when_a_supervisor_restarted_the_daemon() -> None:
                 restarted.stop()
 
     await asyncio.wait_for(body(), 60)
+
+
+def test_a_second_daemon_on_the_default_metrics_port_is_told_which_setting_to_change() -> None:
+    """Issue 26: several daemons on one host need one metrics port each; the second one's start-up error
+    names the setting (it said only `Address already in use`)."""
+    host = "127.0.0.1"
+    first = start_daemon(host, free_port([host]))
+    try:
+        metrics_port = first.http.rsplit(":", 1)[1]
+        second = _cli("serve", "--host", host, "--port", "0", "--data-dir", "none", "--metrics-port", metrics_port)
+        assert second.returncode == 1 and "--metrics-port" in second.stderr, second.stderr
+    finally:
+        first.stop()
