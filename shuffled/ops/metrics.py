@@ -124,13 +124,16 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _gauge(
         "shuffled_drain_pending_copies",
         "Copies a draining daemon's hand-over still has to make",
-        drain.to_copy - drain.copied - drain.failed,
+        drain.to_copy - drain.copied - drain.failed - drain.short,
     )
     yield _labelled(
         CounterMetricFamily(
-            "shuffled_drain_copies", "Hand-over copies of a drain, by outcome (copied, failed)", labels=["outcome"]
+            "shuffled_drain_copies",
+            "Hand-over copies of a drain, by outcome: copied; failed (of attempts no other daemon holds: they "
+            "stay on this one only); short (not made, but another daemon holds the attempt)",
+            labels=["outcome"],
         ),
-        {"copied": drain.copied, "failed": drain.failed},
+        {"copied": drain.copied, "failed": drain.failed, "short": drain.short},
     )
     yield _counter(
         "shuffled_drain_copied_bytes", "Bytes the drain's hand-over copied to other daemons", drain.copied_bytes

@@ -203,8 +203,14 @@ class DrainStats:
     #: copies other daemons acknowledged with the stored lengths, and their bytes
     copied: int = 0
     copied_bytes: int = 0
-    #: copies that could not be made (no candidate left that takes them)
+    #: copies not made of attempts no other daemon holds: those are lost with this daemon (unless it comes
+    #: back on its data dir), and the hand-over is *incomplete*
     failed: int = 0
+    #: copies not made of attempts another daemon does hold (fewer copies than their replica count, e.g.
+    #: while a daemon is lost, but nothing lost with this one)
+    short: int = 0
+    #: the drain's deadline ended a phase (copying, or open reads) before its work was done
+    timed_out: bool = False
 
     def copy(self) -> DrainStats:
         return dataclasses.replace(self)

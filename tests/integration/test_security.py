@@ -20,6 +20,7 @@ import pytest
 
 from shuffled.protocol import codec
 from shuffled.protocol.auth import dialer_proof
+from shuffled.protocol.connection import ProtocolConnection, Side
 from shuffled.protocol.errors import (
     AuthFailed,
     CorruptData,
@@ -28,6 +29,7 @@ from shuffled.protocol.errors import (
     PeerUnavailable,
     ShuffledError,
 )
+from shuffled.protocol.events import AdminRequested, Authenticated, HelloReceived
 from shuffled.protocol.frames import (
     AuthChallenge,
     BufferKind,
@@ -433,6 +435,71 @@ async def test_a_tenant_filling_a_replica_link_takes_no_copies_of_others(secrets
             for c in (hog, victim, reader):
                 await pool_settled(c)
                 await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@asynccontextmanager
+async def impostor(victim: str, host: str) -> AsyncIterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    """Whoever answers at an address with the cluster secret only (a tenant's process on a port a daemon
+    left, say): it passes every admin call on to the `victim` daemon over a client connection of its own,
+    answers with what the victim says, and turns a `drain` into one that copies nothing and stops at once.
+    Yields its address and the calls it saw."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        proto = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+        async with await AsyncClient.connect(victim, secret=SECRET) as upstream:
+            while data := await r.read(1 << 16):
+                for ev in proto.receive_data(data):
+                    if isinstance(ev, HelloReceived):
+                        proto.challenge(SECRET.encode())
+                    elif isinstance(ev, Authenticated):
+                        proto.accept({"node": victim, "segment_size": 32 << 10})
+                    elif isinstance(ev, AdminRequested):
+                        op, args = ev.request.op, ev.request.args
+                        seen.append((op, args))
+                        if op == "drain":
+                            args = {**args, "handoff": False, "timeout": 0}
+                        try:
+                            proto.answer_admin(ev.request.request, await upstream._admin_call(op, args))
+                        except ShuffledError as exc:
+                            proto.fail_admin(ev.request.request, exc)
+                w.write(proto.data_to_send())
+                await w.drain()
+
+    server = await asyncio.start_server(serve, host, 0)
+    try:
+        yield f"{host}:{server.sockets[0].getsockname()[1]}", seen
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio
+async def test_shuffled_drain_sends_no_proof_to_whoever_answers(
+    pair: list[DaemonProcess], secret_file: Path, secrets: list[str]
+) -> None:
+    """Issue 26, item 2: `shuffled drain ADDRESS` with the peer secret, where an impostor holding only the
+    cluster secret answers and relays to daemon a. The daemon proves the peer secret first and names the
+    address it sees the command at: relayed, that is the impostor's, so the command stops before sending
+    a proof. (It took node and start time from the impostor's `stats` and sent a proof over them, which
+    the impostor replayed as a drain without copies that stopped a at once.)"""
+
+    async def body() -> None:
+        a = pair[0]
+        async with impostor(a.addr, "127.0.0.8") as (address, seen):
+            cmd = [sys.executable, "-m", "shuffled", "drain", address, "--secret-file", str(secret_file)]
+            done = await asyncio.to_thread(
+                subprocess.run, [*cmd, "--peer-secret-file", secrets[3]], capture_output=True, text=True, timeout=60
+            )
+        async with await AsyncClient.connect(a.addr, secret=SECRET) as c:
+            s = await c.stats()
+            assert s["drain"]["state"] == "serving" and not s["draining"], s["drain"]
+            assert done.returncode == 1 and "relays" in done.stderr, done.stderr
+            assert "drain" not in [op for op, _ in seen] and not any("proof" in args for _, args in seen), seen
+            for args in ({"proof": "0" * 64}, {}):  # a proof with no challenge answered on the connection
+                with pytest.raises(AuthFailed, match="peer secret"):
+                    await c._admin_call("drain", args)
 
     await asyncio.wait_for(body(), TIMEOUT)
 
