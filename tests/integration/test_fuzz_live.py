@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from tests.integration.fuzzing import (
     CLOSE_BOUND,
     FUZZ_APP_SECRET,
     HalfOpen,
+    Outcome,
     check_recycled,
     fuzz,
     half_open,
@@ -64,16 +66,25 @@ async def _bystander(
     return rounds, during
 
 
+async def _beside_a_bystander(
+    addr: str, frames: int, seed: int, secret: str | None = None, **how: Any
+) -> tuple[Outcome, float, int]:
+    """`fuzz` the daemon at `addr` (`how`: its keyword arguments) while a bystander pushes and reads there:
+    (what the fuzzing saw, seconds it took, rounds the bystander did)."""
+    stop = asyncio.Event()
+    bystander = asyncio.create_task(_bystander(addr, stop, secret))
+    started = time.monotonic()
+    out = await fuzz(addr, frames, seed, **how)
+    elapsed = time.monotonic() - started
+    stop.set()
+    rounds, _ = await bystander
+    return out, elapsed, rounds
+
+
 async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
     async def body() -> None:
         d = target.daemons[0]
-        stop = asyncio.Event()
-        bystander = asyncio.create_task(_bystander(d.addr, stop))
-        started = time.monotonic()
-        out = await fuzz(d.addr, FRAMES, seed=7)
-        elapsed = time.monotonic() - started
-        stop.set()
-        rounds, _ = await bystander
+        out, elapsed, rounds = await _beside_a_bystander(d.addr, FRAMES, seed=7)
         print(
             f"\nfuzzed {out.frames} frames ({out.bytes} bytes) on {out.connections} connections in {elapsed:.1f}s; "
             f"{out.replies} replies; {out.fatal} ended by a fatal error; bystander did {rounds} rounds"
@@ -163,14 +174,10 @@ async def test_tenants_and_peers_fuzzing_replica_resume_holds_and_drain_fields(t
         a, b = cluster.daemons
 
         async def body() -> None:
-            stop = asyncio.Event()
-            bystander = asyncio.create_task(_bystander(a.addr, stop, secret))
-            started = time.monotonic()
             members = (secret.encode(), f"peer-{secret}".encode())
-            out = await fuzz(a.addr, FRAMES // 5, seed=13, members=members, relay=b.addr)
-            elapsed = time.monotonic() - started
-            stop.set()
-            rounds, _ = await bystander
+            out, elapsed, rounds = await _beside_a_bystander(
+                a.addr, FRAMES // 5, seed=13, secret=secret, members=members, relay=b.addr
+            )
             print(
                 f"\n{out.connections} tenants and peers ({out.frames} frames) in {elapsed:.1f}s: {out.members_in} "
                 f"past the handshake, {out.replies} replies, {out.fatal} ended by a fatal error; bystander {rounds} "
