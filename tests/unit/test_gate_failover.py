@@ -235,7 +235,7 @@ async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_err
 
 
 async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_bound_to() -> None:
-    """The store checks the token as it serves (issue 26, item 1): the read arrived before the application
+    """The store checks the token as it serves: the read arrived before the application
     had a binding here, the copy here was pushed with another token meanwhile, so the failover to it is
     refused and the read ends with the primary's error; with the owner's token the copy is served."""
 
