@@ -151,8 +151,8 @@ def metrics_reference() -> str:
     import tempfile
 
     from .ops.metrics import render_markdown
+    from .ops.stats import DaemonStats
     from .server.daemon import Daemon
-    from .server.stats import DaemonStats
 
     async def snapshot() -> DaemonStats:
         with tempfile.TemporaryDirectory(prefix="shuffled-metrics-") as data_dir:

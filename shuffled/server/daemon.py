@@ -24,6 +24,20 @@ from ..logs import event
 from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
+from ..ops.stats import (
+    ConnectionCounts,
+    ConnectionStats,
+    CreditStats,
+    DaemonStats,
+    DiskStats,
+    DrainStats,
+    FailoverStats,
+    FilesystemStats,
+    ObjectStoreStats,
+    PoolStats,
+    ReplicationStats,
+    StreamStats,
+)
 from ..protocol.auth import (
     check_nonce,
     drain_challenge_proof,
@@ -43,20 +57,6 @@ from .membership import Membership
 from .peers import PeerManager
 from .shares import PushShares
 from .spill import Spiller
-from .stats import (
-    ConnectionCounts,
-    ConnectionStats,
-    CreditStats,
-    DaemonStats,
-    DiskStats,
-    DrainStats,
-    FailoverStats,
-    FilesystemStats,
-    ObjectStoreStats,
-    PoolStats,
-    ReplicationStats,
-    StreamStats,
-)
 from .storage.objects import ObjectStore, ObjectStoreConfig
 from .store import ShuffleData, Store
 from .watchdog import watch

@@ -43,8 +43,8 @@ from urllib.parse import quote
 import msgpack
 
 from ..logs import event
+from ..ops.stats import DiskStats
 from ..protocol.integrity import checksum
-from .stats import DiskStats
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from ..buffers import Buffer
 from ..logs import event
+from ..ops.stats import DrainStats
 from ..protocol.errors import (
     ConnectionLost,
     CorruptData,
@@ -53,7 +54,6 @@ from .chunks import Chunk
 from .connection import DaemonConnection
 from .host import Host
 from .replication import ReplicaLink
-from .stats import DrainStats
 from .store import DiskChunk, ShuffleData
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ from enum import Enum
 from typing import Any
 
 from ..buffers import Buffer
+from ..ops.stats import StoreStats
 from ..protocol.errors import (
     AuthFailed,
     InvalidRequest,
@@ -45,7 +46,6 @@ from ..protocol.errors import (
 )
 from .chunks import Chunk
 from .disk import LoadedShuffle, SpillFile
-from .stats import StoreStats
 
 MAX_PARTITIONS = 1 << 24
 

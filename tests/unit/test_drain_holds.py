@@ -15,9 +15,9 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.config import DaemonConfig
+from shuffled.ops.stats import DrainStats
 from shuffled.server.drain import Drainer, HandOver
 from shuffled.server.membership import Membership
-from shuffled.server.stats import DrainStats
 from shuffled.server.store import Store
 
 pytestmark = pytest.mark.asyncio

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from shuffled.ops.stats import DrainStats
 from shuffled.server.drain import PARALLEL, Drainer, HandOver
-from shuffled.server.stats import DrainStats
 
 pytestmark = pytest.mark.asyncio
 

@@ -5,8 +5,9 @@ attribute. The admin `stats` op sends `DaemonStats.to_wire()`: nested string-key
 dicts of integers, booleans and strings (MessagePack bodies carry no floats, so
 durations are whole microseconds), the shape clients, the JVM and `shuffled stats` read.
 
-This module imports nothing else of the package, so the ops layer can use it
-without depending on the server's modules. Every class is a frozen snapshot except
+It lives in ops/, below the server, and imports nothing else of the package: the
+server's modules fill these in and the ops layer publishes them, and neither
+depends on the other for it. Every class is a frozen snapshot except
 `DiskStats`, `DrainStats` and `ObjectStoreStats`, which a `Disk`, the daemon and the object-store layer
 also keep as their live counters (a snapshot holds a copy).
 """
