@@ -6,7 +6,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
@@ -18,7 +18,6 @@ from ..protocol.frames import (
     pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
-from ..server.chunks import Chunk
 from .sender import Outbound
 
 

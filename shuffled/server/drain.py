@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..logs import event
 from ..ops.stats import DrainStats
 from ..protocol.errors import (
@@ -50,7 +50,6 @@ from ..protocol.errors import (
     TimedOut,
 )
 from ..protocol.frames import REPLICA, OpenMapOutput
-from .chunks import Chunk
 from .connection import DaemonConnection
 from .host import Host
 from .replication import ReplicaLink

@@ -21,10 +21,9 @@ import os
 from collections import deque
 from collections.abc import Callable
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..net.streams import BufferResponseStream
 from ..protocol.errors import CorruptData, PartitionNotFound, ShuffledError
-from .chunks import Chunk
 from .services import Services
 from .store import DiskChunk
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..buffers import Chunk
 from ..logs import event
 from ..net.sender import Sender
 from ..net.soon import Soon
@@ -22,7 +23,6 @@ from ..protocol.auth import token_digest
 from ..protocol.connection import ProtocolConnection, release_payload
 from ..protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
-from .chunks import Chunk
 from .feed import DiskFedStream
 from .peers import split_address
 from .reading import InputGate, Peers, RemoteInputChannel

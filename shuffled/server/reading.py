@@ -27,7 +27,7 @@ import os
 from collections import deque
 from typing import Protocol
 
-from ..buffers import Buffer, LocalPool
+from ..buffers import Buffer, Chunk, LocalPool
 from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
@@ -44,7 +44,6 @@ from ..protocol.errors import (
     ShuffledError,
 )
 from ..protocol.frames import REPLICA, PartitionRequest
-from .chunks import Chunk
 from .services import Services
 from .store import DiskChunk, Resume
 

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..config import DaemonConfig
 from ..logs import event
 from ..net.sender import Sender
@@ -37,7 +37,6 @@ from ..net.streams import PushEvent, PushStream
 from ..protocol.connection import ProtocolConnection
 from ..protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
 from ..protocol.frames import REPLICA, OpenMapOutput
-from .chunks import Chunk
 from .services import Services
 
 log = logging.getLogger(__name__)

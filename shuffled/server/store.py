@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..ops.stats import StoreStats
 from ..protocol.errors import (
     AuthFailed,
@@ -44,7 +44,6 @@ from ..protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from .chunks import Chunk
 from .disk import LoadedShuffle, SpillFile
 
 MAX_PARTITIONS = 1 << 24

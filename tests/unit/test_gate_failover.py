@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shuffled.buffers import GlobalPool
+from shuffled.buffers import Chunk, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.protocol.auth import token_digest
 from shuffled.protocol.errors import (
@@ -30,7 +30,6 @@ from shuffled.protocol.errors import (
     StorageError,
 )
 from shuffled.protocol.frames import REPLICA, PartitionRequest
-from shuffled.server.chunks import Chunk
 from shuffled.server.counters import Counters
 from shuffled.server.membership import Membership
 from shuffled.server.reading import InputGate, RemoteInputChannel

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffled.buffers import Buffer, GlobalPool
-from shuffled.server.chunks import Chunk
+from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.server.disk import SpillFile
 from shuffled.server.store import DiskChunk, MapOutput, MapState, Store, StoredChunk, Subpartition
 

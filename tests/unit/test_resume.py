@@ -12,9 +12,8 @@ import struct
 
 import pytest
 
-from shuffled.buffers import Buffer, GlobalPool
+from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.protocol.errors import InvalidRequest
-from shuffled.server.chunks import Chunk
 from shuffled.server.disk import SpillFile
 from shuffled.server.reading import PairProgress
 from shuffled.server.store import DiskChunk, Resume, Store

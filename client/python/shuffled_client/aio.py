@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from shuffled.buffers import Buffer, GlobalPool, LocalPool
+from shuffled.buffers import Buffer, Chunk, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, endpoint_name
 from shuffled.net.soon import Soon
@@ -42,7 +42,6 @@ from shuffled.protocol.events import (
     StreamFailed,
 )
 from shuffled.protocol.frames import MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
-from shuffled.server.chunks import Chunk
 
 #: client-side pool: enough for a few concurrent writers and readers
 DEFAULT_CLIENT_POOL = 4 << 20
