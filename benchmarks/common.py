@@ -51,7 +51,7 @@ MiB = 1 << 20
 DAEMON_DEFAULTS = DaemonConfig()
 SEGMENT = DAEMON_DEFAULTS.segment_size
 #: most segments one reader stream holds: exclusive credit plus the gate's floating buffers
-SEGMENTS_PER_READER = DAEMON_DEFAULTS.exclusive + DAEMON_DEFAULTS.floating
+SEGMENTS_PER_READER = DAEMON_DEFAULTS.exclusive_buffers + DAEMON_DEFAULTS.floating_buffers
 DEFAULT_DAEMON_POOL = DAEMON_DEFAULTS.pool_size
 #: pools sized for many readers' full credit windows stop growing here
 MAX_WINDOW_POOL = 512 * MiB
@@ -127,14 +127,14 @@ def relay_pool(readers: int) -> int:
     segments at once, up to `MAX_WINDOW_POOL` (floating ones are only taken while memory is to spare, so
     beyond that readers share less of it, as they would on a busy daemon)."""
     want = readers * SEGMENTS_PER_READER * SEGMENT * 1.25
-    floor = readers * DAEMON_DEFAULTS.exclusive * SEGMENT * 2
+    floor = readers * DAEMON_DEFAULTS.exclusive_buffers * SEGMENT * 2
     return max(DEFAULT_DAEMON_POOL, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 
 def reader_client_pool(readers: int) -> int:
     """A client pool in which `readers` streams all start at once and share floating buffers generously."""
     want = readers * SEGMENTS_PER_READER * SEGMENT + 4 * MiB
-    floor = readers * DAEMON_DEFAULTS.exclusive * SEGMENT * 2 + 4 * MiB
+    floor = readers * DAEMON_DEFAULTS.exclusive_buffers * SEGMENT * 2 + 4 * MiB
     return max(4 * MiB, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 

@@ -1,6 +1,6 @@
 """Prometheus metrics: the only module that imports prometheus_client.
 
-The daemon counts with plain ints on its own objects (see server/counters.py) and
+The daemon counts with plain ints on its own objects (see server/accounting/counters.py) and
 `Daemon.stats()` gathers them into one typed snapshot (`DaemonStats`, ops/stats.py).
 A custom collector turns that snapshot into metric families when Prometheus
 scrapes, so the data path never calls into this library. Only per-request

@@ -48,18 +48,18 @@ from ..protocol.auth import (
     secret_bytes,
 )
 from ..protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
-from .admin_service import Caller
-from .connection import DaemonConnection
-from .counters import Counters, micros
-from .disk import Disk, SpillFile
-from .drain import Drainer
-from .membership import Membership
-from .peers import PeerManager
-from .shares import PushShares
-from .spill import Spiller
+from .accounting.counters import Counters, micros
+from .accounting.shares import PushShares
+from .accounting.watchdog import watch
+from .cluster.drain import Drainer
+from .cluster.membership import Membership
+from .cluster.peers import PeerManager
+from .serving.admin_service import Caller
+from .serving.connection import DaemonConnection
+from .storage.disk import Disk, SpillFile
 from .storage.objects import ObjectStore, ObjectStoreConfig
-from .store import ShuffleData, Store
-from .watchdog import watch
+from .storage.spill import Spiller
+from .storage.store import ShuffleData, Store
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
 
 def connection_counts(conn: DaemonConnection, now: float) -> ConnectionCounts:
     """What one connection's reads and pushes are doing at monotonic time `now`."""
-    pushes = conn.pushing.sessions.values()
+    pushes = conn.pushes.sessions.values()
     reads = conn.reads
     return ConnectionCounts(
         role=conn.role_label,
@@ -110,7 +110,7 @@ class Daemon:
         segments = config.pool_size // config.segment_size
         # The exclusive buffers of at least one read from three daemons must always fit in the reserve
         # (floating buffers come from memory outside it, while there is some).
-        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive)
+        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive_buffers)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
         #: where spill files live (None: memory only)
@@ -282,7 +282,7 @@ class Daemon:
     def busy(self) -> tuple[int, int]:
         """Work a drain waits for: (open pushes, reads served or relayed)."""
         conns = list(self.connections)
-        return sum(len(c.pushing.sessions) for c in conns), sum(len(c.reads.served) for c in conns)
+        return sum(len(c.pushes.sessions) for c in conns), sum(len(c.reads.served) for c in conns)
 
     def start_drain(self, timeout: float, handoff: bool) -> asyncio.Task[bool]:
         """Begin the drain once per process life (a second request gets the running one); readiness fails
@@ -445,7 +445,7 @@ class Daemon:
         if self.object_stats.state == "failed" and now - self._probed_at > OBJECT_STORE_REPROBE:
             self._probe_object_store()
         for conn in list(self.connections):
-            for session in list(conn.pushing.sessions.values()):
+            for session in list(conn.pushes.sessions.values()):
                 session.check_wait()
 
     async def stop(self) -> None:
@@ -550,7 +550,7 @@ class Daemon:
                 forwarded_bytes=counters.replica_forwarded_bytes,
                 degraded=counters.replication_degraded,
                 failed=counters.replication_failed,
-                held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
+                held_back=sum(s.held_back for c in conns for s in c.pushes.sessions.values()),
                 peers=len(self.membership.others()),
             ),
             drain=self.drain_stats.copy(),
@@ -572,7 +572,7 @@ class Daemon:
     async def _admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
         if op == "stats":
             return self.stats().to_wire()
-        if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
+        if op == "ping":  # a peer checking that this daemon still answers (see accounting/watchdog.py)
             return {}
         if op == "holds":
             return self._holds(args)

@@ -17,7 +17,7 @@ from shuffled.protocol.connection import Limits, ProtocolConnection, Side
 from shuffled.protocol.errors import ErrorCode, ShuffledError
 from shuffled.protocol.events import AdminRequested
 from shuffled.protocol.frames import AdminRequest, ErrorResponse, Hello, Role
-from shuffled.server.admin_service import AdminService
+from shuffled.server.serving.admin_service import AdminService
 
 TIMEOUT = 10.0
 

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).parents[2] / "shuffled"
 
 
 def module_name(path: Path) -> str:
-    """`shuffled/server/store.py` is `shuffled.server.store`; a package's `__init__.py` is the package."""
+    """`shuffled/server/storage/store.py` is `shuffled.server.storage.store`; a package's `__init__.py`, the package."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

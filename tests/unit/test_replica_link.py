@@ -14,7 +14,7 @@ from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.net.sender import Sender
 from shuffled.protocol.frames import REPLICA, OpenMapOutput
-from shuffled.server.replication import ReplicaLink, ReplicaService
+from shuffled.server.cluster.replication import ReplicaLink, ReplicaService
 from tests.turns import until
 
 SEG = 4096

@@ -17,7 +17,7 @@ from typing import Any
 from shuffled.buffers import Buffer, Chunk, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, endpoint_name
-from shuffled.net.soon import Soon
+from shuffled.net.once_per_turn import OncePerTurn
 from shuffled.net.streams import PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
@@ -530,7 +530,7 @@ class PartitionReader(InputChannel):
         self._current: ReadChunk | None = None
         #: the application's writers compress their buffers (see AsyncClient.read)
         self.compressed = compressed
-        self._announce_soon = Soon(self._announce)
+        self._announce_soon = OncePerTurn(self._announce)
         self._closed = False
 
     async def _start(self) -> None:

@@ -29,15 +29,15 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from ..buffers import Buffer, Chunk
-from ..config import DaemonConfig
-from ..logs import event
-from ..net.sender import Sender
-from ..net.streams import PushEvent, PushStream
-from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
-from ..protocol.frames import REPLICA, OpenMapOutput
-from .services import Services
+from ...buffers import Buffer, Chunk
+from ...config import DaemonConfig
+from ...logs import event
+from ...net.sender import Sender
+from ...net.streams import PushEvent, PushStream
+from ...protocol.connection import ProtocolConnection
+from ...protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
+from ...protocol.frames import REPLICA, OpenMapOutput
+from ..serving.environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,7 +65,7 @@ class Peers(Protocol):
     async def get(self, addr: str) -> ReplicaPeer: ...
 
 
-class ReplicaHost(Services, Protocol):
+class ReplicaHost(ShuffleEnvironment, Protocol):
     """The daemon, as the pushes it takes see it: its services, who it is and its peers."""
 
     @property

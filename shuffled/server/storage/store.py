@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..buffers import Buffer, Chunk
-from ..ops.stats import StoreStats
-from ..protocol.errors import (
+from ...buffers import Buffer, Chunk
+from ...ops.stats import StoreStats
+from ...protocol.errors import (
     AuthFailed,
     InvalidRequest,
     LimitExceeded,

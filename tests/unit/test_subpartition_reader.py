@@ -1,4 +1,4 @@
-"""A disk-fed read sizes its batch of segments when it takes them, not when it decides to load."""
+"""A subpartition reader sizes its batch of segments when it takes them, not when it decides to load."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 
 from shuffled.buffers import GlobalPool
-from shuffled.server.feed import DiskFedStream
+from shuffled.server.serving.subpartition_reader import SubpartitionReader
 from tests.turns import until
 
 SEG = 4096
 TIMEOUT = 10
 
 
-def _stream(pool: GlobalPool) -> DiskFedStream:
+def _stream(pool: GlobalPool) -> SubpartitionReader:
     services: Any = SimpleNamespace(pool=pool)
-    return DiskFedStream(1, 16, lambda _: None, services, [], lambda: None, lambda _: None)
+    return SubpartitionReader(1, 16, lambda _: None, services, [], lambda: None, lambda _: None)
 
 
 @pytest.mark.asyncio
@@ -47,7 +47,7 @@ async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
 
 @pytest.mark.asyncio
 async def test_a_waiting_push_leaves_the_reserve_to_a_batch() -> None:
-    """Pushes never use the read reserve, so one waiting for memory does not shrink a disk-fed read's batch
+    """Pushes never use the read reserve, so one waiting for memory does not shrink a subpartition reader's batch
     to one segment (a cold read under push back-pressure would pay a thread hand-off per segment); a
     waiting reader does keep what is free."""
     pool = GlobalPool(32 * SEG, SEG, reserve=8)

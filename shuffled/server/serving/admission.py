@@ -16,11 +16,11 @@ import struct
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..config import DaemonConfig
-from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
-from ..protocol.frames import REPLICA, Role
-from .host import Host
+from ...config import DaemonConfig
+from ...protocol.connection import ProtocolConnection
+from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
+from ...protocol.frames import REPLICA, Role
+from .context import DaemonContext
 
 
 class Candidate(Protocol):
@@ -124,7 +124,7 @@ def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> No
         )
 
 
-def answer_hello(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> None:
+def answer_hello(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, Any]) -> None:
     """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
     cfg = host.config
     check_connection_limit(cfg, conn.host, role, host.connections)
@@ -140,7 +140,7 @@ def answer_hello(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any
     conn.proto.challenge(secret)
 
 
-def accept(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> None:
+def accept(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, Any]) -> None:
     """A peer daemon joins only with our segment size and unless our own dial to it wins."""
     cfg = host.config
     if role is Role.DAEMON:

@@ -2,7 +2,7 @@
 
 Generic in the connection type, so that this module (and everything the
 connection imports) never imports the connection itself: `Daemon` is a
-`Host[DaemonConnection]`.
+`DaemonContext[DaemonConnection]`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import asyncio
 import ssl
 from typing import Any, Protocol, TypeVar
 
+from ..cluster.peers import PeerConnection, PeerManager
 from .admin_service import Caller
-from .peers import PeerConnection, PeerManager
-from .services import Services
+from .environment import ShuffleEnvironment
 
 C = TypeVar("C", bound=PeerConnection)
 
 
-class Host(Services, Protocol[C]):
+class DaemonContext(ShuffleEnvironment, Protocol[C]):
     """Its services, who it is, whom it trusts, its other connections and peers, its admin operations."""
 
     @property

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..net.sender import Outbound, Sender
-from ..ops.stats import TrafficStats
+from ...net.sender import Outbound, Sender
+from ...ops.stats import TrafficStats
 
 ROLES = ("client", "peer")
 

@@ -39,13 +39,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..logs import event
-from ..protocol.errors import StorageError
+from ...logs import event
+from ...protocol.errors import StorageError
 from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
 from .store import Garbage, MapState, ShuffleData, Store, StoredChunk, Subpartition
 
 if TYPE_CHECKING:
-    from ..buffers import Buffer, GlobalPool
+    from ...buffers import Buffer, GlobalPool
 
 log = logging.getLogger(__name__)
 

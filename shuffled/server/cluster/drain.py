@@ -8,7 +8,7 @@ a share of the drain's remaining time holds nothing and is not asked again, so c
 in time. An answer counts only as far as it checks out, like a client's frame: attempts it was asked
 about, each with the bytes stored here (`held`). An attempt with fewer copies
 elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
-fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
+fed from the store: a reader whose primary is gone looks for copies exactly there (serving/input_gate.py), and a
 copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
 the full replica count, so an attempt keeps its redundancy once this daemon is gone (a host that does
 not come back loses nothing); the price is that a rolling restart copies every replicated attempt
@@ -36,10 +36,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..buffers import Buffer, Chunk
-from ..logs import event
-from ..ops.stats import DrainStats
-from ..protocol.errors import (
+from ...buffers import Buffer, Chunk
+from ...logs import event
+from ...ops.stats import DrainStats
+from ...protocol.errors import (
     ConnectionLost,
     CorruptData,
     InvalidRequest,
@@ -49,11 +49,11 @@ from ..protocol.errors import (
     ShuttingDown,
     TimedOut,
 )
-from ..protocol.frames import REPLICA, OpenMapOutput
-from .connection import DaemonConnection
-from .host import Host
+from ...protocol.frames import REPLICA, OpenMapOutput
+from ..serving.connection import DaemonConnection
+from ..serving.context import DaemonContext
+from ..storage.store import DiskChunk, ShuffleData
 from .replication import ReplicaLink
-from .store import DiskChunk, ShuffleData
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Drainer:
     """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
     daemon's `DrainStats`."""
 
-    def __init__(self, host: Host[DaemonConnection], progress: DrainStats) -> None:
+    def __init__(self, host: DaemonContext[DaemonConnection], progress: DrainStats) -> None:
         self.host = host
         self.progress = progress
         #: bounds the `holds` calls in flight; copies are bounded by their workers

@@ -1,4 +1,4 @@
-"""Serving a local read whose chunks are partly on disk, in order, with bounded memory.
+"""The subpartition reader: serving a local read whose chunks are partly on disk, in order, with bounded memory.
 
 The stream's items are the store's snapshot: in-memory chunks (already holding a
 reference on their segment) and spilled chunks (a file range and its CRC32C).
@@ -21,31 +21,31 @@ import os
 from collections import deque
 from collections.abc import Callable
 
-from ..buffers import Buffer, Chunk
-from ..net.streams import BufferResponseStream
-from ..protocol.errors import CorruptData, PartitionNotFound, ShuffledError
-from .services import Services
-from .store import DiskChunk
+from ...buffers import Buffer, Chunk
+from ...net.streams import BufferResponseStream
+from ...protocol.errors import CorruptData, PartitionNotFound, ShuffledError
+from ..storage.store import DiskChunk
+from .environment import ShuffleEnvironment
 
 #: most chunks loaded with one preadv
 MAX_BATCH = 16
 
 
-class DiskFedStream(BufferResponseStream):
-    __slots__ = ("_fd", "_fd_path", "_finished", "_loading", "_reading", "items", "on_done", "on_error", "services")
+class SubpartitionReader(BufferResponseStream):
+    __slots__ = ("_fd", "_fd_path", "_finished", "_loading", "_reading", "env", "items", "on_done", "on_error")
 
     def __init__(
         self,
         stream: int,
         credit: int,
         on_end: Callable[[BufferResponseStream], None],
-        services: Services,
+        env: ShuffleEnvironment,
         items: list[Chunk | DiskChunk],
         on_done: Callable[[], None],
         on_error: Callable[[ShuffledError], None],
     ) -> None:
         super().__init__(stream, credit, on_end)
-        self.services = services
+        self.env = env
         self.items: deque[Chunk | DiskChunk] = deque(items)
         self.deferred = len(items)
         #: called once every item is queued (the stream may then end)
@@ -59,7 +59,7 @@ class DiskFedStream(BufferResponseStream):
 
     def push_data(self, chunk: Chunk) -> None:
         """Everything this stream queues comes from this daemon's own store (memory or disk): count it."""
-        counters = self.services.counters
+        counters = self.env.counters
         counters.served_local_bytes += chunk.buffer.length
         counters.served_local_buffers += 1
         super().push_data(chunk)
@@ -100,8 +100,8 @@ class DiskFedStream(BufferResponseStream):
         self._loading = asyncio.create_task(self._load(batch))
 
     async def _load(self, batch: list[DiskChunk]) -> None:
-        pool = self.services.pool
-        disk = self.services.disk
+        pool = self.env.pool
+        disk = self.env.disk
         assert disk is not None
         buffers = await self._take(len(batch))  # cancelled by shutdown
         del batch[len(buffers) :]
@@ -151,7 +151,7 @@ class DiskFedStream(BufferResponseStream):
         turn (the reserve guarantees it in time), plus what the wait left free. Never more than is free, so
         a batch does not wait for memory it cannot get; what requests already waiting can use stays theirs
         (`free_for_readers`: a waiting push leaves the reserve to reads)."""
-        pool = self.services.pool
+        pool = self.env.pool
         now = min(want, pool.free_for_readers)
         if now:
             got = pool.try_take(now, use_reserve=True)

@@ -7,10 +7,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ..logs import event
-from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import InternalError, InvalidRequest, ShuffledError, ShuttingDown
-from ..protocol.frames import AdminRequest
+from ...logs import event
+from ...protocol.connection import ProtocolConnection
+from ...protocol.errors import InternalError, InvalidRequest, ShuffledError, ShuttingDown
+from ...protocol.frames import AdminRequest
 
 log = logging.getLogger(__name__)
 
