@@ -28,15 +28,13 @@ memory chunks it sends are the store's own).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...buffers import Buffer, Chunk
+from ...buffers import Chunk
 from ...logs import event
 from ...ops.stats import DrainStats
 from ...protocol.errors import (
@@ -52,6 +50,7 @@ from ...protocol.errors import (
 from ...protocol.frames import REPLICA, OpenMapOutput
 from ..serving.connection import DaemonConnection
 from ..serving.context import DaemonContext
+from ..storage.loader import ChunkLoader, run, take
 from ..storage.store import DiskChunk, ShuffleData
 from .replication import ReplicaLink
 
@@ -325,77 +324,23 @@ class Drainer:
 
     async def _send(self, link: ReplicaLink, items: deque[Chunk | DiskChunk]) -> None:
         """Every chunk in store order, one PushData each (so the copy's chunks are the primary's): memory
-        chunks as they are, spilled ones read back into segments and checked against their CRC. At most
-        the link's lag of chunks wait unsent."""
-        fd: int | None = None
-        path = ""
+        chunks as they are, spilled ones loaded back into segments of the read reserve (stored data can
+        always be read back). At most the link's lag of chunks wait unsent."""
+        pool = self.host.pool
+        loader = ChunkLoader(self.host.disk)
         try:
             while items:
                 await link.caught_up()
-                head = items.popleft()
+                head = items[0]
                 if isinstance(head, Chunk):
+                    items.popleft()
                     link.send(head)
                     continue
-                batch = [head]
-                while len(batch) < LOAD_BATCH and items and isinstance(nxt := items[0], DiskChunk):
-                    if nxt.path != head.path or nxt.offset != batch[-1].offset + batch[-1].length:
-                        break
-                    batch.append(nxt)
+                batch = run(items, LOAD_BATCH)
+                buffers = await take(pool, len(batch), pool.give)
+                for _ in buffers:
                     items.popleft()
-                buffers = await self._take(len(batch))
-                items.extendleft(reversed(batch[len(buffers) :]))
-                del batch[len(buffers) :]
-                current, fd = fd, None  # a failed read closes it
-                if current is not None and path != head.path:
-                    os.close(current)
-                    current = None
-                fd, crcs = await self._read(current, head.path, batch, buffers)
-                path = head.path
-                bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
-                if bad:
-                    for buf in buffers:
-                        buf.release()
-                    raise CorruptData(f"spilled data of attempt {bad[0].attempt} failed its CRC32C check in {path}")
-                for buf, c in zip(buffers, batch, strict=True):
-                    link.send(Chunk(buf, c.partition, c.attempt, c.crc))
+                for chunk in await loader.load(batch[: len(buffers)], buffers):
+                    link.send(chunk)
         finally:
-            if fd is not None:
-                os.close(fd)
-
-    async def _take(self, want: int) -> list[Buffer]:
-        """Up to `want` segments of the read reserve (at least one, waited for): stored data can always be
-        read back, and a copy never waits for more memory than is free."""
-        pool = self.host.pool
-        got = pool.try_take(min(want, max(1, pool.free_for_readers)), use_reserve=True)
-        buffers = got if got is not None else await pool.take(1, use_reserve=True)
-        for buf in buffers:
-            buf.set_recycler(pool.give)
-        return buffers
-
-    async def _read(
-        self, fd: int | None, path: str, batch: list[DiskChunk], buffers: list[Buffer]
-    ) -> tuple[int, list[int]]:
-        """Load the batch; the fd is the caller's again only on success (a failed read closes it). When the
-        drain's deadline cancels the wait, the reading thread is let finish before the buffers go back."""
-        disk = self.host.disk
-        assert disk is not None
-        for buf, c in zip(buffers, batch, strict=True):
-            buf.length = c.length
-        reading = disk.read(fd, path, batch[0].offset, [b.data() for b in buffers])
-        loaded = False
-        try:
-            result = await asyncio.shield(reading)
-            loaded = True
-            return result
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                os.close((await reading)[0])
-            raise
-        except FileNotFoundError:
-            raise PartitionNotFound(f"spill file {path} is gone (shuffle removed while being copied?)") from None
-        except (OSError, EOFError) as exc:
-            raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
-        finally:
-            if not loaded:
-                for buf in buffers:
-                    buf.release()
+            loader.close()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from typing import Protocol
 
@@ -36,14 +35,13 @@ from ...protocol.auth import token_digest
 from ...protocol.credit import ChannelCredit, FloatingPool
 from ...protocol.errors import (
     AuthFailed,
-    CorruptData,
     ErrorCode,
     InternalError,
     LimitExceeded,
-    PartitionNotFound,
     ShuffledError,
 )
 from ...protocol.frames import REPLICA, PartitionRequest
+from ..storage.loader import ChunkLoader, take
 from ..storage.store import DiskChunk, Resume
 from .environment import ShuffleEnvironment
 
@@ -480,12 +478,12 @@ class InputGate:
 class LocalInputChannel:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
-    Memory chunks are relayed as they are; spilled ones are read into read-reserve segments, at most a
-    channel's worth (exclusive plus floating) loaded and not yet flushed to the client, and checked
-    against their CRC32C. Failover is the rare path: chunks are read one at a time.
+    Memory chunks are relayed as they are; spilled ones are loaded into read-reserve segments, at most a
+    channel's worth (exclusive plus floating) loaded and not yet flushed to the client. Failover is the
+    rare path: chunks are loaded one at a time.
     """
 
-    __slots__ = ("closed", "gate", "items", "limit", "loaded", "location", "reading", "room", "task")
+    __slots__ = ("closed", "gate", "items", "limit", "loaded", "loader", "location", "room", "task")
 
     def __init__(self, gate: InputGate, location: Location, items: list[Chunk | DiskChunk]) -> None:
         cfg = gate.env.config
@@ -495,8 +493,7 @@ class LocalInputChannel:
         self.limit = cfg.exclusive_buffers + cfg.floating_buffers
         self.loaded = 0
         self.room = asyncio.Event()
-        #: a thread is filling a segment: the task must not be cancelled (it gives the segment back)
-        self.reading = False
+        self.loader = ChunkLoader(gate.env.disk)
         self.closed = False
         self.task = asyncio.create_task(self._run())
 
@@ -520,39 +517,19 @@ class LocalInputChannel:
             self.close()
             gate.bug("reading a local copy failed", exc)
             return
+        finally:
+            self.loader.close()
         self.closed = True
         gate.location_done(self.location)
 
     async def _load(self, item: DiskChunk) -> Chunk:
-        env = self.gate.env
-        disk = env.disk
-        assert disk is not None
         while self.loaded >= self.limit:
             self.room.clear()
             await self.room.wait()
-        (buf,) = await env.pool.take(1, use_reserve=True)
+        buffers = await take(self.gate.env.pool, 1, self._recycle)
         self.loaded += 1
-        buf.set_recycler(self._recycle)
-        buf.length = item.length
-        self.reading = True
-        try:
-            fd, (crc,) = await disk.read(None, item.path, item.offset, [buf.data()])
-            os.close(fd)
-        except FileNotFoundError:
-            buf.release()
-            raise PartitionNotFound(f"spill file {item.path} is gone (shuffle removed while being read?)") from None
-        except (OSError, EOFError) as exc:
-            buf.release()
-            raise CorruptData(f"reading spilled data from {item.path} failed: {exc}") from None
-        finally:
-            self.reading = False
-        if crc != item.crc:
-            buf.release()
-            raise CorruptData(
-                f"spilled data of partition {item.partition} (map attempt {item.attempt}) failed its CRC32C "
-                f"check at offset {item.offset} of {item.path}"
-            )
-        return Chunk(buf, item.partition, item.attempt, crc)
+        (chunk,) = await self.loader.load([item], buffers)
+        return chunk
 
     def _recycle(self, buf: Buffer) -> None:
         self.gate.env.pool.give(buf)
@@ -560,11 +537,11 @@ class LocalInputChannel:
         self.room.set()
 
     def close(self) -> None:
-        """The read ended or failed: give back what is not relayed (a running disk read gives its own)."""
+        """The read ended or failed: give back what is not relayed (a load under way gives its own)."""
         if self.closed:
             return
         self.closed = True
-        if not self.reading and asyncio.current_task() is not self.task:
+        if asyncio.current_task() is not self.task:
             self.task.cancel()
         while self.items:
             item = self.items.popleft()
