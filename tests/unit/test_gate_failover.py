@@ -29,7 +29,7 @@ from shuffled.protocol.errors import (
     ShuffledError,
     StorageError,
 )
-from shuffled.protocol.frames import REPLICA, PartitionRequest
+from shuffled.protocol.frames import REPLICA, PartitionRequest, Resume
 from shuffled.server.accounting.counters import Counters
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.serving.input_gate import InputGate, RemoteInputChannel
@@ -156,7 +156,7 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         await _failed_over(gate)
         (req,) = other.requests
         assert req.locations == {"": [7]} and req.start == 0
-        assert req.resume == {"partition": 0, "done": [], "attempt": 7, "chunks": 2, "bytes": 200}
+        assert req.resume == Resume(0, (), 7, 2, 200)
         assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
         (ch2,) = other.channels.values()
         _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out

@@ -14,9 +14,10 @@ import pytest
 
 from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.protocol.errors import InvalidRequest
+from shuffled.protocol.frames import Resume
 from shuffled.server.serving.input_gate import PairProgress
 from shuffled.server.storage.disk import SpillFile
-from shuffled.server.storage.store import DiskChunk, Resume, Store
+from shuffled.server.storage.store import DiskChunk, Store
 
 SEGMENT = 4096
 PARTITIONS = 3

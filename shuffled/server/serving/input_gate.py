@@ -40,9 +40,9 @@ from ...protocol.errors import (
     LimitExceeded,
     ShuffledError,
 )
-from ...protocol.frames import REPLICA, PartitionRequest
+from ...protocol.frames import REPLICA, PartitionRequest, Resume
 from ..storage.loader import ChunkLoader, take
-from ..storage.store import DiskChunk, Resume
+from ..storage.store import DiskChunk
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class InputGate:
                 self.req.end,
                 {"": loc.attempts},
                 self.req.token,  # the daemon holding the data checks the client's token too
-                None if resume is None else resume.to_wire(),
+                resume,
             ),
         )
 

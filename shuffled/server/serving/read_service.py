@@ -22,9 +22,9 @@ from ...net.streams import BufferResponseStream
 from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
-from ...protocol.frames import BufferResponse, PartitionRequest
+from ...protocol.frames import BufferResponse, PartitionRequest, Resume
 from ..cluster.peers import split_address
-from ..storage.store import DiskChunk, Resume
+from ..storage.store import DiskChunk
 from .environment import ShuffleEnvironment
 from .input_gate import InputGate, Peers, RemoteInputChannel
 from .subpartition_reader import SubpartitionReader
@@ -101,7 +101,7 @@ class ReadService:
                 local = (local or []) + attempts
             else:
                 remote[addr] = attempts
-        resume = Resume.from_wire(req.resume) if req.resume is not None else None
+        resume = req.resume
         missing: ShuffledError | None = None
         try:
             if remote and not self.link.from_client:
