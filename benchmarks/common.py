@@ -478,7 +478,8 @@ class Context:
         #: the running scenario's own cap (its (QUICK_)TIME_LIMIT, else time_limit): waits inside it that
         #: need the whole of it (a Spark session on a loaded machine) use this, not the default
         self.scenario_limit = self.time_limit
-        self._bare: Baseline | None = None
+        #: the latest bare-socket baseline (bare.py's `bare_throughput` measures it when stale)
+        self.bare: Baseline | None = None
         #: every bare measurement of the run: (scenario that asked for it, MiB/s)
         self.bare_history: list[tuple[str, float]] = []
         self._unix_count = 0
@@ -493,19 +494,8 @@ class Context:
     # -- the bare-socket baseline, shared by every scenario that reports a ratio to it
 
     def record_bare(self, baseline: Baseline) -> None:
-        self._bare = baseline
+        self.bare = baseline
         self.bare_history.append((self.scenario, baseline.mib_s))
-
-    async def bare_throughput(self) -> Baseline:
-        """The bare uvloop pair's bytes/s, measured in this run and again if it is stale."""
-        if self._bare is None or time.monotonic() - self._bare.measured_at > BASELINE_MAX_AGE:
-            from .bare import measure_baseline  # bare imports this module
-
-            self.progress("measuring the bare-socket baseline")
-            self.record_bare(await measure_baseline(self))
-            assert self._bare is not None
-            self.progress(f"bare baseline {self._bare.mib_s:,.0f} MiB/s")
-        return self._bare
 
     # -- daemons and clients
 
