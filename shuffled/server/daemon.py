@@ -51,7 +51,7 @@ from ..protocol.errors import AuthFailed, InvalidRequest, ShuffledError, Storage
 from .accounting.counters import Counters, micros
 from .accounting.shares import PushShares
 from .accounting.watchdog import watch
-from .cluster.drain import Drainer
+from .cluster.handover import Drainer
 from .cluster.membership import Membership
 from .cluster.peers import PeerManager
 from .serving.admin_service import Caller

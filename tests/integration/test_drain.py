@@ -16,7 +16,7 @@ import pytest
 
 from shuffled.protocol.auth import drain_challenge_proof, drain_proof, new_nonce, proof_matches
 from shuffled.protocol.errors import AuthFailed, InvalidRequest, ShuttingDown
-from shuffled.server.cluster.drain import PARALLEL
+from shuffled.server.cluster.handover import PARALLEL
 from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
