@@ -39,27 +39,22 @@ from ..ops.stats import (
     StreamStats,
 )
 from ..protocol.auth import (
-    check_nonce,
-    drain_challenge_proof,
-    drain_proof,
-    new_nonce,
-    proof_matches,
     read_secret_file,
     secret_bytes,
 )
-from ..protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
+from ..protocol.errors import StorageError
 from .accounting.counters import Counters, micros
 from .accounting.shares import PushShares
 from .accounting.watchdog import watch
 from .cluster.handover import Drainer
 from .cluster.membership import Membership
 from .cluster.peers import PeerManager
-from .serving.admin_service import Caller
+from .serving.admin_ops import Caller, Operation
 from .serving.connection import DaemonConnection
 from .storage.disk import Disk, SpillFile
 from .storage.objects import ObjectStore, ObjectStoreConfig
 from .storage.spill import Spiller
-from .storage.store import ShuffleData, Store
+from .storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +425,7 @@ class Daemon:
                 busy = any(d.open for d in self.store.apps.get(app, {}).values())
                 if not busy and now - usage.last_active > cfg.app_ttl:
                     event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
-                    await self._drop(*self.store.remove_application(app))
+                    await self.spiller.removed(self.store.remove_application(app)[1])
         if cfg.flush_after and self.disk is not None:
             idle = [
                 d
@@ -490,8 +485,6 @@ class Daemon:
         await self.disk.sync()
         self.disk.close()
         event(log, "persisted", shuffles=len(shuffles), bytes_written=written, complete=complete)
-
-    # -- admin operations (clients, peers, CLI)
 
     def stats(self) -> DaemonStats:
         """One snapshot of everything this daemon counts (`to_wire()` is the admin `stats` answer)."""
@@ -563,110 +556,14 @@ class Daemon:
             object_store=self.object_stats.copy(),
         )
 
-    async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    async def admin(self, op: Operation[Any], args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        """An admin operation (clients, peers, the CLI) its connection let through; timed for the metrics."""
         started = time.monotonic()
-        result = await self._admin(op, args, caller)
-        self.metrics.observe_admin(op, time.monotonic() - started)
+        result = await op.call(self, args, caller)
+        self.metrics.observe_admin(op.name, time.monotonic() - started)
         return result
 
-    async def _admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        if op == "stats":
-            return self.stats().to_wire()
-        if op == "ping":  # a peer checking that this daemon still answers (see accounting/watchdog.py)
-            return {}
-        if op == "holds":
-            return self._holds(args)
-        if op == "drain_challenge":
-            return self._drain_challenge(args, caller)
-        if op == "drain":
-            answer = self._drain_requested(args, caller)
-            return await self._drain_result() if args.get("wait") else answer
-        if op not in ("unregister_shuffle", "remove_application", "flush"):
-            raise InvalidRequest(f"unknown admin operation {op!r}")
-        app = args.get("app")
-        if not isinstance(app, str) or not app:
-            raise InvalidRequest(f"{op} needs 'app'")
-        shuffle = args.get("shuffle")
-        if (op == "unregister_shuffle" or shuffle is not None) and (
-            not isinstance(shuffle, int) or isinstance(shuffle, bool)
-        ):
-            raise InvalidRequest(f"{op} needs an integer 'shuffle'")
-        if op == "flush":
-            return await self._flush(app, shuffle)
-        if op == "unregister_shuffle":
-            assert isinstance(shuffle, int)
-            freed = await self._drop(*self.store.unregister_shuffle(app, shuffle))
-        else:
-            freed = await self._drop(*self.store.remove_application(app))
-        result: dict[str, Any] = {"freed_segments": freed}
-        if args.get("propagate"):
-            result["peers"] = await self._propagate(op, {**args, "propagate": False})
-        return result
-
-    def _holds(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Which of these attempts are committed here, and their bytes: how a draining daemon counts the
-        copies of its data on other daemons."""
-        app, shuffle, attempts = args.get("app"), args.get("shuffle"), args.get("attempts")
-        if not isinstance(app, str) or not isinstance(shuffle, int) or isinstance(shuffle, bool):
-            raise InvalidRequest("holds needs 'app' and an integer 'shuffle'")
-        if not isinstance(attempts, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in attempts):
-            raise InvalidRequest("holds needs 'attempts', a list of attempt ids")
-        held, sizes = self.store.holds(app, shuffle, attempts)
-        return {"attempts": held, "bytes": sizes}
-
-    def _drain_secret(self) -> bytes | None:
-        """What `drain` is proved with: the peer secret; None with authentication off."""
-        if self.drain_secret is None and self.secret is not None:
-            raise AuthFailed(
-                "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
-                "stands in for it): set peer-secret-file, or stop it with SIGTERM"
-            )
-        return self.drain_secret
-
-    def _drain_challenge(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        """The admin `drain_challenge`: prove the peer secret over the caller's fresh nonce (and name the
-        address the caller is seen at) before it sends a proof of its own, with a nonce of this daemon's
-        that the next `drain` on this connection must be proved over (PROTOCOL.md §13)."""
-        secret = self._drain_secret()
-        if secret is None:
-            raise InvalidRequest("this daemon has no peer secret: drain needs no proof here")
-        theirs = check_nonce(args.get("nonce"), "drain_challenge")
-        ours = new_nonce()
-        caller.drain_challenge = (theirs, ours)
-        proof = drain_challenge_proof(secret, theirs, ours, self.node, caller.peer)
-        return {"nonce": ours, "node": self.node, "client": caller.peer, "proof": proof}
-
-    def _drain_requested(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        """The admin `drain`: answered at once, the drain goes on after (stats `drain` shows it).
-
-        With authentication on, only peer-secret holders may stop a daemon (applications have the
-        cluster secret, not that one), with a proof over the last `drain_challenge` answered on this
-        connection, good once: a proof captured anywhere else is worth nothing.
-        """
-        handoff, timeout = args.get("handoff", True), args.get("timeout")
-        secret = self._drain_secret()
-        challenge = None
-        if secret is not None:
-            challenge, caller.drain_challenge = caller.drain_challenge, None  # good for one try, whatever follows
-        if not isinstance(handoff, bool) or not isinstance(args.get("wait", False), bool):
-            raise InvalidRequest("drain 'handoff' and 'wait' must be booleans")
-        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0):
-            raise InvalidRequest("drain 'timeout' must be whole seconds >= 0")
-        if secret is not None:
-            proof = args.get("proof")
-            expected = drain_proof(secret, *challenge, handoff, timeout) if challenge is not None else ""
-            if not expected or not isinstance(proof, str) or not proof_matches(expected, proof):
-                raise AuthFailed(
-                    "drain needs a proof made with the peer secret, for these arguments, over the drain_challenge "
-                    "answered last on this connection (shuffled drain --peer-secret-file)"
-                )
-        seconds = self.config.drain_timeout if timeout is None else timeout
-        if self.drain_task is None:
-            event(log, "drain requested", timeout_s=seconds, handoff=handoff)
-        self.start_drain(seconds, handoff)
-        return {"state": self.drain_stats.state}
-
-    async def _drain_result(self) -> dict[str, Any]:
+    async def drain_result(self) -> dict[str, Any]:
         """The answer to a `drain` with `wait`, once the drain has ended (`stop` lets it go out before it
         closes the connection): its `drain` stats, how `shuffled drain --wait` learns whether the
         hand-over left anything only here."""
@@ -676,37 +573,3 @@ class Daemon:
             task.add_done_callback(self._result_waiters.discard)
         await self.drained.wait()
         return dataclasses.asdict(self.drain_stats)
-
-    async def _drop(self, freed: int, dropped: list[ShuffleData]) -> int:
-        await self.spiller.removed(dropped)
-        return freed
-
-    async def _flush(self, app: str, shuffle: int | None) -> dict[str, Any]:
-        """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it)."""
-        if self.disk is None:
-            raise InvalidRequest("this daemon has no --data-dir to flush to")
-        shuffles = self.store.apps.get(app, {})
-        chosen = [d for s, d in shuffles.items() if shuffle is None or s == shuffle]
-        try:
-            written = await self.spiller.flush(chosen)
-        except StorageError as exc:
-            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
-        return {"flushed_bytes": written}
-
-    async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:
-        """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""
-        targets = (set(self.membership.others()) | set(self.peers.conns)) - {self.node}
-
-        async def one(addr: str) -> str:
-            try:
-                conn = await self.peers.get(addr)
-                await conn.admin.request(op, args, self.config.admin_timeout)
-                return "ok"
-            except ShuffledError as exc:
-                return f"{exc.code.name}: {exc.message}"
-            except (TimeoutError, ConnectionError) as exc:
-                return f"unreachable: {exc or 'timed out'}"
-
-        addrs = sorted(targets)
-        results = await asyncio.gather(*(one(a) for a in addrs))
-        return dict(zip(addrs, results, strict=True))

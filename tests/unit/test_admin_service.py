@@ -1,4 +1,5 @@
-"""The admin service answers every request, whatever its operation does.
+"""The admin service answers every request, whatever its operation does, and runs only what the
+registry knows and lets the asker ask.
 
 An unanswered request would hold one of its connection's admin slots for good
 (and keep the connection from ever idling out): after `--max-admin-per-connection`
@@ -14,9 +15,10 @@ import pytest
 
 from shuffled.protocol.codec import decode_all, encode
 from shuffled.protocol.connection import Limits, ProtocolConnection, Side
-from shuffled.protocol.errors import ErrorCode, ShuffledError
+from shuffled.protocol.errors import ErrorCode, InvalidRequest, ShuffledError
 from shuffled.protocol.events import AdminRequested
 from shuffled.protocol.frames import AdminRequest, ErrorResponse, Hello, Role
+from shuffled.server.serving.admin_ops import Operation
 from shuffled.server.serving.admin_service import AdminService
 
 TIMEOUT = 10.0
@@ -34,19 +36,22 @@ class Link:
         self.from_client = True  # the Hello above is a client's
         self.peer = "127.0.0.1:40000"
         self.drain_challenge: tuple[str, str] | None = None
+        #: a client's connection (a peer daemon's is the other case)
+        self.from_client = True
+        self.authorized: list[tuple[str, object]] = []
 
     def count_error(self, exc: ShuffledError) -> None:
         self.errors.append(exc)
 
     def authorize(self, app: str, token: object) -> None:
-        pass
+        self.authorized.append((app, token))
 
 
-async def _answer(operation: Any) -> tuple[Link, ErrorResponse]:
+async def _answer(operation: Any, op: str = "flush", args: dict[str, Any] | None = None) -> tuple[Link, ErrorResponse]:
     link = Link()
     background: set[asyncio.Task[Any]] = set()
     service = AdminService(link, operation, background)
-    (requested,) = link.proto.receive_data(encode(AdminRequest(7, "flush", {})))
+    (requested,) = link.proto.receive_data(encode(AdminRequest(7, op, args or {})))
     assert isinstance(requested, AdminRequested) and link.proto.admin_running == 1
     service.on_request(requested.request)
     await asyncio.wait(background, timeout=TIMEOUT)
@@ -57,7 +62,7 @@ async def _answer(operation: Any) -> tuple[Link, ErrorResponse]:
 
 @pytest.mark.asyncio
 async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot() -> None:
-    async def crash(op: str, args: dict[str, Any], caller: Any) -> dict[str, Any]:
+    async def crash(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
     link, answer = await _answer(crash)
@@ -67,8 +72,37 @@ async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot
 
 @pytest.mark.asyncio
 async def test_an_operation_cancelled_at_shutdown_says_so_and_frees_its_slot() -> None:
-    async def stopped(op: str, args: dict[str, Any], caller: Any) -> dict[str, Any]:
+    async def stopped(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise asyncio.CancelledError
 
     link, answer = await _answer(stopped)
     assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.admin_running == 0
+
+
+async def _never(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
+    raise AssertionError(f"{op.name} must not run")
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_operation_is_refused_without_running_anything() -> None:
+    link, answer = await _answer(_never, "format_disk", {"app": "a", "token": "t"})
+    assert answer.code == ErrorCode.INVALID_REQUEST and "unknown admin operation 'format_disk'" in answer.message
+    assert link.proto.admin_running == 0 and not link.authorized
+
+
+@pytest.mark.asyncio
+async def test_a_peer_only_operation_is_refused_to_a_client() -> None:
+    link, answer = await _answer(_never, "holds", {"app": "a", "shuffle": 1, "attempts": [1]})
+    assert answer.code == ErrorCode.INVALID_REQUEST and "asked by peer daemons only" in answer.message
+    assert not link.authorized, "a peer proved the peer secret: it carries no application token"
+
+
+@pytest.mark.asyncio
+async def test_the_token_of_a_named_app_is_checked_except_for_stats() -> None:
+    async def done(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
+        raise InvalidRequest(f"{op.name} ran")
+
+    link, answer = await _answer(done, "unregister_shuffle", {"app": "a", "shuffle": 1, "token": "t"})
+    assert link.authorized == [("a", "t")] and "unregister_shuffle ran" in answer.message
+    link, answer = await _answer(done, "stats", {"app": "a"})
+    assert not link.authorized and "stats ran" in answer.message

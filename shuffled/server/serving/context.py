@@ -12,7 +12,7 @@ import ssl
 from typing import Any, Protocol, TypeVar
 
 from ..cluster.peers import PeerConnection, PeerManager
-from .admin_service import Caller
+from .admin_ops import Caller, Operation
 from .environment import ShuffleEnvironment
 
 C = TypeVar("C", bound=PeerConnection)
@@ -48,4 +48,4 @@ class DaemonContext(ShuffleEnvironment, Protocol[C]):
     @property
     def background(self) -> set[asyncio.Task[Any]]: ...
 
-    async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]: ...
+    async def admin(self, op: Operation[Any], args: dict[str, Any], caller: Caller) -> dict[str, Any]: ...
