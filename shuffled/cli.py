@@ -195,16 +195,16 @@ async def _serve(config: settings.DaemonConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signals.put_nowait, sig.name)
     first = asyncio.create_task(signals.get())
-    requested = asyncio.create_task(daemon.stop_requested.wait())
+    requested = asyncio.create_task(daemon.drain.started.wait())
     await asyncio.wait({first, requested}, return_when=asyncio.FIRST_COMPLETED)
     requested.cancel()
     if first.done():
         handoff = config.drain_handoff == "on"
         event(log, "stopping", signal=first.result(), drain_timeout_s=config.drain_timeout, handoff=handoff)
-        drain = daemon.start_drain(config.drain_timeout, handoff)
+        drain = daemon.drain.start(config.drain_timeout, handoff)
         second = asyncio.create_task(signals.get())
     else:
-        drain = daemon.start_drain(config.drain_timeout, True)  # the running one
+        drain = daemon.drain.start(config.drain_timeout, True)  # the running one
         second = asyncio.create_task(_another(first, signals))
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     code = 0

@@ -107,6 +107,8 @@ class ConnectionCounts:
     read_outstanding: int
     #: seconds its pushes have been waiting for memory so far
     push_wait_seconds: float
+    #: its pushes whose client gets no new credit now because a replica lags
+    held_back: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""A draining daemon hands its committed data over to other daemons before it stops (`Daemon.drain`,
-phase *copying*).
+"""A draining daemon hands its committed data over to other daemons before it stops (drain.py, phase
+*copying*).
 
 For every committed attempt held here, the copies elsewhere are counted by asking the daemons where
 placement puts them (the primary, and the first `replica-search` candidates of the primary's
@@ -32,9 +32,10 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ...buffers import Chunk
+from ...buffers import Chunk, GlobalPool
+from ...config import DaemonConfig
 from ...logs import event
 from ...ops.stats import DrainStats
 from ...protocol.errors import (
@@ -48,11 +49,11 @@ from ...protocol.errors import (
     TimedOut,
 )
 from ...protocol.frames import REPLICA, OpenMapOutput
-from ..serving.connection import DaemonConnection
-from ..serving.context import DaemonContext
+from ..storage.disk import Disk
 from ..storage.loader import ChunkLoader, run, take
-from ..storage.store import DiskChunk, ShuffleData
-from .replication import ReplicaLink
+from ..storage.store import DiskChunk, ShuffleData, Store
+from .membership import Membership
+from .replication import ReplicaLink, ReplicaPeer
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,50 @@ LOAD_BATCH = 8
 SURVEY_SHARE = 0.25
 #: failures that make a daemon no target for the rest of the drain
 GONE = (PeerUnavailable, ConnectionLost, ShuttingDown, TimedOut, TimeoutError, ConnectionError)
+
+
+class AdminCalls(Protocol):
+    """The admin calls this daemon makes over a peer connection (its `AdminService`)."""
+
+    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
+class CopyTarget(ReplicaPeer, Protocol):
+    """A connection to another daemon, as the hand-over asks and copies over it (a `DaemonConnection`)."""
+
+    @property
+    def admin(self) -> AdminCalls: ...
+
+
+class Targets(Protocol):
+    """The daemon's peer connections (its `PeerManager`)."""
+
+    async def get(self, addr: str) -> CopyTarget: ...
+
+
+class HandOverHost(Protocol):
+    """The daemon, as its hand-over sees it: what it holds, where copies go and how to reach them."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def pool(self) -> GlobalPool: ...
+
+    @property
+    def disk(self) -> Disk | None: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def peers(self) -> Targets: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -111,7 +156,7 @@ class Drainer:
     """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
     daemon's `DrainStats`."""
 
-    def __init__(self, host: DaemonContext[DaemonConnection], progress: DrainStats) -> None:
+    def __init__(self, host: HandOverHost, progress: DrainStats) -> None:
         self.host = host
         self.progress = progress
         #: bounds the `holds` calls in flight; copies are bounded by their workers

@@ -37,7 +37,8 @@ from ...net.streams import PushEvent, PushStream
 from ...protocol.connection import ProtocolConnection
 from ...protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
 from ...protocol.frames import REPLICA, OpenMapOutput
-from ..serving.environment import ShuffleEnvironment
+from ..accounting.counters import Counters
+from .membership import Membership
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,8 +66,18 @@ class Peers(Protocol):
     async def get(self, addr: str) -> ReplicaPeer: ...
 
 
-class ReplicaHost(ShuffleEnvironment, Protocol):
-    """The daemon, as the pushes it takes see it: its services, who it is and its peers."""
+class ReplicaHost(Protocol):
+    """The daemon, as a client push's replicas see it: its settings and counters, who it is, where
+    copies go and how to reach them."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def membership(self) -> Membership: ...
 
     @property
     def node(self) -> str: ...

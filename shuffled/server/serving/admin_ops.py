@@ -21,9 +21,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ...config import DaemonConfig
 from ...logs import event
-from ...ops.stats import DaemonStats, DrainStats
+from ...ops.stats import DaemonStats
 from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, new_nonce, proof_matches
 from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
+from ..cluster.drain import Drain
+from ..cluster.handover import AdminCalls
 from ..cluster.membership import Membership
 from ..storage.disk import Disk
 from ..storage.spill import Spiller
@@ -42,12 +44,6 @@ class Caller(Protocol):
     #: (the caller's nonce, this daemon's) of the last `drain_challenge` answered on this connection; the
     #: next `drain` on it uses them up (PROTOCOL.md §13)
     drain_challenge: tuple[str, str] | None
-
-
-class AdminCalls(Protocol):
-    """The admin calls this daemon makes over a peer connection (its `AdminService`)."""
-
-    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
 
 class AdminPeer(Protocol):
@@ -94,10 +90,7 @@ class AdminHost(Protocol):
     def disk(self) -> Disk | None: ...
 
     @property
-    def drain_task(self) -> asyncio.Task[bool] | None: ...
-
-    @property
-    def drain_stats(self) -> DrainStats: ...
+    def drain(self) -> Drain: ...
 
     @property
     def membership(self) -> Membership: ...
@@ -106,10 +99,6 @@ class AdminHost(Protocol):
     def peers(self) -> AdminPeers: ...
 
     def stats(self) -> DaemonStats: ...
-
-    def start_drain(self, timeout: float, handoff: bool) -> asyncio.Task[bool]: ...
-
-    async def drain_result(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,12 +285,12 @@ async def _drain(host: AdminHost, args: DrainArgs, caller: Caller) -> dict[str, 
     """Answered at once, the drain goes on after (stats `drain` shows it); with `wait`, answered once it
     has ended, with how it ended (how `shuffled drain --wait` learns whether the hand-over left anything)."""
     seconds = host.config.drain_timeout if args.timeout is None else args.timeout
-    if host.drain_task is None:
+    if host.drain.task is None:
         event(log, "drain requested", timeout_s=seconds, handoff=args.handoff)
-    host.start_drain(seconds, args.handoff)
+    host.drain.start(seconds, args.handoff)
     if args.wait:
-        return await host.drain_result()
-    return {"state": host.drain_stats.state}
+        return await host.drain.result()
+    return {"state": host.drain.stats.state}
 
 
 async def _flush(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:

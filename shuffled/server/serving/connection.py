@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from ...logs import event
 from ...net.connection import FrameConnection
 from ...net.sender import Outbound
+from ...ops.stats import ConnectionCounts
 from ...protocol import connection as pc
 from ...protocol import events
 from ...protocol.auth import token_digest
@@ -78,11 +79,11 @@ class DaemonConnection(FrameConnection):
 
     @property
     def draining(self) -> bool:
-        return self.daemon.draining
+        return self.daemon.drain.draining
 
     @property
     def closing(self) -> bool:
-        return self.daemon.closing
+        return self.daemon.drain.closing
 
     @property
     def from_client(self) -> bool:
@@ -196,6 +197,23 @@ class DaemonConnection(FrameConnection):
     def tune(self, user_timeout: float) -> None:
         assert self.transport is not None
         tune_socket(self.transport.get_extra_info("socket"), self.daemon.config.tcp_keepalive, user_timeout)
+
+    def counts(self, now: float) -> ConnectionCounts:
+        """What this connection's reads and pushes are doing at monotonic time `now` (for the stats)."""
+        pushes = self.pushes.sessions.values()
+        reads = self.reads
+        return ConnectionCounts(
+            role=self.role_label,
+            served=len(reads.served),
+            pushing=len(pushes),
+            remote_channels=len(reads.channels),
+            inflight_buffers=self.sender.inflight,
+            backlog_buffers=sum(s.backlog for s in reads.served.values()),
+            push_outstanding=sum(p.pool.promised for p in pushes if p.pool is not None),
+            read_outstanding=sum(ch.credit.sender_credit for ch in reads.channels.values()),
+            push_wait_seconds=sum(p.waiting_for(now) for p in pushes),
+            held_back=sum(1 for p in pushes if p.held_back),
+        )
 
     # -- for the watchdog
 

@@ -11,6 +11,7 @@ import asyncio
 import ssl
 from typing import Any, Protocol, TypeVar
 
+from ..cluster.drain import Drain
 from ..cluster.peers import PeerConnection, PeerManager
 from .admin_ops import Caller, Operation
 from .environment import ShuffleEnvironment
@@ -34,10 +35,7 @@ class DaemonContext(ShuffleEnvironment, Protocol[C]):
     def peer_tls(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None: ...
 
     @property
-    def draining(self) -> bool: ...
-
-    @property
-    def closing(self) -> bool: ...
+    def drain(self) -> Drain: ...
 
     @property
     def connections(self) -> set[C]: ...

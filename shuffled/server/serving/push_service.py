@@ -18,6 +18,7 @@ from ...protocol.errors import InvalidRequest, MapOutputStateError, ShuffledErro
 from ...protocol.frames import OpenMapOutput, PushData
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaHost, ReplicaLinks
+from .environment import ShuffleEnvironment
 from .push_session import PushSession
 
 
@@ -41,8 +42,12 @@ class Link(Protocol):
     def authorize_digest(self, app: str, digest: bytes) -> None: ...
 
 
+class PushHost(ShuffleEnvironment, ReplicaHost, Protocol):
+    """The daemon, as the pushes it takes see it: the shuffle environment, who it is and its peers."""
+
+
 class PushService:
-    def __init__(self, link: Link, env: ReplicaHost) -> None:
+    def __init__(self, link: Link, env: PushHost) -> None:
         self.link = link
         self.env = env
         self.sessions: dict[int, PushSession] = {}
