@@ -1,4 +1,4 @@
-"""Typed snapshots of what the daemon counts: `Daemon.stats()` builds a `DaemonStats`.
+"""Typed snapshots of what the daemon counts: `Daemon.stats()` builds a `DaemonStats` (server/accounting/stats.py).
 
 The daemon, the metrics endpoint (ops/metrics.py) and in-process tests read these by
 attribute. The admin `stats` op sends `DaemonStats.to_wire()`: nested string-keyed

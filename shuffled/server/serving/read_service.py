@@ -91,7 +91,7 @@ class ReadService:
 
     def on_request(self, req: PartitionRequest) -> None:
         rid = req.receiver
-        if self.link.closing and self.link.from_client:  # a peer's read still goes on: see Daemon.drain
+        if self.link.closing and self.link.from_client:  # a peer's read still goes on: see cluster/drain.py
             self.send_error(rid, ShuttingDown("the daemon is shutting down; read through another daemon"))
             return
         local: list[int] | None = None
