@@ -19,17 +19,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from ...config import DaemonConfig
 from ...logs import event
 from ...ops.stats import DaemonStats
 from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, new_nonce, proof_matches
 from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
 from ..cluster.drain import Drain
 from ..cluster.handover import AdminCalls
-from ..cluster.membership import Membership
-from ..storage.disk import Disk
-from ..storage.spill import Spiller
-from ..storage.store import ShuffleData, Store
+from ..storage.store import ShuffleData
+from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +59,9 @@ class AdminPeers(Protocol):
     async def get(self, addr: str) -> AdminPeer: ...
 
 
-class AdminHost(Protocol):
-    """The daemon, as its admin operations see it."""
-
-    @property
-    def config(self) -> DaemonConfig: ...
+class AdminHost(ShuffleEnvironment, Protocol):
+    """The daemon, as its admin operations see it: its parts, who it is and whom it trusts, its drain
+    and its peers."""
 
     @property
     def node(self) -> str: ...
@@ -81,19 +76,7 @@ class AdminHost(Protocol):
     def drain_secret(self) -> bytes | None: ...
 
     @property
-    def store(self) -> Store: ...
-
-    @property
-    def spiller(self) -> Spiller: ...
-
-    @property
-    def disk(self) -> Disk | None: ...
-
-    @property
     def drain(self) -> Drain: ...
-
-    @property
-    def membership(self) -> Membership: ...
 
     @property
     def peers(self) -> AdminPeers: ...
