@@ -15,10 +15,10 @@ import pytest
 
 from shuffled.protocol.codec import decode_all, encode
 from shuffled.protocol.connection import Limits, ProtocolConnection, Side
-from shuffled.protocol.errors import ErrorCode, InvalidRequest, ShuffledError
+from shuffled.protocol.errors import AuthFailed, ErrorCode, InvalidRequest, ShuffledError
 from shuffled.protocol.events import AdminRequested
 from shuffled.protocol.frames import AdminRequest, ErrorResponse, Hello, Role
-from shuffled.server.serving.admin_ops import Operation
+from shuffled.server.serving.admin_ops import OPERATIONS, Operation, Scope
 from shuffled.server.serving.admin_service import AdminService
 
 TIMEOUT = 10.0
@@ -106,3 +106,33 @@ async def test_the_token_of_a_named_app_is_checked_except_for_stats() -> None:
     assert link.authorized == [("a", "t")] and "unregister_shuffle ran" in answer.message
     link, answer = await _answer(done, "stats", {"app": "a"})
     assert not link.authorized and "stats ran" in answer.message
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "why"),
+    [
+        ("unregister_shuffle", {"app": "a"}, "unregister_shuffle needs an integer 'shuffle'"),
+        ("unregister_shuffle", {"app": "a", "shuffle": True}, "needs an integer 'shuffle'"),
+        ("remove_application", {"app": ""}, "remove_application needs 'app'"),
+        ("flush", {"app": "a", "shuffle": "1"}, "flush needs an integer 'shuffle'"),
+        ("holds", {"app": "a", "shuffle": 1, "attempts": [1, False]}, "'attempts', a list of attempt ids"),
+        ("drain", {"handoff": 1}, "drain 'handoff' and 'wait' must be booleans"),
+        ("drain", {"wait": "yes"}, "drain 'handoff' and 'wait' must be booleans"),
+        ("drain", {"timeout": -1}, "drain 'timeout' must be whole seconds >= 0"),
+    ],
+)
+def test_arguments_are_read_into_typed_values_or_refused(op: str, args: dict[str, Any], why: str) -> None:
+    with pytest.raises(InvalidRequest, match=why):
+        OPERATIONS[op].read(op, args)
+
+
+def test_a_drain_challenge_without_a_real_nonce_is_an_authentication_failure() -> None:
+    with pytest.raises(AuthFailed, match="drain_challenge sent no valid nonce"):
+        OPERATIONS["drain_challenge"].read("drain_challenge", {"nonce": "short"})
+
+
+def test_a_propagated_request_is_what_a_client_sends_but_not_propagated_again() -> None:
+    scope = Scope.read_shuffle("unregister_shuffle", {"app": "a", "shuffle": 3, "propagate": True, "token": "t"})
+    assert scope == Scope("a", 3, True, "t")
+    assert list(scope.to_wire().items()) == [("app", "a"), ("shuffle", 3), ("propagate", False), ("token", "t")]
+    assert Scope.read("remove_application", {"app": "a"}).to_wire() == {"app": "a", "propagate": False}

@@ -144,14 +144,23 @@ class Scope:
 
     @classmethod
     def read(cls, op: str, args: dict[str, Any]) -> Scope:
+        """An application, or one shuffle of it when `shuffle` is given."""
         app = args.get("app")
         if not isinstance(app, str) or not app:
             raise InvalidRequest(f"{op} needs 'app'")
         shuffle = args.get("shuffle")
-        if (op == "unregister_shuffle" or shuffle is not None) and not _integer(shuffle):
+        if shuffle is not None and not _integer(shuffle):
             raise InvalidRequest(f"{op} needs an integer 'shuffle'")
         token = args.get("token")
         return cls(app, shuffle, bool(args.get("propagate")), token if isinstance(token, str) else None)
+
+    @classmethod
+    def read_shuffle(cls, op: str, args: dict[str, Any]) -> Scope:
+        """One shuffle of an application."""
+        scope = cls.read(op, args)
+        if scope.shuffle is None:
+            raise InvalidRequest(f"{op} needs an integer 'shuffle'")
+        return scope
 
     def to_wire(self) -> dict[str, Any]:
         """The arguments as another daemon is asked them: not propagated again."""
@@ -290,7 +299,7 @@ async def _flush(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]
 
 
 async def _unregister_shuffle(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
-    assert args.shuffle is not None  # read() checked
+    assert args.shuffle is not None  # read_shuffle() checked
     return await _dropped(host, "unregister_shuffle", args, host.store.unregister_shuffle(args.app, args.shuffle))
 
 
@@ -335,7 +344,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         Operation("drain_challenge", Challenge.read, _drain_challenge, challenge=True),
         Operation("drain", DrainArgs.read, _drain, proof=True),
         Operation("flush", Scope.read, _flush),
-        Operation("unregister_shuffle", Scope.read, _unregister_shuffle),
+        Operation("unregister_shuffle", Scope.read_shuffle, _unregister_shuffle),
         Operation("remove_application", Scope.read, _remove_application),
     )
 }
