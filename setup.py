@@ -35,7 +35,7 @@ COMPILED = [
     "shuffled/buffers/pool.py",
     "shuffled/net/sender.py",
     "shuffled/net/streams.py",
-    "shuffled/server/feed.py",
+    "shuffled/server/serving/subpartition_reader.py",
 ]
 
 

@@ -50,6 +50,8 @@ def to_json(frame: F.Frame) -> dict[str, Any]:
             out["payload_hex"] = bytes(value or b"").hex()
         elif isinstance(value, F.Role | F.BufferKind):
             out[f.name] = value.name
+        elif isinstance(value, F.Resume):
+            out[f.name] = value.to_wire()
         elif isinstance(value, IntEnum):
             out[f.name] = int(value)  # error codes travel as numbers
         else:
@@ -318,7 +320,7 @@ PEER: list[tuple[str, F.Frame]] = [
             end=6,
             locations={"": [41, 42, 43]},
             token=APP_TOKEN,
-            resume={"partition": 4, "done": [41], "attempt": 42, "chunks": 3, "bytes": 98304},
+            resume=F.Resume(4, (41,), attempt=42, chunks=3, bytes=98304),
         ),
     ),
     (
@@ -331,7 +333,7 @@ PEER: list[tuple[str, F.Frame]] = [
             start=2,
             end=3,
             locations={"": [U64_MAX, 8]},
-            resume={"partition": 2, "done": [U64_MAX]},
+            resume=F.Resume(2, (U64_MAX,)),
         ),
     ),
 ]

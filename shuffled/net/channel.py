@@ -8,12 +8,11 @@ the end of the stream, errors, and how credit is announced.
 
 from __future__ import annotations
 
-from ..buffers import Buffer, LocalPool
+from ..buffers import Buffer, Chunk, LocalPool
 from ..protocol.credit import ChannelCredit, SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ..protocol.frames import BufferKind, BufferResponse
 from ..protocol.integrity import checksum
-from ..server.chunks import Chunk
 
 
 class InputChannel:

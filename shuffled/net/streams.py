@@ -6,7 +6,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
@@ -18,7 +18,6 @@ from ..protocol.frames import (
     pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
-from ..server.chunks import Chunk
 from .sender import Outbound
 
 
@@ -75,7 +74,7 @@ class PushEvent(Enum):
 class PushStream(Outbound):
     """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
-    A primary forwarding a push to a replica (server/replication.py) sets `forward_crc`: its chunks carry the
+    A primary forwarding a push to a replica (server/cluster/replication.py) sets `forward_crc`: its chunks carry the
     CRC32C it checked when they arrived, so it is sent as is rather than computed again; and `on_progress`,
     to hear when its queue shrinks (the pusher's credit waits on it).
     """

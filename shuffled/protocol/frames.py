@@ -244,25 +244,50 @@ def _u64(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
 
 
+@dataclass(slots=True, frozen=True)
+class Resume:
+    """Where a read another copy served stopped (§10.6): in partition `partition`, the pairs of attempts
+    `done` were relayed whole, and the first `chunks` chunks (`bytes` in all) of `attempt`'s."""
+
+    partition: int
+    done: tuple[int, ...] = ()
+    attempt: int | None = None
+    chunks: int = 0
+    bytes: int = 0
+
+    @classmethod
+    def from_wire(cls, value: object, what: str = "'resume'") -> Resume:
+        """The wire map {partition, done, attempt?, chunks?, bytes?}, checked (ProtocolError naming `what`)."""
+        bad = ProtocolError(
+            f"{what} must be a map of partition (u32), done (attempt ids) and optionally "
+            "attempt (an attempt id), chunks and bytes (counts), all three or none"
+        )
+        if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or not {"partition", "done"} <= set(value):
+            raise bad
+        done = value["done"]
+        partition = value["partition"]
+        if (
+            not (_u64(partition) and partition < 1 << 32)
+            or not isinstance(done, list)
+            or not all(_u64(a) for a in done)
+        ):
+            raise bad
+        pair = [value.get(k) for k in ("attempt", "chunks", "bytes")]
+        if any(v is not None for v in pair) and not all(v is not None and _u64(v) for v in pair):
+            raise bad
+        return cls(partition, tuple(done), value.get("attempt"), value.get("chunks") or 0, value.get("bytes") or 0)
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"partition": self.partition, "done": list(self.done)}
+        if self.attempt is not None:
+            m |= {"attempt": self.attempt, "chunks": self.chunks, "bytes": self.bytes}
+        return m
+
+
 def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
-    """Where a failed-over read goes on (§10.6): {partition, done, attempt?, chunks?, bytes?}."""
+    """Where a failed-over read goes on (§10.6), as a `Resume`."""
     value = m.get(key)
-    if value is None:
-        return None
-    bad = ProtocolError(
-        f"{cls.TYPE.name}: '{key}' must be a map of partition (u32), done (attempt ids) and optionally "
-        "attempt (an attempt id), chunks and bytes (counts), all three or none"
-    )
-    if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or not {"partition", "done"} <= set(value):
-        raise bad
-    done = value["done"]
-    partition = value["partition"]
-    if not (_u64(partition) and partition < 1 << 32) or not isinstance(done, list) or not all(_u64(a) for a in done):
-        raise bad
-    pair = [value.get(k) for k in ("attempt", "chunks", "bytes")]
-    if any(v is not None for v in pair) and not all(v is not None and _u64(v) for v in pair):
-        raise bad
-    return value
+    return None if value is None else Resume.from_wire(value, f"{cls.TYPE.name}: '{key}'")
 
 
 _APP_KEY = re.compile(r"(?:[0-9a-f]{64})?")
@@ -277,6 +302,8 @@ class Key:
     read: Reader
     #: a None field is left out of the map and an absent key reads as None (the application token, §6.2)
     optional: bool = False
+    #: the field's value as msgpack writes it (None: as it is)
+    write: Callable[[Any], Any] | None = None
 
 
 class MapBody:
@@ -287,7 +314,7 @@ class MapBody:
     this order, so a received body builds the frame positionally.
     """
 
-    __slots__ = ("_names", "_optional", "keys", "prefix", "stream")
+    __slots__ = ("_names", "_optional", "_written", "keys", "prefix", "stream")
 
     def __init__(self, *keys: Key, stream: str | None = None, prefix: str | None = None) -> None:
         self.keys = keys
@@ -295,12 +322,16 @@ class MapBody:
         self.prefix = prefix
         self._names = tuple(k.name for k in keys)
         self._optional = tuple(k.name for k in keys if k.optional)
+        self._written = tuple((k.name, k.write) for k in keys if k.write is not None)
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
         m = {name: getattr(frame, name) for name in self._names}
         for name in self._optional:
             if m[name] is None:
                 del m[name]
+        for name, write in self._written:
+            if name in m:
+                m[name] = write(m[name])
         body = _packb(m)
         if self.prefix is not None:
             body = U32.pack(getattr(frame, self.prefix)) + body
@@ -537,7 +568,7 @@ class PartitionRequest:
         Key("end", integer),
         Key("locations", attempt_locations),
         Key("token", optional_string, optional=True),
-        Key("resume", optional_resume, optional=True),
+        Key("resume", optional_resume, optional=True, write=Resume.to_wire),
         stream="receiver",
         prefix="credit",
     )
@@ -553,7 +584,7 @@ class PartitionRequest:
     #: the application token (PROTOCOL.md §6.2); None: the request carries none
     token: str | None = None
     #: a read another daemon fails over to goes on where the failed one stopped (§10.6); daemons only
-    resume: dict[str, Any] | None = None
+    resume: Resume | None = None
 
 
 @dataclass(slots=True)

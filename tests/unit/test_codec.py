@@ -25,8 +25,8 @@ text = st.text(max_size=20)
 payload = st.binary(max_size=300)
 attempt_ids = st.lists(u64, max_size=4)
 #: a failed-over read's resume point (§10.6): with or without a pair in progress
-resume = st.fixed_dictionaries({"partition": small, "done": attempt_ids}) | st.fixed_dictionaries(
-    {"partition": small, "done": attempt_ids, "attempt": u64, "chunks": small, "bytes": u64}
+resume = st.builds(F.Resume, partition=small, done=attempt_ids.map(tuple)) | st.builds(
+    F.Resume, partition=small, done=attempt_ids.map(tuple), attempt=u64, chunks=small, bytes=u64
 )
 app_key = st.just("") | st.text("0123456789abcdef", min_size=64, max_size=64)
 

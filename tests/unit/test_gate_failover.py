@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shuffled.buffers import GlobalPool
+from shuffled.buffers import Chunk, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.protocol.auth import token_digest
 from shuffled.protocol.errors import (
@@ -29,12 +29,11 @@ from shuffled.protocol.errors import (
     ShuffledError,
     StorageError,
 )
-from shuffled.protocol.frames import REPLICA, PartitionRequest
-from shuffled.server.chunks import Chunk
-from shuffled.server.counters import Counters
-from shuffled.server.membership import Membership
-from shuffled.server.reading import InputGate, RemoteInputChannel
-from shuffled.server.store import Store
+from shuffled.protocol.frames import REPLICA, PartitionRequest, Resume
+from shuffled.server.accounting.counters import Counters
+from shuffled.server.cluster.membership import Membership
+from shuffled.server.serving.input_gate import InputGate, RemoteInputChannel
+from shuffled.server.storage.store import Store
 
 pytestmark = pytest.mark.asyncio
 
@@ -110,7 +109,7 @@ class FakeClient:
 async def _gate(
     links: dict[str, FakeReads], shuffle: int = SHUFFLE, store: Store | None = None, token: str | None = None
 ) -> tuple[InputGate, FakeClient, FakeOut, GlobalPool]:
-    cfg = DaemonConfig(peers=[ME, PRIMARY, OTHER], exclusive=2, floating=4)
+    cfg = DaemonConfig(peers=[ME, PRIMARY, OTHER], exclusive_buffers=2, floating_buffers=4)
     pool = GlobalPool(64 * SEGMENT, SEGMENT, reserve=32)
     services = SimpleNamespace(
         config=cfg,
@@ -157,12 +156,12 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         await _failed_over(gate)
         (req,) = other.requests
         assert req.locations == {"": [7]} and req.start == 0
-        assert req.resume == {"partition": 0, "done": [], "attempt": 7, "chunks": 2, "bytes": 200}
+        assert req.resume == Resume(0, (), 7, 2, 200)
         assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
         (ch2,) = other.channels.values()
         _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
         assert [c.partition for c in out.chunks] == [0] * 4
-        counters = gate.services.counters
+        counters = gate.env.counters
         assert not client.errors and counters.failover_tries == {"CONNECTION_LOST": 1}
         assert counters.failover_recovered == 0  # a try so far, not a success
         ch2.on_end()
@@ -184,7 +183,7 @@ async def test_a_candidate_without_the_feature_is_skipped_once_bytes_were_relaye
             if relayed:
                 # OTHER skipped, ME (this daemon) lacks the data: the first error reaches the client.
                 assert not old.requests and [e.code for e in client.errors] == [ErrorCode.CONNECTION_LOST]
-                assert gate.services.counters.failover_exhausted == 1
+                assert gate.env.counters.failover_exhausted == 1
             else:
                 (req,) = old.requests
                 assert req.resume is None and not client.errors
@@ -225,7 +224,7 @@ async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_err
         gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
         await _failed_over(gate)
         (ch,) = other.channels.values()
-        assert gate.services.counters.failover_tries == {"PEER_UNAVAILABLE": 1}
+        assert gate.env.counters.failover_tries == {"PEER_UNAVAILABLE": 1}
         ch.fail(refusal)  # not the first request: next copy
         await _failed_over(gate)
         assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
@@ -253,11 +252,11 @@ async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_b
             gate, client, out_stream, pool = await _gate({}, shuffle=1, store=store, token=token)  # ME first
             await _failed_over(gate)
             if served:
-                (feed,) = gate.feeds
-                await asyncio.wait_for(feed.task, 10)
+                (local,) = gate.local_channels
+                await asyncio.wait_for(local.task, 10)
                 assert not client.errors and [c.partition for c in out_stream.chunks] == [2]
             else:
-                assert not gate.feeds and not out_stream.chunks
+                assert not gate.local_channels and not out_stream.chunks
                 assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]
             _end(gate, out_stream, pool)
         store.remove_application("app")

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffled.buffers import Buffer, GlobalPool
-from shuffled.server.chunks import Chunk
-from shuffled.server.disk import SpillFile
-from shuffled.server.store import DiskChunk, MapOutput, MapState, Store, StoredChunk, Subpartition
+from shuffled.buffers import Buffer, Chunk, GlobalPool
+from shuffled.server.storage.disk import SpillFile
+from shuffled.server.storage.store import DiskChunk, MapOutput, MapState, Store, StoredChunk, Subpartition
 
 SEGMENT = 4096
 PARTITIONS = 2

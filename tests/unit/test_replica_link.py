@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from shuffled.buffers import Buffer, GlobalPool
+from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.net.sender import Sender
 from shuffled.protocol.frames import REPLICA, OpenMapOutput
-from shuffled.server.chunks import Chunk
-from shuffled.server.replication import ReplicaLink, ReplicaService
+from shuffled.server.cluster.replication import ReplicaLink, ReplicaService
 from tests.turns import until
 
 SEG = 4096

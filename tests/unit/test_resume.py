@@ -12,12 +12,12 @@ import struct
 
 import pytest
 
-from shuffled.buffers import Buffer, GlobalPool
+from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.protocol.errors import InvalidRequest
-from shuffled.server.chunks import Chunk
-from shuffled.server.disk import SpillFile
-from shuffled.server.reading import PairProgress
-from shuffled.server.store import DiskChunk, Resume, Store
+from shuffled.protocol.frames import Resume
+from shuffled.server.serving.input_gate import PairProgress
+from shuffled.server.storage.disk import SpillFile
+from shuffled.server.storage.store import DiskChunk, Store
 
 SEGMENT = 4096
 PARTITIONS = 3

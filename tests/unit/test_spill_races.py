@@ -12,9 +12,9 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
-from shuffled.server.disk import Disk
-from shuffled.server.spill import IN_FLIGHT, Spiller
-from shuffled.server.store import DiskChunk, MapOutput, Store
+from shuffled.server.storage.disk import Disk
+from shuffled.server.storage.spill import IN_FLIGHT, Spiller
+from shuffled.server.storage.store import DiskChunk, MapOutput, Store
 from tests.turns import until
 
 pytestmark = pytest.mark.asyncio
@@ -177,7 +177,7 @@ async def test_memory_changed_since_the_push_is_not_hidden_by_a_spill(
         chunk.buffer.memory[10] ^= 0xFF  # a bit flip in RAM after the push was checked
         found = store.largest_in_memory()
         assert found is not None
-        with caplog.at_level("ERROR", logger="shuffled.server.spill"):
+        with caplog.at_level("ERROR", logger="shuffled.server.storage.spill"):
             await spiller.spill(*found)
         assert any("memory corruption" in r.getMessage() for r in caplog.records)
         items, on_disk = store.snapshot("app", 1, 0, 1, [6], digest=b"")

@@ -44,6 +44,8 @@ def build(fields: dict[str, Any]) -> F.Frame:
     ftype = F.FrameType[kwargs.pop("type")]
     if "role" in kwargs:
         kwargs["role"] = F.Role[kwargs["role"]]
+    if "resume" in kwargs:
+        kwargs["resume"] = F.Resume.from_wire(kwargs["resume"])
     if "kind" in kwargs:
         kwargs["kind"] = F.BufferKind[kwargs["kind"]]
     if "payload_hex" in kwargs:

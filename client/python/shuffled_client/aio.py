@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from shuffled.buffers import Buffer, GlobalPool, LocalPool
+from shuffled.buffers import Buffer, Chunk, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, endpoint_name
-from shuffled.net.soon import Soon
+from shuffled.net.once_per_turn import OncePerTurn
 from shuffled.net.streams import PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
 from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
@@ -42,7 +42,6 @@ from shuffled.protocol.events import (
     StreamFailed,
 )
 from shuffled.protocol.frames import MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
-from shuffled.server.chunks import Chunk
 
 #: client-side pool: enough for a few concurrent writers and readers
 DEFAULT_CLIENT_POOL = 4 << 20
@@ -218,6 +217,31 @@ class AsyncClient:
 
     async def stats(self) -> dict[str, Any]:
         return await self._admin_call("stats", {})
+
+    async def drain_challenge(self, nonce: str) -> dict[str, Any]:
+        """The daemon's proof that it has the peer secret, over `nonce` (fresh, `protocol.auth.new_nonce()`),
+        naming itself and the address it sees this client at (PROTOCOL.md §13): check it before `drain`,
+        whose proof is made over the daemon's nonce in the answer."""
+        return await self._admin_call("drain_challenge", {"nonce": nonce})
+
+    def drain(
+        self, handoff: bool = True, timeout: int | None = None, proof: str | None = None, wait: bool = False
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Ask the daemon to stop after its drain (PROTOCOL.md §13); sent at once, so requests made after it
+        are handled after it. Its answer: the drain's state, or with `wait` how the drain ended, once it has
+        (`stats()["drain"]` follows it meanwhile). `handoff` copies committed data to other daemons first;
+        `timeout` (whole seconds) replaces the daemon's drain-timeout. With authentication on, the daemon
+        wants `proof`: `protocol.auth.drain_proof` over the nonces of the `drain_challenge` just answered on
+        this connection and these arguments.
+        """
+        args: dict[str, Any] = {"handoff": handoff}
+        if timeout is not None:
+            args["timeout"] = timeout
+        if proof is not None:
+            args["proof"] = proof
+        if wait:
+            args["wait"] = True
+        return self._admin_request("drain", args)
 
     @property
     def local_address(self) -> str:
@@ -531,7 +555,7 @@ class PartitionReader(InputChannel):
         self._current: ReadChunk | None = None
         #: the application's writers compress their buffers (see AsyncClient.read)
         self.compressed = compressed
-        self._announce_soon = Soon(self._announce)
+        self._announce_soon = OncePerTurn(self._announce)
         self._closed = False
 
     async def _start(self) -> None:

@@ -1,5 +1,5 @@
-"""A draining daemon hands its committed data over to other daemons before it stops (`Daemon.drain`,
-phase *copying*).
+"""A draining daemon hands its committed data over to other daemons before it stops (drain.py, phase
+*copying*).
 
 For every committed attempt held here, the copies elsewhere are counted by asking the daemons where
 placement puts them (the primary, and the first `replica-search` candidates of the primary's
@@ -8,7 +8,7 @@ a share of the drain's remaining time holds nothing and is not asked again, so c
 in time. An answer counts only as far as it checks out, like a client's frame: attempts it was asked
 about, each with the bytes stored here (`held`). An attempt with fewer copies
 elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
-fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
+fed from the store: a reader whose primary is gone looks for copies exactly there (serving/input_gate.py), and a
 copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
 the full replica count, so an attempt keeps its redundancy once this daemon is gone (a host that does
 not come back loses nothing); the price is that a rolling restart copies every replicated attempt
@@ -28,17 +28,17 @@ memory chunks it sends are the store's own).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..buffers import Buffer
-from ..logs import event
-from ..protocol.errors import (
+from ...buffers import Chunk, GlobalPool
+from ...config import DaemonConfig
+from ...logs import event
+from ...ops.stats import DrainStats
+from ...protocol.errors import (
     ConnectionLost,
     CorruptData,
     InvalidRequest,
@@ -48,13 +48,12 @@ from ..protocol.errors import (
     ShuttingDown,
     TimedOut,
 )
-from ..protocol.frames import REPLICA, OpenMapOutput
-from .chunks import Chunk
-from .connection import DaemonConnection
-from .host import Host
-from .replication import ReplicaLink
-from .stats import DrainStats
-from .store import DiskChunk, ShuffleData
+from ...protocol.frames import REPLICA, OpenMapOutput
+from ..storage.disk import Disk
+from ..storage.loader import ChunkLoader, run, take
+from ..storage.store import DiskChunk, ShuffleData, Store
+from .membership import Membership
+from .replication import ReplicaLink, ReplicaPeer
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +65,50 @@ LOAD_BATCH = 8
 SURVEY_SHARE = 0.25
 #: failures that make a daemon no target for the rest of the drain
 GONE = (PeerUnavailable, ConnectionLost, ShuttingDown, TimedOut, TimeoutError, ConnectionError)
+
+
+class AdminCalls(Protocol):
+    """The admin calls this daemon makes over a peer connection (its `AdminService`)."""
+
+    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
+class CopyTarget(ReplicaPeer, Protocol):
+    """A connection to another daemon, as the hand-over asks and copies over it (a `DaemonConnection`)."""
+
+    @property
+    def admin(self) -> AdminCalls: ...
+
+
+class Targets(Protocol):
+    """The daemon's peer connections (its `PeerManager`)."""
+
+    async def get(self, addr: str) -> CopyTarget: ...
+
+
+class HandOverHost(Protocol):
+    """The daemon, as its hand-over sees it: what it holds, where copies go and how to reach them."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def pool(self) -> GlobalPool: ...
+
+    @property
+    def disk(self) -> Disk | None: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def peers(self) -> Targets: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -113,7 +156,7 @@ class Drainer:
     """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
     daemon's `DrainStats`."""
 
-    def __init__(self, host: Host[DaemonConnection], progress: DrainStats) -> None:
+    def __init__(self, host: HandOverHost, progress: DrainStats) -> None:
         self.host = host
         self.progress = progress
         #: bounds the `holds` calls in flight; copies are bounded by their workers
@@ -326,77 +369,23 @@ class Drainer:
 
     async def _send(self, link: ReplicaLink, items: deque[Chunk | DiskChunk]) -> None:
         """Every chunk in store order, one PushData each (so the copy's chunks are the primary's): memory
-        chunks as they are, spilled ones read back into segments and checked against their CRC. At most
-        the link's lag of chunks wait unsent."""
-        fd: int | None = None
-        path = ""
+        chunks as they are, spilled ones loaded back into segments of the read reserve (stored data can
+        always be read back). At most the link's lag of chunks wait unsent."""
+        pool = self.host.pool
+        loader = ChunkLoader(self.host.disk)
         try:
             while items:
                 await link.caught_up()
-                head = items.popleft()
+                head = items[0]
                 if isinstance(head, Chunk):
+                    items.popleft()
                     link.send(head)
                     continue
-                batch = [head]
-                while len(batch) < LOAD_BATCH and items and isinstance(nxt := items[0], DiskChunk):
-                    if nxt.path != head.path or nxt.offset != batch[-1].offset + batch[-1].length:
-                        break
-                    batch.append(nxt)
+                batch = run(items, LOAD_BATCH)
+                buffers = await take(pool, len(batch), pool.give)
+                for _ in buffers:
                     items.popleft()
-                buffers = await self._take(len(batch))
-                items.extendleft(reversed(batch[len(buffers) :]))
-                del batch[len(buffers) :]
-                current, fd = fd, None  # a failed read closes it
-                if current is not None and path != head.path:
-                    os.close(current)
-                    current = None
-                fd, crcs = await self._read(current, head.path, batch, buffers)
-                path = head.path
-                bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
-                if bad:
-                    for buf in buffers:
-                        buf.release()
-                    raise CorruptData(f"spilled data of attempt {bad[0].attempt} failed its CRC32C check in {path}")
-                for buf, c in zip(buffers, batch, strict=True):
-                    link.send(Chunk(buf, c.partition, c.attempt, c.crc))
+                for chunk in await loader.load(batch[: len(buffers)], buffers):
+                    link.send(chunk)
         finally:
-            if fd is not None:
-                os.close(fd)
-
-    async def _take(self, want: int) -> list[Buffer]:
-        """Up to `want` segments of the read reserve (at least one, waited for): stored data can always be
-        read back, and a copy never waits for more memory than is free."""
-        pool = self.host.pool
-        got = pool.try_take(min(want, max(1, pool.free_for_readers)), use_reserve=True)
-        buffers = got if got is not None else await pool.take(1, use_reserve=True)
-        for buf in buffers:
-            buf.set_recycler(pool.give)
-        return buffers
-
-    async def _read(
-        self, fd: int | None, path: str, batch: list[DiskChunk], buffers: list[Buffer]
-    ) -> tuple[int, list[int]]:
-        """Load the batch; the fd is the caller's again only on success (a failed read closes it). When the
-        drain's deadline cancels the wait, the reading thread is let finish before the buffers go back."""
-        disk = self.host.disk
-        assert disk is not None
-        for buf, c in zip(buffers, batch, strict=True):
-            buf.length = c.length
-        reading = disk.read(fd, path, batch[0].offset, [b.data() for b in buffers])
-        loaded = False
-        try:
-            result = await asyncio.shield(reading)
-            loaded = True
-            return result
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                os.close((await reading)[0])
-            raise
-        except FileNotFoundError:
-            raise PartitionNotFound(f"spill file {path} is gone (shuffle removed while being copied?)") from None
-        except (OSError, EOFError) as exc:
-            raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
-        finally:
-            if not loaded:
-                for buf in buffers:
-                    buf.release()
+            loader.close()

@@ -31,10 +31,10 @@ from array import array
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-from ..buffers import Buffer
-from ..protocol.errors import (
+from ...buffers import Buffer, Chunk
+from ...ops.stats import StoreStats
+from ...protocol.errors import (
     AuthFailed,
     InvalidRequest,
     LimitExceeded,
@@ -43,9 +43,8 @@ from ..protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from .chunks import Chunk
+from ...protocol.frames import Resume
 from .disk import LoadedShuffle, SpillFile
-from .stats import StoreStats
 
 MAX_PARTITIONS = 1 << 24
 
@@ -68,29 +67,6 @@ class StoredChunk:
     #: its attempt was aborted or its shuffle removed: never spilled or served again
     dead: bool = False
     committed: bool = False
-
-
-@dataclass(slots=True, frozen=True)
-class Resume:
-    """Where a read another copy served stopped (PROTOCOL.md §10.6): in partition `partition`, the pairs
-    of attempts `done` were relayed whole, and the first `chunks` chunks (`bytes` in all) of `attempt`'s."""
-
-    partition: int
-    done: tuple[int, ...] = ()
-    attempt: int | None = None
-    chunks: int = 0
-    bytes: int = 0
-
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Resume:
-        """A PartitionRequest's `resume` map, whose types frames.py checked."""
-        return cls(m["partition"], tuple(m["done"]), m.get("attempt"), m.get("chunks") or 0, m.get("bytes") or 0)
-
-    def to_wire(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"partition": self.partition, "done": list(self.done)}
-        if self.attempt is not None:
-            m |= {"attempt": self.attempt, "chunks": self.chunks, "bytes": self.bytes}
-        return m
 
 
 @dataclass(slots=True, frozen=True)

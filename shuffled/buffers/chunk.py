@@ -1,12 +1,15 @@
-"""The unit of stored shuffle data, kept apart from the store so that the net layer, which
-queues chunks on outbound streams and hands received ones to input channels, and the
-clients can use it without importing the store (which imports this module)."""
+"""The unit of shuffle data a stream carries: one buffer of one map attempt for one reduce partition.
+
+It lives beside the pool, below everything that moves data, so the net layer (which queues chunks
+on outbound streams and hands received ones to input channels), the daemon's store and the clients
+share it without importing each other.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..buffers import Buffer
+from .pool import Buffer
 
 
 @dataclass(slots=True)

@@ -39,13 +39,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..logs import event
-from ..protocol.errors import StorageError
+from ...logs import event
+from ...protocol.errors import StorageError
 from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
 from .store import Garbage, MapState, ShuffleData, Store, StoredChunk, Subpartition
 
 if TYPE_CHECKING:
-    from ..buffers import Buffer, GlobalPool
+    from ...buffers import Buffer, GlobalPool
 
 log = logging.getLogger(__name__)
 
@@ -465,3 +465,21 @@ def _log_journal_failure(done: asyncio.Future[None]) -> None:
 def _retrieve(done: asyncio.Future[int]) -> None:
     if not done.cancelled():
         done.exception()
+
+
+def restore(store: Store, disk: Disk) -> int:
+    """Serve again what a previous run left on disk and can prove (everything else was deleted by
+    `Disk.load`); the number of shuffles restored."""
+    loaded = disk.load()
+    for shuffle in loaded:
+        files = {p: SpillFile(disk.data_path(shuffle.directory, p), size) for p, size in shuffle.file_sizes.items()}
+        store.restore(shuffle, files)
+        event(
+            log,
+            "restored",
+            app=shuffle.app,
+            shuffle=shuffle.shuffle,
+            attempts=len(shuffle.committed),
+            bytes=sum(n for lengths in shuffle.committed.values() for n in lengths[1].values()),
+        )
+    return len(loaded)

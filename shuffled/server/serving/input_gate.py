@@ -23,30 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from typing import Protocol
 
-from ..buffers import Buffer, LocalPool
-from ..logs import event
-from ..net.channel import InputChannel
-from ..net.sender import Sender
-from ..net.streams import BufferResponseStream
-from ..protocol.auth import token_digest
-from ..protocol.credit import ChannelCredit, FloatingPool
-from ..protocol.errors import (
+from ...buffers import Buffer, Chunk, LocalPool
+from ...logs import event
+from ...net.channel import InputChannel
+from ...net.sender import Sender
+from ...net.streams import BufferResponseStream
+from ...protocol.auth import token_digest
+from ...protocol.credit import ChannelCredit, FloatingPool
+from ...protocol.errors import (
     AuthFailed,
-    CorruptData,
     ErrorCode,
     InternalError,
     LimitExceeded,
-    PartitionNotFound,
     ShuffledError,
 )
-from ..protocol.frames import REPLICA, PartitionRequest
-from .chunks import Chunk
-from .services import Services
-from .store import DiskChunk, Resume
+from ...protocol.frames import REPLICA, PartitionRequest, Resume
+from ..storage.loader import ChunkLoader, take
+from ..storage.store import DiskChunk
+from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +170,7 @@ class RemoteInputChannel(InputChannel):
     def __init__(
         self, gate: InputGate, conn: ReadPeer, receiver: int, credit: ChannelCredit, location: Location
     ) -> None:
-        super().__init__(receiver, credit, verify=gate.services.config.relay_check == "crc")
+        super().__init__(receiver, credit, verify=gate.env.config.relay_check == "crc")
         self.gate = gate
         self.conn = conn
         self.location = location
@@ -235,14 +232,14 @@ class InputGate:
         out: BufferResponseStream,
         req: PartitionRequest,
         remote: dict[str, list[int]],
-        services: Services,
+        env: ShuffleEnvironment,
         peers: Peers,
         node: str,
         local_pending: bool = False,
         missing: ShuffledError | None = None,
     ) -> None:
         self.client = client
-        self.services = services
+        self.env = env
         self.peers = peers
         #: this daemon's name: a location here is one it lacks (`missing`), a candidate here is read locally
         self.node = node
@@ -253,7 +250,7 @@ class InputGate:
         self.pool: LocalPool | None = None
         self.floating: FloatingPool | None = None
         self.channels: list[RemoteInputChannel] = []
-        self.feeds: list[LocalReplicaFeed] = []
+        self.local_channels: list[LocalInputChannel] = []
         #: parts still to finish: one per remote daemon, plus the local data while it is loaded from disk
         self.pending = len(remote) + local_pending
         self.closed = False
@@ -263,20 +260,20 @@ class InputGate:
         self._spare = len(remote)
 
     async def open(self) -> None:
-        services = self.services
-        cfg = services.config
+        env = self.env
+        cfg = env.config
         try:
-            size = len(self.remote) * cfg.exclusive
-            if size > services.pool.reserve:
+            size = len(self.remote) * cfg.exclusive_buffers
+            if size > env.pool.reserve:
                 raise LimitExceeded(
                     f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the read "
-                    f"reserve of {services.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
+                    f"reserve of {env.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
                 )
-            self.pool = await services.pool.create_local_pool(size, size, use_reserve=True)
+            self.pool = await env.pool.create_local_pool(size, size, use_reserve=True)
             if self.closed:
                 self.pool.destroy()
                 return
-            self.floating = FloatingPool(cfg.floating, self.pool)
+            self.floating = FloatingPool(cfg.floating_buffers, self.pool)
             for addr, attempts in self.remote.items():
                 loc = Location(addr, attempts)
                 if addr == self.node:
@@ -301,7 +298,7 @@ class InputGate:
         self.fail(InternalError(f"{what}: {exc.__class__.__name__}: {exc}"))
 
     async def _open_channel(self, loc: Location, peer: ReadPeer) -> None:
-        cfg = self.services.config
+        cfg = self.env.config
         if len(peer.channels) >= cfg.max_streams_per_connection:
             raise LimitExceeded(
                 f"max-streams-per-connection ({cfg.max_streams_per_connection}) reads from daemon {loc.primary} "
@@ -311,32 +308,34 @@ class InputGate:
             self._spare -= 1
         else:  # a failed-over location: the failed channel's buffers may still be on their way to the client
             assert self.pool is not None
-            await self.pool.add_exclusive(cfg.exclusive)
+            await self.pool.add_exclusive(cfg.exclusive_buffers)
             if self.closed:
                 return
         assert self.floating is not None
-        ch = RemoteInputChannel(self, peer, peer.new_stream_id(), ChannelCredit(cfg.exclusive, self.floating), loc)
+        ch = RemoteInputChannel(
+            self, peer, peer.new_stream_id(), ChannelCredit(cfg.exclusive_buffers, self.floating), loc
+        )
         self.channels.append(ch)
         resume = loc.progress.resume()
         peer.open_channel(
             ch,
             PartitionRequest(
                 ch.receiver,
-                cfg.exclusive,
+                cfg.exclusive_buffers,
                 self.req.app,
                 self.req.shuffle,
                 self.req.start if resume is None else resume.partition,
                 self.req.end,
                 {"": loc.attempts},
                 self.req.token,  # the daemon holding the data checks the client's token too
-                None if resume is None else resume.to_wire(),
+                resume,
             ),
         )
 
     # -- failover
 
     def location_failed(self, loc: Location, exc: ShuffledError) -> None:
-        """A location's channel (or local feed) failed: go on from another copy if the error allows it.
+        """A location's channel (or local channel) failed: go on from another copy if the error allows it.
 
         Once the location failed over, any error of a copy moves on to the next candidate (a copy that
         refuses the resume point, is bound to another token, is full...): the read then ends with the
@@ -348,13 +347,13 @@ class InputGate:
         if exc.code not in FAILOVER_CODES and loc.error is None:
             self.fail(exc)
             return
-        cfg = self.services.config
+        cfg = self.env.config
         # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
         loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
         if loc.error is None:
             loc.error = exc
-            loc.candidates = self.services.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-        self.services.counters.failover_tries[exc.code.name] += 1
+            loc.candidates = self.env.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
+        self.env.counters.failover_tries[exc.code.name] += 1
         event(
             log,
             "read failing over",
@@ -397,7 +396,7 @@ class InputGate:
             return
         if not self.closed:
             assert loc.error is not None
-            self.services.counters.failover_exhausted += 1
+            self.env.counters.failover_exhausted += 1
             self.fail(loc.error)
 
     def _read_locally(self, loc: Location) -> bool:
@@ -408,7 +407,7 @@ class InputGate:
         req = self.req
         start = req.start if resume is None else resume.partition
         try:
-            items, _ = self.services.store.snapshot(
+            items, _ = self.env.store.snapshot(
                 req.app, req.shuffle, start, req.end, loc.attempts, resume, digest=token_digest(req.token)
             )
         except AuthFailed as exc:
@@ -417,8 +416,8 @@ class InputGate:
         except ShuffledError:
             return False
         if resume is not None:
-            self.services.counters.resumed_reads += 1
-        self.feeds.append(LocalReplicaFeed(self, loc, items))
+            self.env.counters.resumed_reads += 1
+        self.local_channels.append(LocalInputChannel(self, loc, items))
         return True
 
     # -- relaying
@@ -427,7 +426,7 @@ class InputGate:
         if self.closed:
             chunk.buffer.release()
             return
-        counters = self.services.counters
+        counters = self.env.counters
         counters.relayed_buffers += 1
         counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)
@@ -436,7 +435,7 @@ class InputGate:
     def location_done(self, loc: Location) -> None:
         """A location was served to its end; from another copy than the one first asked, it recovered."""
         if loc.error is not None and not self.closed:
-            self.services.counters.failover_recovered += 1
+            self.env.counters.failover_recovered += 1
         self.channel_done()
 
     def channel_done(self) -> None:
@@ -467,8 +466,8 @@ class InputGate:
         if cancel:
             for ch in self.channels:
                 ch.cancel()
-            for feed in self.feeds:
-                feed.close()
+            for local in self.local_channels:
+                local.close()
             for task in self._failovers:
                 task.cancel()
         if self.pool is not None:
@@ -476,26 +475,25 @@ class InputGate:
             self.pool.destroy()
 
 
-class LocalReplicaFeed:
+class LocalInputChannel:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
-    Memory chunks are relayed as they are; spilled ones are read into read-reserve segments, at most a
-    channel's worth (exclusive plus floating) loaded and not yet flushed to the client, and checked
-    against their CRC32C. Failover is the rare path: chunks are read one at a time.
+    Memory chunks are relayed as they are; spilled ones are loaded into read-reserve segments, at most a
+    channel's worth (exclusive plus floating) loaded and not yet flushed to the client. Failover is the
+    rare path: chunks are loaded one at a time.
     """
 
-    __slots__ = ("closed", "gate", "items", "limit", "loaded", "location", "reading", "room", "task")
+    __slots__ = ("closed", "gate", "items", "limit", "loaded", "loader", "location", "room", "task")
 
     def __init__(self, gate: InputGate, location: Location, items: list[Chunk | DiskChunk]) -> None:
-        cfg = gate.services.config
+        cfg = gate.env.config
         self.gate = gate
         self.location = location
         self.items: deque[Chunk | DiskChunk] = deque(items)
-        self.limit = cfg.exclusive + cfg.floating
+        self.limit = cfg.exclusive_buffers + cfg.floating_buffers
         self.loaded = 0
         self.room = asyncio.Event()
-        #: a thread is filling a segment: the task must not be cancelled (it gives the segment back)
-        self.reading = False
+        self.loader = ChunkLoader(gate.env.disk)
         self.closed = False
         self.task = asyncio.create_task(self._run())
 
@@ -519,51 +517,31 @@ class LocalReplicaFeed:
             self.close()
             gate.bug("reading a local copy failed", exc)
             return
+        finally:
+            self.loader.close()
         self.closed = True
         gate.location_done(self.location)
 
     async def _load(self, item: DiskChunk) -> Chunk:
-        services = self.gate.services
-        disk = services.disk
-        assert disk is not None
         while self.loaded >= self.limit:
             self.room.clear()
             await self.room.wait()
-        (buf,) = await services.pool.take(1, use_reserve=True)
+        buffers = await take(self.gate.env.pool, 1, self._recycle)
         self.loaded += 1
-        buf.set_recycler(self._recycle)
-        buf.length = item.length
-        self.reading = True
-        try:
-            fd, (crc,) = await disk.read(None, item.path, item.offset, [buf.data()])
-            os.close(fd)
-        except FileNotFoundError:
-            buf.release()
-            raise PartitionNotFound(f"spill file {item.path} is gone (shuffle removed while being read?)") from None
-        except (OSError, EOFError) as exc:
-            buf.release()
-            raise CorruptData(f"reading spilled data from {item.path} failed: {exc}") from None
-        finally:
-            self.reading = False
-        if crc != item.crc:
-            buf.release()
-            raise CorruptData(
-                f"spilled data of partition {item.partition} (map attempt {item.attempt}) failed its CRC32C "
-                f"check at offset {item.offset} of {item.path}"
-            )
-        return Chunk(buf, item.partition, item.attempt, crc)
+        (chunk,) = await self.loader.load([item], buffers)
+        return chunk
 
     def _recycle(self, buf: Buffer) -> None:
-        self.gate.services.pool.give(buf)
+        self.gate.env.pool.give(buf)
         self.loaded -= 1
         self.room.set()
 
     def close(self) -> None:
-        """The read ended or failed: give back what is not relayed (a running disk read gives its own)."""
+        """The read ended or failed: give back what is not relayed (a load under way gives its own)."""
         if self.closed:
             return
         self.closed = True
-        if not self.reading and asyncio.current_task() is not self.task:
+        if asyncio.current_task() is not self.task:
             self.task.cancel()
         while self.items:
             item = self.items.popleft()
