@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the Spark plugin jar and the built-in shuffle's results for tests/spark_jobs.py."""
+"""Session-wide fixtures: the Spark plugin jar, the built-in shuffle's results for tests/spark_jobs.py, and the
+shuffled image."""
 
 from __future__ import annotations
 
@@ -21,3 +22,16 @@ def builtin(plugin_jar: Path) -> dict[str, Any]:
     from tests.spark_support import builtin_results
 
     return builtin_results(plugin_jar)
+
+
+@pytest.fixture(scope="session")
+def image(plugin_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The Dockerfile built once per run with podman (tests/image.py), with every Spark line's pyspark
+    mounted into the build; skipped with the reason where podman cannot run."""
+    from tests import image as podman_image
+    from tests import spark_lines
+
+    why = podman_image.unavailable()
+    if why is not None:
+        pytest.skip(f"no podman: {why}")
+    return podman_image.build(spark_lines.every_line(plugin_jar), tmp_path_factory.mktemp("image"))
