@@ -13,7 +13,9 @@ PyPI); the containers only what the tests own: no network and a Unix socket in a
 network namespace of tests/hosts.py, or an internal podman network on a bridge and subnet of the run's own
 (`podman kube play` cannot put a pod into a namespace).
 
-`unavailable` says why podman cannot run here (tests skip with it; `.ci/run` installs the tools).
+Everything a run creates in podman carries the label `shuffled-test=<pid>` and is removed by the test that
+made it; what a killed run left behind is removed by the next build. `unavailable` says why podman cannot
+run here (tests skip with it; `.ci/run` installs the tools).
 """
 
 from __future__ import annotations
@@ -111,9 +113,29 @@ class Image:
         return self.podman("run", "--rm", "--network", "none", "--entrypoint", "python3", self.name, "-c", code).stdout
 
 
+#: the label on everything a test run creates in podman, with the run's process id
+LABEL = "shuffled-test"
+RUN_LABEL = f"{LABEL}={os.getpid()}"
+
+
+def remove_leftovers(podman: Podman) -> None:
+    """Containers, pods and networks of earlier runs whose process is gone (killed before it could remove
+    them): they would hold memory and bridges until the machine restarts."""
+    for listing, name, removing in (
+        (["pod", "ps"], "{{.Name}}", ["pod", "rm", "--force"]),
+        (["ps", "--all"], "{{.Names}}", ["rm", "--force", "--time", "0"]),
+        (["network", "ls"], "{{.Name}}", ["network", "rm", "--force"]),
+    ):
+        found = podman(*listing, "--filter", f"label={LABEL}", "--format", f'{name} {{{{index .Labels "{LABEL}"}}}}')
+        for thing, pid in (line.split() for line in found.stdout.splitlines() if line.strip()):
+            if not Path(f"/proc/{pid}").is_dir():
+                podman(*removing, thing, check=False)
+
+
 def build(lines: dict[str, LineEnv], scratch: Path) -> Image:
     """The Dockerfile built as `IMAGE` on the stand-in base, with each line's pyspark mounted."""
     podman = Podman()
+    remove_leftovers(podman)
     _python_base(podman, _debian(podman, scratch), scratch)
     mounts = [f"--volume={env.spark_home}:/spark/{line}:ro" for line, env in sorted(lines.items())]
     podman(
@@ -169,7 +191,7 @@ class Container:
     @classmethod
     def run(cls, image: Image, name: str, addr: str, options: list[str], flags: list[str] | None = None) -> Container:
         """Starts it with these podman ``options`` and ``shuffled serve`` ``flags``; returns once it answers."""
-        image.podman("run", "--detach", "--name", name, *options, image.name, *(flags or []))
+        image.podman("run", "--detach", "--name", name, "--label", RUN_LABEL, *options, image.name, *(flags or []))
         container = cls(image.podman, name, addr)
         container.wait_ready()
         return container
