@@ -3,6 +3,7 @@ shuffled image."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def builtin(plugin_jar: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def image(plugin_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def image(plugin_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The Dockerfile built once per run with podman (tests/image.py), with every Spark line's pyspark
     mounted into the build; skipped with the reason where podman cannot run."""
     from tests import image as podman_image
@@ -34,4 +35,6 @@ def image(plugin_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     why = podman_image.unavailable()
     if why is not None:
         pytest.skip(f"no podman: {why}")
-    return podman_image.build(spark_lines.every_line(plugin_jar), tmp_path_factory.mktemp("image"))
+    built = podman_image.build(spark_lines.every_line(plugin_jar), tmp_path_factory.mktemp("image"))
+    yield built
+    built.remove()

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from shuffled import __version__
 from shuffled_client import Client, ShuffledError
 from tests.cluster import poll_until
 from tests.spark_lines import LineEnv
@@ -37,8 +36,9 @@ from tests.spark_lines import LineEnv
 REPO = Path(__file__).resolve().parents[1]
 CONF = Path(__file__).resolve().parent / "podman"
 STATE = Path(os.environ.get("SHUFFLED_PODMAN", Path.home() / ".cache" / "shuffled" / "podman"))
-#: the name deploy/kubernetes gives the image (`shuffled:0.1.0`), as a local image
-IMAGE = f"localhost/shuffled:{__version__}"
+#: the images the tests build: each run tags its own (`:<pid>`), so that runs at once from different trees
+#: never run each other's build
+IMAGES = "localhost/shuffled-test"
 #: the Dockerfile's FROM, made locally
 PYTHON_BASE = "docker.io/library/python:3.11-slim-bookworm"
 #: how the stand-in's Debian is made; its tag carries a digest of this, so a changed recipe is built anew
@@ -110,6 +110,10 @@ class Image:
             self.podman("rm", container)
         return dest
 
+    def remove(self) -> None:
+        """The run's tag goes; the layers stay, the next build's cache."""
+        self.podman("untag", self.name, self.name, check=False)
+
     def python(self, code: str) -> str:
         """What ``code`` prints, run by the image's Python as the image's user (without a network)."""
         return self.podman("run", "--rm", "--network", "none", "--entrypoint", "python3", self.name, "-c", code).stdout
@@ -121,8 +125,8 @@ RUN_LABEL = f"{LABEL}={os.getpid()}"
 
 
 def remove_leftovers(podman: Podman) -> None:
-    """Containers, pods and networks of earlier runs whose process is gone (killed before it could remove
-    them): they would hold memory and bridges until the machine restarts."""
+    """Containers, pods, networks and image tags of earlier runs whose process is gone (killed before it
+    could remove them): they would hold memory and bridges until the machine restarts."""
     for listing, name, removing in (
         (["pod", "ps"], "{{.Name}}", ["pod", "rm", "--force"]),
         (["ps", "--all"], "{{.Names}}", ["rm", "--force", "--time", "0"]),
@@ -132,20 +136,25 @@ def remove_leftovers(podman: Podman) -> None:
         for thing, pid in (line.split() for line in found.stdout.splitlines() if line.strip()):
             if not Path(f"/proc/{pid}").is_dir():
                 podman(*removing, thing, check=False)
+    tags = podman("images", "--format", "{{.Repository}} {{.Tag}}").stdout.split("\n")
+    for repository, pid in (line.split() for line in tags if line.startswith(f"{IMAGES} ")):
+        if not Path(f"/proc/{pid}").is_dir():
+            podman("untag", f"{repository}:{pid}", f"{repository}:{pid}", check=False)
 
 
 def build(lines: dict[str, LineEnv], scratch: Path) -> Image:
-    """The Dockerfile built as `IMAGE` on the stand-in base, with each line's pyspark mounted."""
+    """The Dockerfile built as this run's image on the stand-in base, with each line's pyspark mounted."""
     podman = Podman()
+    name = f"{IMAGES}:{os.getpid()}"
     remove_leftovers(podman)
     _python_base(podman, _debian(podman, scratch), scratch)
     mounts = [f"--volume={env.spark_home}:/spark/{line}:ro" for line, env in sorted(lines.items())]
     podman(
-        "build", "--pull=never", "--format", "docker", "--network", "host", "--jobs", "2", *mounts, "--tag", IMAGE,
+        "build", "--pull=never", "--format", "docker", "--network", "host", "--jobs", "2", *mounts, "--tag", name,
         str(REPO),
         timeout=BUILD_TIMEOUT,
     )  # fmt: skip
-    return Image(podman, IMAGE, lines)
+    return Image(podman, name, lines)
 
 
 def _debian(podman: Podman, scratch: Path) -> str:

@@ -181,6 +181,7 @@ def _played(pod: dict[str, Any], ip: str, image: str) -> dict[str, Any]:
     - podman sets no `status.podIP` and expands no `$(VAR)`: the pod's address is given, as the kubelet would;
     - podman publishes every containerPort on the host's addresses, the kubelet none: the ports go (the
       probes below name them from the template);
+    - the sidecar's image (`shuffled:<version>`) is this run's build, under this run's tag;
     - the executor container gets an image and a command (Spark's part) and Spark's user;
     - a smaller pool, its memory limit keeping the template's headroom over the pool."""
     pod = copy.deepcopy(pod)
@@ -197,6 +198,7 @@ def _played(pod: dict[str, Any], ip: str, image: str) -> dict[str, Any]:
             item["value"] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], item["value"])
         env[item["name"]] = item["value"]
     sidecar["resources"]["requests"]["memory"] = sidecar["resources"]["limits"]["memory"] = MEMORY
+    sidecar["image"] = image
     (executor,) = spec["containers"]
     executor.update(
         image=image,
