@@ -67,6 +67,20 @@ def netns_unavailable() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def hosts_for_tests(n: int) -> Iterator[Hosts]:
+    """`Hosts` for a test fixture: skipped with the reason where namespaces cannot be made, and checked
+    afterwards to have left nothing behind."""
+    import pytest
+
+    why = netns_unavailable()
+    if why is not None:
+        pytest.skip(f"no simulated hosts: {why}")
+    with Hosts(n) as hosts:
+        yield hosts
+    assert not hosts.leftovers(), f"namespaces or links left behind: {hosts.leftovers()}"
+
+
 @dataclass
 class Host:
     """One simulated host: a namespace, its address, its link's two ends, what runs there."""

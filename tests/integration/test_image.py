@@ -30,7 +30,7 @@ from shuffled import spark_jar
 from shuffled.config import DaemonConfig
 from shuffled_client import Client
 from tests.cluster import http_get, payload, poll_until
-from tests.hosts import Host, Hosts, netns_unavailable
+from tests.hosts import Host, hosts_for_tests
 from tests.image import LABEL, RUN_LABEL, Container, Image, Podman, daemon_dir
 from tests.jvm import needs_jdk
 from tests.prometheus import prometheus_server, query, scrapes
@@ -87,16 +87,11 @@ def test_the_image_carries_the_plugin_built_for_every_spark_line(image: Image, t
 
 # -- the daemon container, in a network namespace of its own (a host of tests/hosts.py)
 
-_why = netns_unavailable()
-
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[Host]:
-    if _why is not None:
-        pytest.skip(f"no network namespace: {_why}")
-    with Hosts(1) as hosts:
+    with hosts_for_tests(1) as hosts:
         yield hosts.hosts[0]
-    assert not hosts.leftovers(), f"namespaces or links left behind: {hosts.leftovers()}"
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from shuffled import spark_jar
 from tests import spark_jobs
 from tests.cluster import poll_until
 from tests.host_faults import PEER_TIMEOUT_S, keyed_sums, resubmitted, settled, stage_attempts, total
-from tests.hosts import Hosts, netns_unavailable
+from tests.hosts import Hosts, hosts_for_tests
 from tests.image import Container, Image, daemon_dir
 from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf
 
@@ -80,16 +80,11 @@ def test_the_application_end_frees_the_sidecar_which_stops_cleanly(spark: Any, s
 
 # -- two hosts, a daemon container on each
 
-_why = netns_unavailable()
-
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    if _why is not None:
-        pytest.skip(f"no simulated hosts: {_why}")
-    with Hosts(2) as h:
+    with hosts_for_tests(2) as h:
         yield h
-    assert not h.leftovers(), f"namespaces or links left behind: {h.leftovers()}"
 
 
 @pytest.fixture(scope="module")
