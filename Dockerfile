@@ -46,7 +46,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE NOTICE ./
 COPY shuffled ./shuffled
 COPY client ./client
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -182,7 +182,7 @@ def settled(daemons: Sequence[Daemon], timeout: float = 60) -> None:
             s = daemon_stats(daemon)
             st = s["streams"]
             busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
-            return busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"]
+            return bool(busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"])
 
         poll_until(quiet, timeout, f"{daemon.addr}'s pool settled")
 

@@ -20,6 +20,7 @@ run here (tests skip with it; `.ci/run` installs the tools).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import shutil
@@ -55,6 +56,17 @@ DAEMON_UID = 10001
 BUILD_TIMEOUT = 1500
 
 
+def compiled_modules() -> list[str]:
+    """setup.py's COMPILED (the modules mypyc compiles), as module names."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (paths,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["COMPILED"]
+    ]
+    return [p.removesuffix(".py").replace("/", ".") for p in paths]
+
+
 class PodmanError(RuntimeError):
     pass
 
@@ -65,9 +77,11 @@ class Podman:
     def __init__(self, state: Path = STATE) -> None:
         # Run-time state on tmpfs, one per storage: podman needs the same one for every use of a storage.
         run = Path("/run/shuffled-test-podman") / hashlib.sha256(str(state).encode()).hexdigest()[:12]
+        #: where podman keeps the networks' files
+        self.network_dir = state / "networks"
         self.flags = [
             "--root", str(state / "storage"), "--runroot", str(run / "run"), "--tmpdir", str(run / "tmp"),
-            "--network-config-dir", str(state / "networks"),
+            "--network-config-dir", str(self.network_dir),
         ]  # fmt: skip
         self.env = {**os.environ, "CONTAINERS_CONF": str(CONF / "containers.conf")}
 

@@ -1,4 +1,4 @@
-"""Optional per-application compression of data payloads (PROTOCOL.md §10.4); no IO.
+"""Optional per-application compression of data payloads (PROTOCOL.md §10.5); no IO.
 
 A compressed payload is one self-contained block: a 1-byte tag, then either the
 bytes as they were (tag 0: compressing did not make them smaller) or, for tag 1,

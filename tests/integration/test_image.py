@@ -11,7 +11,6 @@ Skipped with the reason where podman cannot run (`.ci/run` installs it).
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
 import os
@@ -31,7 +30,7 @@ from shuffled.config import DaemonConfig
 from shuffled_client import Client
 from tests.cluster import http_get, payload, poll_until
 from tests.hosts import Host, hosts_for_tests
-from tests.image import LABEL, RUN_LABEL, Container, Image, Podman, daemon_dir
+from tests.image import LABEL, RUN_LABEL, Container, Image, Podman, compiled_modules, daemon_dir
 from tests.jvm import needs_jdk
 from tests.prometheus import prometheus_server, query, scrapes
 
@@ -46,19 +45,8 @@ METRICS_PORT = 9100
 MiB = 1 << 20
 
 
-def _compiled_modules() -> list[str]:
-    """setup.py's COMPILED, as module names."""
-    tree = ast.parse((REPO / "setup.py").read_text())
-    (paths,) = [
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["COMPILED"]
-    ]
-    return [p.removesuffix(".py").replace("/", ".") for p in paths]
-
-
 def test_the_hot_path_in_the_image_is_compiled(image: Image) -> None:
-    compiled = _compiled_modules()
+    compiled = compiled_modules()
     assert {"shuffled.protocol.codec", "shuffled.protocol.credit", "shuffled.net.sender"} <= set(compiled)
     modules = [*compiled, "shuffled.server.daemon"]
     code = f"import importlib\nfor m in {modules!r}: print(m, importlib.import_module(m).__file__)"
@@ -218,14 +206,14 @@ class PodNetwork:
     def __init__(self, podman: Podman) -> None:
         self.podman = podman
         tag = f"{os.getpid() % 100_000}{os.urandom(1).hex()}"
-        subnet = int.from_bytes(os.urandom(2), "big") % 512
-        self.prefix = f"198.{18 + subnet // 256}.{subnet % 256}"
+        index = int.from_bytes(os.urandom(2), "big") % 512  # 198.18.0.0/15 holds 512 /24s
+        self.prefix = f"198.{18 + index // 256}.{index % 256}"
         self.name, self.bridge = f"shuffled-test-{tag}", f"shpod{tag}"
         subnet = f"{self.prefix}.0/24"
         podman("network", "create", "--internal", "--disable-dns", "--subnet", subnet, "--label", RUN_LABEL, self.name)
         # podman 4.3 cannot name the bridge (--interface-name came in 4.4): its network file is given one, so
         # that the bridge cannot be another podman's podman0 or podman1.
-        path = Path(podman.flags[podman.flags.index("--network-config-dir") + 1]) / f"{self.name}.json"
+        path = podman.network_dir / f"{self.name}.json"
         config = json.loads(path.read_text())
         config["network_interface"] = self.bridge
         path.write_text(json.dumps(config))
@@ -252,7 +240,8 @@ class PlayedPod:
     def spec(self, name: str) -> dict[str, Any]:
         """One of its containers as the template says."""
         spec = self.template["spec"]
-        (container,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name]
+        every: list[dict[str, Any]] = spec.get("initContainers", []) + spec["containers"]
+        (container,) = [c for c in every if c["name"] == name]
         return container
 
     def probe(self, kind: str) -> bool:

@@ -34,7 +34,7 @@ from tests.host_faults import (
     total,
 )
 from tests.hosts import Hosts, netns_unavailable
-from tests.spark_support import daemon_stats, job_traffic, needs_spark
+from tests.spark_support import job_traffic, needs_spark, store_emptied
 
 _why = netns_unavailable()
 pytestmark = [
@@ -90,7 +90,7 @@ def spark(
     yield session
     session.stop()
     for d in daemons:
-        poll_until(lambda d=d: daemon_stats(d)["store"]["applications"] == 0, 30, f"{d.addr} dropped the application")
+        poll_until(store_emptied(d, "applications"), 30, f"{d.addr} dropped the application")
     left = [p for h in hosts.hosts for p in hosts.data_dir(h).glob("app-*")]
     assert not left, f"files left after the application ended: {left}"
 
@@ -140,13 +140,13 @@ def test_a_daemon_killed_after_the_map_stage_costs_no_recomputation(spark: Any, 
     assert sorted(job.collect()) == expected
     assert total(replicated.daemons, "store.replica_attempts") > 0, "no map output was replicated"
     before = stage_attempts(spark)
-    failovers = total(replicated.daemons, "failover.failovers")
+    recovered = total(replicated.daemons, "failover.recovered")
     fault = replicated.kill(2)
     fault.inject()
     fault.repair()
     assert sorted(job.collect()) == expected
     assert not resubmitted(spark, before), "a stage was resubmitted: map output was recomputed"
-    assert total(replicated.daemons, "failover.failovers") > failovers, "no read failed over: the test proved nothing"
+    assert total(replicated.daemons, "failover.recovered") > recovered, "no read failed over: the test proved nothing"
     replicated.settled()
 
 
