@@ -14,7 +14,11 @@ composition for that reason).
 The pure-Python modules are always in the package and are what runs without the
 setting: an editable install stays pure Python, so an edit takes effect without
 a rebuild, and a build that cannot compile (no mypy, no C compiler) says why and
-installs pure Python instead of failing.
+installs pure Python instead of failing. mypy type-checks everything the hot path
+imports, so the build environment needs the typed runtime dependencies too
+(`prometheus-client`; pyproject.toml's build requirements): without it a `pip
+wheel` in its isolated environment fell back to pure Python, and the Docker image
+shipped that. The image's build now fails unless its wheel is compiled.
 """
 
 from __future__ import annotations

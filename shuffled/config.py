@@ -766,9 +766,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load(
-    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None, validate: bool = True
 ) -> tuple[DaemonConfig, dict[str, str]]:
-    """The effective configuration and where each setting came from ("default", a file, "env", "flag")."""
+    """The effective configuration and where each setting came from ("default", a file, "env", "flag");
+    ``validate=False`` for a caller that reads a few settings of a daemon configured elsewhere too."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -787,7 +788,8 @@ def load(
             values[s.attr] = _convert(s, raw, s.flag)
             sources[s.attr] = "flag"
     config = DaemonConfig(**values)
-    config.validate()
+    if validate:
+        config.validate()
     return config, {s.attr: sources.get(s.attr, "default") for s in table}
 
 

@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import Any
 from shuffled.launch import STOP_TIMEOUT
 from tests.cluster import DaemonProcess, poll_until
 from tests.hosts import Hosts
-from tests.spark_support import daemon_stats, stage_data
+from tests.spark_support import Daemon, daemon_stats, stage_data
 
 PEER_TIMEOUT_S = 3
 #: how long a daemon stopped with SIGTERM may take to hand its data over and let its reads finish
@@ -171,16 +171,27 @@ class HostDaemons:
         return [self.kill(i), self.stop(i), self.link_down(i), self.disk_full(i)]
 
     def settled(self, timeout: float = 60) -> None:
-        """Every pool holds exactly its stored data: nothing leaked by the fault."""
-        for i in range(len(self.daemons)):
+        settled(self.daemons, timeout)
 
-            def quiet(i: int = i) -> bool:
-                s = daemon_stats(self.daemons[i])
-                st = s["streams"]
-                busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
-                return bool(busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"])
 
-            poll_until(quiet, timeout, f"{self.daemons[i].addr}'s pool settled")
+def settled(daemons: Sequence[Daemon], timeout: float = 60) -> None:
+    """Every pool holds exactly its stored data: nothing leaked by the fault."""
+    for daemon in daemons:
+
+        def quiet(daemon: Daemon = daemon) -> bool:
+            s = daemon_stats(daemon)
+            st = s["streams"]
+            busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
+            return bool(busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"])
+
+        poll_until(quiet, timeout, f"{daemon.addr}'s pool settled")
+
+
+def total(daemons: Sequence[Daemon], path: str) -> int:
+    """A stats counter summed over the daemons (a counter by code: all codes)."""
+    section, key = path.split(".")
+    values = [daemon_stats(d)[section][key] for d in daemons]
+    return sum(sum(v.values()) if isinstance(v, dict) else v for v in values)
 
 
 def fill(path: Path) -> None:

@@ -67,6 +67,20 @@ def netns_unavailable() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def hosts_for_tests(n: int) -> Iterator[Hosts]:
+    """`Hosts` for a test fixture: skipped with the reason where namespaces cannot be made, and checked
+    afterwards to have left nothing behind."""
+    import pytest
+
+    why = netns_unavailable()
+    if why is not None:
+        pytest.skip(f"no simulated hosts: {why}")
+    with Hosts(n) as hosts:
+        yield hosts
+    assert not hosts.leftovers(), f"namespaces or links left behind: {hosts.leftovers()}"
+
+
 @dataclass
 class Host:
     """One simulated host: a namespace, its address, its link's two ends, what runs there."""
@@ -173,6 +187,25 @@ class Hosts:
 
         with standalone_cluster([h.addr for h in self.hosts], self.gateway, [h.netns for h in self.hosts]) as url:
             yield url
+
+    def spark_conf(self, jar: Path, admin: str | None = None) -> dict[str, str]:
+        """A driver's settings for `spark_cluster`: the driver on the bridge, the plugin jar shipped to the
+        executors; with the address of the daemon the driver sends cleanup to (``admin``), the shuffle goes
+        through shuffled, each executor using its own host's daemon (``127.0.0.1:7337`` in its namespace)."""
+        from shuffled import spark_jar
+        from tests.spark_support import PLUGIN_TIMEOUT
+
+        conf = {
+            "spark.jars": str(jar),
+            "spark.driver.host": self.gateway,
+            "spark.driver.bindAddress": self.gateway,
+            "spark.executor.memory": "640m",
+            "spark.task.maxFailures": "4",
+        }
+        if admin is not None:
+            conf |= spark_jar.spark_conf(jar, [f"127.0.0.1:{DAEMON_PORT}"])
+            conf |= {"spark.shuffled.adminAddress": admin, "spark.shuffled.timeout": PLUGIN_TIMEOUT}
+        return conf
 
     def close(self) -> None:
         for host in self.hosts:

@@ -172,3 +172,29 @@ def test_a_second_daemon_on_the_default_metrics_port_is_told_which_setting_to_ch
         assert second.returncode == 1 and "--metrics-port" in second.stderr, second.stderr
     finally:
         first.stop()
+
+
+def test_health_asks_the_metrics_port_the_environment_configures() -> None:
+    """`shuffled health` (the image's HEALTHCHECK) reads the settings from the environment as `serve` does:
+    the metrics port set there, on loopback when the daemon listens on every address. It needs no other
+    setting (the daemon may have been given its advertise as a flag), and fails once nothing answers."""
+    host = "127.0.0.1"
+    d = start_daemon(host, free_port([host]))
+    port = d.http.rpartition(":")[2]
+    env = {**os.environ, "SHUFFLED_HOST": "0.0.0.0", "SHUFFLED_METRICS_PORT": port}
+
+    def health() -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "shuffled", "health"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+
+    try:
+        result = health()
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"http://127.0.0.1:{port}/healthz: 200")
+    finally:
+        d.stop()
+    result = health()
+    assert result.returncode == 1 and f"http://127.0.0.1:{port}/healthz" in result.stderr
+    env["SHUFFLED_METRICS_PORT"] = "-1"
+    result = health()
+    assert result.returncode == 2 and "no fixed metrics port" in result.stderr

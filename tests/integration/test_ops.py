@@ -8,7 +8,7 @@ import dataclasses
 import json
 import signal
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -318,6 +318,25 @@ def test_metrics_endpoint_port_taken_or_turned_off() -> None:
         assert d.http == "-"  # the ready line says there is no endpoint
     finally:
         d.stop()
+
+
+def test_the_metrics_endpoint_binds_without_a_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's HTTPServer looks its bound address up (`socket.getfqdn`): where the resolver is out of reach, as
+    in a container without DNS, that held the daemon's start for 10 s while its listeners already accepted
+    connections. The endpoint binds without any lookup."""
+    import socket
+
+    from shuffled.ops.http import OpsServer
+
+    def lookup(name: str = "") -> str:
+        raise AssertionError(f"a name lookup of {name!r}")
+
+    monkeypatch.setattr(socket, "getfqdn", lookup)
+    ops = OpsServer(cast(Any, None), "0.0.0.0", 0, 1.0)  # binding needs no daemon
+    try:
+        assert ops.address.startswith("0.0.0.0:")
+    finally:
+        ops.stop()
 
 
 #: the admin `stats` answer's names and nesting as clients, the JVM and `shuffled stats` read them
