@@ -9,7 +9,7 @@ pool request and release from 0.57 to 0.12 us, and a frame through the send loop
 from 2.8 to 1.6 us, about 0.07 CPU s per GiB less for a relaying daemon; with
 1000 streams its median over five runs went from 1.55 to 1.29 CPU s per GiB, the
 client's from 1.12 to 0.99 (docs/performance.md). The two kinds of outbound
-stream and the disk-fed one are compiled because they subclass the send loop's
+stream are compiled because they subclass the send loop's
 `Outbound`: mypyc refuses interpreted subclasses of compiled classes at run time,
 so a module goes into COMPILED together with every subclass of its classes, or
 not at all (the floating pool takes its memory by composition for that reason).
@@ -38,7 +38,6 @@ COMPILED = [
     "shuffled/buffers/pool.py",
     "shuffled/net/sender.py",
     "shuffled/net/streams.py",
-    "shuffled/server/feed.py",
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from ..buffers import Buffer
 from ..protocol.frames import (
@@ -22,10 +22,18 @@ from ..server.chunks import Chunk
 from .sender import Outbound
 
 
+class Feed(Protocol):
+    """What makes a stream's data as it goes (the daemon's plan feeds): told when the stream may take more."""
+
+    def kick(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class BufferResponseStream(Outbound):
     """Daemon → consumer: data chunks, then END_OF_PARTITION (an event: needs no credit)."""
 
-    __slots__ = ("on_end", "opened_at", "relayed")
+    __slots__ = ("feeds", "on_end", "opened_at", "relayed")
 
     def __init__(self, stream: int, credit: int, on_end: Callable[[BufferResponseStream], None] | None = None) -> None:
         super().__init__(stream, credit)
@@ -34,10 +42,27 @@ class BufferResponseStream(Outbound):
         #: for the read latency metric: when the request came, and whether other daemons' data is relayed
         self.opened_at = 0.0
         self.relayed = False
+        #: what queues data on it as credit allows: kicked when frames leave or credit comes
+        self.feeds: list[Feed] = []
 
     def on_sent(self, item: Any, is_event: bool) -> None:
-        if is_event and self.on_end is not None:
-            self.on_end(self)
+        if is_event:
+            if self.on_end is not None:
+                self.on_end(self)
+            return
+        for feed in self.feeds:
+            feed.kick()
+
+    def add_credit(self, n: int) -> None:
+        super().add_credit(n)
+        for feed in self.feeds:
+            feed.kick()
+
+    def shutdown(self) -> None:
+        feeds, self.feeds = self.feeds, []
+        for feed in feeds:
+            feed.close()
+        super().shutdown()
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool

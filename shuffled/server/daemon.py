@@ -341,17 +341,14 @@ class Daemon:
             return 0
         loaded = self.disk.load()
         for shuffle in loaded:
-            files = {
-                p: SpillFile(self.disk.data_path(shuffle.directory, p), size) for p, size in shuffle.file_sizes.items()
-            }
-            self.store.restore(shuffle, files)
+            self.store.restore(shuffle, SpillFile(self.disk.data_path(shuffle.directory), shuffle.file_size))
             event(
                 log,
                 "restored",
                 app=shuffle.app,
                 shuffle=shuffle.shuffle,
                 attempts=len(shuffle.committed),
-                bytes=sum(n for lengths in shuffle.committed.values() for n in lengths[1].values()),
+                bytes=sum(a.stored for a in shuffle.committed.values()),
             )
         return len(loaded)
 

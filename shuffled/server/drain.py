@@ -16,23 +16,21 @@ once more.
 A copy carries the digest of the token its application is bound to (journaled with the shuffle, so
 known after a restart too); an attempt whose application's binding is unknown is not copied. A copy
 that fails is logged and counted and the drain goes on: that attempt is then recomputed by
-Spark if its data is needed, as without a hand-over. At most `PARALLEL` copies run at once; each has
-at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
-memory chunks it sends are the store's own).
+Spark if its data is needed, as without a hand-over. A copy pushes the attempt's pieces as they
+are, in push order, so the target holds the same pieces; at most `PARALLEL` copies run at once,
+each with at most `replica-lag` pieces unsent and one batch of spilled pieces read back in pool
+segments (the memory pieces it sends are the store's own).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..buffers import Buffer
 from ..logs import event
 from ..protocol.errors import (
     ConnectionLost,
@@ -46,16 +44,18 @@ from ..protocol.errors import (
 from ..protocol.frames import REPLICA, OpenMapOutput
 from .chunks import Chunk
 from .connection import DaemonConnection
+from .directory import RunLengths, runs
+from .feed import PieceLoader
 from .host import Host
 from .replication import ReplicaLink
 from .stats import DrainStats
-from .store import DiskChunk, ShuffleData
+from .store import MapOutput, ShuffleData
 
 log = logging.getLogger(__name__)
 
 #: copies (and `holds` calls) at once: enough to keep a few peers busy, few enough for a small pool
 PARALLEL = 4
-#: most spilled chunks read back with one preadv (back to back in one file)
+#: most spilled pieces read back with one preadv (back to back in the file)
 LOAD_BATCH = 8
 #: most of the drain's remaining time one `holds` call may take: a silent daemon must leave time to copy
 SURVEY_SHARE = 0.25
@@ -230,117 +230,72 @@ class Drainer:
 
     async def copy(self, h: HandOver, target: str) -> int:
         """One replica push of the attempt to `target`, fed from the store; the bytes copied once `target`
-        acknowledged exactly the stored lengths."""
+        acknowledged exactly the bytes per partition the pieces sent hold."""
         host, data = self.host, h.data
-        stored = [data.lengths[h.attempt].get(p, 0) for p in range(data.partitions)]
-        map_index = data.committed[h.attempt]
+        out = data.committed.get(h.attempt)
         conn = await host.peers.get(target)
         if REPLICA not in conn.proto.features:
             raise PeerUnavailable(f"{target} does not take replica pushes")
-        if data.removed:
+        if data.removed or out is None:
             raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
-        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt])
-        pending: deque[Chunk | DiskChunk] = deque(items)
         link = ReplicaLink(host.config)
         req = OpenMapOutput(
             0,
             data.app,
             data.shuffle,
-            map_index,
+            out.map_index,
             h.attempt,
             data.partitions,
             replicas=h.replicas,
             replica_of=h.primary,
             app_key=host.store.app_keys[data.app].hex(),
         )
+        sent = RunLengths()
         try:
             await link.open(conn, req)
-            await self._send(link, pending)
+            await self._send(link, out, sent)
             lengths = await link.commit()
         finally:
             link.abort()  # a no-op once committed
-            for item in pending:
-                if isinstance(item, Chunk):
-                    item.buffer.release()
+        stored = sent.dense(data.partitions)
         if lengths != stored:
             raise CorruptData(
-                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} are stored"
+                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} were sent"
             )
-        return sum(stored)
+        return out.bytes
 
-    async def _send(self, link: ReplicaLink, items: deque[Chunk | DiskChunk]) -> None:
-        """Every chunk in store order, one PushData each (so the copy's chunks are the primary's): memory
-        chunks as they are, spilled ones read back into segments and checked against their CRC. At most
-        the link's lag of chunks wait unsent."""
-        fd: int | None = None
-        path = ""
+    async def _send(self, link: ReplicaLink, out: MapOutput, sent: RunLengths) -> None:
+        """Every piece in push order, one PushData each (so the copy's pieces are the primary's): memory
+        pieces as they are, spilled ones read back into segments and checked against their CRC. At most
+        the link's lag of pieces wait unsent. Pieces are found by index each time, as a spill may move
+        them to disk meanwhile."""
+        data = out.shuffle
+        loader = PieceLoader(self.host)
+        what = f"map attempt {out.attempt} of {data.app}/{data.shuffle}"
+        i = 0
         try:
-            while items:
+            while i < out.pieces:
                 await link.caught_up()
-                head = items.popleft()
-                if isinstance(head, Chunk):
-                    link.send(head)
-                    continue
-                batch = [head]
-                while len(batch) < LOAD_BATCH and items and isinstance(nxt := items[0], DiskChunk):
-                    if nxt.path != head.path or nxt.offset != batch[-1].offset + batch[-1].length:
-                        break
-                    batch.append(nxt)
-                    items.popleft()
-                buffers = await self._take(len(batch))
-                items.extendleft(reversed(batch[len(buffers) :]))
-                del batch[len(buffers) :]
-                current, fd = fd, None  # a failed read closes it
-                if current is not None and path != head.path:
-                    os.close(current)
-                    current = None
-                fd, crcs = await self._read(current, head.path, batch, buffers)
-                path = head.path
-                bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
-                if bad:
-                    for buf in buffers:
-                        buf.release()
-                    raise CorruptData(f"spilled data of attempt {bad[0].attempt} failed its CRC32C check in {path}")
-                for buf, c in zip(buffers, batch, strict=True):
-                    link.send(Chunk(buf, c.partition, c.attempt, c.crc))
+                if data.removed:
+                    raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed while being copied")
+                buf = out.buffer(i)
+                if buf is not None:
+                    buf.retain()
+                    got = [buf]
+                else:
+                    assert data.file is not None
+                    end = i + 1
+                    while (
+                        end < min(i + LOAD_BATCH, out.spilled)
+                        and out.offsets[end] == out.offsets[end - 1] + out.sizes[end - 1]
+                    ):
+                        end += 1
+                    got = await loader.load(
+                        data.file.path, out.offsets[i], out.sizes[i:end].tolist(), out.crcs[i:end].tolist(), what
+                    )
+                for buf in got:
+                    sent.add(*runs(buf.data()))
+                    link.send(Chunk(buf, 0, out.attempt, out.crcs[i]))
+                    i += 1
         finally:
-            if fd is not None:
-                os.close(fd)
-
-    async def _take(self, want: int) -> list[Buffer]:
-        """Up to `want` segments of the read reserve (at least one, waited for): stored data can always be
-        read back, and a copy never waits for more memory than is free."""
-        pool = self.host.pool
-        got = pool.try_take(min(want, max(1, pool.free_for_readers)), use_reserve=True)
-        buffers = got if got is not None else await pool.take(1, use_reserve=True)
-        for buf in buffers:
-            buf.set_recycler(pool.give)
-        return buffers
-
-    async def _read(
-        self, fd: int | None, path: str, batch: list[DiskChunk], buffers: list[Buffer]
-    ) -> tuple[int, list[int]]:
-        """Load the batch; the fd is the caller's again only on success (a failed read closes it). When the
-        drain's deadline cancels the wait, the reading thread is let finish before the buffers go back."""
-        disk = self.host.disk
-        assert disk is not None
-        for buf, c in zip(buffers, batch, strict=True):
-            buf.length = c.length
-        reading = disk.read(fd, path, batch[0].offset, [b.data() for b in buffers])
-        loaded = False
-        try:
-            result = await asyncio.shield(reading)
-            loaded = True
-            return result
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                os.close((await reading)[0])
-            raise
-        except FileNotFoundError:
-            raise PartitionNotFound(f"spill file {path} is gone (shuffle removed while being copied?)") from None
-        except (OSError, EOFError) as exc:
-            raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
-        finally:
-            if not loaded:
-                for buf in buffers:
-                    buf.release()
+            loader.close()

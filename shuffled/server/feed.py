@@ -1,182 +1,322 @@
-"""Serving a local read whose chunks are partly on disk, in order, with bounded memory.
+"""Serving a plan (plan.py): its items turned into DATA payloads as the reader's credit asks for them.
 
-The stream's items are the store's snapshot: in-memory chunks (already holding a
-reference on their segment) and spilled chunks (a file range and its CRC32C).
-Memory chunks are queued as they come up. A spilled chunk is read into a segment
-only when the consumer has credit for it that no queued buffer already uses, so a
-read never holds more loaded segments than its consumer's credit (at most its
-exclusive plus floating buffers), however large the partition. Consecutive
-spilled chunks that lie back to back in one file are read with one `preadv`, and
-since the store hands them out sorted by offset, each file is read front to back.
-Segments come from the read reserve, so stored data can always be read back.
+A whole piece in memory goes out as it is: the payload is the pushed group, its CRC32C
+the writer's, nothing copied or parsed. Everything else (a piece cut to the range, small
+whole pieces, the rest of a resumed pair) is copied into a frame of its own, a segment of
+the read reserve, as many groups as fit; its CRC32C is computed over what it holds. A
+frame that took slices of many pieces holds one segment, not theirs: the pieces it
+copied from, loaded from disk or not, are free to go.
 
-Every remaining item counts as backlog (`deferred`), so the consumer's credit
-grows as if everything were already queued.
+A spilled piece is loaded whole into a segment of the read reserve and checked against
+the CRC32C the writer sent, so everything served was checked on arrival or on load; the
+pieces an attempt's items need next are loaded together when they lie back to back in
+the file (one `preadv`), and only as far as the reader has credit, so a read holds a
+bounded number of segments whatever its size. The feed runs as one task per read,
+woken when credit comes back in batches (`LOOKAHEAD`), not per frame.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..buffers import Buffer
-from ..net.streams import BufferResponseStream
-from ..protocol.errors import CorruptData, PartitionNotFound, ShuffledError
+from ..logs import event
+from ..protocol.errors import CorruptData, InternalError, InvalidRequest, PartitionNotFound, ShuffledError
+from ..protocol.integrity import checksum
 from .chunks import Chunk
+from .directory import sub_range
+from .plan import Entry, Item, Plan, items
 from .services import Services
-from .store import DiskChunk
+from .store import MapOutput
 
-#: most chunks loaded with one preadv
+log = logging.getLogger(__name__)
+
+#: frames made beyond the reader's credit (so credit that arrives finds data ready), and how much room a
+#: waiting feed needs before it is woken (so it runs once per batch of frames, not per frame)
+LOOKAHEAD = 8
+#: most spilled pieces loaded with one preadv
 MAX_BATCH = 16
 
 
-class DiskFedStream(BufferResponseStream):
-    __slots__ = ("_fd", "_fd_path", "_finished", "_loading", "_reading", "items", "on_done", "on_error", "services")
+class PieceLoader:
+    """Loads spilled pieces into read-reserve segments, checked against their CRC32C; keeps one file open."""
 
-    def __init__(
-        self,
-        stream: int,
-        credit: int,
-        on_end: Callable[[BufferResponseStream], None],
-        services: Services,
-        items: list[Chunk | DiskChunk],
-        on_done: Callable[[], None],
-        on_error: Callable[[ShuffledError], None],
-    ) -> None:
-        super().__init__(stream, credit, on_end)
-        self.services = services
-        self.items: deque[Chunk | DiskChunk] = deque(items)
-        self.deferred = len(items)
-        #: called once every item is queued (the stream may then end)
-        self.on_done = on_done
-        self.on_error = on_error
-        self._loading: asyncio.Task[None] | None = None
-        self._reading = False
+    __slots__ = ("_fd", "_path", "disk", "pool")
+
+    def __init__(self, services: Services) -> None:
+        self.pool = services.pool
+        disk = services.disk
+        assert disk is not None, "pieces are spilled only with a data dir"
+        self.disk = disk
         self._fd: int | None = None
-        self._fd_path = ""
-        self._finished = False
+        self._path = ""
 
-    def push_data(self, chunk: Chunk) -> None:
-        """Everything this stream queues comes from this daemon's own store (memory or disk): count it."""
-        counters = self.services.counters
-        counters.served_local_bytes += chunk.buffer.length
-        counters.served_local_buffers += 1
-        super().push_data(chunk)
-
-    def add_credit(self, n: int) -> None:
-        super().add_credit(n)
-        self.pump()
-
-    def pump(self) -> None:
-        """Queue what can go now; start loading the next spilled chunks if credit is free for them."""
-        if self.closed or self._loading is not None:
-            return
-        items = self.items
-        while items and isinstance(head := items[0], Chunk):
-            items.popleft()
-            self.deferred -= 1
-            self.push_data(head)
-        if self.sender is not None:
-            self.sender.wake(self)
-        if not items:
-            if not self._finished:
-                self._finished = True
-                self._close_fd()
-                self.on_done()
-            return
-        room = self.credit - self.queued
-        if room <= 0:
-            return
-        # The batch is cut to what memory has free when its segments are taken (`_take`), not here.
-        limit = min(room, MAX_BATCH)
-        batch: list[DiskChunk] = []
-        for item in items:
-            if not isinstance(item, DiskChunk) or len(batch) >= limit:
-                break
-            if batch and (item.path != batch[-1].path or item.offset != batch[-1].offset + batch[-1].length):
-                break
-            batch.append(item)
-        self._loading = asyncio.create_task(self._load(batch))
-
-    async def _load(self, batch: list[DiskChunk]) -> None:
-        pool = self.services.pool
-        disk = self.services.disk
-        assert disk is not None
-        buffers = await self._take(len(batch))  # cancelled by shutdown
-        del batch[len(buffers) :]
-        for buf, chunk in zip(buffers, batch, strict=True):
-            buf.set_recycler(pool.give)
-            buf.length = chunk.length
-        path = batch[0].path
-        if self._fd is not None and self._fd_path != path:
-            self._close_fd()
-        error: ShuffledError | None = None
-        self._reading = True  # from here the thread writes into the buffers: no cancelling
-        try:
-            self._fd, crcs = await disk.read(self._fd, path, batch[0].offset, [b.data() for b in buffers])
-            self._fd_path = path
-            bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
-            if bad:
-                error = CorruptData(
-                    f"spilled data of partition {bad[0].partition} (map attempt {bad[0].attempt}) failed its "
-                    f"CRC32C check at offset {bad[0].offset} of {path}"
-                )
-        except FileNotFoundError:
-            self._fd = None
-            error = PartitionNotFound(f"spill file {path} is gone (shuffle removed while being read?)")
-        except (OSError, EOFError) as exc:
-            self._fd = None
-            error = CorruptData(f"reading spilled data from {path} failed: {exc}")
-        finally:
-            self._reading = False
-            self._loading = None
-        if error is not None or self.closed:
-            for buf in buffers:
-                buf.release()
-            if self.closed:
-                self._close_fd()
-            elif error is not None:
-                self.on_error(error)
-            return
-        for buf, chunk in zip(buffers, batch, strict=True):
-            self.items.popleft()
-            self.deferred -= 1
-            self.push_data(Chunk(buf, chunk.partition, chunk.attempt, chunk.crc))
-        self.pump()
-
-    async def _take(self, want: int) -> list[Buffer]:
+    async def take(self, want: int) -> list[Buffer]:
         """Up to `want` segments of the read reserve, counted when they are taken: whatever is free then (a
         consumer's credit may exceed what a small or busy pool can give at once), else one, waited for in
         turn (the reserve guarantees it in time), plus what the wait left free. Never more than is free, so
         a batch does not wait for memory it cannot get; what requests already waiting can use stays theirs
         (`free_for_readers`: a waiting push leaves the reserve to reads)."""
-        pool = self.services.pool
+        pool = self.pool
         now = min(want, pool.free_for_readers)
-        if now:
-            got = pool.try_take(now, use_reserve=True)
-            if got is not None:
-                return got
-        buffers = await pool.take(1, use_reserve=True)
-        more = min(want - 1, pool.free_for_readers)
-        if more:
-            buffers += pool.try_take(more, use_reserve=True) or []
+        got = pool.try_take(now, use_reserve=True) if now else None
+        if got is None:
+            got = await pool.take(1, use_reserve=True)
+            more = min(want - 1, pool.free_for_readers)
+            if more:
+                got += pool.try_take(more, use_reserve=True) or []
+        for buf in got:
+            buf.set_recycler(pool.give)
+        return got
+
+    async def load(self, path: str, offset: int, sizes: list[int], crcs: list[int], what: str) -> list[Buffer]:
+        """The pieces of `sizes` bytes each from `offset` on (back to back), or as many of the first of them
+        as memory allows now (at least one). Raises CORRUPT_DATA or PARTITION_NOT_FOUND (the file is gone).
+        Cancelling it is safe: a read under way gives its segments back when the thread is done with them."""
+        buffers = await self.take(len(sizes))
+        for buf, size in zip(buffers, sizes, strict=False):
+            buf.length = size
+        if self._fd is not None and self._path != path:
+            self.close()
+        fd, self._fd = self._fd, None
+        reading = self.disk.read(fd, path, offset, [b.data() for b in buffers])
+        try:
+            self._fd, got = await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            reading.add_done_callback(lambda _: _give_back(reading, buffers))
+            raise
+        except FileNotFoundError:
+            _release(buffers)
+            raise PartitionNotFound(f"spill file {path} is gone (shuffle removed while being read?)") from None
+        except (OSError, EOFError) as exc:
+            _release(buffers)
+            raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
+        self._path = path
+        for n, (crc, want) in enumerate(zip(got, crcs, strict=False)):
+            if crc != want:
+                _release(buffers)
+                raise CorruptData(
+                    f"spilled data of {what} failed its CRC32C check at offset {offset + sum(sizes[:n])} of {path}"
+                )
         return buffers
 
-    def shutdown(self) -> None:
-        super().shutdown()
-        if self._loading is not None and not self._reading:
-            self._loading.cancel()
-            self._loading = None
-        while self.items:
-            item = self.items.popleft()
-            if isinstance(item, Chunk):
-                item.buffer.release()
-        if not self._reading:
-            self._close_fd()
-
-    def _close_fd(self) -> None:
+    def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _release(buffers: list[Buffer]) -> None:
+    for buf in buffers:
+        buf.release()
+
+
+def _give_back(reading: asyncio.Future[tuple[int, list[int]]], buffers: list[Buffer]) -> None:
+    """A load whose caller went away: its segments (and file) go back once the thread is done with them."""
+    _release(buffers)
+    if not reading.cancelled() and reading.exception() is None:
+        os.close(reading.result()[0])
+
+
+class PlanFeed:
+    """One read's plan turned into payloads handed to `sink`, while `budget()` (frames wanted now) is
+    positive; `kick()` when it may have grown. `start` runs it; `close` stops it and frees what it holds."""
+
+    __slots__ = (
+        "_budget",
+        "_fill",
+        "_frame",
+        "_loaded",
+        "_room",
+        "_waiting",
+        "left",
+        "limit",
+        "loader",
+        "plan",
+        "services",
+        "sink",
+        "task",
+    )
+
+    def __init__(
+        self, services: Services, plan: Plan, sink: Callable[[Chunk], None], budget: Callable[[], int]
+    ) -> None:
+        self.services = services
+        self.plan = plan
+        self.sink = sink
+        self._budget = budget
+        self.limit = services.pool.segment_size
+        #: entries not finished yet (a backlog estimate for the reader's credit)
+        self.left = len(plan.entries)
+        self.loader = PieceLoader(services) if services.disk is not None else None
+        #: the frame being filled (a read-reserve segment) and its fill
+        self._frame: Buffer | None = None
+        self._fill = 0
+        #: pieces of the current entry loaded from disk and still to be served, by index
+        self._loaded: dict[int, Buffer] = {}
+        self._room = asyncio.Event()
+        self._waiting = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, on_done: Callable[[], None], on_error: Callable[[ShuffledError], None]) -> None:
+        async def run() -> None:
+            try:
+                await self._run()
+            except ShuffledError as exc:
+                on_error(exc)
+                return
+            except Exception as exc:  # a bug must fail this read, never leave the reader waiting
+                event(log, "serving a read failed", logging.ERROR, exc_info=True)
+                on_error(InternalError(f"serving a read failed: {exc.__class__.__name__}: {exc}"))
+                return
+            on_done()
+
+        self.task = asyncio.create_task(run())
+
+    def kick(self) -> None:
+        """The sink took frames or got credit: wake the feed if it waits and a batch fits now."""
+        if self._waiting and self._budget() >= LOOKAHEAD:
+            self._waiting = False
+            self._room.set()
+
+    def close(self) -> None:
+        if self.task is not None and asyncio.current_task() is not self.task:
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            for entry in self.plan.entries:
+                await self._serve(entry)
+                self.left -= 1
+            self._flush()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        loaded, self._loaded = self._loaded, {}
+        _release(list(loaded.values()))
+        if self._frame is not None:
+            self._frame.release()
+            self._frame = None
+        if self.loader is not None:
+            self.loader.close()
+
+    async def _serve(self, entry: Entry) -> None:
+        out = entry.out
+        pending = items(out, entry.lo, entry.hi)
+        ahead: deque[Item] = deque()
+        skip = entry.skip
+        while ahead or _pull(pending, ahead):
+            if self._budget() <= 0:
+                self._waiting = True
+                self._room.clear()
+                await self._room.wait()
+            if self.plan.removed:
+                raise PartitionNotFound(
+                    f"shuffle {out.shuffle.app}/{out.shuffle.shuffle} was removed while being read (its data is gone)"
+                )
+            i, lo, hi, final = ahead[0]
+            buf = out.buffer(i) or self._loaded.get(i)
+            if buf is None:
+                await self._load(out, ahead, pending)
+                continue
+            if skip and lo != entry.lo:
+                raise InvalidRequest("resume point does not match this copy")
+            whole = not skip and lo == out.firsts[i] and hi == out.lasts[i] + 1
+            if whole and buf.length > self.limit // 2:
+                self._flush()
+                buf.retain()
+                self.sink(Chunk(buf, lo, out.attempt, out.crcs[i]))
+            else:
+                skip = await self._copy(buf, lo, hi, whole, skip)
+            ahead.popleft()
+            if final and i in self._loaded:
+                self._loaded.pop(i).release()
+        if skip:
+            raise InvalidRequest("resume point does not match this copy")
+
+    async def _copy(self, piece: Buffer, lo: int, hi: int, whole: bool, skip: int) -> int:
+        """Copy the item's runs into the frame in progress, or a new one if they do not fit; what is left
+        of `skip`."""
+        if whole:
+            parts: list[memoryview | bytes] = [piece.data()]
+            size = piece.length
+        else:
+            parts, size, left = sub_range(piece.data(), lo, hi, skip)
+            if size and left:
+                raise InvalidRequest("resume point does not match this copy")
+            if not size:
+                return left
+            skip = left
+        if self._fill + size > self.limit:
+            self._flush()
+        pool = self.services.pool
+        held: Buffer | None = None
+        if self._frame is None:
+            got = pool.try_take(1, use_reserve=True)
+            if got is None:
+                held = piece  # the store may let go of it while this waits (spilled, removed)
+                held.retain()
+                try:
+                    got = await pool.take(1, use_reserve=True)
+                except BaseException:
+                    held.release()
+                    raise
+            got[0].set_recycler(pool.give)
+            self._frame = got[0]
+        room, at = self._frame.memory, self._fill
+        for part in parts:
+            n = len(part)
+            room[at : at + n] = part
+            at += n
+        self._fill = at
+        if held is not None:
+            held.release()
+        return skip
+
+    def _flush(self) -> None:
+        frame, fill = self._frame, self._fill
+        if frame is None or not fill:
+            return
+        self._frame, self._fill = None, 0
+        frame.length = fill
+        self.sink(Chunk(frame, 0, 0, checksum(frame.data())))
+
+    async def _load(self, out: MapOutput, ahead: deque[Item], pending: Iterator[Item]) -> None:
+        """Load the piece the next item needs and those after it that lie right behind it in the file,
+        as far as the sink wants frames (one at least)."""
+        assert self.loader is not None and out.shuffle.file is not None
+        want = min(MAX_BATCH, max(1, self._budget()))
+        first = ahead[0][0]
+        batch = [first]
+        k = 0
+        while len(batch) < want:
+            k += 1
+            if k >= len(ahead) and not _pull(pending, ahead):
+                break
+            i = ahead[k][0]
+            if i == batch[-1]:
+                continue
+            prev = batch[-1]
+            if i != prev + 1 or i >= out.spilled or i in self._loaded:
+                break
+            if out.offsets[i] != out.offsets[prev] + out.sizes[prev]:
+                break  # another attempt's pieces lie between
+            batch.append(i)
+        sizes = [out.sizes[i] for i in batch]
+        crcs = [out.crcs[i] for i in batch]
+        what = f"map attempt {out.attempt} of {out.shuffle.app}/{out.shuffle.shuffle}"
+        got = await self.loader.load(out.shuffle.file.path, out.offsets[first], sizes, crcs, what)
+        self._loaded.update(zip(batch, got, strict=False))
+
+
+def _pull(pending: Iterator[Item], ahead: deque[Item]) -> bool:
+    nxt = next(pending, None)
+    if nxt is None:
+        return False
+    ahead.append(nxt)
+    return True

@@ -1,8 +1,8 @@
 """The reads of one connection: those it serves, and those this daemon makes over it to a peer.
 
-A served read is a snapshot of this daemon's chunks (in memory, or fed from disk)
-plus, for a client, an `InputGate` relaying what other daemons hold. The reads
-this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
+A served read is a plan of this daemon's pieces (plan.py) fed as credit allows
+(feed.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
+reads this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
 announcements are batched once per loop turn.
 """
 
@@ -22,11 +22,11 @@ from ..protocol.connection import ProtocolConnection, release_payload
 from ..protocol.errors import InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
 from .chunks import Chunk
-from .feed import DiskFedStream
+from .feed import LOOKAHEAD, PlanFeed
 from .peers import split_address
+from .plan import Plan, Resume, make_plan
 from .reading import InputGate, Peers, RemoteInputChannel
 from .services import Services
-from .store import DiskChunk, Resume
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +112,10 @@ class ReadService:
                 split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
-            items: list[Chunk | DiskChunk] = []
-            on_disk = 0
+            plan: Plan | None = None
             if local is not None:
                 try:
-                    items, on_disk = self.services.store.snapshot(
-                        req.app, req.shuffle, req.start, req.end, local, resume
-                    )
+                    plan = make_plan(self.services.store, req.app, req.shuffle, req.start, req.end, local, resume)
                 except PartitionNotFound as exc:
                     if not self._copies_elsewhere(resume):
                         raise
@@ -129,40 +126,46 @@ class ReadService:
             return
         if resume is not None:
             self.services.counters.resumed_reads += 1
-        fed: DiskFedStream | None = None
-        if on_disk:
-            fed = DiskFedStream(
-                rid,
-                req.credit,
-                self._stream_ended,
-                self.services,
-                items,
-                lambda: self._local_done(rid),
-                self._failer(rid),
-            )
-            fed.sender = self.sender
-            stream: BufferResponseStream = fed
-        else:
-            stream = BufferResponseStream(rid, req.credit, self._stream_ended)
-            counters = self.services.counters
-            for chunk in items:
-                assert isinstance(chunk, Chunk)
-                stream.push_data(chunk)
-                counters.served_local_bytes += chunk.buffer.length
-            counters.served_local_buffers += len(items)
+        stream = BufferResponseStream(rid, req.credit, self._stream_ended)
         stream.opened_at = time.monotonic()
         stream.relayed = bool(remote)
         self.served[rid] = stream
         self.link.proto.accept_read(rid, stream)
+        feeding = plan is not None and bool(plan.entries)
         if remote:
-            gate = InputGate(self, stream, req, remote, self.services, self.peers, self.node, fed is not None, missing)
+            gate = InputGate(self, stream, req, remote, self.services, self.peers, self.node, feeding, missing)
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
-        elif fed is None:
+        elif not feeding:
             stream.end()
+        if plan is not None and feeding:
+            self._feed(rid, stream, plan)
         self.sender.wake(stream)
-        if fed is not None:
-            fed.pump()
+
+    def _feed(self, rid: int, stream: BufferResponseStream, plan: Plan) -> None:
+        """Serve the local part of a read: the plan's payloads queued under the reader's credit, plus a
+        few more (`LOOKAHEAD`) so that credit arriving finds data ready."""
+        counters = self.services.counters
+        sender = self.sender
+
+        def sink(chunk: Chunk) -> None:
+            counters.served_local_bytes += chunk.buffer.length
+            counters.served_local_buffers += 1
+            stream.deferred = feed.left
+            stream.push_data(chunk)
+            sender.wake(stream)
+
+        def budget() -> int:
+            return stream.credit + LOOKAHEAD - stream.queued
+
+        def done() -> None:
+            stream.deferred = 0
+            self._local_done(rid)
+
+        feed = PlanFeed(self.services, plan, sink, budget)
+        stream.deferred = feed.left
+        stream.feeds.append(feed)
+        feed.start(done, self._failer(rid))
 
     def _copies_elsewhere(self, resume: Resume | None) -> bool:
         """A client's read of data this daemon lacks may fail over to the placement candidates (only a
@@ -184,7 +187,7 @@ class ReadService:
             stream.shutdown()
 
     def _local_done(self, rid: int) -> None:
-        """A disk-fed local part is fully queued: the stream ends, or its gate counts one part done."""
+        """The local part is fully queued: the stream ends, or its gate counts one part done."""
         gate = self.gates.get(rid)
         if gate is not None:
             gate.channel_done()

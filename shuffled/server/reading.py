@@ -1,6 +1,6 @@
 """Serving a client's read: one InputGate per request, relaying into one stream.
 
-The gate's local channel is a snapshot of this daemon's own chunks. Each remote
+The gate's local channel is a plan of this daemon's own pieces. Each remote
 channel is a PartitionRequest over the shared connection to the daemon holding the
 data; its buffers come from the gate's LocalPool (exclusive per channel, reserved
 when the read opens; floating shared, taken while memory is to spare) and are
@@ -23,28 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections import deque
 from typing import Protocol
 
-from ..buffers import Buffer, LocalPool
+from ..buffers import LocalPool
 from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
 from ..protocol.credit import ChannelCredit, FloatingPool
-from ..protocol.errors import (
-    CorruptData,
-    ErrorCode,
-    InternalError,
-    LimitExceeded,
-    PartitionNotFound,
-    ShuffledError,
-)
+from ..protocol.errors import ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
 from ..protocol.frames import REPLICA, PartitionRequest
 from .chunks import Chunk
+from .directory import Malformed, groups
+from .feed import PlanFeed
+from .plan import Plan, Resume, make_plan
 from .services import Services
-from .store import DiskChunk, Resume
 
 log = logging.getLogger(__name__)
 
@@ -114,36 +107,39 @@ FAILOVER_CODES = frozenset(
 class PairProgress:
     """How far a location was relayed: enough to resume it on another copy (§10.6) without a byte twice.
 
-    Updated before a chunk is relayed; a relayed chunk is queued on the client stream in order, so what
-    is counted here is exactly what the client will get.
+    Updated with each payload before it is relayed, per packed group (its attempt, first and last run),
+    never per run: a relayed payload is queued on the client stream in order, so what is counted here is
+    exactly what the client will get. One location's pairs come attempt by attempt, in ascending
+    partition order (§10.1), so a group that ends with another partition ends every pair before it.
     """
 
-    __slots__ = ("attempt", "bytes", "chunks", "done", "partition")
+    __slots__ = ("attempt", "bytes", "done", "partition")
 
     def __init__(self) -> None:
-        self.partition = -1
-        #: attempts of `partition` relayed whole
+        #: attempts relayed whole
         self.done: list[int] = []
-        #: the attempt being relayed (None: nothing relayed yet)
+        #: the attempt being relayed (None: nothing relayed yet), its pair in progress and its bytes relayed
         self.attempt: int | None = None
-        self.chunks = 0
+        self.partition = -1
         self.bytes = 0
 
-    def add(self, chunk: Chunk) -> None:
-        if chunk.partition != self.partition:
-            self.partition, self.done, self.attempt = chunk.partition, [], None
-        if chunk.attempt != self.attempt:
-            if self.attempt is not None:
-                self.done.append(self.attempt)
-            self.attempt, self.chunks, self.bytes = chunk.attempt, 0, 0
-        self.chunks += 1
-        self.bytes += chunk.buffer.length
+    def add(self, payload: memoryview) -> None:
+        """Count a payload; raises Malformed (and counts nothing more) for one that is not whole groups."""
+        for attempt, _, last, length in groups(payload):
+            if attempt != self.attempt:
+                if self.attempt is not None:
+                    self.done.append(self.attempt)
+                self.attempt, self.partition = attempt, -1
+            if last == self.partition:
+                self.bytes += length
+            else:
+                self.partition, self.bytes = last, length
 
     def resume(self) -> Resume | None:
-        """The resume point, None before the first chunk (then a copy serves the request from its start)."""
+        """The resume point, None before the first payload (then a copy serves the request from its start)."""
         if self.attempt is None:
             return None
-        return Resume(self.partition, tuple(self.done), self.attempt, self.chunks, self.bytes)
+        return Resume(tuple(self.done), self.attempt, self.partition, self.bytes)
 
 
 class Location:
@@ -187,7 +183,12 @@ class RemoteInputChannel(InputChannel):
 
     def deliver(self, chunk: Chunk) -> None:
         self._count_upstream(self.credit.backlog)
-        self.location.progress.add(chunk)
+        try:
+            self.location.progress.add(chunk.buffer.data())
+        except Malformed as exc:
+            chunk.buffer.release()
+            self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
+            return
         self.gate.relay(chunk)
 
     def _count_upstream(self, backlog: int) -> None:
@@ -402,14 +403,13 @@ class InputGate:
         """This daemon is a candidate: serve the location from its own store if it holds the attempts."""
         resume = loc.progress.resume()
         req = self.req
-        start = req.start if resume is None else resume.partition
         try:
-            items, _ = self.services.store.snapshot(req.app, req.shuffle, start, req.end, loc.attempts, resume)
+            plan = make_plan(self.services.store, req.app, req.shuffle, req.start, req.end, loc.attempts, resume)
         except ShuffledError:
             return False
         if resume is not None:
             self.services.counters.resumed_reads += 1
-        self.feeds.append(LocalReplicaFeed(self, loc, items))
+        self.feeds.append(LocalReplicaFeed(self, loc, plan))
         return True
 
     # -- relaying
@@ -464,93 +464,42 @@ class InputGate:
 class LocalReplicaFeed:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
-    Memory chunks are relayed as they are; spilled ones are read into read-reserve segments, at most a
-    channel's worth (exclusive plus floating) loaded and not yet flushed to the client, and checked
-    against their CRC32C. Failover is the rare path: chunks are read one at a time.
+    Its plan's payloads are relayed like a remote channel's, with at most a channel's worth (exclusive
+    plus floating) queued on the client stream and not yet sent.
     """
 
-    __slots__ = ("closed", "gate", "items", "limit", "loaded", "location", "reading", "room", "task")
+    __slots__ = ("feed", "gate", "limit", "location")
 
-    def __init__(self, gate: InputGate, location: Location, items: list[Chunk | DiskChunk]) -> None:
+    def __init__(self, gate: InputGate, location: Location, plan: Plan) -> None:
         cfg = gate.services.config
         self.gate = gate
         self.location = location
-        self.items: deque[Chunk | DiskChunk] = deque(items)
         self.limit = cfg.exclusive + cfg.floating
-        self.loaded = 0
-        self.room = asyncio.Event()
-        #: a thread is filling a segment: the task must not be cancelled (it gives the segment back)
-        self.reading = False
-        self.closed = False
-        self.task = asyncio.create_task(self._run())
+        self.feed = PlanFeed(gate.services, plan, self._relay, self._budget)
+        gate.out.feeds.append(self.feed)
+        self.feed.start(self._done, self._failed)
 
-    async def _run(self) -> None:
-        gate = self.gate
-        try:
-            while self.items:
-                item = self.items[0]
-                chunk = await self._load(item) if isinstance(item, DiskChunk) else item
-                if self.closed:
-                    chunk.buffer.release()
-                    return
-                self.items.popleft()
-                self.location.progress.add(chunk)
-                gate.relay(chunk)
-        except ShuffledError as exc:
-            self.close()
-            gate.location_failed(self.location, exc)
-            return
-        except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self.close()
-            gate.bug("reading a local copy failed", exc)
-            return
-        self.closed = True
-        gate.channel_done()
+    def _budget(self) -> int:
+        return self.limit - self.gate.out.queued
 
-    async def _load(self, item: DiskChunk) -> Chunk:
-        services = self.gate.services
-        disk = services.disk
-        assert disk is not None
-        while self.loaded >= self.limit:
-            self.room.clear()
-            await self.room.wait()
-        (buf,) = await services.pool.take(1, use_reserve=True)
-        self.loaded += 1
-        buf.set_recycler(self._recycle)
-        buf.length = item.length
-        self.reading = True
-        try:
-            fd, (crc,) = await disk.read(None, item.path, item.offset, [buf.data()])
-            os.close(fd)
-        except FileNotFoundError:
-            buf.release()
-            raise PartitionNotFound(f"spill file {item.path} is gone (shuffle removed while being read?)") from None
-        except (OSError, EOFError) as exc:
-            buf.release()
-            raise CorruptData(f"reading spilled data from {item.path} failed: {exc}") from None
-        finally:
-            self.reading = False
-        if crc != item.crc:
-            buf.release()
-            raise CorruptData(
-                f"spilled data of partition {item.partition} (map attempt {item.attempt}) failed its CRC32C "
-                f"check at offset {item.offset} of {item.path}"
-            )
-        return Chunk(buf, item.partition, item.attempt, crc)
+    def _relay(self, chunk: Chunk) -> None:
+        self.location.progress.add(chunk.buffer.data())
+        self.gate.relay(chunk)
 
-    def _recycle(self, buf: Buffer) -> None:
-        self.gate.services.pool.give(buf)
-        self.loaded -= 1
-        self.room.set()
+    def _done(self) -> None:
+        self._detach()
+        self.gate.channel_done()
+
+    def _failed(self, exc: ShuffledError) -> None:
+        self._detach()
+        self.gate.location_failed(self.location, exc)
+
+    def _detach(self) -> None:
+        feeds = self.gate.out.feeds
+        if self.feed in feeds:
+            feeds.remove(self.feed)
 
     def close(self) -> None:
-        """The read ended or failed: give back what is not relayed (a running disk read gives its own)."""
-        if self.closed:
-            return
-        self.closed = True
-        if not self.reading and asyncio.current_task() is not self.task:
-            self.task.cancel()
-        while self.items:
-            item = self.items.popleft()
-            if isinstance(item, Chunk):
-                item.buffer.release()
+        """The read ended or failed: stop serving (what the feed holds goes back)."""
+        self._detach()
+        self.feed.close()

@@ -329,11 +329,11 @@ class ReplicaLinks:
             return None
         return link
 
-    def forward(self, buf: Buffer, partition: int, crc: int) -> None:
-        """Send a stored buffer to every replica: one more reference each, no copy."""
+    def forward(self, buf: Buffer, crc: int) -> None:
+        """Send a stored piece to every replica: one more reference each, no copy."""
         for link in self.links:
             buf.retain()
-            link.send(Chunk(buf, partition, self.attempt, crc))
+            link.send(Chunk(buf, 0, self.attempt, crc))
         n = len(self.links)
         self.counters.replica_forwarded_buffers += n
         self.counters.replica_forwarded_bytes += n * buf.length

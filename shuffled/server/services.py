@@ -1,6 +1,6 @@
 """The daemon's services as the objects that serve one stream see them.
 
-Push sessions, read gates and disk-fed streams are given this view of the daemon when
+Push sessions, read gates and plan feeds are given this view of the daemon when
 they are made, rather than reaching through their connection for it: they then depend
 on the store, the pool and the spiller, not on the connection or the daemon, and the
 modules stay free of import cycles (a test checks). `Daemon` satisfies it as it is.

@@ -34,6 +34,7 @@ from shuffled.server.counters import Counters
 from shuffled.server.membership import Membership
 from shuffled.server.reading import InputGate, RemoteInputChannel
 from shuffled.server.store import Store
+from tests.pieces import pack
 
 pytestmark = pytest.mark.asyncio
 
@@ -125,10 +126,13 @@ async def _failed_over(gate: InputGate) -> None:
 
 
 def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None:
+    """n payloads of one group each: 100 bytes of pair (partition, attempt)."""
+    group = pack(attempt, [(partition, b"x" * 100)])
     for _ in range(n):
         buf = ch.gate.pool.request()  # type: ignore[union-attr]
         assert buf is not None
-        buf.length = 100
+        buf.memory[: len(group)] = group
+        buf.length = len(group)
         ch.deliver(Chunk(buf, partition, attempt))
 
 
@@ -149,7 +153,7 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         await _failed_over(gate)
         (req,) = other.requests
         assert req.locations == {"": [7]} and req.start == 0
-        assert req.resume == {"partition": 0, "done": [], "attempt": 7, "chunks": 2, "bytes": 200}
+        assert req.resume == {"done": [], "attempt": 7, "partition": 0, "bytes": 200}
         assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
         (ch2,) = other.channels.values()
         _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out

@@ -1,0 +1,158 @@
+"""What a read of a partition range serves, in which order (PROTOCOL.md §10.1, WIDE.md §1.4, §3.3).
+
+A plan is the attempts a request names, each with the partitions it wants: one attempt's
+pairs go out together, in ascending partition order, then the next attempt's. Attempts
+whose data starts on disk come first, in the order it lies in the shuffle's file, then
+those held only in memory, so a read goes forward through the file.
+
+An attempt's *items* are (piece, lo, hi): the pieces overlapping [lo, hi) clamped to it,
+found by bisecting its ascending sequences, never by scanning them. An attempt pushed as
+several sequences (its writer flushed more than once) has its sequences merged by
+partition, so every pair is still one run of consecutive items: where sequences overlap
+that costs an item per partition, where one sequence alone covers partitions its pieces
+go out as they are. Items are made lazily, as the read goes: a plan holds one entry per
+attempt, never one per block, and a piece found on disk or in memory when it is served.
+
+A resumed read (§10.6) starts with the attempt in progress from its partition in
+progress, leaving out the bytes of that pair already relayed, then serves the named
+attempts not relayed whole.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..protocol.errors import InvalidRequest
+from .store import MapOutput, ShuffleData, Store
+
+#: (piece index, lo, hi, whether it is the piece's last item in this plan)
+Item = tuple[int, int, int, bool]
+
+
+@dataclass(slots=True, frozen=True)
+class Resume:
+    """Where a read another copy served stopped (PROTOCOL.md §10.6): attempts `done` were relayed whole;
+    of `attempt`, every pair below `partition` and the first `bytes` bytes of pair (`partition`, `attempt`)."""
+
+    done: tuple[int, ...] = ()
+    attempt: int | None = None
+    partition: int = 0
+    bytes: int = 0
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Resume:
+        """A PartitionRequest's `resume` map, whose types frames.py checked."""
+        return cls(tuple(m["done"]), m.get("attempt"), m.get("partition") or 0, m.get("bytes") or 0)
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"done": list(self.done)}
+        if self.attempt is not None:
+            m |= {"attempt": self.attempt, "partition": self.partition, "bytes": self.bytes}
+        return m
+
+
+@dataclass(slots=True)
+class Entry:
+    """One attempt's part of a plan: its partitions [lo, hi), the first `skip` bytes of pair `lo` left out."""
+
+    out: MapOutput
+    lo: int
+    hi: int
+    skip: int = 0
+
+
+class Plan:
+    """The entries of one read, in serving order (see the module)."""
+
+    __slots__ = ("data", "entries")
+
+    def __init__(self, data: ShuffleData | None, entries: list[Entry]) -> None:
+        self.data = data
+        self.entries = entries
+
+    @property
+    def removed(self) -> bool:
+        """The shuffle was dropped since: what is not served yet is gone."""
+        return self.data is not None and self.data.removed
+
+
+def _placed(out: MapOutput) -> float:
+    """Where an attempt's data starts: its file offset, or after every file offset if it is in memory."""
+    return out.offsets[0] if out.spilled else float("inf")
+
+
+def make_plan(
+    store: Store, app: str, shuffle: int, start: int, end: int, attempts: list[int], resume: Resume | None = None
+) -> Plan:
+    """The plan of a read of partitions [start, end) of these committed attempts. Everything is checked
+    here except that the resumed pair holds `bytes` bytes, which its items tell (`items`)."""
+    found = store.lookup(app, shuffle, start, end, attempts)
+    if found is None:
+        return Plan(None, [])
+    data, outs = found
+    first: list[Entry] = []
+    if resume is not None:
+        named = {*resume.done, *(() if resume.attempt is None else (resume.attempt,))}
+        if not named <= set(attempts):
+            raise InvalidRequest("resume names map attempts the request does not")
+        if resume.attempt is not None:
+            if not start <= resume.partition < end:
+                raise InvalidRequest(f"resume names partition {resume.partition}, outside [{start}, {end})")
+            first = [Entry(data.committed[resume.attempt], resume.partition, end, resume.bytes)]
+        outs = [o for o in outs if o.attempt not in named]
+    if start == end:
+        return Plan(data, [])
+    outs.sort(key=_placed)
+    return Plan(data, [*first, *(Entry(o, start, end) for o in outs)])
+
+
+def items(out: MapOutput, lo: int, hi: int) -> Iterator[Item]:
+    """The attempt's items for partitions [lo, hi), pairs in ascending order, each pair's in push order."""
+    firsts, lasts = out.firsts, out.lasts
+    ranges = []
+    for s, e in out.sequences():
+        i0 = bisect_left(lasts, lo, s, e)
+        i1 = bisect_left(firsts, hi, i0, e)
+        if i0 < i1:
+            ranges.append((i0, i1))
+    if len(ranges) == 1:
+        i0, i1 = ranges[0]
+        for i in range(i0, i1):
+            yield i, max(lo, firsts[i]), min(hi, lasts[i] + 1), True
+        return
+    yield from _merged(firsts, lasts, lo, hi, ranges)
+
+
+def _merged(firsts: Any, lasts: Any, lo: int, hi: int, ranges: list[tuple[int, int]]) -> Iterator[Item]:
+    """Several sequences merged by partition. Each cursor is [piece, end of its range, the lowest
+    partition of the piece not served yet]; a partition several cursors hold goes out cursor by cursor
+    (each with every piece of its sequence holding it), a stretch one cursor alone holds in one item."""
+    cursors = [[i0, i1, max(lo, firsts[i0])] for i0, i1 in ranges]
+
+    def advance(c: list[int], q: int) -> None:
+        i = c[0]
+        if q > lasts[i] or q >= hi:
+            c[0] = i = i + 1
+            c[2] = max(lo, firsts[i]) if i < c[1] else hi
+        else:
+            c[2] = q
+
+    while cursors:
+        p = min(c[2] for c in cursors)
+        holding = [c for c in cursors if c[2] == p]
+        if len(holding) == 1:
+            c = holding[0]
+            i = c[0]
+            q = min([lasts[i] + 1, hi, *(d[2] for d in cursors if d is not c)])
+            yield i, p, q, q > lasts[i] or q >= hi
+            advance(c, q)
+        else:
+            for c in holding:
+                while c[0] < c[1] and c[2] == p:
+                    i = c[0]
+                    yield i, p, p + 1, p >= lasts[i] or p + 1 >= hi
+                    advance(c, p + 1)
+        cursors = [c for c in cursors if c[0] < c[1]]

@@ -1,0 +1,104 @@
+"""Packed groups for tests that drive the daemon's store in-process: packing a writer's data into pieces
+as clients do (any split), pushing them into a `Store`, and reading a plan back through a `PlanFeed`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
+from shuffled.buffers import GlobalPool
+from shuffled.protocol.integrity import checksum
+from shuffled.server.chunks import Chunk
+from shuffled.server.directory import HEAD, RUN
+from shuffled.server.disk import Disk
+from shuffled.server.feed import PlanFeed
+from shuffled.server.plan import Plan
+from shuffled.server.store import MapOutput, Store
+
+Run = tuple[int, bytes]
+
+
+def pack(attempt: int, runs: Iterable[Run]) -> bytes:
+    """One packed group (WIDE.md §1.1) of these (partition, bytes) runs, partitions strictly ascending."""
+    runs = list(runs)
+    return HEAD.pack(attempt, len(runs)) + b"".join(RUN.pack(p, len(d)) for p, d in runs) + b"".join(d for _, d in runs)
+
+
+def unpack(payload: bytes | memoryview) -> list[tuple[int, int, bytes]]:
+    """Every run of a payload of groups, as (attempt, partition, bytes)."""
+    view, at, found = memoryview(payload), 0, []
+    while at < len(view):
+        attempt, n = HEAD.unpack_from(view, at)
+        data = at + HEAD.size + RUN.size * n
+        for k in range(n):
+            p, length = RUN.unpack_from(view, at + HEAD.size + RUN.size * k)
+            found.append((attempt, p, bytes(view[data : data + length])))
+            data += length
+        at = data
+    return found
+
+
+def split(attempt: int, runs: Iterable[Run], limit: int, cuts: Iterable[int] = ()) -> list[bytes]:
+    """The groups a writer fills to `limit` bytes from runs in partition order, a run continuing in the
+    next group when it does not fit; `cuts` (counts of data bytes) end groups early, even inside a run."""
+    ends = sorted(set(cuts))
+    groups: list[bytes] = []
+    current: list[Run] = []
+    written = 0
+
+    def close() -> None:
+        if current:
+            groups.append(pack(attempt, current))
+            current.clear()
+
+    for p, data in runs:
+        while data:
+            continuing = bool(current) and current[-1][0] == p
+            size = HEAD.size + sum(RUN.size + len(d) for _, d in current)
+            room = limit - size - (0 if continuing else RUN.size)
+            cut = next((c for c in ends if c > written), None)
+            if cut is not None:
+                room = min(room, cut - written)
+            if room <= 0:
+                close()
+                continue
+            part, data = data[:room], data[room:]
+            if continuing:
+                current[-1] = (p, current[-1][1] + part)
+            else:
+                current.append((p, part))
+            written += len(part)
+            if cut is not None and written == cut:
+                close()
+    close()
+    return groups
+
+
+def push(pool: GlobalPool, store: Store, out: MapOutput, group: bytes) -> None:
+    """Store one group as a push session would, in a segment of `pool`."""
+    (buf,) = pool.try_take(1) or []
+    buf.set_recycler(pool.give)
+    buf.memory[: len(group)] = group
+    buf.length = len(group)
+    store.add(out, buf, checksum(group))
+
+
+async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float = 10) -> list[bytes]:
+    """Every payload a plan's feed makes, in order, each checked against its CRC32C (its segment then goes
+    back), and that it fits a segment."""
+    services: Any = SimpleNamespace(pool=pool, disk=disk)
+    got: list[Chunk] = []
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    feed = PlanFeed(services, plan, got.append, lambda: 1 << 20)
+    feed.start(lambda: done.set_result(None), done.set_exception)
+    try:
+        await asyncio.wait_for(done, timeout)
+    finally:
+        payloads = []
+        for chunk in got:
+            assert checksum(chunk.buffer.data()) == chunk.crc and 0 < chunk.buffer.length <= pool.segment_size
+            payloads.append(bytes(chunk.buffer.data()))
+            chunk.buffer.release()
+    return payloads
