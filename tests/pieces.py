@@ -10,8 +10,8 @@ from typing import Any
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
+from shuffled.protocol.packed import HEADER_SIZE, RUN_SIZE, check_push, directory, group_bytes
 from shuffled.server.chunks import Chunk
-from shuffled.server.directory import HEAD, RUN
 from shuffled.server.disk import Disk
 from shuffled.server.feed import PlanFeed
 from shuffled.server.plan import Plan
@@ -21,22 +21,17 @@ Run = tuple[int, bytes]
 
 
 def pack(attempt: int, runs: Iterable[Run]) -> bytes:
-    """One packed group (WIDE.md §1.1) of these (partition, bytes) runs, partitions strictly ascending."""
-    runs = list(runs)
-    return HEAD.pack(attempt, len(runs)) + b"".join(RUN.pack(p, len(d)) for p, d in runs) + b"".join(d for _, d in runs)
+    """One packed group (PROTOCOL.md §3.3) of these (partition, bytes) runs, partitions strictly ascending."""
+    return group_bytes(attempt, runs)
 
 
 def unpack(payload: bytes | memoryview) -> list[tuple[int, int, bytes]]:
     """Every run of a payload of groups, as (attempt, partition, bytes)."""
     view, at, found = memoryview(payload), 0, []
     while at < len(view):
-        attempt, n = HEAD.unpack_from(view, at)
-        data = at + HEAD.size + RUN.size * n
-        for k in range(n):
-            p, length = RUN.unpack_from(view, at + HEAD.size + RUN.size * k)
-            found.append((attempt, p, bytes(view[data : data + length])))
-            data += length
-        at = data
+        d = directory(view, at)
+        found += [(d.attempt, p, bytes(view[lo:hi])) for p, lo, hi in d.runs()]
+        at = d.end
     return found
 
 
@@ -56,8 +51,8 @@ def split(attempt: int, runs: Iterable[Run], limit: int, cuts: Iterable[int] = (
     for p, data in runs:
         while data:
             continuing = bool(current) and current[-1][0] == p
-            size = HEAD.size + sum(RUN.size + len(d) for _, d in current)
-            room = limit - size - (0 if continuing else RUN.size)
+            size = HEADER_SIZE + sum(RUN_SIZE + len(d) for _, d in current)
+            room = limit - size - (0 if continuing else RUN_SIZE)
             cut = next((c for c in ends if c > written), None)
             if cut is not None:
                 room = min(room, cut - written)
@@ -82,7 +77,7 @@ def push(pool: GlobalPool, store: Store, out: MapOutput, group: bytes) -> None:
     buf.set_recycler(pool.give)
     buf.memory[: len(group)] = group
     buf.length = len(group)
-    store.add(out, buf, checksum(group))
+    store.add(out, buf, checksum(group), check_push(buf.data(), out.attempt, out.shuffle.partitions))
 
 
 async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float = 10) -> list[bytes]:

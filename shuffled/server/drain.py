@@ -42,9 +42,9 @@ from ..protocol.errors import (
     TimedOut,
 )
 from ..protocol.frames import REPLICA, OpenMapOutput
+from ..protocol.packed import LengthTally, directory
 from .chunks import Chunk
 from .connection import DaemonConnection
-from .directory import RunLengths, runs
 from .feed import PieceLoader
 from .host import Host
 from .replication import ReplicaLink
@@ -250,21 +250,21 @@ class Drainer:
             replica_of=h.primary,
             app_key=host.store.app_keys[data.app].hex(),
         )
-        sent = RunLengths()
+        sent = LengthTally()
         try:
             await link.open(conn, req)
             await self._send(link, out, sent)
             lengths = await link.commit()
         finally:
             link.abort()  # a no-op once committed
-        stored = sent.dense(data.partitions)
+        stored = sent.lengths(data.partitions)
         if lengths != stored:
             raise CorruptData(
                 f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} were sent"
             )
         return out.bytes
 
-    async def _send(self, link: ReplicaLink, out: MapOutput, sent: RunLengths) -> None:
+    async def _send(self, link: ReplicaLink, out: MapOutput, sent: LengthTally) -> None:
         """Every piece in push order, one PushData each (so the copy's pieces are the primary's): memory
         pieces as they are, spilled ones read back into segments and checked against their CRC. At most
         the link's lag of pieces wait unsent. Pieces are found by index each time, as a spill may move
@@ -294,7 +294,7 @@ class Drainer:
                         data.file.path, out.offsets[i], out.sizes[i:end].tolist(), out.crcs[i:end].tolist(), what
                     )
                 for buf in got:
-                    sent.add(*runs(buf.data()))
+                    sent.add(directory(buf.data()))
                     link.send(Chunk(buf, 0, out.attempt, out.crcs[i]))
                     i += 1
         finally:

@@ -27,8 +27,8 @@ from ..buffers import Buffer
 from ..logs import event
 from ..protocol.errors import CorruptData, InternalError, InvalidRequest, PartitionNotFound, ShuffledError
 from ..protocol.integrity import checksum
+from ..protocol.packed import directory, slice_group
 from .chunks import Chunk
-from .directory import sub_range
 from .plan import Entry, Item, Plan, items
 from .services import Services
 from .store import MapOutput
@@ -242,16 +242,23 @@ class PlanFeed:
     async def _copy(self, piece: Buffer, lo: int, hi: int, whole: bool, skip: int) -> int:
         """Copy the item's runs into the frame in progress, or a new one if they do not fit; what is left
         of `skip`."""
+        group = piece.data()
+        parts: tuple[memoryview | bytes, ...]
         if whole:
-            parts: list[memoryview | bytes] = [piece.data()]
-            size = piece.length
+            parts, size = (group,), piece.length
         else:
-            parts, size, left = sub_range(piece.data(), lo, hi, skip)
-            if size and left:
-                raise InvalidRequest("resume point does not match this copy")
-            if not size:
-                return left
-            skip = left
+            if not skip:
+                found = slice_group(group, lo, hi)
+            elif (length := directory(group).run_length(lo)) > skip:
+                found, skip = slice_group(group, lo, hi, skip), 0
+            else:  # the pair's run here was relayed whole: it goes on in a later piece, or it ends short
+                skip -= length
+                found = slice_group(group, lo + 1, hi)
+                if found is not None and skip:
+                    raise InvalidRequest("resume point does not match this copy")
+            if found is None:
+                return skip
+            parts, size = found.parts, len(found)
         if self._fill + size > self.limit:
             self._flush()
         pool = self.services.pool

@@ -25,33 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol.errors import InvalidRequest
+from ..protocol.resume import Resume
 from .store import MapOutput, ShuffleData, Store
 
 #: (piece index, lo, hi, whether it is the piece's last item in this plan)
 Item = tuple[int, int, int, bool]
-
-
-@dataclass(slots=True, frozen=True)
-class Resume:
-    """Where a read another copy served stopped (PROTOCOL.md §10.6): attempts `done` were relayed whole;
-    of `attempt`, every pair below `partition` and the first `bytes` bytes of pair (`partition`, `attempt`)."""
-
-    done: tuple[int, ...] = ()
-    attempt: int | None = None
-    partition: int = 0
-    bytes: int = 0
-
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Resume:
-        """A PartitionRequest's `resume` map, whose types frames.py checked."""
-        return cls(tuple(m["done"]), m.get("attempt"), m.get("partition") or 0, m.get("bytes") or 0)
-
-    def to_wire(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"done": list(self.done)}
-        if self.attempt is not None:
-            m |= {"attempt": self.attempt, "partition": self.partition, "bytes": self.bytes}
-        return m
 
 
 @dataclass(slots=True)
@@ -95,13 +73,10 @@ def make_plan(
     data, outs = found
     first: list[Entry] = []
     if resume is not None:
-        named = {*resume.done, *(() if resume.attempt is None else (resume.attempt,))}
-        if not named <= set(attempts):
-            raise InvalidRequest("resume names map attempts the request does not")
+        resume.check(start, end, attempts)
         if resume.attempt is not None:
-            if not start <= resume.partition < end:
-                raise InvalidRequest(f"resume names partition {resume.partition}, outside [{start}, {end})")
             first = [Entry(data.committed[resume.attempt], resume.partition, end, resume.bytes)]
+        named = {*resume.done, resume.attempt}
         outs = [o for o in outs if o.attempt not in named]
     if start == end:
         return Plan(data, [])

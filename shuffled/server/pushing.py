@@ -35,6 +35,7 @@ from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
 from ..protocol.integrity import checksum
+from ..protocol.packed import check_push
 from .replication import ReplicaLinks
 from .services import Services
 from .shares import Share
@@ -149,7 +150,8 @@ class PushSession:
                     f"PushData {frame.sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
                     f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
-            services.store.add(self.out, buf, crc)
+            group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)
+            services.store.add(self.out, buf, crc, group)
             if self.links is not None:
                 self.links.forward(buf, crc)
         except ShuffledError as exc:
@@ -247,7 +249,7 @@ class PushSession:
         assert self.pool is not None and self.out.runs is not None
         self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
         self.pool = None
-        lengths = self.out.runs.dense(self.out.shuffle.partitions)
+        lengths = self.out.runs.lengths(self.out.shuffle.partitions)
         self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
 
     async def _commit_replicated(self, links: ReplicaLinks, lengths: list[int]) -> None:

@@ -21,10 +21,11 @@ from ..net.streams import BufferResponseStream
 from ..protocol.connection import ProtocolConnection, release_payload
 from ..protocol.errors import InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
+from ..protocol.resume import Resume
 from .chunks import Chunk
 from .feed import LOOKAHEAD, PlanFeed
 from .peers import split_address
-from .plan import Plan, Resume, make_plan
+from .plan import Plan, make_plan
 from .reading import InputGate, Peers, RemoteInputChannel
 from .services import Services
 

@@ -12,7 +12,7 @@ remote daemons announced they still hold, so the client's window grows with the
 whole stream rather than with the few buffers this daemon has at hand.
 
 Failover (PROTOCOL.md §10.4, §10.6): every location's progress is recorded as it is
-relayed (`PairProgress`). When the daemon holding a location fails (unreachable, lost,
+relayed (`ReadProgress`: per packed group, never per run). When the daemon holding a location fails (unreachable, lost,
 silent, or without the data) the gate reopens that location on the next daemon of its
 placement candidates, resuming exactly where the relayed bytes stop, so the client
 sees neither a gap nor a repeat. Only when no copy is left does the read fail, with the
@@ -25,7 +25,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from ..buffers import LocalPool
+from ..buffers import Buffer, LocalPool
 from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
@@ -33,10 +33,10 @@ from ..net.streams import BufferResponseStream
 from ..protocol.credit import ChannelCredit, FloatingPool
 from ..protocol.errors import ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
 from ..protocol.frames import REPLICA, PartitionRequest
+from ..protocol.resume import ReadProgress
 from .chunks import Chunk
-from .directory import Malformed, groups
 from .feed import PlanFeed
-from .plan import Plan, Resume, make_plan
+from .plan import Plan, make_plan
 from .services import Services
 
 log = logging.getLogger(__name__)
@@ -104,44 +104,6 @@ FAILOVER_CODES = frozenset(
 )
 
 
-class PairProgress:
-    """How far a location was relayed: enough to resume it on another copy (§10.6) without a byte twice.
-
-    Updated with each payload before it is relayed, per packed group (its attempt, first and last run),
-    never per run: a relayed payload is queued on the client stream in order, so what is counted here is
-    exactly what the client will get. One location's pairs come attempt by attempt, in ascending
-    partition order (§10.1), so a group that ends with another partition ends every pair before it.
-    """
-
-    __slots__ = ("attempt", "bytes", "done", "partition")
-
-    def __init__(self) -> None:
-        #: attempts relayed whole
-        self.done: list[int] = []
-        #: the attempt being relayed (None: nothing relayed yet), its pair in progress and its bytes relayed
-        self.attempt: int | None = None
-        self.partition = -1
-        self.bytes = 0
-
-    def add(self, payload: memoryview) -> None:
-        """Count a payload; raises Malformed (and counts nothing more) for one that is not whole groups."""
-        for attempt, _, last, length in groups(payload):
-            if attempt != self.attempt:
-                if self.attempt is not None:
-                    self.done.append(self.attempt)
-                self.attempt, self.partition = attempt, -1
-            if last == self.partition:
-                self.bytes += length
-            else:
-                self.partition, self.bytes = last, length
-
-    def resume(self) -> Resume | None:
-        """The resume point, None before the first payload (then a copy serves the request from its start)."""
-        if self.attempt is None:
-            return None
-        return Resume(tuple(self.done), self.attempt, self.partition, self.bytes)
-
-
 class Location:
     """One daemon's part of a read (its address and the attempts named there), followed across copies."""
 
@@ -150,7 +112,7 @@ class Location:
     def __init__(self, primary: str, attempts: list[int]) -> None:
         self.primary = primary
         self.attempts = attempts
-        self.progress = PairProgress()
+        self.progress = ReadProgress()
         #: the error the primary failed with (what the client gets when no copy is left); None until then
         self.error: ShuffledError | None = None
         #: the copies not tried yet, in placement order
@@ -181,15 +143,17 @@ class RemoteInputChannel(InputChannel):
     def announce(self) -> None:
         self.conn.announce(self)
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        """Relay a payload as it is (its CRC32C forwarded), counted first: a malformed one (PROTOCOL) fails
+        the read instead, as the client would (the relay is this stream's reader, §7.6)."""
         self._count_upstream(self.credit.backlog)
         try:
-            self.location.progress.add(chunk.buffer.data())
-        except Malformed as exc:
-            chunk.buffer.release()
+            self.location.progress.add(payload.data())
+        except ProtocolError as exc:
+            payload.release()
             self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
             return
-        self.gate.relay(chunk)
+        self.gate.relay(Chunk(payload, 0, 0, crc))
 
     def _count_upstream(self, backlog: int) -> None:
         out = self.gate.out
@@ -382,7 +346,7 @@ class InputGate:
                         peer = (await self.peers.get(node)).reads
                     except ShuffledError:
                         continue
-                    if loc.progress.attempt is not None and REPLICA not in peer.features:
+                    if loc.progress.resume() is not None and REPLICA not in peer.features:
                         continue  # it would not understand `resume` and resend what was relayed
                     try:
                         await self._open_channel(loc, peer)

@@ -42,7 +42,7 @@ from ..protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from .directory import Malformed, RunLengths, validate
+from ..protocol.packed import Directory, LengthTally
 from .disk import LoadedShuffle, SpillFile
 from .stats import StoreStats
 
@@ -124,7 +124,7 @@ class MapOutput:
         self.size = 0
         self.memory_bytes = 0
         #: bytes per partition while the push is open (for its CommitAck); None once committed
-        self.runs: RunLengths | None = RunLengths()
+        self.runs: LengthTally | None = LengthTally()
 
     @property
     def pieces(self) -> int:
@@ -293,17 +293,13 @@ class Store:
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
             )
 
-    def add(self, out: MapOutput, buffer: Buffer, crc: int) -> None:
-        """Take ownership of a pushed packed group (its one reference moves to the store) and its checked
-        CRC32C. A malformed group is INVALID_REQUEST (WIDE.md §1.2) and is released, as on every refusal."""
+    def add(self, out: MapOutput, buffer: Buffer, crc: int, group: Directory) -> None:
+        """Take ownership of a pushed packed group (its one reference moves to the store), its checked CRC32C
+        and its checked directory (`packed.check_push`); a refused one is released."""
         try:
             if out.state is not MapState.OPEN:
                 raise MapOutputStateError(f"push to a map output that is {out.state.value}")
             data = out.shuffle
-            try:
-                parts, lens = validate(buffer.data(), data.partitions, out.attempt)
-            except Malformed as exc:
-                raise InvalidRequest(str(exc)) from None
             usage = data.usage
             self._check_disk_quota(data.app, usage)
             if self.memory_quota and not self.can_spill and usage.segments >= self.memory_quota:
@@ -315,16 +311,16 @@ class Store:
             buffer.release()
             raise
         assert out.runs is not None
-        out.runs.add(parts, lens)
-        first, last, length = parts[0], parts[-1], buffer.length
+        out.runs.add(group)
+        first, length = group.first, buffer.length
         if not out.sizes or first < out.lasts[-1]:
             out.starts.append(len(out.sizes))
         out.firsts.append(first)
-        out.lasts.append(last)
+        out.lasts.append(group.last)
         out.sizes.append(length)
         out.crcs.append(crc)
         out.memory.append(buffer)
-        out.bytes += sum(lens)
+        out.bytes += group.data_bytes
         out.size += length
         self._hold(out, 1, length)
 
@@ -358,7 +354,7 @@ class Store:
         self.committed_bytes += out.bytes
         self._mark(data, out, copies)
         data.last_commit = data.usage.last_active = time.monotonic()
-        return runs.dense(data.partitions)
+        return runs.lengths(data.partitions)
 
     @staticmethod
     def _mark(data: ShuffleData, out: MapOutput, copies: tuple[str, ...]) -> None:

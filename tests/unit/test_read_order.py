@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shuffled.buffers import GlobalPool
+from shuffled.protocol.resume import ReadProgress
 from shuffled.server.disk import Disk, SpillFile
 from shuffled.server.plan import make_plan
-from shuffled.server.reading import PairProgress
 from shuffled.server.spill import Spiller
 from shuffled.server.store import Store
 from tests.pieces import push, serve, split, unpack
@@ -127,7 +127,7 @@ async def read_all(
         check(full, want)
         # A relay that passed on the first k payloads resumes on this copy exactly where they stop.
         k = cut % (len(full) + 1)
-        progress = PairProgress()
+        progress = ReadProgress()
         for payload in full[:k]:
             progress.add(memoryview(payload))
         rest = await serve(pool, disk, make_plan(store, APP, 0, lo, hi, named, progress.resume()))

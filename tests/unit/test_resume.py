@@ -3,7 +3,7 @@ not relayed, however the copy's pieces are split.
 
 Two stores hold the same map outputs packed differently (other group boundaries, a run split elsewhere,
 one of them spilled) and committed in another order. Whatever prefix of the primary's payloads was
-relayed (`PairProgress`), the copy's resumed plan completes it: every pair whole, in push order, nothing
+relayed (`ReadProgress`), the copy's resumed plan completes it: every pair whole, in push order, nothing
 twice. A resume point that does not fit the copy fails the read before any data.
 """
 
@@ -18,10 +18,10 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.errors import InvalidRequest
+from shuffled.protocol.resume import ReadProgress, Resume
 from shuffled.server.disk import Disk
 from shuffled.server.feed import PlanFeed
-from shuffled.server.plan import Plan, Resume, make_plan
-from shuffled.server.reading import PairProgress
+from shuffled.server.plan import Plan, make_plan
 from shuffled.server.spill import Spiller
 from shuffled.server.store import Store
 from tests.pieces import push, serve, split, unpack
@@ -88,7 +88,7 @@ async def test_every_cut_point_resumes_to_exactly_the_rest(
         assert pairs(full) == WANT
         copy = await Copy(tmp_path / "c", cuts, order, spill).ready()
         for n in range(len(full) + 1):
-            progress = PairProgress()
+            progress = ReadProgress()
             for payload in full[:n]:
                 progress.add(memoryview(payload))
             rest = await copy.serve(progress.resume())
@@ -116,7 +116,7 @@ async def test_a_resume_point_that_does_not_fit_fails_before_any_data(tmp_path: 
             (Resume((), 2, 3, len(DATA[2][3]) + 1), "does not match this copy"),  # more bytes than the pair
             (Resume((), 2, 1, 1), "does not match this copy"),  # an empty pair
             (Resume((), 2, PARTITIONS, 0), "outside"),  # not in the range
-            (Resume((7,), 2, 3, 1), "the request does not"),  # an attempt not named
+            (Resume((7,), 2, 3, 1), "not named by the request"),  # an attempt not named
         ]
         for resume, why in refused:
             used = copy.pool.used
