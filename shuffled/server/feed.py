@@ -150,8 +150,8 @@ class PlanFeed:
         self.sink = sink
         self._budget = budget
         self.limit = services.pool.segment_size
-        #: entries not finished yet (a backlog estimate for the reader's credit)
-        self.left = len(plan.entries)
+        #: pieces not served yet (a backlog estimate for the reader's credit)
+        self.left = plan.pieces
         self.loader = PieceLoader(services) if services.disk is not None else None
         #: the frame being filled (a read-reserve segment) and its fill
         self._frame: Buffer | None = None
@@ -191,7 +191,6 @@ class PlanFeed:
         try:
             for entry in self.plan.entries:
                 await self._serve(entry)
-                self.left -= 1
             self._flush()
         finally:
             self._release()
@@ -207,7 +206,7 @@ class PlanFeed:
 
     async def _serve(self, entry: Entry) -> None:
         out = entry.out
-        pending = items(out, entry.lo, entry.hi)
+        pending = items(entry)
         ahead: deque[Item] = deque()
         skip = entry.skip
         while ahead or _pull(pending, ahead):
@@ -234,8 +233,10 @@ class PlanFeed:
             else:
                 skip = await self._copy(buf, lo, hi, whole, skip)
             ahead.popleft()
-            if final and i in self._loaded:
-                self._loaded.pop(i).release()
+            if final:
+                self.left -= 1
+                if i in self._loaded:
+                    self._loaded.pop(i).release()
         if skip:
             raise InvalidRequest("resume point does not match this copy")
 

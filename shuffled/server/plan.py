@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol.resume import Resume
@@ -34,22 +34,37 @@ Item = tuple[int, int, int, bool]
 
 @dataclass(slots=True)
 class Entry:
-    """One attempt's part of a plan: its partitions [lo, hi), the first `skip` bytes of pair `lo` left out."""
+    """One attempt's part of a plan: its partitions [lo, hi), the first `skip` bytes of pair `lo` left out,
+    and the index range of the pieces overlapping them in each of its sequences."""
 
     out: MapOutput
     lo: int
     hi: int
     skip: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        firsts, lasts, lo, hi = self.out.firsts, self.out.lasts, self.lo, self.hi
+        for s, e in self.out.sequences():
+            i0 = bisect_left(lasts, lo, s, e)
+            i1 = bisect_left(firsts, hi, i0, e)
+            if i0 < i1:
+                self.ranges.append((i0, i1))
+
+    @property
+    def pieces(self) -> int:
+        return sum(i1 - i0 for i0, i1 in self.ranges)
 
 
 class Plan:
-    """The entries of one read, in serving order (see the module)."""
+    """The entries of one read, in serving order (see the module), and the pieces they overlap."""
 
-    __slots__ = ("data", "entries")
+    __slots__ = ("data", "entries", "pieces")
 
     def __init__(self, data: ShuffleData | None, entries: list[Entry]) -> None:
         self.data = data
-        self.entries = entries
+        self.entries = [e for e in entries if e.ranges or e.skip]
+        self.pieces = sum(e.pieces for e in self.entries)
 
     @property
     def removed(self) -> bool:
@@ -84,15 +99,10 @@ def make_plan(
     return Plan(data, [*first, *(Entry(o, start, end) for o in outs)])
 
 
-def items(out: MapOutput, lo: int, hi: int) -> Iterator[Item]:
-    """The attempt's items for partitions [lo, hi), pairs in ascending order, each pair's in push order."""
+def items(entry: Entry) -> Iterator[Item]:
+    """The entry's items, pairs in ascending order, each pair's in push order."""
+    out, lo, hi, ranges = entry.out, entry.lo, entry.hi, entry.ranges
     firsts, lasts = out.firsts, out.lasts
-    ranges = []
-    for s, e in out.sequences():
-        i0 = bisect_left(lasts, lo, s, e)
-        i1 = bisect_left(firsts, hi, i0, e)
-        if i0 < i1:
-            ranges.append((i0, i1))
     if len(ranges) == 1:
         i0, i1 = ranges[0]
         for i in range(i0, i1):

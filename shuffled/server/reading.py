@@ -288,7 +288,7 @@ class InputGate:
                 cfg.exclusive,
                 self.req.app,
                 self.req.shuffle,
-                self.req.start if resume is None else resume.partition,
+                self.req.start,  # a resumed request repeats the original range (§10.6)
                 self.req.end,
                 {"": loc.attempts},
                 self.req.token,  # the daemon holding the data checks the client's token too

@@ -44,10 +44,11 @@ def _want(attempts: list[int]) -> dict[tuple[int, int], bytes]:
 
 
 async def _push(addr: str, shuffle: int, attempt: int, spill_midway: bool = False) -> None:
-    """One attempt's pairs, written in halves; `spill_midway` flushes the daemon between the halves, so
-    every pair has its first chunks on disk and the rest in memory."""
+    """One attempt's pairs, written in halves, each write pushed at once (two ascending sequences of
+    pieces); `spill_midway` flushes the daemon between the halves, so every pair has its first half on
+    disk and the rest in memory."""
     async with await AsyncClient.connect(addr) as c:
-        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS)
+        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS, buffer_size=0)
         for half in (0, 1):
             for p in range(PARTS):
                 data = payload(attempt, p, SIZE)
@@ -58,7 +59,8 @@ async def _push(addr: str, shuffle: int, attempt: int, spill_midway: bool = Fals
 
 
 async def _read(client: AsyncClient, shuffle: int, where: str, attempts: list[int]) -> dict[tuple[int, int], bytes]:
-    """Each pair's bytes; a pair read in two runs (§10.1) or a partition out of order fails the test."""
+    """Each pair's bytes; a pair read in two runs, an attempt's pairs not together or out of partition order
+    (§10.1: one location's stream goes attempt by attempt) fails the test."""
     got: dict[tuple[int, int], bytearray] = {}
     runs: list[tuple[int, int]] = []
     async with client.read(APP, shuffle, 0, PARTS, {where: attempts}) as r:
@@ -66,7 +68,10 @@ async def _read(client: AsyncClient, shuffle: int, where: str, attempts: list[in
             pair = (chunk.partition, chunk.attempt)
             if not runs or runs[-1] != pair:
                 assert pair not in runs, f"pair {pair} in two runs: {runs}"
-                assert not runs or runs[-1][0] <= pair[0], f"partition out of order: {runs} then {pair}"
+                if runs and runs[-1][1] == pair[1]:
+                    assert runs[-1][0] < pair[0], f"partition out of order: {runs} then {pair}"
+                else:
+                    assert pair[1] not in {a for _, a in runs}, f"attempt {pair[1]} not together: {runs} then {pair}"
                 runs.append(pair)
             got.setdefault(pair, bytearray()).extend(chunk.data)
             chunk.release()

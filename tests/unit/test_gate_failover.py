@@ -148,15 +148,15 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
         gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
         (ch,) = primary.channels.values()
-        _relay(ch, 0, 7, 2)  # both exclusive buffers, still on their way to the client
+        _relay(ch, 2, 7, 2)  # both exclusive buffers, still on their way to the client
         ch.fail(ConnectionLost("lost"))
         await _failed_over(gate)
         (req,) = other.requests
-        assert req.locations == {"": [7]} and req.start == 0
-        assert req.resume == {"done": [], "attempt": 7, "partition": 0, "bytes": 200}
+        assert req.locations == {"": [7]} and (req.start, req.end) == (0, 4)  # the original range (§10.6)
+        assert req.resume == {"done": [], "attempt": 7, "partition": 2, "bytes": 200}
         assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
         (ch2,) = other.channels.values()
-        _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
+        _relay(ch2, 3, 7, 2)  # the new channel's buffers exist while the old ones are still out
         assert len(out.chunks) == 4
         assert not client.errors and gate.services.counters.failovers == {"CONNECTION_LOST": 1}
         _end(gate, out, pool)
