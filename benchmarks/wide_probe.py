@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 from shuffled.launch import DaemonProcess, free_port
 from shuffled_client import AsyncClient
 
 MiB = 1 << 20
 APP = "wide-probe"
+
+
+def cpu(pid: int) -> float:
+    """CPU seconds a process used so far (user + system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Peak(threading.Thread):
@@ -38,9 +48,12 @@ class Peak(threading.Thread):
                 self.peak = max(self.peak, int(f.read().split()[1]) * 4096)
 
 
-async def probe(width: int, args: argparse.Namespace, data_dir: str) -> dict[str, float]:
+async def probe(width: int, args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
     port = free_port(["127.0.0.2"])
-    daemon = DaemonProcess("127.0.0.2", port, args.pool, ["--data-dir", data_dir]).wait_ready()
+    profile = (
+        (sys.executable, "-m", "cProfile", "-o", f"{args.profile}-{width}.prof") if args.profile else (sys.executable,)
+    )
+    daemon = DaemonProcess("127.0.0.2", port, args.pool, ["--data-dir", data_dir], interpreter=profile).wait_ready()
     sampler = Peak(daemon.pid)
     sampler.start()
     try:
@@ -50,14 +63,19 @@ async def probe(width: int, args: argparse.Namespace, data_dir: str) -> dict[str
         body = memoryview(block)[:share]
         maps = list(range(1, args.maps + 1))
 
+        whole = memoryview(bytes(body) * width) if args.sorted else None
+
         async def one(attempt: int) -> None:
             writer = await client.open_writer(APP, 0, attempt, attempt, width)
-            for p in range(width):
-                await writer.write(p, body)
+            if whole is not None:  # the map output already grouped by partition, as a Spark index file has it
+                await writer.write_sorted([share] * width, whole)
+            else:
+                for p in range(width):
+                    await writer.write(p, body)
             lengths = await writer.commit()
             assert sum(lengths) == share * width
 
-        t0 = time.perf_counter()
+        t0, d0, c0 = time.perf_counter(), cpu(daemon.pid), cpu(os.getpid())
         queue = list(maps)
 
         async def worker() -> None:
@@ -66,6 +84,7 @@ async def probe(width: int, args: argparse.Namespace, data_dir: str) -> dict[str
 
         await asyncio.gather(*(worker() for _ in range(args.writers)))
         push_s = time.perf_counter() - t0
+        push_cpu = (cpu(daemon.pid) - d0, cpu(os.getpid()) - c0)
         stats = await client.stats()
         store = stats["store"]
         segment = stats["pool"]["segment_size"]
@@ -81,15 +100,19 @@ async def probe(width: int, args: argparse.Namespace, data_dir: str) -> dict[str
                     n += len(chunk.data)
             return n
 
-        t0 = time.perf_counter()
+        t0, d0, c0 = time.perf_counter(), cpu(daemon.pid), cpu(os.getpid())
         got = await asyncio.gather(*(read(lo) for lo in range(0, width, step)))
         read_s = time.perf_counter() - t0
+        read_cpu = (cpu(daemon.pid) - d0, cpu(os.getpid()) - c0)
         assert sum(got) == total, f"read {sum(got)} bytes of {total}"
         await client.unregister_shuffle(APP, 0)
         await client.close()
         return {
             "push": total / MiB / push_s,
             "read": total / MiB / read_s,
+            # CPU seconds per GiB moved: daemon, client
+            "push_cpu": tuple(c * (1 << 30) / total for c in push_cpu),
+            "read_cpu": tuple(c * (1 << 30) / total for c in read_cpu),
             "efficiency": efficiency,
             "rss_over_pool": (sampler.peak - daemon_pool(args.pool)) / MiB,
         }
@@ -111,13 +134,19 @@ def main() -> None:
     parser.add_argument("--pool", default="256M")
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--readers", type=int, default=8)
+    parser.add_argument("--sorted", action="store_true", help="push with write_sorted (v3 clients) instead of write")
+    parser.add_argument("--profile", help="run the daemons under cProfile, writing PREFIX-<width>.prof")
     parser.add_argument("--data-dir", default="none", help="where the daemons spill (default: memory only)")
     args = parser.parse_args()
-    print("partitions  push MiB/s  read MiB/s  memory efficiency  peak RSS - pool (MiB)")
+    print("partitions  push MiB/s (CPU s/GiB: daemon, client)  read MiB/s (the same)  efficiency  RSS-pool MiB")
     for width in map(int, args.widths.split(",")):
         with tempfile.TemporaryDirectory(dir=None if args.data_dir == "none" else args.data_dir) as tmp:
             r = asyncio.run(probe(width, args, "none" if args.data_dir == "none" else tmp))
-        print(f"{width:10d}  {r['push']:10.1f}  {r['read']:10.1f}  {r['efficiency']:17.2f}  {r['rss_over_pool']:10.0f}")
+        pc, rc = r["push_cpu"], r["read_cpu"]
+        print(
+            f"{width:10d}  {r['push']:10.1f} ({pc[0]:4.2f}, {pc[1]:4.2f})"
+            f"  {r['read']:10.1f} ({rc[0]:4.2f}, {rc[1]:4.2f})  {r['efficiency']:10.2f}  {r['rss_over_pool']:12.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
+
+from hypothesis import strategies as st
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
@@ -18,6 +21,7 @@ from shuffled.server.plan import Plan
 from shuffled.server.store import MapOutput, Store
 
 Run = tuple[int, bytes]
+Pair = tuple[int, int]  # partition, attempt
 
 
 def pack(attempt: int, runs: Iterable[Run]) -> bytes:
@@ -97,3 +101,69 @@ async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float 
             payloads.append(bytes(chunk.buffer.data()))
             chunk.buffer.release()
     return payloads
+
+
+@dataclass
+class Output:
+    attempt: int
+    #: partition -> its bytes
+    data: dict[int, bytes]
+    groups: list[bytes]
+
+
+@st.composite
+def outputs(draw: st.DrawFn, partitions: int, attempt: int, segment: int) -> Output:
+    """One map attempt's data and the groups its writer pushes, at most `segment` bytes each: a partition
+    empty, small or spanning several groups, its bytes split over 1-3 flushes in order (so the pieces form
+    several ascending sequences), each flush packed in partition order with random early cuts."""
+    sizes = draw(
+        st.lists(
+            st.sampled_from([0, 0, 1, 7, 300, segment - 20, segment + 5, 3 * segment]),
+            min_size=partitions,
+            max_size=partitions,
+        )
+    )
+    flushes = draw(st.integers(1, 3))
+    parts: list[list[tuple[int, bytes]]] = [[] for _ in range(flushes)]
+    data: dict[int, bytes] = {}
+    for p, size in enumerate(sizes):
+        if not size:
+            continue
+        data[p] = body = bytes((attempt * 31 + p * 7 + i) % 251 for i in range(size))
+        points = sorted(draw(st.lists(st.integers(0, size), max_size=2)))
+        owners = sorted(draw(st.lists(st.integers(0, flushes - 1), min_size=len(points) + 1, max_size=len(points) + 1)))
+        for owner, lo, hi in zip(owners, [0, *points], [*points, size], strict=True):
+            if hi > lo:
+                parts[owner].append((p, body[lo:hi]))
+    groups: list[bytes] = []
+    for runs in parts:
+        merged: list[tuple[int, bytes]] = []
+        for p, d in sorted(runs, key=lambda r: r[0]):  # stable: a partition's parts keep their order
+            if merged and merged[-1][0] == p:
+                merged[-1] = (p, merged[-1][1] + d)
+            else:
+                merged.append((p, d))
+        total = sum(len(d) for _, d in merged)
+        cuts = draw(st.lists(st.integers(1, max(1, total)), max_size=3))
+        groups += split(attempt, merged, segment, cuts)
+    return Output(attempt, data, groups)
+
+
+def check(runs: Iterable[tuple[int, int, bytes | memoryview]], want: dict[Pair, bytes]) -> None:
+    """Runs (attempt, partition, bytes) as a read served them hold exactly `want`, each pair's runs
+    consecutive, each attempt's pairs together and in ascending partition order (one location's read)."""
+    got: dict[Pair, bytearray] = {}
+    pairs: list[Pair] = []
+    attempts: list[int] = []
+    for attempt, p, data in runs:
+        pair = (p, attempt)
+        if not pairs or pairs[-1] != pair:
+            assert pair not in got, f"pair {pair} in two runs"
+            if attempts and attempts[-1] == attempt:
+                assert p > pairs[-1][0], f"attempt {attempt}: partition {p} after {pairs[-1][0]}"
+            else:
+                assert attempt not in attempts, f"attempt {attempt}'s pairs are not together"
+                attempts.append(attempt)
+            pairs.append(pair)
+        got.setdefault(pair, bytearray()).extend(data)
+    assert {k: bytes(v) for k, v in got.items()} == want

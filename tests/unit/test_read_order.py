@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,56 +24,10 @@ from shuffled.server.disk import Disk, SpillFile
 from shuffled.server.plan import make_plan
 from shuffled.server.spill import Spiller
 from shuffled.server.store import Store
-from tests.pieces import push, serve, split, unpack
+from tests.pieces import Output, check, outputs, push, serve, unpack
 
 SEG = 4096
 APP = "app"
-
-Pair = tuple[int, int]  # partition, attempt
-
-
-@dataclass
-class Output:
-    attempt: int
-    #: partition -> its bytes
-    data: dict[int, bytes]
-    groups: list[bytes]
-
-
-@st.composite
-def outputs(draw: st.DrawFn, partitions: int, attempt: int) -> Output:
-    """One map attempt's data and the groups its writer pushes: each partition's bytes split over 1-3
-    flushes in order, each flush packed in partition order with random early cuts."""
-    sizes = draw(
-        st.lists(
-            st.sampled_from([0, 0, 1, 7, 300, SEG - 20, SEG + 5, 3 * SEG]), min_size=partitions, max_size=partitions
-        )
-    )
-    flushes = draw(st.integers(1, 3))
-    parts: list[list[tuple[int, bytes]]] = [[] for _ in range(flushes)]
-    data: dict[int, bytes] = {}
-    for p, size in enumerate(sizes):
-        if not size:
-            continue
-        data[p] = body = bytes((attempt * 31 + p * 7 + i) % 251 for i in range(size))
-        points = sorted(draw(st.lists(st.integers(0, size), max_size=2)))
-        owners = sorted(draw(st.lists(st.integers(0, flushes - 1), min_size=len(points) + 1, max_size=len(points) + 1)))
-        for owner, lo, hi in zip(owners, [0, *points], [*points, size], strict=True):
-            if hi > lo:
-                parts[owner].append((p, body[lo:hi]))
-    groups: list[bytes] = []
-    for runs in parts:
-        merged: list[tuple[int, bytes]] = []
-        for p, d in sorted(runs, key=lambda r: r[0]):  # stable: a partition's parts keep their order
-            if merged and merged[-1][0] == p:
-                merged[-1] = (p, merged[-1][1] + d)
-            else:
-                merged.append((p, d))
-        total = sum(len(d) for _, d in merged)
-        cuts = draw(st.lists(st.integers(1, max(1, total)), max_size=3))
-        groups += split(attempt, merged, SEG, cuts)
-    return Output(attempt, data, groups)
-
 
 Scenario = tuple[int, list[Output], list[int], list[tuple[int, int]], int, list[tuple[int, int]]]
 
@@ -82,7 +35,7 @@ Scenario = tuple[int, list[Output], list[int], list[tuple[int, int]], int, list[
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
     partitions = draw(st.integers(1, 9))
-    outs = [draw(outputs(partitions, a)) for a in range(1, draw(st.integers(1, 3)) + 1)]
+    outs = [draw(outputs(partitions, a, SEG)) for a in range(1, draw(st.integers(1, 3)) + 1)]
     order = draw(st.permutations([o.attempt for o in outs for _ in o.groups]))
     # after which push (or at the end: len(order)) a spill of at most how many pieces runs (0: all)
     spills = draw(st.lists(st.tuples(st.integers(0, len(order)), st.integers(0, 4)), max_size=4))
@@ -91,24 +44,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     return partitions, outs, order, [(min(r), max(r)) for r in ranges], cut, spills
 
 
-def check(payloads: list[bytes], want: dict[Pair, bytes]) -> None:
-    """The payloads hold exactly `want`, each pair's runs consecutive, each attempt's pairs together and
-    in ascending partition order."""
-    got: dict[Pair, bytearray] = {}
-    pairs: list[Pair] = []
-    attempts: list[int] = []
-    for attempt, p, data in (run for payload in payloads for run in unpack(payload)):
-        pair = (p, attempt)
-        if not pairs or pairs[-1] != pair:
-            assert pair not in got, f"pair {pair} in two runs"
-            if attempts and attempts[-1] == attempt:
-                assert p > pairs[-1][0], f"attempt {attempt}: partition {p} after {pairs[-1][0]}"
-            else:
-                assert attempt not in attempts, f"attempt {attempt}'s pairs are not together"
-                attempts.append(attempt)
-            pairs.append(pair)
-        got.setdefault(pair, bytearray()).extend(data)
-    assert {k: bytes(v) for k, v in got.items()} == want
+def runs(payloads: list[bytes]) -> list[tuple[int, int, bytes]]:
+    return [run for payload in payloads for run in unpack(payload)]
 
 
 async def read_all(
@@ -124,14 +61,14 @@ async def read_all(
     for lo, hi in [(0, partitions), *ranges]:
         want = {(p, o.attempt): d for o in outs for p, d in o.data.items() if lo <= p < hi}
         full = await serve(pool, disk, make_plan(store, APP, 0, lo, hi, named))
-        check(full, want)
+        check(runs(full), want)
         # A relay that passed on the first k payloads resumes on this copy exactly where they stop.
         k = cut % (len(full) + 1)
         progress = ReadProgress()
         for payload in full[:k]:
             progress.add(memoryview(payload))
         rest = await serve(pool, disk, make_plan(store, APP, 0, lo, hi, named, progress.resume()))
-        check(full[:k] + rest, want)
+        check(runs(full[:k] + rest), want)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
