@@ -187,7 +187,8 @@ class RemoteInputChannel(InputChannel):
     def announce(self) -> None:
         self.conn.announce(self)
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        chunk = Chunk(payload, 0, 0, crc)  # v3: partitions and attempts are inside the payload (protocol/packed.py)
         self._count_upstream(self.credit.backlog)
         self.location.progress.add(chunk)
         self.gate.relay(chunk)

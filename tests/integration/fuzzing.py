@@ -65,6 +65,7 @@ from shuffled.protocol.frames import (
     PartitionRequest,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 
 VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "frames.json"
 APPS = [f"fz-{i}" for i in range(4)]
@@ -212,8 +213,11 @@ class Generator:
             )
             return codec.encode(req_)
         if pick < 0.6:
-            payload = r.randbytes(r.choice([0, 1, 100, 4000]))
-            return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), r.randrange(9), payload)
+            if r.random() < 0.5:  # a packed group (of any attempt, partition and size), or bytes that are none
+                payload = group_bytes(r.randrange(16), [(r.randrange(9), r.randbytes(r.choice([1, 100, 4000])))])
+            else:
+                payload = r.randbytes(r.choice([0, 1, 100, 4000]))
+            return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), payload)
         if pick < 0.68:
             return codec.encode_commit(self._sid(), r.randrange(4))
         if pick < 0.74:
@@ -225,10 +229,10 @@ class Generator:
         if pick < 0.9:
             if r.random() < 0.5:
                 return codec.encode_buffer_response(
-                    self._sid() or 1, r.randrange(4), 0, 0, BufferKind.END_OF_PARTITION, 0, b""
+                    self._sid() or 1, r.randrange(4), 0, BufferKind.END_OF_PARTITION, b""
                 )
             return codec.encode_buffer_response(
-                self._sid() or 1, r.randrange(4), 0, 0, BufferKind.DATA, 1, r.randbytes(64)
+                self._sid() or 1, r.randrange(4), 0, BufferKind.DATA, group_bytes(1, [(0, r.randbytes(64))])
             )
         ops = ADMIN_OPS + ["drain"] * self.proven
         op = r.choice(ops)
