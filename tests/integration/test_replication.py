@@ -51,7 +51,7 @@ async def read_local(client: AsyncClient, shuffle: int, partitions: int, attempt
 async def open_raw(client: AsyncClient, **keys: Any) -> None:
     """Open a push with OpenMapOutput keys the client API does not send; returns at the first credit."""
     proto = client._proto()
-    w = MapWriter(client, proto.new_stream_id(), 1)
+    w = MapWriter(client, proto.new_stream_id(), 1, 1)
     client._writers[w.stream.stream] = w
     proto.open_push(OpenMapOutput(w.stream.stream, APP, 99, 0, 1, 1, **keys), w.stream)
     await w._opened
