@@ -260,11 +260,15 @@ class Generator:
         """A resume point (§10.6): mostly well formed (copies refuse those that do not fit), sometimes not."""
         r = self.rng
         done = [r.randrange(16) for _ in range(r.randrange(3))]
-        m: dict[str, Any] = {"partition": r.choice([start, start, start + 1]), "done": done}
+        m: dict[str, Any] = {"done": done}
         if r.random() < 0.6:
-            m |= {"attempt": r.randrange(16), "chunks": r.randrange(5), "bytes": r.choice([0, 100, 32768, 1 << 40])}
+            m |= {
+                "attempt": r.randrange(16),
+                "partition": r.choice([start, start, start + 1]),
+                "bytes": r.choice([0, 100, 32768, 1 << 40]),
+            }
         if r.random() < 0.02:  # the decoder's refusal ends the connection
-            m[r.choice(["partition", "done", "attempt", "chunks", "x"])] = self._value()
+            m[r.choice(["partition", "done", "attempt", "bytes", "x"])] = self._value()
         return m
 
     @staticmethod
