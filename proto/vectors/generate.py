@@ -149,6 +149,12 @@ AUTH_APP = "app-20240101-0001"
 ACCEPTOR_PROOF = auth.acceptor_proof(AUTH_SECRET, DIALER_NONCE, ACCEPTOR_NONCE)
 DIALER_PROOF = auth.dialer_proof(AUTH_SECRET, DIALER_NONCE, ACCEPTOR_NONCE)
 APP_TOKEN = auth.app_token(APP_SECRET, AUTH_APP)
+#: the `drain` proofs of PROTOCOL.md §13: the caller's nonce is DIALER_NONCE, the daemon's ACCEPTOR_NONCE
+PEER_SECRET = b"only daemons know this"
+DRAIN_NODE = "10.0.0.1:7337"
+DRAIN_CLIENT = "10.0.0.9:51234"
+DRAIN_CHALLENGE_PROOF = auth.drain_challenge_proof(PEER_SECRET, DIALER_NONCE, ACCEPTOR_NONCE, DRAIN_NODE, DRAIN_CLIENT)
+DRAIN_PROOF = auth.drain_proof(PEER_SECRET, DIALER_NONCE, ACCEPTOR_NONCE, True, 60)
 
 VALID: list[tuple[str, F.Frame]] = [
     ("Hello from a client", F.Hello(F.Role.CLIENT, info={"name": "spark-executor-7"})),
@@ -261,6 +267,17 @@ VALID: list[tuple[str, F.Frame]] = [
     (
         "AdminRequest, remove_application with an application token",
         F.AdminRequest(4, "remove_application", {"app": AUTH_APP, "propagate": True, "token": APP_TOKEN}),
+    ),
+    ("AdminRequest, drain_challenge", F.AdminRequest(5, "drain_challenge", {"nonce": DIALER_NONCE})),
+    (
+        "AdminResponse, drain_challenge",
+        F.AdminResponse(
+            5, {"nonce": ACCEPTOR_NONCE, "node": DRAIN_NODE, "client": DRAIN_CLIENT, "proof": DRAIN_CHALLENGE_PROOF}
+        ),
+    ),
+    (
+        "AdminRequest, drain with its proof, waiting for the end",
+        F.AdminRequest(6, "drain", {"handoff": True, "timeout": 60, "wait": True, "proof": DRAIN_PROOF}),
     ),
     (
         "AdminResponse, unregister_shuffle with peers",
@@ -1066,7 +1083,8 @@ def build() -> dict[str, Any]:
             "'packed': data payloads (packed groups, §3.3): 'valid' ones with the groups and the pairs they carry, "
             "'invalid' ones with the error the party that checks them ('detected_by') reports, and "
             "'compressed_runs' (§10.5). "
-            "'auth': the proofs and the application token of PROTOCOL.md §6 for the given inputs (secrets as hex). "
+            "'auth': the proofs and the application token of PROTOCOL.md §6 for the given inputs (secrets as hex); "
+            "'auth.drain': the drain_challenge and drain proofs of §13. "
             "'peer_vectors': 'vectors' and 'invalid' as above for what only daemons send each other (features, "
             "replica pushes, resumed reads), and 'refused': requests a daemon refuses on the stream; client "
             "implementations may skip them."
@@ -1087,6 +1105,17 @@ def build() -> dict[str, Any]:
             "app_secret_hex": APP_SECRET.hex(),
             "app": AUTH_APP,
             "app_token": APP_TOKEN,
+            "drain": {
+                "peer_secret_hex": PEER_SECRET.hex(),
+                "caller_nonce": DIALER_NONCE,
+                "daemon_nonce": ACCEPTOR_NONCE,
+                "node": DRAIN_NODE,
+                "client": DRAIN_CLIENT,
+                "challenge_proof": DRAIN_CHALLENGE_PROOF,
+                "handoff": True,
+                "timeout": 60,
+                "drain_proof": DRAIN_PROOF,
+            },
         },
     }
 

@@ -78,11 +78,20 @@ def _placed(out: MapOutput) -> float:
 
 
 def make_plan(
-    store: Store, app: str, shuffle: int, start: int, end: int, attempts: list[int], resume: Resume | None = None
+    store: Store,
+    app: str,
+    shuffle: int,
+    start: int,
+    end: int,
+    attempts: list[int],
+    resume: Resume | None = None,
+    *,
+    digest: bytes,
 ) -> Plan:
-    """The plan of a read of partitions [start, end) of these committed attempts. Everything is checked
-    here except that the resumed pair holds `bytes` bytes, which its items tell (`items`)."""
-    found = store.lookup(app, shuffle, start, end, attempts)
+    """The plan of a read of partitions [start, end) of these committed attempts by the holder of a token
+    with this `digest` (`Store.lookup` checks it). Everything is checked here except that the resumed pair
+    holds `bytes` bytes, which its items tell (`items`)."""
+    found = store.lookup(app, shuffle, start, end, attempts, digest=digest)
     if found is None:
         return Plan(None, [])
     data, outs = found

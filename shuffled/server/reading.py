@@ -30,8 +30,9 @@ from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
+from ..protocol.auth import token_digest
 from ..protocol.credit import ChannelCredit, FloatingPool
-from ..protocol.errors import ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
+from ..protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
 from ..protocol.frames import REPLICA, PartitionRequest
 from ..protocol.resume import ReadProgress
 from .chunks import Chunk
@@ -163,7 +164,7 @@ class RemoteInputChannel(InputChannel):
 
     def on_end(self) -> None:
         self._finish()
-        self.gate.channel_done()
+        self.gate.location_done(self.location)
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self.cancel()
@@ -317,7 +318,7 @@ class InputGate:
         if loc.error is None:
             loc.error = exc
             loc.candidates = self.services.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-        self.services.counters.failovers[exc.code.name] += 1
+        self.services.counters.failover_tries[exc.code.name] += 1
         event(
             log,
             "read failing over",
@@ -360,15 +361,29 @@ class InputGate:
             return
         if not self.closed:
             assert loc.error is not None
-            self.services.counters.failovers_exhausted += 1
+            self.services.counters.failover_exhausted += 1
             self.fail(loc.error)
 
     def _read_locally(self, loc: Location) -> bool:
-        """This daemon is a candidate: serve the location from its own store if it holds the attempts."""
+        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
+        the client's token is the one their application is bound to now (it may have had no binding here
+        when the read arrived)."""
         resume = loc.progress.resume()
         req = self.req
         try:
-            plan = make_plan(self.services.store, req.app, req.shuffle, req.start, req.end, loc.attempts, resume)
+            plan = make_plan(
+                self.services.store,
+                req.app,
+                req.shuffle,
+                req.start,
+                req.end,
+                loc.attempts,
+                resume,
+                digest=token_digest(req.token),
+            )
+        except AuthFailed as exc:
+            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
+            return False
         except ShuffledError:
             return False
         if resume is not None:
@@ -387,6 +402,12 @@ class InputGate:
         counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)
         self.client.sender.wake(self.out)
+
+    def location_done(self, loc: Location) -> None:
+        """A location was served to its end; from another copy than the one first asked, it recovered."""
+        if loc.error is not None and not self.closed:
+            self.services.counters.failover_recovered += 1
+        self.channel_done()
 
     def channel_done(self) -> None:
         self.pending -= 1
@@ -452,7 +473,7 @@ class LocalReplicaFeed:
 
     def _done(self) -> None:
         self._detach()
-        self.gate.channel_done()
+        self.gate.location_done(self.location)
 
     def _failed(self, exc: ShuffledError) -> None:
         self._detach()

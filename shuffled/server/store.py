@@ -464,10 +464,18 @@ class Store:
     # -- read side
 
     def lookup(
-        self, app: str, shuffle: int, start: int, end: int, attempts: list[int]
+        self, app: str, shuffle: int, start: int, end: int, attempts: list[int], *, digest: bytes
     ) -> tuple[ShuffleData, list[MapOutput]] | None:
         """The shuffle and these committed attempts, for a read of partitions [start, end); None for a
-        shuffle this daemon does not hold when no attempt is named."""
+        shuffle this daemon does not hold when no attempt is named.
+
+        The one gate every path that serves stored bytes passes, at the moment it serves (a client's read,
+        a peer's relayed or resumed read, a failover to this daemon's own copy, a drain's copy): `digest`,
+        the requester's token digest, must be the one the application is bound to now (`authorize`). A
+        check made once, when a request arrives, is not enough: an application with no data here yet has
+        no binding, and its first push binds it while a read naming it waits to fail over here.
+        """
+        self.authorize(app, digest)
         data = self.apps.get(app, {}).get(shuffle)
         if data is None:
             if not attempts:

@@ -56,7 +56,9 @@ class Copy:
         return self
 
     async def serve(self, resume: Resume | None = None) -> list[bytes]:
-        return await serve(self.pool, self.disk, make_plan(self.store, "app", 0, 0, PARTITIONS, [1, 2], resume))
+        return await serve(
+            self.pool, self.disk, make_plan(self.store, "app", 0, 0, PARTITIONS, [1, 2], resume, digest=b"")
+        )
 
 
 def pairs(payloads: list[bytes]) -> dict[tuple[int, int], bytes]:
@@ -122,7 +124,7 @@ async def test_a_resume_point_that_does_not_fit_fails_before_any_data(tmp_path: 
             used = copy.pool.used
             sent: list[object] = []
             with pytest.raises(InvalidRequest, match=why):
-                await _feed(copy, make_plan(copy.store, "app", 0, 0, PARTITIONS, [1, 2], resume), sent)
+                await _feed(copy, make_plan(copy.store, "app", 0, 0, PARTITIONS, [1, 2], resume, digest=b""), sent)
             assert not sent, "nothing is served before the error"
             assert copy.pool.used == used
         copy.disk.close()

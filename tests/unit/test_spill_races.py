@@ -50,7 +50,7 @@ async def _read(
     pool: GlobalPool, store: Store, disk: Disk, attempts: list[int], lo: int = 0, hi: int = 2
 ) -> list[bytes]:
     """The runs a read serves, in order, their padding cut."""
-    payloads = await serve(pool, disk, make_plan(store, "app", 1, lo, hi, attempts))
+    payloads = await serve(pool, disk, make_plan(store, "app", 1, lo, hi, attempts, digest=b""))
     return [data.rstrip(b".") for payload in payloads for _, _, data in unpack(payload)]
 
 
@@ -74,7 +74,7 @@ async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_p
         assert await task == 10 * PIECE
         assert pool.used == 0 and store.stats().stored_segments == store.memory_segments == 0
         assert store.garbage and sum(g.length for g in store.garbage) == 10 * PIECE  # punched later
-        assert make_plan(store, "app", 1, 0, 2, []).entries == []
+        assert make_plan(store, "app", 1, 0, 2, [], digest=b"").entries == []
         disk.close()
 
     await asyncio.wait_for(body(), 30)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shuffled.protocol import frames as F
-from shuffled.protocol.auth import acceptor_proof, app_token, dialer_proof
+from shuffled.protocol.auth import acceptor_proof, app_token, dialer_proof, drain_challenge_proof, drain_proof
 from shuffled.protocol.codec import FrameReader, decode_all, encode
 from shuffled.protocol.compression import decompress_run
 from shuffled.protocol.credit import DEFAULT_FLOATING, ChannelCredit, FloatingPool, OutboundStream
@@ -94,6 +94,20 @@ def test_auth_example_matches_the_reference_computation() -> None:
     assert app_token(app_secret, a["app"]) == a["app_token"]
     message = b"shuffled-v2 dialer\n" + a["dialer_nonce"].encode() + b"\n" + a["acceptor_nonce"].encode()
     assert hmac.new(secret, message, hashlib.sha256).hexdigest() == a["dialer_proof"]
+
+
+def test_drain_example_matches_the_spelled_out_computation() -> None:
+    """The drain proofs of §13: HMAC-SHA256 under the peer secret of the bytes the spec lists."""
+    d = VECTORS["auth"]["drain"]
+    secret = bytes.fromhex(d["peer_secret_hex"])
+    fields = [d["caller_nonce"], d["daemon_nonce"], d["node"], d["client"]]
+    challenge = b"shuffled-v2 drain challenge\n" + "\n".join(fields).encode()
+    assert hmac.new(secret, challenge, hashlib.sha256).hexdigest() == d["challenge_proof"]
+    assert drain_challenge_proof(secret, *fields) == d["challenge_proof"]
+    args = [d["caller_nonce"], d["daemon_nonce"], "true" if d["handoff"] else "false", str(d["timeout"])]
+    drain = b"shuffled-v2 drain\n" + "\n".join(args).encode()
+    assert hmac.new(secret, drain, hashlib.sha256).hexdigest() == d["drain_proof"]
+    assert drain_proof(secret, d["caller_nonce"], d["daemon_nonce"], d["handoff"], d["timeout"]) == d["drain_proof"]
 
 
 def test_vector_file_shape() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
-from shuffled.net.connection import FrameConnection
+from shuffled.net.connection import FrameConnection, endpoint_name
 from shuffled.net.soon import Soon
 from shuffled.net.streams import Payload, PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
@@ -232,6 +232,13 @@ class AsyncClient:
     async def stats(self) -> dict[str, Any]:
         return await self._admin_call("stats", {})
 
+    @property
+    def local_address(self) -> str:
+        """This side's address of the connection, as the daemon names it ("ip:port", "unix" over a Unix
+        socket): `shuffled drain` checks the daemon sees it connect from here, not some relay."""
+        assert self._conn is not None and self._conn.transport is not None
+        return endpoint_name(self._conn.transport.get_extra_info("sockname"))
+
     async def close(self) -> None:
         if self._conn is not None:
             self._conn.close("client closed")
@@ -267,6 +274,11 @@ class AsyncClient:
         self._conn.sender.wake(stream)
 
     async def _admin_call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        return await self._admin_request(op, args)
+
+    def _admin_request(self, op: str, args: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Send an admin request now; its answer comes in the future returned (requests go out, and are
+        handled by the daemon, in the order they are made)."""
         self._check()
         token = self._token(args["app"]) if "app" in args else None
         if token is not None:
@@ -274,7 +286,7 @@ class AsyncClient:
         sid = self._proto().request_admin(op, args)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._admin[sid] = fut
-        return await fut
+        return fut
 
     def _on_event(self, ev: Event) -> None:
         match ev:
