@@ -14,7 +14,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jdk-headless gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE NOTICE ./
 COPY shuffled ./shuffled
 COPY client ./client
 RUN SHUFFLED_COMPILE=1 pip wheel --no-deps -w /wheels .

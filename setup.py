@@ -1,18 +1,15 @@
 """Builds shuffled; with SHUFFLED_COMPILE=1 the hot path is compiled with mypyc.
 
 The protocol core (the codec, the protocol connection and its events) runs for
-every frame on every connection; compiled, it costs the relaying daemon and the
-clients 10-15 % less CPU per GiB with many streams. The credit state machines,
-the buffer pool and the send loop run for every 32 KiB buffer: compiled, a
-buffer's credit bookkeeping (sender and receiver) drops from 1.7 to 0.5 us, a
-pool request and release from 0.57 to 0.12 us, and a frame through the send loop
-from 2.8 to 1.6 us, about 0.07 CPU s per GiB less for a relaying daemon; with
-1000 streams its median over five runs went from 1.55 to 1.29 CPU s per GiB, the
-client's from 1.12 to 0.99 (docs/performance.md). The two kinds of outbound
-stream are compiled because they subclass the send loop's
-`Outbound`: mypyc refuses interpreted subclasses of compiled classes at run time,
-so a module goes into COMPILED together with every subclass of its classes, or
-not at all (the floating pool takes its memory by composition for that reason).
+every frame on every connection, and the credit state machines, the buffer pool
+and the send loop for every 32 KiB buffer: compiled, they cost a relaying daemon
+and its clients less CPU per GiB, most with many streams (measured in
+docs/performance.md, "The architecture step and the compiled protocol core").
+The two kinds of outbound stream are compiled because they
+subclass the send loop's `Outbound`: mypyc refuses interpreted subclasses of
+compiled classes at run time, so a module goes into COMPILED together with every
+subclass of its classes, or not at all (the floating pool takes its memory by
+composition for that reason).
 
 The pure-Python modules are always in the package and are what runs without the
 setting: an editable install stays pure Python, so an edit takes effect without

@@ -22,7 +22,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from . import bare, hol, hosts, iperf3, latency, many_streams, memory, one_stream, push, scale, soak, spark, spill
+from . import (
+    bare,
+    hol,
+    hosts,
+    iperf3,
+    latency,
+    many_streams,
+    memory,
+    objectstore,
+    one_stream,
+    push,
+    scale,
+    soak,
+    spark,
+    spill,
+)
 from .common import (
     BASELINE_MAX_AGE,
     BenchmarkFailure,
@@ -49,6 +64,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "memory": memory,
     "latency": latency,
     "spill": spill,
+    "objectstore": objectstore,
     "spark": spark,
     "scale": scale,
     "hosts": hosts,

@@ -435,9 +435,9 @@ def cpu_capped(hosts: Sequence[Sequence[int]], cores: float) -> Iterator[None]:
         yield
     finally:
         for group, root in groups:
-            for pid in (group / "cgroup.procs").read_text().split():
+            for moved in (group / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):
-                    (root / "cgroup.procs").write_text(pid)
+                    (root / "cgroup.procs").write_text(moved)
             with contextlib.suppress(OSError):
                 group.rmdir()
 

@@ -39,7 +39,7 @@ from .common import (
 APP = "bench-many-streams"
 
 
-#: the issue's goals: at most 10 % lost at 64 streams, at most 20 % at 1000
+#: the goals: at most 10 % lost at 64 streams, at most 20 % at 1000
 GOALS = {64: Goal("ratio", ">=", 0.9), 1000: Goal("ratio", ">=", 0.8)}
 #: most 32 KiB buffers the spread bare pair cycles through (512 MiB, the size of the relaying daemon's pool)
 MAX_SPREAD = 16384

@@ -5,7 +5,7 @@ client: the path of a reduce task reading map output held on another host. Reads
 do not consume stored data, so the same partition is read `repeats` times and the
 median is reported; a read by a client of A (no relay hop) is measured alongside,
 so the cost of the relay shows on its own. Ratios are to the bare-socket baseline
-(the issue's goal, >= 0.8x) and, for the relayed read, also to a bare uvloop relay
+(the goal, >= 0.8x) and, for the relayed read, also to a bare uvloop relay
 (sender -> relay -> receiver, three processes like A, B and the client): that is
 the most any two-hop path through a Python process gets out of this machine, so it
 is the floor the relayed read is judged against.

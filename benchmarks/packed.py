@@ -1,6 +1,6 @@
 """`python -m benchmarks.packed`: what packed groups cost per 32 KiB buffer, in this process, no daemon.
 
-Not a scenario (nothing crosses a socket); it answers issue 25's question of what the per-buffer work of
+Not a scenario (nothing crosses a socket); it answers the question of what the per-buffer work of
 the wide-shuffle wire (PROTOCOL.md §3.3, shuffled/protocol/packed.py) costs as the runs per buffer grow,
 with 10, 80 and 1000 runs per buffer (blocks of about 3 KiB, 400 and 25 bytes). Each operation is timed on
 the same buffers as the CRC32C every buffer already pays (the same-run baseline), and reported in

@@ -14,7 +14,7 @@ pushed into alternately; the replicated rate is reported against the other, with
 daemon's CPU seconds per GiB. First all on this machine's cores, where the replica's
 ingest competes with the pusher and its daemon; then as on two hosts (root only):
 the pusher and its daemon share one CPU quota of one core, the replica's daemon has
-another (cgroup CFS quotas). The issue's goal (at least 0.6 of one copy) is judged
+another (cgroup CFS quotas). The goal (at least 0.6 of one copy) is judged
 on the hosts, where a deployment runs it.
 """
 
@@ -44,7 +44,7 @@ APP = "bench-push"
 HOST_CORES = 1.0
 
 
-#: the issue's goal, 1 GB/s (decimal), in this table's unit
+#: the goal, 1 GB/s (decimal), in this table's unit
 GOAL = Goal("value", ">=", 1e9 / MiB)
 
 
@@ -92,7 +92,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     await _replicated(ctx, result, nbytes)
 
 
-#: the issue's goal for a push with two copies against one
+#: the goal for a push with two copies against one
 REPLICATED_GOAL = Goal("ratio", ">=", 0.6)
 
 

@@ -18,17 +18,18 @@ import os
 from typing import Any
 
 from shuffled.config import DaemonConfig
+from shuffled.launch import DaemonProcess
 from shuffled_client import Client
 
 from . import star_schema
-from .common import Context, DaemonProcess, Goal, MiB, Plot, RssSampler, ScenarioResult, require
+from .common import Context, Goal, MiB, Plot, RssSampler, ScenarioResult, require
 from .spark import plugin_jar, run_session
 
 #: sales rows of a full run (10 million: about 1.4 GiB shuffled per session)
 ROWS_VARIABLE = "SHUFFLED_BENCH_SCALE_ROWS"
 BUILTIN, DEFAULTS, SMALL = "built-in", "defaults", "small pools"
 OVERHEAD_MIB = 100
-#: every session: no shuffle dropped, the 64 shuffle partitions of the issue's workload
+#: every session: no shuffle dropped, the 64 shuffle partitions of the workload it models
 _EXTRA = ("--keep-shuffles", "--partitions", "64")
 #: --quick starts its Spark sessions with the two queries that shuffle most for their time
 QUICK_TIME_LIMIT = 90.0

@@ -97,7 +97,7 @@ def _session(hosts: Hosts, master: str, jar: str, daemons: HostDaemons) -> Any:
 
 def _soak(jar: str, seconds: float, max_jobs: int, sizes: list[int], seed: int) -> dict[str, Any]:
     from tests.cluster import poll_until
-    from tests.spark_support import daemon_stats
+    from tests.spark_support import daemon_stats, store_emptied
 
     rng = random.Random(seed)
     report: dict[str, Any] = {"jobs": 0, "faults": Counter(), "wrong": [], "failed": [], "unsettled": []}
@@ -132,7 +132,7 @@ def _soak(jar: str, seconds: float, max_jobs: int, sizes: list[int], seed: int) 
             finally:
                 spark.stop()
             for d in daemons.daemons:
-                poll_until(lambda d=d: daemon_stats(d)["store"]["applications"] == 0, 60, f"{d.addr} dropped the app")
+                poll_until(store_emptied(d, "applications"), 60, f"{d.addr} dropped the app")
             report["leaked_segments"] = sum(daemon_stats(d)["pool"]["used"] for d in daemons.daemons)
             report["leaked_files"] = [str(p) for h in hosts.hosts for p in hosts.data_dir(h).glob("app-*")]
             report["series"] = usage.series

@@ -68,6 +68,7 @@ ALL_QUERIES = {**QUERIES, **star_schema.QUERIES}
 def _shuffle_write_bytes(spark: SparkSession) -> int:
     sc = spark.sparkContext
     gateway = sc._gateway
+    assert gateway is not None, "the session's JVM gateway is gone"
     stages = (
         sc._jsc.sc()
         .statusStore()
@@ -96,7 +97,7 @@ def run(
     master: str = "local[2]",
     settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    conf = {
+    conf: dict[str, str | int | float | bool | None] = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "4g",

@@ -1,5 +1,5 @@
 """A probe of wide shuffles, not a scenario: push and read MiB/s, memory efficiency and daemon RSS at several
-partition counts with the same bytes per map output (issue 25), through the Python client.
+partition counts with the same bytes per map output, through the Python client.
 
     python -m benchmarks.wide_probe [--widths 200,2000,10000] [--maps 32] [--map-mib 4] [--pool 256M]
 

@@ -1,6 +1,6 @@
 """`python -m benchmarks.zerocopy`: what sendfile and splice would save the daemon, measured without the daemon.
 
-Not a scenario (it measures system calls, not shuffled); it answers issue 17's question whether
+Not a scenario (it measures system calls, not shuffled); it answers whether
 the daemon should move bytes with `os.sendfile`/`os.splice` instead of reading them into pool
 segments and writing those. Two parts, each with plain blocking sockets over loopback TCP so
 the numbers are the kernel's and not an event loop's:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from . import config as settings
 from .logs import event, setup_logging
 
@@ -34,6 +35,7 @@ def _build_parser() -> argparse.ArgumentParser:
             "daemons share one TCP connection per host pair with credit-based flow control."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"shuffled {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser(

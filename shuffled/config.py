@@ -19,6 +19,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from .protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
 from .protocol.frames import MAX_CONTROL_BODY, MAX_REPLICAS, MAX_STREAMS_PER_CONNECTION, U32
@@ -144,6 +145,33 @@ def _parse_data_dir(text: str) -> str:
     return text if text and text.lower() not in (DATA_DIR_AUTO, DATA_DIR_NONE) else (text.lower() or DATA_DIR_NONE)
 
 
+#: S3's smallest part of a multipart upload (the last aside) and its largest
+S3_MIN_PART = 5 * MiB
+S3_MAX_PART = 5 << 30
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` → ("bucket", "some/prefix"); the prefix may be empty."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"{url!r} is not an s3://BUCKET/PREFIX URL")
+    if not _S3_BUCKET.match(parts.netloc):
+        raise ValueError(f"{parts.netloc!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.', '-')")
+    prefix = parts.path.strip("/")
+    if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
+        raise ValueError(f"{url!r}: the prefix has an empty, '.' or '..' segment")
+    return parts.netloc, prefix
+
+
+def _parse_s3_url(text: str) -> str | None:
+    text = text.strip()
+    if not text or text.lower() == "none":
+        return None
+    parse_s3_url(text)
+    return text
+
+
 def _parse_mode(text: str) -> int:
     try:
         mode = int(text.strip(), 8)
@@ -247,6 +275,58 @@ class DaemonConfig:
         "a shuffle without a commit for this long has its committed data written to disk (0: only under memory "
         "pressure)",
         unit="s",
+    )
+    object_store: str | None = setting(
+        None,
+        "an S3-compatible bucket and prefix for data below memory and disk (`s3://BUCKET/PREFIX`); credentials "
+        "come the usual AWS ways (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or AWS_PROFILE in the shared "
+        "credentials and config files). At start the daemon writes, reads back and deletes a small object "
+        "there, and is not ready (/readyz says why) until that worked",
+        parse=_parse_s3_url,
+        default_text="off",
+        metavar="s3://BUCKET/PREFIX",
+    )
+    object_store_endpoint: str | None = setting(
+        None,
+        "the S3 API's URL for a store other than AWS (`http://127.0.0.1:8333`, `https://minio.example:9000`)",
+        parse=_optional,
+        default_text="AWS's, for the region",
+        metavar="URL",
+    )
+    object_store_region: str | None = setting(
+        None,
+        "the bucket's region, which requests are signed for",
+        parse=_optional,
+        default_text="AWS_REGION, else us-east-1",
+        metavar="REGION",
+    )
+    object_store_path_style: str = setting(
+        "off",
+        "address the bucket in the path (`ENDPOINT/BUCKET/KEY`, as most stores other than AWS want) instead "
+        "of the host name (`BUCKET.ENDPOINT/KEY`)",
+        choices=("off", "on"),
+    )
+    object_store_timeout: float = setting(
+        30.0,
+        "most time one request to the object store may take, connecting, sending and answering (a part of an "
+        "upload is one request); one that takes longer fails and is retried",
+        unit="s",
+    )
+    object_store_connect_timeout: float = setting(5.0, "most time connecting to the object store may take", unit="s")
+    object_store_retries: int = setting(
+        3,
+        "times a request that failed in a way worth retrying (a 5xx answer, a refused, dropped or timed-out "
+        "connection) is tried again, with exponential back-off",
+        unit="retries",
+        metavar="N",
+    )
+    object_store_part_size: int = setting(
+        16 * MiB,
+        "size of each part of a multipart upload (S3 allows 5 MiB to 5 GiB); larger objects go up in parts, "
+        "so 16 MiB means 64 PUT requests per GiB",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
     )
     peers: list[str] = setting(
         [],
@@ -580,6 +660,18 @@ class DaemonConfig:
         need(self.app_ttl >= 0, "app-ttl must be >= 0 seconds (0: never expire)")
         need(self.flush_after >= 0, "flush-after must be >= 0 seconds (0: off)")
         need(1 <= self.replicas <= MAX_REPLICAS, f"replicas must be in 1..{MAX_REPLICAS}")
+        need(self.object_store_timeout > 0, "object-store-timeout must be > 0 seconds")
+        need(self.object_store_connect_timeout > 0, "object-store-connect-timeout must be > 0 seconds")
+        need(0 <= self.object_store_retries <= 10, "object-store-retries must be in 0..10")
+        need(
+            S3_MIN_PART <= self.object_store_part_size <= S3_MAX_PART,
+            "object-store-part-size must be 5M..5G (S3's limits for a part)",
+        )
+        endpoint = self.object_store_endpoint
+        need(
+            endpoint is None or urlsplit(endpoint).scheme in ("http", "https"),
+            f"object-store-endpoint {endpoint!r} is not an http:// or https:// URL",
+        )
         need(self.replica_lag >= 1, "replica-lag must be >= 1 buffer")
         need(self.replica_search >= 1, "replica-search must be >= 1")
         need(self.failover_timeout > 0, "failover-timeout must be > 0 seconds")

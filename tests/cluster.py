@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from shuffled.launch import DaemonProcess, free_port
+# Re-exported: the tests take the daemon process and a free port from this harness.
+from shuffled.launch import DaemonProcess as DaemonProcess
+from shuffled.launch import free_port as free_port
 from shuffled_client import AsyncClient
 
 #: the test run's data dirs (the daemons' default, data-dir auto, is a system directory that outlives the run)
@@ -129,7 +131,7 @@ async def pool_settled(client: AsyncClient, timeout: float = 20.0) -> dict[str, 
 
     def settled(s: dict[str, Any]) -> bool:
         streams, credit = s["streams"], s["credit"]
-        return (
+        return bool(
             s["pool"]["used"] == s["store"]["stored_segments"]
             and credit["push_floor_segments"] == 0
             and credit["push_extra_segments"] == 0

@@ -178,7 +178,7 @@ class HostDaemons:
                 s = daemon_stats(self.daemons[i])
                 st = s["streams"]
                 busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
-                return busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"]
+                return bool(busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"])
 
             poll_until(quiet, timeout, f"{self.daemons[i].addr}'s pool settled")
 

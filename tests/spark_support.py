@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,11 @@ def restart(daemon: DaemonProcess, peers: list[DaemonProcess]) -> DaemonProcess:
 def daemon_stats(daemon: DaemonProcess) -> dict[str, Any]:
     with Client(daemon.addr, timeout=10) as client:
         return client.stats()
+
+
+def store_emptied(daemon: DaemonProcess, key: str) -> Callable[[], bool]:
+    """A check for `poll_until`: the daemon's store counts no `key` any more (`applications`, `stored_segments`)."""
+    return lambda: bool(daemon_stats(daemon)["store"][key] == 0)
 
 
 def stage_data(spark: Any) -> list[Any]:

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import struct
 import sys
-from enum import Enum
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ def to_json(frame: F.Frame) -> dict[str, Any]:
             out["payload_hex"] = bytes(value or b"").hex()
         elif isinstance(value, F.Role | F.BufferKind):
             out[f.name] = value.name
-        elif isinstance(value, Enum):
+        elif isinstance(value, IntEnum):
             out[f.name] = int(value)  # error codes travel as numbers
         else:
             out[f.name] = value
@@ -411,7 +411,8 @@ def frame(ftype: int, stream: int, body: bytes) -> bytes:
 
 
 def packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def hello_body(magic: bytes = F.MAGIC, version: int = F.VERSION, role: int = F.Role.CLIENT) -> bytes:

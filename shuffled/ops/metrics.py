@@ -31,6 +31,10 @@ from ..server.stats import DaemonStats
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: admin operations whose latency series exist from the start (others appear when first answered)
 ADMIN_OPS = ("stats", "unregister_shuffle", "remove_application")
+#: the object-store layer's operations (server/storage/objects.py OPERATIONS; this module stays below it)
+OBJECT_STORE_OPS = ("put", "get", "delete", "list")
+#: object-store states, one series each (1 for the current one)
+OBJECT_STORE_STATES = ("off", "probing", "ready", "failed")
 
 
 class DaemonMetrics:
@@ -64,6 +68,14 @@ class DaemonMetrics:
         )
         for op in ADMIN_OPS:
             self._admin.labels(op)
+        objects = Histogram(
+            "shuffled_object_store_request_duration_seconds",
+            "Time one object-store operation took, retries included (a put is a whole object, all its parts)",
+            ["op"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self._objects = {op: objects.labels(op) for op in OBJECT_STORE_OPS}
         self._lock = threading.Lock()
 
     def observe_push(self, seconds: float) -> None:
@@ -75,6 +87,9 @@ class DaemonMetrics:
     def observe_admin(self, op: str, seconds: float) -> None:
         """Only answered calls are observed, so `op` is one the daemon knows: the label stays bounded."""
         self._admin.labels(op).observe(seconds)
+
+    def observe_object_store(self, op: str, seconds: float) -> None:
+        self._objects[op].observe(seconds)
 
     def render(self, snapshot: DaemonStats) -> tuple[bytes, str]:
         """The text exposition of this snapshot (from any thread) and its content type."""
@@ -333,12 +348,64 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         disk.reclaimed_bytes,
     )
     yield _gauge("shuffled_disk_files", "Spill files", disk.files)
+    yield from _object_store(s)
     fs = s.filesystem
     if fs is not None:
         yield _gauge(
             "shuffled_filesystem_capacity_bytes", "Size of the data directory's file system", fs.capacity_bytes
         )
         yield _gauge("shuffled_filesystem_free_bytes", "Free bytes on the data directory's file system", fs.free_bytes)
+
+
+def _object_store(s: DaemonStats) -> Iterator[Metric]:
+    objects = s.object_store
+    yield _labelled(
+        GaugeMetricFamily(
+            "shuffled_object_store_state",
+            "1 for the object store's state: off (none configured), probing, ready (the start-up probe wrote, read "
+            "back and deleted an object) or failed (/readyz says why)",
+            labels=["state"],
+        ),
+        {state: int(objects.state == state) for state in OBJECT_STORE_STATES},
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_object_store_requests",
+            "Object-store operations by op (put: one object, all its parts; get: one ranged read; delete: one "
+            "batch; list: one listing), failed ones included",
+            labels=["op"],
+        ),
+        {op: objects.requests.get(op, 0) for op in OBJECT_STORE_OPS},
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_object_store_errors", "Object-store operations that failed, by op", labels=["op"]
+        ),
+        {op: objects.errors.get(op, 0) for op in OBJECT_STORE_OPS},
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_object_store_bytes",
+            "Bytes moved to the object store in completed objects (direction=up) and read from it (down)",
+            labels=["direction"],
+        ),
+        {"up": objects.bytes_up, "down": objects.bytes_down},
+    )
+    yield _counter(
+        "shuffled_object_store_parts",
+        "Parts of multipart uploads sent (one PUT request each, the client's retries aside)",
+        objects.parts,
+    )
+    yield _gauge(
+        "shuffled_object_store_objects",
+        "Objects this daemon wrote to the object store and has not deleted",
+        objects.objects_held,
+    )
+    yield _gauge(
+        "shuffled_object_store_held_bytes",
+        "Bytes of the objects this daemon holds in the object store",
+        objects.bytes_held,
+    )
 
 
 def render_markdown(snapshot: DaemonStats) -> str:

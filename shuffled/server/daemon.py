@@ -52,10 +52,12 @@ from .stats import (
     DrainStats,
     FailoverStats,
     FilesystemStats,
+    ObjectStoreStats,
     PoolStats,
     ReplicationStats,
     StreamStats,
 )
+from .storage.objects import ObjectStore, ObjectStoreConfig
 from .store import ShuffleData, Store
 from .watchdog import watch
 
@@ -63,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
 HOUSEKEEPING_INTERVAL = 1.0
+#: seconds between probes of an object store whose probe failed (readiness follows the last one)
+OBJECT_STORE_REPROBE = 10.0
 #: seconds between checks whether a drain phase's work is done
 DRAIN_POLL = 0.05
 #: most seconds `stop` waits for the answers to `drain` requests with `wait` (they are due at once)
@@ -158,6 +162,15 @@ class Daemon:
         self._servers: list[asyncio.AbstractServer] = []
         self.counters = Counters()
         self.metrics = DaemonMetrics()
+        #: the object store (`object-store`), probed at start; not yet a tier data moves to
+        self.objects: ObjectStore | None = None
+        self.object_stats = ObjectStoreStats()
+        if config.object_store is not None:
+            self.objects = ObjectStore(
+                ObjectStoreConfig.of(config), self.object_stats, self.metrics.observe_object_store
+            )
+        self._probe: asyncio.Task[None] | None = None
+        self._probed_at = 0.0
         self.started = False
         #: set on SIGTERM/SIGINT or the admin `drain`: new pushes are refused, readiness is false
         self.draining = False
@@ -230,6 +243,7 @@ class Daemon:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
         await self.membership.refresh()  # before pushes arrive, so the first ones find their replicas
+        self._probe_object_store()
         self._housekeeping = asyncio.create_task(self._housekeep())
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
@@ -262,6 +276,7 @@ class Daemon:
             restored_shuffles=restored,
             peers=len(self.membership.others()),
             http=self.ops.address if self.ops else None,
+            object_store=repr(self.objects) if self.objects else None,
         )
 
     def busy(self) -> tuple[int, int]:
@@ -341,7 +356,30 @@ class Daemon:
         disk = self.disk_space()
         if disk is not None and disk[1] < self.config.ready_disk_free * disk[0]:
             reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.data_dir}")
+        objects = self.object_stats
+        if objects.state == "probing":
+            reasons.append(f"object store {objects.url}: probing")
+        elif objects.state == "failed":
+            reasons.append(objects.reason)
         return reasons
+
+    def _probe_object_store(self) -> None:
+        """Probe the object store in the background (a bad endpoint takes up to its timeouts to tell), unless
+        a probe is under way; readiness waits for it."""
+        if self.objects is None or (self._probe is not None and not self._probe.done()):
+            return
+        objects = self.objects
+        self.object_stats.state = "probing"
+        self._probed_at = time.monotonic()
+
+        async def probe() -> None:
+            reason = await objects.probe()
+            if reason is None:
+                event(log, "object store ready", store=repr(objects))
+            else:
+                event(log, "object store probe failed", logging.ERROR, store=repr(objects), reason=reason)
+
+        self._probe = asyncio.create_task(probe())
 
     def disk_space(self) -> tuple[int, int] | None:
         """(capacity, free bytes) of the data directory's file system, if there is one."""
@@ -401,6 +439,8 @@ class Daemon:
                 await self.spiller.flush(idle)
         self.spiller.check()
         await self.spiller.reclaim()
+        if self.object_stats.state == "failed" and now - self._probed_at > OBJECT_STORE_REPROBE:
+            self._probe_object_store()
         for conn in list(self.connections):
             for session in list(conn.pushing.sessions.values()):
                 session.check_wait()
@@ -427,6 +467,10 @@ class Daemon:
         if self.config.unix_socket and os.path.exists(self.config.unix_socket):
             os.unlink(self.config.unix_socket)
         await self._persist()
+        if self._probe is not None:
+            self._probe.cancel()
+        if self.objects is not None:
+            await self.objects.close()
 
     async def _persist(self) -> None:
         """Write every committed byte still in memory to disk, so a restart serves it."""
@@ -513,6 +557,7 @@ class Daemon:
                 exhausted=counters.failover_exhausted,
                 resumed_reads=counters.resumed_reads,
             ),
+            object_store=self.object_stats.copy(),
         )
 
     async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What a read of a partition range serves, in which order (PROTOCOL.md §10.1, WIDE.md §1.4, §3.3).
+"""What a read of a partition range serves, in which order (PROTOCOL.md §10.1).
 
 A plan is the attempts a request names, each with the partitions it wants: one attempt's
 pairs go out together, in ascending partition order, then the next attempt's. Attempts

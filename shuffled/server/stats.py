@@ -7,8 +7,8 @@ durations are whole microseconds), the shape clients, the JVM and `shuffled stat
 
 This module imports nothing else of the package, so the ops layer can use it
 without depending on the server's modules. Every class is a frozen snapshot except
-`DiskStats` and `DrainStats`, which a `Disk` and the daemon also keep as their live counters (a
-snapshot holds a copy).
+`DiskStats`, `DrainStats` and `ObjectStoreStats`, which a `Disk`, the daemon and the object-store layer
+also keep as their live counters (a snapshot holds a copy).
 """
 
 from __future__ import annotations
@@ -198,6 +198,37 @@ class FilesystemStats:
 
 
 @dataclass(slots=True)
+class ObjectStoreStats:
+    """The object store (`object-store`): what the start-up probe found and what the `objects` layer moved.
+
+    The layer counts into its own; a snapshot holds a copy (`copy()`). Operations are the layer's
+    calls (`put` one object, multipart or not; `get` one ranged read; `delete` one batch; `list` one
+    listing), each of which the client may send as several HTTP requests (parts, pages, retries).
+    """
+
+    #: the `object-store` URL (no credentials ever), "" when there is none
+    url: str = ""
+    #: "off", "probing", "ready" or "failed"
+    state: str = "off"
+    #: why the probe failed ("" unless failed)
+    reason: str = ""
+    #: operation -> calls, and calls that failed
+    requests: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    #: bytes written in objects that completed, and bytes read by ranged reads
+    bytes_up: int = 0
+    bytes_down: int = 0
+    #: parts of multipart uploads sent (one PUT each, retries aside)
+    parts: int = 0
+    #: objects (and their bytes) this daemon wrote and has not deleted
+    objects_held: int = 0
+    bytes_held: int = 0
+
+    def copy(self) -> ObjectStoreStats:
+        return dataclasses.replace(self, requests=dict(self.requests), errors=dict(self.errors))
+
+
+@dataclass(slots=True)
 class DrainStats:
     """Where a drain is (`state`: serving, pushes, copying, closing, done) and what its hand-over did: the
     daemon keeps its live one, a snapshot holds a copy (`copy()`)."""
@@ -244,6 +275,7 @@ class DaemonStats:
     replication: ReplicationStats = field(default_factory=ReplicationStats)
     drain: DrainStats = field(default_factory=DrainStats)
     failover: FailoverStats = field(default_factory=FailoverStats)
+    object_store: ObjectStoreStats = field(default_factory=ObjectStoreStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""

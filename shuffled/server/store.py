@@ -1,6 +1,6 @@
 """What a daemon holds: application → shuffle → map attempts → pieces.
 
-A *piece* is one pushed packed group (WIDE.md §1.1: many partitions' runs of one map
+A *piece* is one pushed packed group (PROTOCOL.md §3.3: many partitions' runs of one map
 attempt, with a small directory) as stored: its bytes in one pool segment or, once
 spilled, at an offset of the shuffle's one data file. The directory inside the piece is
 the index of its runs, so the store keeps nothing per (partition, attempt) block: an

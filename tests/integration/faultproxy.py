@@ -8,6 +8,10 @@ each direction follows the frame headers (12 bytes, length first; see
 proto/PROTOCOL.md §4) as bytes pass. An incomplete header at the end of a read is
 held back until the rest arrives, so a header is always whole when it is looked
 at and a corruption never misses the byte it aims for.
+
+With `frames=False` the proxy passes any TCP stream (an S3 server's HTTP) without looking for frames:
+delay, throttle and blackhole work as before, and `cut_after` cuts a connection once that many bytes
+went its way.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ class Faults:
     #: xor a byte of a frame: (frame type, nth, byte index from the frame's start (header or payload), mask)
     corrupt: tuple[FrameType, int, int, int] | None = None
     mark: Mark | None = None
-    #: set when the mark's action happened
+    #: cut a connection (both sides) once this many bytes went this way on it (with frames=False)
+    cut_after: int | None = None
+    #: set when the mark's action (or cut_after) happened
     fired: asyncio.Event = field(default_factory=asyncio.Event)
     #: frames seen per type (for tests to wait on)
     seen: Counter[int] = field(default_factory=Counter)
@@ -62,9 +68,11 @@ class _Pair:
 
 
 class FaultProxy:
-    def __init__(self, host: str, target: str) -> None:
+    def __init__(self, host: str, target: str, frames: bool = True) -> None:
         self.host = host
         self.target = target
+        #: follow shuffled frame headers (False: any TCP stream, as bytes)
+        self.frames = frames
         self.up = Faults()  # dialer -> target
         self.down = Faults()  # target -> dialer
         self.accepted = 0
@@ -100,8 +108,9 @@ class FaultProxy:
             return
         pair = _Pair(self, writer, t_writer)
         self.pairs.append(pair)
+        pump = self._pump if self.frames else self._pump_raw
         for src, dst, faults in ((reader, t_writer, self.up), (t_reader, writer, self.down)):
-            task = asyncio.create_task(self._pump(src, dst, faults, pair))
+            task = asyncio.create_task(pump(src, dst, faults, pair))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -144,6 +153,24 @@ class FaultProxy:
                 held = buf[send:]
                 base += send
             if dst.can_write_eof() and not f.blackhole:  # a blackhole swallows the close too
+                dst.write_eof()
+        except (ConnectionError, OSError):
+            pair.cut()
+
+    async def _pump_raw(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, f: Faults, pair: _Pair) -> None:
+        passed = 0
+        try:
+            while data := await src.read(65536):
+                if f.blackhole:
+                    continue
+                if f.cut_after is not None and passed + len(data) >= f.cut_after:
+                    await self._forward(dst, f, data[: f.cut_after - passed])
+                    f.fired.set()
+                    pair.cut()
+                    return
+                passed += len(data)
+                await self._forward(dst, f, data)
+            if dst.can_write_eof() and not f.blackhole:
                 dst.write_eof()
         except (ConnectionError, OSError):
             pair.cut()

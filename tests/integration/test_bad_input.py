@@ -106,8 +106,8 @@ async def test_garbage_gets_a_protocol_error_and_a_close(one: Cluster, garbage: 
 
 async def test_a_big_frame_before_authentication_costs_no_memory(one: Cluster) -> None:
     """Headers that announce an 8 MiB Hello, then one byte, on 300 connections at once (from three
-    addresses): each is refused at its header, so the daemon buffers none of them (issue 14, item 5: RSS
-    went from 99 MB to 3.3 GB)."""
+    addresses): each is refused at its header, so the daemon buffers none of them (when it buffered them,
+    its RSS went from 99 MB to 3.3 GB)."""
     import psutil
 
     async def body() -> None:
@@ -132,7 +132,8 @@ async def test_a_big_frame_before_authentication_costs_no_memory(one: Cluster) -
 async def test_a_location_that_names_no_daemon_fails_that_stream_with_peer_unavailable(
     one: Cluster, where: str
 ) -> None:
-    """A host label of 64 characters made the read fail with INTERNAL and a traceback (issue 14, item 11)."""
+    """A location that is no daemon's address (a 64-character host label, no port, a port past 65535, an empty
+    label) fails its read with PEER_UNAVAILABLE naming it, not with INTERNAL and a traceback in the log."""
 
     async def body() -> None:
         c = await AsyncClient.connect(one.daemons[0].addr)
@@ -148,7 +149,7 @@ async def test_a_location_that_names_no_daemon_fails_that_stream_with_peer_unava
 
 async def test_a_hello_of_many_tiny_objects_costs_little_cpu(one: Cluster) -> None:
     """Hellos whose info holds a list of empty msgpack maps, as large as allowed before the handshake and
-    8 MiB, on 20 connections: under a second of daemon CPU in all (issue 14, item 6: millions of them in
+    8 MiB, on 20 connections: under a second of daemon CPU in all (before the limit, millions of them in
     8 MiB bodies cost 14 s for 10 frames, and a legitimate reader fell from ~840 to ~10 MiB/s)."""
     import psutil
 

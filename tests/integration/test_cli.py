@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shuffled import __version__
 from shuffled.launch import DaemonProcess
 from shuffled_client import AsyncClient
 from tests.cluster import free_port, secret_flags, start_daemon
@@ -26,6 +27,12 @@ def test_cli_help_names_every_serve_flag() -> None:
     serve = _cli("serve", "--help")
     for flag in ("--host", "--port", "--unix-socket", "--pool-size", "--segment-size", "--data-dir", "--peers"):
         assert flag in serve.stdout
+
+
+def test_version_is_the_packages() -> None:
+    """`shuffled --version` prints the version the package (and so its wheel's metadata) carries."""
+    version = _cli("--version")
+    assert version.returncode == 0 and version.stdout == f"shuffled {__version__}\n"
 
 
 @pytest.mark.parametrize(
@@ -117,10 +124,10 @@ async def test_drain_wait_ends_when_a_supervisor_restarted_the_daemon() -> None:
 
 
 def test_drain_wait_shows_how_the_hand_over_ended_and_fails_when_data_stays_behind(tmp_path: Path) -> None:
-    """Issue 26: `shuffled drain --wait` prints the drain's final counts and exits 3 when attempts are left
+    """`shuffled drain --wait` prints the drain's final counts and exits 3 when attempts are left
     that no other daemon holds, so a rolling restart stops there. Here the only other daemon refuses the
-    copy (the application is bound to another token there); the command printed an early progress line,
-    `stopped`, and exited 0."""
+    copy (the application is bound to another token there), and the command says so instead of printing an
+    early progress line, `stopped`, and exiting 0."""
     hosts = ["127.0.0.1", "127.0.0.2"]
     port = free_port(hosts)
     flags = [
@@ -155,8 +162,8 @@ def test_drain_wait_shows_how_the_hand_over_ended_and_fails_when_data_stays_behi
 
 
 def test_a_second_daemon_on_the_default_metrics_port_is_told_which_setting_to_change() -> None:
-    """Issue 26: several daemons on one host need one metrics port each; the second one's start-up error
-    names the setting (it said only `Address already in use`)."""
+    """Several daemons on one host need one metrics port each; the second one's start-up error
+    names the setting, not only `Address already in use`."""
     host = "127.0.0.1"
     first = start_daemon(host, free_port([host]))
     try:

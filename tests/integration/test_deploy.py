@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from shuffled import __version__, spark_jar
 from shuffled import config as settings
-from shuffled import spark_jar
 from shuffled.cli import _build_parser
 from shuffled.config import DaemonConfig, parse_size
 from shuffled_client import AsyncClient
@@ -72,7 +72,10 @@ def test_dockerfile_passes_hadolint() -> None:
 
 def test_dockerfile_runs_the_package_entry_point_on_its_ports() -> None:
     instructions = _dockerfile()
-    get = lambda name: [args for word, args in instructions if word == name]  # noqa: E731
+
+    def get(name: str) -> list[str]:
+        return [args for word, args in instructions if word == name]
+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     (entry,) = get("ENTRYPOINT")
     command = json.loads(entry)
@@ -137,8 +140,7 @@ def _env_config(container: dict[str, Any], extra: dict[str, str] | None = None) 
 
 
 def _check_daemon_container(container: dict[str, Any], config: DaemonConfig) -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert container["image"] == f"shuffled:{version}"
+    assert container["image"] == f"shuffled:{__version__}"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["shuffled"] == config.port and ports["shuffled-http"] == config.metrics_port
     assert config.metrics_host == "0.0.0.0" and config.host == "0.0.0.0"  # probes come from the kubelet
@@ -171,6 +173,7 @@ def test_executor_pod_template_sidecar_matches_the_daemon_and_spark_conf() -> No
     (executor,) = pod["spec"]["containers"]
     assert executor["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"]
     shared = {m["name"] for m in executor["volumeMounts"]} & {m["name"] for m in sidecar["volumeMounts"]}
+    assert config.unix_socket is not None
     assert any(m["mountPath"] == str(Path(config.unix_socket).parent) for m in executor["volumeMounts"])
     assert shared, "the executor must mount the sidecar's socket directory"
     assert config.unix_socket_mode & 0o060 == 0o060 and 10001 in pod["spec"]["securityContext"]["supplementalGroups"]

@@ -229,6 +229,7 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
         try:
             c, other = [await AsyncClient.connect(d.addr, secret="drain-secret") for _ in range(2)]
             peer = b"peer-drain-secret"
+            bad: dict[str, Any]  # the loops below try arguments of several kinds
             for bad in ({}, {"nonce": "ab" * 8}, {"nonce": 5}):
                 with pytest.raises(AuthFailed, match="no valid nonce"):
                     await c._admin_call("drain_challenge", bad)
@@ -331,10 +332,10 @@ async def test_a_silent_peer_does_not_keep_the_drain_from_copying_to_a_healthy_o
 
 
 async def test_with_a_daemon_lost_copies_it_cannot_place_are_short_not_failed() -> None:
-    """Issue 26: replicas 2, three daemons, one of them lost. Draining d0, whose attempt also has its
+    """Replicas 2, three daemons, one of them lost. Draining d0, whose attempt also has its
     replica on x, cannot make the second copy elsewhere (only y could take it, and y is gone): the
     attempt still has a copy on x, so that copy is `short`, not `failed`, and `shuffled drain --wait`
-    exits 0 (it counted a failed copy, and the log said `hand-over incomplete`). An attempt with no
+    exits 0 (not a failed copy with `hand-over incomplete` in the log). An attempt with no
     copy anywhere else would be `failed`: see test_cli."""
 
     async def body() -> None:
@@ -362,7 +363,7 @@ async def test_with_a_daemon_lost_copies_it_cannot_place_are_short_not_failed() 
 
 
 async def test_an_idle_client_of_a_stopping_daemon_is_told_to_retry_elsewhere() -> None:
-    """Issue 26: when the drained daemon stops, it tells its client connections SHUTTING_DOWN (retryable)
+    """When the drained daemon stops, it tells its client connections SHUTTING_DOWN (retryable)
     before it closes them; a Python client then fails every later call with ShuttingDown, not with
     ConnectionLost (a fetch failure)."""
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,9 +216,11 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
             for p, n in enumerate(sizes):
                 await w.write(p, payload(base + 3, p, n)[: n // 2])
             full = before + sum(n // 2 // (32 * KiB) for n in sizes)  # at least these segments
-            await wait_until(
-                client.stats, lambda s, full=full: s["store"]["stored_segments"] >= full, what="first half landed"
-            )
+
+            def landed(s: dict[str, Any], full: int = full) -> bool:
+                return bool(s["store"]["stored_segments"] >= full)
+
+            await wait_until(client.stats, landed, what="first half landed")
             assert (await client.flush(APP, 2))["flushed_bytes"] > 0
             for p, n in enumerate(sizes):
                 await w.write(p, payload(base + 3, p, n)[n // 2 :])
@@ -467,7 +470,7 @@ async def test_quotas_refuse_the_pusher_of_that_application_only(
     await asyncio.wait_for(body(), 90)
 
 
-def _small_dir(path: Path, size: int, how: str) -> tuple[Callable[[], None] | None, Callable[[], None]]:
+def _small_dir(path: Path, size: int, how: str) -> tuple[Callable[[], None] | None, Callable[[], object]]:
     """A data dir that fills up after `size` bytes: a tmpfs of that size (a real ENOSPC; skipped
     where mounting is not allowed), or RLIMIT_FSIZE on the daemon (a file growing past `size` fails
     with EFBIG, SIGXFSZ ignored), which works anywhere."""
@@ -646,9 +649,9 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
 async def test_an_application_cannot_share_a_long_ids_spill_directory(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """A 300-character id's directory was its first 100 characters, '-' and a SHA-256; another application
-    could take exactly that as its id, share the directory and delete the victim's spill files by
-    removing its own shuffle (issue 14, item 7)."""
+    """An application whose id is a 300-character id's shortened directory name (its first 100 characters,
+    '-' and a SHA-256) gets a directory of its own: sharing it, removing its own shuffle would delete the
+    other application's spill files."""
 
     async def body() -> None:
         d = stop_later(daemon(tmp_path / "data"))
@@ -672,7 +675,7 @@ async def test_an_aborted_map_output_gives_its_spilled_bytes_back(
 ) -> None:
     """24 MiB pushed into an 8 MiB pool and never committed: most of it is spilled. When the writer aborts
     or its connection vanishes, those bytes are freed on disk too, not kept until the shuffle goes
-    (issue 14, item 9: one client wrote 876 MB this way in 8 s); committed data stays readable."""
+    (kept, they let one client fill 876 MB of disk in 8 s); committed data stays readable."""
 
     async def body() -> None:
         data_dir = tmp_path / "data"

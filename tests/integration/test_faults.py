@@ -7,7 +7,7 @@ affected read fails with a clear error (or completes, for slow but live links),
 the unaffected reads complete, and every daemon's pool returns to exactly its
 stored data.
 
-The proxy's address is not a daemon's, so a relaying daemon that loses it fails over (PROTOCOL.md §10.4)
+The proxy's address is not a daemon's, so a relaying daemon that loses it fails over (PROTOCOL.md §10.6)
 to the address's placement candidates; with `--replica-search 1` and these shuffle ids that is never B,
 so a failed read here is one whose data has no other copy (tests/integration/test_failover.py covers
 the reads that have one).
@@ -81,7 +81,7 @@ def _expected(attempt: int) -> bytes:
 
 async def _read(c: AsyncClient, shuffle: int, where: str, attempt: int) -> bytes:
     async with c.read(APP, shuffle, 0, PARTS, {where: [attempt]}) as r:
-        return await r.read_all()  # type: ignore[no-any-return]
+        return await r.read_all()
 
 
 async def _all_settled(trio: Cluster) -> None:

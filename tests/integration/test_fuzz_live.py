@@ -161,7 +161,7 @@ async def test_fuzzed_frames_before_authentication_cost_little(tmp_path: Path) -
 
 
 async def test_tenants_and_peers_fuzzing_replica_resume_holds_and_drain_fields(tmp_path: Path) -> None:
-    """Issue 26: every fuzzed connection proves a secret, the cluster secret (a tenant) or the peer secret
+    """Every fuzzed connection proves a secret, the cluster secret (a tenant) or the peer secret
     (a peer daemon), against two daemons with secrets and two copies, and fuzzes the fields hostile
     tenants tried: OpenMapOutput `replicas`, `replica_of` and `app_key`, PartitionRequest `resume` (reads
     relayed to the other daemon too), the admin `holds`, `drain_challenge` and `drain` (with made-up

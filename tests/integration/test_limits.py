@@ -141,7 +141,7 @@ async def test_client_connections_beyond_the_limit_are_refused(limited: Cluster)
 async def test_connections_stuck_before_hello_are_bounded_per_address_and_in_all(limited: Cluster) -> None:
     """Strangers that connect and say nothing hold a connection each until the handshake timeout: a few
     per address, a few more in all, then further ones are refused at once; other addresses, and the
-    same one once the stuck connections are gone, get in (issue 14: they counted against no limit)."""
+    same one once the stuck connections are gone, get in."""
 
     async def body() -> None:
         first = [await Raw.open(_addr(limited), "127.0.0.1") for _ in range(3)]
@@ -168,8 +168,8 @@ async def test_connections_stuck_before_hello_are_bounded_per_address_and_in_all
 async def test_one_connection_cannot_take_every_push_window() -> None:
     """A connection that opens map outputs and never commits them (spread over many applications, so no
     application quota bites) is refused once its guaranteed windows would pass its share of the pool;
-    a writer on another connection still gets credit at once and commits (issue 14, item 10: it waited,
-    without an error, until the hog disconnected)."""
+    a writer on another connection still gets credit at once and commits, instead of waiting without an
+    error until the hog disconnects."""
     cluster = Cluster(1, pool_size="8M")
 
     async def body() -> None:
@@ -246,8 +246,8 @@ async def _settled(addr: str, hogs: list[AsyncClient]) -> None:
 async def test_an_application_on_many_connections_cannot_take_every_push_window() -> None:
     """One application's map outputs on four connections, never committed, hold at most its share of push
     memory: its opens beyond that are refused with LIMIT_EXCEEDED at once, and a writer of another
-    application still gets credit and commits (issue 14, item 10: a share per connection alone let four
-    connections take every push window, leaving the next writer waiting without an error)."""
+    application still gets credit and commits (a share per connection alone would let four connections
+    take every push window, leaving the next writer waiting without an error)."""
     cluster = Cluster(1, pool_size="8M")  # 224 segments of push memory: an application's share is 56
 
     async def body() -> None:
@@ -273,7 +273,7 @@ async def test_writers_the_push_memory_cannot_guarantee_are_refused_not_left_wai
     connection and per application, but the guaranteed windows of all writers together may take only half
     the push memory: its opens beyond that, and then another application's, are refused with
     LIMIT_EXCEEDED at once; windows beyond the guarantees never take the memory an admitted writer is owed,
-    and once the tenant is gone the other writer gets credit (issue 14, item 10: no error, a wait until
+    and once the tenant is gone the other writer gets credit (rather than waiting, with no error, until
     the client's timeout)."""
     cluster = Cluster(1, pool_size="8M")  # guaranteed windows: at most 112 segments, 56 map outputs
 
@@ -296,7 +296,7 @@ async def test_writers_the_push_memory_cannot_guarantee_are_refused_not_left_wai
 async def test_one_local_process_at_the_limit_locks_out_only_itself(tmp_path: Path) -> None:
     """Over the Unix socket the connection limit counts per client process (its credentials): a process
     holding its maximum is refused one more, while another local process, `shuffled stats` here, still
-    gets in (issue 14: one process locked every local client out)."""
+    gets in: one process cannot lock every local client out."""
     sock = tmp_path / "d.sock"
     d = start_daemon(
         "127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--unix-socket", str(sock), "--max-connections-per-client", "3"]

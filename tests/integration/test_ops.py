@@ -398,6 +398,12 @@ WIRE_STATS = {
         "timed_out": "bool",
     },
     "failover": {"tries": {}, "recovered": "int", "exhausted": "int", "resumed_reads": "int"},
+    "object_store": {
+        **dict.fromkeys(("url", "state", "reason"), "str"),
+        "requests": {},
+        "errors": {},
+        **dict.fromkeys(("bytes_up", "bytes_down", "parts", "objects_held", "bytes_held"), "int"),
+    },
 }
 
 

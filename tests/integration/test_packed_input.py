@@ -96,9 +96,9 @@ async def test_each_malformed_payload_fails_its_read_only(one: Cluster) -> None:
                     cancel, _ = await asyncio.wait_for(requests.get(), 10)
                 assert isinstance(cancel, CancelPartitionRequest) and cancel.receiver == req.receiver
             # The client's connection and the daemon's peer connection survived: a read over both ends cleanly.
-            _, nxt, req, raw = await _relayed_read(c, peer, requests, 99)
+            _, last, req, raw = await _relayed_read(c, peer, requests, 99)
             await raw.send(codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.END_OF_PARTITION, b""))
-            assert await asyncio.wait_for(nxt, 10) is None
+            assert await asyncio.wait_for(last, 10) is None
             assert (await pool_settled(c))["pool"]["used"] == 0
             await c.close()
 

@@ -1,4 +1,4 @@
-"""Issue 25's property against a real daemon: any split of any partitions' data across packed groups reads
+"""Against a real daemon: any split of any partitions' data across packed groups reads
 back identically, for every range, from memory, from spill and after a restart.
 
 Hypothesis makes the map outputs (empty partitions, a partition spanning many groups, writers that flushed

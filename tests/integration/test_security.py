@@ -42,7 +42,7 @@ from shuffled.protocol.frames import (
     Role,
 )
 from shuffled.protocol.packed import group_bytes
-from shuffled_client import AsyncClient
+from shuffled_client import AsyncClient, MapWriter
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
 
@@ -241,7 +241,7 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
 ) -> None:
     """A relayed read works between daemons sharing the peer secret. A daemon with the cluster secret
     but another peer secret is refused; so is a client that claims to be daemon ``a`` to ``b`` (it
-    closed b's real connection to a and answered reads for a's data with forged bytes: issue 14, item 4)."""
+    could otherwise close b's real connection to a and answer reads for a's data with forged bytes)."""
 
     async def body() -> None:
         a, b = pair
@@ -325,9 +325,9 @@ async def test_an_application_is_kept_from_other_application_secrets(pair: list[
 @pytest.mark.asyncio
 async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list[DaemonProcess]) -> None:
     """Someone who knows the cluster secret but not app-7's: a read relayed by the other daemon with no
-    token and a removal propagated by it with no token meet the token check where the data is (issue 14,
-    items 1 and 2: each got the data or removed it). Claiming to be a daemon (item 3) ends at the
-    handshake now: see the peer secret test."""
+    token and a removal propagated by it with no token meet the token check where the data is, so neither
+    gets the data nor removes it. Claiming to be a daemon instead ends at the handshake: see the peer
+    secret test."""
 
     async def body() -> None:
         a, b = pair
@@ -372,11 +372,11 @@ async def silent_daemon(host: str, port: int) -> AsyncIterator[tuple[asyncio.Eve
 
 @pytest.mark.asyncio
 async def test_a_read_failing_over_checks_the_token_where_it_is_served(pair: list[DaemonProcess]) -> None:
-    """Issue 26, item 1: a tenant reads app-8 before app-8 has any data (so no binding) naming a silent
+    """A tenant reads app-8 before app-8 has any data (so no binding) naming a silent
     daemon on the daemons' port; the owner pushes meanwhile, the dial fails, and the read fails over to
     the copies: the relaying daemon's own store and its peer's. Each checks the tenant's token against
     the binding as it serves (the store's `snapshot`), so the tenant gets the primary's error, not a byte
-    (it got all of app-8's bytes from the relaying daemon's own store)."""
+    (when only the peer checked, it got all of app-8's bytes from the relaying daemon's own store)."""
 
     async def body() -> None:
         a, b = pair
@@ -406,7 +406,7 @@ async def test_a_read_failing_over_checks_the_token_where_it_is_served(pair: lis
 
 @pytest.mark.asyncio
 async def test_a_tenant_filling_a_replica_link_takes_no_copies_of_others(secrets: list[str]) -> None:
-    """Issue 26, item 3: with two copies every push to p opens a replica push to r over one peer link.
+    """With two copies every push to p opens a replica push to r over one peer link.
     One tenant opens as many map outputs on p as its share there allows and leaves them open; their
     replica pushes hold as much of r's push memory as one application may. Another tenant's push still
     gets its copy: replica pushes count against their application's share on r, not against the link's
@@ -416,7 +416,7 @@ async def test_a_tenant_filling_a_replica_link_takes_no_copies_of_others(secrets
         with Cluster(2, "8M", [*secrets, "--replicas", "2"]) as cluster:
             p, r = cluster.daemons
             hog = await _connect(p, app_secret="hog")
-            held = []
+            held: list[MapWriter] = []
             with pytest.raises(LimitExceeded, match="push-share"):
                 while len(held) < 1000:
                     held.append(await hog.open_writer("hog-app", 1, 0, len(held) + 1, 1))
@@ -480,11 +480,11 @@ async def impostor(victim: str, host: str) -> AsyncIterator[tuple[str, list[tupl
 async def test_shuffled_drain_sends_no_proof_to_whoever_answers(
     pair: list[DaemonProcess], secret_file: Path, secrets: list[str]
 ) -> None:
-    """Issue 26, item 2: `shuffled drain ADDRESS` with the peer secret, where an impostor holding only the
+    """`shuffled drain ADDRESS` with the peer secret, where an impostor holding only the
     cluster secret answers and relays to daemon a. The daemon proves the peer secret first and names the
     address it sees the command at: relayed, that is the impostor's, so the command stops before sending
-    a proof. (It took node and start time from the impostor's `stats` and sent a proof over them, which
-    the impostor replayed as a drain without copies that stopped a at once.)"""
+    a proof. (A command that took node and start time from the impostor's `stats` and sent a proof over
+    them let the impostor replay it as a drain without copies that stopped a at once.)"""
 
     async def body() -> None:
         a = pair[0]

@@ -33,7 +33,7 @@ from tests.host_faults import (
     stage_attempts,
 )
 from tests.hosts import DAEMON_PORT, Hosts, netns_unavailable
-from tests.spark_support import PLUGIN_TIMEOUT, daemon_stats, job_traffic, needs_spark
+from tests.spark_support import PLUGIN_TIMEOUT, daemon_stats, job_traffic, needs_spark, store_emptied
 
 _why = netns_unavailable()
 pytestmark = [
@@ -108,7 +108,7 @@ def spark(
     yield session
     session.stop()
     for d in daemons:
-        poll_until(lambda d=d: daemon_stats(d)["store"]["applications"] == 0, 30, f"{d.addr} dropped the application")
+        poll_until(store_emptied(d, "applications"), 30, f"{d.addr} dropped the application")
     left = [p for h in hosts.hosts for p in hosts.data_dir(h).glob("app-*")]
     assert not left, f"files left after the application ended: {left}"
 

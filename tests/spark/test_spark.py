@@ -24,6 +24,7 @@ from tests.spark_support import (
     restart,
     spark_daemons,
     stage_data,
+    store_emptied,
 )
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
@@ -75,7 +76,9 @@ def test_map_task_failing_once_gives_exactly_once_results(
         from pyspark import TaskContext
 
         yield from rows
-        if index == 1 and TaskContext.get().attemptNumber() == 0:
+        ctx = TaskContext.get()
+        assert ctx is not None, "not in a Spark task"
+        if index == 1 and ctx.attemptNumber() == 0:
             raise RuntimeError("injected failure of the first attempt")
 
     data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
@@ -91,7 +94,9 @@ def test_reduce_task_failing_once_gives_exactly_once_results(
         from pyspark import TaskContext
 
         out = list(rows)
-        if index == 0 and TaskContext.get().attemptNumber() == 0:
+        ctx = TaskContext.get()
+        assert ctx is not None, "not in a Spark task"
+        if index == 0 and ctx.attemptNumber() == 0:
             raise RuntimeError("injected failure of the first attempt")
         return iter(out)
 
@@ -110,7 +115,7 @@ def test_removed_shuffles_are_freed_in_every_daemon(spark: Any, daemons: list[Da
     for shuffle_id in range(sc.newShuffleId()):  # every id handed out so far (newShuffleId takes one more)
         cleaner.doCleanupShuffle(shuffle_id, True)
     for d in daemons:
-        poll_until(lambda d=d: daemon_stats(d)["store"]["stored_segments"] == 0, 20, f"{d.addr} freed its shuffles")
+        poll_until(store_emptied(d, "stored_segments"), 20, f"{d.addr} freed its shuffles")
 
 
 def test_daemon_killed_before_reduce_is_recomputed(

@@ -17,7 +17,7 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
-from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons
+from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons, store_emptied
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -92,5 +92,5 @@ def test_application_end_frees_every_daemon(spark: Any, daemons: list[DaemonProc
     assert any(daemon_stats(d)["store"]["stored_segments"] > 0 for d in daemons)
     spark.stop()
     for d in daemons:
-        poll_until(lambda d=d: daemon_stats(d)["store"]["applications"] == 0, 20, f"{d.addr} dropped {app}")
+        poll_until(store_emptied(d, "applications"), 20, f"{d.addr} dropped {app}")
         assert daemon_stats(d)["store"]["stored_segments"] == 0

@@ -65,7 +65,9 @@ def test_speculative_map_attempts_give_exact_results(spark: Any, daemons: list[D
     def straggle(index: int, part: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        stall = index == 0 and TaskContext.get().attemptNumber() == 0
+        ctx = TaskContext.get()
+        assert ctx is not None, "not in a Spark task"
+        stall = index == 0 and ctx.attemptNumber() == 0
         for n, row in enumerate(part):
             if stall and n == STALL_AFTER:
                 time.sleep(STRAGGLER_S)  # the workload: a slow task, not a synchronisation

@@ -31,6 +31,7 @@ class Link:
         self.proto.accept({})
         self.proto.data_to_send()
         self.errors: list[ShuffledError] = []
+        self.from_client = True  # the Hello above is a client's
         self.peer = "127.0.0.1:40000"
         self.drain_challenge: tuple[str, str] | None = None
 

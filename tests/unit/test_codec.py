@@ -192,11 +192,13 @@ REQUEST = {"app": "a", "shuffle": 1, "start": 0, "end": 1, "locations": {"": [1]
 
 
 def _open_body(**keys: object) -> bytes:
-    return encode(F.OpenMapOutput(1, "a", 1, 0, 1, 2))[:12] + msgpack.packb({**OPEN, **keys})
+    body: bytes = msgpack.packb({**OPEN, **keys})
+    return encode(F.OpenMapOutput(1, "a", 1, 0, 1, 2))[:12] + body
 
 
 def _request_body(**keys: object) -> bytes:
-    return encode(F.PartitionRequest(1, 2, "a", 1, 0, 1, {"": [1]}))[:16] + msgpack.packb({**REQUEST, **keys})
+    body: bytes = msgpack.packb({**REQUEST, **keys})
+    return encode(F.PartitionRequest(1, 2, "a", 1, 0, 1, {"": [1]}))[:16] + body
 
 
 def _framed(partial: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""A draining daemon takes a peer's `holds` answer only as far as it checks out (issue 26): attempts it
+"""A draining daemon takes a peer's `holds` answer only as far as it checks out: attempts it
 was asked about, each with the bytes stored here. An answer with unhashable entries no longer ends the
 whole hand-over with a TypeError, and a peer claiming to hold everything no longer keeps anything from
 being copied; the answering daemon then counts as holding nothing, and the refusal is logged."""

@@ -18,11 +18,11 @@ pytestmark = pytest.mark.asyncio
 
 async def test_a_bug_in_one_worker_cancels_the_others_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
-        drainer = Drainer(SimpleNamespace(), DrainStats())  # type: ignore[arg-type]
+        drainer = Drainer(SimpleNamespace(), DrainStats())
         todo = [HandOver(SimpleNamespace(), a, "p:1", 2, ["q:1"]) for a in range(PARALLEL)]  # type: ignore[arg-type]
         waiting: list[asyncio.Future[None]] = []
 
-        async def survey(*_: float) -> list[HandOver]:
+        async def survey(deadline: float) -> list[HandOver]:
             return todo
 
         async def hand_over(h: HandOver) -> None:
@@ -37,6 +37,6 @@ async def test_a_bug_in_one_worker_cancels_the_others_and_is_logged(caplog: pyte
             assert await drainer.run(time.monotonic() + 60) is False
         assert len(waiting) == PARALLEL - 1 and all(f.cancelled() for f in waiting)
         (record,) = [r for r in caplog.records if r.getMessage() == "hand-over failed"]
-        assert record.exc_info is not None and "a bug" in str(record.exc_info[1].exceptions[0])  # type: ignore[union-attr, index]
+        assert record.exc_info is not None and "a bug" in str(record.exc_info[1].exceptions[0])  # type: ignore[union-attr]
 
     await asyncio.wait_for(body(), 10)

@@ -6,7 +6,7 @@ flushed several times so its pieces form several ascending sequences), pushes th
 real `Store`, spills at random points through the real `Spiller` into a real data dir, and reads ranges
 through the real `PlanFeed`. Every read must serve each (partition, attempt) pair whole and in push
 order as consecutive runs, one attempt's pairs together in ascending partition order (PROTOCOL.md
-§10.1, WIDE.md §1.4), frames of at most a segment whose CRC32C holds; and every segment must come
+§10.1), frames of at most a segment whose CRC32C holds; and every segment must come
 back once the shuffle is dropped.
 """
 

@@ -104,7 +104,7 @@ async def test_the_pusher_hears_once_at_half_the_lag_and_every_buffer_comes_back
 
 @pytest.mark.asyncio
 async def test_a_link_whose_credit_arrives_with_the_cancel_of_its_opening_is_aborted() -> None:
-    """Issue 26, found by the live fuzzer: a push that ends while its replica link opens cancels the
+    """Found by the live fuzzer: a push that ends while its replica link opens cancels the
     opening. When the replica's first credit arrived in the same loop turn, asyncio.wait_for returned it
     and dropped the cancel, so the link stayed open and the replica kept the push's window for as long as
     the peer link lived. Now the cancel goes through and the replica is told to abort the push."""

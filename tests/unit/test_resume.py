@@ -1,4 +1,4 @@
-"""A read resumed on another copy (PROTOCOL.md §10.6, WIDE.md §1.5) gets exactly what the failed read had
+"""A read resumed on another copy (PROTOCOL.md §10.6) gets exactly what the failed read had
 not relayed, however the copy's pieces are split.
 
 Two stores hold the same map outputs packed differently (other group boundaries, a run split elsewhere,
@@ -64,12 +64,13 @@ class Copy:
 def pairs(payloads: list[bytes]) -> dict[tuple[int, int], bytes]:
     """Each pair's bytes; a pair must be one run of consecutive runs."""
     got: dict[tuple[int, int], bytearray] = {}
-    last = None
+    last: tuple[int, int] | None = None
     for attempt, p, data in (r for payload in payloads for r in unpack(payload)):
-        if (p, attempt) != last:
-            assert (p, attempt) not in got, f"pair {(p, attempt)} in two runs"
-            last = (p, attempt)
-        got.setdefault(last, bytearray()).extend(data)
+        pair = (p, attempt)
+        if pair != last:
+            assert pair not in got, f"pair {pair} in two runs"
+            last = pair
+        got.setdefault(pair, bytearray()).extend(data)
     return {k: bytes(v) for k, v in got.items()}
 
 

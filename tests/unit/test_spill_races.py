@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
-from shuffled.server.disk import Disk
+from shuffled.server.disk import Appended, Disk
 from shuffled.server.plan import make_plan
 from shuffled.server.spill import IN_FLIGHT, Spiller
 from shuffled.server.store import MapOutput, Store
@@ -282,12 +283,14 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_attempts(tmp_pa
         real = disk._append
         calls = 0
 
-        def second_fails(*args: object) -> object:
+        def second_fails(
+            path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
+        ) -> Appended:
             nonlocal calls
             calls += 1
             if calls == 2:
                 raise OSError(28, "No space left on device")
-            return real(*args)  # type: ignore[arg-type]
+            return real(path, views, journal, record)
 
         disk._append = second_fails  # type: ignore[method-assign]
         gate = threading.Event()

@@ -6,18 +6,59 @@ import java.util.List;
 import org.apache.spark.SparkConf;
 
 /**
- * The plugin's settings, read once from the SparkConf. Every key starts with {@code spark.shuffled.};
- * README's "Spark" section lists them with defaults.
+ * The plugin's settings, read once from the SparkConf. Every key starts with {@code spark.shuffled.} and is
+ * declared here, with a Markdown comment (JEP 467) saying what it means and its default: README's "Spark"
+ * table is generated from these comments ({@code python -m shuffled.spark_settings}), and a test checks that
+ * it is, and that a default the code reads as a literal is the documented one.
  */
 final class ShuffledConf {
+    /// the executor's daemon: `host:port`, `[ipv6]:port` or `unix:/path`. A comma-separated list is allowed:
+    /// an executor takes entry *executor id mod n* and falls back to the next one if its daemon is unreachable
+    ///
+    /// Default: `127.0.0.1:7337`
     static final String ADDRESS = "spark.shuffled.address";
+    /// `task` picks the daemon per task instead (tests on one machine use it to spread one JVM's tasks over
+    /// several daemons)
+    ///
+    /// Default: `executor`
     static final String DAEMON_CHOICE = "spark.shuffled.daemonChoice";
+    /// the daemon the driver sends cleanup to; it passes it on to the daemons in its `--peers`
+    ///
+    /// Default: first address
     static final String ADMIN_ADDRESS = "spark.shuffled.adminAddress";
+    /// bound of every wait for the daemon's answer (connect, handshake, push credit, commit, read data); past
+    /// it the task fails instead of hanging (a read that times out is a fetch failure naming the daemon). A
+    /// task whose daemons all refuse connections, in an executor that has reached one before, retries them
+    /// for this long, so a restarting daemon does not fail its tasks; an executor that never reached a daemon
+    /// fails at once (a wrong address). Socket writes themselves are not bounded: a daemon that stops reading
+    /// altogether (a stopped process) blocks writers until the kernel gives up on the connection
+    ///
+    /// Default: `60s`
     static final String TIMEOUT = "spark.shuffled.timeout";
+    /// most bytes one map task keeps in partially filled 32 KiB buffers
+    ///
+    /// Default: `16m`
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
+    /// the cluster secret, as in the daemons' `--secret-file` ([docs/security.md](docs/security.md)); the
+    /// driver checks it with the admin daemon when the application starts, so a wrong one stops the
+    /// application at once with the reason
+    ///
+    /// Default: none
     static final String SECRET = "spark.shuffled.secret";
+    /// instead of `spark.shuffled.secret`: a file holding it, read where the driver and each executor run
+    ///
+    /// Default: none
     static final String SECRET_FILE = "spark.shuffled.secretFile";
+    /// the application's own secret: its requests carry a token derived from it, and no other application's
+    /// clients can read or remove its data ([docs/security.md](docs/security.md))
+    ///
+    /// Default: `spark.authenticate.secret` if `spark.authenticate=true`
     static final String APP_SECRET = "spark.shuffled.appSecret";
+    /// copies of each map output, 1..4, the one in the task's daemon included: the application's own choice
+    /// over the daemons' setting (`replicas` in [docs/configuration.md](docs/configuration.md)). Unset, map
+    /// tasks do not say, and each daemon keeps its own setting
+    ///
+    /// Default: the daemons' `replicas`
     static final String REPLICAS = "spark.shuffled.replicas";
 
     static final String DEFAULT_ADDRESS = "127.0.0.1:7337";

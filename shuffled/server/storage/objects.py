@@ -1,0 +1,453 @@
+"""Large objects in an S3-compatible store, in the daemon's terms: the layer the object-store tier builds on.
+
+`ObjectStore` writes one object from a sequence of memoryviews (pool segments: the client takes them
+without copying), reads a byte range of one into caller-provided memory, deletes one object or every
+object under a prefix, lists objects with their ages for the sweep that removes what a crashed daemon
+left, and probes at start that the bucket can be written, read back and cleaned. Every call is bounded
+in time and raises `StorageError` with a reason an operator can act on (wrong credentials, no such
+bucket, access denied, unreachable endpoint, server errors, timeouts); secrets appear nowhere.
+
+The client is obstore (the Rust `object_store` crate): it signs, retries and moves the bytes on threads
+of its own without the GIL, so uploads and reads cost the event loop little (measured against aiobotocore:
+docs/performance.md, "Object store client").
+
+Writes are atomic: an object bigger than `part_size` goes up as a multipart upload whose parts are
+`part_size` bytes (at least S3's 5 MiB, the last one aside), and the object exists only once the upload
+completed, which is when `write` returns. When a part or the completion fails, the client aborts the
+upload before raising, so no parts stay behind. A cancelled client call would drop the upload without
+aborting it, so a write is never cancelled: when its deadline passes (or its caller is cancelled), the
+caller gets the error at once and the upload is left to finish or fail by the client's own bounds, and
+its key is deleted then (`close` waits for those). A write that fails deletes its key before raising, as
+a PUT whose answer was lost may have stored the object. Keys are therefore written once (a failed write
+of a key takes an older object of that key with it). What an abort cannot reach
+(the server down, the daemon killed) stays as an incomplete upload, which obstore cannot list: the
+bucket needs a lifecycle rule that aborts incomplete uploads (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import obstore
+from obstore.exceptions import NotFoundError
+from obstore.store import S3Store
+
+from ...config import S3_MAX_PART, S3_MIN_PART, DaemonConfig, MiB, parse_s3_url
+from ...logs import event
+from ...protocol.errors import StorageError
+from ..stats import ObjectStoreStats
+from . import credentials
+
+log = logging.getLogger(__name__)
+
+
+#: what a listing or bulk delete asks for per page (S3's most)
+PAGE = 1000
+#: the operations counted and timed (bounded metric labels)
+OPERATIONS = ("put", "get", "delete", "list")
+#: the probe's object, under the prefix; random so daemons sharing a prefix do not race
+PROBE_DIR = ".probe"
+
+_S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
+_STATUS = re.compile(r"status(?: code)?: (\d{3})")
+_HTTP_KIND = re.compile(r"HttpError \{ kind: (\w+)")
+_OS_MESSAGE = re.compile(r'message: "([^"]+)"')
+
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "AuthorizationHeaderMalformed",
+        "InvalidClientTokenId",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ObjectStoreConfig:
+    """Where objects go and how long each request may take; see the `object-store-*` settings."""
+
+    url: str
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool = False
+    #: most seconds one HTTP request may take (connecting, sending, answering)
+    timeout: float = 30.0
+    connect_timeout: float = 5.0
+    #: retries of a request that failed in a way worth retrying (5xx, dropped or refused connections)
+    retries: int = 3
+    part_size: int = 16 * MiB
+    #: parts of one object in flight at once
+    concurrency: int = 4
+
+    def __post_init__(self) -> None:
+        parse_s3_url(self.url)
+        if not S3_MIN_PART <= self.part_size <= S3_MAX_PART:
+            raise ValueError("object-store part size must be 5 MiB..5 GiB (S3's limits)")
+
+    @classmethod
+    def of(cls, config: DaemonConfig) -> ObjectStoreConfig:
+        """The daemon's `object-store-*` settings (`object-store` must be set)."""
+        assert config.object_store is not None
+        return cls(
+            config.object_store,
+            endpoint=config.object_store_endpoint,
+            region=config.object_store_region,
+            path_style=config.object_store_path_style == "on",
+            timeout=config.object_store_timeout,
+            connect_timeout=config.object_store_connect_timeout,
+            retries=config.object_store_retries,
+            part_size=config.object_store_part_size,
+        )
+
+    @property
+    def bucket(self) -> str:
+        return parse_s3_url(self.url)[0]
+
+    @property
+    def prefix(self) -> str:
+        return parse_s3_url(self.url)[1]
+
+    def request_bound(self) -> float:
+        """Most seconds one request takes, retries and their back-off included (the client stops retrying
+        after `retry_window` but lets a try that began before finish)."""
+        return self.retry_window() + self.timeout
+
+    def retry_window(self) -> float:
+        return self.timeout * (self.retries + 1)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    #: seconds since the store last modified it (by the store's clock against this host's)
+    age: float
+
+
+class ObjectStore:
+    """One bucket and prefix; keys are relative to the prefix."""
+
+    def __init__(
+        self,
+        config: ObjectStoreConfig,
+        stats: ObjectStoreStats | None = None,
+        observe: Callable[[str, float], None] | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else ObjectStoreStats()
+        self.stats.url = config.url
+        self._observe = observe
+        #: objects this process wrote and has not deleted: key -> size
+        self._held: dict[str, int] = {}
+        #: uploads whose caller gave up on them (deadline, cancellation), still finishing in the client
+        self._orphans: set[asyncio.Future[Any]] = set()
+        self._secrets: tuple[str, ...] = ()
+        self._store: S3Store | None = None
+        #: why no client could be made (no credentials); every call then fails with it
+        self._unusable: str | None = None
+        try:
+            creds = credentials.find(environ)
+        except credentials.NoCredentials as exc:
+            self._unusable = str(exc)
+            self.credential_source = "none"
+            return
+        self.credential_source = creds.source if creds is not None else "client (web identity or container)"
+        self._secrets = creds.secrets() if creds is not None else ()
+        self._store = self._client(creds)
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.config.url}, endpoint={self.config.endpoint}, credentials={self.credential_source})"
+
+    @property
+    def client(self) -> S3Store:
+        """The obstore client as this layer configured it: for measuring the layer against the client alone."""
+        return self._client_or_raise("get", "")
+
+    def _client(self, creds: credentials.Credentials | None) -> S3Store:
+        cfg = self.config
+        https = cfg.endpoint is None or cfg.endpoint.startswith("https://")
+        s3: dict[str, Any] = {
+            "virtual_hosted_style_request": not cfg.path_style,
+            # as the AWS SDKs do: TLS already protects the payload; over plain HTTP its signature is the check
+            "unsigned_payload": https,
+        }
+        if cfg.endpoint is not None:
+            s3["endpoint"] = cfg.endpoint
+        if cfg.region is not None:
+            s3["region"] = cfg.region
+        if creds is not None:
+            s3["access_key_id"] = creds.access_key
+            s3["secret_access_key"] = creds.secret_key
+            if creds.token:
+                s3["session_token"] = creds.token
+        window = cfg.retry_window()
+        return S3Store(
+            cfg.bucket,
+            prefix=cfg.prefix or None,
+            config=s3,  # type: ignore[arg-type]
+            client_options={
+                "allow_http": not https,
+                "timeout": timedelta(seconds=cfg.timeout),
+                "connect_timeout": timedelta(seconds=cfg.connect_timeout),
+            },
+            retry_config={
+                "max_retries": cfg.retries,
+                "retry_timeout": timedelta(seconds=window),
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=100),
+                    "max_backoff": timedelta(seconds=min(5.0, cfg.timeout)),
+                    "base": 2,
+                },
+            },
+        )
+
+    # -- the operations
+
+    async def write(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
+        """Store `chunks`, in order, as object `key`; returns its size once the object is complete.
+
+        The chunks are read by the client's threads without a copy until this returns (and, after a
+        deadline, until the abandoned upload ends): the caller must not change them before.
+        """
+        cfg = self.config
+        size = sum(len(c) for c in chunks)
+        parts = max(1, math.ceil(size / cfg.part_size))
+        multipart = parts > 1
+        deadline = cfg.request_bound() * (math.ceil(parts / cfg.concurrency) + (2 if multipart else 0))
+        store = self._client_or_raise("put", key)
+        started = time.monotonic()
+        upload: asyncio.Future[Any] = asyncio.ensure_future(
+            obstore.put_async(
+                store,
+                key,
+                list(chunks),
+                use_multipart=multipart,
+                chunk_size=cfg.part_size,
+                max_concurrency=cfg.concurrency,
+            )
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(upload), deadline)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            self._abandon(key, upload)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise self._failed("put", key, started, f"did not complete within {deadline:.0f}s") from None
+        except Exception as exc:
+            reason = self._reason(exc)
+            await self._discard(key)  # a PUT whose answer was lost may have stored the object all the same
+            raise self._failed("put", key, started, reason) from None
+        self._done("put", started)
+        stats = self.stats
+        stats.bytes_up += size
+        stats.parts += parts if multipart else 0
+        if key not in self._held:
+            stats.objects_held += 1
+        stats.bytes_held += size - self._held.get(key, 0)
+        self._held[key] = size
+        return size
+
+    async def read_into(self, key: str, start: int, targets: Sequence[memoryview]) -> int:
+        """Fill `targets`, in order, with the object's bytes from `start` on: one ranged GET for the whole
+        range, copied once into the targets (the client hands back memory of its own)."""
+        length = sum(len(t) for t in targets)
+        if length == 0:
+            return 0
+        store = self._client_or_raise("get", key)
+        started = time.monotonic()
+        try:
+            data = await asyncio.wait_for(
+                obstore.get_range_async(store, key, start=start, length=length), self.config.request_bound()
+            )
+        except TimeoutError:
+            raise self._failed("get", key, started, f"no answer within {self.config.request_bound():.0f}s") from None
+        except Exception as exc:
+            raise self._failed("get", key, started, self._reason(exc)) from None
+        view = memoryview(data)
+        if len(view) != length:
+            got = len(view)
+            raise self._failed("get", key, started, f"asked for {length} bytes at {start}, the object had {got}")
+        offset = 0
+        for target in targets:
+            target[:] = view[offset : offset + len(target)]
+            offset += len(target)
+        self._done("get", started)
+        self.stats.bytes_down += length
+        return length
+
+    async def delete(self, keys: str | Sequence[str]) -> None:
+        """Delete these objects (missing ones are no error: deleting is idempotent)."""
+        batch = [keys] if isinstance(keys, str) else list(keys)
+        for i in range(0, len(batch), PAGE):
+            page = batch[i : i + PAGE]
+            store = self._client_or_raise("delete", page[0])
+            started = time.monotonic()
+            try:
+                await self._bounded(obstore.delete_async(store, page if len(page) > 1 else page[0]))
+            except NotFoundError:
+                pass
+            except Exception as exc:
+                raise self._failed("delete", page[0], started, self._reason(exc)) from None
+            self._done("delete", started)
+            for key in page:
+                self._forget(key)
+
+    async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under `prefix` (relative to the store's), with its size and age."""
+        store = self._client_or_raise("list", prefix)
+        started = time.monotonic()
+        try:
+            metas = await self._bounded(obstore.list(store, prefix or None, chunk_size=PAGE).collect_async())
+        except Exception as exc:
+            raise self._failed("list", prefix, started, self._reason(exc)) from None
+        self._done("list", started)
+        now = datetime.now(UTC)
+        return [ObjectInfo(m["path"], m["size"], (now - m["last_modified"]).total_seconds()) for m in metas]
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under `prefix`; how many there were."""
+        found = await self.list_objects(prefix)
+        await self.delete([o.key for o in found])
+        return len(found)
+
+    async def sweep(self, prefix: str, older_than: float) -> list[ObjectInfo]:
+        """Delete the objects under `prefix` last written more than `older_than` seconds ago: what a daemon
+        that crashed left behind (a live daemon's objects are younger, or known to it). Returns them."""
+        stale = [o for o in await self.list_objects(prefix) if o.age > older_than]
+        await self.delete([o.key for o in stale])
+        if stale:
+            event(log, "object store swept", prefix=prefix, objects=len(stale), bytes=sum(o.size for o in stale))
+        return stale
+
+    async def probe(self) -> str | None:
+        """Write, read back and delete a small object under the prefix: None when all of that worked, else
+        why not (the first step that failed). Takes at most three requests' bounds."""
+        stats = self.stats
+        stats.state = "probing"
+        key = f"{PROBE_DIR}/{uuid.uuid4().hex[:16]}"
+        payload = f"shuffled probe {key}".encode()
+        reason: str | None = None
+        try:
+            await self.write(key, [payload])
+            try:
+                back = bytearray(len(payload))
+                await self.read_into(key, 0, [memoryview(back)])
+                if back != payload:
+                    reason = "the probe object read back differs from what was written"
+            finally:
+                await self.delete(key)
+        except StorageError as exc:
+            reason = reason or exc.message
+        stats.state, stats.reason = ("failed", reason) if reason else ("ready", "")
+        return reason
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Wait (bounded) for abandoned uploads to end and their objects to be deleted."""
+        if self._orphans:
+            await asyncio.wait(set(self._orphans), timeout=timeout or self.config.request_bound())
+
+    # -- helpers
+
+    def _client_or_raise(self, op: str, key: str) -> S3Store:
+        if self._store is None:
+            raise self._failed(op, key, time.monotonic(), self._unusable or "no client")
+        return self._store
+
+    async def _bounded(self, call: Any) -> Any:
+        """A client call that may be cancelled safely (it changes nothing half-way), within one request's bound."""
+        try:
+            return await asyncio.wait_for(call, self.config.request_bound())
+        except TimeoutError:
+            raise TimeoutError(f"no answer within {self.config.request_bound():.0f}s") from None
+
+    async def _discard(self, key: str) -> None:
+        """Delete what a write that did not succeed may have stored (its caller was told it failed)."""
+        try:
+            await self.delete(key)
+        except StorageError as exc:
+            event(log, "object of a failed write not deleted", logging.WARNING, key=key, reason=exc.message)
+
+    def _abandon(self, key: str, upload: asyncio.Future[Any]) -> None:
+        """The caller stopped waiting for this upload: once the client is done with it, delete the key
+        (whether it completed, failed or was aborted, nothing of it may stay)."""
+
+        async def settle() -> None:
+            with contextlib.suppress(Exception):
+                await upload
+            await self._discard(key)
+
+        task = asyncio.ensure_future(settle())
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    def _forget(self, key: str) -> None:
+        size = self._held.pop(key, None)
+        if size is not None:
+            self.stats.objects_held -= 1
+            self.stats.bytes_held -= size
+
+    def _done(self, op: str, started: float) -> None:
+        requests = self.stats.requests
+        requests[op] = requests.get(op, 0) + 1
+        if self._observe is not None:
+            self._observe(op, time.monotonic() - started)
+
+    def _failed(self, op: str, key: str, started: float, reason: str) -> StorageError:
+        self._done(op, started)
+        errors = self.stats.errors
+        errors[op] = errors.get(op, 0) + 1
+        return StorageError(f"object store {op} {self.config.url}/{key}: {self._scrub(reason)}")
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _reason(self, exc: BaseException) -> str:
+        """What went wrong, in a line: the S3 error code or HTTP status, or the connection's trouble."""
+        text = " ".join(str(exc).split())
+        cfg = self.config
+        if isinstance(exc, TimeoutError):
+            return text or "timed out"
+        code = _S3_CODE.search(text)
+        status = _STATUS.search(text)
+        if code is not None:
+            name = code.group(1)
+            http = f"HTTP {status.group(1)} " if status else ""
+            if name in _CREDENTIAL_CODES:
+                return f"wrong credentials ({http}{name}: the store does not accept these keys)"
+            if name == "NoSuchBucket":
+                return f"no such bucket {cfg.bucket!r} ({http}{name})"
+            if name in ("AccessDenied", "AllAccessDisabled"):
+                return f"access denied ({http}{name}): these credentials may not do this in the bucket"
+            if name == "NoSuchKey":
+                return f"no such object ({http}{name})"
+            return f"the store answered {http}{name}"
+        kind = _HTTP_KIND.search(text)
+        endpoint = cfg.endpoint or f"S3 in {cfg.region or 'the default region'}"
+        if kind is not None and kind.group(1) == "Connect":
+            detail = _OS_MESSAGE.search(text)
+            return f"endpoint {endpoint} unreachable ({detail.group(1) if detail else 'cannot connect'})"
+        if kind is not None and kind.group(1) == "Timeout":
+            return f"endpoint {endpoint} did not answer within {cfg.timeout:g}s (tried {cfg.retries + 1} times)"
+        if status is not None:
+            return f"the store answered HTTP {status.group(1)}"
+        if kind is not None:
+            return f"endpoint {endpoint}: the connection failed ({kind.group(1)})"
+        first = text.split(" Debug source:")[0]
+        return first[:300] or type(exc).__name__
