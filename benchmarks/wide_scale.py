@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,26 +32,10 @@ from shuffled.protocol.packed import read_payload
 from shuffled_client import AsyncClient
 from shuffled_client.aio import PartitionReader
 
-MiB = 1 << 20
+from .common import MiB, RssSampler, rss
+
 APP = "wide-scale"
 HOST = "127.0.0.2"
-
-
-class Peak(threading.Thread):
-    """Samples a process's RSS every 20 ms until stopped."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.peak, self.done = pid, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.02):
-            self.peak = max(self.peak, rss(self.pid))
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Tiles:
@@ -121,27 +103,18 @@ async def scale(
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Push the shuffle into `daemon` and read it back, sampling its RSS; AssertionError on a wrong byte."""
-    sampler = Peak(daemon.pid)
-    sampler.start()
-    try:
-        out = await _scale(daemon, maps, partitions, block, writers, readers, progress)
-    finally:
-        sampler.done.set()
-        sampler.join()
-    out["peak_rss"] = sampler.peak
+    with RssSampler({"daemon": daemon.pid}, 0.02) as sampler:
+        out = await _scale(
+            daemon, tiles=Tiles(partitions, block), maps=maps, writers=writers, readers=readers, progress=progress
+        )
+    out["peak_rss"] = sampler.peak("daemon") * MiB
     return out
 
 
 async def _scale(
-    daemon: DaemonProcess,
-    maps: int,
-    partitions: int,
-    block: int,
-    writers: int,
-    readers: int,
-    progress: Callable[[str], None],
+    daemon: DaemonProcess, *, tiles: Tiles, maps: int, writers: int, readers: int, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    tiles = Tiles(partitions, block)
+    partitions, block = tiles.partitions, tiles.block
     lengths = [block] * partitions
     attempts = list(range(1, maps + 1))
     out: dict[str, Any] = {"idle_rss": rss(daemon.pid)}

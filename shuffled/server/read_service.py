@@ -18,7 +18,6 @@ from ..logs import event
 from ..net.sender import Sender
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream
-from ..protocol.auth import token_digest
 from ..protocol.connection import ProtocolConnection, release_payload
 from ..protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
@@ -26,7 +25,7 @@ from ..protocol.resume import Resume
 from .chunks import Chunk
 from .feed import LOOKAHEAD, PlanFeed
 from .peers import split_address
-from .plan import Plan, make_plan
+from .plan import Plan, plan_read
 from .reading import InputGate, Peers, RemoteInputChannel
 from .services import Services
 
@@ -116,16 +115,7 @@ class ReadService:
             plan: Plan | None = None
             if local is not None:
                 try:
-                    plan = make_plan(
-                        self.services.store,
-                        req.app,
-                        req.shuffle,
-                        req.start,
-                        req.end,
-                        local,
-                        resume,
-                        digest=token_digest(req.token),
-                    )
+                    plan = plan_read(self.services.store, req, local, resume)
                 except PartitionNotFound as exc:
                     if not self._copies_elsewhere(resume):
                         raise

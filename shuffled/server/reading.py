@@ -30,14 +30,13 @@ from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
-from ..protocol.auth import token_digest
 from ..protocol.credit import ChannelCredit, FloatingPool
 from ..protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
 from ..protocol.frames import REPLICA, PartitionRequest
 from ..protocol.resume import ReadProgress
 from .chunks import Chunk
 from .feed import PlanFeed
-from .plan import Plan, make_plan
+from .plan import Plan, plan_read
 from .services import Services
 
 log = logging.getLogger(__name__)
@@ -371,16 +370,7 @@ class InputGate:
         resume = loc.progress.resume()
         req = self.req
         try:
-            plan = make_plan(
-                self.services.store,
-                req.app,
-                req.shuffle,
-                req.start,
-                req.end,
-                loc.attempts,
-                resume,
-                digest=token_digest(req.token),
-            )
+            plan = plan_read(self.services.store, req, loc.attempts, resume)
         except AuthFailed as exc:
             event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
             return False
