@@ -239,6 +239,7 @@ class PlanFeed:
                     self._loaded.pop(i).release()
         if skip:
             raise InvalidRequest("resume point does not match this copy")
+        assert not self._loaded, "every loaded piece's last item was served"
 
     async def _copy(self, piece: Buffer, lo: int, hi: int, whole: bool, skip: int) -> int:
         """Copy the item's runs into the frame in progress, or a new one if they do not fit; what is left
