@@ -31,6 +31,7 @@ import sys
 import time
 
 from .common import (
+    BASELINE_MAX_AGE,
     HOST_FOR_HELPERS,
     Baseline,
     Context,
@@ -260,6 +261,17 @@ async def measure_throughput(nbytes: int, timeout: float, relay: bool = False, s
             proc.stop()
     require(result["bytes"] >= nbytes, f"bare receiver got {result['bytes']} of {nbytes} bytes")
     return float(result["bytes"]) / float(result["seconds"])
+
+
+async def bare_throughput(ctx: Context) -> Baseline:
+    """The bare uvloop pair's bytes/s, measured in this run and again if it is stale: the baseline every
+    scenario that reports a ratio shares."""
+    if ctx.bare is None or time.monotonic() - ctx.bare.measured_at > BASELINE_MAX_AGE:
+        ctx.progress("measuring the bare-socket baseline")
+        ctx.record_bare(await measure_baseline(ctx))
+        assert ctx.bare is not None
+        ctx.progress(f"bare baseline {ctx.bare.mib_s:,.0f} MiB/s")
+    return ctx.bare
 
 
 async def measure_baseline(ctx: Context, relay: bool = False, spread: int = 1) -> Baseline:

@@ -51,7 +51,7 @@ MiB = 1 << 20
 DAEMON_DEFAULTS = DaemonConfig()
 SEGMENT = DAEMON_DEFAULTS.segment_size
 #: most segments one reader stream holds: exclusive credit plus the gate's floating buffers
-SEGMENTS_PER_READER = DAEMON_DEFAULTS.exclusive + DAEMON_DEFAULTS.floating
+SEGMENTS_PER_READER = DAEMON_DEFAULTS.exclusive_buffers + DAEMON_DEFAULTS.floating_buffers
 DEFAULT_DAEMON_POOL = DAEMON_DEFAULTS.pool_size
 #: pools sized for many readers' full credit windows stop growing here
 MAX_WINDOW_POOL = 512 * MiB
@@ -127,14 +127,14 @@ def relay_pool(readers: int) -> int:
     segments at once, up to `MAX_WINDOW_POOL` (floating ones are only taken while memory is to spare, so
     beyond that readers share less of it, as they would on a busy daemon)."""
     want = readers * SEGMENTS_PER_READER * SEGMENT * 1.25
-    floor = readers * DAEMON_DEFAULTS.exclusive * SEGMENT * 2
+    floor = readers * DAEMON_DEFAULTS.exclusive_buffers * SEGMENT * 2
     return max(DEFAULT_DAEMON_POOL, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 
 def reader_client_pool(readers: int) -> int:
     """A client pool in which `readers` streams all start at once and share floating buffers generously."""
     want = readers * SEGMENTS_PER_READER * SEGMENT + 4 * MiB
-    floor = readers * DAEMON_DEFAULTS.exclusive * SEGMENT * 2 + 4 * MiB
+    floor = readers * DAEMON_DEFAULTS.exclusive_buffers * SEGMENT * 2 + 4 * MiB
     return max(4 * MiB, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 
@@ -478,7 +478,8 @@ class Context:
         #: the running scenario's own cap (its (QUICK_)TIME_LIMIT, else time_limit): waits inside it that
         #: need the whole of it (a Spark session on a loaded machine) use this, not the default
         self.scenario_limit = self.time_limit
-        self._bare: Baseline | None = None
+        #: the latest bare-socket baseline (bare.py's `bare_throughput` measures it when stale)
+        self.bare: Baseline | None = None
         #: every bare measurement of the run: (scenario that asked for it, MiB/s)
         self.bare_history: list[tuple[str, float]] = []
         self._unix_count = 0
@@ -493,19 +494,8 @@ class Context:
     # -- the bare-socket baseline, shared by every scenario that reports a ratio to it
 
     def record_bare(self, baseline: Baseline) -> None:
-        self._bare = baseline
+        self.bare = baseline
         self.bare_history.append((self.scenario, baseline.mib_s))
-
-    async def bare_throughput(self) -> Baseline:
-        """The bare uvloop pair's bytes/s, measured in this run and again if it is stale."""
-        if self._bare is None or time.monotonic() - self._bare.measured_at > BASELINE_MAX_AGE:
-            from .bare import measure_baseline  # bare imports this module
-
-            self.progress("measuring the bare-socket baseline")
-            self.record_bare(await measure_baseline(self))
-            assert self._bare is not None
-            self.progress(f"bare baseline {self._bare.mib_s:,.0f} MiB/s")
-        return self._bare
 
     # -- daemons and clients
 

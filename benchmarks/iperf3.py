@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 
+from .bare import bare_throughput
 from .common import (
     HOST_FOR_HELPERS,
     Context,
@@ -56,7 +57,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         result.notes.append("`apt-get install iperf3` enables this scenario")
         raise Skip("iperf3 not installed")
     nbytes = ctx.pick(1024 * MiB, 256 * MiB)
-    bare = await ctx.bare_throughput()
+    bare = await bare_throughput(ctx)
     port = free_port(HOST_FOR_HELPERS)
     server = ManagedProcess("iperf3 server", [exe, "-s", "-B", HOST_FOR_HELPERS, "-p", str(port)], ready="listening")
     samples: list[float] = []

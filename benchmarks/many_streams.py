@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .bare import measure_baseline
+from .bare import bare_throughput, measure_baseline
 from .common import (
     SEGMENTS_PER_READER,
     Baseline,
@@ -49,7 +49,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     total = ctx.pick(512 * MiB, 64 * MiB)
     counts: list[int] = ctx.pick([1, 8, 64, 1000], [1, 8, 64])
     most = max(counts)
-    bare = await ctx.bare_throughput()
+    bare = await bare_throughput(ctx)
     rates: dict[int, list[float]] = {}
     async with ctx.daemons(store_pool(total, most), relay_pool(most)) as (a, b):
         async with ctx.client(a.addr) as ca, ctx.client(b.addr, pool_size=reader_client_pool(most)) as cb:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from .bare import measure_baseline
+from .bare import bare_throughput, measure_baseline
 from .common import (
     DEFAULT_DAEMON_POOL,
     Baseline,
@@ -41,7 +41,7 @@ ATTEMPT = 1
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(512 * MiB, 64 * MiB)
-    bare = await ctx.bare_throughput()
+    bare = await bare_throughput(ctx)
     ctx.progress("measuring the bare relay (sender -> relay -> receiver)")
     bare_relay = await measure_baseline(ctx, relay=True)
     ctx.progress(f"bare relay {bare_relay.mib_s:,.0f} MiB/s")

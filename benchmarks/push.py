@@ -24,6 +24,7 @@ import contextlib
 import os
 import time
 
+from .bare import bare_throughput
 from .common import (
     Context,
     CpuMeter,
@@ -50,7 +51,7 @@ GOAL = Goal("value", ">=", 1e9 / MiB)
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(512 * MiB, 64 * MiB)
-    bare = await ctx.bare_throughput()
+    bare = await bare_throughput(ctx)
     rates: dict[str, list[float]] = {"TCP": [], "Unix socket": []}
     async with ctx.daemons(store_pool(nbytes), unix=True) as (a,):
         cpu = CpuMeter({"daemon": a.pid, "client": None})

@@ -151,8 +151,8 @@ def metrics_reference() -> str:
     import tempfile
 
     from .ops.metrics import render_markdown
+    from .ops.stats import DaemonStats
     from .server.daemon import Daemon
-    from .server.stats import DaemonStats
 
     async def snapshot() -> DaemonStats:
         with tempfile.TemporaryDirectory(prefix="shuffled-metrics-") as data_dir:
@@ -195,16 +195,16 @@ async def _serve(config: settings.DaemonConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signals.put_nowait, sig.name)
     first = asyncio.create_task(signals.get())
-    requested = asyncio.create_task(daemon.stop_requested.wait())
+    requested = asyncio.create_task(daemon.drain.started.wait())
     await asyncio.wait({first, requested}, return_when=asyncio.FIRST_COMPLETED)
     requested.cancel()
     if first.done():
         handoff = config.drain_handoff == "on"
         event(log, "stopping", signal=first.result(), drain_timeout_s=config.drain_timeout, handoff=handoff)
-        drain = daemon.start_drain(config.drain_timeout, handoff)
+        drain = daemon.drain.start(config.drain_timeout, handoff)
         second = asyncio.create_task(signals.get())
     else:
-        drain = daemon.start_drain(config.drain_timeout, True)  # the running one
+        drain = daemon.drain.start(config.drain_timeout, True)  # the running one
         second = asyncio.create_task(_another(first, signals))
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
@@ -252,18 +252,16 @@ async def _drain(args: argparse.Namespace) -> int:
     peer_secret = _peer_secret(args.peer_secret_file)
     client = await AsyncClient.connect(args.address, secret=secret)
     try:
-        request: dict[str, Any] = {"handoff": not args.no_handoff}
-        if args.timeout is not None:
-            request["timeout"] = args.timeout
-        node = client.daemon_node
+        handoff, timeout = not args.no_handoff, args.timeout
+        node, proof = client.daemon_node, None
         if peer_secret is not None:
-            node, request["proof"] = await _drain_proof(client, args.address, peer_secret, request)
+            node, proof = await _drain_proof(client, args.address, peer_secret, handoff, timeout)
         stats = await client.stats()
         if not args.wait:
-            answer = await client._admin_call("drain", request)
+            answer = await client.drain(handoff, timeout, proof)
             print(f"{node}: draining ({answer['state']})", flush=True)
             return 0
-        result = await _follow(client, node, request)
+        result = await _follow(client, node, client.drain(handoff, timeout, proof, wait=True))
     finally:
         await client.close()
     while True:  # the connection is closed when the daemon stops; its listeners close right after
@@ -279,16 +277,18 @@ async def _drain(args: argparse.Namespace) -> int:
     return _verdict(node, result)
 
 
-async def _drain_proof(client: Any, address: str, peer_secret: bytes, request: dict[str, Any]) -> tuple[str, str]:
-    """The daemon's node and the proof for `request` (PROTOCOL.md §13). The daemon proves the peer secret
-    over a fresh nonce of ours first, and names the address it sees us at: whoever merely answers at
-    `address` (with the cluster secret every application has), or relays to another daemon, gets no
-    proof, so it has nothing to replay against a daemon it wants stopped."""
+async def _drain_proof(
+    client: Any, address: str, peer_secret: bytes, handoff: bool, timeout: int | None
+) -> tuple[str, str]:
+    """The daemon's node and the proof for a drain with these arguments (PROTOCOL.md §13). The daemon
+    proves the peer secret over a fresh nonce of ours first, and names the address it sees us at:
+    whoever merely answers at `address` (with the cluster secret every application has), or relays to
+    another daemon, gets no proof, so it has nothing to replay against a daemon it wants stopped."""
     from .protocol.auth import check_nonce, drain_challenge_proof, drain_proof, new_nonce, proof_matches
     from .protocol.errors import AuthFailed
 
     nonce = new_nonce()
-    answer = await client._admin_call("drain_challenge", {"nonce": nonce})
+    answer = await client.drain_challenge(nonce)
     theirs, node, seen, proof = (answer.get(k) for k in ("nonce", "node", "client", "proof"))
     if not all(isinstance(v, str) for v in (theirs, node, seen, proof)):
         raise AuthFailed(f"the daemon at {address} answered drain_challenge without a proof: not draining it")
@@ -304,15 +304,14 @@ async def _drain_proof(client: Any, address: str, peer_secret: bytes, request: d
             f"whoever answers at {address} relays to it (or NAT does); not draining. Drain a daemon over an "
             "address it sees you at, such as its Unix socket"
         )
-    return node, drain_proof(peer_secret, nonce, theirs, request["handoff"], request.get("timeout"))
+    return node, drain_proof(peer_secret, nonce, theirs, handoff, timeout)
 
 
-async def _follow(client: Any, node: str, request: dict[str, Any]) -> dict[str, Any] | None:
-    """Ask for the drain with `wait` and print its progress as it changes until the daemon answers how it
-    ended (before it closes the connection); None if the daemon stopped first."""
+async def _follow(client: Any, node: str, ending: asyncio.Future[dict[str, Any]]) -> dict[str, Any] | None:
+    """Print the drain's progress as it changes until the daemon answers the drain asked for with `wait`
+    (`ending`) with how it ended (before it closes the connection); None if the daemon stopped first."""
     from shuffled_client import ConnectionLost, ShuffledError, ShuttingDown
 
-    ending = client._admin_request("drain", {**request, "wait": True})
     shown: dict[str, Any] | None = None
     while True:
         try:

@@ -384,13 +384,13 @@ class DaemonConfig:
         "most time a relayed read spends finding another copy after the daemon holding its data failed",
         unit="s",
     )
-    exclusive: int = setting(
+    exclusive_buffers: int = setting(
         DEFAULT_EXCLUSIVE,
         "buffers per remote channel of a read: its initial credit (Flink's default)",
         unit="buffers",
         metavar="N",
     )
-    floating: int = setting(
+    floating_buffers: int = setting(
         DEFAULT_FLOATING,
         "most buffers a read shares among its channels, taken as the senders' backlog grows and only while "
         "memory is to spare (nothing waits for memory or is being spilled, and pool use is below where "
@@ -408,7 +408,7 @@ class DaemonConfig:
     )
     #: push credit window per map output: guaranteed / at most
     push_min: int = 2
-    push_max: int = setting(
+    push_window: int = setting(
         16,
         "most push credit one map output holds when memory allows (at least 2 are guaranteed)",
         unit="buffers",
@@ -597,7 +597,7 @@ class DaemonConfig:
         return f"peers entries without @zone: {','.join(unzoned)}" if unzoned else None
 
     def zones(self, node: str) -> dict[str, str]:
-        """Each daemon's failure domain as the `peers` entries and `zone` name them (placement.py)."""
+        """Each daemon's failure domain as the `peers` entries and `zone` name them (server/cluster/placement.py)."""
         zones = {addr: zone for addr, _, zone in (entry.partition("@") for entry in self.peers) if zone}
         if self.zone:
             zones[node] = self.zone
@@ -618,9 +618,9 @@ class DaemonConfig:
         need(-1 <= self.metrics_port < 65536, f"metrics-port {self.metrics_port} is not in -1..65535")
         need(self.segment_size >= 4096 and self.segment_size % 4096 == 0, "segment-size must be a multiple of 4096")
         need(self.pool_size >= 16 * self.segment_size, "pool-size must hold at least 16 segments")
-        need(self.exclusive >= 1, "exclusive-buffers must be >= 1")
-        need(self.floating >= 0, "floating-buffers must be >= 0")
-        need(1 <= self.push_min <= self.push_max, f"push-window must be >= {self.push_min}")
+        need(self.exclusive_buffers >= 1, "exclusive-buffers must be >= 1")
+        need(self.floating_buffers >= 0, "floating-buffers must be >= 0")
+        need(1 <= self.push_min <= self.push_window, f"push-window must be >= {self.push_min}")
         need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
         need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
         need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
@@ -689,16 +689,13 @@ class DaemonConfig:
             "peer TLS needs peer-tls-port, peer-tls-cert, peer-tls-key and peer-tls-ca together",
         )
         need(
-            not self.app_memory_quota or self.app_memory_quota >= 2 * self.push_max * self.segment_size,
+            not self.app_memory_quota or self.app_memory_quota >= 2 * self.push_window * self.segment_size,
             "app-memory-quota must hold at least two push windows",
         )
 
 
 #: listen addresses that are not a name for this host
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-
-#: flags that predate the table keep their names
-_FLAG_NAMES = {"exclusive": "exclusive-buffers", "floating": "floating-buffers", "push_max": "push-window"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -744,7 +741,7 @@ def settings() -> list[SettingInfo]:
         if meta is None:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        out.append(SettingInfo(f.name, _FLAG_NAMES.get(f.name, f.name.replace("_", "-")), meta, default))
+        out.append(SettingInfo(f.name, f.name.replace("_", "-"), meta, default))
     return out
 
 

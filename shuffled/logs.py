@@ -7,7 +7,7 @@ logging.ERROR, exc_info=True, app=...)` adds the traceback as `exc`. Records fro
 elsewhere (other libraries' warnings) keep their message as `msg`.
 
 Every module logs to `logging.getLogger(__name__)`, so `logger=` names the module
-(`shuffled.server.daemon`, `shuffled.server.spill`, ...).
+(`shuffled.server.daemon`, `shuffled.server.storage.spill`, ...).
 """
 
 from __future__ import annotations

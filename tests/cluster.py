@@ -127,7 +127,7 @@ def poll_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 async def pool_settled(client: AsyncClient, timeout: float = 20.0) -> dict[str, Any]:
     """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left, and no
-    push window counted against a share (see shuffled/server/shares.py)."""
+    push window counted against a share (see shuffled/server/accounting/shares.py)."""
 
     def settled(s: dict[str, Any]) -> bool:
         streams, credit = s["streams"], s["credit"]

@@ -11,14 +11,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shuffled.buffers import GlobalPool
+from shuffled.buffers import Chunk, GlobalPool
 from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import HEADER_SIZE, RUN_SIZE, check_push, directory, group_bytes
-from shuffled.server.chunks import Chunk
-from shuffled.server.disk import Disk
-from shuffled.server.feed import PlanFeed
-from shuffled.server.plan import Plan
-from shuffled.server.store import MapOutput, Store
+from shuffled.server.serving.plan_feed import PlanFeed
+from shuffled.server.storage.disk import Disk
+from shuffled.server.storage.plan import Plan
+from shuffled.server.storage.store import MapOutput, Store
 
 Run = tuple[int, bytes]
 Pair = tuple[int, int]  # partition, attempt

@@ -32,6 +32,7 @@ from shuffled.protocol.compression import compress_block
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import group_bytes
+from shuffled.protocol.resume import Resume
 
 OUT = Path(__file__).with_name("frames.json")
 
@@ -53,6 +54,8 @@ def to_json(frame: F.Frame) -> dict[str, Any]:
             out["payload_hex"] = bytes(value or b"").hex()
         elif isinstance(value, F.Role | F.BufferKind):
             out[f.name] = value.name
+        elif isinstance(value, Resume):
+            out[f.name] = value.to_wire()
         elif isinstance(value, IntEnum):
             out[f.name] = int(value)  # error codes travel as numbers
         else:
@@ -349,7 +352,7 @@ PEER: list[tuple[str, F.Frame]] = [
             end=6,
             locations={"": [41, 42, 43]},
             token=APP_TOKEN,
-            resume={"done": [41], "attempt": 42, "partition": 5, "bytes": 98304},
+            resume=Resume((41,), 42, 5, 98304),
         ),
     ),
     (
@@ -362,7 +365,7 @@ PEER: list[tuple[str, F.Frame]] = [
             start=2,
             end=3,
             locations={"": [U64_MAX, 8]},
-            resume={"done": [U64_MAX]},
+            resume=Resume((U64_MAX,)),
         ),
     ),
     (
@@ -375,7 +378,7 @@ PEER: list[tuple[str, F.Frame]] = [
             start=0,
             end=U32_MAX,
             locations={"": [U64_MAX, 8]},
-            resume={"done": [], "attempt": U64_MAX, "partition": U32_MAX - 1, "bytes": U64_MAX},
+            resume=Resume((), U64_MAX, U32_MAX - 1, U64_MAX),
         ),
     ),
 ]

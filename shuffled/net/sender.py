@@ -21,7 +21,7 @@ from typing import Any
 
 from ..buffers import Buffer
 from ..protocol.credit import OutboundStream, SendScheduler
-from .soon import Soon
+from .once_per_turn import OncePerTurn
 
 DEFAULT_HIGH_WATERMARK = 1 << 20
 DEFAULT_LOW_WATERMARK = 256 << 10
@@ -80,7 +80,7 @@ class Sender:
         self._written = 0
         self.paused = False
         self._draining = False
-        self._schedule_flush = Soon(self._flush)
+        self._schedule_flush = OncePerTurn(self._flush)
         self.closed = False
         self._loop = asyncio.get_running_loop()
         #: seconds spent paused above the high watermark (for metrics)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from ..buffers import Buffer
+from ..buffers import Buffer, Chunk
 from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
@@ -19,7 +19,6 @@ from ..protocol.frames import (
     pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
-from ..server.chunks import Chunk
 from .sender import Outbound
 
 
@@ -97,7 +96,7 @@ class PushStream(Outbound):
     """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
     Items are `Payload`s (or anything with the same `buffer` and `crc`, as the daemon's stored chunks). A
-    primary forwarding a push to a replica (server/replication.py) sets `forward_crc`: its chunks carry the
+    primary forwarding a push to a replica (server/cluster/replication.py) sets `forward_crc`: its chunks carry the
     CRC32C it checked when they arrived, so it is sent as is rather than computed again; and `on_progress`,
     to hear when its queue shrinks (the pusher's credit waits on it).
     """

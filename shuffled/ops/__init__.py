@@ -1,1 +1,2 @@
-"""Operating the daemon: Prometheus metrics and the HTTP endpoint for /metrics, /healthz and /readyz."""
+"""Operating the daemon: the typed stats snapshot it reports, Prometheus metrics and the HTTP endpoint for
+/metrics, /healthz and /readyz."""

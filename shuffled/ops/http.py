@@ -19,8 +19,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, TypeVar
 
-from ..server.stats import DaemonStats
 from .metrics import DaemonMetrics
+from .stats import DaemonStats
 
 T = TypeVar("T")
 

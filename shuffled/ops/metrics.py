@@ -1,7 +1,7 @@
 """Prometheus metrics: the only module that imports prometheus_client.
 
-The daemon counts with plain ints on its own objects (see server/counters.py) and
-`Daemon.stats()` gathers them into one typed snapshot (`DaemonStats`, server/stats.py).
+The daemon counts with plain ints on its own objects (see server/accounting/counters.py) and
+`Daemon.stats()` gathers them into one typed snapshot (`DaemonStats`, ops/stats.py).
 A custom collector turns that snapshot into metric families when Prometheus
 scrapes, so the data path never calls into this library. Only per-request
 latencies are observed as they happen, into histograms (once per push, read or
@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..protocol.errors import ErrorCode
-from ..server.stats import DaemonStats
+from .stats import DaemonStats
 
 #: latency buckets from 1 ms to 5 min: pushes and reads of a map output or partition
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol, get_args
 import msgpack
 
 from .errors import ProtocolError, UnsupportedVersion
+from .resume import Resume
 
 MAGIC = b"SHFD"
 VERSION = 3
@@ -245,10 +246,9 @@ def _u64(value: object) -> bool:
 
 
 def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
-    """Where a failed-over read goes on (§10.6): {done, attempt?, partition?, bytes?}, the last three all or none.
-
-    Only the shape is checked here (PROTOCOL); whether the values fit the request is `resume.Resume.check`'s
-    (INVALID_REQUEST, on the stream)."""
+    """Where a failed-over read goes on (§10.6), as a `Resume`: {done, attempt?, partition?, bytes?}, the last
+    three all or none. Only the shape is checked here (PROTOCOL); whether the values fit the request is
+    `Resume.check`'s (INVALID_REQUEST, on the stream)."""
     value = m.get(key)
     if value is None:
         return None
@@ -266,7 +266,7 @@ def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
         raise bad
     if point[1] is not None and point[1] >= 1 << 32:
         raise bad
-    return value
+    return Resume.from_wire(value)
 
 
 _APP_KEY = re.compile(r"(?:[0-9a-f]{64})?")
@@ -281,6 +281,8 @@ class Key:
     read: Reader
     #: a None field is left out of the map and an absent key reads as None (the application token, §6.2)
     optional: bool = False
+    #: the field's value as msgpack writes it (None: as it is)
+    write: Callable[[Any], Any] | None = None
 
 
 class MapBody:
@@ -291,7 +293,7 @@ class MapBody:
     this order, so a received body builds the frame positionally.
     """
 
-    __slots__ = ("_names", "_optional", "keys", "prefix", "stream")
+    __slots__ = ("_names", "_optional", "_written", "keys", "prefix", "stream")
 
     def __init__(self, *keys: Key, stream: str | None = None, prefix: str | None = None) -> None:
         self.keys = keys
@@ -299,12 +301,16 @@ class MapBody:
         self.prefix = prefix
         self._names = tuple(k.name for k in keys)
         self._optional = tuple(k.name for k in keys if k.optional)
+        self._written = tuple((k.name, k.write) for k in keys if k.write is not None)
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
         m = {name: getattr(frame, name) for name in self._names}
         for name in self._optional:
             if m[name] is None:
                 del m[name]
+        for name, write in self._written:
+            if name in m:
+                m[name] = write(m[name])
         body = _packb(m)
         if self.prefix is not None:
             body = U32.pack(getattr(frame, self.prefix)) + body
@@ -536,7 +542,7 @@ class PartitionRequest:
         Key("end", integer),
         Key("locations", attempt_locations),
         Key("token", optional_string, optional=True),
-        Key("resume", optional_resume, optional=True),
+        Key("resume", optional_resume, optional=True, write=Resume.to_wire),
         stream="receiver",
         prefix="credit",
     )
@@ -551,9 +557,8 @@ class PartitionRequest:
     locations: dict[str, list[int]]
     #: the application token (PROTOCOL.md §6.2); None: the request carries none
     token: str | None = None
-    #: a read another daemon fails over to goes on where the failed one stopped (§10.6; daemons only): the wire
-    #: map, whose shape the decoder checked; `resume.Resume.from_wire` makes the typed value of it
-    resume: dict[str, Any] | None = None
+    #: a read another daemon fails over to goes on where the failed one stopped (§10.6); daemons only
+    resume: Resume | None = None
 
 
 @dataclass(slots=True)

@@ -1,7 +1,9 @@
-"""The daemon: one buffer pool, one store, the disk behind it, listeners for clients and peers.
+"""The daemon, the composition root: one buffer pool, one store, the disk behind it, the spiller,
+the push shares, membership and peers, the drain, and listeners for clients and peers. What each
+part does lives in its room: storage/, serving/, cluster/ and accounting/.
 
 `stats()` is the one snapshot of everything the daemon counts (a `DaemonStats`, see
-stats.py): the metrics endpoint turns it into Prometheus metrics, and its wire form is
+accounting/stats.py): the metrics endpoint turns it into Prometheus metrics, and its wire form is
 the admin `stats` answer `shuffled stats` prints.
 """
 
@@ -9,98 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
-import ssl
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import DATA_DIR_AUTO, PEER_SECRET_ENV, SECRET_ENV, ConfigError, DaemonConfig
+from ..config import DATA_DIR_AUTO, DaemonConfig
 from ..logs import event
-from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..protocol.auth import (
-    check_nonce,
-    drain_challenge_proof,
-    drain_proof,
-    new_nonce,
-    proof_matches,
-    read_secret_file,
-    secret_bytes,
-)
-from ..protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
-from .admin_service import Caller
-from .connection import DaemonConnection
-from .counters import Counters, micros
-from .disk import Disk, SpillFile
-from .drain import Drainer
-from .membership import Membership
-from .peers import PeerManager
-from .shares import PushShares
-from .spill import Spiller
-from .stats import (
-    ConnectionCounts,
-    ConnectionStats,
-    CreditStats,
-    DaemonStats,
-    DiskStats,
-    DrainStats,
-    FailoverStats,
-    FilesystemStats,
-    ObjectStoreStats,
-    PoolStats,
-    ReplicationStats,
-    StreamStats,
-)
+from ..ops.stats import DaemonStats, ObjectStoreStats
+from ..protocol.errors import StorageError
+from .accounting.counters import Counters
+from .accounting.shares import PushShares
+from .accounting.stats import snapshot
+from .accounting.watchdog import watch
+from .cluster.drain import Drain
+from .cluster.membership import Membership
+from .cluster.peers import PeerManager
+from .serving.admin_ops import Caller, Operation
+from .serving.admission import Trust
+from .serving.connection import DaemonConnection
+from .storage.disk import Disk
 from .storage.objects import ObjectStore, ObjectStoreConfig
-from .store import ShuffleData, Store
-from .watchdog import watch
+from .storage.probe import ObjectStoreProbe
+from .storage.spill import Spiller, restore
+from .storage.store import Store
 
 log = logging.getLogger(__name__)
 
 #: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
 HOUSEKEEPING_INTERVAL = 1.0
-#: seconds between probes of an object store whose probe failed (readiness follows the last one)
-OBJECT_STORE_REPROBE = 10.0
-#: seconds between checks whether a drain phase's work is done
-DRAIN_POLL = 0.05
 #: most seconds `stop` waits for the answers to `drain` requests with `wait` (they are due at once)
 ANSWER_WAIT = 1.0
-
-
-def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
-    """A secret from its file setting or its environment variable (one of them, not both)."""
-    from_env = os.environ.get(env)
-    if secret_file and from_env is not None:
-        raise ConfigError(f"both {name} and {env} are set: use one")
-    try:
-        if secret_file:
-            return read_secret_file(secret_file)
-        return secret_bytes(from_env) if from_env is not None else None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{name} {secret_file}: {exc}" if secret_file else f"{env}: {exc}") from None
-
-
-def connection_counts(conn: DaemonConnection, now: float) -> ConnectionCounts:
-    """What one connection's reads and pushes are doing at monotonic time `now`."""
-    pushes = conn.pushing.sessions.values()
-    reads = conn.reads
-    return ConnectionCounts(
-        role=conn.role_label,
-        served=len(reads.served),
-        pushing=len(pushes),
-        remote_channels=len(reads.channels),
-        inflight_buffers=conn.sender.inflight,
-        backlog_buffers=sum(s.backlog for s in reads.served.values()),
-        push_outstanding=sum(p.pool.promised for p in pushes if p.pool is not None),
-        read_outstanding=sum(ch.credit.sender_credit for ch in reads.channels.values()),
-        push_wait_seconds=sum(p.waiting_for(now) for p in pushes),
-    )
 
 
 class Daemon:
@@ -110,7 +55,7 @@ class Daemon:
         segments = config.pool_size // config.segment_size
         # The exclusive buffers of at least one read from three daemons must always fit in the reserve
         # (floating buffers come from memory outside it, while there is some).
-        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive)
+        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive_buffers)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
         #: where spill files live (None: memory only)
@@ -135,30 +80,8 @@ class Daemon:
         self.background: set[asyncio.Task[Any]] = set()
         #: every daemon this one knows of (`peers`, `peers-dns`), itself included
         self.membership = Membership(config, config.advertise or "")
-        #: the cluster secret every client proves on connect; None: authentication is off
-        self.secret = _secret("secret-file", config.secret_file, SECRET_ENV)
-        #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
-        #: prove a daemon, the cluster secret will do); None: authentication is off
-        self.peer_secret = _secret("peer-secret-file", config.peer_secret_file, PEER_SECRET_ENV)
-        #: what the admin `drain` must be proved with: the peer secret as configured, never the cluster
-        #: secret standing in for it (every application has that one)
-        self.drain_secret = self.peer_secret
-        if self.peer_secret is None and config.peer_tls_port:
-            self.peer_secret = self.secret
-        if self.secret is not None and self.peer_secret is None:
-            raise ConfigError(
-                "secret-file is set but peer daemons would prove only that secret, which every application "
-                "has, so a client could pass for a daemon: set peer-secret-file (a secret only daemons have) "
-                "or peer TLS"
-            )
-        #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
-        self.peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
-        if config.peer_tls_port:
-            assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca  # validate() checked
-            try:
-                self.peer_tls = peer_contexts(config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"peer TLS certificates: {exc}") from None
+        #: whom it trusts and how each side proves itself (serving/admission.py)
+        self.secret, self.peer_secret, self.drain_secret, self.peer_tls = Trust.load(config)
         self._servers: list[asyncio.AbstractServer] = []
         self.counters = Counters()
         self.metrics = DaemonMetrics()
@@ -169,21 +92,10 @@ class Daemon:
             self.objects = ObjectStore(
                 ObjectStoreConfig.of(config), self.object_stats, self.metrics.observe_object_store
             )
-        self._probe: asyncio.Task[None] | None = None
-        self._probed_at = 0.0
+        self.object_probe = ObjectStoreProbe(self.objects, self.object_stats)
         self.started = False
-        #: set on SIGTERM/SIGINT or the admin `drain`: new pushes are refused, readiness is false
-        self.draining = False
-        #: the drain's last phase: new reads from clients are refused (SHUTTING_DOWN), open ones finish
-        self.closing = False
-        #: the drain's phase and what its hand-over did (stats `drain`)
-        self.drain_stats = DrainStats()
-        self.drain_task: asyncio.Task[bool] | None = None
-        #: set when a drain starts, from a signal or the admin `drain`: the serve loop then waits for it
-        self.stop_requested = asyncio.Event()
-        #: set when the drain has ended: answers a `drain` with `wait`, whose tasks `stop` lets answer
-        self.drained = asyncio.Event()
-        self._result_waiters: set[asyncio.Task[Any]] = set()
+        #: SIGTERM, SIGINT or the admin `drain`: new pushes, then new client reads are refused
+        self.drain = Drain(self)
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -219,7 +131,8 @@ class Daemon:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
-        restored = self._restore()  # before listening: no request may see a half-restored store
+        # Before listening: no request may see a half-restored store.
+        restored = restore(self.store, self.disk) if self.disk else 0
         server = await loop.create_server(lambda: DaemonConnection(self), cfg.host, cfg.port, reuse_address=True)
         self._servers.append(server)
         port = server.sockets[0].getsockname()[1]
@@ -243,7 +156,7 @@ class Daemon:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
         await self.membership.refresh()  # before pushes arrive, so the first ones find their replicas
-        self._probe_object_store()
+        self.object_probe.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
@@ -279,76 +192,12 @@ class Daemon:
             object_store=repr(self.objects) if self.objects else None,
         )
 
-    def busy(self) -> tuple[int, int]:
-        """Work a drain waits for: (open pushes, reads served or relayed)."""
-        conns = list(self.connections)
-        return sum(len(c.pushing.sessions) for c in conns), sum(len(c.reads.served) for c in conns)
-
-    def start_drain(self, timeout: float, handoff: bool) -> asyncio.Task[bool]:
-        """Begin the drain once per process life (a second request gets the running one); readiness fails
-        and new pushes are refused from now on, before the caller hears back."""
-        if self.drain_task is None:
-            self.draining = True
-            self.drain_stats.state = "pushes"
-            self.drain_task = asyncio.create_task(self.drain(timeout, handoff))
-            self.stop_requested.set()
-        return self.drain_task
-
-    async def drain(self, timeout: float, handoff: bool = False) -> bool:
-        """Refuse new pushes, let open pushes finish, hand committed data over (`handoff`), refuse new
-        client reads and let open reads finish; True if all of it was done within `timeout`.
-
-        The phases show in stats `drain.state`. A peer's reads are still served while
-        closing: they are cut when the daemon stops, and the reader fails over to a copy.
-        Waiting polls a few times a second: a drain runs once per process life and
-        polling needs no hook in every place a push or read can end.
-        """
-        self.draining = True
-        progress = self.drain_stats
-        deadline = time.monotonic() + timeout
-        pushes, reads = self.busy()
-        event(log, "draining", timeout_s=timeout, handoff=handoff, pushes=pushes, reads=reads)
-        progress.state = "pushes"
-        done = await self._wait_until(lambda: self.busy()[0] == 0, deadline)
-        if handoff:
-            progress.state = "copying"
-            done = await Drainer(self, progress).run(deadline) and done
-        progress.state = "closing"
-        self.closing = True
-        open_reads = [(c.reads.served, rid, s) for c in self.connections for rid, s in c.reads.served.items()]
-        done = await self._wait_until(lambda: all(d.get(r) is not s for d, r, s in open_reads), deadline) and done
-        progress.state = "done"
-        progress.timed_out = not done
-        self.drained.set()
-        pushes, reads = self.busy()
-        event(
-            log,
-            "drained" if done else "drain timed out",
-            logging.INFO if done else logging.WARNING,
-            pushes=pushes,
-            reads=reads,
-            to_copy=progress.to_copy,
-            copied=progress.copied,
-            copied_bytes=progress.copied_bytes,
-            copy_failed=progress.failed,
-            copy_short=progress.short,
-        )
-        return done
-
-    @staticmethod
-    async def _wait_until(ready: Callable[[], bool], deadline: float) -> bool:
-        while not ready():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(DRAIN_POLL)
-        return True
-
     def readiness(self) -> list[str]:
         """Why this daemon should not get new pushes now (empty: ready)."""
         reasons = []
         if not self.started:
             reasons.append("starting")
-        if self.draining:
+        if self.drain.draining:
             reasons.append("draining: shutting down")
         pool = self.pool
         if pool.free <= pool.reserve:
@@ -356,30 +205,7 @@ class Daemon:
         disk = self.disk_space()
         if disk is not None and disk[1] < self.config.ready_disk_free * disk[0]:
             reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.data_dir}")
-        objects = self.object_stats
-        if objects.state == "probing":
-            reasons.append(f"object store {objects.url}: probing")
-        elif objects.state == "failed":
-            reasons.append(objects.reason)
-        return reasons
-
-    def _probe_object_store(self) -> None:
-        """Probe the object store in the background (a bad endpoint takes up to its timeouts to tell), unless
-        a probe is under way; readiness waits for it."""
-        if self.objects is None or (self._probe is not None and not self._probe.done()):
-            return
-        objects = self.objects
-        self.object_stats.state = "probing"
-        self._probed_at = time.monotonic()
-
-        async def probe() -> None:
-            reason = await objects.probe()
-            if reason is None:
-                event(log, "object store ready", store=repr(objects))
-            else:
-                event(log, "object store probe failed", logging.ERROR, store=repr(objects), reason=reason)
-
-        self._probe = asyncio.create_task(probe())
+        return reasons + self.object_probe.reasons()
 
     def disk_space(self) -> tuple[int, int] | None:
         """(capacity, free bytes) of the data directory's file system, if there is one."""
@@ -390,23 +216,6 @@ class Daemon:
         except OSError:
             return None
         return usage.total, usage.free
-
-    def _restore(self) -> int:
-        """Serve again what a previous run left on disk and can prove; everything else was deleted by `load`."""
-        if self.disk is None:
-            return 0
-        loaded = self.disk.load()
-        for shuffle in loaded:
-            self.store.restore(shuffle, SpillFile(self.disk.data_path(shuffle.directory), shuffle.file_size))
-            event(
-                log,
-                "restored",
-                app=shuffle.app,
-                shuffle=shuffle.shuffle,
-                attempts=len(shuffle.committed),
-                bytes=sum(a.stored for a in shuffle.committed.values()),
-            )
-        return len(loaded)
 
     async def _housekeep(self) -> None:
         """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk, free the
@@ -427,7 +236,7 @@ class Daemon:
                 busy = any(d.open for d in self.store.apps.get(app, {}).values())
                 if not busy and now - usage.last_active > cfg.app_ttl:
                     event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
-                    await self._drop(*self.store.remove_application(app))
+                    await self.spiller.removed(self.store.remove_application(app)[1])
         if cfg.flush_after and self.disk is not None:
             idle = [
                 d
@@ -439,10 +248,9 @@ class Daemon:
                 await self.spiller.flush(idle)
         self.spiller.check()
         await self.spiller.reclaim()
-        if self.object_stats.state == "failed" and now - self._probed_at > OBJECT_STORE_REPROBE:
-            self._probe_object_store()
+        self.object_probe.check(now)
         for conn in list(self.connections):
-            for session in list(conn.pushing.sessions.values()):
+            for session in list(conn.pushes.sessions.values()):
                 session.check_wait()
 
     async def stop(self) -> None:
@@ -452,8 +260,8 @@ class Daemon:
             self._watchdog.cancel()
         for server in self._servers:
             server.close()
-        if self.drained.is_set() and self._result_waiters:  # `shuffled drain --wait` hears how it ended
-            await asyncio.wait(set(self._result_waiters), timeout=ANSWER_WAIT)
+        if self.drain.ended.is_set() and self.drain.answering:  # `shuffled drain --wait` hears how it ended
+            await asyncio.wait(set(self.drain.answering), timeout=ANSWER_WAIT)
         conns = list(self.connections)
         for conn in conns:
             if conn.from_client:
@@ -467,10 +275,7 @@ class Daemon:
         if self.config.unix_socket and os.path.exists(self.config.unix_socket):
             os.unlink(self.config.unix_socket)
         await self._persist()
-        if self._probe is not None:
-            self._probe.cancel()
-        if self.objects is not None:
-            await self.objects.close()
+        await self.object_probe.close()
 
     async def _persist(self) -> None:
         """Write every committed byte still in memory to disk, so a restart serves it."""
@@ -488,222 +293,13 @@ class Daemon:
         self.disk.close()
         event(log, "persisted", shuffles=len(shuffles), bytes_written=written, complete=complete)
 
-    # -- admin operations (clients, peers, CLI)
-
     def stats(self) -> DaemonStats:
         """One snapshot of everything this daemon counts (`to_wire()` is the admin `stats` answer)."""
-        now = time.monotonic()
-        conns = [c for c in self.connections if c.is_open]
-        counts = [connection_counts(c, now) for c in conns]
-        fs = self.disk_space()
-        counters = self.counters
-        pool = self.pool
-        return DaemonStats(
-            node=self.node,
-            start_time=int(self.start_time),
-            draining=self.draining,
-            ready=not self.readiness(),
-            pool=PoolStats(
-                segment_size=pool.segment_size,
-                total=pool.total,
-                free=pool.free,
-                used=pool.used,
-                reserve=pool.reserve,
-                local_pools=pool.local_pools,
-                waiting=pool.waiting,
-                floating=pool.floating,
-            ),
-            store=self.store.stats(),
-            disk=self.disk.stats.copy() if self.disk is not None else DiskStats(),
-            connections=ConnectionStats(
-                clients=sum(1 for n in counts if n.role == "client"),
-                peers=sum(1 for n in counts if n.role == "peer"),
-                opened=dict(counters.opened),
-            ),
-            streams=StreamStats(
-                served=sum(n.served for n in counts),
-                pushing=sum(n.pushing for n in counts),
-                remote_channels=sum(n.remote_channels for n in counts),
-                inflight_buffers=sum(n.inflight_buffers for n in counts),
-                backlog_buffers=sum(n.backlog_buffers for n in counts),
-            ),
-            # every connection not yet folded in, open or failing, so totals never go backwards
-            traffic=counters.traffic(list(self.connections), asyncio.get_running_loop().time()),
-            credit=CreditStats(
-                push_granted=counters.push_credit_granted,
-                push_outstanding=sum(n.push_outstanding for n in counts),
-                push_floor_segments=self.shares.all.floors,
-                push_floor_limit=self.shares.floor_limit,
-                push_extra_segments=self.shares.all.extras,
-                push_extra_limit=self.shares.extra_limit,
-                read_granted=counters.read_credit_granted,
-                read_outstanding=sum(n.read_outstanding for n in counts),
-                push_wait_us=micros(counters.push_wait_seconds + sum(n.push_wait_seconds for n in counts)),
-            ),
-            errors=dict(counters.errors),
-            filesystem=FilesystemStats(capacity_bytes=fs[0], free_bytes=fs[1]) if fs else None,
-            replication=ReplicationStats(
-                forwarded_buffers=counters.replica_forwarded_buffers,
-                forwarded_bytes=counters.replica_forwarded_bytes,
-                degraded=counters.replication_degraded,
-                failed=counters.replication_failed,
-                held_back=sum(s.held_back for c in conns for s in c.pushing.sessions.values()),
-                peers=len(self.membership.others()),
-            ),
-            drain=self.drain_stats.copy(),
-            failover=FailoverStats(
-                tries=dict(counters.failover_tries),
-                recovered=counters.failover_recovered,
-                exhausted=counters.failover_exhausted,
-                resumed_reads=counters.resumed_reads,
-            ),
-            object_store=self.object_stats.copy(),
-        )
+        return snapshot(self, time.monotonic())
 
-    async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    async def admin(self, op: Operation[Any], args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        """An admin operation (clients, peers, the CLI) its connection let through; timed for the metrics."""
         started = time.monotonic()
-        result = await self._admin(op, args, caller)
-        self.metrics.observe_admin(op, time.monotonic() - started)
+        result = await op.call(self, args, caller)
+        self.metrics.observe_admin(op.name, time.monotonic() - started)
         return result
-
-    async def _admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        if op == "stats":
-            return self.stats().to_wire()
-        if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
-            return {}
-        if op == "holds":
-            return self._holds(args)
-        if op == "drain_challenge":
-            return self._drain_challenge(args, caller)
-        if op == "drain":
-            answer = self._drain_requested(args, caller)
-            return await self._drain_result() if args.get("wait") else answer
-        if op not in ("unregister_shuffle", "remove_application", "flush"):
-            raise InvalidRequest(f"unknown admin operation {op!r}")
-        app = args.get("app")
-        if not isinstance(app, str) or not app:
-            raise InvalidRequest(f"{op} needs 'app'")
-        shuffle = args.get("shuffle")
-        if (op == "unregister_shuffle" or shuffle is not None) and (
-            not isinstance(shuffle, int) or isinstance(shuffle, bool)
-        ):
-            raise InvalidRequest(f"{op} needs an integer 'shuffle'")
-        if op == "flush":
-            return await self._flush(app, shuffle)
-        if op == "unregister_shuffle":
-            assert isinstance(shuffle, int)
-            freed = await self._drop(*self.store.unregister_shuffle(app, shuffle))
-        else:
-            freed = await self._drop(*self.store.remove_application(app))
-        result: dict[str, Any] = {"freed_segments": freed}
-        if args.get("propagate"):
-            result["peers"] = await self._propagate(op, {**args, "propagate": False})
-        return result
-
-    def _holds(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Which of these attempts are committed here, and their bytes: how a draining daemon counts the
-        copies of its data on other daemons."""
-        app, shuffle, attempts = args.get("app"), args.get("shuffle"), args.get("attempts")
-        if not isinstance(app, str) or not isinstance(shuffle, int) or isinstance(shuffle, bool):
-            raise InvalidRequest("holds needs 'app' and an integer 'shuffle'")
-        if not isinstance(attempts, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in attempts):
-            raise InvalidRequest("holds needs 'attempts', a list of attempt ids")
-        held, sizes = self.store.holds(app, shuffle, attempts)
-        return {"attempts": held, "bytes": sizes}
-
-    def _drain_secret(self) -> bytes | None:
-        """What `drain` is proved with: the peer secret; None with authentication off."""
-        if self.drain_secret is None and self.secret is not None:
-            raise AuthFailed(
-                "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
-                "stands in for it): set peer-secret-file, or stop it with SIGTERM"
-            )
-        return self.drain_secret
-
-    def _drain_challenge(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        """The admin `drain_challenge`: prove the peer secret over the caller's fresh nonce (and name the
-        address the caller is seen at) before it sends a proof of its own, with a nonce of this daemon's
-        that the next `drain` on this connection must be proved over (PROTOCOL.md §13)."""
-        secret = self._drain_secret()
-        if secret is None:
-            raise InvalidRequest("this daemon has no peer secret: drain needs no proof here")
-        theirs = check_nonce(args.get("nonce"), "drain_challenge")
-        ours = new_nonce()
-        caller.drain_challenge = (theirs, ours)
-        proof = drain_challenge_proof(secret, theirs, ours, self.node, caller.peer)
-        return {"nonce": ours, "node": self.node, "client": caller.peer, "proof": proof}
-
-    def _drain_requested(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        """The admin `drain`: answered at once, the drain goes on after (stats `drain` shows it).
-
-        With authentication on, only peer-secret holders may stop a daemon (applications have the
-        cluster secret, not that one), with a proof over the last `drain_challenge` answered on this
-        connection, good once: a proof captured anywhere else is worth nothing.
-        """
-        handoff, timeout = args.get("handoff", True), args.get("timeout")
-        secret = self._drain_secret()
-        challenge = None
-        if secret is not None:
-            challenge, caller.drain_challenge = caller.drain_challenge, None  # good for one try, whatever follows
-        if not isinstance(handoff, bool) or not isinstance(args.get("wait", False), bool):
-            raise InvalidRequest("drain 'handoff' and 'wait' must be booleans")
-        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0):
-            raise InvalidRequest("drain 'timeout' must be whole seconds >= 0")
-        if secret is not None:
-            proof = args.get("proof")
-            expected = drain_proof(secret, *challenge, handoff, timeout) if challenge is not None else ""
-            if not expected or not isinstance(proof, str) or not proof_matches(expected, proof):
-                raise AuthFailed(
-                    "drain needs a proof made with the peer secret, for these arguments, over the drain_challenge "
-                    "answered last on this connection (shuffled drain --peer-secret-file)"
-                )
-        seconds = self.config.drain_timeout if timeout is None else timeout
-        if self.drain_task is None:
-            event(log, "drain requested", timeout_s=seconds, handoff=handoff)
-        self.start_drain(seconds, handoff)
-        return {"state": self.drain_stats.state}
-
-    async def _drain_result(self) -> dict[str, Any]:
-        """The answer to a `drain` with `wait`, once the drain has ended (`stop` lets it go out before it
-        closes the connection): its `drain` stats, how `shuffled drain --wait` learns whether the
-        hand-over left anything only here."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._result_waiters.add(task)
-            task.add_done_callback(self._result_waiters.discard)
-        await self.drained.wait()
-        return dataclasses.asdict(self.drain_stats)
-
-    async def _drop(self, freed: int, dropped: list[ShuffleData]) -> int:
-        await self.spiller.removed(dropped)
-        return freed
-
-    async def _flush(self, app: str, shuffle: int | None) -> dict[str, Any]:
-        """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it)."""
-        if self.disk is None:
-            raise InvalidRequest("this daemon has no --data-dir to flush to")
-        shuffles = self.store.apps.get(app, {})
-        chosen = [d for s, d in shuffles.items() if shuffle is None or s == shuffle]
-        try:
-            written = await self.spiller.flush(chosen)
-        except StorageError as exc:
-            raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
-        return {"flushed_bytes": written}
-
-    async def _propagate(self, op: str, args: dict[str, Any]) -> dict[str, str]:
-        """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""
-        targets = (set(self.membership.others()) | set(self.peers.conns)) - {self.node}
-
-        async def one(addr: str) -> str:
-            try:
-                conn = await self.peers.get(addr)
-                await conn.admin.request(op, args, self.config.admin_timeout)
-                return "ok"
-            except ShuffledError as exc:
-                return f"{exc.code.name}: {exc.message}"
-            except (TimeoutError, ConnectionError) as exc:
-                return f"unreachable: {exc or 'timed out'}"
-
-        addrs = sorted(targets)
-        results = await asyncio.gather(*(one(a) for a in addrs))
-        return dict(zip(addrs, results, strict=True))

@@ -193,10 +193,13 @@ class Generator:
             attempts = [r.randrange(16) for _ in range(r.randrange(4))]
             end = max(0, start + r.randrange(-1, 4))
             resume = self._resume(start) if r.random() < 0.25 else None
-            req = PartitionRequest(
-                self._new(), r.randrange(5), app, shuffle, start, end, {where: attempts}, None, resume
-            )
-            return codec.encode(req)
+            req = PartitionRequest(self._new(), r.randrange(5), app, shuffle, start, end, {where: attempts})
+            if resume is None:
+                return codec.encode(req)
+            # The resume point goes out as a map of any shape: the codec writes only a well-formed Resume.
+            keys = {"app": app, "shuffle": shuffle, "start": start, "end": end, "locations": {where: attempts}}
+            body = req.credit.to_bytes(4, "big") + msgpack.packb({**keys, "resume": resume})
+            return raw_frame(FrameType.PARTITION_REQUEST, body, req.receiver)
         if pick < 0.35:
             writer = self._new()
             self._writers.append(writer)

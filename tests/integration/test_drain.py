@@ -16,8 +16,8 @@ import pytest
 
 from shuffled.protocol.auth import drain_challenge_proof, drain_proof, new_nonce, proof_matches
 from shuffled.protocol.errors import AuthFailed, InvalidRequest, ShuttingDown
-from shuffled.server.drain import PARALLEL
-from shuffled.server.placement import candidates
+from shuffled.server.cluster.handover import PARALLEL
+from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
 from tests.integration.test_durability import expected, push, read_by_attempt

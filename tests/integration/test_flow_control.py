@@ -60,7 +60,7 @@ async def test_stalled_reader_does_not_block_others_on_the_shared_connection(pai
             assert data == payload(1, p, sizes[p])
         # While stalled, B holds at most one gate's buffers (exclusive + floating) for it.
         stats = await wait_until(b.stats, lambda s: s["streams"]["served"] == 1, what="only the stalled stream left")
-        assert stats["pool"]["used"] <= DEFAULTS.exclusive + DEFAULTS.floating, stats
+        assert stats["pool"]["used"] <= DEFAULTS.exclusive_buffers + DEFAULTS.floating_buffers, stats
         print(f"32 streams x 1 MiB beside a stalled 24 MiB stream: {32 / elapsed:.1f} MiB/s")
 
         rest = bytearray(first.data)
@@ -244,7 +244,7 @@ async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluste
         # Floating buffers stay below the start mark, so they alone never make B spill its stored data.
         assert held["pool"]["free"] >= reserve and held["pool"]["used"] < start * total, held
         assert held["disk"]["spills"] == 0, held
-        assert held["pool"]["floating"] <= DEFAULTS.floating, held
+        assert held["pool"]["floating"] <= DEFAULTS.floating_buffers, held
 
         await asyncio.wait_for(_push_partitions(b, 32, 1, [8 * MiB]), 30)  # pushes still make progress
         rest = bytearray(first.data)

@@ -445,7 +445,7 @@ def test_error_events_name_their_module_and_keep_the_traceback() -> None:
     import logging
 
     from shuffled.logs import KeyValueFormatter, event
-    from shuffled.server import spill
+    from shuffled.server.storage import spill
 
     lines: list[str] = []
     handler = logging.Handler()
@@ -460,5 +460,5 @@ def test_error_events_name_their_module_and_keep_the_traceback() -> None:
     finally:
         spill.log.removeHandler(handler)
     [line] = lines
-    assert ' level=error logger=shuffled.server.spill msg="spilling failed" app="x y" exc=' in line
+    assert ' level=error logger=shuffled.server.storage.spill msg="spilling failed" app="x y" exc=' in line
     assert "RuntimeError: boom" in line and "\n" not in line

@@ -15,7 +15,7 @@ from shuffled.launch import free_port
 from shuffled.protocol import codec
 from shuffled.protocol.errors import AuthFailed, ErrorCode, InvalidRequest, PeerUnavailable
 from shuffled.protocol.frames import REPLICA, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
-from shuffled.server.placement import candidates
+from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
 from shuffled_client.aio import MapWriter
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, start_daemon, wait_until

@@ -1,4 +1,5 @@
-"""The admin service answers every request, whatever its operation does.
+"""The admin service answers every request, whatever its operation does, and runs only what the
+registry knows and lets the asker ask.
 
 An unanswered request would hold one of its connection's admin slots for good
 (and keep the connection from ever idling out): after `--max-admin-per-connection`
@@ -14,10 +15,11 @@ import pytest
 
 from shuffled.protocol.codec import decode_all, encode
 from shuffled.protocol.connection import Limits, ProtocolConnection, Side
-from shuffled.protocol.errors import ErrorCode, ShuffledError
+from shuffled.protocol.errors import AuthFailed, ErrorCode, InvalidRequest, ShuffledError
 from shuffled.protocol.events import AdminRequested
 from shuffled.protocol.frames import AdminRequest, ErrorResponse, Hello, Role
-from shuffled.server.admin_service import AdminService
+from shuffled.server.serving.admin_ops import OPERATIONS, Operation, Scope
+from shuffled.server.serving.admin_service import AdminService
 
 TIMEOUT = 10.0
 
@@ -34,19 +36,22 @@ class Link:
         self.from_client = True  # the Hello above is a client's
         self.peer = "127.0.0.1:40000"
         self.drain_challenge: tuple[str, str] | None = None
+        #: a client's connection (a peer daemon's is the other case)
+        self.from_client = True
+        self.authorized: list[tuple[str, object]] = []
 
     def count_error(self, exc: ShuffledError) -> None:
         self.errors.append(exc)
 
     def authorize(self, app: str, token: object) -> None:
-        pass
+        self.authorized.append((app, token))
 
 
-async def _answer(operation: Any) -> tuple[Link, ErrorResponse]:
+async def _answer(operation: Any, op: str = "flush", args: dict[str, Any] | None = None) -> tuple[Link, ErrorResponse]:
     link = Link()
     background: set[asyncio.Task[Any]] = set()
     service = AdminService(link, operation, background)
-    (requested,) = link.proto.receive_data(encode(AdminRequest(7, "flush", {})))
+    (requested,) = link.proto.receive_data(encode(AdminRequest(7, op, args or {})))
     assert isinstance(requested, AdminRequested) and link.proto.admin_running == 1
     service.on_request(requested.request)
     await asyncio.wait(background, timeout=TIMEOUT)
@@ -57,7 +62,7 @@ async def _answer(operation: Any) -> tuple[Link, ErrorResponse]:
 
 @pytest.mark.asyncio
 async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot() -> None:
-    async def crash(op: str, args: dict[str, Any], caller: Any) -> dict[str, Any]:
+    async def crash(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
     link, answer = await _answer(crash)
@@ -67,8 +72,67 @@ async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot
 
 @pytest.mark.asyncio
 async def test_an_operation_cancelled_at_shutdown_says_so_and_frees_its_slot() -> None:
-    async def stopped(op: str, args: dict[str, Any], caller: Any) -> dict[str, Any]:
+    async def stopped(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise asyncio.CancelledError
 
     link, answer = await _answer(stopped)
     assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.admin_running == 0
+
+
+async def _never(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
+    raise AssertionError(f"{op.name} must not run")
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_operation_is_refused_without_running_anything() -> None:
+    link, answer = await _answer(_never, "format_disk", {"app": "a", "token": "t"})
+    assert answer.code == ErrorCode.INVALID_REQUEST and "unknown admin operation 'format_disk'" in answer.message
+    assert link.proto.admin_running == 0 and not link.authorized
+
+
+@pytest.mark.asyncio
+async def test_a_peer_only_operation_is_refused_to_a_client() -> None:
+    link, answer = await _answer(_never, "holds", {"app": "a", "shuffle": 1, "attempts": [1]})
+    assert answer.code == ErrorCode.INVALID_REQUEST and "asked by peer daemons only" in answer.message
+    assert not link.authorized, "a peer proved the peer secret: it carries no application token"
+
+
+@pytest.mark.asyncio
+async def test_the_token_of_a_named_app_is_checked_except_for_stats() -> None:
+    async def done(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
+        raise InvalidRequest(f"{op.name} ran")
+
+    link, answer = await _answer(done, "unregister_shuffle", {"app": "a", "shuffle": 1, "token": "t"})
+    assert link.authorized == [("a", "t")] and "unregister_shuffle ran" in answer.message
+    link, answer = await _answer(done, "stats", {"app": "a"})
+    assert not link.authorized and "stats ran" in answer.message
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "why"),
+    [
+        ("unregister_shuffle", {"app": "a"}, "unregister_shuffle needs an integer 'shuffle'"),
+        ("unregister_shuffle", {"app": "a", "shuffle": True}, "needs an integer 'shuffle'"),
+        ("remove_application", {"app": ""}, "remove_application needs 'app'"),
+        ("flush", {"app": "a", "shuffle": "1"}, "flush needs an integer 'shuffle'"),
+        ("holds", {"app": "a", "shuffle": 1, "attempts": [1, False]}, "'attempts', a list of attempt ids"),
+        ("drain", {"handoff": 1}, "drain 'handoff' and 'wait' must be booleans"),
+        ("drain", {"wait": "yes"}, "drain 'handoff' and 'wait' must be booleans"),
+        ("drain", {"timeout": -1}, "drain 'timeout' must be whole seconds >= 0"),
+    ],
+)
+def test_arguments_are_read_into_typed_values_or_refused(op: str, args: dict[str, Any], why: str) -> None:
+    with pytest.raises(InvalidRequest, match=why):
+        OPERATIONS[op].read(op, args)
+
+
+def test_a_drain_challenge_without_a_real_nonce_is_an_authentication_failure() -> None:
+    with pytest.raises(AuthFailed, match="drain_challenge sent no valid nonce"):
+        OPERATIONS["drain_challenge"].read("drain_challenge", {"nonce": "short"})
+
+
+def test_a_propagated_request_is_what_a_client_sends_but_not_propagated_again() -> None:
+    scope = Scope.read_shuffle("unregister_shuffle", {"app": "a", "shuffle": 3, "propagate": True, "token": "t"})
+    assert scope == Scope("a", 3, True, "t")
+    assert list(scope.to_wire().items()) == [("app", "a"), ("shuffle", 3), ("propagate", False), ("token", "t")]
+    assert Scope.read("remove_application", {"app": "a"}).to_wire() == {"app": "a", "propagate": False}

@@ -1,8 +1,10 @@
-"""The package's layering, read from the source: no import cycles, and a protocol core that depends on nothing.
+"""The package's layering, read from the source: which package may import which, no import cycles,
+and a protocol core that depends on nothing.
 
 The graph is built with `ast`, not by importing, so it sees every import a module can make: top-level
 ones, those inside functions (which hide a cycle from the interpreter but not from the design) and
-those under `if TYPE_CHECKING:` (which hide it from the interpreter altogether).
+those under `if TYPE_CHECKING:` (which hide it from the interpreter altogether). It covers the
+daemon's package, the Python client and the benchmarks.
 """
 
 from __future__ import annotations
@@ -10,12 +12,60 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).parents[2] / "shuffled"
+ROOT = Path(__file__).parents[2]
+#: the packages read, each from the directory that holds it
+PACKAGES = {
+    ROOT / "shuffled": ROOT,
+    ROOT / "client/python/shuffled_client": ROOT / "client/python",
+    ROOT / "benchmarks": ROOT,
+}
+
+#: Which unit may import which (besides itself): a unit is a package, or a module of the top level of
+#: `shuffled`, and a module belongs to the longest unit that names it or its package. Lower layers
+#: first; nothing imports a unit above it, so serving builds on the cluster, accounting and storage and
+#: none of them on serving. ops holds the stats snapshot the server fills in and publishes it (metrics,
+#: HTTP), so the server imports ops and ops nothing of the server.
+PROTOCOL = "shuffled.protocol"
+BELOW_SERVER = {PROTOCOL, "shuffled.buffers", "shuffled.config", "shuffled.logs", "shuffled.net", "shuffled.ops"}
+STORAGE, ACCOUNTING = "shuffled.server.storage", "shuffled.server.accounting"
+CLUSTER, SERVING = "shuffled.server.cluster", "shuffled.server.serving"
+LAYERS: dict[str, set[str]] = {
+    PROTOCOL: set(),
+    "shuffled.logs": set(),
+    "shuffled": set(),  # the package's __init__: its version
+    "shuffled.buffers": {PROTOCOL},
+    "shuffled.config": {PROTOCOL},
+    "shuffled.net": {PROTOCOL, "shuffled.buffers"},
+    "shuffled.ops": {"shuffled", PROTOCOL},
+    # what the daemon holds: the store, the data dir, spilling, loading back (settings: the object store's)
+    STORAGE: {PROTOCOL, "shuffled.buffers", "shuffled.config", "shuffled.logs", "shuffled.ops"},
+    # counting and sharing out what is stored and sent
+    ACCOUNTING: BELOW_SERVER | {STORAGE},
+    # the daemons together: peers, membership, placement, replication, the drain
+    CLUSTER: BELOW_SERVER | {STORAGE, ACCOUNTING},
+    # connections and what they run
+    SERVING: BELOW_SERVER | {STORAGE, ACCOUNTING, CLUSTER},
+    # the composition root (daemon.py)
+    "shuffled.server": BELOW_SERVER | {STORAGE, ACCOUNTING, CLUSTER, SERVING},
+    "shuffled_client": {PROTOCOL, "shuffled.buffers", "shuffled.net"},
+    # the top: what a user runs
+    "shuffled.launch": {"shuffled.config"},
+    "shuffled.spark_jar": {"shuffled"},
+    "shuffled.spark_settings": {"shuffled.spark_jar"},
+    "shuffled.spark_demo": {"shuffled.spark_jar", "shuffled_client"},
+    "shuffled.demo": {"shuffled.launch", "shuffled.spark_demo", "shuffled_client"},
+    "shuffled.cli": BELOW_SERVER
+    | {"shuffled", "shuffled.server", "shuffled.demo", "shuffled.spark_jar", "shuffled_client"},
+    "shuffled.__main__": {"shuffled.cli"},
+    # (the object store's layer is measured on its own)
+    "benchmarks": {"shuffled.config", "shuffled.launch", "shuffled.spark_jar", "shuffled_client", PROTOCOL, STORAGE},
+}
 
 
 def module_name(path: Path) -> str:
-    """`shuffled/server/store.py` is `shuffled.server.store`; a package's `__init__.py` is the package."""
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    """`shuffled/server/storage/store.py` is `shuffled.server.storage.store`; a package's `__init__.py`, the package."""
+    base = next(base for package, base in PACKAGES.items() if path.is_relative_to(package))
+    parts = path.relative_to(base).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -39,13 +89,29 @@ def imported(source: str, package: str, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each module of `shuffled` to the other modules of `shuffled` it imports."""
-    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    """Each module read to the other modules read that it imports."""
+    paths = {module_name(path): path for package in PACKAGES for path in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         graph[name] = imported(path.read_text(), package, set(paths)) - {name}
     return graph
+
+
+def unit(module: str) -> str:
+    """The unit of LAYERS `module` belongs to ("" for none); `shuffled` is its `__init__` alone."""
+    units = (u for u in LAYERS if module == u or (u != "shuffled" and module.startswith(u + ".")))
+    return max(units, key=len, default="")
+
+
+def wrong_direction(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of `graph` that LAYERS does not allow, as 'module -> target'."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if unit(target) != unit(module) and unit(target) not in LAYERS.get(unit(module), set())
+    )
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -102,3 +168,35 @@ def test_protocol_depends_on_nothing_else_in_the_package() -> None:
         if module.startswith("shuffled.protocol"):
             outside = {target for target in targets if not target.startswith("shuffled.protocol")}
             assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new package must be placed in the table before the direction of its imports can be judged."""
+    homeless = sorted(module for module in import_graph() if not unit(module))
+    assert not homeless, f"add to LAYERS: {homeless}"
+
+
+def test_layers_point_one_way() -> None:
+    """The table itself has no cycle: no two units may import each other, however indirectly."""
+    cycle = find_cycle({u: {t for t in allowed if t in LAYERS} for u, allowed in LAYERS.items()})
+    assert cycle is None, "layers import each other: " + " -> ".join(cycle or [])
+
+
+def test_a_wrong_direction_import_is_found() -> None:
+    """The check below sees an import against the table (storage reaching up into serving) and passes
+    those it allows (serving building on storage, a package importing its own modules)."""
+    graph = {
+        "shuffled.server.storage.store": {"shuffled.server.serving.connection", "shuffled.server.storage.disk"},
+        "shuffled.server.serving.connection": {"shuffled.server.storage.store"},
+        "shuffled.net.sender": {"shuffled.ops.metrics"},
+    }
+    assert wrong_direction(graph) == [
+        "shuffled.net.sender -> shuffled.ops.metrics",
+        "shuffled.server.storage.store -> shuffled.server.serving.connection",
+    ]
+
+
+def test_packages_import_only_what_lies_below_them() -> None:
+    """Each unit imports only the units LAYERS allows it (serving -> storage, never back)."""
+    wrong = wrong_direction(import_graph())
+    assert not wrong, "imports against the layers (tests/unit/test_architecture.py LAYERS):\n" + "\n".join(wrong)

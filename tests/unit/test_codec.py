@@ -17,6 +17,7 @@ from shuffled.protocol import frames as F
 from shuffled.protocol.codec import FrameReader, PayloadSink, decode_all, encode
 from shuffled.protocol.errors import ErrorCode, ProtocolError, ShuffledError
 from shuffled.protocol.integrity import checksum
+from shuffled.protocol.resume import Resume
 
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
@@ -25,8 +26,8 @@ text = st.text(max_size=20)
 payload = st.binary(max_size=300)
 attempt_ids = st.lists(u64, max_size=4)
 #: a failed-over read's resume point (§10.6): with or without a pair in progress
-resume = st.fixed_dictionaries({"done": attempt_ids}) | st.fixed_dictionaries(
-    {"done": attempt_ids, "attempt": u64, "partition": u32, "bytes": u64}
+resume = st.builds(Resume, done=attempt_ids.map(tuple)) | st.builds(
+    Resume, done=attempt_ids.map(tuple), attempt=u64, partition=u32, bytes=u64
 )
 app_key = st.just("") | st.text("0123456789abcdef", min_size=64, max_size=64)
 

@@ -37,7 +37,7 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     config, sources = load(_args("--config", str(path), "--floating-buffers", "7"), env)
     assert config.pool_size == 1 << 30 and sources["pool_size"] == str(path)
     assert config.port == 7500 and sources["port"] == "env"
-    assert config.floating == 7 and sources["floating"] == "flag"
+    assert config.floating_buffers == 7 and sources["floating_buffers"] == "flag"
     assert config.peers == ["a:1", "b:2"] and config.drain_timeout == 5.0
     assert config.segment_size == DaemonConfig().segment_size and sources["segment_size"] == "default"
 
@@ -46,7 +46,7 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text("push_window = 32\n")
     config, _ = load(_args(), {"SHUFFLED_CONFIG": str(path)})
-    assert config.push_max == 32
+    assert config.push_window == 32
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,12 @@ def test_flags_of_earlier_versions_still_work() -> None:
         "--floating-buffers", "9", "--push-window", "20", "--log-level", "debug",
     ]  # fmt: skip
     config, _ = load(_args(*old), {})
-    assert (config.exclusive, config.floating, config.push_max, config.segment_size) == (3, 9, 20, 64 << 10)
+    assert (config.exclusive_buffers, config.floating_buffers, config.push_window, config.segment_size) == (
+        3,
+        9,
+        20,
+        64 << 10,
+    )
 
 
 def test_reference_and_unknown_variables(tmp_path: Path) -> None:

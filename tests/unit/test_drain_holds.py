@@ -15,10 +15,10 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.config import DaemonConfig
-from shuffled.server.drain import Drainer, HandOver
-from shuffled.server.membership import Membership
-from shuffled.server.stats import DrainStats
-from shuffled.server.store import Store
+from shuffled.ops.stats import DrainStats
+from shuffled.server.cluster.handover import Drainer, HandOver
+from shuffled.server.cluster.membership import Membership
+from shuffled.server.storage.store import Store
 from tests.pieces import pack, push
 
 pytestmark = pytest.mark.asyncio
@@ -84,7 +84,7 @@ async def test_a_holds_answer_counts_only_as_far_as_it_checks_out(
             drainer.settle(h)
 
         drainer.hand_over = hand_over  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="shuffled.server.drain"):
+        with caplog.at_level(logging.WARNING, logger="shuffled.server.cluster.handover"):
             assert await drainer.run(time.monotonic() + 10) is True
         # attempt 1 has its copy on the honest daemon; attempt 2 is copied: the liar holds neither
         assert copied == [(2, set())]

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from shuffled.server.drain import PARALLEL, Drainer, HandOver
-from shuffled.server.stats import DrainStats
+from shuffled.ops.stats import DrainStats
+from shuffled.server.cluster.handover import PARALLEL, Drainer, HandOver
 
 pytestmark = pytest.mark.asyncio
 
@@ -33,7 +33,7 @@ async def test_a_bug_in_one_worker_cancels_the_others_and_is_logged(caplog: pyte
 
         drainer.survey = survey  # type: ignore[method-assign]
         drainer.hand_over = hand_over  # type: ignore[method-assign]
-        with caplog.at_level(logging.ERROR, logger="shuffled.server.drain"):
+        with caplog.at_level(logging.ERROR, logger="shuffled.server.cluster.handover"):
             assert await drainer.run(time.monotonic() + 60) is False
         assert len(waiting) == PARALLEL - 1 and all(f.cancelled() for f in waiting)
         (record,) = [r for r in caplog.records if r.getMessage() == "hand-over failed"]

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from shuffled.config import ConfigError, DaemonConfig
-from shuffled.server import membership
-from shuffled.server.membership import Membership, resolve
-from shuffled.server.placement import candidates
+from shuffled.server.cluster import membership
+from shuffled.server.cluster.membership import Membership, resolve
+from shuffled.server.cluster.placement import candidates
 
 PORT = 7337
 

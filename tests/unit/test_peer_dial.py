@@ -10,8 +10,8 @@ import pytest
 
 from shuffled.config import DaemonConfig
 from shuffled.protocol.errors import PeerUnavailable
-from shuffled.server.membership import Membership
-from shuffled.server.peers import PeerManager
+from shuffled.server.cluster.membership import Membership
+from shuffled.server.cluster.peers import PeerManager
 
 pytestmark = pytest.mark.asyncio
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.resume import ReadProgress
-from shuffled.server.disk import Disk, SpillFile
-from shuffled.server.plan import make_plan
-from shuffled.server.spill import Spiller
-from shuffled.server.store import Store
+from shuffled.server.storage.disk import Disk, SpillFile
+from shuffled.server.storage.plan import make_plan
+from shuffled.server.storage.spill import Spiller
+from shuffled.server.storage.store import Store
 from tests.pieces import Output, check, outputs, push, serve, unpack
 
 SEG = 4096

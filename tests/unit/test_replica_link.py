@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from shuffled.buffers import Buffer, GlobalPool
+from shuffled.buffers import Buffer, Chunk, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.net.sender import Sender
 from shuffled.protocol.frames import REPLICA, OpenMapOutput
-from shuffled.server.chunks import Chunk
-from shuffled.server.replication import ReplicaLink, ReplicaService
+from shuffled.server.cluster.replication import ReplicaLink, ReplicaService
 from tests.turns import until
 
 SEG = 4096
@@ -58,7 +57,7 @@ def _forward(link: ReplicaLink, pool: GlobalPool, stored: list[Buffer]) -> None:
     buf.set_recycler(pool.give)
     stored.append(buf)
     buf.retain()
-    link.send(Chunk(buf, 0, 1, 0))
+    link.send(Chunk(buf, 0))
     buf.release()
 
 

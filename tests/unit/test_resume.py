@@ -19,11 +19,11 @@ import pytest
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.errors import InvalidRequest
 from shuffled.protocol.resume import ReadProgress, Resume
-from shuffled.server.disk import Disk
-from shuffled.server.feed import PlanFeed
-from shuffled.server.plan import Plan, make_plan
-from shuffled.server.spill import Spiller
-from shuffled.server.store import Store
+from shuffled.server.serving.plan_feed import PlanFeed
+from shuffled.server.storage.disk import Disk
+from shuffled.server.storage.plan import Plan, make_plan
+from shuffled.server.storage.spill import Spiller
+from shuffled.server.storage.store import Store
 from tests.pieces import push, serve, split, unpack
 
 pytestmark = pytest.mark.asyncio

@@ -13,10 +13,10 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
-from shuffled.server.disk import Appended, Disk
-from shuffled.server.plan import make_plan
-from shuffled.server.spill import IN_FLIGHT, Spiller
-from shuffled.server.store import MapOutput, Store
+from shuffled.server.storage.disk import Appended, Disk
+from shuffled.server.storage.plan import make_plan
+from shuffled.server.storage.spill import IN_FLIGHT, Spiller
+from shuffled.server.storage.store import MapOutput, Store
 from tests.pieces import pack, push, serve, unpack
 from tests.turns import until
 
@@ -171,7 +171,7 @@ async def test_memory_changed_since_the_push_is_not_hidden_by_a_spill(
         store.commit(out)
         pushed_crc = out.crcs[0]
         out.memory[0].memory[30] ^= 0xFF  # a bit flip in RAM after the push was checked
-        with caplog.at_level("ERROR", logger="shuffled.server.spill"):
+        with caplog.at_level("ERROR", logger="shuffled.server.storage.spill"):
             await spiller.spill(store.apps["app"][1])
         assert any("memory corruption" in r.getMessage() for r in caplog.records)
         assert out.spilled == 2 and out.crcs[0] == pushed_crc

@@ -50,6 +50,8 @@ def build(fields: dict[str, Any]) -> F.Frame:
     ftype = F.FrameType[kwargs.pop("type")]
     if "role" in kwargs:
         kwargs["role"] = F.Role[kwargs["role"]]
+    if "resume" in kwargs:
+        kwargs["resume"] = Resume.from_wire(kwargs["resume"])
     if "kind" in kwargs:
         kwargs["kind"] = F.BufferKind[kwargs["kind"]]
     if "payload_hex" in kwargs:
@@ -270,7 +272,7 @@ def test_compressed_runs_decompress_to_their_data(entry: dict[str, Any]) -> None
 def _resumed(vector: dict[str, Any]) -> tuple[F.PartitionRequest, Resume]:
     (request,) = decode_all(bytes.fromhex(vector["hex"]))
     assert isinstance(request, F.PartitionRequest) and request.resume is not None
-    return request, Resume.from_wire(request.resume)
+    return request, request.resume
 
 
 def _named(request: F.PartitionRequest) -> set[int]:

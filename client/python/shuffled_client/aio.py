@@ -22,7 +22,7 @@ from typing import Any
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, endpoint_name
-from shuffled.net.soon import Soon
+from shuffled.net.once_per_turn import OncePerTurn
 from shuffled.net.streams import Payload, PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
 from shuffled.protocol.compression import check_codec, compress_block, decompress_run
@@ -231,6 +231,31 @@ class AsyncClient:
 
     async def stats(self) -> dict[str, Any]:
         return await self._admin_call("stats", {})
+
+    async def drain_challenge(self, nonce: str) -> dict[str, Any]:
+        """The daemon's proof that it has the peer secret, over `nonce` (fresh, `protocol.auth.new_nonce()`),
+        naming itself and the address it sees this client at (PROTOCOL.md §13): check it before `drain`,
+        whose proof is made over the daemon's nonce in the answer."""
+        return await self._admin_call("drain_challenge", {"nonce": nonce})
+
+    def drain(
+        self, handoff: bool = True, timeout: int | None = None, proof: str | None = None, wait: bool = False
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Ask the daemon to stop after its drain (PROTOCOL.md §13); sent at once, so requests made after it
+        are handled after it. Its answer: the drain's state, or with `wait` how the drain ended, once it has
+        (`stats()["drain"]` follows it meanwhile). `handoff` copies committed data to other daemons first;
+        `timeout` (whole seconds) replaces the daemon's drain-timeout. With authentication on, the daemon
+        wants `proof`: `protocol.auth.drain_proof` over the nonces of the `drain_challenge` just answered on
+        this connection and these arguments.
+        """
+        args: dict[str, Any] = {"handoff": handoff}
+        if timeout is not None:
+            args["timeout"] = timeout
+        if proof is not None:
+            args["proof"] = proof
+        if wait:
+            args["wait"] = True
+        return self._admin_request("drain", args)
 
     @property
     def local_address(self) -> str:
@@ -628,7 +653,7 @@ class PartitionReader(InputChannel):
         self._current: ReadChunk | None = None
         #: the application's writers compress their runs (see AsyncClient.read)
         self.compressed = compressed
-        self._announce_soon = Soon(self._announce)
+        self._announce_soon = OncePerTurn(self._announce)
         self._closed = False
 
     async def _start(self) -> None:

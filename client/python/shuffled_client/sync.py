@@ -81,6 +81,18 @@ class Client:
         result: dict[str, Any] = self._run(self._aio.stats())
         return result
 
+    def drain_challenge(self, nonce: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._run(self._aio.drain_challenge(nonce))
+        return result
+
+    def drain(self, handoff: bool = True, timeout: int | None = None, proof: str | None = None) -> dict[str, Any]:
+        async def ask() -> dict[str, Any]:  # the request is sent inside the client's loop
+            answer: dict[str, Any] = await self._aio.drain(handoff, timeout, proof)
+            return answer
+
+        result: dict[str, Any] = self._run(ask())
+        return result
+
     def close(self) -> None:
         if not self._loop.is_closed():
             self._run(self._aio.close())

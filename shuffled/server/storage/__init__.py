@@ -1,2 +1,3 @@
-"""Where committed data lives below the buffer pool: today the object store (`objects.py`), later the spill
-files and the tiering between memory, local disk and objects, one module each."""
+"""What the daemon holds and where: the store (shuffles, map outputs, subpartitions), the data dir, the
+spiller that moves data between them, and the object store (`objects.py`), later a tier of its own. No
+part of it knows a connection."""

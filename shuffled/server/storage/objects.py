@@ -44,8 +44,8 @@ from obstore.store import S3Store
 
 from ...config import S3_MAX_PART, S3_MIN_PART, DaemonConfig, MiB, parse_s3_url
 from ...logs import event
+from ...ops.stats import ObjectStoreStats
 from ...protocol.errors import StorageError
-from ..stats import ObjectStoreStats
 from . import credentials
 
 log = logging.getLogger(__name__)

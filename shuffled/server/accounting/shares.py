@@ -34,8 +34,8 @@ first, then all its floors) it holds twice its share, never more.
 
 from __future__ import annotations
 
-from ..config import DaemonConfig, format_size
-from ..protocol.errors import LimitExceeded
+from ...config import DaemonConfig, format_size
+from ...protocol.errors import LimitExceeded
 
 #: share of push memory all writers' floors may take together; windows beyond their floors get the rest
 FLOOR_SHARE = 0.5

@@ -18,8 +18,8 @@ import asyncio
 import logging
 import socket
 
-from ..config import DaemonConfig
-from ..logs import event
+from ...config import DaemonConfig
+from ...logs import event
 from .placement import candidates
 
 log = logging.getLogger(__name__)

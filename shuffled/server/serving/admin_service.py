@@ -1,4 +1,5 @@
-"""Admin calls over one connection: those it answers, and those this daemon makes to a peer."""
+"""Admin calls over one connection: those it answers (who may ask which: admin_ops.py), and those this daemon
+makes to a peer."""
 
 from __future__ import annotations
 
@@ -7,29 +8,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ..logs import event
-from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import InternalError, InvalidRequest, ShuffledError, ShuttingDown
-from ..protocol.frames import AdminRequest
+from ...logs import event
+from ...protocol.connection import ProtocolConnection
+from ...protocol.errors import InternalError, InvalidRequest, ShuffledError, ShuttingDown
+from ...protocol.frames import AdminRequest
+from .admin_ops import OPERATIONS, Caller, Operation
 
 log = logging.getLogger(__name__)
 
-#: operations only a peer daemon may ask (no application token: the asker proved the peer secret)
-PEER_OPS = frozenset({"holds"})
-
-
-class Caller(Protocol):
-    """The connection a request came over, as its operation sees it (a `DaemonConnection`)."""
-
-    #: the other side's address as this daemon sees it (`endpoint_name`)
-    peer: str
-    #: (the caller's nonce, this daemon's) of the last `drain_challenge` answered on this connection; the
-    #: next `drain` on it uses them up (PROTOCOL.md §13)
-    drain_challenge: tuple[str, str] | None
-
-
-#: what carries an admin operation out (the daemon's `admin`)
-Operation = Callable[[str, dict[str, Any], Caller], Awaitable[dict[str, Any]]]
+#: what carries an admin operation out with the request's arguments and its connection (the daemon's `admin`)
+Run = Callable[[Operation[Any], dict[str, Any], Caller], Awaitable[dict[str, Any]]]
 
 
 class Link(Caller, Protocol):
@@ -47,9 +35,9 @@ class Link(Caller, Protocol):
 
 
 class AdminService:
-    def __init__(self, link: Link, operation: Operation, background: set[asyncio.Task[Any]]) -> None:
+    def __init__(self, link: Link, run: Run, background: set[asyncio.Task[Any]]) -> None:
         self.link = link
-        self.operation = operation
+        self.run = run
         self.background = background
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -64,13 +52,16 @@ class AdminService:
         """Every request gets an answer or an error, whatever happens: an unanswered one would hold one
         of the connection's admin slots (and keep it from idling out) for good."""
         try:
+            op = OPERATIONS.get(req.op)
+            if op is None:
+                raise InvalidRequest(f"unknown admin operation {req.op!r}")
             app = req.args.get("app")
-            if req.op in PEER_OPS:
+            if op.peer_only:
                 if self.link.from_client:
                     raise InvalidRequest(f"admin {req.op} is asked by peer daemons only")
-            elif isinstance(app, str) and req.op != "stats":
+            elif op.app_token and isinstance(app, str):
                 self.link.authorize(app, req.args.get("token"))
-            result = await self.operation(req.op, req.args, self.link)
+            result = await self.run(op, req.args, self.link)
         except ShuffledError as exc:
             self._fail(req, exc)
             return

@@ -41,13 +41,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..logs import event
-from ..protocol.errors import StorageError
+from ...logs import event
+from ...protocol.errors import StorageError
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
 from .store import Garbage, MapOutput, MapState, ShuffleData, Store
 
 if TYPE_CHECKING:
-    from ..buffers import Buffer, GlobalPool
+    from ...buffers import Buffer, GlobalPool
 
 log = logging.getLogger(__name__)
 
@@ -493,3 +493,20 @@ def _log_journal_failure(done: asyncio.Future[None]) -> None:
 def _retrieve(done: asyncio.Future[int]) -> None:
     if not done.cancelled():
         done.exception()
+
+
+def restore(store: Store, disk: Disk) -> int:
+    """Serve again what a previous run left on disk and can prove (everything else was deleted by
+    `Disk.load`); the number of shuffles restored."""
+    loaded = disk.load()
+    for shuffle in loaded:
+        store.restore(shuffle, SpillFile(disk.data_path(shuffle.directory), shuffle.file_size))
+        event(
+            log,
+            "restored",
+            app=shuffle.app,
+            shuffle=shuffle.shuffle,
+            attempts=len(shuffle.committed),
+            bytes=sum(a.stored for a in shuffle.committed.values()),
+        )
+    return len(loaded)

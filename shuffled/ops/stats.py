@@ -1,12 +1,13 @@
-"""Typed snapshots of what the daemon counts: `Daemon.stats()` builds a `DaemonStats`.
+"""Typed snapshots of what the daemon counts: `Daemon.stats()` builds a `DaemonStats` (server/accounting/stats.py).
 
 The daemon, the metrics endpoint (ops/metrics.py) and in-process tests read these by
 attribute. The admin `stats` op sends `DaemonStats.to_wire()`: nested string-keyed
 dicts of integers, booleans and strings (MessagePack bodies carry no floats, so
 durations are whole microseconds), the shape clients, the JVM and `shuffled stats` read.
 
-This module imports nothing else of the package, so the ops layer can use it
-without depending on the server's modules. Every class is a frozen snapshot except
+It lives in ops/, below the server, and imports nothing else of the package: the
+server's modules fill these in and the ops layer publishes them, and neither
+depends on the other for it. Every class is a frozen snapshot except
 `DiskStats`, `DrainStats` and `ObjectStoreStats`, which a `Disk`, the daemon and the object-store layer
 also keep as their live counters (a snapshot holds a copy).
 """
@@ -111,6 +112,8 @@ class ConnectionCounts:
     read_outstanding: int
     #: seconds its pushes have been waiting for memory so far
     push_wait_seconds: float
+    #: its pushes whose client gets no new credit now because a replica lags
+    held_back: int
 
 
 @dataclass(frozen=True, slots=True)

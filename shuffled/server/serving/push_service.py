@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from ..protocol.auth import token_digest
-from ..protocol.connection import ProtocolConnection, release_payload
-from ..protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError, ShuttingDown
-from ..protocol.frames import OpenMapOutput, PushData
-from .pushing import PushSession
-from .replication import ReplicaHost, ReplicaLinks
-from .shares import Share
+from ...protocol.auth import token_digest
+from ...protocol.connection import ProtocolConnection, release_payload
+from ...protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError, ShuttingDown
+from ...protocol.frames import OpenMapOutput, PushData
+from ..accounting.shares import Share
+from ..cluster.replication import ReplicaHost, ReplicaLinks
+from .environment import ShuffleEnvironment
+from .push_session import PushSession
 
 
 class Link(Protocol):
@@ -41,10 +42,14 @@ class Link(Protocol):
     def authorize_digest(self, app: str, digest: bytes) -> None: ...
 
 
+class PushHost(ShuffleEnvironment, ReplicaHost, Protocol):
+    """The daemon, as the pushes it takes see it: the shuffle environment, who it is and its peers."""
+
+
 class PushService:
-    def __init__(self, link: Link, services: ReplicaHost) -> None:
+    def __init__(self, link: Link, env: PushHost) -> None:
         self.link = link
-        self.services = services
+        self.env = env
         self.sessions: dict[int, PushSession] = {}
         self._push_share = Share()
 
@@ -52,7 +57,7 @@ class PushService:
 
     @property
     def push_share(self) -> Share | None:
-        """Push window segments this client connection's map outputs hold (see shares.py); None on a peer
+        """Push window segments this client connection's map outputs hold (see accounting/shares.py); None on a peer
         link, whose replica pushes count against their applications' shares only: a tenant filling the
         link would otherwise take the copies of every other tenant's pushes."""
         return self._push_share if self.link.from_client else None
@@ -78,12 +83,12 @@ class PushService:
         if self.link.draining:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
-        services = self.services
-        store = services.store
+        env = self.env
+        store = env.store
         try:
             digest = self._app_key(req)
             self.link.authorize_digest(req.app, digest)
-            services.shares.check(self.push_share, req.app)
+            env.shares.check(self.push_share, req.app)
             replicas = self._replicas(req)
             out = store.open_map_output(
                 req.app, req.shuffle, req.map_index, req.attempt, req.partitions, req.replica_of, replicas
@@ -92,8 +97,8 @@ class PushService:
             self.send_error(req.writer, exc)
             return
         store.bind(req.app, digest)
-        links = ReplicaLinks(services, req, digest, replicas) if req.replica_of is None and replicas > 1 else None
-        session = PushSession(self, req, out, services, links)
+        links = ReplicaLinks(env, req, digest, replicas) if req.replica_of is None and replicas > 1 else None
+        session = PushSession(self, req, out, env, links)
         self.sessions[req.writer] = session
         self.link.proto.accept_push(req.writer, session.target)
         session.task = asyncio.create_task(session.start())
@@ -110,7 +115,7 @@ class PushService:
 
     def _replicas(self, req: OpenMapOutput) -> int:
         """Copies wanted, this one included: at most one per daemon the placement knows."""
-        return min(req.replicas or self.services.config.replicas, len(self.services.membership.ring()))
+        return min(req.replicas or self.env.config.replicas, len(self.env.membership.ring()))
 
     def on_data(self, frame: PushData) -> None:
         session = self.sessions.get(frame.writer)

@@ -32,8 +32,9 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..buffers import Buffer
-from ..protocol.errors import (
+from ...buffers import Buffer
+from ...ops.stats import StoreStats
+from ...protocol.errors import (
     AuthFailed,
     InvalidRequest,
     LimitExceeded,
@@ -42,9 +43,8 @@ from ..protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from ..protocol.packed import Directory, LengthTally
+from ...protocol.packed import Directory, LengthTally
 from .disk import LoadedShuffle, SpillFile
-from .stats import StoreStats
 
 MAX_PARTITIONS = 1 << 24
 

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol.auth import token_digest
-from ..protocol.frames import PartitionRequest
-from ..protocol.resume import Resume
+from ...protocol.auth import token_digest
+from ...protocol.frames import PartitionRequest
+from ...protocol.resume import Resume
 from .store import MapOutput, ShuffleData, Store
 
 #: (piece index, lo, hi, whether it is the piece's last item in this plan)

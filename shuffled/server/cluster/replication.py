@@ -29,16 +29,16 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from ..buffers import Buffer
-from ..config import DaemonConfig
-from ..logs import event
-from ..net.sender import Sender
-from ..net.streams import PushEvent, PushStream
-from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
-from ..protocol.frames import REPLICA, OpenMapOutput
-from .chunks import Chunk
-from .services import Services
+from ...buffers import Buffer, Chunk
+from ...config import DaemonConfig
+from ...logs import event
+from ...net.sender import Sender
+from ...net.streams import PushEvent, PushStream
+from ...protocol.connection import ProtocolConnection
+from ...protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
+from ...protocol.frames import REPLICA, OpenMapOutput
+from ..accounting.counters import Counters
+from .membership import Membership
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,8 +66,18 @@ class Peers(Protocol):
     async def get(self, addr: str) -> ReplicaPeer: ...
 
 
-class ReplicaHost(Services, Protocol):
-    """The daemon, as the pushes it takes see it: its services, who it is and its peers."""
+class ReplicaHost(Protocol):
+    """The daemon, as a client push's replicas see it: its settings and counters, who it is, where
+    copies go and how to reach them."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def membership(self) -> Membership: ...
 
     @property
     def node(self) -> str: ...
@@ -275,7 +285,6 @@ class ReplicaLinks:
         )
         self.wanted = replicas - 1
         self.links: list[ReplicaLink] = []
-        self.attempt = req.attempt
         #: called with the failure of a link once the push is under way
         self.on_failure: Callable[[ShuffledError], None] | None = None
         #: called when no link is lagging any more (see `lagging`)
@@ -337,7 +346,7 @@ class ReplicaLinks:
         """Send a stored piece to every replica: one more reference each, no copy."""
         for link in self.links:
             buf.retain()
-            link.send(Chunk(buf, 0, self.attempt, crc))
+            link.send(Chunk(buf, crc))
         n = len(self.links)
         self.counters.replica_forwarded_buffers += n
         self.counters.replica_forwarded_bytes += n * buf.length

@@ -18,9 +18,9 @@ import ipaddress
 import logging
 from typing import Generic, Protocol, TypeVar
 
-from ..config import DaemonConfig
-from ..logs import event
-from ..protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
+from ...config import DaemonConfig
+from ...logs import event
+from ...protocol.errors import DuplicateConnection, InvalidRequest, PeerUnavailable, ShuffledError
 from .membership import Membership
 
 log = logging.getLogger(__name__)

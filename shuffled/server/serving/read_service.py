@@ -14,20 +14,20 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..logs import event
-from ..net.sender import Sender
-from ..net.soon import Soon
-from ..net.streams import BufferResponseStream
-from ..protocol.connection import ProtocolConnection, release_payload
-from ..protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
-from ..protocol.frames import BufferResponse, PartitionRequest
-from ..protocol.resume import Resume
-from .chunks import Chunk
-from .feed import LOOKAHEAD, PlanFeed
-from .peers import split_address
-from .plan import Plan, plan_read
-from .reading import InputGate, Peers, RemoteInputChannel
-from .services import Services
+from ...buffers import Chunk
+from ...logs import event
+from ...net.once_per_turn import OncePerTurn
+from ...net.sender import Sender
+from ...net.streams import BufferResponseStream
+from ...protocol.connection import ProtocolConnection, release_payload
+from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
+from ...protocol.frames import BufferResponse, PartitionRequest
+from ...protocol.resume import Resume
+from ..cluster.peers import split_address
+from ..storage.plan import Plan, plan_read
+from .environment import ShuffleEnvironment
+from .input_gate import InputGate, Peers, RemoteInputChannel
+from .plan_feed import LOOKAHEAD, PlanFeed
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,16 @@ class Link(Protocol):
 
 
 class ReadService:
-    def __init__(self, link: Link, node: str, services: Services, peers: Peers) -> None:
+    def __init__(self, link: Link, node: str, env: ShuffleEnvironment, peers: Peers) -> None:
         self.link = link
         self.node = node
-        self.services = services
+        self.env = env
         self.peers = peers
         self.served: dict[int, BufferResponseStream] = {}
         self.gates: dict[int, InputGate] = {}
         self.channels: dict[int, RemoteInputChannel] = {}
         self._announce: dict[int, RemoteInputChannel] = {}
-        self._flush_announcements_soon = Soon(self._flush_announcements)
+        self._flush_announcements_soon = OncePerTurn(self._flush_announcements)
 
     # -- the ReadClient / ReadPeer views the gates and channels use
 
@@ -91,7 +91,7 @@ class ReadService:
 
     def on_request(self, req: PartitionRequest) -> None:
         rid = req.receiver
-        if self.link.closing and self.link.from_client:  # a peer's read still goes on: see Daemon.drain
+        if self.link.closing and self.link.from_client:  # a peer's read still goes on: see cluster/drain.py
             self.send_error(rid, ShuttingDown("the daemon is shutting down; read through another daemon"))
             return
         local: list[int] | None = None
@@ -101,7 +101,7 @@ class ReadService:
                 local = (local or []) + attempts
             else:
                 remote[addr] = attempts
-        resume = Resume.from_wire(req.resume) if req.resume is not None else None
+        resume = req.resume
         missing: ShuffledError | None = None
         try:
             if remote and not self.link.from_client:
@@ -115,7 +115,7 @@ class ReadService:
             plan: Plan | None = None
             if local is not None:
                 try:
-                    plan = plan_read(self.services.store, req, local, resume)
+                    plan = plan_read(self.env.store, req, local, resume)
                 except PartitionNotFound as exc:
                     if not self._copies_elsewhere(resume):
                         raise
@@ -127,7 +127,7 @@ class ReadService:
             self.send_error(rid, exc)
             return
         if resume is not None:
-            self.services.counters.resumed_reads += 1
+            self.env.counters.resumed_reads += 1
         stream = BufferResponseStream(rid, req.credit, self._stream_ended)
         stream.opened_at = time.monotonic()
         stream.relayed = bool(remote)
@@ -135,7 +135,7 @@ class ReadService:
         self.link.proto.accept_read(rid, stream)
         feeding = plan is not None and bool(plan.entries)
         if remote:
-            gate = InputGate(self, stream, req, remote, self.services, self.peers, self.node, feeding, missing)
+            gate = InputGate(self, stream, req, remote, self.env, self.peers, self.node, feeding, missing)
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
         elif not feeding:
@@ -147,7 +147,7 @@ class ReadService:
     def _feed(self, rid: int, stream: BufferResponseStream, plan: Plan) -> None:
         """Serve the local part of a read: the plan's payloads queued under the reader's credit, plus a
         few more (`LOOKAHEAD`) so that credit arriving finds data ready."""
-        counters = self.services.counters
+        counters = self.env.counters
         sender = self.sender
 
         def sink(chunk: Chunk) -> None:
@@ -164,7 +164,7 @@ class ReadService:
             stream.deferred = 0
             self._local_done(rid)
 
-        feed = PlanFeed(self.services, plan, sink, budget)
+        feed = PlanFeed(self.env, plan, sink, budget)
         stream.deferred = feed.left
         stream.feeds.append(feed)
         feed.start(done, self._failer(rid))
@@ -172,7 +172,7 @@ class ReadService:
     def _copies_elsewhere(self, resume: Resume | None) -> bool:
         """A client's read of data this daemon lacks may fail over to the placement candidates (only a
         client's: a peer asking here is itself failing over and tries the next copy)."""
-        others = self.services.membership.others()
+        others = self.env.membership.others()
         return self.link.from_client and resume is None and bool(self.node) and bool(others)
 
     def on_credit(self, rid: int) -> None:
@@ -217,13 +217,13 @@ class ReadService:
         if self.served.get(stream.stream) is stream:
             del self.served[stream.stream]
             self.link.proto.read_finished(stream.stream)
-        self.services.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
+        self.env.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
 
     # -- reads this daemon makes over the connection (for its gates)
 
     def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
         self.channels[ch.receiver] = ch
-        self.services.counters.read_credit_granted += req.credit
+        self.env.counters.read_credit_granted += req.credit
         self.link.proto.request_read(req, ch.target)
 
     def cancel_channel(self, receiver: int) -> None:
@@ -257,7 +257,7 @@ class ReadService:
         for ch in pending.values():
             n = ch.credit.take_announcement()
             if n and not ch.closed:
-                self.services.counters.read_credit_granted += n
+                self.env.counters.read_credit_granted += n
                 self.link.proto.add_credit(ch.receiver, n)
 
     # -- the connection's end

@@ -5,7 +5,7 @@ data path never touches a metrics library. Per-connection counters (bytes in and
 out, time paused or without credit) live on the connection while it is open and
 are folded in here when it closes, so totals never go backwards.
 
-The snapshot (`traffic`, `Daemon.stats`, see stats.py) holds integers only: it is
+The snapshot (`traffic`, `Daemon.stats`, see ops/stats.py) holds integers only: it is
 also the admin `stats` answer, and MessagePack bodies on the wire carry no floats
 (durations are whole microseconds there).
 """
@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..net.sender import Outbound, Sender
-from .stats import TrafficStats
+from ...net.sender import Outbound, Sender
+from ...ops.stats import TrafficStats
 
 ROLES = ("client", "peer")
 

@@ -15,13 +15,14 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from ..logs import event
-from ..net.connection import FrameConnection
-from ..net.sender import Outbound
-from ..protocol import connection as pc
-from ..protocol import events
-from ..protocol.auth import token_digest
-from ..protocol.errors import (
+from ...logs import event
+from ...net.connection import FrameConnection
+from ...net.sender import Outbound
+from ...ops.stats import ConnectionCounts
+from ...protocol import connection as pc
+from ...protocol import events
+from ...protocol.auth import token_digest
+from ...protocol.errors import (
     AuthFailed,
     ConnectionLost,
     InvalidRequest,
@@ -30,20 +31,20 @@ from ..protocol.errors import (
     ShuttingDown,
     TimedOut,
 )
-from ..protocol.frames import REPLICA, Role
+from ...protocol.frames import REPLICA, Role
+from ..accounting.watchdog import Liveness, tune_socket
+from ..cluster.replication import ReplicaService
 from . import admission
 from .admin_service import AdminService
-from .host import Host
+from .context import DaemonContext
 from .push_service import PushService
 from .read_service import ReadService
-from .replication import ReplicaService
-from .watchdog import Liveness, tune_socket
 
 log = logging.getLogger(__name__)
 
 
 class DaemonConnection(FrameConnection):
-    def __init__(self, daemon: Host[DaemonConnection], dialed: str | None = None, tls: bool = False) -> None:
+    def __init__(self, daemon: DaemonContext[DaemonConnection], dialed: str | None = None, tls: bool = False) -> None:
         cfg = daemon.config
         limits = pc.Limits(cfg.max_streams_per_connection, cfg.max_pushes_per_connection, cfg.max_admin_per_connection)
         side = pc.Side.DIALER if dialed is not None else pc.Side.ACCEPTOR
@@ -62,7 +63,7 @@ class DaemonConnection(FrameConnection):
         self.node = dialed or ""
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.reads = ReadService(self, daemon.node, daemon, daemon.peers)
-        self.pushing = PushService(self, daemon)
+        self.pushes = PushService(self, daemon)
         #: replica pushes this daemon makes to the other side
         self.replicas = ReplicaService()
         self.admin = AdminService(self, daemon.admin, daemon.background)
@@ -78,11 +79,11 @@ class DaemonConnection(FrameConnection):
 
     @property
     def draining(self) -> bool:
-        return self.daemon.draining
+        return self.daemon.drain.draining
 
     @property
     def closing(self) -> bool:
-        return self.daemon.closing
+        return self.daemon.drain.closing
 
     @property
     def from_client(self) -> bool:
@@ -178,7 +179,7 @@ class DaemonConnection(FrameConnection):
         if isinstance(self.failure, TimedOut):
             lost = TimedOut(self.failure.message)
         self.reads.release(lost)
-        self.pushing.release()
+        self.pushes.release()
         self.replicas.release(lost)
         self.admin.release(lost)
 
@@ -197,6 +198,23 @@ class DaemonConnection(FrameConnection):
         assert self.transport is not None
         tune_socket(self.transport.get_extra_info("socket"), self.daemon.config.tcp_keepalive, user_timeout)
 
+    def counts(self, now: float) -> ConnectionCounts:
+        """What this connection's reads and pushes are doing at monotonic time `now` (for the stats)."""
+        pushes = self.pushes.sessions.values()
+        reads = self.reads
+        return ConnectionCounts(
+            role=self.role_label,
+            served=len(reads.served),
+            pushing=len(pushes),
+            remote_channels=len(reads.channels),
+            inflight_buffers=self.sender.inflight,
+            backlog_buffers=sum(s.backlog for s in reads.served.values()),
+            push_outstanding=sum(p.pool.promised for p in pushes if p.pool is not None),
+            read_outstanding=sum(ch.credit.sender_credit for ch in reads.channels.values()),
+            push_wait_seconds=sum(p.waiting_for(now) for p in pushes),
+            held_back=sum(1 for p in pushes if p.held_back),
+        )
+
     # -- for the watchdog
 
     def depends_on_peer(self) -> bool:
@@ -209,7 +227,7 @@ class DaemonConnection(FrameConnection):
             reads.channels
             or reads.served
             or reads.gates
-            or self.pushing.sessions
+            or self.pushes.sessions
             or self.replicas.outgoing
             or self.admin.waiters
         ) or (self.admin.running > 0)
@@ -229,17 +247,17 @@ class DaemonConnection(FrameConnection):
             case events.CreditAdded(stream):
                 self.reads.on_credit(stream)
             case events.PushDataArrived(frame):
-                self.pushing.on_data(frame)
+                self.pushes.on_data(frame)
             case events.ReadRequested(request):
                 self.reads.on_request(request)
             case events.ReadCancelled(stream):
                 self.reads.on_cancel(stream)
             case events.PushOpened(request):
-                self.pushing.on_open(request)
+                self.pushes.on_open(request)
             case events.CommitRequested(writer, pushes):
-                self.pushing.on_commit(writer, pushes)
+                self.pushes.on_commit(writer, pushes)
             case events.AbortRequested(writer):
-                self.pushing.on_abort(writer)
+                self.pushes.on_abort(writer)
             case events.AdminRequested(request):
                 self.admin.on_request(request)
             case events.AdminAnswered(request, result):

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 
 
-class Soon:
+class OncePerTurn:
     __slots__ = ("_fn", "_loop", "_scheduled")
 
     def __init__(self, fn: Callable[[], None]) -> None:

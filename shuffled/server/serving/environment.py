@@ -1,6 +1,7 @@
-"""The daemon's services as the objects that serve one stream see them.
+"""The shuffle environment: the daemon's parts as the objects that serve one stream see them.
 
-Push sessions, read gates and plan feeds are given this view of the daemon when
+As Flink's ShuffleEnvironment gives a task its buffer pools, partitions and gates, push
+sessions, input gates and plan feeds are given this view of the daemon when
 they are made, rather than reaching through their connection for it: they then depend
 on the store, the pool and the spiller, not on the connection or the daemon, and the
 modules stay free of import cycles (a test checks). `Daemon` satisfies it as it is.
@@ -10,18 +11,18 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..buffers import GlobalPool
-from ..config import DaemonConfig
-from ..ops.metrics import DaemonMetrics
-from .counters import Counters
-from .disk import Disk
-from .membership import Membership
-from .shares import PushShares
-from .spill import Spiller
-from .store import Store
+from ...buffers import GlobalPool
+from ...config import DaemonConfig
+from ...ops.metrics import DaemonMetrics
+from ..accounting.counters import Counters
+from ..accounting.shares import PushShares
+from ..cluster.membership import Membership
+from ..storage.disk import Disk
+from ..storage.spill import Spiller
+from ..storage.store import Store
 
 
-class Services(Protocol):
+class ShuffleEnvironment(Protocol):
     @property
     def config(self) -> DaemonConfig: ...
 

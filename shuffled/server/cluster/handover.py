@@ -1,5 +1,5 @@
-"""A draining daemon hands its committed data over to other daemons before it stops (`Daemon.drain`,
-phase *copying*).
+"""A draining daemon hands its committed data over to other daemons before it stops (drain.py, phase
+*copying*).
 
 For every committed attempt held here, the copies elsewhere are counted by asking the daemons where
 placement puts them (the primary, and the first `replica-search` candidates of the primary's
@@ -8,7 +8,7 @@ a share of the drain's remaining time holds nothing and is not asked again, so c
 in time. An answer counts only as far as it checks out, like a client's frame: attempts it was asked
 about, each with the bytes stored here (`held`). An attempt with fewer copies
 elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
-fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
+fed from the store: a reader whose primary is gone looks for copies exactly there (serving/input_gate.py), and a
 copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
 the full replica count, so an attempt keeps its redundancy once this daemon is gone (a host that does
 not come back loses nothing); the price is that a rolling restart copies every replicated attempt
@@ -33,10 +33,13 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..logs import event
-from ..protocol.errors import (
+from ...buffers import Chunk, GlobalPool
+from ...config import DaemonConfig
+from ...logs import event
+from ...ops.stats import DrainStats
+from ...protocol.errors import (
     ConnectionLost,
     CorruptData,
     InvalidRequest,
@@ -46,15 +49,13 @@ from ..protocol.errors import (
     ShuttingDown,
     TimedOut,
 )
-from ..protocol.frames import REPLICA, OpenMapOutput
-from ..protocol.packed import LengthTally, directory
-from .chunks import Chunk
-from .connection import DaemonConnection
-from .feed import PieceLoader
-from .host import Host
-from .replication import ReplicaLink
-from .stats import DrainStats
-from .store import MapOutput, ShuffleData
+from ...protocol.frames import REPLICA, OpenMapOutput
+from ...protocol.packed import LengthTally, directory
+from ..storage.disk import Disk
+from ..storage.loader import PieceLoader, run, take
+from ..storage.store import MapOutput, ShuffleData, Store
+from .membership import Membership
+from .replication import ReplicaLink, ReplicaPeer
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,50 @@ LOAD_BATCH = 8
 SURVEY_SHARE = 0.25
 #: failures that make a daemon no target for the rest of the drain
 GONE = (PeerUnavailable, ConnectionLost, ShuttingDown, TimedOut, TimeoutError, ConnectionError)
+
+
+class AdminCalls(Protocol):
+    """The admin calls this daemon makes over a peer connection (its `AdminService`)."""
+
+    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
+class CopyTarget(ReplicaPeer, Protocol):
+    """A connection to another daemon, as the hand-over asks and copies over it (a `DaemonConnection`)."""
+
+    @property
+    def admin(self) -> AdminCalls: ...
+
+
+class Targets(Protocol):
+    """The daemon's peer connections (its `PeerManager`)."""
+
+    async def get(self, addr: str) -> CopyTarget: ...
+
+
+class HandOverHost(Protocol):
+    """The daemon, as its hand-over sees it: what it holds, where copies go and how to reach them."""
+
+    @property
+    def config(self) -> DaemonConfig: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def pool(self) -> GlobalPool: ...
+
+    @property
+    def disk(self) -> Disk | None: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def peers(self) -> Targets: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -114,7 +159,7 @@ class Drainer:
     """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
     daemon's `DrainStats`."""
 
-    def __init__(self, host: Host[DaemonConnection], progress: DrainStats) -> None:
+    def __init__(self, host: HandOverHost, progress: DrainStats) -> None:
         self.host = host
         self.progress = progress
         #: bounds the `holds` calls in flight; copies are bounded by their workers
@@ -325,12 +370,12 @@ class Drainer:
 
     async def _send(self, link: ReplicaLink, out: MapOutput, sent: LengthTally) -> None:
         """Every piece in push order, one PushData each (so the copy's pieces are the primary's): memory
-        pieces as they are, spilled ones read back into segments and checked against their CRC. At most
-        the link's lag of pieces wait unsent. Pieces are found by index each time, as a spill may move
-        them to disk meanwhile."""
+        pieces as they are, spilled ones loaded back into segments of the read reserve (stored data can
+        always be read back). At most the link's lag of pieces wait unsent. Pieces are found by index each
+        time, as a spill may move them to disk meanwhile."""
         data = out.shuffle
-        loader = PieceLoader(self.host)
-        what = f"map attempt {out.attempt} of {data.app}/{data.shuffle}"
+        pool = self.host.pool
+        loader = PieceLoader(self.host.disk)
         i = 0
         try:
             while i < out.pieces:
@@ -342,19 +387,11 @@ class Drainer:
                     buf.retain()
                     got = [buf]
                 else:
-                    assert data.file is not None
-                    end = i + 1
-                    while (
-                        end < min(i + LOAD_BATCH, out.spilled)
-                        and out.offsets[end] == out.offsets[end - 1] + out.sizes[end - 1]
-                    ):
-                        end += 1
-                    got = await loader.load(
-                        data.file.path, out.offsets[i], out.sizes[i:end].tolist(), out.crcs[i:end].tolist(), what
-                    )
+                    batch = run(out, range(i, out.spilled), LOAD_BATCH)
+                    got = await loader.load(out, batch, await take(pool, len(batch), pool.give))
                 for buf in got:
                     sent.add(directory(buf.data()))
-                    link.send(Chunk(buf, 0, out.attempt, out.crcs[i]))
+                    link.send(Chunk(buf, out.crcs[i]))
                     i += 1
         finally:
             loader.close()

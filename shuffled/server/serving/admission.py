@@ -6,21 +6,25 @@ one more connection from that address, is it on the right port, which secret
 must it prove, and may this peer daemon join (same segment size, not a
 duplicate of a connection already dialled)? `answer_hello` and `accept` are
 the daemon's answers to the protocol connection's `HelloReceived` and
-`Authenticated`.
+`Authenticated`. `Trust` is what it checks against: the secrets and the peer TLS contexts.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import ssl
 import struct
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from ..config import DaemonConfig
-from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
-from ..protocol.frames import REPLICA, Role
-from .host import Host
+from ...config import PEER_SECRET_ENV, SECRET_ENV, ConfigError, DaemonConfig
+from ...net.tls import peer_contexts
+from ...protocol.auth import read_secret_file, secret_bytes
+from ...protocol.connection import ProtocolConnection
+from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
+from ...protocol.frames import REPLICA, Role
+from .context import DaemonContext
 
 
 class Candidate(Protocol):
@@ -60,6 +64,55 @@ class Joining(Candidate, Protocol):
         """Accepted: streams may open (HelloAck is sent after this)."""
 
     def tune(self, user_timeout: float) -> None: ...
+
+
+class Trust(NamedTuple):
+    """Whom the daemon trusts and how each side proves itself; a secret of None: authentication is off."""
+
+    #: the cluster secret every client proves on connect
+    secret: bytes | None
+    #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
+    #: prove a daemon, the cluster secret will do)
+    peer_secret: bytes | None
+    #: what the admin `drain` must be proved with: the peer secret as configured, never the cluster
+    #: secret standing in for it (every application has that one)
+    drain_secret: bytes | None
+    #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
+    peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None
+
+    @classmethod
+    def load(cls, config: DaemonConfig) -> Trust:
+        """The secrets (from their files or the environment) and certificates the settings name."""
+        secret = _secret("secret-file", config.secret_file, SECRET_ENV)
+        drain_secret = _secret("peer-secret-file", config.peer_secret_file, PEER_SECRET_ENV)
+        peer_secret = secret if drain_secret is None and config.peer_tls_port else drain_secret
+        if secret is not None and peer_secret is None:
+            raise ConfigError(
+                "secret-file is set but peer daemons would prove only that secret, which every application "
+                "has, so a client could pass for a daemon: set peer-secret-file (a secret only daemons have) "
+                "or peer TLS"
+            )
+        peer_tls = None
+        if config.peer_tls_port:
+            assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca  # validate() checked
+            try:
+                peer_tls = peer_contexts(config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"peer TLS certificates: {exc}") from None
+        return cls(secret, peer_secret, drain_secret, peer_tls)
+
+
+def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
+    """A secret from its file setting or its environment variable (one of them, not both)."""
+    from_env = os.environ.get(env)
+    if secret_file and from_env is not None:
+        raise ConfigError(f"both {name} and {env} are set: use one")
+    try:
+        if secret_file:
+            return read_secret_file(secret_file)
+        return secret_bytes(from_env) if from_env is not None else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{name} {secret_file}: {exc}" if secret_file else f"{env}: {exc}") from None
 
 
 def unix_peer(sock: Any) -> str:
@@ -124,7 +177,7 @@ def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> No
         )
 
 
-def answer_hello(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> None:
+def answer_hello(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, Any]) -> None:
     """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
     cfg = host.config
     check_connection_limit(cfg, conn.host, role, host.connections)
@@ -140,7 +193,7 @@ def answer_hello(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any
     conn.proto.challenge(secret)
 
 
-def accept(conn: Joining, host: Host[Any], role: Role, info: dict[str, Any]) -> None:
+def accept(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, Any]) -> None:
     """A peer daemon joins only with our segment size and unless our own dial to it wins."""
     cfg = host.config
     if role is Role.DAEMON:

@@ -1,4 +1,4 @@
-"""Serving a plan (plan.py): its items turned into DATA payloads as the reader's credit asks for them.
+"""Serving a plan (storage/plan.py): its items turned into DATA payloads as the reader's credit asks for them.
 
 A whole piece in memory goes out as it is: the payload is the pushed group, its CRC32C
 the writer's, nothing copied or parsed. Everything else (a piece cut to the range, small
@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from ..buffers import Buffer
-from ..logs import event
-from ..protocol.errors import CorruptData, InternalError, InvalidRequest, PartitionNotFound, ShuffledError
-from ..protocol.integrity import checksum
-from ..protocol.packed import directory, slice_group
-from .chunks import Chunk
-from .plan import Entry, Item, Plan, items
-from .services import Services
-from .store import MapOutput
+from ...buffers import Buffer, Chunk
+from ...logs import event
+from ...protocol.errors import InternalError, InvalidRequest, PartitionNotFound, ShuffledError
+from ...protocol.integrity import checksum
+from ...protocol.packed import directory, slice_group
+from ..storage.loader import PieceLoader, run, take
+from ..storage.plan import Entry, Item, Plan, items
+from ..storage.store import MapOutput
+from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -42,84 +41,9 @@ LOOKAHEAD = 8
 MAX_BATCH = 16
 
 
-class PieceLoader:
-    """Loads spilled pieces into read-reserve segments, checked against their CRC32C; keeps one file open."""
-
-    __slots__ = ("_fd", "_path", "disk", "pool")
-
-    def __init__(self, services: Services) -> None:
-        self.pool = services.pool
-        disk = services.disk
-        assert disk is not None, "pieces are spilled only with a data dir"
-        self.disk = disk
-        self._fd: int | None = None
-        self._path = ""
-
-    async def take(self, want: int) -> list[Buffer]:
-        """Up to `want` segments of the read reserve, counted when they are taken: whatever is free then (a
-        consumer's credit may exceed what a small or busy pool can give at once), else one, waited for in
-        turn (the reserve guarantees it in time), plus what the wait left free. Never more than is free, so
-        a batch does not wait for memory it cannot get; what requests already waiting can use stays theirs
-        (`free_for_readers`: a waiting push leaves the reserve to reads)."""
-        pool = self.pool
-        now = min(want, pool.free_for_readers)
-        got = pool.try_take(now, use_reserve=True) if now else None
-        if got is None:
-            got = await pool.take(1, use_reserve=True)
-            more = min(want - 1, pool.free_for_readers)
-            if more:
-                got += pool.try_take(more, use_reserve=True) or []
-        for buf in got:
-            buf.set_recycler(pool.give)
-        return got
-
-    async def load(self, path: str, offset: int, sizes: list[int], crcs: list[int], what: str) -> list[Buffer]:
-        """The pieces of `sizes` bytes each from `offset` on (back to back), or as many of the first of them
-        as memory allows now (at least one). Raises CORRUPT_DATA or PARTITION_NOT_FOUND (the file is gone).
-        Cancelling it is safe: a read under way gives its segments back when the thread is done with them."""
-        buffers = await self.take(len(sizes))
-        for buf, size in zip(buffers, sizes, strict=False):
-            buf.length = size
-        if self._fd is not None and self._path != path:
-            self.close()
-        fd, self._fd = self._fd, None
-        reading = self.disk.read(fd, path, offset, [b.data() for b in buffers])
-        try:
-            self._fd, got = await asyncio.shield(reading)
-        except asyncio.CancelledError:
-            reading.add_done_callback(lambda _: _give_back(reading, buffers))
-            raise
-        except FileNotFoundError:
-            _release(buffers)
-            raise PartitionNotFound(f"spill file {path} is gone (shuffle removed while being read?)") from None
-        except (OSError, EOFError) as exc:
-            _release(buffers)
-            raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
-        self._path = path
-        for n, (crc, want) in enumerate(zip(got, crcs, strict=False)):
-            if crc != want:
-                _release(buffers)
-                raise CorruptData(
-                    f"spilled data of {what} failed its CRC32C check at offset {offset + sum(sizes[:n])} of {path}"
-                )
-        return buffers
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def _release(buffers: list[Buffer]) -> None:
     for buf in buffers:
         buf.release()
-
-
-def _give_back(reading: asyncio.Future[tuple[int, list[int]]], buffers: list[Buffer]) -> None:
-    """A load whose caller went away: its segments (and file) go back once the thread is done with them."""
-    _release(buffers)
-    if not reading.cancelled() and reading.exception() is None:
-        os.close(reading.result()[0])
 
 
 class PlanFeed:
@@ -133,26 +57,26 @@ class PlanFeed:
         "_loaded",
         "_room",
         "_waiting",
+        "env",
         "left",
         "limit",
         "loader",
         "plan",
-        "services",
         "sink",
         "task",
     )
 
     def __init__(
-        self, services: Services, plan: Plan, sink: Callable[[Chunk], None], budget: Callable[[], int]
+        self, env: ShuffleEnvironment, plan: Plan, sink: Callable[[Chunk], None], budget: Callable[[], int]
     ) -> None:
-        self.services = services
+        self.env = env
         self.plan = plan
         self.sink = sink
         self._budget = budget
-        self.limit = services.pool.segment_size
+        self.limit = env.pool.segment_size
         #: pieces not served yet (a backlog estimate for the reader's credit)
         self.left = plan.pieces
-        self.loader = PieceLoader(services) if services.disk is not None else None
+        self.loader = PieceLoader(env.disk)
         #: the frame being filled (a read-reserve segment) and its fill
         self._frame: Buffer | None = None
         self._fill = 0
@@ -201,8 +125,7 @@ class PlanFeed:
         if self._frame is not None:
             self._frame.release()
             self._frame = None
-        if self.loader is not None:
-            self.loader.close()
+        self.loader.close()
 
     async def _serve(self, entry: Entry) -> None:
         out = entry.out
@@ -229,7 +152,7 @@ class PlanFeed:
             if whole and buf.length > self.limit // 2:
                 self._flush()
                 buf.retain()
-                self.sink(Chunk(buf, lo, out.attempt, out.crcs[i]))
+                self.sink(Chunk(buf, out.crcs[i]))
             else:
                 skip = await self._copy(buf, lo, hi, whole, skip)
             ahead.popleft()
@@ -263,7 +186,7 @@ class PlanFeed:
             parts, size = found.parts, len(found)
         if self._fill + size > self.limit:
             self._flush()
-        pool = self.services.pool
+        pool = self.env.pool
         held: Buffer | None = None
         if self._frame is None:
             got = pool.try_take(1, use_reserve=True)
@@ -293,33 +216,16 @@ class PlanFeed:
             return
         self._frame, self._fill = None, 0
         frame.length = fill
-        self.sink(Chunk(frame, 0, 0, checksum(frame.data())))
+        self.sink(Chunk(frame, checksum(frame.data())))
 
     async def _load(self, out: MapOutput, ahead: deque[Item], pending: Iterator[Item]) -> None:
         """Load the piece the next item needs and those after it that lie right behind it in the file,
         as far as the sink wants frames (one at least)."""
-        assert self.loader is not None and out.shuffle.file is not None
         want = min(MAX_BATCH, max(1, self._budget()))
-        first = ahead[0][0]
-        batch = [first]
-        k = 0
-        while len(batch) < want:
-            k += 1
-            if k >= len(ahead) and not _pull(pending, ahead):
-                break
-            i = ahead[k][0]
-            if i == batch[-1]:
-                continue
-            prev = batch[-1]
-            if i != prev + 1 or i >= out.spilled or i in self._loaded:
-                break
-            if out.offsets[i] != out.offsets[prev] + out.sizes[prev]:
-                break  # another attempt's pieces lie between
-            batch.append(i)
-        sizes = [out.sizes[i] for i in batch]
-        crcs = [out.crcs[i] for i in batch]
-        what = f"map attempt {out.attempt} of {out.shuffle.app}/{out.shuffle.shuffle}"
-        got = await self.loader.load(out.shuffle.file.path, out.offsets[first], sizes, crcs, what)
+        while len(ahead) < 2 * want and _pull(pending, ahead):
+            pass  # enough items to see the next `want` pieces
+        batch = run(out, (i for i, *_ in ahead if i not in self._loaded), want)
+        got = await self.loader.load(out, batch, await take(self.env.pool, len(batch), self.env.pool.give))
         self._loaded.update(zip(batch, got, strict=False))
 
 

@@ -7,13 +7,13 @@ the global pool for a replacement; only when one is free is new credit granted.
 A full pool therefore stops pushers (back-pressure) instead of growing. While the
 spiller works above its high watermark, sessions take no new memory at all until
 it is done (`Spiller.admitted`). How far a window grows beyond its guaranteed
-floor is bounded by its connection's and its application's shares (`shares.py`).
+floor is bounded by its connection's and its application's shares (`accounting/shares.py`).
 
 A PushData whose sequence number was already received (a writer retrying after a
 lost reply) is dropped: its bytes are not stored twice, and the segment it landed
 in becomes push credit again.
 
-A client's push may be replicated (replication.py): its replica pushes open before
+A client's push may be replicated (cluster/replication.py): its replica pushes open before
 the first credit, every stored buffer is forwarded to them by reference, credit
 waits while a replica lags, and the replicas commit before the local commit. A
 replica lost on the way fails the attempt with PEER_UNAVAILABLE, which Spark retries
@@ -27,19 +27,19 @@ import logging
 import time
 from typing import Protocol
 
-from ..buffers import Buffer, LocalPool
-from ..logs import event
-from ..net.soon import Soon
-from ..protocol.connection import ProtocolConnection
-from ..protocol.credit import SequenceChecker
-from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
-from ..protocol.frames import OpenMapOutput, PushData
-from ..protocol.integrity import checksum
-from ..protocol.packed import check_push
-from .replication import ReplicaLinks
-from .services import Services
-from .shares import Share
-from .store import MapOutput
+from ...buffers import Buffer, LocalPool
+from ...logs import event
+from ...net.once_per_turn import OncePerTurn
+from ...protocol.connection import ProtocolConnection
+from ...protocol.credit import SequenceChecker
+from ...protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
+from ...protocol.frames import OpenMapOutput, PushData
+from ...protocol.integrity import checksum
+from ...protocol.packed import check_push
+from ..accounting.shares import Share
+from ..cluster.replication import ReplicaLinks
+from ..storage.store import MapOutput
+from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,12 @@ class PushSession:
         conn: PushConnection,
         req: OpenMapOutput,
         out: MapOutput,
-        services: Services,
+        env: ShuffleEnvironment,
         links: ReplicaLinks | None = None,
     ) -> None:
         self.conn = conn
-        self.services = services
-        self.counters = services.counters
+        self.env = env
+        self.counters = env.counters
         self.opened_at = time.monotonic()
         #: monotonic time since when the session waits for memory with no credit left (None: not waiting)
         self.waiting_since: float | None = None
@@ -84,14 +84,14 @@ class PushSession:
         self.duplicates = 0
         self.closed = False
         out.on_failure = self.fail
-        #: the floor of this map output's window is reserved in its shares (see shares.py) until `_close`
-        self.shares = services.shares
+        #: the floor of this map output's window is reserved in its shares (see accounting/shares.py) until `_close`
+        self.shares = env.shares
         self.app_share = self.shares.reserve(conn.push_share, out.shuffle.app)
         #: segments beyond the floor charged to those shares
         self._extras = 0
         self._waiting: asyncio.Task[None] | None = None
         self._unannounced = 0
-        self._announce_soon = Soon(self._announce)
+        self._announce_soon = OncePerTurn(self._announce)
         #: opening the replicas and the pool, then a replicated commit
         self.task: asyncio.Task[None] | None = None
         #: the replica pushes of a replicated client push
@@ -103,7 +103,7 @@ class PushSession:
             links.on_progress = self._top_up
 
     async def start(self) -> None:
-        cfg = self.services.config
+        cfg = self.env.config
         if self._hopeless():
             return
         if self.links is not None:
@@ -115,7 +115,7 @@ class PushSession:
             if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
                 self.links = None
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
-        pool = await self.services.pool.create_local_pool(cfg.push_min, cfg.push_max)
+        pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window)
         self._stop_waiting()
         if self.closed:
             pool.destroy()
@@ -140,8 +140,8 @@ class PushSession:
             buf.release()  # back into this session's pool: credit again
             self._top_up()
             return
-        services = self.services
-        self.pool.detach(buf, services.pool.give)
+        env = self.env
+        self.pool.detach(buf, env.pool.give)
         try:
             self.seq.check(frame.sequence)
             crc = checksum(buf.data())
@@ -151,7 +151,7 @@ class PushSession:
                     f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
             group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)
-            services.store.add(self.out, buf, crc, group)
+            env.store.add(self.out, buf, crc, group)
             if self.links is not None:
                 self.links.forward(buf, crc)
         except ShuffledError as exc:
@@ -163,7 +163,7 @@ class PushSession:
         counters = self.counters
         counters.pushed_buffers += 1
         counters.pushed_bytes += frame.length
-        services.spiller.check(self.out.shuffle.app)
+        env.spiller.check(self.out.shuffle.app)
         self._top_up()
 
     def _top_up(self) -> None:
@@ -171,7 +171,7 @@ class PushSession:
         pool = self.pool
         if pool is None or self.closed:
             return
-        spilling = self.services.spiller.holding(self.out.shuffle.app)
+        spilling = self.env.spiller.holding(self.out.shuffle.app)
         self._charge()  # pushed data left the window since
         while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
             self._charge()
@@ -205,8 +205,8 @@ class PushSession:
 
     def _hopeless(self) -> bool:
         """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
-        need = 1 if self.pool is not None else self.services.config.push_min
-        error = self.services.spiller.push_memory_error(need)
+        need = 1 if self.pool is not None else self.env.config.push_min
+        error = self.env.spiller.push_memory_error(need)
         if error is not None:
             self.fail(error)
         return error is not None
@@ -224,7 +224,7 @@ class PushSession:
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None
         try:
-            await self.services.spiller.admitted(self.out.shuffle.app)
+            await self.env.spiller.admitted(self.out.shuffle.app)
             await self.pool.grow_wait()
         finally:
             self._waiting = None
@@ -262,19 +262,19 @@ class PushSession:
         self._commit(copies)
 
     def _commit(self, copies: tuple[str, ...] = ()) -> None:
-        services = self.services
+        env = self.env
         try:
-            lengths = services.store.commit(self.out, copies)
+            lengths = env.store.commit(self.out, copies)
         except ShuffledError as exc:
             self.fail(exc)
             return
-        services.spiller.committed(self.out.shuffle, self.out.attempt)
+        env.spiller.committed(self.out.shuffle, self.out.attempt)
         self._close()
-        self.services.metrics.observe_push(time.monotonic() - self.opened_at)
+        self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)
 
     def abort(self) -> None:
-        self.services.store.abort(self.out)
+        self.env.store.abort(self.out)
         self._close()
         self.conn.proto.ack_abort(self.writer)
 
@@ -287,13 +287,13 @@ class PushSession:
         if self.closed:
             return
         event(log, "push failed", writer=self.writer, code=exc.code.name, reason=exc.message)
-        self.services.store.abort(self.out)
+        self.env.store.abort(self.out)
         self._close()
         self.conn.send_error(self.writer, exc)
 
     def drop(self) -> None:
         """The client vanished: abort, free everything."""
-        self.services.store.abort(self.out)
+        self.env.store.abort(self.out)
         self._close()
 
     def _close(self) -> None:

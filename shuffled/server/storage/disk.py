@@ -48,9 +48,9 @@ from urllib.parse import quote
 
 import msgpack
 
-from ..logs import event
-from ..protocol.integrity import checksum
-from .stats import DiskStats
+from ...logs import event
+from ...ops.stats import DiskStats
+from ...protocol.integrity import checksum
 
 log = logging.getLogger(__name__)
 

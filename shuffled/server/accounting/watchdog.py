@@ -24,10 +24,10 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..config import DaemonConfig
-from ..logs import event
-from ..protocol.errors import ShuffledError, TimedOut
-from ..protocol.frames import Role
+from ...config import DaemonConfig
+from ...logs import event
+from ...protocol.errors import ShuffledError, TimedOut
+from ...protocol.frames import Role
 
 log = logging.getLogger(__name__)
 

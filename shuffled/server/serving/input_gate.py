@@ -25,19 +25,18 @@ import asyncio
 import logging
 from typing import Protocol
 
-from ..buffers import Buffer, LocalPool
-from ..logs import event
-from ..net.channel import InputChannel
-from ..net.sender import Sender
-from ..net.streams import BufferResponseStream
-from ..protocol.credit import ChannelCredit, FloatingPool
-from ..protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
-from ..protocol.frames import REPLICA, PartitionRequest
-from ..protocol.resume import ReadProgress
-from .chunks import Chunk
-from .feed import PlanFeed
-from .plan import Plan, plan_read
-from .services import Services
+from ...buffers import Buffer, Chunk, LocalPool
+from ...logs import event
+from ...net.channel import InputChannel
+from ...net.sender import Sender
+from ...net.streams import BufferResponseStream
+from ...protocol.credit import ChannelCredit, FloatingPool
+from ...protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
+from ...protocol.frames import REPLICA, PartitionRequest
+from ...protocol.resume import ReadProgress
+from ..storage.plan import Plan, plan_read
+from .environment import ShuffleEnvironment
+from .plan_feed import PlanFeed
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +128,7 @@ class RemoteInputChannel(InputChannel):
     def __init__(
         self, gate: InputGate, conn: ReadPeer, receiver: int, credit: ChannelCredit, location: Location
     ) -> None:
-        super().__init__(receiver, credit, verify=gate.services.config.relay_check == "crc")
+        super().__init__(receiver, credit, verify=gate.env.config.relay_check == "crc")
         self.gate = gate
         self.conn = conn
         self.location = location
@@ -153,7 +152,7 @@ class RemoteInputChannel(InputChannel):
             payload.release()
             self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
             return
-        self.gate.relay(Chunk(payload, 0, 0, crc))
+        self.gate.relay(Chunk(payload, crc))
 
     def _count_upstream(self, backlog: int) -> None:
         out = self.gate.out
@@ -198,14 +197,14 @@ class InputGate:
         out: BufferResponseStream,
         req: PartitionRequest,
         remote: dict[str, list[int]],
-        services: Services,
+        env: ShuffleEnvironment,
         peers: Peers,
         node: str,
         local_pending: bool = False,
         missing: ShuffledError | None = None,
     ) -> None:
         self.client = client
-        self.services = services
+        self.env = env
         self.peers = peers
         #: this daemon's name: a location here is one it lacks (`missing`), a candidate here is read locally
         self.node = node
@@ -216,7 +215,7 @@ class InputGate:
         self.pool: LocalPool | None = None
         self.floating: FloatingPool | None = None
         self.channels: list[RemoteInputChannel] = []
-        self.feeds: list[LocalReplicaFeed] = []
+        self.local_channels: list[LocalInputChannel] = []
         #: parts still to finish: one per remote daemon, plus the local data while it is loaded from disk
         self.pending = len(remote) + local_pending
         self.closed = False
@@ -226,20 +225,20 @@ class InputGate:
         self._spare = len(remote)
 
     async def open(self) -> None:
-        services = self.services
-        cfg = services.config
+        env = self.env
+        cfg = env.config
         try:
-            size = len(self.remote) * cfg.exclusive
-            if size > services.pool.reserve:
+            size = len(self.remote) * cfg.exclusive_buffers
+            if size > env.pool.reserve:
                 raise LimitExceeded(
                     f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the read "
-                    f"reserve of {services.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
+                    f"reserve of {env.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
                 )
-            self.pool = await services.pool.create_local_pool(size, size, use_reserve=True)
+            self.pool = await env.pool.create_local_pool(size, size, use_reserve=True)
             if self.closed:
                 self.pool.destroy()
                 return
-            self.floating = FloatingPool(cfg.floating, self.pool)
+            self.floating = FloatingPool(cfg.floating_buffers, self.pool)
             for addr, attempts in self.remote.items():
                 loc = Location(addr, attempts)
                 if addr == self.node:
@@ -264,7 +263,7 @@ class InputGate:
         self.fail(InternalError(f"{what}: {exc.__class__.__name__}: {exc}"))
 
     async def _open_channel(self, loc: Location, peer: ReadPeer) -> None:
-        cfg = self.services.config
+        cfg = self.env.config
         if len(peer.channels) >= cfg.max_streams_per_connection:
             raise LimitExceeded(
                 f"max-streams-per-connection ({cfg.max_streams_per_connection}) reads from daemon {loc.primary} "
@@ -274,32 +273,34 @@ class InputGate:
             self._spare -= 1
         else:  # a failed-over location: the failed channel's buffers may still be on their way to the client
             assert self.pool is not None
-            await self.pool.add_exclusive(cfg.exclusive)
+            await self.pool.add_exclusive(cfg.exclusive_buffers)
             if self.closed:
                 return
         assert self.floating is not None
-        ch = RemoteInputChannel(self, peer, peer.new_stream_id(), ChannelCredit(cfg.exclusive, self.floating), loc)
+        ch = RemoteInputChannel(
+            self, peer, peer.new_stream_id(), ChannelCredit(cfg.exclusive_buffers, self.floating), loc
+        )
         self.channels.append(ch)
         resume = loc.progress.resume()
         peer.open_channel(
             ch,
             PartitionRequest(
                 ch.receiver,
-                cfg.exclusive,
+                cfg.exclusive_buffers,
                 self.req.app,
                 self.req.shuffle,
                 self.req.start,  # a resumed request repeats the original range (§10.6)
                 self.req.end,
                 {"": loc.attempts},
                 self.req.token,  # the daemon holding the data checks the client's token too
-                None if resume is None else resume.to_wire(),
+                resume,
             ),
         )
 
     # -- failover
 
     def location_failed(self, loc: Location, exc: ShuffledError) -> None:
-        """A location's channel (or local feed) failed: go on from another copy if the error allows it.
+        """A location's channel (or local channel) failed: go on from another copy if the error allows it.
 
         Once the location failed over, any error of a copy moves on to the next candidate (a copy that
         refuses the resume point, is bound to another token, is full...): the read then ends with the
@@ -311,13 +312,13 @@ class InputGate:
         if exc.code not in FAILOVER_CODES and loc.error is None:
             self.fail(exc)
             return
-        cfg = self.services.config
+        cfg = self.env.config
         # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
         loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
         if loc.error is None:
             loc.error = exc
-            loc.candidates = self.services.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-        self.services.counters.failover_tries[exc.code.name] += 1
+            loc.candidates = self.env.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
+        self.env.counters.failover_tries[exc.code.name] += 1
         event(
             log,
             "read failing over",
@@ -360,7 +361,7 @@ class InputGate:
             return
         if not self.closed:
             assert loc.error is not None
-            self.services.counters.failover_exhausted += 1
+            self.env.counters.failover_exhausted += 1
             self.fail(loc.error)
 
     def _read_locally(self, loc: Location) -> bool:
@@ -370,15 +371,15 @@ class InputGate:
         resume = loc.progress.resume()
         req = self.req
         try:
-            plan = plan_read(self.services.store, req, loc.attempts, resume)
+            plan = plan_read(self.env.store, req, loc.attempts, resume)
         except AuthFailed as exc:
             event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
             return False
         except ShuffledError:
             return False
         if resume is not None:
-            self.services.counters.resumed_reads += 1
-        self.feeds.append(LocalReplicaFeed(self, loc, plan))
+            self.env.counters.resumed_reads += 1
+        self.local_channels.append(LocalInputChannel(self, loc, plan))
         return True
 
     # -- relaying
@@ -387,7 +388,7 @@ class InputGate:
         if self.closed:
             chunk.buffer.release()
             return
-        counters = self.services.counters
+        counters = self.env.counters
         counters.relayed_buffers += 1
         counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)
@@ -396,7 +397,7 @@ class InputGate:
     def location_done(self, loc: Location) -> None:
         """A location was served to its end; from another copy than the one first asked, it recovered."""
         if loc.error is not None and not self.closed:
-            self.services.counters.failover_recovered += 1
+            self.env.counters.failover_recovered += 1
         self.channel_done()
 
     def channel_done(self) -> None:
@@ -427,8 +428,8 @@ class InputGate:
         if cancel:
             for ch in self.channels:
                 ch.cancel()
-            for feed in self.feeds:
-                feed.close()
+            for local in self.local_channels:
+                local.close()
             for task in self._failovers:
                 task.cancel()
         if self.pool is not None:
@@ -436,7 +437,7 @@ class InputGate:
             self.pool.destroy()
 
 
-class LocalReplicaFeed:
+class LocalInputChannel:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
     Its plan's payloads are relayed like a remote channel's, with at most a channel's worth (exclusive
@@ -446,11 +447,11 @@ class LocalReplicaFeed:
     __slots__ = ("feed", "gate", "limit", "location")
 
     def __init__(self, gate: InputGate, location: Location, plan: Plan) -> None:
-        cfg = gate.services.config
+        cfg = gate.env.config
         self.gate = gate
         self.location = location
-        self.limit = cfg.exclusive + cfg.floating
-        self.feed = PlanFeed(gate.services, plan, self._relay, self._budget)
+        self.limit = cfg.exclusive_buffers + cfg.floating_buffers
+        self.feed = PlanFeed(gate.env, plan, self._relay, self._budget)
         gate.out.feeds.append(self.feed)
         self.feed.start(self._done, self._failed)
 

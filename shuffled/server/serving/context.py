@@ -2,7 +2,7 @@
 
 Generic in the connection type, so that this module (and everything the
 connection imports) never imports the connection itself: `Daemon` is a
-`Host[DaemonConnection]`.
+`DaemonContext[DaemonConnection]`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import asyncio
 import ssl
 from typing import Any, Protocol, TypeVar
 
-from .admin_service import Caller
-from .peers import PeerConnection, PeerManager
-from .services import Services
+from ..cluster.drain import Drain
+from ..cluster.peers import PeerConnection, PeerManager
+from .admin_ops import Caller, Operation
+from .environment import ShuffleEnvironment
 
 C = TypeVar("C", bound=PeerConnection)
 
 
-class Host(Services, Protocol[C]):
+class DaemonContext(ShuffleEnvironment, Protocol[C]):
     """Its services, who it is, whom it trusts, its other connections and peers, its admin operations."""
 
     @property
@@ -34,10 +35,7 @@ class Host(Services, Protocol[C]):
     def peer_tls(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None: ...
 
     @property
-    def draining(self) -> bool: ...
-
-    @property
-    def closing(self) -> bool: ...
+    def drain(self) -> Drain: ...
 
     @property
     def connections(self) -> set[C]: ...
@@ -48,4 +46,4 @@ class Host(Services, Protocol[C]):
     @property
     def background(self) -> set[asyncio.Task[Any]]: ...
 
-    async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]: ...
+    async def admin(self, op: Operation[Any], args: dict[str, Any], caller: Caller) -> dict[str, Any]: ...

@@ -1,0 +1,350 @@
+"""The admin operations a daemon answers (PROTOCOL.md §13): each one's typed arguments, who may ask
+it, and what it does.
+
+`OPERATIONS` is the registry the admin service dispatches through. Who may ask comes first: a
+`peer_only` operation is refused to clients (a peer daemon proved the peer secret, which
+applications do not have); the others check the token of an `app` they name (not `stats`, which
+reads no application's data). `drain_challenge` is answered only by a daemon with a peer secret
+of its own, and `drain` must then carry a proof made with it over the last challenge answered on
+its connection and over its arguments, good for one try. Then the arguments are read into the
+operation's typed value (INVALID_REQUEST saying what is wrong), and the operation runs with the
+daemon's parts (`AdminHost`) and the connection it came over (`Caller`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from ...logs import event
+from ...ops.stats import DaemonStats
+from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, new_nonce, proof_matches
+from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
+from ..cluster.drain import Drain
+from ..cluster.handover import AdminCalls
+from ..storage.store import ShuffleData
+from .environment import ShuffleEnvironment
+
+log = logging.getLogger(__name__)
+
+A = TypeVar("A")
+
+
+class Caller(Protocol):
+    """The connection a request came over, as its operation sees it (a `DaemonConnection`)."""
+
+    #: the other side's address as this daemon sees it (`endpoint_name`)
+    peer: str
+    #: (the caller's nonce, this daemon's) of the last `drain_challenge` answered on this connection; the
+    #: next `drain` on it uses them up (PROTOCOL.md §13)
+    drain_challenge: tuple[str, str] | None
+
+
+class AdminPeer(Protocol):
+    """A connection to another daemon, as a propagated operation uses it (a `DaemonConnection`)."""
+
+    @property
+    def admin(self) -> AdminCalls: ...
+
+
+class AdminPeers(Protocol):
+    """The daemon's peer connections (its `PeerManager`)."""
+
+    @property
+    def conns(self) -> Mapping[str, object]: ...
+
+    async def get(self, addr: str) -> AdminPeer: ...
+
+
+class AdminHost(ShuffleEnvironment, Protocol):
+    """The daemon, as its admin operations see it: its parts, who it is and whom it trusts, its drain
+    and its peers."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def start_time(self) -> float: ...
+
+    @property
+    def secret(self) -> bytes | None: ...
+
+    @property
+    def drain_secret(self) -> bytes | None: ...
+
+    @property
+    def drain(self) -> Drain: ...
+
+    @property
+    def peers(self) -> AdminPeers: ...
+
+    def stats(self) -> DaemonStats: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Operation(Generic[A]):
+    """One admin operation: how its arguments are read, what it does, and who may ask it."""
+
+    name: str
+    #: (operation name, wire arguments) -> the typed arguments, or InvalidRequest
+    read: Callable[[str, dict[str, Any]], A]
+    run: Callable[[AdminHost, A, Caller], Awaitable[dict[str, Any]]]
+    #: asked by peer daemons only, never by clients
+    peer_only: bool = False
+    #: an `app` it names must come with that application's token
+    app_token: bool = True
+    #: answered only by a daemon with a peer secret of its own (`drain_challenge`)
+    challenge: bool = False
+    #: with authentication on, carries a proof made with the peer secret over the last challenge answered
+    #: on its connection and over its arguments (`drain`)
+    proof: bool = False
+
+    async def call(self, host: AdminHost, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        """Run with `args` as they came over `caller` (the asker passed the admin service's checks)."""
+        secret = drain_secret(host) if self.challenge or self.proof else None
+        if self.challenge and secret is None:
+            raise InvalidRequest("this daemon has no peer secret: drain needs no proof here")
+        challenge = None
+        if self.proof and secret is not None:
+            challenge, caller.drain_challenge = caller.drain_challenge, None  # good for one try, whatever follows
+        value = self.read(self.name, args)
+        if self.proof and secret is not None:
+            assert isinstance(value, DrainArgs)
+            check_drain_proof(secret, challenge, value, args.get("proof"))
+        return await self.run(host, value, caller)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- typed arguments
+
+
+@dataclass(frozen=True, slots=True)
+class NoArgs:
+    @classmethod
+    def read(cls, op: str, args: dict[str, Any]) -> NoArgs:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What `unregister_shuffle`, `remove_application` and `flush` act on: an application, or one shuffle of it."""
+
+    app: str
+    shuffle: int | None = None
+    #: tell every other daemon too (they are asked with `propagate` off)
+    propagate: bool = False
+    #: the application token it came with, passed on when propagated
+    token: str | None = None
+
+    @classmethod
+    def read(cls, op: str, args: dict[str, Any]) -> Scope:
+        """An application, or one shuffle of it when `shuffle` is given."""
+        app = args.get("app")
+        if not isinstance(app, str) or not app:
+            raise InvalidRequest(f"{op} needs 'app'")
+        shuffle = args.get("shuffle")
+        if shuffle is not None and not _integer(shuffle):
+            raise InvalidRequest(f"{op} needs an integer 'shuffle'")
+        token = args.get("token")
+        return cls(app, shuffle, bool(args.get("propagate")), token if isinstance(token, str) else None)
+
+    @classmethod
+    def read_shuffle(cls, op: str, args: dict[str, Any]) -> Scope:
+        """One shuffle of an application."""
+        scope = cls.read(op, args)
+        if scope.shuffle is None:
+            raise InvalidRequest(f"{op} needs an integer 'shuffle'")
+        return scope
+
+    def to_wire(self) -> dict[str, Any]:
+        """The arguments as another daemon is asked them: not propagated again."""
+        args: dict[str, Any] = {"app": self.app}
+        if self.shuffle is not None:
+            args["shuffle"] = self.shuffle
+        args["propagate"] = False
+        if self.token is not None:
+            args["token"] = self.token
+        return args
+
+
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """Which of these attempts of a shuffle are committed here."""
+
+    app: str
+    shuffle: int
+    attempts: list[int]
+
+    @classmethod
+    def read(cls, op: str, args: dict[str, Any]) -> Holds:
+        app, shuffle, attempts = args.get("app"), args.get("shuffle"), args.get("attempts")
+        if not isinstance(app, str) or not _integer(shuffle):
+            raise InvalidRequest("holds needs 'app' and an integer 'shuffle'")
+        if not isinstance(attempts, list) or not all(_integer(a) for a in attempts):
+            raise InvalidRequest("holds needs 'attempts', a list of attempt ids")
+        assert isinstance(shuffle, int)
+        return cls(app, shuffle, attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainArgs:
+    handoff: bool = True
+    #: whole seconds; None: the daemon's `drain-timeout`
+    timeout: int | None = None
+    #: answer once the drain has ended, with its `drain` stats, rather than at once
+    wait: bool = False
+
+    @classmethod
+    def read(cls, op: str, args: dict[str, Any]) -> DrainArgs:
+        handoff, timeout, wait = args.get("handoff", True), args.get("timeout"), args.get("wait", False)
+        if not isinstance(handoff, bool) or not isinstance(wait, bool):
+            raise InvalidRequest("drain 'handoff' and 'wait' must be booleans")
+        if timeout is not None and (not _integer(timeout) or timeout < 0):
+            raise InvalidRequest("drain 'timeout' must be whole seconds >= 0")
+        return cls(handoff, timeout, wait)
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """A `drain_challenge`: the caller's fresh nonce."""
+
+    nonce: str
+
+    @classmethod
+    def read(cls, op: str, args: dict[str, Any]) -> Challenge:
+        return cls(check_nonce(args.get("nonce"), op))
+
+
+# -- what they do
+
+
+async def _stats(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
+    return host.stats().to_wire()
+
+
+async def _ping(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
+    """A peer checking that this daemon still answers (see accounting/watchdog.py)."""
+    return {}
+
+
+async def _holds(host: AdminHost, args: Holds, caller: Caller) -> dict[str, Any]:
+    """How a draining daemon counts the copies of its data on other daemons (cluster/handover.py)."""
+    held, sizes = host.store.holds(args.app, args.shuffle, args.attempts)
+    return {"attempts": held, "bytes": sizes}
+
+
+def drain_secret(host: AdminHost) -> bytes | None:
+    """What `drain` is proved with: the peer secret; None with authentication off. With authentication on,
+    only peer-secret holders may stop a daemon: applications have the cluster secret, not that one."""
+    if host.drain_secret is None and host.secret is not None:
+        raise AuthFailed(
+            "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
+            "stands in for it): set peer-secret-file, or stop it with SIGTERM"
+        )
+    return host.drain_secret
+
+
+def check_drain_proof(secret: bytes, challenge: tuple[str, str] | None, args: DrainArgs, proof: object) -> None:
+    """A proof over the last `drain_challenge` answered on the connection and these arguments: one
+    captured anywhere else is worth nothing."""
+    expected = drain_proof(secret, *challenge, args.handoff, args.timeout) if challenge is not None else ""
+    if not expected or not isinstance(proof, str) or not proof_matches(expected, proof):
+        raise AuthFailed(
+            "drain needs a proof made with the peer secret, for these arguments, over the drain_challenge "
+            "answered last on this connection (shuffled drain --peer-secret-file)"
+        )
+
+
+async def _drain_challenge(host: AdminHost, args: Challenge, caller: Caller) -> dict[str, Any]:
+    """Prove the peer secret over the caller's fresh nonce (and name the address the caller is seen at)
+    before it sends a proof of its own, with a nonce of this daemon's that the next `drain` on this
+    connection must be proved over (PROTOCOL.md §13)."""
+    secret = host.drain_secret
+    assert secret is not None  # Operation.call checked
+    ours = new_nonce()
+    caller.drain_challenge = (args.nonce, ours)
+    proof = drain_challenge_proof(secret, args.nonce, ours, host.node, caller.peer)
+    return {"nonce": ours, "node": host.node, "client": caller.peer, "proof": proof}
+
+
+async def _drain(host: AdminHost, args: DrainArgs, caller: Caller) -> dict[str, Any]:
+    """Answered at once, the drain goes on after (stats `drain` shows it); with `wait`, answered once it
+    has ended, with how it ended (how `shuffled drain --wait` learns whether the hand-over left anything)."""
+    seconds = host.config.drain_timeout if args.timeout is None else args.timeout
+    if host.drain.task is None:
+        event(log, "drain requested", timeout_s=seconds, handoff=args.handoff)
+    host.drain.start(seconds, args.handoff)
+    if args.wait:
+        return await host.drain.result()
+    return {"state": host.drain.stats.state}
+
+
+async def _flush(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
+    """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it)."""
+    if host.disk is None:
+        raise InvalidRequest("this daemon has no --data-dir to flush to")
+    shuffles = host.store.apps.get(args.app, {})
+    chosen = [d for s, d in shuffles.items() if args.shuffle is None or s == args.shuffle]
+    try:
+        written = await host.spiller.flush(chosen)
+    except StorageError as exc:
+        raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
+    return {"flushed_bytes": written}
+
+
+async def _unregister_shuffle(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
+    assert args.shuffle is not None  # read_shuffle() checked
+    return await _dropped(host, "unregister_shuffle", args, host.store.unregister_shuffle(args.app, args.shuffle))
+
+
+async def _remove_application(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
+    return await _dropped(host, "remove_application", args, host.store.remove_application(args.app))
+
+
+async def _dropped(host: AdminHost, op: str, args: Scope, dropped: tuple[int, list[ShuffleData]]) -> dict[str, Any]:
+    freed, shuffles = dropped
+    await host.spiller.removed(shuffles)
+    result: dict[str, Any] = {"freed_segments": freed}
+    if args.propagate:
+        result["peers"] = await _propagate(host, op, args.to_wire())
+    return result
+
+
+async def _propagate(host: AdminHost, op: str, args: dict[str, Any]) -> dict[str, str]:
+    """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""
+    targets = (set(host.membership.others()) | set(host.peers.conns)) - {host.node}
+
+    async def one(addr: str) -> str:
+        try:
+            conn = await host.peers.get(addr)
+            await conn.admin.request(op, args, host.config.admin_timeout)
+            return "ok"
+        except ShuffledError as exc:
+            return f"{exc.code.name}: {exc.message}"
+        except (TimeoutError, ConnectionError) as exc:
+            return f"unreachable: {exc or 'timed out'}"
+
+    addrs = sorted(targets)
+    results = await asyncio.gather(*(one(a) for a in addrs))
+    return dict(zip(addrs, results, strict=True))
+
+
+OPERATIONS: dict[str, Operation[Any]] = {
+    op.name: op
+    for op in (
+        Operation("stats", NoArgs.read, _stats, app_token=False),
+        Operation("ping", NoArgs.read, _ping),
+        Operation("holds", Holds.read, _holds, peer_only=True),
+        Operation("drain_challenge", Challenge.read, _drain_challenge, challenge=True),
+        Operation("drain", DrainArgs.read, _drain, proof=True),
+        Operation("flush", Scope.read, _flush),
+        Operation("unregister_shuffle", Scope.read_shuffle, _unregister_shuffle),
+        Operation("remove_application", Scope.read, _remove_application),
+    )
+}
