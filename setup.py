@@ -5,7 +5,7 @@ every frame on every connection, and the credit state machines, the buffer pool
 and the send loop for every 32 KiB buffer: compiled, they cost a relaying daemon
 and its clients less CPU per GiB, most with many streams (measured in
 docs/performance.md, "The architecture step and the compiled protocol core").
-The two kinds of outbound stream and the disk-fed one are compiled because they
+The two kinds of outbound stream are compiled because they
 subclass the send loop's `Outbound`: mypyc refuses interpreted subclasses of
 compiled classes at run time, so a module goes into COMPILED together with every
 subclass of its classes, or not at all (the floating pool takes its memory by
@@ -39,7 +39,6 @@ COMPILED = [
     "shuffled/buffers/pool.py",
     "shuffled/net/sender.py",
     "shuffled/net/streams.py",
-    "shuffled/server/serving/subpartition_reader.py",
 ]
 
 

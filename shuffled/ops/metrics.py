@@ -173,6 +173,13 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _gauge("shuffled_store_shuffles", "Shuffles with data on this daemon", store.shuffles)
     yield _gauge("shuffled_store_segments", "Pool segments holding pushed data", store.stored_segments)
     yield _gauge("shuffled_store_bytes", "Committed bytes held", store.stored_bytes)
+    yield _gauge(
+        "shuffled_store_memory_bytes",
+        "Bytes of the pieces held in pool segments (over the segments' size: memory efficiency)",
+        store.memory_bytes,
+    )
+    yield _gauge("shuffled_store_attempts", "Map attempts held (open and committed)", store.attempts)
+    yield _gauge("shuffled_store_pieces", "Pushed packed groups held (memory and disk)", store.pieces)
     yield _gauge("shuffled_open_map_outputs", "Map outputs being pushed", store.open_map_outputs)
     yield _counter("shuffled_map_outputs_committed", "Map outputs committed", store.commits)
     yield _counter("shuffled_committed_bytes", "Bytes of committed map outputs", store.committed_bytes)

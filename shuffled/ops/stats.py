@@ -48,6 +48,11 @@ class StoreStats:
     shuffles: int = 0
     stored_segments: int = 0
     stored_bytes: int = 0
+    #: bytes of the pieces held in pool segments (memory efficiency = this / (stored_segments x segment size))
+    memory_bytes: int = 0
+    #: map attempts held (open and committed) and their pieces (pushed packed groups, memory and disk)
+    attempts: int = 0
+    pieces: int = 0
     open_map_outputs: int = 0
     commits: int = 0
     committed_bytes: int = 0

@@ -8,11 +8,12 @@ import asyncio
 import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.errors import ErrorCode, PeerUnavailable
+from shuffled.protocol.errors import ErrorCode, PartitionNotFound, PeerUnavailable
 from shuffled.protocol.frames import (
     HEADER,
     MAX_CONTROL_BODY,
     MAX_HANDSHAKE_BODY,
+    CommitAck,
     ErrorResponse,
     FrameType,
     Hello,
@@ -21,8 +22,9 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
-from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
+from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -191,7 +193,7 @@ async def test_stray_stream_frames_get_per_stream_errors_and_the_connection_live
     async def body() -> None:
         raw = await Raw.open(one.daemons[0].addr)
         await raw.hello()
-        await raw.send(codec.encode_push_data(42, 0, 0, b"x" * 100))  # writer never opened
+        await raw.send(codec.encode_push_data(42, 0, group_bytes(1, [(0, b"x" * 100)])))  # writer never opened
         await raw.send(codec.encode_commit(43, 0))
         codes = {(f.stream, f.code) for f in [await raw.frame(), await raw.frame()] if isinstance(f, ErrorResponse)}
         assert codes == {(42, ErrorCode.UNKNOWN_STREAM), (43, ErrorCode.UNKNOWN_STREAM)}
@@ -213,7 +215,7 @@ async def test_push_beyond_credit_is_fatal_and_frees_the_map_output(one: Cluster
         assert isinstance(grant, PushCredit)
         # Credit tops up as pushes land, but never beyond the pool (896 usable segments
         # here): pushing 2000 without waiting for grants must run past it.
-        pushes = b"".join(codec.encode_push_data(1, i, 0, b"y" * 1000) for i in range(2000))
+        pushes = b"".join(codec.encode_push_data(1, i, group_bytes(9, [(0, b"y" * 1000)])) for i in range(2000))
         await raw.send(pushes)
         while not isinstance(f := await raw.frame(), ErrorResponse):
             assert isinstance(f, PushCredit)
@@ -237,7 +239,7 @@ async def test_push_to_wrong_partition_fails_that_writer_only(one: Cluster) -> N
         await raw.hello()
         await raw.send(codec.encode(OpenMapOutput(1, "p-app", 1, 1, 2, 3)))
         assert isinstance(await raw.frame(), PushCredit)
-        await raw.send(codec.encode_push_data(1, 0, 7, b"z" * 10))
+        await raw.send(codec.encode_push_data(1, 0, group_bytes(2, [(7, b"z" * 10)])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.INVALID_REQUEST
         await w.write(2, b"fine")
@@ -247,3 +249,71 @@ async def test_push_to_wrong_partition_fails_that_writer_only(one: Cluster) -> N
         await c.close()
 
     await asyncio.wait_for(body(), 30)
+
+
+async def test_a_malformed_group_after_good_ones_drops_the_whole_attempt_memory_and_disk(one: Cluster) -> None:
+    """A push whose sixth group is malformed, after five good ones of which three were already spilled:
+    INVALID_REQUEST on that stream, nothing of the attempt is stored or served (its spilled bytes are
+    given back to the file system), every segment returns to the pool, and the connection pushes on."""
+
+    async def body() -> None:
+        d = one.daemons[0]
+        c = await AsyncClient.connect(d.addr)
+        start = await c.stats()
+        before, commits = start["disk"]["reclaimed_bytes"], start["store"]["commits"]
+        raw = await Raw.open(d.addr)
+        await raw.hello()
+        await raw.send(codec.encode(OpenMapOutput(1, "m-app", 1, 0, 5, 8)))
+        credit = await raw.frame()
+        assert isinstance(credit, PushCredit) and credit.credit >= 2
+        good = [group_bytes(5, [(p, payload(5, p, 20_000)), (p + 1, b"x")]) for p in range(5)]
+        spilled = sum(len(g) for g in good[:3])
+        available = credit.credit
+        for i, group in enumerate(good):
+            while not available:
+                more = await raw.frame()
+                assert isinstance(more, PushCredit), more
+                available += more.credit
+            await raw.send(codec.encode_push_data(1, i, group))
+            available -= 1
+            if i == 2:  # the first three pieces go to the data file
+                await wait_until(c.stats, lambda s: s["store"]["pieces"] >= 3, what="three pieces stored")
+                assert (await c.flush("m-app", 1))["flushed_bytes"] == spilled
+        descending = group_bytes(5, [(4, b"a"), (2, b"b")])  # partitions not ascending
+        while not available:
+            more = await raw.frame()
+            assert isinstance(more, PushCredit), more
+            available += more.credit
+        await raw.send(codec.encode_push_data(1, 5, descending) + codec.encode_commit(1, 6))
+        while isinstance(err := await raw.frame(), PushCredit):
+            pass
+        assert isinstance(err, ErrorResponse) and (err.stream, err.code) == (1, ErrorCode.INVALID_REQUEST), err
+        assert "ascending" in err.message
+        s = await pool_settled(c)
+        assert s["store"]["open_map_outputs"] == 0 and s["store"]["commits"] == commits and s["pool"]["used"] == 0, s
+        with pytest.raises(PartitionNotFound):
+            async with c.read("m-app", 1, 0, 8, {"": [5]}) as reader:
+                await reader.read_all()
+        await wait_until(
+            c.stats,
+            lambda s: s["disk"]["reclaimed_bytes"] - before >= spilled,
+            what="the spilled pieces' blocks given back",
+        )
+        # The same connection pushes the attempt again, well formed this time (the commit that crossed the
+        # error on the wire was answered UNKNOWN_STREAM, as the protocol says).
+        await raw.send(codec.encode(OpenMapOutput(3, "m-app", 1, 0, 5, 8)))
+        while isinstance(stale := await raw.frame(), ErrorResponse):
+            assert (stale.stream, stale.code) == (1, ErrorCode.UNKNOWN_STREAM), stale
+        assert isinstance(stale, PushCredit) and stale.writer == 3
+        await raw.send(codec.encode_push_data(3, 0, good[0]) + codec.encode_commit(3, 1))
+        while isinstance(ack := await raw.frame(), PushCredit):
+            pass
+        assert isinstance(ack, CommitAck) and ack.lengths[:2] == [20_000, 1], ack
+        async with c.read("m-app", 1, 0, 8, {"": [5]}) as reader:
+            assert await reader.read_all() == payload(5, 0, 20_000) + b"x"
+        await c.remove_application("m-app")
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        raw.writer.close()
+        await c.close()
+
+    await asyncio.wait_for(body(), 60)

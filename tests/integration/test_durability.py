@@ -19,6 +19,7 @@ import pytest
 from shuffled.config import DaemonConfig
 from shuffled.protocol import codec
 from shuffled.protocol.frames import CommitAck, OpenMapOutput, PushCredit
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import (
     AsyncClient,
     CorruptData,
@@ -111,7 +112,7 @@ async def test_twenty_times_the_pool_spills_with_bounded_rss_and_reads_back_byte
         await asyncio.gather(pusher(attempts[::2]), pusher(attempts[1::2]))
         stats = await c.stats()
         assert sum(sizes) * len(attempts) >= 20 * d.pool_size
-        assert stats["disk"]["spills"] > 0 and stats["disk"]["files"] == 16, stats["disk"]
+        assert stats["disk"]["spills"] > 0 and stats["disk"]["files"] == 1, stats["disk"]  # one per shuffle
         assert stats["disk"]["used_bytes"] >= sum(sizes) * len(attempts) - d.pool_size, stats
         for p in range(16):
             want = {a: hashlib.sha256(payload(a, p, sizes[p])).digest() for a in attempts}
@@ -211,10 +212,10 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
             await push(client, 2, base + 2, sizes)  # stays in memory
             # Split attempt: what has landed when the flush runs goes to disk, the rest stays in memory.
             before = (await client.stats())["store"]["stored_segments"]
-            w = await client.open_writer(APP, 2, 3, base + 3, len(sizes))
+            w = await client.open_writer(APP, 2, 3, base + 3, len(sizes), buffer_size=0)  # each write pushed at once
             for p, n in enumerate(sizes):
                 await w.write(p, payload(base + 3, p, n)[: n // 2])
-            full = before + sum(n // 2 // (32 * KiB) for n in sizes)  # the client pushes full segments only
+            full = before + sum(n // 2 // (32 * KiB) for n in sizes)  # at least these segments
 
             def landed(s: dict[str, Any], full: int = full) -> bool:
                 return bool(s["store"]["stored_segments"] >= full)
@@ -243,9 +244,9 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
 async def test_unregister_during_a_read_of_spilled_data(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """A read of spilled data that is under way when its shuffle is unregistered finishes the file it
-    has open (the bytes are right) and fails with PARTITION_NOT_FOUND at the next one, whose file is
-    gone; every segment comes back and no file is left."""
+    """A read of spilled data that is under way when its shuffle is unregistered fails with
+    PARTITION_NOT_FOUND (its data is gone) after the bytes it already got, which are right; every
+    segment comes back and no file is left."""
 
     async def body() -> None:
         d = stop_later(daemon(tmp_path / "data"))
@@ -263,7 +264,7 @@ async def test_unregister_during_a_read_of_spilled_data(
             while (chunk := await reader.next_chunk()) is not None:
                 assert chunk.partition == 0
                 got += chunk.data
-        assert bytes(got) == payload(1, 0, sizes[0])
+        assert len(got) < sizes[0] and bytes(got) == payload(1, 0, sizes[0])[: len(got)]
         s = await pool_settled(c)
         assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0
         await c.close()
@@ -285,9 +286,10 @@ async def test_duplicate_push_is_dropped_and_its_credit_returned(
         grant = await raw.frame()
         assert isinstance(grant, PushCredit) and grant.credit >= 4
         parts = [b"a" * 1000, b"b" * 2000, b"c" * 3000]
-        await raw.send(codec.encode_push_data(1, 0, 0, parts[0]) + codec.encode_push_data(1, 1, 0, parts[1]))
-        await raw.send(codec.encode_push_data(1, 1, 0, parts[1]) + codec.encode_push_data(1, 0, 0, parts[0]))
-        await raw.send(codec.encode_push_data(1, 2, 0, parts[2]) + codec.encode_commit(1, 3))
+        push = [codec.encode_push_data(1, i, group_bytes(7, [(0, part)])) for i, part in enumerate(parts)]
+        await raw.send(push[0] + push[1])
+        await raw.send(push[1] + push[0])
+        await raw.send(push[2] + codec.encode_commit(1, 3))
         while not isinstance(f := await raw.frame(), CommitAck):
             assert isinstance(f, PushCredit), f
         assert f.lengths == [6000]
@@ -333,7 +335,7 @@ async def test_ttl_and_start_remove_what_nobody_can_serve(
             timeout=30,
             what="idle app expired and its files deleted",
         )
-        assert s["store"]["stored_segments"] == 4 and s["disk"]["used_bytes"] == 0
+        assert s["store"]["memory_bytes"] >= 2 * 64 * KiB and s["disk"]["used_bytes"] == 0  # busy-app's data stays
         assert files_under(data) == []
         await c.remove_application("busy-app")
         assert (await pool_settled(c))["pool"]["used"] == 0
@@ -423,10 +425,10 @@ async def test_corrupt_spill_data_and_a_torn_journal(
         journal = shuffle_dir / "journal"
         raw = journal.read_bytes()
         journal.write_bytes(raw[:-3])  # cut into the last record: attempt 3's commit
-        p0 = shuffle_dir / "p0.data"
-        blob = bytearray(p0.read_bytes())
-        blob[1000] ^= 0xFF  # attempt 1's first chunk
-        p0.write_bytes(bytes(blob))
+        spilled = shuffle_dir / "data"
+        blob = bytearray(spilled.read_bytes())
+        blob[1000] ^= 0xFF  # attempt 1's first piece (partition 0 only)
+        spilled.write_bytes(bytes(blob))
         d2 = stop_later(daemon(data))
         c2 = await AsyncClient.connect(d2.addr)
         with pytest.raises(CorruptData) as info:
@@ -637,7 +639,7 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
         await push(c, 8, 1, sizes)
         await push(c, 8, 2, sizes)
         s = await wait_until(c.stats, lambda s: s["store"]["stored_segments"] == 0, what="idle shuffle flushed")
-        assert s["disk"]["used_bytes"] == 2 * sum(sizes) and s["pool"]["used"] == 0
+        assert s["disk"]["used_bytes"] >= 2 * sum(sizes) and s["pool"]["used"] == 0  # the groups, directories too
         assert await read_by_attempt(c, 8, 0, 2, {"": [1, 2]}) == expected([1, 2], sizes)
         await c.close()
 

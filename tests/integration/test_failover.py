@@ -39,15 +39,16 @@ FAILOVER_TIMEOUT = 3.0
 FLAGS = ["--peer-timeout", "3", "--failover-timeout", str(FAILOVER_TIMEOUT)]
 
 
-def _want(attempts: list[int]) -> dict[tuple[int, int], bytes]:
-    return {(p, a): payload(a, p, SIZE) for p in range(PARTS) for a in attempts}
+def _want(attempts: list[int], lo: int = 0, hi: int = PARTS) -> dict[tuple[int, int], bytes]:
+    return {(p, a): payload(a, p, SIZE) for p in range(lo, hi) for a in attempts}
 
 
 async def _push(addr: str, shuffle: int, attempt: int, spill_midway: bool = False) -> None:
-    """One attempt's pairs, written in halves; `spill_midway` flushes the daemon between the halves, so
-    every pair has its first chunks on disk and the rest in memory."""
+    """One attempt's pairs, written in halves, each write pushed at once (two ascending sequences of
+    pieces); `spill_midway` flushes the daemon between the halves, so every pair has its first half on
+    disk and the rest in memory."""
     async with await AsyncClient.connect(addr) as c:
-        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS)
+        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS, buffer_size=0)
         for half in (0, 1):
             for p in range(PARTS):
                 data = payload(attempt, p, SIZE)
@@ -57,16 +58,22 @@ async def _push(addr: str, shuffle: int, attempt: int, spill_midway: bool = Fals
         await w.commit()
 
 
-async def _read(client: AsyncClient, shuffle: int, where: str, attempts: list[int]) -> dict[tuple[int, int], bytes]:
-    """Each pair's bytes; a pair read in two runs (§10.1) or a partition out of order fails the test."""
+async def _read(
+    client: AsyncClient, shuffle: int, where: str, attempts: list[int], lo: int = 0, hi: int = PARTS
+) -> dict[tuple[int, int], bytes]:
+    """Each pair's bytes; a pair read in two runs, an attempt's pairs not together or out of partition order
+    (§10.1: one location's stream goes attempt by attempt) fails the test."""
     got: dict[tuple[int, int], bytearray] = {}
     runs: list[tuple[int, int]] = []
-    async with client.read(APP, shuffle, 0, PARTS, {where: attempts}) as r:
+    async with client.read(APP, shuffle, lo, hi, {where: attempts}) as r:
         async for chunk in r:
             pair = (chunk.partition, chunk.attempt)
             if not runs or runs[-1] != pair:
                 assert pair not in runs, f"pair {pair} in two runs: {runs}"
-                assert not runs or runs[-1][0] <= pair[0], f"partition out of order: {runs} then {pair}"
+                if runs and runs[-1][1] == pair[1]:
+                    assert runs[-1][0] < pair[0], f"partition out of order: {runs} then {pair}"
+                else:
+                    assert pair[1] not in {a for _, a in runs}, f"attempt {pair[1]} not together: {runs} then {pair}"
                 runs.append(pair)
             got.setdefault(pair, bytearray()).extend(chunk.data)
             chunk.release()
@@ -121,9 +128,12 @@ async def trio() -> AsyncIterator[Trio]:
                 await asyncio.to_thread(d.stop)
 
 
-async def _cut_read(trio: Trio, shuffle: int, relay: str, nth: int, spill: tuple[bool, bool]) -> None:
+async def _cut_read(
+    trio: Trio, shuffle: int, relay: str, nth: int, spill: tuple[bool, bool], span: tuple[int, int] = (0, PARTS)
+) -> None:
     """Attempts on b and on its first candidate (`spill`: whether each holds the first half of every pair
-    on disk); a read relayed by `relay` loses b's link `nth` buffers in and must resume on the copy."""
+    on disk); a read of partitions `span` relayed by `relay` loses b's link `nth` buffers in and must
+    resume on the copy."""
     a, b, c = trio.daemons
     copy = trio.copies(shuffle)[0]
     for attempt in ATTEMPTS:
@@ -133,7 +143,7 @@ async def _cut_read(trio: Trio, shuffle: int, relay: str, nth: int, spill: tuple
     trio.proxy.down = Faults(mark=Mark(FrameType.BUFFER_RESPONSE, nth, 1000, "cut"))
     resumed = (await _stats(copy))["failover"]["resumed_reads"]  # type: ignore[index]
     async with await AsyncClient.connect(relay) as client:
-        assert await _read(client, shuffle, trio.primary, ATTEMPTS) == _want(ATTEMPTS)
+        assert await _read(client, shuffle, trio.primary, ATTEMPTS, *span) == _want(ATTEMPTS, *span)
         assert trio.proxy.down.fired.is_set()
         failover = (await client.stats())["failover"]
         assert failover["tries"].get("CONNECTION_LOST", 0) >= 1 and failover["recovered"] >= 1, failover
@@ -144,17 +154,21 @@ async def _cut_read(trio: Trio, shuffle: int, relay: str, nth: int, spill: tuple
 async def test_a_cut_link_resumes_on_the_copy_without_a_byte_twice_or_missing(trio: Trio) -> None:
     async def body() -> None:
         a, _, c = trio.daemons
-        for shuffle, relay_is_copy, nth, spill in (
-            # a copy elsewhere, cut in partition 0's first pair, all in memory
-            (1, False, 5, (False, False)),
-            # cut in partition 1's first pair (8 buffers each), resumed across the copy's disk/memory split
-            (2, False, 21, (True, True)),
-            # the relaying daemon holds the copy: resumed from its own store, spilled chunks read back
-            (3, True, 13, (False, True)),
+        # A location's stream goes attempt by attempt; a pair of 256 KiB written in two halves is about ten
+        # buffers of packed groups, so buffer n of a read of [0, 3) is in attempt 1's partition n // 10.
+        for shuffle, relay_is_copy, nth, spill, span in (
+            # a copy elsewhere, cut in partition 0's pair, all in memory
+            (1, False, 5, (False, False), (0, PARTS)),
+            # cut in partition 2's pair, resumed across the copy's disk/memory split
+            (2, False, 21, (True, True), (0, PARTS)),
+            # the relaying daemon holds the copy: resumed from its own store, spilled pieces read back
+            (3, True, 13, (False, True), (0, PARTS)),
+            # a range that starts past partition 0 (as AQE's coalesced reads do), cut in its second pair
+            (4, False, 12, (True, False), (1, PARTS)),
         ):
             copy = trio.copies(shuffle)[0]
             other = next(d.addr for d in (a, c) if d.addr != copy)
-            await _cut_read(trio, shuffle, copy if relay_is_copy else other, nth, spill)
+            await _cut_read(trio, shuffle, copy if relay_is_copy else other, nth, spill, span)
         async with await AsyncClient.connect(a.addr) as client:
             await client.remove_application(APP)
         await _settled([d.addr for d in trio.daemons])

@@ -205,7 +205,8 @@ async def test_client_killed_mid_push_and_mid_read_leaks_nothing(pair: Cluster) 
         await _run_and_kill(_CHILD_READ, [db.addr, da.addr], "reading")
         await pool_settled(b)
         s = await pool_settled(a)
-        assert s["pool"]["used"] == s["store"]["stored_segments"] == 16 * MiB // (32 << 10)
+        assert s["pool"]["used"] == s["store"]["stored_segments"]
+        assert s["store"]["memory_bytes"] >= 16 * MiB  # the pushed groups, directories included
 
         # Both daemons keep serving everyone else.
         assert await _read(b, 21, 0, {da.addr: [5]}) == payload(5, 0, 16 * MiB)

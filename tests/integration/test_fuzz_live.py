@@ -18,6 +18,7 @@ from shuffled.config import MAX_COMMIT_PARTITIONS
 from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode, LimitExceeded
 from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, secret_flags
 from tests.integration.fuzzing import (
@@ -218,7 +219,8 @@ async def test_push_data_behind_its_open_in_one_write_is_a_credit_violation(targ
 
     async def body() -> None:
         d = target.daemons[0]
-        frames = codec.encode(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + codec.encode_push_data(1, 0, 0, b"early")
+        early = codec.encode_push_data(1, 0, group_bytes(1, [(0, b"early")]))
+        frames = codec.encode(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + early
         code, message = await _fatal(d.addr, frames)
         assert code == ErrorCode.CREDIT_VIOLATION and "credit" in message, message
         async with await AsyncClient.connect(d.addr) as c:
@@ -232,7 +234,8 @@ async def test_stream_zero_in_a_push_frame_is_a_protocol_error(target: Cluster) 
     """It used to be answered with UNKNOWN_STREAM on stream 0, which means 'fatal', on a connection kept open."""
 
     async def body() -> None:
-        for frame in (codec.encode_push_data(0, 0, 0, b"x"), codec.encode_commit(0, 0), codec.encode_abort(0)):
+        push = codec.encode_push_data(0, 0, group_bytes(1, [(0, b"x")]))
+        for frame in (push, codec.encode_commit(0, 0), codec.encode_abort(0)):
             code, message = await _fatal(target.daemons[0].addr, frame)
             assert code == ErrorCode.PROTOCOL and "stream id 0" in message
 

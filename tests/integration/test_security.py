@@ -41,6 +41,7 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient, MapWriter
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
@@ -540,8 +541,8 @@ async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pai
         await raw.send(codec.encode(OpenMapOutput(1, "crc-app", 1, 0, 9, 2)))
         assert isinstance(await raw.frame(), PushCredit)
         data = b"x" * 1000
-        good = codec.encode_push_data(1, 0, 0, data)
-        flipped = bytearray(codec.encode_push_data(1, 1, 1, data))
+        good = codec.encode_push_data(1, 0, group_bytes(9, [(0, data)]))
+        flipped = bytearray(codec.encode_push_data(1, 1, group_bytes(9, [(1, data)])))
         flipped[-17] ^= 0x01  # one bit of the payload, after the CRC was computed
         await raw.send(good + bytes(flipped))
         err = await raw.frame()
@@ -574,8 +575,8 @@ async def corrupting_peer() -> AsyncIterator[str]:
             while True:
                 req = await raw.frame()
                 if isinstance(req, PartitionRequest):
-                    data = b"rows" * 100
-                    bad = codec.encode_buffer_response(req.receiver, 0, 0, req.start, BufferKind.DATA, 1, data, 12345)
+                    data = group_bytes(1, [(req.start, b"rows" * 100)])
+                    bad = codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, data, 12345)
                     await raw.send(bad)
         except (TimeoutError, EOFError, ConnectionError):
             return

@@ -19,6 +19,7 @@ from shuffled.ops.stats import DrainStats
 from shuffled.server.cluster.handover import Drainer, HandOver
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.storage.store import Store
+from tests.pieces import pack, push
 
 pytestmark = pytest.mark.asyncio
 
@@ -46,10 +47,7 @@ def _host(answers: dict[str, dict[str, Any]]) -> tuple[Any, GlobalPool]:
     store = Store(SEGMENT)
     for attempt, size in SIZES.items():
         out = store.open_map_output("app", 1, 0, attempt, 1)
-        (buf,) = pool.try_take(1) or []
-        buf.set_recycler(pool.give)
-        buf.length = size
-        store.add(out, 0, buf, 0)
+        push(pool, store, out, pack(attempt, [(0, b"x" * size)]))
         store.commit(out)
 
     async def get(addr: str) -> Peer:

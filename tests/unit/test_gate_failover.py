@@ -29,11 +29,13 @@ from shuffled.protocol.errors import (
     ShuffledError,
     StorageError,
 )
-from shuffled.protocol.frames import REPLICA, PartitionRequest, Resume
+from shuffled.protocol.frames import REPLICA, PartitionRequest
+from shuffled.protocol.resume import Resume
 from shuffled.server.accounting.counters import Counters
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.serving.input_gate import InputGate, RemoteInputChannel
 from shuffled.server.storage.store import Store
+from tests.pieces import pack, push, unpack
 
 pytestmark = pytest.mark.asyncio
 
@@ -84,6 +86,9 @@ class FakeOut:
     ended: bool = False
     upstream: int = 0
     chunks: list[Chunk] = field(default_factory=list)
+    #: the plan feeds queueing on it (a failover to this daemon's own copy), and what waits unsent: nothing
+    feeds: list[Any] = field(default_factory=list)
+    queued: int = 0
 
     def push_data(self, chunk: Chunk) -> None:
         self.chunks.append(chunk)
@@ -132,11 +137,14 @@ async def _failed_over(gate: InputGate) -> None:
 
 
 def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None:
+    """n payloads of one group each: 100 bytes of pair (partition, attempt)."""
+    group = pack(attempt, [(partition, b"x" * 100)])
     for _ in range(n):
         buf = ch.gate.pool.request()  # type: ignore[union-attr]
         assert buf is not None
-        buf.length = 100
-        ch.deliver(Chunk(buf, partition, attempt))
+        buf.memory[: len(group)] = group
+        buf.length = len(group)
+        ch.deliver(buf, 0)
 
 
 def _end(gate: InputGate, out: FakeOut, pool: GlobalPool) -> None:
@@ -151,16 +159,16 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
         gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
         (ch,) = primary.channels.values()
-        _relay(ch, 0, 7, 2)  # both exclusive buffers, still on their way to the client
+        _relay(ch, 2, 7, 2)  # both exclusive buffers, still on their way to the client
         ch.fail(ConnectionLost("lost"))
         await _failed_over(gate)
         (req,) = other.requests
-        assert req.locations == {"": [7]} and req.start == 0
-        assert req.resume == Resume(0, (), 7, 2, 200)
+        assert req.locations == {"": [7]} and (req.start, req.end) == (0, 4)  # the original range (§10.6)
+        assert req.resume == Resume((), 7, 2, 200)
         assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
         (ch2,) = other.channels.values()
-        _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
-        assert [c.partition for c in out.chunks] == [0] * 4
+        _relay(ch2, 3, 7, 2)  # the new channel's buffers exist while the old ones are still out
+        assert len(out.chunks) == 4
         counters = gate.env.counters
         assert not client.errors and counters.failover_tries == {"CONNECTION_LOST": 1}
         assert counters.failover_recovered == 0  # a try so far, not a success
@@ -234,27 +242,27 @@ async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_err
 
 
 async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_bound_to() -> None:
-    """The store checks the token as it serves: the read arrived before the application
-    had a binding here, the copy here was pushed with another token meanwhile, so the failover to it is
-    refused and the read ends with the primary's error; with the owner's token the copy is served."""
+    """The store checks the token as it serves: the read arrived before the application had a binding
+    here, the copy here was pushed with another token meanwhile, so the failover to it is refused and the
+    read ends with the primary's error; with the owner's token the copy is served."""
 
     async def body() -> None:
         store = Store(SEGMENT)
         store.bind("app", token_digest("owner"))
         buffers = GlobalPool(8 * SEGMENT, SEGMENT)
         out = store.open_map_output("app", 1, 0, 7, 4)
-        (buf,) = buffers.try_take(1) or []
-        buf.set_recycler(buffers.give)
-        buf.length = 100
-        store.add(out, 2, buf, 0)
+        push(buffers, store, out, pack(7, [(2, b"x" * 100)]))
         store.commit(out)
         for token, served in (("tenant", False), (None, False), ("owner", True)):
             gate, client, out_stream, pool = await _gate({}, shuffle=1, store=store, token=token)  # ME first
             await _failed_over(gate)
             if served:
                 (local,) = gate.local_channels
-                await asyncio.wait_for(local.task, 10)
-                assert not client.errors and [c.partition for c in out_stream.chunks] == [2]
+                assert local.feed.task is not None
+                await asyncio.wait_for(local.feed.task, 10)
+                assert not client.errors and [unpack(c.buffer.data()) for c in out_stream.chunks] == [
+                    [(7, 2, b"x" * 100)]
+                ]
             else:
                 assert not gate.local_channels and not out_stream.chunks
                 assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]

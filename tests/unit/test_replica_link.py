@@ -57,7 +57,7 @@ def _forward(link: ReplicaLink, pool: GlobalPool, stored: list[Buffer]) -> None:
     buf.set_recycler(pool.give)
     stored.append(buf)
     buf.retain()
-    link.send(Chunk(buf, 0, 1, 0))
+    link.send(Chunk(buf, 0))
     buf.release()
 
 

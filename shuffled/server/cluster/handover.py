@@ -20,9 +20,10 @@ that fails is logged and the drain goes on. What an attempt still lacks at the e
 (`settle`): as `failed` when no other daemon holds it, which makes the hand-over *incomplete* (Spark
 recomputes that attempt if its data is needed, as without a hand-over, unless this daemon comes back on
 its data dir), as `short` when another daemon does (fewer copies than wanted, as while a daemon is
-lost; nothing is lost with this one). At most `PARALLEL` copies run at once; each has
-at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
-memory chunks it sends are the store's own).
+lost; nothing is lost with this one). A copy pushes the attempt's pieces as they are, in push order,
+so the target holds the same pieces; at most `PARALLEL` copies run at once, each with at most
+`replica-lag` pieces unsent and one batch of spilled pieces read back in pool segments (the memory
+pieces it sends are the store's own).
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ from ...protocol.errors import (
     TimedOut,
 )
 from ...protocol.frames import REPLICA, OpenMapOutput
+from ...protocol.packed import LengthTally, directory
 from ..storage.disk import Disk
-from ..storage.loader import ChunkLoader, run, take
-from ..storage.store import DiskChunk, ShuffleData, Store
+from ..storage.loader import PieceLoader, run, take
+from ..storage.store import MapOutput, ShuffleData, Store
 from .membership import Membership
 from .replication import ReplicaLink, ReplicaPeer
 
@@ -59,7 +61,7 @@ log = logging.getLogger(__name__)
 
 #: copies (and `holds` calls) at once: enough to keep a few peers busy, few enough for a small pool
 PARALLEL = 4
-#: most spilled chunks read back with one preadv (back to back in one file)
+#: most spilled pieces read back with one preadv (back to back in the file)
 LOAD_BATCH = 8
 #: most of the drain's remaining time one `holds` call may take: a silent daemon must leave time to copy
 SURVEY_SHARE = 0.25
@@ -145,7 +147,8 @@ def held(answer: dict[str, Any], data: ShuffleData, asked: list[HandOver]) -> se
     for attempt, size in zip(attempts, sizes, strict=True):
         if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt not in wanted:
             raise InvalidRequest(f"it names attempt {str(attempt)[:40]}, which it was not asked about")
-        stored = sum(data.lengths.get(attempt, {}).values())
+        out = data.committed.get(attempt)
+        stored = 0 if out is None else out.bytes
         if not isinstance(size, int) or isinstance(size, bool) or size != stored:
             raise InvalidRequest(f"it holds {str(size)[:40]} bytes of attempt {attempt}, {stored} are stored here")
         found.add(attempt)
@@ -328,64 +331,67 @@ class Drainer:
 
     async def copy(self, h: HandOver, target: str) -> int:
         """One replica push of the attempt to `target`, fed from the store; the bytes copied once `target`
-        acknowledged exactly the stored lengths."""
+        acknowledged exactly the bytes per partition the pieces sent hold."""
         host, data = self.host, h.data
-        stored = [data.lengths[h.attempt].get(p, 0) for p in range(data.partitions)]
-        map_index = data.committed[h.attempt]
         conn = await host.peers.get(target)
         if REPLICA not in conn.proto.features:
             raise PeerUnavailable(f"{target} does not take replica pushes")
         key = host.store.app_keys.get(data.app)
         if data.removed or key is None:
             raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
-        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
-        pending: deque[Chunk | DiskChunk] = deque(items)
+        found = host.store.lookup(data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
+        assert found is not None
+        (out,) = found[1]
         link = ReplicaLink(host.config)
         req = OpenMapOutput(
             0,
             data.app,
             data.shuffle,
-            map_index,
+            out.map_index,
             h.attempt,
             data.partitions,
             replicas=h.replicas,
             replica_of=h.primary,
             app_key=key.hex(),
         )
+        sent = LengthTally()
         try:
             await link.open(conn, req)
-            await self._send(link, pending)
+            await self._send(link, out, sent)
             lengths = await link.commit()
         finally:
             link.abort()  # a no-op once committed
-            for item in pending:
-                if isinstance(item, Chunk):
-                    item.buffer.release()
+        stored = sent.lengths(data.partitions)
         if lengths != stored:
             raise CorruptData(
-                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} are stored"
+                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} were sent"
             )
-        return sum(stored)
+        return out.bytes
 
-    async def _send(self, link: ReplicaLink, items: deque[Chunk | DiskChunk]) -> None:
-        """Every chunk in store order, one PushData each (so the copy's chunks are the primary's): memory
-        chunks as they are, spilled ones loaded back into segments of the read reserve (stored data can
-        always be read back). At most the link's lag of chunks wait unsent."""
+    async def _send(self, link: ReplicaLink, out: MapOutput, sent: LengthTally) -> None:
+        """Every piece in push order, one PushData each (so the copy's pieces are the primary's): memory
+        pieces as they are, spilled ones loaded back into segments of the read reserve (stored data can
+        always be read back). At most the link's lag of pieces wait unsent. Pieces are found by index each
+        time, as a spill may move them to disk meanwhile."""
+        data = out.shuffle
         pool = self.host.pool
-        loader = ChunkLoader(self.host.disk)
+        loader = PieceLoader(self.host.disk)
+        i = 0
         try:
-            while items:
+            while i < out.pieces:
                 await link.caught_up()
-                head = items[0]
-                if isinstance(head, Chunk):
-                    items.popleft()
-                    link.send(head)
-                    continue
-                batch = run(items, LOAD_BATCH)
-                buffers = await take(pool, len(batch), pool.give)
-                for _ in buffers:
-                    items.popleft()
-                for chunk in await loader.load(batch[: len(buffers)], buffers):
-                    link.send(chunk)
+                if data.removed:
+                    raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed while being copied")
+                buf = out.buffer(i)
+                if buf is not None:
+                    buf.retain()
+                    got = [buf]
+                else:
+                    batch = run(out, range(i, out.spilled), LOAD_BATCH)
+                    got = await loader.load(out, batch, await take(pool, len(batch), pool.give))
+                for buf in got:
+                    sent.add(directory(buf.data()))
+                    link.send(Chunk(buf, out.crcs[i]))
+                    i += 1
         finally:
             loader.close()

@@ -285,7 +285,6 @@ class ReplicaLinks:
         )
         self.wanted = replicas - 1
         self.links: list[ReplicaLink] = []
-        self.attempt = req.attempt
         #: called with the failure of a link once the push is under way
         self.on_failure: Callable[[ShuffledError], None] | None = None
         #: called when no link is lagging any more (see `lagging`)
@@ -343,11 +342,11 @@ class ReplicaLinks:
             return None
         return link
 
-    def forward(self, buf: Buffer, partition: int, crc: int) -> None:
-        """Send a stored buffer to every replica: one more reference each, no copy."""
+    def forward(self, buf: Buffer, crc: int) -> None:
+        """Send a stored piece to every replica: one more reference each, no copy."""
         for link in self.links:
             buf.retain()
-            link.send(Chunk(buf, partition, self.attempt, crc))
+            link.send(Chunk(buf, crc))
         n = len(self.links)
         self.counters.replica_forwarded_buffers += n
         self.counters.replica_forwarded_bytes += n * buf.length

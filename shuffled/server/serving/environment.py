@@ -1,7 +1,7 @@
 """The shuffle environment: the daemon's parts as the objects that serve one stream see them.
 
 As Flink's ShuffleEnvironment gives a task its buffer pools, partitions and gates, push
-sessions, input gates and subpartition readers are given this view of the daemon when
+sessions, input gates and plan feeds are given this view of the daemon when
 they are made, rather than reaching through their connection for it: they then depend
 on the store, the pool and the spiller, not on the connection or the daemon, and the
 modules stay free of import cycles (a test checks). `Daemon` satisfies it as it is.

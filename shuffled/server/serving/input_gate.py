@@ -1,6 +1,6 @@
 """Serving a client's read: one InputGate per request, relaying into one stream.
 
-The gate's local channel is a snapshot of this daemon's own chunks. Each remote
+The gate's local channel is a plan of this daemon's own pieces. Each remote
 channel is a PartitionRequest over the shared connection to the daemon holding the
 data; its buffers come from the gate's LocalPool (exclusive per channel, reserved
 when the read opens; floating shared, taken while memory is to spare) and are
@@ -12,7 +12,7 @@ remote daemons announced they still hold, so the client's window grows with the
 whole stream rather than with the few buffers this daemon has at hand.
 
 Failover (PROTOCOL.md §10.4, §10.6): every location's progress is recorded as it is
-relayed (`PairProgress`). When the daemon holding a location fails (unreachable, lost,
+relayed (`ReadProgress`: per packed group, never per run). When the daemon holding a location fails (unreachable, lost,
 silent, or without the data) the gate reopens that location on the next daemon of its
 placement candidates, resuming exactly where the relayed bytes stop, so the client
 sees neither a gap nor a repeat. Only when no copy is left does the read fail, with the
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from typing import Protocol
 
 from ...buffers import Buffer, Chunk, LocalPool
@@ -31,19 +30,13 @@ from ...logs import event
 from ...net.channel import InputChannel
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
-from ...protocol.auth import token_digest
 from ...protocol.credit import ChannelCredit, FloatingPool
-from ...protocol.errors import (
-    AuthFailed,
-    ErrorCode,
-    InternalError,
-    LimitExceeded,
-    ShuffledError,
-)
-from ...protocol.frames import REPLICA, PartitionRequest, Resume
-from ..storage.loader import ChunkLoader, take
-from ..storage.store import DiskChunk
+from ...protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
+from ...protocol.frames import REPLICA, PartitionRequest
+from ...protocol.resume import ReadProgress
+from ..storage.plan import Plan, plan_read
 from .environment import ShuffleEnvironment
+from .plan_feed import PlanFeed
 
 log = logging.getLogger(__name__)
 
@@ -110,41 +103,6 @@ FAILOVER_CODES = frozenset(
 )
 
 
-class PairProgress:
-    """How far a location was relayed: enough to resume it on another copy (§10.6) without a byte twice.
-
-    Updated before a chunk is relayed; a relayed chunk is queued on the client stream in order, so what
-    is counted here is exactly what the client will get.
-    """
-
-    __slots__ = ("attempt", "bytes", "chunks", "done", "partition")
-
-    def __init__(self) -> None:
-        self.partition = -1
-        #: attempts of `partition` relayed whole
-        self.done: list[int] = []
-        #: the attempt being relayed (None: nothing relayed yet)
-        self.attempt: int | None = None
-        self.chunks = 0
-        self.bytes = 0
-
-    def add(self, chunk: Chunk) -> None:
-        if chunk.partition != self.partition:
-            self.partition, self.done, self.attempt = chunk.partition, [], None
-        if chunk.attempt != self.attempt:
-            if self.attempt is not None:
-                self.done.append(self.attempt)
-            self.attempt, self.chunks, self.bytes = chunk.attempt, 0, 0
-        self.chunks += 1
-        self.bytes += chunk.buffer.length
-
-    def resume(self) -> Resume | None:
-        """The resume point, None before the first chunk (then a copy serves the request from its start)."""
-        if self.attempt is None:
-            return None
-        return Resume(self.partition, tuple(self.done), self.attempt, self.chunks, self.bytes)
-
-
 class Location:
     """One daemon's part of a read (its address and the attempts named there), followed across copies."""
 
@@ -153,7 +111,7 @@ class Location:
     def __init__(self, primary: str, attempts: list[int]) -> None:
         self.primary = primary
         self.attempts = attempts
-        self.progress = PairProgress()
+        self.progress = ReadProgress()
         #: the error the primary failed with (what the client gets when no copy is left); None until then
         self.error: ShuffledError | None = None
         #: the copies not tried yet, in placement order
@@ -184,10 +142,17 @@ class RemoteInputChannel(InputChannel):
     def announce(self) -> None:
         self.conn.announce(self)
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        """Relay a payload as it is (its CRC32C forwarded), counted first: a malformed one (PROTOCOL) fails
+        the read instead, as the client would (the relay is this stream's reader, §7.6)."""
         self._count_upstream(self.credit.backlog)
-        self.location.progress.add(chunk)
-        self.gate.relay(chunk)
+        try:
+            self.location.progress.add(payload.data())
+        except ProtocolError as exc:
+            payload.release()
+            self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
+            return
+        self.gate.relay(Chunk(payload, crc))
 
     def _count_upstream(self, backlog: int) -> None:
         out = self.gate.out
@@ -324,7 +289,7 @@ class InputGate:
                 cfg.exclusive_buffers,
                 self.req.app,
                 self.req.shuffle,
-                self.req.start if resume is None else resume.partition,
+                self.req.start,  # a resumed request repeats the original range (§10.6)
                 self.req.end,
                 {"": loc.attempts},
                 self.req.token,  # the daemon holding the data checks the client's token too
@@ -382,7 +347,7 @@ class InputGate:
                         peer = (await self.peers.get(node)).reads
                     except ShuffledError:
                         continue
-                    if loc.progress.attempt is not None and REPLICA not in peer.features:
+                    if loc.progress.resume() is not None and REPLICA not in peer.features:
                         continue  # it would not understand `resume` and resend what was relayed
                     try:
                         await self._open_channel(loc, peer)
@@ -405,11 +370,8 @@ class InputGate:
         when the read arrived)."""
         resume = loc.progress.resume()
         req = self.req
-        start = req.start if resume is None else resume.partition
         try:
-            items, _ = self.env.store.snapshot(
-                req.app, req.shuffle, start, req.end, loc.attempts, resume, digest=token_digest(req.token)
-            )
+            plan = plan_read(self.env.store, req, loc.attempts, resume)
         except AuthFailed as exc:
             event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
             return False
@@ -417,7 +379,7 @@ class InputGate:
             return False
         if resume is not None:
             self.env.counters.resumed_reads += 1
-        self.local_channels.append(LocalInputChannel(self, loc, items))
+        self.local_channels.append(LocalInputChannel(self, loc, plan))
         return True
 
     # -- relaying
@@ -478,72 +440,42 @@ class InputGate:
 class LocalInputChannel:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
-    Memory chunks are relayed as they are; spilled ones are loaded into read-reserve segments, at most a
-    channel's worth (exclusive plus floating) loaded and not yet flushed to the client. Failover is the
-    rare path: chunks are loaded one at a time.
+    Its plan's payloads are relayed like a remote channel's, with at most a channel's worth (exclusive
+    plus floating) queued on the client stream and not yet sent.
     """
 
-    __slots__ = ("closed", "gate", "items", "limit", "loaded", "loader", "location", "room", "task")
+    __slots__ = ("feed", "gate", "limit", "location")
 
-    def __init__(self, gate: InputGate, location: Location, items: list[Chunk | DiskChunk]) -> None:
+    def __init__(self, gate: InputGate, location: Location, plan: Plan) -> None:
         cfg = gate.env.config
         self.gate = gate
         self.location = location
-        self.items: deque[Chunk | DiskChunk] = deque(items)
         self.limit = cfg.exclusive_buffers + cfg.floating_buffers
-        self.loaded = 0
-        self.room = asyncio.Event()
-        self.loader = ChunkLoader(gate.env.disk)
-        self.closed = False
-        self.task = asyncio.create_task(self._run())
+        self.feed = PlanFeed(gate.env, plan, self._relay, self._budget)
+        gate.out.feeds.append(self.feed)
+        self.feed.start(self._done, self._failed)
 
-    async def _run(self) -> None:
-        gate = self.gate
-        try:
-            while self.items:
-                item = self.items[0]
-                chunk = await self._load(item) if isinstance(item, DiskChunk) else item
-                if self.closed:
-                    chunk.buffer.release()
-                    return
-                self.items.popleft()
-                self.location.progress.add(chunk)
-                gate.relay(chunk)
-        except ShuffledError as exc:
-            self.close()
-            gate.location_failed(self.location, exc)
-            return
-        except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self.close()
-            gate.bug("reading a local copy failed", exc)
-            return
-        finally:
-            self.loader.close()
-        self.closed = True
-        gate.location_done(self.location)
+    def _budget(self) -> int:
+        return self.limit - self.gate.out.queued
 
-    async def _load(self, item: DiskChunk) -> Chunk:
-        while self.loaded >= self.limit:
-            self.room.clear()
-            await self.room.wait()
-        buffers = await take(self.gate.env.pool, 1, self._recycle)
-        self.loaded += 1
-        (chunk,) = await self.loader.load([item], buffers)
-        return chunk
+    def _relay(self, chunk: Chunk) -> None:
+        self.location.progress.add(chunk.buffer.data())
+        self.gate.relay(chunk)
 
-    def _recycle(self, buf: Buffer) -> None:
-        self.gate.env.pool.give(buf)
-        self.loaded -= 1
-        self.room.set()
+    def _done(self) -> None:
+        self._detach()
+        self.gate.location_done(self.location)
+
+    def _failed(self, exc: ShuffledError) -> None:
+        self._detach()
+        self.gate.location_failed(self.location, exc)
+
+    def _detach(self) -> None:
+        feeds = self.gate.out.feeds
+        if self.feed in feeds:
+            feeds.remove(self.feed)
 
     def close(self) -> None:
-        """The read ended or failed: give back what is not relayed (a load under way gives its own)."""
-        if self.closed:
-            return
-        self.closed = True
-        if asyncio.current_task() is not self.task:
-            self.task.cancel()
-        while self.items:
-            item = self.items.popleft()
-            if isinstance(item, Chunk):
-                item.buffer.release()
+        """The read ended or failed: stop serving (what the feed holds goes back)."""
+        self._detach()
+        self.feed.close()

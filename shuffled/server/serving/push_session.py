@@ -35,6 +35,7 @@ from ...protocol.credit import SequenceChecker
 from ...protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
 from ...protocol.frames import OpenMapOutput, PushData
 from ...protocol.integrity import checksum
+from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
 from ..storage.store import MapOutput
@@ -146,12 +147,13 @@ class PushSession:
             crc = checksum(buf.data())
             if crc != frame.crc:
                 raise CorruptData(
-                    f"PushData {frame.sequence} of writer {self.writer} (partition {frame.partition}) failed its "
-                    f"CRC32C check (got {crc:08x}, the writer sent {frame.crc or 0:08x}); the attempt is discarded"
+                    f"PushData {frame.sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
+                    f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
-            env.store.add(self.out, frame.partition, buf, crc)
+            group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)
+            env.store.add(self.out, buf, crc, group)
             if self.links is not None:
-                self.links.forward(buf, frame.partition, crc)
+                self.links.forward(buf, crc)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()
@@ -244,16 +246,16 @@ class PushSession:
         if self.links is None:
             self._commit()
             return
-        assert self.pool is not None
+        assert self.pool is not None and self.out.runs is not None
         self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
         self.pool = None
-        self.task = asyncio.create_task(self._commit_replicated(self.links))
+        lengths = self.out.runs.lengths(self.out.shuffle.partitions)
+        self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
 
-    async def _commit_replicated(self, links: ReplicaLinks) -> None:
+    async def _commit_replicated(self, links: ReplicaLinks, lengths: list[int]) -> None:
         """The replicas commit first, then this copy: the client's CommitAck means all are there."""
-        out = self.out
         try:
-            copies = await links.commit([out.lengths.get(p, 0) for p in range(out.shuffle.partitions)])
+            copies = await links.commit(lengths)
         except ShuffledError as exc:
             self._replica_failed(exc)
             return

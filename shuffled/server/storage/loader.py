@@ -1,12 +1,12 @@
-"""Reading spilled chunks back into pool segments: the one loader of a subpartition reader, of a read's
-local channel and of a drain's hand-over.
+"""Reading spilled pieces back into pool segments: the one loader of a read's plan feed (a local read,
+a failover to this daemon's own copy) and of a drain's hand-over.
 
-A batch is a run of spilled chunks that lie back to back in one file (`run`), read with one
-`preadv` into segments of the read reserve (`take`) and each checked against the CRC32C it was
-spilled with. A file that is gone (its shuffle was removed meanwhile) is PARTITION_NOT_FOUND, a read
-that fails or a checksum that differs is CORRUPT_DATA; on any failure the segments go back to their
-pool. A load cancelled while the reading thread fills its segments lets the thread finish first: a
-segment goes back only once nothing writes into it.
+A batch is a run of one attempt's spilled pieces that lie back to back in its shuffle's data file
+(`run`), read with one `preadv` into segments of the read reserve (`take`), each checked against the
+CRC32C its writer sent. A file that is gone (its shuffle was removed meanwhile) is
+PARTITION_NOT_FOUND, a read that fails or a checksum that differs is CORRUPT_DATA; on any failure the
+segments go back to their pool. A load cancelled while the reading thread fills its segments lets the
+thread finish first: a segment goes back only once nothing writes into it.
 """
 
 from __future__ import annotations
@@ -16,21 +16,24 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ...buffers import Buffer, Chunk, GlobalPool
+from ...buffers import Buffer, GlobalPool
 from ...protocol.errors import CorruptData, PartitionNotFound
 from .disk import Disk
-from .store import DiskChunk
+from .store import MapOutput
 
 
-def run(items: Iterable[Chunk | DiskChunk], limit: int) -> list[DiskChunk]:
-    """The spilled chunks at the head of `items` that lie back to back in one file, at most `limit` of them."""
-    batch: list[DiskChunk] = []
-    for item in items:
-        if not isinstance(item, DiskChunk) or len(batch) >= limit:
+def run(out: MapOutput, indices: Iterable[int], limit: int) -> list[int]:
+    """The first of `indices` (a spilled piece of `out`) and those after it that lie right behind it in the
+    file, at most `limit` of them; an index repeated (a piece several items use) is taken once."""
+    batch: list[int] = []
+    for i in indices:
+        if batch and i == batch[-1]:
+            continue
+        if len(batch) >= limit or i >= out.spilled:
             break
-        if batch and (item.path != batch[-1].path or item.offset != batch[-1].offset + batch[-1].length):
+        if batch and (i != batch[-1] + 1 or out.offsets[i] != out.offsets[i - 1] + out.sizes[i - 1]):
             break
-        batch.append(item)
+        batch.append(i)
     return batch
 
 
@@ -52,7 +55,7 @@ async def take(pool: GlobalPool, want: int, recycler: Callable[[Buffer], None]) 
     return got
 
 
-class ChunkLoader:
+class PieceLoader:
     """Loads one reader's batches, keeping the file of the last one open for the next (a reader goes
     through a file front to back). `close` when done."""
 
@@ -63,25 +66,27 @@ class ChunkLoader:
         self._fd: int | None = None
         self._path = ""
 
-    async def load(self, batch: Sequence[DiskChunk], buffers: Sequence[Buffer]) -> list[Chunk]:
-        """`batch`, a `run`, read into `buffers` (one each) and checked; the chunks now in memory."""
-        assert self.disk is not None, "only a daemon with a data dir has spilled chunks"
-        path = batch[0].path
+    async def load(self, out: MapOutput, batch: Sequence[int], buffers: Sequence[Buffer]) -> list[Buffer]:
+        """The first `len(buffers)` pieces of `batch` (a `run` of `out`'s) read into `buffers` and checked."""
+        assert self.disk is not None and out.shuffle.file is not None, "only a data dir holds spilled pieces"
+        path = out.shuffle.file.path
         if self._path != path:
             self.close()
         fd, self._fd = self._fd, None  # a failed read closes it
-        for buf, chunk in zip(buffers, batch, strict=True):
-            buf.length = chunk.length
-        reading = self.disk.read(fd, path, batch[0].offset, [b.data() for b in buffers])
+        batch = batch[: len(buffers)]
+        for buf, i in zip(buffers, batch, strict=True):
+            buf.length = out.sizes[i]
+        reading = self.disk.read(fd, path, out.offsets[batch[0]], [b.data() for b in buffers])
         loaded = False
         try:
             self._fd, crcs = await asyncio.shield(reading)
             self._path = path
-            bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
+            bad = [i for i, crc in zip(batch, crcs, strict=True) if out.crcs[i] != crc]
             if bad:
+                data = out.shuffle
                 raise CorruptData(
-                    f"spilled data of partition {bad[0].partition} (map attempt {bad[0].attempt}) failed its "
-                    f"CRC32C check at offset {bad[0].offset} of {path}"
+                    f"spilled data of map attempt {out.attempt} of {data.app}/{data.shuffle} failed its CRC32C "
+                    f"check at offset {out.offsets[bad[0]]} of {path}"
                 )
             loaded = True
         except asyncio.CancelledError:
@@ -96,7 +101,7 @@ class ChunkLoader:
             if not loaded:
                 for buf in buffers:
                     buf.release()
-        return [Chunk(buf, c.partition, c.attempt, c.crc) for buf, c in zip(buffers, batch, strict=True)]
+        return list(buffers)
 
     def close(self) -> None:
         if self._fd is not None:

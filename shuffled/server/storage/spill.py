@@ -1,26 +1,28 @@
 """Moving stored data from the pool to disk: under memory pressure, over a quota, on request, at stop.
 
 Pressure uses marks on the share of pool segments in use. Passing the start mark
-(half way from the low watermark to the high one) starts spilling the largest
-in-memory reduce partitions in the background, pushes carry on; spilling goes on
-until what will be left once the writes under way are done is below the low
-watermark. Passing the high watermark also holds back new push credit (sessions
-wait on `admitted()`) until that projection is below the low one, or nothing more
-can be spilled. The wait is the same back-pressure a full pool applies, just
-earlier, so the disk has time to catch up.
+(half way from the low watermark to the high one) starts spilling the shuffles
+holding the most memory in the background, pushes carry on; spilling goes on until
+what will be left once the writes under way are done is below the low watermark.
+Passing the high watermark also holds back new push credit (sessions wait on
+`admitted()`) until that projection is below the low one, or nothing more can be
+spilled. The wait is the same back-pressure a full pool applies, just earlier, so
+the disk has time to catch up.
 
-One spill write takes at most `batch` of one partition's oldest in-memory chunks,
-writes them with one `writev` on the disk's writer thread, then the journal record
-describing them; only when both are done are the segments released. Up to
-`IN_FLIGHT` writes wait on the writer thread at once, so it starts the next as
-soon as one ends instead of waiting for the event loop to pick it; they are
-submitted in the order they were taken, which is then their order in the files.
-A partition has at most one write under way: if it fails, its chunks go back in
-front of the partition's memory and no later chunk of theirs is in the file
-before them. A flush waits for a partition's write under way before writing the
-rest.
+One spill write takes at most `batch` in-memory pieces of one shuffle: the oldest of
+the attempt holding the most memory, then of its other attempts in turn (so an
+attempt's pieces lie mostly together in the file and a read of it goes forward), and
+writes them with one `writev` on the disk's writer thread into the shuffle's one
+data file, then the journal record describing them; only when both are done are the
+segments released. The bytes written are the bytes stored, however many partitions
+they hold. Up to `IN_FLIGHT` writes wait on the writer thread at once, so it starts
+the next as soon as one ends instead of waiting for the event loop to pick it; they
+are submitted in the order they were taken, which is then their order in the file.
+An attempt has at most one write under way: if it fails, its pieces are still the
+first in memory and no later piece of it is in the file before them. A flush waits
+for its shuffle's writes under way before writing the rest.
 
-A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the chunks stay in
+A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the pieces stay in
 memory; map outputs that were still open and had data in the failed spill are
 aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
 the task) and their memory comes back. Committed data keeps being served from
@@ -41,8 +43,8 @@ from typing import TYPE_CHECKING
 
 from ...logs import event
 from ...protocol.errors import StorageError
-from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
-from .store import Garbage, MapState, ShuffleData, Store, StoredChunk, Subpartition
+from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
+from .store import Garbage, MapOutput, MapState, ShuffleData, Store
 
 if TYPE_CHECKING:
     from ...buffers import Buffer, GlobalPool
@@ -58,7 +60,11 @@ IN_FLIGHT = 4
 MIN_BATCH, MAX_BATCH = 32, 128
 
 
-@dataclass(slots=True)
+#: the pieces [start, end) of one attempt in a spill write
+Taken = tuple[MapOutput, int, int]
+
+
+@dataclass(slots=True, eq=False)
 class _Write:
     """A spill write under way: whose, how many segments it will free, and its outcome (bytes written)."""
 
@@ -88,8 +94,9 @@ class Spiller:
         self._resume = asyncio.Event()
         self._resume.set()
         self._task: asyncio.Task[None] | None = None
-        #: spill writes under way, one per partition at most
-        self._writing: dict[Subpartition, _Write] = {}
+        #: spill writes under way, by the attempts they write (one write per attempt at most)
+        self._writing: dict[MapOutput, _Write] = {}
+        self._writes: set[_Write] = set()
         #: segments the writes under way free when done
         self.leaving = 0
         #: set when a write ends (the spilling task looks again)
@@ -175,10 +182,10 @@ class Spiller:
     async def _run(self) -> None:
         try:
             while True:
-                while len(self._writing) < IN_FLIGHT and self._spill_next():
+                while len(self._writes) < IN_FLIGHT and self._spill_next():
                     pass
                 self._settle()
-                if not self._writing:
+                if not self._writes:
                     return
                 self._ended.clear()
                 await self._ended.wait()
@@ -206,14 +213,14 @@ class Spiller:
     def _settle(self) -> None:
         """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
         is below the mark), or for whom nothing more can be written."""
-        stuck = len(self._writing) < IN_FLIGHT  # the queueing stopped for want of chunks, not of room
+        stuck = len(self._writes) < IN_FLIGHT  # the queueing stopped for want of pieces, not of room
         target = self._quota_target
         for app in list(self._apps):
             usage = self.store.usage.get(app)
             leaving = self._leaving(app)
             if usage is None or usage.segments - leaving <= target or (stuck and not leaving):
                 self._apps.pop(app).set()
-        done = self.pool.used - self.leaving <= self.low or (stuck and not self._writing)
+        done = self.pool.used - self.leaving <= self.low or (stuck and not self._writes)
         if done and self.paused:
             self.paused = False
             self._resume.set()
@@ -226,129 +233,150 @@ class Spiller:
         return int(self.store.memory_quota * self.low_share)
 
     def _leaving(self, app: str) -> int:
-        return sum(w.segments for w in self._writing.values() if w.data.app == app)
+        return sum(w.segments for w in self._writes if w.data.app == app)
 
     def _spill_largest(self, app: str | None) -> bool:
-        """Start writing the largest partition not being written (of `app`, or of anyone); False if none."""
+        """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
+        False if none."""
         found = self.store.largest_in_memory(app, self._writing)
         return found is not None and self._start(*found, self.batch) is not None
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
-        """Write every in-memory chunk of these shuffles to disk; returns the bytes this call wrote (a
-        background write of the same partition that it waited for counts as that write's, not here).
+        """Write every in-memory piece of these shuffles to disk; returns the bytes this call wrote (a
+        background write of the same shuffle that it waited for counts as that write's, not here).
 
-        Raises StorageError at the first write that fails (the chunks not written stay in memory).
+        Raises StorageError at the first write that fails (the pieces not written stay in memory).
         """
         total = 0
         for data in shuffles:
-            for sub in list(data.subpartitions.values()):
-                if sub.memory_segments:
-                    total += await self.spill(data, sub)
+            total += await self.spill(data)
         return total
 
-    async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
-        """Spill all of one partition's in-memory chunks, after its write under way if there is one.
-        Returns the bytes this call wrote; raises StorageError if its write failed (the chunks are then in
-        memory again and their open map outputs failed).
+    async def spill(self, data: ShuffleData) -> int:
+        """Spill all of one shuffle's in-memory pieces, after its writes under way. Returns the bytes this
+        call wrote; raises StorageError if its write failed (the pieces are then in memory again and their
+        open map outputs failed).
 
-        Once the chunks are taken, the write and its bookkeeping run to the end even if
-        the caller is cancelled (a flush cut short at stop): otherwise the chunks would
+        Once the pieces are taken, the write and its bookkeeping run to the end even if
+        the caller is cancelled (a flush cut short at stop): otherwise the pieces would
         belong neither to memory nor to the file.
         """
-        while (under_way := self._writing.get(sub)) is not None:
-            await asyncio.wait([under_way.done])  # its failure is its own; the chunks are back in memory then
-        write = self._start(data, sub, None)
-        return 0 if write is None else await asyncio.shield(write)
+        while under_way := [w.done for w in self._writes if w.data is data]:
+            await asyncio.wait(under_way)  # their failure is their own; the pieces are back in memory then
+        outs = [o for o in (*data.committed.values(), *data.open.values()) if o.taken < o.pieces]
+        write = self._start(data, outs, None)
+        if write is None:
+            if data.committed and not data.removed:  # empty attempts too must survive a restart
+                self.open_journal(data)
+            return 0
+        return await asyncio.shield(write)
 
-    def _start(self, data: ShuffleData, sub: Subpartition, limit: int | None) -> asyncio.Future[int] | None:
-        """Take the partition's oldest in-memory chunks and queue their write on the writer thread now (so
-        writes and a later deletion of the shuffle reach the thread in this order); None if none."""
-        if data.removed or sub in self._writing:
+    def _start(self, data: ShuffleData, outs: list[MapOutput], limit: int | None) -> asyncio.Future[int] | None:
+        """Take the oldest in-memory pieces of these attempts in turn (at most `limit` in all) and queue
+        their write on the writer thread now (so writes and a later deletion of the shuffle reach the
+        thread in this order); None if there are none."""
+        if data.removed:
             return None
-        chunks = self.store.take_for_spill(sub, limit)
-        if not chunks:
+        taken: list[Taken] = []
+        count = 0
+        for out in outs:
+            if limit is not None and count >= limit:
+                break
+            if out in self._writing:  # one write per attempt: its pieces reach the file in push order
+                continue
+            start, end = self.store.take_for_spill(out, None if limit is None else limit - count)
+            if end > start:
+                taken.append((out, start, end))
+                count += end - start
+        if not taken:
             return None
         # The write's own references, taken now: an abort from here on drops only the store's.
-        held = [c.buffer for c in chunks if c.buffer is not None]
+        held = [b for out, start, end in taken for b in out.memory[start - out.spilled : end - out.spilled]]
         for buf in held:
             buf.retain()
         try:
-            appended = self._submit(data, sub, chunks, held)
-        except BaseException:  # the writer is shut down (at stop): the chunks stay in memory
+            appended = self._submit(data, taken, held)
+        except BaseException:  # the writer is shut down (at stop): the pieces stay in memory
             for buf in held:
                 buf.release()
-            self.store.unspilled(sub, chunks)
+            for out, start, _ in taken:
+                self.store.unspilled(out, start)
             raise
-        done = asyncio.ensure_future(self._finish(data, sub, chunks, held, appended))
+        done = asyncio.ensure_future(self._finish(data, taken, held, appended))
         done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
-        self._writing[sub] = _Write(data, len(held), done)
+        write = _Write(data, len(held), done)
+        for out, _, _ in taken:
+            self._writing[out] = write
+        self._writes.add(write)
         self.leaving += len(held)
         return done
 
-    def _submit(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], held: list[Buffer]
-    ) -> asyncio.Future[Appended]:
+    def _submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Appended]:
         disk = self.disk
         assert disk is not None
         directory = self.open_journal(data)
-        if sub.file is None:
-            sub.file = SpillFile(disk.data_path(directory, sub.partition))
-            data.files += 1
+        if data.file is None:
+            data.file = SpillFile(disk.data_path(directory))
             disk.stats.files += 1
         # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as written:
-        # memory that went bad since is then caught when the chunk is read back.
-        described = [(c.attempt, c.length, c.crc) for c in chunks]
-        p = sub.partition
+        # memory that went bad since is then caught when the piece is read back.
+        described = [
+            [
+                out.attempt,
+                out.serial,
+                b"".join(
+                    PIECE_ROW.pack(out.sizes[i], out.crcs[i], out.firsts[i], out.lasts[i]) for i in range(start, end)
+                ),
+            ]
+            for out, start, end in taken
+        ]
 
         def record(done: Appended) -> bytes:
-            offset, entries = done.offset, []
-            for attempt, length, crc in described:
-                entries.append([attempt, offset, length, crc])
-                offset += length
-            return encode_record({"k": "chunks", "p": p, "c": entries})
+            return encode_record({"k": "pieces", "o": done.offset, "a": described})
 
-        return disk.append(sub.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
+        return disk.append(data.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
 
     async def _finish(
-        self,
-        data: ShuffleData,
-        sub: Subpartition,
-        chunks: list[StoredChunk],
-        held: list[Buffer],
-        appended: asyncio.Future[Appended],
+        self, data: ShuffleData, taken: list[Taken], held: list[Buffer], appended: asyncio.Future[Appended]
     ) -> int:
         disk = self.disk
-        assert disk is not None and sub.file is not None
+        assert disk is not None and data.file is not None
         try:
             try:
                 done = await appended
             except OSError as exc:
-                raise self._write_failed(data, sub, chunks, exc) from exc
+                raise self._write_failed(data, taken, exc) from exc
             finally:
                 for buf in held:
                     buf.release()
-            changed = [c for c, crc in zip(chunks, done.crcs, strict=True) if c.crc != crc]
-            if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
-                event(
-                    log,
-                    "memory corruption",
-                    logging.ERROR,
-                    app=data.app,
-                    shuffle=data.shuffle,
-                    partition=sub.partition,
-                    attempt=changed[0].attempt,
-                    chunks=len(changed),
-                )
+            crcs = iter(done.crcs)
+            offset = done.offset
+            for out, start, end in taken:
+                changed = [i for i in range(start, end) if next(crcs) != out.crcs[i]]
+                if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
+                    event(
+                        log,
+                        "memory corruption",
+                        logging.ERROR,
+                        app=data.app,
+                        shuffle=data.shuffle,
+                        attempt=out.attempt,
+                        pieces=len(changed),
+                    )
+                self.store.spilled(out, start, end, offset)
+                offset += sum(out.sizes[start:end])
+            written = offset - done.offset
             self.disk_error = None
-            written = self.store.spilled(data, sub, chunks, done.offset)
-            sub.file.size = done.offset + written
+            self.store.wrote(data, written)
+            data.file.size = offset
             disk.stats.spills += 1
             disk.stats.spilled_bytes += written
             if not data.removed:  # else `removed` already settled the shuffle's disk accounting
                 disk.stats.used_bytes += written
             return written
         finally:
-            del self._writing[sub]
+            for out, _, _ in taken:
+                self._writes.discard(self._writing.pop(out))
             self.leaving -= len(held)
             self._ended.set()
 
@@ -379,10 +407,20 @@ class Spiller:
             self._journal(data.directory, self._commit_record(data, attempt))
 
     def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
-        """The attempt's commit; with its replica marking (§12.4), so a restart knows what it holds for
-        whom: `of` the primary of a replica, `copies` where a pushed attempt's replicas are, `r` copies wanted."""
-        record = {"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": data.lengths[attempt]}
-        record["r"] = data.replicas.get(attempt, 1)
+        """The attempt's commit: what its pieces must add up to, and its replica marking (§12.4), so a
+        restart knows what it holds for whom: `of` the primary of a replica, `copies` where a pushed
+        attempt's replicas are, `r` copies wanted."""
+        out = data.committed[attempt]
+        record: dict[str, object] = {
+            "k": "commit",
+            "attempt": attempt,
+            "serial": out.serial,
+            "map": out.map_index,
+            "bytes": out.bytes,
+            "pieces": out.pieces,
+            "size": out.size,
+            "r": data.replicas.get(attempt, 1),
+        }
         if attempt in data.replica_of:
             record["of"] = data.replica_of[attempt]
         if attempt in data.copies:
@@ -393,33 +431,23 @@ class Spiller:
         assert self.disk is not None
         self.disk.append_journal(f"{directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
 
-    def _write_failed(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError
-    ) -> StorageError:
-        """Put the chunks back in memory and fail their open map outputs; returns the error they got."""
+    def _write_failed(self, data: ShuffleData, taken: list[Taken], exc: OSError) -> StorageError:
+        """Leave the pieces in memory and fail their open map outputs; returns the error they got."""
         assert self.disk is not None
         self.disk.stats.errors += 1
         self._failed_at = time.monotonic()
         self.disk_error = exc
-        event(
-            log,
-            "spill failed",
-            logging.WARNING,
-            app=data.app,
-            shuffle=data.shuffle,
-            partition=sub.partition,
-            reason=exc,
-        )
-        self.store.unspilled(sub, chunks)
+        event(log, "spill failed", logging.WARNING, app=data.app, shuffle=data.shuffle, reason=exc)
         reason = StorageError(f"writing map output to disk failed on this daemon: {exc.strerror or exc}")
-        for attempt in {c.attempt for c in chunks}:
-            out = data.open.get(attempt)
-            if out is not None and out.state is MapState.OPEN and out.on_failure is not None:
+        for out, start, _ in taken:
+            self.store.unspilled(out, start)
+        for out, _, _ in taken:
+            if out.state is MapState.OPEN and out.on_failure is not None:
                 out.on_failure(reason)
         return reason
 
     async def reclaim(self) -> None:
-        """Free the disk blocks of aborted attempts' spilled chunks (a writer that vanished mid-push left
+        """Free the disk blocks of aborted attempts' spilled pieces (a writer that vanished mid-push left
         them; they would stay until the shuffle goes, and one client could fill the disk that way)."""
         garbage, self.store.garbage = self.store.garbage, []
         if self.disk is None or not garbage:
@@ -449,7 +477,7 @@ class Spiller:
             if data.directory is not None:
                 await self.disk.remove(data.directory)
                 self.disk.stats.used_bytes -= data.disk_bytes
-                self.disk.stats.files -= data.files
+                self.disk.stats.files -= data.file is not None
 
 
 def _log_journal_failure(done: asyncio.Future[None]) -> None:
@@ -472,14 +500,13 @@ def restore(store: Store, disk: Disk) -> int:
     `Disk.load`); the number of shuffles restored."""
     loaded = disk.load()
     for shuffle in loaded:
-        files = {p: SpillFile(disk.data_path(shuffle.directory, p), size) for p, size in shuffle.file_sizes.items()}
-        store.restore(shuffle, files)
+        store.restore(shuffle, SpillFile(disk.data_path(shuffle.directory), shuffle.file_size))
         event(
             log,
             "restored",
             app=shuffle.app,
             shuffle=shuffle.shuffle,
             attempts=len(shuffle.committed),
-            bytes=sum(n for lengths in shuffle.committed.values() for n in lengths[1].values()),
+            bytes=sum(a.stored for a in shuffle.committed.values()),
         )
     return len(loaded)

@@ -1,38 +1,38 @@
-"""What a daemon holds: application → shuffle → map outputs and reduce partitions.
+"""What a daemon holds: application → shuffle → map attempts → pieces.
 
-Pushed buffers stay with their map output until commit; commit appends them to the
-shuffle's reduce partitions in one step (the event loop is single-threaded, so a
-reader sees all of an attempt or none of it). A reduce partition is one list of
-chunks fed by every local map task, each chunk tagged with its map attempt, so a
-reader gets one sequential stream per host and the daemon can filter attempts.
+A *piece* is one pushed packed group (PROTOCOL.md §3.3: many partitions' runs of one map
+attempt, with a small directory) as stored: its bytes in one pool segment or, once
+spilled, at an offset of the shuffle's one data file. The directory inside the piece is
+the index of its runs, so the store keeps nothing per (partition, attempt) block: an
+attempt is one `MapOutput` holding its pieces in push order as rows of compact arrays
+(first and last partition, length, CRC32C; a file offset once spilled) plus the list of
+the segments of those still in memory. A piece in memory costs one list entry and four
+array cells, a spilled one five cells.
 
-A chunk lives in a pool segment or, once spilled, at an offset of its partition's
-file; committed spilled chunks are kept as 24-byte rows of `SpilledChunks`, not
-as objects, so a daemon with much data on disk stays small. Every live in-memory
-chunk of a partition, committed or not, is also listed in push order in
-`Subpartition.memory`: a spill writes the front of that list, so for any
-one (partition, attempt) the chunks on disk are a prefix, in file order, of what
-was pushed, and the chunks in memory are the rest. A read therefore serves each
-pair as one run: its disk chunks sorted by offset, then its memory chunks; pairs
-follow each other in the order their data starts in the file, so the file is
-still read mostly front to back.
+Within an attempt the spilled pieces are a prefix, in push order and file order, of
+what was pushed, and the rest is in memory: a spill writes the oldest in-memory pieces.
+An attempt's pieces form one ascending *sequence* when each starts at or after the
+partition the previous one ended with (a writer that sorted its output by partition);
+otherwise `starts` lists where each new sequence begins, and reads merge them by
+partition (plan.py).
 
-Memory lives in pool segments: each in-memory chunk holds one reference on its
-buffer, dropped exactly once (spilled, aborted or removed); readers and spills take
-their own references, so dropping a shuffle while it is being read or spilled
-frees its memory once the last of them let go. This module does no I/O.
+Commit makes an attempt readable in one step (the event loop is single-threaded, so
+a reader sees all of it or none). Memory lives in pool segments: each in-memory piece
+holds one reference on its buffer, dropped exactly once (spilled, aborted or removed);
+spill writes and served frames take their own references. This module does no I/O.
 """
 
 from __future__ import annotations
 
 import hmac
+import itertools
 import time
 from array import array
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ...buffers import Buffer, Chunk
+from ...buffers import Buffer
 from ...ops.stats import StoreStats
 from ...protocol.errors import (
     AuthFailed,
@@ -43,7 +43,7 @@ from ...protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from ...protocol.frames import Resume
+from ...protocol.packed import Directory, LengthTally
 from .disk import LoadedShuffle, SpillFile
 
 MAX_PARTITIONS = 1 << 24
@@ -53,111 +53,105 @@ class MapState(Enum):
     OPEN = "open"
     COMMITTED = "committed"
     ABORTED = "aborted"
+    #: its shuffle was unregistered or its application removed
+    REMOVED = "removed"
 
 
-@dataclass(slots=True, eq=False)
-class StoredChunk:
-    attempt: int
-    length: int
-    #: the pool segment while in memory; None once spilled or dropped
-    buffer: Buffer | None
-    #: offset in the partition's spill file once spilled
-    offset: int = -1
-    crc: int = 0
-    #: its attempt was aborted or its shuffle removed: never spilled or served again
-    dead: bool = False
-    committed: bool = False
+class MapOutput:
+    """One map attempt's data on this host: its pieces in push order (see the module)."""
+
+    __slots__ = (
+        "attempt",
+        "bytes",
+        "crcs",
+        "firsts",
+        "lasts",
+        "map_index",
+        "memory",
+        "memory_bytes",
+        "offsets",
+        "on_failure",
+        "replica_of",
+        "replicas",
+        "runs",
+        "serial",
+        "shuffle",
+        "size",
+        "sizes",
+        "spilled",
+        "starts",
+        "state",
+        "taken",
+    )
+
+    def __init__(
+        self,
+        shuffle: ShuffleData,
+        map_index: int,
+        attempt: int,
+        serial: int,
+        replica_of: str | None = None,
+        replicas: int = 1,
+    ) -> None:
+        self.shuffle = shuffle
+        self.map_index = map_index
+        self.attempt = attempt
+        #: tells this attempt's records in the journal from those of an aborted one with the same id
+        self.serial = serial
+        self.state = MapState.OPEN
+        #: fails the push session (e.g. when spilling its data hit a full disk)
+        self.on_failure: Callable[[ShuffledError], None] | None = None
+        #: a replica push (§12.4): the node of the primary it copies; None for data a client pushed here
+        self.replica_of = replica_of
+        #: copies of this map output wanted, this one included
+        self.replicas = replicas
+        #: per piece, in push order: first and last partition, length, CRC32C as the writer sent it
+        self.firsts = array("I")
+        self.lasts = array("I")
+        self.sizes = array("I")
+        self.crcs = array("I")
+        #: file offsets of the spilled pieces, the first `spilled` ones
+        self.offsets = array("Q")
+        self.spilled = 0
+        #: pieces [spilled, taken) are being written by a spill
+        self.taken = 0
+        #: segments of pieces [spilled, len(sizes)), in order
+        self.memory: list[Buffer] = []
+        #: piece indices where an ascending sequence starts (see the module)
+        self.starts = array("I")
+        #: bytes of runs (what the CommitAck sums to), of pieces, of pieces in memory
+        self.bytes = 0
+        self.size = 0
+        self.memory_bytes = 0
+        #: bytes per partition while the push is open (for its CommitAck); None once committed
+        self.runs: LengthTally | None = LengthTally()
+
+    @property
+    def pieces(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def dead(self) -> bool:
+        return self.state is MapState.ABORTED or self.state is MapState.REMOVED
+
+    def sequences(self) -> list[tuple[int, int]]:
+        """The piece index ranges of its ascending sequences."""
+        ends = [*self.starts[1:], len(self.sizes)] if self.starts else []
+        return list(zip(self.starts, ends, strict=True))
+
+    def buffer(self, index: int) -> Buffer | None:
+        """The segment holding piece `index`, None if it is on disk."""
+        return self.memory[index - self.spilled] if index >= self.spilled else None
 
 
 @dataclass(slots=True, frozen=True)
 class Garbage:
-    """Bytes in a spill file that no read will ever want: an aborted attempt's chunk."""
+    """Bytes in a spill file that no read will ever want: an aborted attempt's pieces."""
 
     shuffle: ShuffleData
     path: str
     offset: int
     length: int
-
-
-@dataclass(slots=True, frozen=True)
-class DiskChunk:
-    """A spilled chunk a read has to load: where it is and what it must checksum to."""
-
-    path: str
-    offset: int
-    length: int
-    crc: int
-    partition: int
-    attempt: int
-
-
-class SpilledChunks:
-    """A partition's committed chunks that live in its spill file: 24 bytes each in four arrays.
-
-    A spilled chunk needs only where it is and what it must checksum to, and a
-    daemon may hold millions of them; as objects they would cost several times more.
-    """
-
-    __slots__ = ("attempts", "crcs", "lengths", "offsets")
-
-    def __init__(self) -> None:
-        self.attempts = array("Q")
-        self.offsets = array("Q")
-        self.lengths = array("I")
-        self.crcs = array("I")
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def append(self, attempt: int, offset: int, length: int, crc: int) -> None:
-        self.attempts.append(attempt)
-        self.offsets.append(offset)
-        self.lengths.append(length)
-        self.crcs.append(crc)
-
-    def select(self, path: str, partition: int, wanted: set[int]) -> list[DiskChunk]:
-        """The chunks of these attempts, in file order (one sequential pass)."""
-        found = [
-            DiskChunk(path, self.offsets[i], self.lengths[i], self.crcs[i], partition, a)
-            for i, a in enumerate(self.attempts)
-            if a in wanted
-        ]
-        found.sort(key=lambda c: c.offset)
-        return found
-
-
-@dataclass(slots=True, eq=False)
-class Subpartition:
-    """One reduce partition on this host (Flink's ResultSubpartition, blocking)."""
-
-    partition: int
-    #: committed chunks in memory, in commit order
-    chunks: list[StoredChunk] = field(default_factory=list)
-    #: committed chunks in the spill file
-    spilled: SpilledChunks = field(default_factory=SpilledChunks)
-    #: live in-memory chunks, committed or not, in push order (what a spill writes)
-    memory: list[StoredChunk] = field(default_factory=list)
-    memory_segments: int = 0
-    bytes: int = 0
-    file: SpillFile | None = None
-
-
-@dataclass(slots=True, eq=False)
-class MapOutput:
-    shuffle: ShuffleData
-    map_index: int
-    attempt: int
-    pending: list[tuple[Subpartition, StoredChunk]] = field(default_factory=list)
-    #: bytes pushed per partition, sparse: an open map output costs nothing per declared partition
-    #: (a writer may declare 2^24 of them; the full list exists only while the commit is answered)
-    lengths: dict[int, int] = field(default_factory=dict)
-    state: MapState = MapState.OPEN
-    #: fails the push session (e.g. when spilling its data hit a full disk)
-    on_failure: Callable[[ShuffledError], None] | None = None
-    #: a replica push (§12.4): the node of the primary it copies; None for data a client pushed here
-    replica_of: str | None = None
-    #: copies of this map output wanted, this one included
-    replicas: int = 1
 
 
 @dataclass(slots=True)
@@ -175,15 +169,16 @@ class ShuffleData:
     shuffle: int
     partitions: int
     usage: AppUsage
-    subpartitions: dict[int, Subpartition] = field(default_factory=dict)
-    committed: dict[int, int] = field(default_factory=dict)  # attempt -> map index
-    open: dict[int, MapOutput] = field(default_factory=dict)  # attempt -> map output
-    #: committed attempt -> bytes per partition (only nonzero ones), for the journal
-    lengths: dict[int, dict[int, int]] = field(default_factory=dict)
+    committed: dict[int, MapOutput] = field(default_factory=dict)
+    open: dict[int, MapOutput] = field(default_factory=dict)
+    #: pool segments its pieces hold (open and committed) and their bytes
     segments: int = 0
+    memory_bytes: int = 0
+    #: bytes of runs of committed attempts (memory and disk)
     bytes: int = 0
     disk_bytes: int = 0
-    files: int = 0
+    #: its one data file, once something was spilled
+    file: SpillFile | None = None
     #: replica attempt -> the primary's node (§12.4); these count everywhere like any other attempt
     replica_of: dict[int, str] = field(default_factory=dict)
     #: committed attempt -> copies its pusher wanted, this one included
@@ -211,8 +206,9 @@ class Store:
         self.can_spill = False
         #: most reduce partitions a shuffle may declare here (a daemon setting, at most MAX_PARTITIONS)
         self.max_partitions = MAX_PARTITIONS
-        #: pool segments all stored chunks hold (what spilling can free)
+        #: pool segments all stored pieces hold (what spilling can free), and their bytes
         self.memory_segments = 0
+        self.memory_bytes = 0
         self.commits = 0
         #: bytes of every attempt ever committed here (a counter: what Spark's map tasks wrote)
         self.committed_bytes = 0
@@ -221,6 +217,8 @@ class Store:
         self.garbage: list[Garbage] = []
         #: application -> digest of the token it is bound to (b"": bound to requests without one)
         self.app_keys: dict[str, bytes] = {}
+        #: attempts' serials: from the clock, so a later life of the daemon never repeats an earlier one's
+        self._serials = itertools.count(time.time_ns())
 
     # -- isolation
 
@@ -275,7 +273,7 @@ class Store:
             raise InvalidRequest(f"shuffle {app}/{shuffle} has {data.partitions} partitions, writer says {partitions}")
         if attempt in data.committed or attempt in data.open:
             raise MapOutputStateError(f"map attempt {attempt} of {app}/{shuffle} is already open or committed")
-        out = MapOutput(data, map_index, attempt, replica_of=replica_of, replicas=replicas)
+        out = MapOutput(data, map_index, attempt, next(self._serials), replica_of, replicas)
         data.open[attempt] = out
         data.usage.last_active = time.monotonic()
         return out
@@ -295,77 +293,80 @@ class Store:
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
             )
 
-    def add(self, out: MapOutput, partition: int, buffer: Buffer, crc: int) -> None:
-        """Take ownership of a pushed buffer (its one reference moves to the store) and its checked CRC32C."""
-        if out.state is not MapState.OPEN:
-            buffer.release()
-            raise MapOutputStateError(f"push to a map output that is {out.state.value}")
-        data = out.shuffle
-        if not 0 <= partition < data.partitions:
-            buffer.release()
-            raise InvalidRequest(f"partition {partition} outside 0..{data.partitions - 1}")
-        usage = data.usage
+    def add(self, out: MapOutput, buffer: Buffer, crc: int, group: Directory) -> None:
+        """Take ownership of a pushed packed group (its one reference moves to the store), its checked CRC32C
+        and its checked directory (`packed.check_push`); a refused one is released."""
         try:
+            if out.state is not MapState.OPEN:
+                raise MapOutputStateError(f"push to a map output that is {out.state.value}")
+            data = out.shuffle
+            usage = data.usage
             self._check_disk_quota(data.app, usage)
             if self.memory_quota and not self.can_spill and usage.segments >= self.memory_quota:
                 raise QuotaExceeded(
                     f"application {data.app} holds {usage.segments} segments of this daemon's memory, its quota "
                     f"is {self.memory_quota} (--app-memory-quota; without --data-dir nothing can be spilled)"
                 )
-        except QuotaExceeded:
+        except ShuffledError:
             buffer.release()
             raise
-        sub = data.subpartitions.get(partition)
-        if sub is None:
-            sub = data.subpartitions[partition] = Subpartition(partition)
-        chunk = StoredChunk(out.attempt, buffer.length, buffer, crc=crc)
-        out.pending.append((sub, chunk))
-        sub.memory.append(chunk)
-        sub.memory_segments += 1
-        out.lengths[partition] = out.lengths.get(partition, 0) + buffer.length
-        data.segments += 1
-        self.memory_segments += 1
-        usage.segments += 1
+        assert out.runs is not None
+        out.runs.add(group)
+        first, length = group.first, buffer.length
+        if not out.sizes or first < out.lasts[-1]:
+            out.starts.append(len(out.sizes))
+        out.firsts.append(first)
+        out.lasts.append(group.last)
+        out.sizes.append(length)
+        out.crcs.append(crc)
+        out.memory.append(buffer)
+        out.bytes += group.data_bytes
+        out.size += length
+        self._hold(out, 1, length)
+
+    def _hold(self, out: MapOutput, segments: int, length: int) -> None:
+        """Count (or, negative, uncount) in-memory pieces everywhere memory is counted."""
+        out.memory_bytes += length
+        data = out.shuffle
+        data.segments += segments
+        data.memory_bytes += length
+        data.usage.segments += segments
+        self.memory_segments += segments
+        self.memory_bytes += length
 
     def over_memory_quota(self, app: str) -> bool:
         usage = self.usage.get(app)
         return bool(self.memory_quota) and usage is not None and usage.segments > self.memory_quota
 
     def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> list[int]:
-        """Make the attempt readable; `copies` are the daemons that committed its replicas first."""
+        """Make the attempt readable; `copies` are the daemons that committed its replicas first. Returns
+        its bytes per partition (the CommitAck), which are not kept."""
         if out.state is not MapState.OPEN:
             raise MapOutputStateError(f"commit of a map output that is {out.state.value}")
         data = out.shuffle
+        runs, out.runs = out.runs, None
+        assert runs is not None
         out.state = MapState.COMMITTED
         del data.open[out.attempt]
-        data.committed[out.attempt] = out.map_index
-        data.lengths[out.attempt] = {p: n for p, n in out.lengths.items() if n}
-        for sub, chunk in out.pending:
-            chunk.committed = True
-            if chunk.buffer is not None:
-                sub.chunks.append(chunk)
-            else:  # spilled before the commit
-                sub.spilled.append(chunk.attempt, chunk.offset, chunk.length, chunk.crc)
-            sub.bytes += chunk.length
-            data.bytes += chunk.length
-        out.pending = []
+        data.committed[out.attempt] = out
+        data.bytes += out.bytes
         self.commits += 1
-        self.committed_bytes += sum(out.lengths.values())
-        self._mark(data, out.attempt, out.replica_of, out.replicas, copies)
+        self.committed_bytes += out.bytes
+        self._mark(data, out, copies)
         data.last_commit = data.usage.last_active = time.monotonic()
-        return [out.lengths.get(p, 0) for p in range(data.partitions)]
+        return runs.lengths(data.partitions)
 
     @staticmethod
-    def _mark(data: ShuffleData, attempt: int, replica_of: str | None, replicas: int, copies: tuple[str, ...]) -> None:
+    def _mark(data: ShuffleData, out: MapOutput, copies: tuple[str, ...]) -> None:
         """Record what a committed attempt is a copy of, or where its copies are (commit and restart)."""
-        data.replicas[attempt] = replicas
-        if replica_of is not None:
-            data.replica_of[attempt] = replica_of
-            data.replica_bytes += sum(data.lengths[attempt].values())
+        data.replicas[out.attempt] = out.replicas
+        if out.replica_of is not None:
+            data.replica_of[out.attempt] = out.replica_of
+            data.replica_bytes += out.bytes
             return
         if copies:
-            data.copies[attempt] = copies
-        if len(copies) < replicas - 1:
+            data.copies[out.attempt] = copies
+        if len(copies) < out.replicas - 1:
             data.under_replicated += 1
 
     def holds(self, app: str, shuffle: int, attempts: list[int]) -> tuple[list[int], list[int]]:
@@ -375,227 +376,157 @@ class Store:
         if data is None:
             return [], []
         held = [a for a in attempts if a in data.committed]
-        return held, [sum(data.lengths[a].values()) for a in held]
+        return held, [data.committed[a].bytes for a in held]
 
     def abort(self, out: MapOutput) -> None:
         if out.state is not MapState.OPEN:
             return
         out.state = MapState.ABORTED
+        out.runs = None
         data = out.shuffle
         data.open.pop(out.attempt, None)
-        touched: dict[int, Subpartition] = {}
-        for sub, chunk in out.pending:
-            if chunk.buffer is None and chunk.offset >= 0 and sub.file is not None:
-                self.garbage.append(Garbage(data, sub.file.path, chunk.offset, chunk.length))
-            self._drop(data, sub, chunk)
-            touched[sub.partition] = sub
-        for sub in touched.values():
-            sub.memory = [c for c in sub.memory if not c.dead]
-        out.pending = []
+        self._drop(out)
         self.aborts += 1
 
-    def _drop(self, data: ShuffleData, sub: Subpartition, chunk: StoredChunk) -> None:
-        """The chunk is gone for good: give back its memory (spilled bytes stay until the file goes)."""
-        chunk.dead = True
-        if chunk.buffer is not None:
-            self._release_memory(data, sub, chunk)
-
-    def _release_memory(self, data: ShuffleData, sub: Subpartition, chunk: StoredChunk) -> None:
-        buf, chunk.buffer = chunk.buffer, None
-        assert buf is not None
-        buf.release()
-        sub.memory_segments -= 1
-        data.segments -= 1
-        self.memory_segments -= 1
-        data.usage.segments -= 1
+    def _drop(self, out: MapOutput) -> None:
+        """The attempt is gone for good: give back its memory now; its spilled bytes become garbage (they
+        stay until the file goes when the whole shuffle is being dropped)."""
+        data = out.shuffle
+        if out.spilled and data.file is not None and not data.removed:
+            for offset, length in zip(out.offsets, out.sizes, strict=False):
+                self.garbage.append(Garbage(data, data.file.path, offset, length))
+        memory, out.memory = out.memory, []
+        for buf in memory:
+            buf.release()
+        self._hold(out, -len(memory), -out.memory_bytes)
 
     # -- spill side (the Spiller does the I/O)
 
-    def take_for_spill(self, sub: Subpartition, limit: int | None = None) -> list[StoredChunk]:
-        """The partition's oldest in-memory chunks (at most `limit`), in push order; the rest stay, and new
-        pushes go after them."""
-        memory, n = sub.memory, 0
-        taken: list[StoredChunk] = []
-        while n < len(memory) and (limit is None or len(taken) < limit):
-            chunk = memory[n]
-            n += 1
-            if chunk.buffer is not None and not chunk.dead:
-                taken.append(chunk)
-        sub.memory = memory[n:]
-        return taken
+    def take_for_spill(self, out: MapOutput, limit: int | None = None) -> tuple[int, int]:
+        """Mark the attempt's oldest in-memory pieces not being written (at most `limit`) as being written:
+        their index range. The rest stay, and new pushes go after them."""
+        start = out.taken = max(out.taken, out.spilled)
+        end = out.pieces if limit is None else min(out.pieces, start + limit)
+        out.taken = end
+        return start, end
 
-    def spilled(self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], offset: int) -> int:
-        """The chunks are in the file from `offset` on: free their memory. Returns the bytes written."""
-        written = 0
-        moved = False
-        for chunk in chunks:
-            crc = chunk.crc
-            chunk.offset = offset + written
-            written += chunk.length
-            if chunk.dead and not data.removed and sub.file is not None:  # aborted while being written
-                self.garbage.append(Garbage(data, sub.file.path, chunk.offset, chunk.length))
-            if chunk.buffer is not None and not chunk.dead:
-                self._release_memory(data, sub, chunk)
-                if chunk.committed:
-                    sub.spilled.append(chunk.attempt, chunk.offset, chunk.length, crc)
-                    moved = True
-        if moved:
-            sub.chunks = [c for c in sub.chunks if c.buffer is not None]
-        if not data.removed:  # a dropped shuffle settled its disk accounting when it was dropped
+    def spilled(self, out: MapOutput, start: int, end: int, offset: int) -> None:
+        """Pieces [start, end) are in the shuffle's file from `offset` on, back to back: free their memory.
+        An attempt dropped meanwhile leaves garbage instead."""
+        data = out.shuffle
+        assert start == out.spilled, "spills of an attempt end in the order they were taken"
+        at = offset
+        for i in range(start, end):
+            out.offsets.append(at)
+            at += out.sizes[i]
+        out.spilled = end
+        if out.dead:
+            if not data.removed and data.file is not None:
+                self.garbage.append(Garbage(data, data.file.path, offset, at - offset))
+            return
+        moved, out.memory = out.memory[: end - start], out.memory[end - start :]
+        length = sum(b.length for b in moved)
+        for buf in moved:
+            buf.release()
+        self._hold(out, -len(moved), -length)
+
+    @staticmethod
+    def unspilled(out: MapOutput, start: int) -> None:
+        """A spill failed: its pieces stay in memory (they never left it), to be taken again first."""
+        out.taken = min(out.taken, start)
+
+    def wrote(self, data: ShuffleData, written: int) -> None:
+        """Bytes a spill appended to the shuffle's file (a dropped shuffle settled its accounting already)."""
+        if not data.removed:
             data.disk_bytes += written
             data.usage.disk_bytes += written
-        return written
-
-    def unspilled(self, sub: Subpartition, chunks: list[StoredChunk]) -> None:
-        """A spill failed: the chunks stay in memory, ahead of anything pushed meanwhile."""
-        sub.memory[:0] = [c for c in chunks if c.buffer is not None and not c.dead]
 
     def largest_in_memory(
-        self, app: str | None = None, busy: Container[Subpartition] = ()
-    ) -> tuple[ShuffleData, Subpartition] | None:
-        """The partition holding the most memory (of one application, or of all), leaving out `busy` ones;
-        None if none holds any."""
-        best: tuple[ShuffleData, Subpartition] | None = None
-        most = 0
-        for name, shuffles in self.apps.items():
-            if app is not None and name != app:
-                continue
-            for data in shuffles.values():
-                for sub in data.subpartitions.values():
-                    if sub.memory_segments > most and sub.memory and sub not in busy:
-                        best, most = (data, sub), sub.memory_segments
-        return best
+        self, app: str | None = None, busy: Container[MapOutput] = ()
+    ) -> tuple[ShuffleData, list[MapOutput]] | None:
+        """The shuffle holding the most memory (of one application, or of all) and its attempts holding
+        memory that is not being written, the largest first then in push order; None if none."""
+        candidates = [
+            d
+            for name, shuffles in self.apps.items()
+            if app is None or name == app
+            for d in shuffles.values()
+            if d.segments
+        ]
+        for data in sorted(candidates, key=lambda d: d.segments, reverse=True):
+            outs = [o for o in (*data.committed.values(), *data.open.values()) if o.taken < o.pieces and o not in busy]
+            if outs:
+                largest = max(outs, key=lambda o: o.pieces - o.taken)
+                outs.remove(largest)
+                return data, [largest, *outs]
+        return None
 
     # -- read side
 
-    def snapshot(
-        self,
-        app: str,
-        shuffle: int,
-        start: int,
-        end: int,
-        attempts: list[int],
-        resume: Resume | None = None,
-        *,
-        digest: bytes,
-    ) -> tuple[list[Chunk | DiskChunk], int]:
-        """Chunks of partitions [start, end) from exactly these committed attempts, and how many are on disk.
+    def lookup(
+        self, app: str, shuffle: int, start: int, end: int, attempts: list[int], *, digest: bytes
+    ) -> tuple[ShuffleData, list[MapOutput]] | None:
+        """The shuffle and these committed attempts, for a read of partitions [start, end); None for a
+        shuffle this daemon does not hold when no attempt is named.
 
         The one gate every path that serves stored bytes passes, at the moment it serves (a client's read,
         a peer's relayed or resumed read, a failover to this daemon's own copy, a drain's copy): `digest`,
         the requester's token digest, must be the one the application is bound to now (`authorize`). A
         check made once, when a request arrives, is not enough: an application with no data here yet has
         no binding, and its first push binds it while a read naming it waits to fail over here.
-
-        In-memory chunks are retained once each (the reader's reference). With `resume` (PROTOCOL.md §10.6)
-        partition `start` goes on where another copy's read stopped: every copy holds a pair as the same
-        chunks, so skipping the first `chunks` of the pair in progress (and the pairs `done`) leaves exactly
-        what that read had not relayed. Everything is checked before any chunk is retained.
         """
         self.authorize(app, digest)
         data = self.apps.get(app, {}).get(shuffle)
         if data is None:
             if not attempts:
-                return [], 0
+                return None
             raise PartitionNotFound(f"shuffle {app}/{shuffle} is not held by this daemon")
         if not 0 <= start <= end <= data.partitions:
             raise InvalidRequest(f"partition range [{start}, {end}) outside 0..{data.partitions}")
-        missing = [a for a in attempts if a not in data.committed]
+        committed = data.committed
+        missing = [a for a in attempts if a not in committed]
         if missing:
             shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
             raise PartitionNotFound(f"map attempts not committed here for {app}/{shuffle}: {shown}")
         data.usage.last_active = time.monotonic()
-        wanted = set(attempts)
-        first = self._resumed(data, start, wanted, resume) if resume is not None else None
-        # Partitions that hold data, without walking a huge range that holds little.
-        subs = data.subpartitions
-        wanted_parts = range(start, end) if end - start <= len(subs) else sorted(p for p in subs if start <= p < end)
-        out: list[Chunk | DiskChunk] = []
-        on_disk = 0
-        for p in wanted_parts:
-            if first is not None and p == start:
-                runs = [first]
-            elif (sub := subs.get(p)) is not None:
-                runs = list(self._runs(sub, p, wanted).values())
-            else:
-                continue
-            for run in runs:
-                for item in run:
-                    if isinstance(item, DiskChunk):
-                        out.append(item)
-                        on_disk += 1
-                    else:
-                        assert item.buffer is not None
-                        item.buffer.retain()
-                        out.append(Chunk(item.buffer, p, item.attempt, item.crc))
-        return out, on_disk
-
-    @staticmethod
-    def _runs(sub: Subpartition, p: int, wanted: set[int]) -> dict[int, list[StoredChunk | DiskChunk]]:
-        """One run per attempt (PROTOCOL.md §10.1: a reader reads a pair as one stream): its spilled prefix
-        in file order, then the rest from memory. A spill file holds several attempts interleaved (two map
-        tasks pushing at once), so file order alone would interleave pairs."""
-        runs: dict[int, list[StoredChunk | DiskChunk]] = {}
-        if sub.spilled:
-            assert sub.file is not None
-            for disk in sub.spilled.select(sub.file.path, p, wanted):
-                runs.setdefault(disk.attempt, []).append(disk)
-        for chunk in sub.chunks:
-            if chunk.attempt in wanted:
-                runs.setdefault(chunk.attempt, []).append(chunk)
-        return runs
-
-    def _resumed(
-        self, data: ShuffleData, start: int, wanted: set[int], resume: Resume
-    ) -> list[StoredChunk | DiskChunk]:
-        """What partition `start` still owes a resumed read: the rest of the pair in progress, then the
-        pairs not yet begun, in the usual order."""
-        if resume.partition != start:
-            raise InvalidRequest(f"resume names partition {resume.partition}, the request starts at {start}")
-        named = set(resume.done) | ({resume.attempt} if resume.attempt is not None else set())
-        if not named <= wanted:
-            raise InvalidRequest("resume names map attempts the request does not")
-        sub = data.subpartitions.get(start)
-        runs = self._runs(sub, start, wanted) if sub is not None else {}
-        rest: list[StoredChunk | DiskChunk] = []
-        if resume.attempt is not None:
-            run = runs.pop(resume.attempt, [])
-            if len(run) < resume.chunks or sum(c.length for c in run[: resume.chunks]) != resume.bytes:
-                raise InvalidRequest("resume point does not match this copy")
-            rest += run[resume.chunks :]
-        for attempt, run in runs.items():
-            if attempt not in named:
-                rest += run
-        return rest
+        return data, [committed[a] for a in attempts]
 
     # -- restart
 
-    def restore(self, loaded: LoadedShuffle, files: dict[int, SpillFile]) -> None:
+    def restore(self, loaded: LoadedShuffle, file: SpillFile) -> None:
         """Committed data found on disk at start becomes servable again."""
         data = self._shuffle(loaded.app, loaded.shuffle, loaded.partitions)
         data.directory = loaded.directory
+        data.file = file
         if loaded.app_key is not None:
             self.bind(loaded.app, loaded.app_key)
-        for attempt, (map_index, lengths) in loaded.committed.items():
-            data.committed[attempt] = map_index
-            data.lengths[attempt] = lengths
-            self._mark(
+        for attempt, found in loaded.committed.items():
+            out = MapOutput(
                 data,
+                found.map_index,
                 attempt,
+                found.serial,
                 loaded.replica_of.get(attempt),
                 loaded.replicas.get(attempt, 1),
-                loaded.copies.get(attempt, ()),
             )
-        for p, items in loaded.chunks.items():
-            sub = data.subpartitions[p] = Subpartition(p, file=files[p])
-            for attempt, offset, length, crc in items:
-                sub.spilled.append(attempt, offset, length, crc)
-                sub.bytes += length
-            data.bytes += sub.bytes
-        disk_bytes = sum(f.size for f in files.values())
-        data.files += len(files)
-        data.disk_bytes += disk_bytes
-        data.usage.disk_bytes += disk_bytes
+            out.state = MapState.COMMITTED
+            out.runs = None
+            out.firsts, out.lasts, out.sizes, out.crcs, out.offsets = (
+                found.firsts,
+                found.lasts,
+                found.sizes,
+                found.crcs,
+                found.offsets,
+            )
+            out.spilled = out.taken = out.pieces
+            out.starts = array("I", [0])
+            out.starts.extend(i for i in range(1, out.pieces) if out.firsts[i] < out.lasts[i - 1])
+            out.bytes, out.size = found.stored, sum(found.sizes)
+            data.committed[attempt] = out
+            data.bytes += out.bytes
+            self._mark(data, out, loaded.copies.get(attempt, ()))
+        data.disk_bytes += file.size
+        data.usage.disk_bytes += file.size
 
     # -- cleanup
 
@@ -603,13 +534,11 @@ class Store:
         freed = data.segments
         for out in list(data.open.values()):
             self.abort(out)
-        for sub in data.subpartitions.values():
-            for chunk in sub.chunks:
-                self._drop(data, sub, chunk)
-            sub.memory = []
-        data.subpartitions.clear()
-        data.committed.clear()
         data.removed = True
+        for out in data.committed.values():
+            out.state = MapState.REMOVED
+            self._drop(out)
+        data.committed.clear()
         data.usage.disk_bytes -= data.disk_bytes
         return freed
 
@@ -633,11 +562,15 @@ class Store:
 
     def stats(self) -> StoreStats:
         shuffles = [d for s in self.apps.values() for d in s.values()]
+        outs = [o for d in shuffles for o in (*d.committed.values(), *d.open.values())]
         return StoreStats(
             applications=len(self.apps),
             shuffles=len(shuffles),
-            stored_segments=sum(d.segments for d in shuffles),
+            stored_segments=self.memory_segments,
             stored_bytes=sum(d.bytes for d in shuffles),
+            memory_bytes=self.memory_bytes,
+            attempts=len(outs),
+            pieces=sum(o.pieces for o in outs),
             open_map_outputs=sum(len(d.open) for d in shuffles),
             commits=self.commits,
             committed_bytes=self.committed_bytes,
