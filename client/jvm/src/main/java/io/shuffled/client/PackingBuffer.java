@@ -1,0 +1,219 @@
+package io.shuffled.client;
+
+import io.shuffled.client.wire.Wire;
+import java.io.IOException;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+import java.util.Arrays;
+
+/**
+ * The one bounded buffer of a map attempt's writer: bytes for any reduce partitions go in as they come,
+ * and leave packed by partition into groups of at most a segment (PROTOCOL.md §7.10).
+ *
+ * <p>As in Spark's own map-side sorter, the bytes are appended to pages and a long per record indexes them:
+ * {@code partition << 39 | position}, the position being where the record's 4-byte length and bytes lie.
+ * Sorting the index by value therefore orders records by partition and, within a partition, by when they
+ * came (positions grow as records are appended), so a partition's bytes keep their order. A write to the
+ * partition of the previous record extends that record, so a caller that writes one partition after
+ * another adds one record per partition (per page) and its index is sorted already: then no sort runs and
+ * the groups of consecutive {@link #drain}s form one ascending sequence of partitions.
+ *
+ * <p>Per appended record the work is a copy and at most one index entry; per drained group it is the
+ * directory and one copy of its data into the group buffer. The capacity bounds pages plus index; pages
+ * are allocated as the buffer fills and kept for the next round until {@link #release}.
+ */
+final class PackingBuffer {
+    /** Receives each packed group: its header and directory, then its data. */
+    interface GroupSink {
+        void group(byte[] head, int headLength, byte[] data, int dataLength) throws IOException;
+    }
+
+    /** The smallest capacity: a few records (a length, a byte and an index entry each). */
+    static final int MIN_CAPACITY = 64;
+    private static final int MAX_PAGE = 1 << 20;
+    private static final int LENGTH = 4;
+    private static final int INDEX_ENTRY = 8;
+    private static final int POSITION_BITS = 39; // partitions below 2^24 keep the index positive
+    private static final long POSITION_MASK = (1L << POSITION_BITS) - 1;
+    private static final VarHandle INT = MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.BIG_ENDIAN);
+    private static final VarHandle LONG = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.BIG_ENDIAN);
+
+    private final long capacity;
+    private final int pageSize;
+    private final byte[][] pages;
+    private long[] index = new long[256];
+    private int records;
+    /** Bytes counted against the capacity: the pages up to {@link #position} and the index entries. */
+    private long used;
+    /** Where the next byte goes, in page order. */
+    private long position;
+    private int lastPartition = -1;
+    private boolean sorted = true;
+
+    private final int segmentSize;
+    private final byte[] head;
+    private final byte[] data;
+
+    PackingBuffer(long capacity, int segmentSize) {
+        this.capacity = Math.max(MIN_CAPACITY, capacity);
+        this.pageSize = (int) Math.min(MAX_PAGE, this.capacity);
+        this.pages = new byte[(int) ((this.capacity + pageSize - 1) / pageSize)][];
+        this.segmentSize = segmentSize;
+        int maxRuns = (segmentSize - Wire.GROUP_HEADER) / (Wire.GROUP_RUN + 1);
+        this.head = new byte[Wire.GROUP_HEADER + Wire.GROUP_RUN * maxRuns];
+        this.data = new byte[segmentSize - Wire.GROUP_HEADER - Wire.GROUP_RUN];
+    }
+
+    boolean isEmpty() {
+        return records == 0;
+    }
+
+    /**
+     * Appends as much of {@code len} bytes for {@code partition} as fits; returns how many bytes it took (less
+     * than {@code len} only when the buffer is full: drain it and append the rest).
+     */
+    int append(int partition, byte[] src, int off, int len) {
+        int taken = 0;
+        while (taken < len) {
+            int inPage = (int) (position % pageSize);
+            int room = pageSize - inPage;
+            boolean extend = partition == lastPartition && inPage != 0;
+            long left = capacity - used - (extend ? 0 : INDEX_ENTRY + LENGTH);
+            if (!extend && room <= LENGTH) {
+                if (used + room > capacity) {
+                    break;
+                }
+                position += room; // too little of the page left for a record: go on in the next one
+                used += room;
+                continue;
+            }
+            int n = (int) Math.min(Math.min(len - taken, left), extend ? room : room - LENGTH);
+            if (n <= 0) {
+                break;
+            }
+            byte[] page = page(position);
+            if (extend) {
+                int at = (int) (index[records - 1] & POSITION_MASK) % pageSize;
+                INT.set(page, at, (int) INT.get(page, at) + n);
+            } else {
+                if (records == index.length) {
+                    index = Arrays.copyOf(index, 2 * records);
+                }
+                index[records++] = (long) partition << POSITION_BITS | position;
+                INT.set(page, inPage, n);
+                sorted &= partition >= lastPartition;
+                lastPartition = partition;
+                inPage += LENGTH;
+                position += LENGTH;
+                used += INDEX_ENTRY + LENGTH;
+            }
+            System.arraycopy(src, off + taken, page, inPage, n);
+            position += n;
+            used += n;
+            taken += n;
+        }
+        return taken;
+    }
+
+    private byte[] page(long at) {
+        int i = (int) (at / pageSize);
+        if (pages[i] == null) {
+            pages[i] = new byte[pageSize];
+        }
+        return pages[i];
+    }
+
+    /**
+     * Hands every buffered byte to {@code sink} as groups of {@code attempt}, in partition order, each filled
+     * up to the segment size, and empties the buffer.
+     */
+    void drain(long attempt, GroupSink sink) throws IOException {
+        if (!sorted) {
+            Arrays.sort(index, 0, records);
+        }
+        Packer packer = new Packer(attempt, sink);
+        for (int r = 0; r < records; r++) {
+            long entry = index[r];
+            long at = entry & POSITION_MASK;
+            byte[] page = pages[(int) (at / pageSize)];
+            int inPage = (int) (at % pageSize);
+            packer.add((int) (entry >>> POSITION_BITS), page, inPage + LENGTH, (int) INT.get(page, inPage));
+        }
+        packer.emit();
+        records = 0;
+        used = 0;
+        position = 0;
+        lastPartition = -1;
+        sorted = true;
+    }
+
+    /** Empties the buffer and lets go of its memory. */
+    void release() {
+        Arrays.fill(pages, null);
+        index = new long[0];
+        records = 0;
+        used = 0;
+        position = 0;
+        lastPartition = -1;
+        sorted = true;
+    }
+
+    /** Fills one group at a time: directory entries in {@link #head}, bytes in {@link #data}. */
+    private final class Packer {
+        private final long attempt;
+        private final GroupSink sink;
+        private int runs;
+        private int filled;
+        private int partition = -1;
+        private int runStart;
+
+        Packer(long attempt, GroupSink sink) {
+            this.attempt = attempt;
+            this.sink = sink;
+        }
+
+        void add(int p, byte[] src, int off, int len) throws IOException {
+            while (len > 0) {
+                boolean newRun = p != partition;
+                int free = segmentSize - Wire.GROUP_HEADER - Wire.GROUP_RUN * runs - filled
+                        - (newRun ? Wire.GROUP_RUN : 0);
+                if (free <= 0) {
+                    emit();
+                    continue;
+                }
+                if (newRun) {
+                    closeRun();
+                    INT.set(head, Wire.GROUP_HEADER + Wire.GROUP_RUN * runs, p);
+                    runs++;
+                    partition = p;
+                    runStart = filled;
+                }
+                int n = Math.min(free, len);
+                System.arraycopy(src, off, data, filled, n);
+                filled += n;
+                off += n;
+                len -= n;
+            }
+        }
+
+        private void closeRun() {
+            if (runs > 0) {
+                INT.set(head, Wire.GROUP_HEADER + Wire.GROUP_RUN * (runs - 1) + 4, filled - runStart);
+            }
+        }
+
+        void emit() throws IOException {
+            if (runs == 0) {
+                return;
+            }
+            closeRun();
+            LONG.set(head, 0, attempt);
+            INT.set(head, 8, runs);
+            sink.group(head, Wire.GROUP_HEADER + Wire.GROUP_RUN * runs, data, filled);
+            runs = 0;
+            filled = 0;
+            partition = -1;
+        }
+    }
+}
