@@ -142,6 +142,25 @@ def test_codec_self_test(jars: tuple[Path, Path]) -> None:
 
 
 @needs_jdk
+def test_packing_reads_back_whatever_the_split(jars: tuple[Path, Path]) -> None:
+    """PackingCheck: the writer's one buffer packs any writes into groups that read back byte-exact per partition
+    (every buffer size, segment size and width), full groups, one ascending sequence for writes in partition
+    order; malformed payloads refused with PROTOCOL."""
+    proc = _run("io.shuffled.client.PackingCheck", jars)
+    assert proc.returncode == 0, _failures(proc)
+    assert _summary(proc) == (9, 0)
+
+
+@needs_jdk
+def test_push_and_read_streams_against_a_scripted_daemon(jars: tuple[Path, Path]) -> None:
+    """StreamsCheck: PushData framing and commit counts, one chunk per run with credit per buffer, and the reads
+    a malformed or corrupt buffer fails (a scripted daemon sends them; a real one never does)."""
+    proc = _run("io.shuffled.client.StreamsCheck", jars)
+    assert proc.returncode == 0, _failures(proc)
+    assert _summary(proc) == (5, 0)
+
+
+@needs_jdk
 def test_constants_match_the_python_codec(jars: tuple[Path, Path]) -> None:
     proc = _run("PrintConstants", jars)
     assert proc.returncode == 0, proc.stderr
