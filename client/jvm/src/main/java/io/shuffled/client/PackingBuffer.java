@@ -13,15 +13,17 @@ import java.util.Arrays;
  *
  * <p>As in Spark's own map-side sorter, the bytes are appended to pages and a long per record indexes them:
  * {@code partition << 39 | position}, the position being where the record's 4-byte length and bytes lie.
- * Sorting the index by value therefore orders records by partition and, within a partition, by when they
- * came (positions grow as records are appended), so a partition's bytes keep their order. A write to the
- * partition of the previous record extends that record, so a caller that writes one partition after
- * another adds one record per partition (per page) and its index is sorted already: then no sort runs and
- * the groups of consecutive {@link #drain}s form one ascending sequence of partitions.
+ * The index is put in partition order by a stable radix sort of its partition bits (a byte per pass, as many
+ * passes as the highest partition needs), so records of one partition stay in the order they came and a
+ * partition's bytes keep their order. A write to the partition of the previous record extends that record,
+ * so a caller that writes one partition after another adds one record per partition (per page) and its
+ * index is in order already: then no sort runs, and the groups of consecutive {@link #drain}s form one
+ * ascending sequence of partitions.
  *
- * <p>Per appended record the work is a copy and at most one index entry; per drained group it is the
- * directory and one copy of its data into the group buffer. The capacity bounds pages plus index; pages
- * are allocated as the buffer fills and kept for the next round until {@link #release}.
+ * <p>Per appended record the work is a copy and at most one index entry; per drained record, its share of a
+ * radix pass and one copy into the group buffer; per group, the directory. The capacity bounds pages plus
+ * index (and the sort's second index); pages are allocated as the buffer fills and kept for the next round
+ * until {@link #release}.
  */
 final class PackingBuffer {
     /** Receives each packed group: its header and directory, then its data. */
@@ -31,9 +33,11 @@ final class PackingBuffer {
 
     /** The smallest capacity: a few records (a length, a byte and an index entry each). */
     static final int MIN_CAPACITY = 64;
-    private static final int MAX_PAGE = 1 << 20;
+    /** Pages stay below half of G1's smallest region (1 MiB): larger arrays are humongous, costly to allocate. */
+    private static final int MAX_PAGE = 256 << 10;
     private static final int LENGTH = 4;
-    private static final int INDEX_ENTRY = 8;
+    /** An index entry and its place in the radix sort's second array. */
+    private static final int INDEX_ENTRY = 16;
     private static final int POSITION_BITS = 39; // partitions below 2^24 keep the index positive
     private static final long POSITION_MASK = (1L << POSITION_BITS) - 1;
     private static final VarHandle INT = MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.BIG_ENDIAN);
@@ -43,13 +47,16 @@ final class PackingBuffer {
     private final int pageSize;
     private final byte[][] pages;
     private long[] index = new long[256];
+    private long[] scratch = new long[0];
     private int records;
+    /** Whether the index is in partition order as it stands (writes came in partition order). */
+    private boolean inOrder = true;
+    private int maxPartition;
     /** Bytes counted against the capacity: the pages up to {@link #position} and the index entries. */
     private long used;
     /** Where the next byte goes, in page order. */
     private long position;
     private int lastPartition = -1;
-    private boolean sorted = true;
 
     private final int segmentSize;
     private final byte[] head;
@@ -102,8 +109,9 @@ final class PackingBuffer {
                 }
                 index[records++] = (long) partition << POSITION_BITS | position;
                 INT.set(page, inPage, n);
-                sorted &= partition >= lastPartition;
+                inOrder &= partition >= lastPartition;
                 lastPartition = partition;
+                maxPartition = Math.max(maxPartition, partition);
                 inPage += LENGTH;
                 position += LENGTH;
                 used += INDEX_ENTRY + LENGTH;
@@ -129,8 +137,8 @@ final class PackingBuffer {
      * up to the segment size, and empties the buffer.
      */
     void drain(long attempt, GroupSink sink) throws IOException {
-        if (!sorted) {
-            Arrays.sort(index, 0, records);
+        if (!inOrder) {
+            sortByPartition();
         }
         Packer packer = new Packer(attempt, sink);
         for (int r = 0; r < records; r++) {
@@ -141,22 +149,54 @@ final class PackingBuffer {
             packer.add((int) (entry >>> POSITION_BITS), page, inPage + LENGTH, (int) INT.get(page, inPage));
         }
         packer.emit();
-        records = 0;
-        used = 0;
-        position = 0;
-        lastPartition = -1;
-        sorted = true;
+        reset();
     }
 
     /** Empties the buffer and lets go of its memory. */
     void release() {
         Arrays.fill(pages, null);
         index = new long[0];
+        scratch = new long[0];
+        reset();
+    }
+
+    private void reset() {
         records = 0;
         used = 0;
         position = 0;
         lastPartition = -1;
-        sorted = true;
+        maxPartition = 0;
+        inOrder = true;
+    }
+
+    /** LSD radix sort of the index by its partition bits, a byte at a time: stable, O(records) per pass. */
+    private void sortByPartition() {
+        if (scratch.length < records) {
+            scratch = new long[index.length];
+        }
+        long[] from = index;
+        long[] to = scratch;
+        int[] counts = new int[257];
+        for (int shift = POSITION_BITS; maxPartition >>> (shift - POSITION_BITS) != 0; shift += 8) {
+            Arrays.fill(counts, 0);
+            for (int i = 0; i < records; i++) {
+                counts[(int) (from[i] >>> shift) & 0xff]++;
+            }
+            for (int d = 0, at = 0; d < 256; d++) {
+                int n = counts[d];
+                counts[d] = at;
+                at += n;
+            }
+            for (int i = 0; i < records; i++) {
+                long e = from[i];
+                to[counts[(int) (e >>> shift) & 0xff]++] = e;
+            }
+            long[] t = from;
+            from = to;
+            to = t;
+        }
+        index = from;
+        scratch = to;
     }
 
     /** Fills one group at a time: directory entries in {@link #head}, bytes in {@link #data}. */

@@ -323,7 +323,8 @@ public final class PackingCheck {
         while (cursor.next()) {
             ByteBuffer d = cursor.data();
             require(d.array() == payload && d.position() == 0, "a run is not a slice of the payload");
-            runs.add(cursor.partition() + "/" + cursor.attempt() + "/" + new String(payload, d.arrayOffset(), d.limit()));
+            String text = new String(payload, d.arrayOffset(), d.limit());
+            runs.add(cursor.partition() + "/" + cursor.attempt() + "/" + text);
         }
         require(runs.equals(List.of("4/7/ab", "6/7/cde", "5/8/f")), "runs " + runs);
     }

@@ -32,8 +32,9 @@ public final class StreamsCheck {
     public static void main(String[] args) throws Exception {
         Checks c = new Checks();
         ScriptedDaemon daemon = new ScriptedDaemon(SEGMENT);
-        try (ShuffleClient client =
-                ShuffleClient.handshake(daemon, "scripted", "check", TIMEOUT_MILLIS, 3000, null, null, Auth.newNonce())) {
+        // A writer buffer of 1500 bytes: groups small enough that a read buffer holds several.
+        try (ShuffleClient client = ShuffleClient.handshake(
+                daemon, "scripted", "check", TIMEOUT_MILLIS, 1500, null, null, Auth.newNonce())) {
             byte[][] written = new byte[PARTITIONS][];
             c.check("a writer pushes one well-formed group per PushData and commits their count",
                     () -> push(client, daemon, written));
