@@ -2,30 +2,43 @@ package io.shuffled.client;
 
 import static io.shuffled.client.Checks.require;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.PackedGroups;
 import io.shuffled.client.wire.ProtocolException;
 import io.shuffled.client.wire.Wire;
 import java.io.ByteArrayOutputStream;
+import java.io.File;
+import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Random;
+import java.util.function.LongPredicate;
 
 /**
  * Checks of the writer's packing ({@link PackingBuffer}) and the reader's unpacking
  * ({@link PackedGroups}), without a daemon: whatever the writes, partitions, buffer size and segment size,
  * the groups read back to exactly the bytes written per partition; groups are full; writes in partition
  * order stay one ascending sequence over any number of drains; every malformed payload is refused with
- * PROTOCOL. Prints one line per check, then {@code N passed, M failed}; exits non-zero on any failure.
+ * PROTOCOL.
+ *
+ * <p>Usage: {@code PackingCheck [proto/vectors/frames.json]}. With the golden vectors, also their
+ * {@code packed} entries (PROTOCOL.md §15): the writer packs each valid push payload's runs into exactly
+ * its bytes; each valid read payload passes the reader's check against its context and yields its runs
+ * and pairs; each payload a reader must refuse is refused with its code. (Payloads only a daemon refuses,
+ * and compressed runs, are not a client's to check: this client never compresses.)
+ *
+ * <p>Prints one line per check, then {@code N passed, M failed}; exits non-zero on any failure.
  */
 public final class PackingCheck {
     private static final HexFormat HEX = HexFormat.of();
     private static final long ATTEMPT = (1L << 63) + 11; // a u64 above Long.MAX_VALUE
 
-    public static void main(String[] args) {
+    public static void main(String[] args) throws IOException {
         Checks c = new Checks();
         c.check("a group is its attempt, run count, directory and data, big-endian", PackingCheck::format);
         c.check("random writes read back byte-exact for every buffer size, segment size and width",
@@ -40,6 +53,17 @@ public final class PackingCheck {
         c.check("empty partitions and empty writes are in no directory", PackingCheck::emptyPartitions);
         c.check("runs are slices of the payload, several groups back to back", PackingCheck::runsAreSlices);
         c.check("malformed payloads are refused with PROTOCOL", PackingCheck::malformedRefused);
+        if (args.length == 1) {
+            JsonNode packed = new ObjectMapper().readTree(new File(args[0])).path("packed");
+            for (JsonNode v : packed.path("valid")) {
+                c.check("packed: " + v.path("name").asText(), () -> validVector(v));
+            }
+            for (JsonNode v : packed.path("invalid")) {
+                if (v.path("detected_by").asText().equals("reader")) {
+                    c.check("packed: " + v.path("name").asText(), () -> invalidVector(v));
+                }
+            }
+        }
         c.exit();
     }
 
@@ -63,8 +87,12 @@ public final class PackingCheck {
         return b;
     }
 
-    /** Appends every write to a buffer of {@code capacity}, draining it whenever it is full and at the end. */
     private static List<Group> pack(long capacity, int segment, List<Write> writes) throws Exception {
+        return pack(capacity, segment, writes, ATTEMPT);
+    }
+
+    /** Appends every write to a buffer of {@code capacity}, draining it whenever it is full and at the end. */
+    private static List<Group> pack(long capacity, int segment, List<Write> writes, long attempt) throws Exception {
         PackingBuffer buffer = new PackingBuffer(capacity, segment);
         List<Group> groups = new ArrayList<>();
         int[] drains = {0};
@@ -77,12 +105,12 @@ public final class PackingCheck {
             int len = w.bytes().length;
             int n = buffer.append(w.partition(), w.bytes(), 0, len);
             while (n < len) {
-                buffer.drain(ATTEMPT, sink);
+                buffer.drain(attempt, sink);
                 drains[0]++;
                 n += buffer.append(w.partition(), w.bytes(), n, len - n);
             }
         }
-        buffer.drain(ATTEMPT, sink);
+        buffer.drain(attempt, sink);
         return groups;
     }
 
@@ -361,5 +389,95 @@ public final class PackingCheck {
 
     private static int runsOf(byte[] payload) throws ProtocolException {
         return PackedGroups.check(ByteBuffer.wrap(payload), 1, 5, a -> a == 7);
+    }
+
+    // ------------------------------------------------------------------------------------------ golden vectors
+
+    private static long u64(JsonNode n) {
+        return n.bigIntegerValue().longValue();
+    }
+
+    /** What a vector's payload must pass: a push's or a read's context (PROTOCOL.md §15). */
+    private static PackedGroups.Cursor checked(JsonNode v, byte[] payload) throws ProtocolException {
+        JsonNode context = v.path("context");
+        ByteBuffer buffer = ByteBuffer.wrap(payload);
+        if (v.path("frame").asText().equals("PUSH_DATA")) {
+            long attempt = u64(context.path("attempt"));
+            PackedGroups.check(buffer, 0, context.path("partitions").asLong(), a -> a == attempt);
+        } else {
+            List<Long> named = new ArrayList<>();
+            context.path("attempts").forEach(a -> named.add(u64(a)));
+            LongPredicate isNamed = named::contains;
+            PackedGroups.check(buffer, context.path("start").asLong(), context.path("end").asLong(), isNamed);
+        }
+        return new PackedGroups.Cursor(buffer);
+    }
+
+    private static String run(long attempt, long partition, String hex) {
+        return Long.toUnsignedString(attempt) + "/" + partition + "/" + hex;
+    }
+
+    private static void validVector(JsonNode v) throws Exception {
+        List<String> pairs = new ArrayList<>();
+        String pair = null;
+        StringBuilder pairData = new StringBuilder();
+        for (JsonNode p : v.path("payloads")) {
+            byte[] payload = HEX.parseHex(p.path("hex").asText());
+            List<String> want = new ArrayList<>();
+            for (JsonNode g : p.path("groups")) {
+                for (JsonNode r : g.path("runs")) {
+                    want.add(run(u64(g.path("attempt")), r.path("partition").asLong(), r.path("data_hex").asText()));
+                }
+            }
+            List<String> got = new ArrayList<>();
+            for (PackedGroups.Cursor runs = checked(v, payload); runs.next(); ) {
+                ByteBuffer d = runs.data();
+                String hex = HEX.formatHex(payload, d.arrayOffset(), d.arrayOffset() + d.remaining());
+                got.add(run(runs.attempt(), runs.partition(), hex));
+                String key = Long.toUnsignedString(runs.attempt()) + "/" + runs.partition();
+                if (!key.equals(pair)) {
+                    if (pair != null) {
+                        pairs.add(pair + "/" + pairData);
+                    }
+                    pair = key;
+                    pairData.setLength(0);
+                }
+                pairData.append(hex);
+            }
+            require(got.equals(want), "runs " + got + ", expected " + want);
+            if (v.path("frame").asText().equals("PUSH_DATA")) {
+                packsInto(v.path("context"), p, payload);
+            }
+        }
+        pairs.add(pair + "/" + pairData);
+        List<String> want = new ArrayList<>();
+        for (JsonNode p : v.path("pairs")) {
+            want.add(run(u64(p.path("attempt")), p.path("partition").asLong(), p.path("data_hex").asText()));
+        }
+        require(pairs.equals(want), "pairs " + pairs + ", expected " + want);
+    }
+
+    /** The writer, given a push payload's runs, packs exactly the payload's bytes. */
+    private static void packsInto(JsonNode context, JsonNode p, byte[] payload) throws Exception {
+        List<Write> writes = new ArrayList<>();
+        for (JsonNode g : p.path("groups")) {
+            for (JsonNode r : g.path("runs")) {
+                writes.add(new Write((int) r.path("partition").asLong(), HEX.parseHex(r.path("data_hex").asText())));
+            }
+        }
+        List<Group> groups = pack(1 << 20, Wire.DEFAULT_SEGMENT_SIZE, writes, u64(context.path("attempt")));
+        List<String> got = groups.stream().map(g -> HEX.formatHex(g.payload())).toList();
+        require(got.equals(List.of(HEX.formatHex(payload))), "packed " + got + ", expected " + HEX.formatHex(payload));
+    }
+
+    private static void invalidVector(JsonNode v) {
+        byte[] payload = HEX.parseHex(v.path("hex").asText());
+        ErrorCode code = ErrorCode.byCode(v.path("code").asInt());
+        try {
+            checked(v, payload);
+            throw new AssertionError("accepted (" + v.path("reason").asText() + ")");
+        } catch (ProtocolException e) {
+            require(e.code() == code, "refused with " + e.code() + ", expected " + code);
+        }
     }
 }
