@@ -22,7 +22,8 @@ import java.util.zip.CRC32C;
  * bytes, see {@link PackingBuffer}). When it is full, and at commit, its bytes are ordered by partition
  * (a partition's writes keep their order) and pushed as packed groups filled to the daemon's segment
  * size, one {@code PushData} each, however many partitions a group holds. Writes that come in partition
- * order are never sorted, and the groups of all their pushes form one ascending sequence. Each
+ * order need no sort and are pushed as soon as a few segments of them are buffered; their groups are full
+ * but the last and form one ascending sequence of partitions. Each
  * {@code PushData} takes one push credit; without credit the writer blocks until the daemon grants some
  * ({@code PushCredit}), at most the client's timeout ({@link SocketTimeoutException}).
  *
@@ -33,7 +34,6 @@ import java.util.zip.CRC32C;
 public final class MapOutputWriter implements AutoCloseable {
     private final ShuffleClient client;
     private final long stream;
-    private final long attempt;
     private final int numPartitions;
 
     private final ReentrantLock lock = new ReentrantLock();
@@ -59,9 +59,8 @@ public final class MapOutputWriter implements AutoCloseable {
             ShuffleClient client, long stream, long attempt, int numPartitions, int segmentSize, long bufferBytes) {
         this.client = client;
         this.stream = stream;
-        this.attempt = attempt;
         this.numPartitions = numPartitions;
-        this.buffer = new PackingBuffer(bufferBytes, segmentSize);
+        this.buffer = new PackingBuffer(bufferBytes, segmentSize, attempt, this::push);
     }
 
     /** The writer id (stream id) on the connection. */
@@ -100,11 +99,7 @@ public final class MapOutputWriter implements AutoCloseable {
         }
         raiseIfFailed();
         bytesWritten += len;
-        int n = buffer.append(partition, data, off, len);
-        while (n < len) {
-            buffer.drain(attempt, this::push); // full: push it all, then take the rest
-            n += buffer.append(partition, data, off + n, len - n);
-        }
+        buffer.write(partition, data, off, len);
     }
 
     /** Pushes what is buffered, commits, and returns the bytes stored per reduce partition (§12). */
@@ -113,7 +108,7 @@ public final class MapOutputWriter implements AutoCloseable {
             throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE, "map output already committed or aborted");
         }
         raiseIfFailed();
-        buffer.drain(attempt, this::push);
+        buffer.finish();
         finished = true;
         buffer.release();
         client.send(FrameEncoder.encode(new Frame.CommitMapOutput(stream, pushes)));

@@ -9,21 +9,28 @@ import java.util.Arrays;
 
 /**
  * The one bounded buffer of a map attempt's writer: bytes for any reduce partitions go in as they come,
- * and leave packed by partition into groups of at most a segment (PROTOCOL.md §7.10).
+ * and leave packed by partition into groups of at most a segment (PROTOCOL.md §3.3), each handed to a
+ * {@link GroupSink} (the writer pushes it as one PushData).
  *
  * <p>As in Spark's own map-side sorter, the bytes are appended to pages and a long per record indexes them:
  * {@code partition << 39 | position}, the position being where the record's 4-byte length and bytes lie.
- * The index is put in partition order by a stable radix sort of its partition bits (a byte per pass, as many
- * passes as the highest partition needs), so records of one partition stay in the order they came and a
- * partition's bytes keep their order. A write to the partition of the previous record extends that record,
- * so a caller that writes one partition after another adds one record per partition (per page) and its
- * index is in order already: then no sort runs, and the groups of consecutive {@link #drain}s form one
- * ascending sequence of partitions.
+ * When the buffer is full its index is put in partition order by a stable radix sort of its partition bits
+ * (a byte per pass, as many passes as the highest partition needs), so records of one partition stay in
+ * the order they came and a partition's bytes keep their order, and its records are packed.
  *
- * <p>Per appended record the work is a copy and at most one index entry; per drained record, its share of a
- * radix pass and one copy into the group buffer; per group, the directory. The capacity bounds pages plus
- * index (and the sort's second index); pages are allocated as the buffer fills and kept for the next round
- * until {@link #release}.
+ * <p>A write to the partition of the previous record extends that record, so a caller that writes one
+ * partition after another adds one record per partition (per page) and its index is in order as it
+ * stands. Such writes are packed as soon as {@link #EAGER_SEGMENTS} segments of them are buffered: they
+ * need no sort, and the pages they would fill could only cost memory and cache misses. Only full groups
+ * leave then: the packer keeps its last, partly filled group, and the next writes continue it, so the
+ * groups of writes in partition order are all full but the last and form one ascending sequence of
+ * partitions. The packer closes its group early only when the next record's partition is below its last
+ * one (writes out of order: the buffer's next round starts a new sequence) and at {@link #finish}.
+ *
+ * <p>Per appended record the work is a copy and at most one index entry; per packed record, its share of a
+ * radix pass (if any) and one copy into the group; per group, the directory. The capacity bounds pages plus
+ * index (and the sort's second index); pages are allocated as the buffer fills and kept until
+ * {@link #release}.
  */
 final class PackingBuffer {
     /** Receives each packed group: its header and directory, then its data. */
@@ -31,19 +38,22 @@ final class PackingBuffer {
         void group(byte[] head, int headLength, byte[] data, int dataLength) throws IOException;
     }
 
-    /** The smallest capacity: a few records (a length, a byte and an index entry each). */
-    static final int MIN_CAPACITY = 64;
-    /** Pages stay below half of G1's smallest region (1 MiB): larger arrays are humongous, costly to allocate. */
-    private static final int MAX_PAGE = 256 << 10;
+    /** Writes in partition order are packed once this many segments of them are buffered. */
+    static final int EAGER_SEGMENTS = 8;
     private static final int LENGTH = 4;
     /** An index entry and its place in the radix sort's second array. */
     private static final int INDEX_ENTRY = 16;
+    /** The smallest capacity: one record of one byte. */
+    static final int MIN_CAPACITY = LENGTH + 1 + INDEX_ENTRY;
+    /** Pages stay below half of G1's smallest region (1 MiB): larger arrays are humongous, costly to allocate. */
+    private static final int MAX_PAGE = 256 << 10;
     private static final int POSITION_BITS = 39; // partitions below 2^24 keep the index positive
     private static final long POSITION_MASK = (1L << POSITION_BITS) - 1;
     private static final VarHandle INT = MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.BIG_ENDIAN);
     private static final VarHandle LONG = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.BIG_ENDIAN);
 
     private final long capacity;
+    private final long eager;
     private final int pageSize;
     private final byte[][] pages;
     private long[] index = new long[256];
@@ -58,29 +68,44 @@ final class PackingBuffer {
     private long position;
     private int lastPartition = -1;
 
-    private final int segmentSize;
-    private final byte[] head;
-    private final byte[] data;
+    private final Packer packer;
 
-    PackingBuffer(long capacity, int segmentSize) {
+    PackingBuffer(long capacity, int segmentSize, long attempt, GroupSink sink) {
         this.capacity = Math.max(MIN_CAPACITY, capacity);
+        this.eager = Math.min(this.capacity, (long) EAGER_SEGMENTS * segmentSize);
         this.pageSize = (int) Math.min(MAX_PAGE, this.capacity);
         this.pages = new byte[(int) ((this.capacity + pageSize - 1) / pageSize)][];
-        this.segmentSize = segmentSize;
-        int maxRuns = (segmentSize - Wire.GROUP_HEADER) / (Wire.GROUP_RUN + 1);
-        this.head = new byte[Wire.GROUP_HEADER + Wire.GROUP_RUN * maxRuns];
-        this.data = new byte[segmentSize - Wire.GROUP_HEADER - Wire.GROUP_RUN];
+        this.packer = new Packer(segmentSize, attempt, sink);
     }
 
-    boolean isEmpty() {
-        return records == 0;
+    /** Buffers {@code len} bytes for {@code partition}; packs what is buffered when the buffer is full. */
+    void write(int partition, byte[] src, int off, int len) throws IOException {
+        int n = append(partition, src, off, len);
+        while (n < len) {
+            pack(); // full: pack it all, then take the rest
+            n += append(partition, src, off + n, len - n);
+        }
+        if (inOrder && used >= eager) {
+            pack();
+        }
     }
 
-    /**
-     * Appends as much of {@code len} bytes for {@code partition} as fits; returns how many bytes it took (less
-     * than {@code len} only when the buffer is full: drain it and append the rest).
-     */
-    int append(int partition, byte[] src, int off, int len) {
+    /** Packs everything buffered, the last group included. */
+    void finish() throws IOException {
+        pack();
+        packer.emit();
+    }
+
+    /** Empties the buffer and lets go of its memory. */
+    void release() {
+        Arrays.fill(pages, null);
+        index = new long[0];
+        scratch = new long[0];
+        reset();
+    }
+
+    /** Appends as much as fits; returns how many bytes it took (less than {@code len} only when full). */
+    private int append(int partition, byte[] src, int off, int len) {
         int taken = 0;
         while (taken < len) {
             int inPage = (int) (position % pageSize);
@@ -101,11 +126,11 @@ final class PackingBuffer {
             }
             byte[] page = page(position);
             if (extend) {
-                int at = (int) (index[records - 1] & POSITION_MASK) % pageSize;
+                int at = (int) ((index[records - 1] & POSITION_MASK) % pageSize);
                 INT.set(page, at, (int) INT.get(page, at) + n);
             } else {
                 if (records == index.length) {
-                    index = Arrays.copyOf(index, 2 * records);
+                    index = Arrays.copyOf(index, Math.max(256, 2 * records));
                 }
                 index[records++] = (long) partition << POSITION_BITS | position;
                 INT.set(page, inPage, n);
@@ -132,15 +157,11 @@ final class PackingBuffer {
         return pages[i];
     }
 
-    /**
-     * Hands every buffered byte to {@code sink} as groups of {@code attempt}, in partition order, each filled
-     * up to the segment size, and empties the buffer.
-     */
-    void drain(long attempt, GroupSink sink) throws IOException {
+    /** Hands every buffered record to the packer in partition order and empties the buffer. */
+    private void pack() throws IOException {
         if (!inOrder) {
             sortByPartition();
         }
-        Packer packer = new Packer(attempt, sink);
         for (int r = 0; r < records; r++) {
             long entry = index[r];
             long at = entry & POSITION_MASK;
@@ -148,15 +169,6 @@ final class PackingBuffer {
             int inPage = (int) (at % pageSize);
             packer.add((int) (entry >>> POSITION_BITS), page, inPage + LENGTH, (int) INT.get(page, inPage));
         }
-        packer.emit();
-        reset();
-    }
-
-    /** Empties the buffer and lets go of its memory. */
-    void release() {
-        Arrays.fill(pages, null);
-        index = new long[0];
-        scratch = new long[0];
         reset();
     }
 
@@ -176,7 +188,7 @@ final class PackingBuffer {
         }
         long[] from = index;
         long[] to = scratch;
-        int[] counts = new int[257];
+        int[] counts = new int[256];
         for (int shift = POSITION_BITS; maxPartition >>> (shift - POSITION_BITS) != 0; shift += 8) {
             Arrays.fill(counts, 0);
             for (int i = 0; i < records; i++) {
@@ -199,21 +211,31 @@ final class PackingBuffer {
         scratch = to;
     }
 
-    /** Fills one group at a time: directory entries in {@link #head}, bytes in {@link #data}. */
-    private final class Packer {
+    /** Fills one group at a time: its directory in {@link #head}, its bytes in {@link #data}. */
+    private static final class Packer {
+        private final int segmentSize;
         private final long attempt;
         private final GroupSink sink;
+        private final byte[] head;
+        private final byte[] data;
         private int runs;
         private int filled;
         private int partition = -1;
         private int runStart;
 
-        Packer(long attempt, GroupSink sink) {
+        Packer(int segmentSize, long attempt, GroupSink sink) {
+            this.segmentSize = segmentSize;
             this.attempt = attempt;
             this.sink = sink;
+            int maxRuns = (segmentSize - Wire.GROUP_HEADER) / (Wire.GROUP_RUN + 1);
+            this.head = new byte[Wire.GROUP_HEADER + Wire.GROUP_RUN * maxRuns];
+            this.data = new byte[segmentSize - Wire.GROUP_HEADER - Wire.GROUP_RUN];
         }
 
         void add(int p, byte[] src, int off, int len) throws IOException {
+            if (p < partition) {
+                emit(); // runs of a group ascend: a lower partition starts the next one
+            }
             while (len > 0) {
                 boolean newRun = p != partition;
                 int free = segmentSize - Wire.GROUP_HEADER - Wire.GROUP_RUN * runs - filled

@@ -41,7 +41,8 @@ import scala.reflect.ClassTag$;
  * ({@code spark.shuffled.writerBufferSize}, see {@link MapOutputWriter}), which is pushed packed by
  * partition whenever it fills, so the daemon receives data while the task still runs, and a wide shuffle
  * costs a few bytes of directory per block rather than a buffer per partition. The sorter's partitions come
- * in order, so its pushes need no sort. Commit is atomic on the daemon; its per-partition byte counts go
+ * in order: they need no sort and leave as soon as a few segments are buffered, as one ascending sequence.
+ * Commit is atomic on the daemon; its per-partition byte counts go
  * into the {@link MapStatus}, which AQE uses to coalesce partitions and split skewed ones. Any failure
  * aborts the attempt, so nothing of it is ever read.
  *

@@ -23,7 +23,7 @@ import java.util.function.LongPredicate;
  * Checks of the writer's packing ({@link PackingBuffer}) and the reader's unpacking
  * ({@link PackedGroups}), without a daemon: whatever the writes, partitions, buffer size and segment size,
  * the groups read back to exactly the bytes written per partition; groups are full; writes in partition
- * order stay one ascending sequence over any number of drains; every malformed payload is refused with
+ * order are pushed early, as one ascending sequence of full groups; every malformed payload is refused with
  * PROTOCOL.
  *
  * <p>Usage: {@code PackingCheck [proto/vectors/frames.json]}. With the golden vectors, also their
@@ -43,13 +43,12 @@ public final class PackingCheck {
         c.check("a group is its attempt, run count, directory and data, big-endian", PackingCheck::format);
         c.check("random writes read back byte-exact for every buffer size, segment size and width",
                 PackingCheck::roundTrips);
-        c.check("groups fill the segment: only each drain's last group has room for another run",
+        c.check("groups fill the segment: only the last and those ending a sequence have room for another run",
                 PackingCheck::groupsAreFull);
-        c.check("writes in partition order stay one ascending sequence over many drains",
+        c.check("writes in partition order leave early, as one ascending sequence of full groups",
                 PackingCheck::orderedWritesAscend);
-        c.check("out of order writes: each drain ascends, partitions keep their write order",
-                PackingCheck::eachDrainAscends);
-        c.check("a partition spanning many groups and drains", PackingCheck::partitionSpansManyGroups);
+        c.check("out of order writes: a new sequence only when the buffer filled", PackingCheck::sequencesPerFill);
+        c.check("a partition spanning many groups and buffers", PackingCheck::partitionSpansManyGroups);
         c.check("empty partitions and empty writes are in no directory", PackingCheck::emptyPartitions);
         c.check("runs are slices of the payload, several groups back to back", PackingCheck::runsAreSlices);
         c.check("malformed payloads are refused with PROTOCOL", PackingCheck::malformedRefused);
@@ -72,8 +71,8 @@ public final class PackingCheck {
     /** One write: {@code bytes} for {@code partition}. */
     private record Write(int partition, byte[] bytes) {}
 
-    /** A pushed group and the drain (buffer flush) it came from. */
-    private record Group(int drain, byte[] payload) {}
+    /** A pushed group, and whether it left before the writer finished (while writes were still coming). */
+    private record Group(boolean early, byte[] payload) {}
 
     /** The partition range of a group: its first and last run. */
     private record Span(int first, int last) {}
@@ -91,26 +90,20 @@ public final class PackingCheck {
         return pack(capacity, segment, writes, ATTEMPT);
     }
 
-    /** Appends every write to a buffer of {@code capacity}, draining it whenever it is full and at the end. */
+    /** Writes everything into a buffer of {@code capacity}, then finishes it; returns the groups it made. */
     private static List<Group> pack(long capacity, int segment, List<Write> writes, long attempt) throws Exception {
-        PackingBuffer buffer = new PackingBuffer(capacity, segment);
         List<Group> groups = new ArrayList<>();
-        int[] drains = {0};
-        PackingBuffer.GroupSink sink = (head, headLength, data, dataLength) -> {
+        boolean[] finishing = {false};
+        PackingBuffer buffer = new PackingBuffer(capacity, segment, attempt, (head, headLength, data, dataLength) -> {
             byte[] payload = Arrays.copyOf(head, headLength + dataLength);
             System.arraycopy(data, 0, payload, headLength, dataLength);
-            groups.add(new Group(drains[0], payload));
-        };
+            groups.add(new Group(!finishing[0], payload));
+        });
         for (Write w : writes) {
-            int len = w.bytes().length;
-            int n = buffer.append(w.partition(), w.bytes(), 0, len);
-            while (n < len) {
-                buffer.drain(attempt, sink);
-                drains[0]++;
-                n += buffer.append(w.partition(), w.bytes(), n, len - n);
-            }
+            buffer.write(w.partition(), w.bytes(), 0, w.bytes().length);
         }
-        buffer.drain(attempt, sink);
+        finishing[0] = true;
+        buffer.finish();
         return groups;
     }
 
@@ -212,7 +205,7 @@ public final class PackingCheck {
     private static void format() throws Exception {
         List<Write> writes = List.of(new Write(1, "k2v2".getBytes()), new Write(0, "k1v1".getBytes()),
                 new Write(1, "k3v3".getBytes()));
-        List<Group> groups = pack(1 << 20, 4096, writes);
+        List<Group> groups = pack(1 << 20, 4096, writes, ATTEMPT);
         require(groups.size() == 1, groups.size() + " groups");
         String hex = HEX.formatHex(groups.get(0).payload());
         String want = "800000000000000b" + "00000002" + "00000000" + "00000004" + "00000001" + "00000008"
@@ -232,57 +225,69 @@ public final class PackingCheck {
         }
     }
 
+    /** Whether group {@code i + 1} starts a new sequence: its first partition is below group i's last. */
+    private static boolean descends(List<Span> spans, int i) {
+        return spans.get(i + 1).first() < spans.get(i).last();
+    }
+
     private static void groupsAreFull() throws Exception {
         Random random = new Random(7);
         int segment = 4096;
         List<Group> groups = pack(100_000, segment, randomWrites(random, 2000, 1_000_000));
-        int drains = groups.get(groups.size() - 1).drain() + 1;
-        require(drains > 5, drains + " drains");
-        for (int i = 0; i < groups.size(); i++) {
-            boolean lastOfDrain = i + 1 == groups.size() || groups.get(i + 1).drain() != groups.get(i).drain();
+        List<Span> spans = spans(groups);
+        for (int i = 0; i + 1 < groups.size(); i++) {
             // Full: not even a new run's directory entry and one byte would fit.
-            require(lastOfDrain || groups.get(i).payload().length > segment - Wire.GROUP_RUN - 1,
-                    "group " + i + " of " + groups.get(i).payload().length + " bytes is not the last of its drain");
+            require(descends(spans, i) || groups.get(i).payload().length > segment - Wire.GROUP_RUN - 1,
+                    "group " + i + " of " + groups.get(i).payload().length + " bytes, and the next one goes on");
         }
     }
 
     private static void orderedWritesAscend() throws Exception {
         Random random = new Random(3);
         int partitions = 5000;
+        int segment = 4096;
         List<Write> writes = new ArrayList<>();
+        long total = 0;
         for (int p = 0; p < partitions; p++) {
             for (int i = random.nextInt(4); i > 0; i--) { // a few writes each, some partitions empty
                 writes.add(new Write(p, bytes(random, p, 1 + random.nextInt(700))));
+                total += writes.get(writes.size() - 1).bytes().length;
             }
         }
-        List<Group> groups = pack(50_000, 4096, writes);
-        require(groups.get(groups.size() - 1).drain() > 10, "too few drains to tell");
+        List<Group> groups = pack(16 << 20, segment, writes, ATTEMPT);
         List<Span> spans = spans(groups);
-        for (int i = 1; i < spans.size(); i++) {
-            require(spans.get(i).first() >= spans.get(i - 1).last(),
-                    "group " + i + " starts at partition " + spans.get(i).first() + " after group " + (i - 1)
-                            + " ended at " + spans.get(i - 1).last());
+        long early = 0;
+        for (int i = 0; i < groups.size(); i++) {
+            int length = groups.get(i).payload().length;
+            require(i + 1 == groups.size() || !descends(spans, i), "group " + (i + 1) + " starts a new sequence");
+            require(i + 1 == groups.size() || length > segment - Wire.GROUP_RUN - 1, "group " + i + " is not full");
+            early += groups.get(i).early() ? length : 0;
         }
-        readsBack(writes, partitions, 50_000, 4096);
+        // Buffered when the writes ended: under the eager threshold, and the packer's last group.
+        long held = (PackingBuffer.EAGER_SEGMENTS + 1L) * segment;
+        require(early >= total - held, early + " of " + total + " bytes left before the end");
+        readsBack(writes, partitions, 16 << 20, segment);
     }
 
-    private static void eachDrainAscends() throws Exception {
+    private static void sequencesPerFill() throws Exception {
         Random random = new Random(11);
         int partitions = 300;
+        int capacity = 30_000;
         List<Write> writes = randomWrites(random, partitions, 400_000);
-        List<Group> groups = pack(30_000, 4096, writes);
+        List<Group> groups = pack(capacity, 4096, writes, ATTEMPT);
         List<Span> spans = spans(groups);
-        boolean descendsBetweenDrains = false;
-        for (int i = 1; i < spans.size(); i++) {
-            boolean ascends = spans.get(i).first() >= spans.get(i - 1).last();
-            if (groups.get(i).drain() == groups.get(i - 1).drain()) {
-                require(ascends, "group " + i + " descends within drain " + groups.get(i).drain());
-            } else {
-                descendsBetweenDrains |= !ascends;
+        long data = 0;
+        int sequences = 1;
+        for (int i = 0; i < groups.size(); i++) {
+            data += groups.get(i).payload().length;
+            if (i + 1 < groups.size() && descends(spans, i)) {
+                require(data >= capacity / 4, "a sequence of only " + data + " bytes: the buffer was not full");
+                data = 0;
+                sequences++;
             }
         }
-        require(descendsBetweenDrains, "random writes never started a new sequence: the check cannot fail");
-        readsBack(writes, partitions, 30_000, 4096);
+        require(sequences > 2, sequences + " sequences: random writes never filled the buffer, the check cannot fail");
+        readsBack(writes, partitions, capacity, 4096);
     }
 
     private static void partitionSpansManyGroups() throws Exception {
@@ -297,7 +302,7 @@ public final class PackingCheck {
         List<Group> groups = pack(100_000, 4096, writes);
         long holding3 = spans(groups).stream().filter(s -> s.first() <= 3 && s.last() >= 3).count();
         require(holding3 >= (2L << 20) / 4096, "partition 3 in " + holding3 + " groups");
-        require(groups.get(groups.size() - 1).drain() >= 20, "partition 3 in too few drains");
+        require(groups.stream().filter(Group::early).count() >= 20, "partition 3 left only at the end");
         readsBack(writes, 5, 100_000, 4096);
     }
 
