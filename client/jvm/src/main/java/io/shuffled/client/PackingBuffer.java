@@ -1,5 +1,6 @@
 package io.shuffled.client;
 
+import io.shuffled.client.wire.PackedGroups;
 import io.shuffled.client.wire.Wire;
 import java.io.IOException;
 import java.lang.invoke.MethodHandles;
@@ -238,8 +239,7 @@ final class PackingBuffer {
             }
             while (len > 0) {
                 boolean newRun = p != partition;
-                int free = segmentSize - Wire.GROUP_HEADER - Wire.GROUP_RUN * runs - filled
-                        - (newRun ? Wire.GROUP_RUN : 0);
+                int free = segmentSize - (int) PackedGroups.size(newRun ? runs + 1 : runs, filled);
                 if (free <= 0) {
                     emit();
                     continue;
@@ -272,7 +272,7 @@ final class PackingBuffer {
             closeRun();
             LONG.set(head, 0, attempt);
             INT.set(head, 8, runs);
-            sink.group(head, Wire.GROUP_HEADER + Wire.GROUP_RUN * runs, data, filled);
+            sink.group(head, (int) PackedGroups.size(runs, 0), data, filled);
             runs = 0;
             filled = 0;
             partition = -1;

@@ -304,7 +304,7 @@ public final class PartitionReader implements AutoCloseable {
                     } else if (payload != null && crc != b.crc()) {
                         error = new ShuffledException(ErrorCode.CORRUPT_DATA, "read stream " + stream + ": buffer "
                                 + b.sequence() + " failed its CRC32C check (got " + Long.toHexString(crc)
-                                + ", the daemon sent " + Long.toHexString(b.crc()) + ")");
+                                + ", the frame says " + Long.toHexString(b.crc()) + ")");
                         gap = true; // the stream ends here: cancel it at the daemon
                     } else if (malformed != null) {
                         error = new ShuffledException(ErrorCode.PROTOCOL,

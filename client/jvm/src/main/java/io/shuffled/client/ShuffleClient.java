@@ -410,7 +410,7 @@ public final class ShuffleClient implements AutoCloseable {
         send(frame, null, 0, null, 0);
     }
 
-    /** Writes a frame prefix followed by a payload in two parts (their first {@code n} bytes), and flushes. */
+    /** Writes a frame prefix, then its payload (the first bytes of {@code first}, then of {@code second}). */
     void send(byte[] prefix, byte[] first, int firstLength, byte[] second, int secondLength) throws IOException {
         check();
         try {
@@ -462,8 +462,7 @@ public final class ShuffleClient implements AutoCloseable {
         }
     }
 
-    private ByteBuffer payloadTarget(FrameType type, long stream, int length)
-            throws ProtocolException {
+    private ByteBuffer payloadTarget(FrameType type, long stream, int length) throws ProtocolException {
         if (type != FrameType.BUFFER_RESPONSE) {
             throw new ProtocolException(type + " is not sent to a client");
         }

@@ -4,7 +4,7 @@ import java.nio.ByteBuffer;
 import java.util.function.LongPredicate;
 
 /**
- * The payload format of both data frames (PROTOCOL.md §7.10): packed groups. A group is one map attempt's
+ * The payload format of both data frames (PROTOCOL.md §3.3): packed groups. A group is one map attempt's
  * bytes for one or more reduce partitions, with its directory in front:
  *
  * <pre>

@@ -27,9 +27,9 @@ public final class Wire {
     public static final int BUFFER_RESPONSE_FIXED = 16;
     /** sequence u32, crc u32 (§7.10). */
     public static final int PUSH_DATA_FIXED = 8;
-    /** A packed group's attempt u64 and run count u32, before its directory (the packed group, §7.10). */
+    /** A packed group's attempt u64 and run count u32, before its directory (§3.3). */
     public static final int GROUP_HEADER = 12;
-    /** One directory entry of a packed group: partition u32, length u32 (§7.10). */
+    /** One directory entry of a packed group: partition u32, length u32 (§3.3). */
     public static final int GROUP_RUN = 8;
 
     /** Largest body of any frame except BufferResponse and PushData (§9). */
