@@ -6,6 +6,8 @@ import io.shuffled.client.wire.Role;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.lang.reflect.Method;
 import java.nio.ByteBuffer;
 import java.util.Arrays;
@@ -25,12 +27,14 @@ import java.util.concurrent.LinkedBlockingQueue;
  * </pre>
  *
  * Prints one line per (partitions, order): the median of the runs in MB/s (10^6 bytes of records per
- * second) and records/s, and the PushData frames and wire bytes per map output. The sink is the same for any
+ * second) and records/s, the same per CPU second of the writing thread (steadier than wall time on a busy
+ * machine), and the PushData frames and wire bytes per map output. The sink is the same for any
  * version of the client, so the program compiles and runs against an older jar for a same-run baseline (a
  * writer with {@code flush(int)} gets it called after each partition in order, as the sorted path did).
  */
 public final class WriterBench {
     private static final int SEGMENT = 32 << 10;
+    private static final ThreadMXBean CPU = ManagementFactory.getThreadMXBean();
 
     public static void main(String[] args) throws Exception {
         Map<String, String> opts = new java.util.HashMap<>();
@@ -54,10 +58,12 @@ public final class WriterBench {
                 for (boolean inOrder : new boolean[] {true, false}) {
                     int[] targets = targets(partitions, (int) (bytes / record), inOrder);
                     double[] seconds = new double[runs];
+                    double[] cpuSeconds = new double[runs];
                     for (int run = -1; run < runs; run++) { // run -1 warms the JIT up
                         long pushes = sink.pushes;
                         long wire = sink.wireBytes;
                         long started = System.nanoTime();
+                        long cpuStarted = CPU.getCurrentThreadCpuTime();
                         MapOutputWriter w = client.openWriter("bench", 1, 0, ++attempt, partitions);
                         sink.partitions = partitions;
                         for (int i = 0; i < targets.length; i++) {
@@ -70,16 +76,21 @@ public final class WriterBench {
                         w.commit();
                         if (run >= 0) {
                             seconds[run] = (System.nanoTime() - started) / 1e9;
+                            cpuSeconds[run] = (CPU.getCurrentThreadCpuTime() - cpuStarted) / 1e9;
                         }
                         sink.lastPushes = sink.pushes - pushes;
                         sink.lastWire = sink.wireBytes - wire;
                     }
                     Arrays.sort(seconds);
+                    Arrays.sort(cpuSeconds);
                     double median = seconds[runs / 2];
+                    double cpu = cpuSeconds[runs / 2];
                     double total = (double) targets.length * record;
-                    String line = "partitions %6d  %-8s  %8.1f MB/s  %10.0f records/s  %7d pushes  %.4f wire/data%n";
+                    String line = "partitions %6d  %-8s  %8.1f MB/s  %10.0f records/s  %8.1f MB/cpu-s"
+                            + "  %10.0f records/cpu-s  %7d pushes  %.4f wire/data%n";
                     System.out.printf(line, partitions, inOrder ? "in-order" : "random", total / median / 1e6,
-                            targets.length / median, sink.lastPushes, sink.lastWire / total);
+                            targets.length / median, total / cpu / 1e6, targets.length / cpu, sink.lastPushes,
+                            sink.lastWire / total);
                 }
             }
         }
