@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between looks at a draining daemon (`shuffled drain --wait`)
 DRAIN_POLL = 0.5
+#: exit status of `shuffled drain --wait` when attempts were left on the drained daemon only
+INCOMPLETE = 3
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -97,10 +99,16 @@ def _build_parser() -> argparse.ArgumentParser:
         description="The daemon refuses new pushes (its /readyz fails), lets open pushes finish, copies every "
         "committed attempt with fewer copies on other daemons than its replica count to one of them, refuses new "
         "reads from its clients, lets open reads finish and exits; answered at once (stats `drain` shows the "
-        "progress). With a peer secret configured, the request carries a proof made with it.",
+        "progress). With a peer secret configured, the daemon first proves it has the peer secret, then the "
+        "request carries a proof made with it.",
     )
     drain.add_argument("address", help="daemon address, host:port or unix:/path")
-    drain.add_argument("--wait", action="store_true", help="return when the daemon has stopped, not at once")
+    drain.add_argument(
+        "--wait",
+        action="store_true",
+        help="print the progress and how the drain ended, and return when the daemon has stopped; exit status "
+        f"{INCOMPLETE} when the hand-over left attempts that no other daemon holds",
+    )
     drain.add_argument(
         "--timeout",
         type=int,
@@ -230,37 +238,30 @@ def _peer_secret(path: str | None) -> bytes | None:
 
 
 async def _drain(args: argparse.Namespace) -> int:
-    """Ask for the drain (with a proof when there is a peer secret); with --wait, follow it until the
-    daemon closes the connection and refuses new ones, or a daemon that is not draining answers on its
-    address (a supervisor restarted it)."""
+    """Ask for the drain (with a proof when there is a peer secret); with --wait, follow it, print how it
+    ended, and return once the daemon closed the connection and refuses new ones, or a daemon that is not
+    draining answers on its address (a supervisor restarted it). Exit status: 0, or INCOMPLETE when the
+    hand-over left attempts that no other daemon holds (a rolling restart should stop there)."""
     from shuffled_client import AsyncClient, ConnectionLost
 
-    from .protocol.auth import drain_proof, read_secret_file
+    from .protocol.auth import read_secret_file
 
     secret = read_secret_file(args.secret_file) if args.secret_file else None
     peer_secret = _peer_secret(args.peer_secret_file)
     client = await AsyncClient.connect(args.address, secret=secret)
     try:
-        stats = await client.stats()
         request: dict[str, Any] = {"handoff": not args.no_handoff}
         if args.timeout is not None:
             request["timeout"] = args.timeout
+        node = client.daemon_node
         if peer_secret is not None:
-            request["proof"] = drain_proof(peer_secret, stats["node"], stats["start_time"])
-        answer = await client._admin_call("drain", request)
-        print(f"{stats['node']}: draining ({answer['state']})", flush=True)
+            node, request["proof"] = await _drain_proof(client, args.address, peer_secret, request)
+        stats = await client.stats()
         if not args.wait:
+            answer = await client._admin_call("drain", request)
+            print(f"{node}: draining ({answer['state']})", flush=True)
             return 0
-        shown: dict[str, Any] = {}
-        while True:
-            try:
-                progress = (await client.stats())["drain"]
-            except ConnectionLost:
-                break
-            if progress != shown:
-                print(" ".join(f"{k}={v}" for k, v in sorted(progress.items())), flush=True)
-                shown = progress
-            await asyncio.sleep(DRAIN_POLL)
+        result = await _follow(client, node, request)
     finally:
         await client.close()
     while True:  # the connection is closed when the daemon stops; its listeners close right after
@@ -272,7 +273,90 @@ async def _drain(args: argparse.Namespace) -> int:
         if not now["draining"] or (now["node"], now["start_time"]) != (stats["node"], stats["start_time"]):
             break  # another life of the daemon (a supervisor restarted it): the drained one has stopped
         await asyncio.sleep(DRAIN_POLL)
-    print(f"{stats['node']}: stopped", flush=True)
+    print(f"{node}: stopped", flush=True)
+    return _verdict(node, result)
+
+
+async def _drain_proof(client: Any, address: str, peer_secret: bytes, request: dict[str, Any]) -> tuple[str, str]:
+    """The daemon's node and the proof for `request` (PROTOCOL.md §13). The daemon proves the peer secret
+    over a fresh nonce of ours first, and names the address it sees us at: whoever merely answers at
+    `address` (with the cluster secret every application has), or relays to another daemon, gets no
+    proof, so it has nothing to replay against a daemon it wants stopped."""
+    from .protocol.auth import check_nonce, drain_challenge_proof, drain_proof, new_nonce, proof_matches
+    from .protocol.errors import AuthFailed
+
+    nonce = new_nonce()
+    answer = await client._admin_call("drain_challenge", {"nonce": nonce})
+    theirs, node, seen, proof = (answer.get(k) for k in ("nonce", "node", "client", "proof"))
+    if not all(isinstance(v, str) for v in (theirs, node, seen, proof)):
+        raise AuthFailed(f"the daemon at {address} answered drain_challenge without a proof: not draining it")
+    check_nonce(theirs, f"the daemon at {address}")
+    if not proof_matches(drain_challenge_proof(peer_secret, nonce, theirs, node, seen), proof):
+        raise AuthFailed(
+            f"whoever answers at {address} could not prove it has the peer secret: not draining it (a wrong "
+            "--peer-secret-file, or not a daemon of this cluster)"
+        )
+    if seen != client.local_address:
+        raise AuthFailed(
+            f"{node} sees this command connect from {seen}, but it connected from {client.local_address}: "
+            f"whoever answers at {address} relays to it (or NAT does); not draining. Drain a daemon over an "
+            "address it sees you at, such as its Unix socket"
+        )
+    return node, drain_proof(peer_secret, nonce, theirs, request["handoff"], request.get("timeout"))
+
+
+async def _follow(client: Any, node: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    """Ask for the drain with `wait` and print its progress as it changes until the daemon answers how it
+    ended (before it closes the connection); None if the daemon stopped first."""
+    from shuffled_client import ConnectionLost, ShuffledError, ShuttingDown
+
+    ending = client._admin_request("drain", {**request, "wait": True})
+    shown: dict[str, Any] | None = None
+    while True:
+        try:
+            progress = (await client.stats())["drain"]  # answered after the drain request: it is under way
+        except ShuffledError:  # stopping: the answer is on its way, or the connection is gone
+            break
+        if ending.done() and ending.exception() is not None:  # refused
+            break
+        if shown is None:
+            print(f"{node}: draining ({progress['state']})", flush=True)
+        elif progress != shown:
+            print(_progress(progress), flush=True)
+        shown = progress
+        if ending.done():
+            break
+        await asyncio.wait({ending}, timeout=DRAIN_POLL)
+    try:
+        result: dict[str, Any] = await ending
+    except (ConnectionLost, ShuttingDown):
+        return None
+    print(_progress(result), flush=True)
+    return result
+
+
+def _progress(drain: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(drain.items()))
+
+
+def _verdict(node: str, result: dict[str, Any] | None) -> int:
+    """The exit status of `drain --wait`, and what it means on stderr."""
+    if result is None:
+        print(f"shuffled drain: {node} stopped before it said how its drain ended", file=sys.stderr)
+        return INCOMPLETE
+    if result.get("failed"):
+        print(
+            f"shuffled drain: hand-over incomplete: {result['failed']} copies of attempts no other daemon holds "
+            f"could not be made; they are lost with {node} unless it comes back on its data dir",
+            file=sys.stderr,
+        )
+        return INCOMPLETE
+    if result.get("short"):
+        print(
+            f"shuffled drain: {result['short']} copies could not be placed (fewer daemons took them than the "
+            "replica count wants); every attempt has a copy on another daemon",
+            file=sys.stderr,
+        )
     return 0
 
 

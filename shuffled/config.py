@@ -458,7 +458,9 @@ class DaemonConfig:
         metavar="HOST",
     )
     metrics_port: int = setting(
-        7338, "port of the HTTP endpoint; 0 picks a free one (logged), -1 turns the endpoint off"
+        7338,
+        "port of the HTTP endpoint; 0 picks a free one (logged), -1 turns the endpoint off; daemons on one "
+        "host need one each",
     )
     drain_timeout: float = setting(
         20.0,

@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 FAIL_LINGER = 5.0
 
 
+def endpoint_name(address: object) -> str:
+    """A socket address as the daemon names the other end of a connection: "ip:port", "unix" for a Unix
+    socket (both ends of a connection name it alike, which the drain challenge relies on)."""
+    if isinstance(address, tuple):
+        return f"{address[0]}:{address[1]}"
+    return str(address) if address else "unix"
+
+
 class FrameConnection(asyncio.BufferedProtocol):
     def __init__(
         self,
@@ -58,8 +66,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or "unix")
+        self.peer = endpoint_name(transport.get_extra_info("peername"))
         self._sender = Sender(self.transport, self._high, self._low)
         self.proto.send = self._sender.send_control
         self.on_made()
@@ -131,11 +138,15 @@ class FrameConnection(asyncio.BufferedProtocol):
         if self._sender is not None:
             self._sender.stop()
         self.proto.discard_pending()
-        transport.write(self.proto.fail(exc))
-        if not transport.can_write_eof():
+        try:
+            transport.write(self.proto.fail(exc))
+            if not transport.can_write_eof():
+                transport.close()
+                return
+            transport.write_eof()
+        except OSError:  # the peer closed already (its FIN not yet seen here): there is no one to tell
             transport.close()
             return
-        transport.write_eof()
         self._discard = memoryview(bytearray(64 << 10))
         self.on_failed()
         asyncio.get_running_loop().call_later(FAIL_LINGER, transport.close)

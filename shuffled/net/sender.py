@@ -131,6 +131,14 @@ class Sender:
         self._reap()
         self._schedule()
 
+    def flush_control(self) -> None:
+        """Hand the control frames queued for this loop turn to the transport now (a connection closing
+        on purpose still sends the answers it made)."""
+        if self._control and not self.closed and not self.transport.is_closing():
+            control, self._control = self._control, []
+            self.transport.writelines(control)
+            self._written += sum(len(c) for c in control)
+
     def stop(self) -> None:
         """Send nothing more; what the transport holds stays lent until `close`."""
         self.closed = True
@@ -156,10 +164,7 @@ class Sender:
     def _flush(self) -> None:
         if self.closed or self.transport.is_closing():
             return
-        if self._control:
-            control, self._control = self._control, []
-            self.transport.writelines(control)
-            self._written += sum(len(c) for c in control)
+        self.flush_control()
         while self.scheduler and not self.paused and not self.closed:
             self._send_batch()
         self._reap()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -43,24 +44,11 @@ class BufferResponseStream(Outbound):
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
         if is_event:
-            pack_buffer_response_prefix(
-                into, offset, self.stream, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, 0, 0
-            )
+            pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, BufferKind.END_OF_PARTITION, 0, 0)
             return BUFFER_RESPONSE_PREFIX.size, None
         chunk: Chunk = item
         buf = chunk.buffer
-        pack_buffer_response_prefix(
-            into,
-            offset,
-            self.stream,
-            seq,
-            backlog,
-            chunk.partition,
-            BufferKind.DATA,
-            chunk.attempt,
-            buf.length,
-            chunk.crc,
-        )
+        pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, BufferKind.DATA, buf.length, chunk.crc)
         return BUFFER_RESPONSE_PREFIX.size, buf
 
     def end(self) -> None:
@@ -72,10 +60,19 @@ class PushEvent(Enum):
     ABORT = FrameType.ABORT_MAP_OUTPUT
 
 
+@dataclass(slots=True)
+class Payload:
+    """One PushData payload: a pool buffer holding one packed group, and its CRC32C when it is already known."""
+
+    buffer: Buffer
+    crc: int = 0
+
+
 class PushStream(Outbound):
     """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
-    A primary forwarding a push to a replica (server/replication.py) sets `forward_crc`: its chunks carry the
+    Items are `Payload`s (or anything with the same `buffer` and `crc`, as the daemon's stored chunks). A
+    primary forwarding a push to a replica (server/replication.py) sets `forward_crc`: its chunks carry the
     CRC32C it checked when they arrived, so it is sent as is rather than computed again; and `on_progress`,
     to hear when its queue shrinks (the pusher's credit waits on it).
     """
@@ -103,9 +100,9 @@ class PushStream(Outbound):
                 return HEADER.size + 4, None
             HEADER.pack_into(into, offset, 0, FrameType.ABORT_MAP_OUTPUT, 0, 0, self.stream)
             return HEADER.size, None
-        chunk: Chunk = item
-        buf = chunk.buffer
-        crc = chunk.crc if self.forward_crc else checksum(buf.data())
-        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, buf.length, crc)
+        payload: Payload = item
+        buf = payload.buffer
+        crc = payload.crc if self.forward_crc else checksum(buf.data())
+        pack_push_data_prefix(into, offset, self.stream, self.pushed, buf.length, crc)
         self.pushed += 1
-        return PUSH_DATA_PREFIX.size, chunk.buffer
+        return PUSH_DATA_PREFIX.size, buf

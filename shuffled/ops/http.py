@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import socket
 import threading
 import time
@@ -54,7 +55,10 @@ class OpsServer:
         try:
             self._httpd = server_class((host, port), _Handler)
         except OSError as exc:
-            raise OSError(exc.errno, f"metrics endpoint {host}:{port}: {exc.strerror}") from None
+            hint = ""
+            if exc.errno == errno.EADDRINUSE:
+                hint = " (daemons on one host need a metrics port each: --metrics-port, 0 for any, -1 for none)"
+            raise OSError(exc.errno, f"metrics endpoint {host}:{port}: {exc.strerror}{hint}") from None
         self._httpd.ops = self
         self._thread: threading.Thread | None = None
 

@@ -124,13 +124,16 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _gauge(
         "shuffled_drain_pending_copies",
         "Copies a draining daemon's hand-over still has to make",
-        drain.to_copy - drain.copied - drain.failed,
+        drain.to_copy - drain.copied - drain.failed - drain.short,
     )
     yield _labelled(
         CounterMetricFamily(
-            "shuffled_drain_copies", "Hand-over copies of a drain, by outcome (copied, failed)", labels=["outcome"]
+            "shuffled_drain_copies",
+            "Hand-over copies of a drain, by outcome: copied; failed (of attempts no other daemon holds: they "
+            "stay on this one only); short (not made, but another daemon holds the attempt)",
+            labels=["outcome"],
         ),
-        {"copied": drain.copied, "failed": drain.failed},
+        {"copied": drain.copied, "failed": drain.failed, "short": drain.short},
     )
     yield _counter(
         "shuffled_drain_copied_bytes", "Bytes the drain's hand-over copied to other daemons", drain.copied_bytes
@@ -291,16 +294,21 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     failover = s.failover
     yield _labelled(
         CounterMetricFamily(
-            "shuffled_read_failovers",
-            "Times a relayed read looked for another copy of a location's data after the daemon serving it "
-            "failed, by the wire code it failed with",
+            "shuffled_read_failover_tries",
+            "Times a relayed read looked for the next copy of a location's data after the daemon serving it "
+            "failed, by the wire code it failed with (tries, not successes: see recovered and exhausted)",
             labels=["code"],
         ),
         # every code from zero, as for shuffled_errors: a rate then sees a location's first failover
-        {code.name: failover.failovers.get(code.name, 0) for code in ErrorCode},
+        {code.name: failover.tries.get(code.name, 0) for code in ErrorCode},
     )
     yield _counter(
-        "shuffled_read_failovers_exhausted",
+        "shuffled_read_failover_recovered",
+        "Locations of relayed reads that failed and were served to their end by another copy",
+        failover.recovered,
+    )
+    yield _counter(
+        "shuffled_read_failover_exhausted",
         "Relayed reads that failed because no copy of their data was left",
         failover.exhausted,
     )

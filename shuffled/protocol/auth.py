@@ -23,6 +23,7 @@ _DIALER = b"shuffled-v2 dialer\n"
 _ACCEPTOR = b"shuffled-v2 acceptor\n"
 _APP = b"shuffled-v2 app\n"
 _DRAIN = b"shuffled-v2 drain\n"
+_DRAIN_CHALLENGE = b"shuffled-v2 drain challenge\n"
 #: hex characters of a nonce we make (16 random bytes); shorter ones from others are refused
 NONCE_HEX = 32
 
@@ -60,10 +61,21 @@ def app_token(app_secret: bytes, app: str) -> str:
     return hmac.new(app_secret, _APP + app.encode(), hashlib.sha256).hexdigest()
 
 
-def drain_proof(peer_secret: bytes, node: str, start_time: int) -> str:
-    """What the admin `drain` carries: only peer-secret holders can stop a daemon, and a proof names one
-    process life (its node and start time), so a replay after a restart stops nothing."""
-    return hmac.new(peer_secret, _DRAIN + f"{node}\n{start_time}".encode(), hashlib.sha256).hexdigest()
+def drain_challenge_proof(peer_secret: bytes, caller_nonce: str, daemon_nonce: str, node: str, caller: str) -> str:
+    """What a daemon answers the admin `drain_challenge` with (PROTOCOL.md §13): it has the peer secret, for
+    this caller's fresh nonce, is `node`, and sees the caller connect from `caller`. The caller sends its
+    own proof only after checking this, so whoever merely answers at the address it drains (with the
+    cluster secret, which every application has) learns nothing it could replay, and a relay to another
+    daemon shows as an address the caller does not have."""
+    message = _DRAIN_CHALLENGE + f"{caller_nonce}\n{daemon_nonce}\n{node}\n{caller}".encode()
+    return hmac.new(peer_secret, message, hashlib.sha256).hexdigest()
+
+
+def drain_proof(peer_secret: bytes, caller_nonce: str, daemon_nonce: str, handoff: bool, timeout: int | None) -> str:
+    """What the admin `drain` carries: only peer-secret holders can stop a daemon, the proof is good once,
+    for the challenge the daemon answered on this connection, and for these arguments only."""
+    args = f"{caller_nonce}\n{daemon_nonce}\n{'true' if handoff else 'false'}\n{'' if timeout is None else timeout}"
+    return hmac.new(peer_secret, _DRAIN + args.encode(), hashlib.sha256).hexdigest()
 
 
 def token_digest(token: str | None) -> bytes:

@@ -405,9 +405,7 @@ class ProtocolConnection:
 
     # -- frames in
 
-    def _payload_target(
-        self, ftype: FrameType, stream: int, partition: int, length: int
-    ) -> tuple[memoryview, Any] | None:
+    def _payload_target(self, ftype: FrameType, stream: int, length: int) -> tuple[memoryview, Any] | None:
         table = self.theirs if ftype == FrameType.PUSH_DATA else self.own
         entry = table.get(stream)
         if entry is None or entry.target is None:

@@ -28,20 +28,20 @@ import msgpack
 from .errors import ProtocolError, UnsupportedVersion
 
 MAGIC = b"SHFD"
-VERSION = 2
+VERSION = 3
 
 #: length u32 (bytes after this header), type u8, flags u8, reserved u16, stream u32
 HEADER = struct.Struct(">IBBHI")
 HEADER_SIZE = HEADER.size  # 12
 
-#: BufferResponse fixed part: sequence u32, backlog u32, partition u32, kind u16, reserved u16, attempt u64,
-#: crc u32 (CRC32C of the payload, 0 for events)
-BUFFER_RESPONSE_FIXED = struct.Struct(">IIIHHQI")
-#: PushData fixed part: sequence u32, partition u32, crc u32 (CRC32C of the payload)
-PUSH_DATA_FIXED = struct.Struct(">III")
+#: BufferResponse fixed part: sequence u32, backlog u32, kind u16, reserved u16, crc u32 (CRC32C of the payload,
+#: 0 for events). The payload's packed groups say which partitions and attempts it holds (packed.py).
+BUFFER_RESPONSE_FIXED = struct.Struct(">IIHHI")
+#: PushData fixed part: sequence u32, crc u32 (CRC32C of the payload, one packed group)
+PUSH_DATA_FIXED = struct.Struct(">II")
 #: header and fixed part in one pack_into call
-BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIIHHQI")
-PUSH_DATA_PREFIX = struct.Struct(">IBBHIIII")
+BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIHHI")
+PUSH_DATA_PREFIX = struct.Struct(">IBBHIII")
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
@@ -245,28 +245,32 @@ def _u64(value: object) -> bool:
 
 
 def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
-    """Where a failed-over read goes on (§10.6): {partition, done, attempt?, chunks?, bytes?}."""
+    """Where a failed-over read goes on (§10.6): {done, attempt?, partition?, bytes?}, the last three all or none.
+
+    Only the shape is checked here (PROTOCOL); whether the values fit the request is `resume.Resume.check`'s
+    (INVALID_REQUEST, on the stream)."""
     value = m.get(key)
     if value is None:
         return None
     bad = ProtocolError(
-        f"{cls.TYPE.name}: '{key}' must be a map of partition (u32), done (attempt ids) and optionally "
-        "attempt (an attempt id), chunks and bytes (counts), all three or none"
+        f"{cls.TYPE.name}: '{key}' must be a map of done (attempt ids) and optionally attempt (an attempt id), "
+        "partition (u32) and bytes (u64), all three or none"
     )
-    if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or not {"partition", "done"} <= set(value):
+    if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or "done" not in value:
         raise bad
     done = value["done"]
-    partition = value["partition"]
-    if not (_u64(partition) and partition < 1 << 32) or not isinstance(done, list) or not all(_u64(a) for a in done):
+    if not isinstance(done, list) or not all(_u64(a) for a in done):
         raise bad
-    pair = [value.get(k) for k in ("attempt", "chunks", "bytes")]
-    if any(v is not None for v in pair) and not all(v is not None and _u64(v) for v in pair):
+    point = [value.get(k) for k in ("attempt", "partition", "bytes")]
+    if any(v is not None for v in point) and not all(v is not None and _u64(v) for v in point):
+        raise bad
+    if point[1] is not None and point[1] >= 1 << 32:
         raise bad
     return value
 
 
 _APP_KEY = re.compile(r"(?:[0-9a-f]{64})?")
-_RESUME_KEYS = frozenset({"partition", "done", "attempt", "chunks", "bytes"})
+_RESUME_KEYS = frozenset({"done", "attempt", "partition", "bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,15 +375,14 @@ class ErrorBody:
 
 
 class CommitAckBody:
-    """A u32 count, then that many u64 partition lengths: binary, as a map output can have 100k partitions."""
+    """A u32 count, then that many u64 partition lengths: binary, as a map output can have 100k partitions
+    (one struct call with a repeat count either way, not a Python step per partition)."""
 
     __slots__ = ()
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
         lengths = frame.lengths
-        return _frame(
-            ftype, frame.writer, U32.pack(len(lengths)) + b"".join(int(n).to_bytes(8, "big") for n in lengths)
-        )
+        return _frame(ftype, frame.writer, struct.pack(f">I{len(lengths)}Q", len(lengths), *lengths))
 
     def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
         if len(body) < U32.size:
@@ -387,7 +390,7 @@ class CommitAckBody:
         (n,) = U32.unpack_from(body)
         if len(body) != 4 + 8 * n:
             raise ProtocolError(f"CommitAck: {n} lengths need {4 + 8 * n} bytes, got {len(body)}")
-        return cls(stream, [int.from_bytes(body[4 + 8 * i : 12 + 8 * i], "big") for i in range(n)])
+        return cls(stream, list(struct.unpack_from(f">{n}Q", body, 4)))
 
 
 def pack_buffer_response_prefix(
@@ -396,13 +399,11 @@ def pack_buffer_response_prefix(
     receiver: int,
     sequence: int,
     backlog: int,
-    partition: int,
     kind: int,
-    attempt: int,
     payload_len: int,
     crc: int,
 ) -> None:
-    """Write header + fixed part of a BufferResponse; the payload follows as its own slice."""
+    """Write header + fixed part of a BufferResponse; the payload follows as its own slice(s)."""
     BUFFER_RESPONSE_PREFIX.pack_into(
         into,
         offset,
@@ -413,19 +414,17 @@ def pack_buffer_response_prefix(
         receiver,
         sequence,
         backlog,
-        partition,
         kind,
         0,
-        attempt,
         crc,
     )
 
 
 def pack_push_data_prefix(
-    into: bytearray | memoryview, offset: int, writer: int, sequence: int, partition: int, payload_len: int, crc: int
+    into: bytearray | memoryview, offset: int, writer: int, sequence: int, payload_len: int, crc: int
 ) -> None:
     PUSH_DATA_PREFIX.pack_into(
-        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, partition, crc
+        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, crc
     )
 
 
@@ -552,7 +551,8 @@ class PartitionRequest:
     locations: dict[str, list[int]]
     #: the application token (PROTOCOL.md §6.2); None: the request carries none
     token: str | None = None
-    #: a read another daemon fails over to goes on where the failed one stopped (§10.6); daemons only
+    #: a read another daemon fails over to goes on where the failed one stopped (§10.6; daemons only): the wire
+    #: map, whose shape the decoder checked; `resume.Resume.from_wire` makes the typed value of it
     resume: dict[str, Any] | None = None
 
 
@@ -574,19 +574,16 @@ class BufferResponse:
         "receiver",
         "sequence",
         "backlog",
-        "partition",
         "kind",
-        "attempt",
     )
 
     receiver: int
     sequence: int
     backlog: int
-    partition: int
     kind: BufferKind
-    attempt: int
     length: int
-    #: what the payload sink returned for this frame (e.g. a pool Buffer), None if discarded
+    #: what the payload sink returned for this frame (e.g. a pool Buffer), None if discarded; a DATA payload is
+    #: one or more packed groups (packed.py)
     payload: Any = None
     #: CRC32C of the payload as the writer computed it (0 for events); None: computed when encoded
     crc: int | None = None
@@ -644,12 +641,12 @@ class PushCredit:
 @dataclass(slots=True)
 class PushData:
     TYPE: ClassVar[FrameType] = FrameType.PUSH_DATA
-    BODY: ClassVar[DataBody] = DataBody(PUSH_DATA_FIXED, pack_push_data_prefix, "writer", "sequence", "partition")
+    BODY: ClassVar[DataBody] = DataBody(PUSH_DATA_FIXED, pack_push_data_prefix, "writer", "sequence")
 
     writer: int
     sequence: int
-    partition: int
     length: int
+    #: one packed group (packed.py), landed where the payload sink said
     payload: Any = None
     #: CRC32C of the payload as the writer computed it; None: computed when encoded
     crc: int | None = None

@@ -14,13 +14,25 @@ from ..protocol.frames import AdminRequest
 
 log = logging.getLogger(__name__)
 
-#: what carries an admin operation out (the daemon's `admin`)
-Operation = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: operations only a peer daemon may ask (no application token: the asker proved the peer secret)
 PEER_OPS = frozenset({"holds"})
 
 
-class Link(Protocol):
+class Caller(Protocol):
+    """The connection a request came over, as its operation sees it (a `DaemonConnection`)."""
+
+    #: the other side's address as this daemon sees it (`endpoint_name`)
+    peer: str
+    #: (the caller's nonce, this daemon's) of the last `drain_challenge` answered on this connection; the
+    #: next `drain` on it uses them up (PROTOCOL.md §13)
+    drain_challenge: tuple[str, str] | None
+
+
+#: what carries an admin operation out (the daemon's `admin`)
+Operation = Callable[[str, dict[str, Any], Caller], Awaitable[dict[str, Any]]]
+
+
+class Link(Caller, Protocol):
     """The connection the service works over (a `DaemonConnection`)."""
 
     @property
@@ -58,7 +70,7 @@ class AdminService:
                     raise InvalidRequest(f"admin {req.op} is asked by peer daemons only")
             elif isinstance(app, str) and req.op != "stats":
                 self.link.authorize(app, req.args.get("token"))
-            result = await self.operation(req.op, req.args)
+            result = await self.operation(req.op, req.args, self.link)
         except ShuffledError as exc:
             self._fail(req, exc)
             return

@@ -21,7 +21,15 @@ from ..net.sender import Outbound
 from ..protocol import connection as pc
 from ..protocol import events
 from ..protocol.auth import token_digest
-from ..protocol.errors import AuthFailed, ConnectionLost, InvalidRequest, LimitExceeded, ShuffledError, TimedOut
+from ..protocol.errors import (
+    AuthFailed,
+    ConnectionLost,
+    InvalidRequest,
+    LimitExceeded,
+    ShuffledError,
+    ShuttingDown,
+    TimedOut,
+)
 from ..protocol.frames import REPLICA, Role
 from . import admission
 from .admin_service import AdminService
@@ -62,6 +70,8 @@ class DaemonConnection(FrameConnection):
         self.host = "?"
         #: the first fatal error (a TimedOut one is what dependent streams fail with)
         self.failure: ShuffledError | None = None
+        #: the nonces of the last `drain_challenge` answered on this connection (see admin_service.Caller)
+        self.drain_challenge: tuple[str, str] | None = None
         self.liveness = Liveness.starting(asyncio.get_running_loop().time())
 
     # -- what the services see
@@ -97,8 +107,13 @@ class DaemonConnection(FrameConnection):
         try:
             self.daemon.store.authorize(app, digest)
         except AuthFailed as exc:
-            event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
+            self.refused(app, exc)
             raise
+
+    def refused(self, app: str, exc: AuthFailed) -> None:
+        """Log a request about `app` refused for its token (reads are checked where they are served: the
+        store's `snapshot`)."""
+        event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
 
     # -- lifecycle
 
@@ -146,6 +161,13 @@ class DaemonConnection(FrameConnection):
             self.count_error(exc)
             self.failure = exc
         super().fail(exc)
+
+    def stopping(self) -> None:
+        """The daemon stops: the answers already made go out, then SHUTTING_DOWN on stream 0, so a client
+        retries elsewhere instead of taking the closed connection for a lost daemon (a fetch failure)."""
+        if self.is_open:
+            self.sender.flush_control()
+        self.fail(ShuttingDown("the daemon is stopping; use another daemon"))
 
     def _log_auth_failed(self, reason: str) -> None:
         event(log, "authentication failed", logging.WARNING, peer=self.peer, node=self.node, reason=reason)

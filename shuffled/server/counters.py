@@ -71,10 +71,11 @@ class Counters:
     replication_degraded: int = 0
     replication_failed: int = 0
     errors: Counter[str] = field(default_factory=Counter)
-    #: locations of relayed reads looked for on another copy, by the wire code they failed with
-    failovers: Counter[str] = field(default_factory=Counter)
-    #: relayed reads that failed because no copy was left
-    failovers_exhausted: int = 0
+    #: locations of relayed reads looked for on another copy, by the wire code they failed with (tries)
+    failover_tries: Counter[str] = field(default_factory=Counter)
+    #: failed locations another copy served to their end, and relayed reads that failed for want of a copy
+    failover_recovered: int = 0
+    failover_exhausted: int = 0
     #: reads served from a resume point (PROTOCOL.md §10.6), for a peer or from this daemon's own copy
     resumed_reads: int = 0
     opened: dict[str, int] = field(default_factory=_per_role)

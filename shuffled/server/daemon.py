@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -23,8 +24,17 @@ from ..logs import event
 from ..net.tls import peer_contexts
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..protocol.auth import drain_proof, proof_matches, read_secret_file, secret_bytes
+from ..protocol.auth import (
+    check_nonce,
+    drain_challenge_proof,
+    drain_proof,
+    new_nonce,
+    proof_matches,
+    read_secret_file,
+    secret_bytes,
+)
 from ..protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
+from .admin_service import Caller
 from .connection import DaemonConnection
 from .counters import Counters, micros
 from .disk import Disk, SpillFile
@@ -55,6 +65,8 @@ log = logging.getLogger(__name__)
 HOUSEKEEPING_INTERVAL = 1.0
 #: seconds between checks whether a drain phase's work is done
 DRAIN_POLL = 0.05
+#: most seconds `stop` waits for the answers to `drain` requests with `wait` (they are due at once)
+ANSWER_WAIT = 1.0
 
 
 def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
@@ -156,6 +168,9 @@ class Daemon:
         self.drain_task: asyncio.Task[bool] | None = None
         #: set when a drain starts, from a signal or the admin `drain`: the serve loop then waits for it
         self.stop_requested = asyncio.Event()
+        #: set when the drain has ended: answers a `drain` with `wait`, whose tasks `stop` lets answer
+        self.drained = asyncio.Event()
+        self._result_waiters: set[asyncio.Task[Any]] = set()
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -288,6 +303,8 @@ class Daemon:
         open_reads = [(c.reads.served, rid, s) for c in self.connections for rid, s in c.reads.served.items()]
         done = await self._wait_until(lambda: all(d.get(r) is not s for d, r, s in open_reads), deadline) and done
         progress.state = "done"
+        progress.timed_out = not done
+        self.drained.set()
         pushes, reads = self.busy()
         event(
             log,
@@ -299,6 +316,7 @@ class Daemon:
             copied=progress.copied,
             copied_bytes=progress.copied_bytes,
             copy_failed=progress.failed,
+            copy_short=progress.short,
         )
         return done
 
@@ -397,9 +415,14 @@ class Daemon:
             self._watchdog.cancel()
         for server in self._servers:
             server.close()
+        if self.drained.is_set() and self._result_waiters:  # `shuffled drain --wait` hears how it ended
+            await asyncio.wait(set(self._result_waiters), timeout=ANSWER_WAIT)
         conns = list(self.connections)
         for conn in conns:
-            conn.close("daemon stopping")
+            if conn.from_client:
+                conn.stopping()
+            else:
+                conn.close("daemon stopping")
         if conns:  # their open map outputs are aborted when they are gone, before anything is persisted
             await asyncio.wait([c.lost for c in conns], timeout=5)
         for server in self._servers:
@@ -488,27 +511,31 @@ class Daemon:
             ),
             drain=self.drain_stats.copy(),
             failover=FailoverStats(
-                failovers=dict(counters.failovers),
-                exhausted=counters.failovers_exhausted,
+                tries=dict(counters.failover_tries),
+                recovered=counters.failover_recovered,
+                exhausted=counters.failover_exhausted,
                 resumed_reads=counters.resumed_reads,
             ),
         )
 
-    async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
         started = time.monotonic()
-        result = await self._admin(op, args)
+        result = await self._admin(op, args, caller)
         self.metrics.observe_admin(op, time.monotonic() - started)
         return result
 
-    async def _admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def _admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
         if op == "stats":
             return self.stats().to_wire()
         if op == "ping":  # a peer checking that this daemon still answers (see watchdog.py)
             return {}
         if op == "holds":
             return self._holds(args)
+        if op == "drain_challenge":
+            return self._drain_challenge(args, caller)
         if op == "drain":
-            return self._drain_requested(args)
+            answer = self._drain_requested(args, caller)
+            return await self._drain_result() if args.get("wait") else answer
         if op not in ("unregister_shuffle", "remove_application", "flush"):
             raise InvalidRequest(f"unknown admin operation {op!r}")
         app = args.get("app")
@@ -542,32 +569,68 @@ class Daemon:
         held, sizes = self.store.holds(app, shuffle, attempts)
         return {"attempts": held, "bytes": sizes}
 
-    def _drain_requested(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The admin `drain`: answered at once, the drain goes on after (stats `drain` shows it).
-
-        With authentication on, only peer-secret holders may stop a daemon: applications have the
-        cluster secret, not that one.
-        """
-        if self.drain_secret is not None:
-            proof = args.get("proof")
-            expected = drain_proof(self.drain_secret, self.node, int(self.start_time))
-            if not isinstance(proof, str) or not proof_matches(expected, proof):
-                raise AuthFailed("drain needs a proof made with the peer secret (shuffled drain --peer-secret-file)")
-        elif self.secret is not None:
+    def _drain_secret(self) -> bytes | None:
+        """What `drain` is proved with: the peer secret; None with authentication off."""
+        if self.drain_secret is None and self.secret is not None:
             raise AuthFailed(
                 "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
                 "stands in for it): set peer-secret-file, or stop it with SIGTERM"
             )
+        return self.drain_secret
+
+    def _drain_challenge(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        """The admin `drain_challenge`: prove the peer secret over the caller's fresh nonce (and name the
+        address the caller is seen at) before it sends a proof of its own, with a nonce of this daemon's
+        that the next `drain` on this connection must be proved over (PROTOCOL.md §13)."""
+        secret = self._drain_secret()
+        if secret is None:
+            raise InvalidRequest("this daemon has no peer secret: drain needs no proof here")
+        theirs = check_nonce(args.get("nonce"), "drain_challenge")
+        ours = new_nonce()
+        caller.drain_challenge = (theirs, ours)
+        proof = drain_challenge_proof(secret, theirs, ours, self.node, caller.peer)
+        return {"nonce": ours, "node": self.node, "client": caller.peer, "proof": proof}
+
+    def _drain_requested(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        """The admin `drain`: answered at once, the drain goes on after (stats `drain` shows it).
+
+        With authentication on, only peer-secret holders may stop a daemon (applications have the
+        cluster secret, not that one), with a proof over the last `drain_challenge` answered on this
+        connection, good once: a proof captured anywhere else is worth nothing.
+        """
         handoff, timeout = args.get("handoff", True), args.get("timeout")
-        if not isinstance(handoff, bool):
-            raise InvalidRequest("drain 'handoff' must be a boolean")
+        secret = self._drain_secret()
+        challenge = None
+        if secret is not None:
+            challenge, caller.drain_challenge = caller.drain_challenge, None  # good for one try, whatever follows
+        if not isinstance(handoff, bool) or not isinstance(args.get("wait", False), bool):
+            raise InvalidRequest("drain 'handoff' and 'wait' must be booleans")
         if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0):
             raise InvalidRequest("drain 'timeout' must be whole seconds >= 0")
+        if secret is not None:
+            proof = args.get("proof")
+            expected = drain_proof(secret, *challenge, handoff, timeout) if challenge is not None else ""
+            if not expected or not isinstance(proof, str) or not proof_matches(expected, proof):
+                raise AuthFailed(
+                    "drain needs a proof made with the peer secret, for these arguments, over the drain_challenge "
+                    "answered last on this connection (shuffled drain --peer-secret-file)"
+                )
         seconds = self.config.drain_timeout if timeout is None else timeout
         if self.drain_task is None:
             event(log, "drain requested", timeout_s=seconds, handoff=handoff)
         self.start_drain(seconds, handoff)
         return {"state": self.drain_stats.state}
+
+    async def _drain_result(self) -> dict[str, Any]:
+        """The answer to a `drain` with `wait`, once the drain has ended (`stop` lets it go out before it
+        closes the connection): its `drain` stats, how `shuffled drain --wait` learns whether the
+        hand-over left anything only here."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._result_waiters.add(task)
+            task.add_done_callback(self._result_waiters.discard)
+        await self.drained.wait()
+        return dataclasses.asdict(self.drain_stats)
 
     async def _drop(self, freed: int, dropped: list[ShuffleData]) -> int:
         await self.spiller.removed(dropped)

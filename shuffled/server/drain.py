@@ -5,7 +5,8 @@ For every committed attempt held here, the copies elsewhere are counted by askin
 placement puts them (the primary, and the first `replica-search` candidates of the primary's
 placement) with the admin `holds`, one call per daemon and shuffle; a daemon that does not answer within
 a share of the drain's remaining time holds nothing and is not asked again, so copying still starts
-in time. An attempt with fewer copies
+in time. An answer counts only as far as it checks out, like a client's frame: attempts it was asked
+about, each with the bytes stored here (`held`). An attempt with fewer copies
 elsewhere than its replica count gets copies on the first candidates that lack it, as replica pushes
 fed from the store: a reader whose primary is gone looks for copies exactly there (reading.py), and a
 copy of a replica names the same primary, so it is found the same way. The count wanted elsewhere is
@@ -15,8 +16,11 @@ once more.
 
 A copy carries the digest of the token its application is bound to (journaled with the shuffle, so
 known after a restart too); an attempt whose application's binding is unknown is not copied. A copy
-that fails is logged and counted and the drain goes on: that attempt is then recomputed by
-Spark if its data is needed, as without a hand-over. At most `PARALLEL` copies run at once; each has
+that fails is logged and the drain goes on. What an attempt still lacks at the end is counted once
+(`settle`): as `failed` when no other daemon holds it, which makes the hand-over *incomplete* (Spark
+recomputes that attempt if its data is needed, as without a hand-over, unless this daemon comes back on
+its data dir), as `short` when another daemon does (fewer copies than wanted, as while a daemon is
+lost; nothing is lost with this one). At most `PARALLEL` copies run at once; each has
 at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
 memory chunks it sends are the store's own).
 """
@@ -37,6 +41,7 @@ from ..logs import event
 from ..protocol.errors import (
     ConnectionLost,
     CorruptData,
+    InvalidRequest,
     PartitionNotFound,
     PeerUnavailable,
     ShuffledError,
@@ -77,10 +82,31 @@ class HandOver:
     candidates: list[str]
     #: other daemons that hold it committed
     holders: set[str] = field(default_factory=set)
+    #: what it still lacks has been counted (`Drainer.settle`)
+    settled: bool = False
 
     @property
     def missing(self) -> int:
         return max(0, self.replicas - len(self.holders))
+
+
+def held(answer: dict[str, Any], data: ShuffleData, asked: list[HandOver]) -> set[int]:
+    """The attempts a `holds` answer says its daemon holds, checked as a client's frame is: attempts it was
+    asked about, each with the bytes stored here for it (a daemon that claims what it lacks must not keep
+    an attempt from being copied). Raises InvalidRequest."""
+    attempts, sizes = answer.get("attempts"), answer.get("bytes")
+    if not isinstance(attempts, list) or not isinstance(sizes, list) or len(attempts) != len(sizes):
+        raise InvalidRequest("'attempts' and 'bytes' must be lists of one length")
+    wanted = {h.attempt for h in asked}
+    found: set[int] = set()
+    for attempt, size in zip(attempts, sizes, strict=True):
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt not in wanted:
+            raise InvalidRequest(f"it names attempt {str(attempt)[:40]}, which it was not asked about")
+        stored = sum(data.lengths.get(attempt, {}).values())
+        if not isinstance(size, int) or isinstance(size, bool) or size != stored:
+            raise InvalidRequest(f"it holds {str(size)[:40]} bytes of attempt {attempt}, {stored} are stored here")
+        found.add(attempt)
+    return found
 
 
 class Drainer:
@@ -95,37 +121,66 @@ class Drainer:
         #: daemons that did not answer `holds`, could not be reached or are shutting down themselves: no
         #: copy is tried there (each try could cost a connect timeout, and the drain has a deadline)
         self.unavailable: set[str] = set()
+        #: every committed attempt held here (`survey`), and whether the survey of their holders finished
+        self.found: list[HandOver] = []
+        self.surveyed = False
 
     async def run(self, deadline: float) -> bool:
-        """Hand over what lacks copies; True if that ended before `deadline` (failed copies are counted)."""
+        """Hand over what lacks copies; True if that ended before `deadline`. Whatever an attempt still lacks
+        then is counted (`settle`), also when the deadline or a bug ended the hand-over."""
         progress = self.progress
+        in_time = False
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 todo = [h for h in await self.survey(deadline) if h.missing]
+                self.surveyed = True
                 progress.to_copy = sum(h.missing for h in todo)
                 event(log, "handing over", attempts=len(todo), copies=progress.to_copy)
                 queue = deque(todo)
                 async with asyncio.TaskGroup() as workers:  # a bug in one cancels the others
                     for _ in range(PARALLEL):
                         workers.create_task(self._work(queue))
-            if progress.failed:
-                event(
-                    log, "hand-over incomplete", logging.WARNING, copies_failed=progress.failed, copied=progress.copied
-                )
+            in_time = True
         except TimeoutError:
-            event(
-                log,
-                "hand-over timed out",
-                logging.WARNING,
-                to_copy=progress.to_copy,
-                copied=progress.copied,
-                failed=progress.failed,
-            )
-            return False
+            event(log, "hand-over timed out", logging.WARNING, to_copy=progress.to_copy, copied=progress.copied)
         except Exception:  # a bug: the hand-over ends here, and the drain goes on to stop the daemon
             event(log, "hand-over failed", logging.ERROR, exc_info=True, copied=progress.copied)
-            return False
-        return True
+        if not self.surveyed:  # as far as the survey got: what it did not hear of is held here only
+            progress.to_copy = sum(h.missing for h in self.found)
+        for h in self.found:
+            self.settle(h)
+        if progress.failed:
+            event(
+                log,
+                "hand-over incomplete",
+                logging.WARNING,
+                copies_failed=progress.failed,
+                copied=progress.copied,
+                reason="attempts no other daemon holds are lost with this daemon unless it comes back on its data dir",
+            )
+        elif progress.short:
+            event(
+                log,
+                "hand-over short of copies",
+                copies_short=progress.short,
+                copied=progress.copied,
+                reason="fewer daemons took a copy than the replica count wants; each attempt is on another daemon",
+            )
+        return in_time
+
+    def settle(self, h: HandOver) -> None:
+        """Count, once, the copies `h` still lacks: `failed` when no other daemon holds it (it is lost with
+        this daemon), `short` when one does (fewer copies than wanted, none lost)."""
+        if h.settled:
+            return
+        h.settled = True
+        progress = self.progress
+        if h.data.removed:  # unregistered meanwhile: nothing left to copy
+            progress.to_copy -= h.missing
+        elif h.holders:
+            progress.short += h.missing
+        else:
+            progress.failed += h.missing
 
     async def survey(self, deadline: float) -> list[HandOver]:
         """Every committed attempt held here, with the other daemons that hold it too (as far as they
@@ -135,6 +190,7 @@ class Drainer:
         node = host.node
         groups: dict[tuple[int, str], list[HandOver]] = {}
         shuffles = {id(d): d for s in host.store.apps.values() for d in s.values()}
+        self.found = []
         for data in shuffles.values():
             for attempt in data.committed:
                 primary = data.replica_of.get(attempt, node)
@@ -147,6 +203,7 @@ class Drainer:
                 else:
                     cands = group[0].candidates
                 group.append(HandOver(data, attempt, primary, wanted, cands))
+                self.found.append(group[-1])
         asks = []
         for (key, primary), group in groups.items():
             asked = group[0].candidates + ([primary] if primary != node else [])
@@ -173,12 +230,14 @@ class Drainer:
                 self.unavailable.add(addr)
                 event(log, "holds not answered", logging.WARNING, peer=addr, reason=str(exc) or "timed out")
             return
-        held = answer.get("attempts")
-        if isinstance(held, list):
-            found = set(held)
-            for h in group:
-                if h.attempt in found:
-                    h.holders.add(addr)
+        try:
+            found = held(answer, data, group)
+        except InvalidRequest as exc:
+            event(log, "holds answer refused", logging.WARNING, peer=addr, reason=exc.message)
+            return
+        for h in group:
+            if h.attempt in found:
+                h.holders.add(addr)
 
     async def _work(self, queue: deque[HandOver]) -> None:
         while queue:
@@ -186,7 +245,6 @@ class Drainer:
 
     async def hand_over(self, h: HandOver) -> None:
         """Copy the attempt to candidates that lack it, in placement order, until it has its copies."""
-        progress = self.progress
         if h.data.app not in self.host.store.app_keys:
             # Sent as "no token", a copy would bind the application so on the target, or be refused there.
             event(
@@ -197,7 +255,7 @@ class Drainer:
                 shuffle=h.data.shuffle,
                 attempt=h.attempt,
             )
-            progress.failed += h.missing
+            self.settle(h)
             return
         for target in h.candidates:
             if not h.missing or h.data.removed:
@@ -221,12 +279,9 @@ class Drainer:
                 )
                 continue
             h.holders.add(target)
-            progress.copied += 1
-            progress.copied_bytes += copied
-        if h.data.removed:  # unregistered meanwhile: nothing left to copy
-            progress.to_copy -= h.missing
-        else:
-            progress.failed += h.missing
+            self.progress.copied += 1
+            self.progress.copied_bytes += copied
+        self.settle(h)
 
     async def copy(self, h: HandOver, target: str) -> int:
         """One replica push of the attempt to `target`, fed from the store; the bytes copied once `target`
@@ -237,9 +292,10 @@ class Drainer:
         conn = await host.peers.get(target)
         if REPLICA not in conn.proto.features:
             raise PeerUnavailable(f"{target} does not take replica pushes")
-        if data.removed:
+        key = host.store.app_keys.get(data.app)
+        if data.removed or key is None:
             raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
-        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt])
+        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
         pending: deque[Chunk | DiskChunk] = deque(items)
         link = ReplicaLink(host.config)
         req = OpenMapOutput(
@@ -251,7 +307,7 @@ class Drainer:
             data.partitions,
             replicas=h.replicas,
             replica_of=h.primary,
-            app_key=host.store.app_keys[data.app].hex(),
+            app_key=key.hex(),
         )
         try:
             await link.open(conn, req)

@@ -11,6 +11,7 @@ import asyncio
 import ssl
 from typing import Any, Protocol, TypeVar
 
+from .admin_service import Caller
 from .peers import PeerConnection, PeerManager
 from .services import Services
 
@@ -47,4 +48,4 @@ class Host(Services, Protocol[C]):
     @property
     def background(self) -> set[asyncio.Task[Any]]: ...
 
-    async def admin(self, op: str, args: dict[str, Any]) -> dict[str, Any]: ...
+    async def admin(self, op: str, args: dict[str, Any], caller: Caller) -> dict[str, Any]: ...

@@ -46,10 +46,16 @@ class PushService:
         self.link = link
         self.services = services
         self.sessions: dict[int, PushSession] = {}
-        #: push window segments this connection's map outputs hold (see shares.py)
-        self.push_share = Share()
+        self._push_share = Share()
 
     # -- the PushConnection view its sessions use
+
+    @property
+    def push_share(self) -> Share | None:
+        """Push window segments this client connection's map outputs hold (see shares.py); None on a peer
+        link, whose replica pushes count against their applications' shares only: a tenant filling the
+        link would otherwise take the copies of every other tenant's pushes."""
+        return self._push_share if self.link.from_client else None
 
     @property
     def is_open(self) -> bool:

@@ -35,6 +35,7 @@ from ..protocol.credit import SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
 from ..protocol.frames import OpenMapOutput, PushData
 from ..protocol.integrity import checksum
+from ..protocol.packed import check_push
 from .replication import ReplicaLinks
 from .services import Services
 from .shares import Share
@@ -53,7 +54,7 @@ class PushConnection(Protocol):
     def proto(self) -> ProtocolConnection: ...
 
     @property
-    def push_share(self) -> Share: ...
+    def push_share(self) -> Share | None: ...
 
     def send_error(self, stream: int, exc: ShuffledError) -> None: ...
 
@@ -146,12 +147,13 @@ class PushSession:
             crc = checksum(buf.data())
             if crc != frame.crc:
                 raise CorruptData(
-                    f"PushData {frame.sequence} of writer {self.writer} (partition {frame.partition}) failed its "
-                    f"CRC32C check (got {crc:08x}, the writer sent {frame.crc or 0:08x}); the attempt is discarded"
+                    f"PushData {frame.sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
+                    f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
-            services.store.add(self.out, frame.partition, buf, crc)
+            group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)  # v3: one packed group
+            services.store.add(self.out, group.first, buf, crc)
             if self.links is not None:
-                self.links.forward(buf, frame.partition, crc)
+                self.links.forward(buf, group.first, crc)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()

@@ -18,8 +18,9 @@ from ..logs import event
 from ..net.sender import Sender
 from ..net.soon import Soon
 from ..net.streams import BufferResponseStream
+from ..protocol.auth import token_digest
 from ..protocol.connection import ProtocolConnection, release_payload
-from ..protocol.errors import InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
+from ..protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ..protocol.frames import BufferResponse, PartitionRequest
 from .chunks import Chunk
 from .feed import DiskFedStream
@@ -51,7 +52,7 @@ class Link(Protocol):
 
     def send_error(self, stream: int, exc: ShuffledError) -> None: ...
 
-    def authorize(self, app: str, token: object) -> None: ...
+    def refused(self, app: str, exc: AuthFailed) -> None: ...
 
 
 class ReadService:
@@ -107,7 +108,6 @@ class ReadService:
                 raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
             if resume is not None and (remote or local is None):
                 raise InvalidRequest("a resumed read may name only the daemon it asks")
-            self.link.authorize(req.app, req.token)
             for addr in remote:
                 split_address(addr)
             if req.start > req.end:
@@ -117,7 +117,7 @@ class ReadService:
             if local is not None:
                 try:
                     items, on_disk = self.services.store.snapshot(
-                        req.app, req.shuffle, req.start, req.end, local, resume
+                        req.app, req.shuffle, req.start, req.end, local, resume, digest=token_digest(req.token)
                     )
                 except PartitionNotFound as exc:
                     if not self._copies_elsewhere(resume):
@@ -125,6 +125,8 @@ class ReadService:
                     # This daemon lost the data (restarted after a crash): its copies may still have it.
                     remote[self.node], missing = local, exc
         except ShuffledError as exc:
+            if isinstance(exc, AuthFailed):
+                self.link.refused(req.app, exc)
             self.send_error(rid, exc)
             return
         if resume is not None:

@@ -32,8 +32,10 @@ from ..logs import event
 from ..net.channel import InputChannel
 from ..net.sender import Sender
 from ..net.streams import BufferResponseStream
+from ..protocol.auth import token_digest
 from ..protocol.credit import ChannelCredit, FloatingPool
 from ..protocol.errors import (
+    AuthFailed,
     CorruptData,
     ErrorCode,
     InternalError,
@@ -185,7 +187,8 @@ class RemoteInputChannel(InputChannel):
     def announce(self) -> None:
         self.conn.announce(self)
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        chunk = Chunk(payload, 0, 0, crc)  # v3: partitions and attempts are inside the payload (protocol/packed.py)
         self._count_upstream(self.credit.backlog)
         self.location.progress.add(chunk)
         self.gate.relay(chunk)
@@ -198,7 +201,7 @@ class RemoteInputChannel(InputChannel):
 
     def on_end(self) -> None:
         self._finish()
-        self.gate.channel_done()
+        self.gate.location_done(self.location)
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self.cancel()
@@ -352,7 +355,7 @@ class InputGate:
         if loc.error is None:
             loc.error = exc
             loc.candidates = self.services.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-        self.services.counters.failovers[exc.code.name] += 1
+        self.services.counters.failover_tries[exc.code.name] += 1
         event(
             log,
             "read failing over",
@@ -395,16 +398,23 @@ class InputGate:
             return
         if not self.closed:
             assert loc.error is not None
-            self.services.counters.failovers_exhausted += 1
+            self.services.counters.failover_exhausted += 1
             self.fail(loc.error)
 
     def _read_locally(self, loc: Location) -> bool:
-        """This daemon is a candidate: serve the location from its own store if it holds the attempts."""
+        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
+        the client's token is the one their application is bound to now (it may have had no binding here
+        when the read arrived)."""
         resume = loc.progress.resume()
         req = self.req
         start = req.start if resume is None else resume.partition
         try:
-            items, _ = self.services.store.snapshot(req.app, req.shuffle, start, req.end, loc.attempts, resume)
+            items, _ = self.services.store.snapshot(
+                req.app, req.shuffle, start, req.end, loc.attempts, resume, digest=token_digest(req.token)
+            )
+        except AuthFailed as exc:
+            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
+            return False
         except ShuffledError:
             return False
         if resume is not None:
@@ -423,6 +433,12 @@ class InputGate:
         counters.relayed_bytes += chunk.buffer.length
         self.out.push_data(chunk)
         self.client.sender.wake(self.out)
+
+    def location_done(self, loc: Location) -> None:
+        """A location was served to its end; from another copy than the one first asked, it recovered."""
+        if loc.error is not None and not self.closed:
+            self.services.counters.failover_recovered += 1
+        self.channel_done()
 
     def channel_done(self) -> None:
         self.pending -= 1
@@ -505,7 +521,7 @@ class LocalReplicaFeed:
             gate.bug("reading a local copy failed", exc)
             return
         self.closed = True
-        gate.channel_done()
+        gate.location_done(self.location)
 
     async def _load(self, item: DiskChunk) -> Chunk:
         services = self.gate.services

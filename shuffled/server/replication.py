@@ -194,8 +194,12 @@ class ReplicaLink:
     # -- inside
 
     async def _wait(self, fut: asyncio.Future[T], what: str, timeout: float | None) -> T:
+        """`fut`'s result within `timeout`. Not `asyncio.wait_for`: when a result arrives together with the
+        caller's cancel, it returns the result and drops the cancel, and a push that ended while its link
+        opened would leave the link open, holding the replica's push window while the peer link lives."""
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
         except TimeoutError:
             exc = PeerUnavailable(f"replica {self.node} did not {what} within {timeout:g} s")
             self.abort()

@@ -18,6 +18,11 @@ connections) and in all, as floors and extras (segments beyond the floor):
   hold less than their share, floors and extras together, and all extras less
   than the other half of push memory.
 
+Replica pushes (a peer daemon's link, PROTOCOL.md §12.4) count against their
+application's share and the daemon's, not against the link's (`conn` is None):
+every tenant's copies from one primary share that link, and one tenant filling it
+within its own share on the primary would otherwise take the copies of the others.
+
 Floors and extras thus never hold more than push memory together, so the floor of
 an admitted writer is never taken by other windows: it comes at once, or after
 stored data spilled (back-pressure that ends, or a STORAGE_ERROR when it cannot,
@@ -64,13 +69,13 @@ class PushShares:
         self.all = Share()
         self.apps: dict[str, Share] = {}
 
-    def check(self, conn: Share, app: str) -> None:
+    def check(self, conn: Share | None, app: str) -> None:
         """Raise LIMIT_EXCEEDED, saying which bound, if a new map output's floor would not fit (`reserve`
-        takes it)."""
+        takes it); `conn` None: a replica push, bounded by its application's share only."""
         floor, cfg = self.floor, self.config
         app_share = self.apps.get(app)
         app_floors = app_share.floors if app_share is not None else 0
-        if conn.floors + floor > self.per_connection:
+        if conn is not None and conn.floors + floor > self.per_connection:
             raise LimitExceeded(
                 f"push-share-per-connection ({cfg.push_share_per_connection:g}) reached: the map outputs open on "
                 f"this connection are guaranteed {conn.floors} of the {self.per_connection} segments of push "
@@ -89,31 +94,36 @@ class PushShares:
                 f"{format_size(cfg.pool_size)} leaves for pushes); retry when some are committed"
             )
 
-    def reserve(self, conn: Share, app: str) -> Share:
+    def reserve(self, conn: Share | None, app: str) -> Share:
         """Take a new map output's floor (after `check`). Returns the application's share, to hand back to
         `charge` and `release`."""
         app_share = self.apps.get(app)
         if app_share is None:
             app_share = self.apps[app] = Share()
-        for share in (conn, app_share, self.all):
+        for share in self._holders(conn, app_share):
             share.floors += self.floor
         return app_share
 
-    def may_grow(self, conn: Share, app: Share) -> bool:
+    def may_grow(self, conn: Share | None, app: Share) -> bool:
         """A window may take one more segment beyond its floor."""
         return (
-            conn.total < self.per_connection and app.total < self.per_application and self.all.extras < self.extra_limit
+            (conn is None or conn.total < self.per_connection)
+            and app.total < self.per_application
+            and self.all.extras < self.extra_limit
         )
 
-    def charge(self, conn: Share, app: Share, extras: int) -> None:
+    def charge(self, conn: Share | None, app: Share, extras: int) -> None:
         """A window's segments beyond its floor changed by `extras` (negative: given back)."""
-        for share in (conn, app, self.all):
+        for share in self._holders(conn, app):
             share.extras += extras
 
-    def release(self, conn: Share, app: str, app_share: Share, extras: int) -> None:
+    def release(self, conn: Share | None, app: str, app_share: Share, extras: int) -> None:
         """A map output ended: its floor and the `extras` still charged to it are free again."""
-        for share in (conn, app_share, self.all):
+        for share in self._holders(conn, app_share):
             share.floors -= self.floor
             share.extras -= extras
         if app_share.total == 0 and self.apps.get(app) is app_share:
             del self.apps[app]
+
+    def _holders(self, conn: Share | None, app: Share) -> tuple[Share, ...]:
+        return (app, self.all) if conn is None else (conn, app, self.all)

@@ -173,8 +173,11 @@ class ReplicationStats:
 class FailoverStats:
     """Relayed reads that went on from another copy of their data (PROTOCOL.md §10.4, §10.6)."""
 
-    #: wire error code name -> times a location of a relayed read failed with it and another copy was looked for
-    failovers: dict[str, int] = field(default_factory=dict)
+    #: wire error code name -> times a location of a relayed read (or a copy of it) failed with it and the next
+    #: copy was looked for: tries, not successes
+    tries: dict[str, int] = field(default_factory=dict)
+    #: locations of relayed reads that failed and were then served to their end by another copy
+    recovered: int = 0
     #: reads that failed because no copy was left (the client got the first error)
     exhausted: int = 0
     #: reads served from a resume point, for a peer or from this daemon's own copy
@@ -200,8 +203,14 @@ class DrainStats:
     #: copies other daemons acknowledged with the stored lengths, and their bytes
     copied: int = 0
     copied_bytes: int = 0
-    #: copies that could not be made (no candidate left that takes them)
+    #: copies not made of attempts no other daemon holds: those are lost with this daemon (unless it comes
+    #: back on its data dir), and the hand-over is *incomplete*
     failed: int = 0
+    #: copies not made of attempts another daemon does hold (fewer copies than their replica count, e.g.
+    #: while a daemon is lost, but nothing lost with this one)
+    short: int = 0
+    #: the drain's deadline ended a phase (copying, or open reads) before its work was done
+    timed_out: bool = False
 
     def copy(self) -> DrainStats:
         return dataclasses.replace(self)

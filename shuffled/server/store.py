@@ -493,15 +493,30 @@ class Store:
     # -- read side
 
     def snapshot(
-        self, app: str, shuffle: int, start: int, end: int, attempts: list[int], resume: Resume | None = None
+        self,
+        app: str,
+        shuffle: int,
+        start: int,
+        end: int,
+        attempts: list[int],
+        resume: Resume | None = None,
+        *,
+        digest: bytes,
     ) -> tuple[list[Chunk | DiskChunk], int]:
         """Chunks of partitions [start, end) from exactly these committed attempts, and how many are on disk.
+
+        The one gate every path that serves stored bytes passes, at the moment it serves (a client's read,
+        a peer's relayed or resumed read, a failover to this daemon's own copy, a drain's copy): `digest`,
+        the requester's token digest, must be the one the application is bound to now (`authorize`). A
+        check made once, when a request arrives, is not enough: an application with no data here yet has
+        no binding, and its first push binds it while a read naming it waits to fail over here.
 
         In-memory chunks are retained once each (the reader's reference). With `resume` (PROTOCOL.md §10.6)
         partition `start` goes on where another copy's read stopped: every copy holds a pair as the same
         chunks, so skipping the first `chunks` of the pair in progress (and the pairs `done`) leaves exactly
         what that read had not relayed. Everything is checked before any chunk is retained.
         """
+        self.authorize(app, digest)
         data = self.apps.get(app, {}).get(shuffle)
         if data is None:
             if not attempts:

@@ -8,11 +8,18 @@ program that starts its own daemon:
 
     python3 -m tests.integration.fuzzing --frames 5000000 --seconds 1800
     python3 -m tests.integration.fuzzing --auth --frames 1000000   # before authentication
+    python3 -m tests.integration.fuzzing --members --frames 1000000  # tenants and peers of two daemons
 
 Every fuzz connection ends with this side half-closing; the daemon must then close it
 within a bound, or it hung. Each connection's frames are generated up front and sent in
 one write, so the daemon, not the fuzzer, sets the pace; only an answer to the daemon's
 AuthChallenge waits for it.
+
+With `members` (the cluster and the peer secret) every connection proves one of them, as a tenant
+(a client with the cluster secret, which every application has) or as a peer daemon, and then sends
+frames whose daemon-only and drain fields are fuzzed too: OpenMapOutput `replicas`, `replica_of`
+and `app_key`, PartitionRequest `resume`, the admin `holds`, `drain_challenge` and `drain`
+(`Generator.member`). `drain` is sent only there: a daemon without a secret would obey it.
 
 Against a daemon with a secret, `strangers=True` makes every connection a party that
 cannot prove the secret of the role it claims (`Generator.stranger`): Hellos with and
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -40,13 +48,15 @@ from typing import Any
 import msgpack
 
 from shuffled.protocol import codec
-from shuffled.protocol.auth import acceptor_proof, dialer_proof, new_nonce
-from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.auth import acceptor_proof, app_token, dialer_proof, new_nonce, token_digest
+from shuffled.protocol.errors import AuthFailed, ErrorCode
 from shuffled.protocol.frames import (
     ERROR_FIXED,
     HEADER,
     MAX_CONTROL_BODY,
     MAX_HANDSHAKE_BODY,
+    REPLICA,
+    AdminRequest,
     AuthChallenge,
     BufferKind,
     FrameType,
@@ -55,31 +65,54 @@ from shuffled.protocol.frames import (
     PartitionRequest,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 
 VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "frames.json"
 APPS = [f"fz-{i}" for i in range(4)]
 #: seconds the daemon may take to close a connection after the fuzzer half-closed it
 CLOSE_BOUND = 15.0
-ADMIN_OPS = ["stats", "ping", "unregister_shuffle", "remove_application", "flush", "nonsense", ""]
+ADMIN_OPS = [
+    "stats",
+    "ping",
+    "unregister_shuffle",
+    "remove_application",
+    "flush",
+    "holds",
+    "drain_challenge",
+    "nonsense",
+    "",
+]
+#: admin argument names, those of the daemon-only and drain operations included
+ADMIN_KEYS = ["app", "shuffle", "propagate", "extra", "attempts", "nonce", "proof", "handoff", "timeout", "wait"]
+#: the application secret fuzzed replica pushes bind applications with (so they can be removed after)
+FUZZ_APP_SECRET = "fuzz-app-secret"
+#: loopback addresses fuzzing peer daemons name themselves by (on the target's port)
+PEER_HOSTS = [f"127.0.0.{i}" for i in range(90, 94)]
 #: what a daemon with a secret may send a party that has not proven it: anything else got past the handshake
 BEFORE_AUTH = frozenset({FrameType.AUTH_CHALLENGE, FrameType.ERROR})
 #: lengths a header may announce before the handshake is done, all beyond what the daemon then accepts
 BIG_LENGTHS = [MAX_HANDSHAKE_BODY + 1, 1 << 20, MAX_CONTROL_BODY, MAX_CONTROL_BODY + 1, 0xFFFFFFFF]
 
 
-def _loopback_only(frame: object) -> bool:
-    """Vector frames naming other hosts would make the daemon dial them: network tests stay on loopback."""
+def _harmless(frame: object) -> bool:
+    """Vector frames naming other hosts would make the daemon dial them (network tests stay on loopback),
+    and a `drain` would stop a daemon without a secret."""
+    if isinstance(frame, AdminRequest):
+        return frame.op != "drain"
     return not isinstance(frame, PartitionRequest) or all(k == "" for k in frame.locations)
 
 
 def load_seeds() -> list[bytes]:
+    """Every vector, the daemon-only ones (`peer_vectors`) too, as far as it is harmless."""
     data = json.loads(VECTORS.read_text())
+    peer = data["peer_vectors"]
     seeds = []
-    for entry in data["vectors"] + data["decode_only"]:
+    for entry in data["vectors"] + data["decode_only"] + peer["vectors"]:
         raw = bytes.fromhex(entry["hex"])
-        if all(_loopback_only(f) for f in codec.decode_all(raw)):
+        if all(_harmless(f) for f in codec.decode_all(raw)):
             seeds.append(raw)
-    return seeds + [bytes.fromhex(e["hex"]) for e in data["invalid"] if b"example" not in bytes.fromhex(e["hex"])]
+    invalid = [bytes.fromhex(e["hex"]) for e in data["invalid"] + peer["invalid"]]
+    return seeds + [raw for raw in invalid if b"example" not in raw]
 
 
 def raw_frame(ftype: int, body: bytes, stream: int = 0) -> bytes:
@@ -105,12 +138,18 @@ class Generator:
     node: str
     #: the cluster secret, which every tenant knows: strangers use it where it must not be enough
     secret: bytes | None = None
+    #: another daemon a read may name (relayed over the peer link), "" for none
+    relay: str = ""
+    #: what this connection is: a client, or (`member`) a peer daemon
+    role: Role = Role.CLIENT
+    #: this connection proved a secret (`member`): `drain` is among its admin operations
     _next_id: int = 1
     _writers: list[int] = field(default_factory=list)
     #: a nonce this fuzzer says Hello with again and again, and the daemon's nonce of an earlier challenge
     #: answered with it: a proof for that challenge, replayed, must not pass a new one
     _replay_nonce: str = field(default_factory=new_nonce)
     _old_challenge: str | None = None
+    proven: bool = False
 
     def _sid(self, own: float = 0.7) -> int:
         """A stream this connection opened (with probability `own`), or any id."""
@@ -138,6 +177,7 @@ class Generator:
             kinds += [
                 lambda: [self._value(depth + 1) for _ in range(r.randrange(4))],
                 lambda: {r.choice(["app", "shuffle", "propagate", "x"]): self._value(depth + 1) for _ in range(3)},
+                lambda: {"partition": r.randrange(4), "done": [self._value(depth + 1)]},
             ]
         return r.choice(kinds)()
 
@@ -149,20 +189,35 @@ class Generator:
         pick = r.random()
         if pick < 0.2:
             start = r.randrange(8)
-            where = r.choice(["", "", self.node, "127.0.0.9:1", "nonsense"])
+            where = r.choice(["", "", self.node, "127.0.0.9:1", "nonsense", self.relay])
             attempts = [r.randrange(16) for _ in range(r.randrange(4))]
+            end = max(0, start + r.randrange(-1, 4))
+            resume = self._resume(start) if r.random() < 0.25 else None
             req = PartitionRequest(
-                self._new(), r.randrange(5), app, shuffle, start, max(0, start + r.randrange(-1, 4)), {where: attempts}
+                self._new(), r.randrange(5), app, shuffle, start, end, {where: attempts}, None, resume
             )
             return codec.encode(req)
         if pick < 0.35:
             writer = self._new()
             self._writers.append(writer)
             parts = r.choice([1, 2, 4, 8, 0, 1 << 24, (1 << 24) + 1])
-            return codec.encode(OpenMapOutput(writer, app, shuffle, r.randrange(8), r.randrange(16), parts))
+            # Values the decoder refuses (replicas 0, an app_key not in hex) end the connection: rarely here,
+            # mutated frames at the end of a connection do that.
+            replicas = r.choice([None, None, 1, 2, 4]) if r.random() < 0.98 else r.choice([0, 5])
+            replica_of = app_key = None
+            if self.role is Role.DAEMON or r.random() < 0.05:  # a replica push (§12.4); a client's is refused
+                replica_of = r.choice([self.node, self.relay, r.choice(PEER_HOSTS) + ":1", "", "x" * 300])
+                app_key = r.choice(["", "", self._app_key(app), None]) if r.random() < 0.98 else "A" * 64
+            req_ = OpenMapOutput(
+                writer, app, shuffle, r.randrange(8), r.randrange(16), parts, None, replicas, replica_of, app_key
+            )
+            return codec.encode(req_)
         if pick < 0.6:
-            payload = r.randbytes(r.choice([0, 1, 100, 4000]))
-            return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), r.randrange(9), payload)
+            if r.random() < 0.5:  # a packed group (of any attempt, partition and size), or bytes that are none
+                payload = group_bytes(r.randrange(16), [(r.randrange(9), r.randbytes(r.choice([1, 100, 4000])))])
+            else:
+                payload = r.randbytes(r.choice([0, 1, 100, 4000]))
+            return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), payload)
         if pick < 0.68:
             return codec.encode_commit(self._sid(), r.randrange(4))
         if pick < 0.74:
@@ -174,13 +229,52 @@ class Generator:
         if pick < 0.9:
             if r.random() < 0.5:
                 return codec.encode_buffer_response(
-                    self._sid() or 1, r.randrange(4), 0, 0, BufferKind.END_OF_PARTITION, 0, b""
+                    self._sid() or 1, r.randrange(4), 0, BufferKind.END_OF_PARTITION, b""
                 )
             return codec.encode_buffer_response(
-                self._sid() or 1, r.randrange(4), 0, 0, BufferKind.DATA, 1, r.randbytes(64)
+                self._sid() or 1, r.randrange(4), 0, BufferKind.DATA, group_bytes(1, [(0, r.randbytes(64))])
             )
-        args = {k: self._value() for k in r.sample(["app", "shuffle", "propagate", "extra"], r.randrange(4))}
-        return codec.encode_admin_request(self._new(), r.choice(ADMIN_OPS), args)
+        ops = ADMIN_OPS + ["drain"] * self.proven
+        op = r.choice(ops)
+        args = {k: self._admin_value(k) for k in r.sample(ADMIN_KEYS, r.randrange(5))}
+        if op == "drain" and not r.random() < 0.9:  # with no proof; the others carry a made-up one
+            args.pop("proof", None)
+        return codec.encode_admin_request(self._new(), op, args)
+
+    def _admin_value(self, key: str) -> Any:
+        """Mostly the type an operation wants for `key` (so the request gets past its type checks), else any."""
+        r = self.rng
+        if r.random() < 0.3:
+            return self._value()
+        if key == "attempts":
+            return [r.randrange(16) for _ in range(r.randrange(5))]
+        if key in ("nonce", "proof"):
+            return r.choice([new_nonce(), r.randbytes(32).hex(), "ab"])
+        if key in ("handoff", "wait", "propagate"):
+            return r.random() < 0.5
+        if key in ("shuffle", "timeout"):
+            return r.randrange(-1, 5)
+        return r.choice(APPS) if key == "app" else self._value()
+
+    def _resume(self, start: int) -> dict[str, Any]:
+        """A resume point (§10.6): mostly well formed (copies refuse those that do not fit), sometimes not."""
+        r = self.rng
+        done = [r.randrange(16) for _ in range(r.randrange(3))]
+        m: dict[str, Any] = {"done": done}
+        if r.random() < 0.6:
+            m |= {
+                "attempt": r.randrange(16),
+                "partition": r.choice([start, start, start + 1]),
+                "bytes": r.choice([0, 100, 32768, 1 << 40]),
+            }
+        if r.random() < 0.02:  # the decoder's refusal ends the connection
+            m[r.choice(["partition", "done", "attempt", "bytes", "x"])] = self._value()
+        return m
+
+    @staticmethod
+    def _app_key(app: str) -> str:
+        """The digest of the token FUZZ_APP_SECRET gives `app`: what a replica push carries instead of it."""
+        return token_digest(app_token(FUZZ_APP_SECRET.encode(), app)).hex()
 
     def mutated(self) -> bytes:
         """A seed or a random frame, broken in one of the ways a decoder must survive."""
@@ -215,19 +309,44 @@ class Generator:
         """One connection's bytes and its frame count: Hello (sometimes broken), valid frames, a bad ending."""
         r = self.rng
         self._next_id, self._writers = 1, []
+        self.role, self.proven = Role.CLIENT, False
         hello = codec.encode(Hello(Role.CLIENT, info={"name": "fuzz"}))
         if r.random() < 0.03:
             return self._mutate_bytes(hello), 1
-        parts = [hello] + [self.valid() for _ in range(frames - 2)]
+        parts = [hello] + [self.valid() for _ in range(frames - 2)] + [self._ending()]
+        return b"".join(parts), len(parts)
+
+    def _ending(self) -> bytes:
+        """A mutated frame, a truncated one (the connection then ends inside a frame), or a ping."""
+        r = self.rng
         ending = r.random()
         if ending < 0.6:
-            parts.append(self.mutated())
-        elif ending < 0.8:  # truncated: the connection then ends inside a frame
+            return self.mutated()
+        if ending < 0.8:
             last = self.valid()
-            parts.append(last[: r.randrange(len(last))])
-        else:
-            parts.append(codec.encode_admin_request(self._new(), "ping", {}))
-        return b"".join(parts), len(parts)
+            return last[: r.randrange(len(last))]
+        return codec.encode_admin_request(self._new(), "ping", {})
+
+    def member(self, frames: int, members: tuple[bytes, bytes]) -> Plan:
+        """A connection that proves a secret of the cluster (`members`: the cluster secret and the peer
+        secret): a tenant (a client) or, one time in three, a peer daemon naming itself by an address of
+        PEER_HOSTS. Its frames follow its AuthResponse without waiting for HelloAck."""
+        r = self.rng
+        self._next_id, self._writers = 1, []
+        self.role = Role.DAEMON if r.random() < 0.33 else Role.CLIENT
+        self.proven = True
+        nonce = new_nonce()
+        info: dict[str, object] = {"nonce": nonce, "name": "fuzz"}
+        if self.role is Role.DAEMON:
+            port = self.node.rsplit(":", 1)[1]
+            info |= {"node": f"{r.choice(PEER_HOSTS)}:{port}", "segment_size": 32 << 10, "features": [REPLICA]}
+        secret = members[1] if self.role is Role.DAEMON else members[0]
+        rest = b"".join([self.valid() for _ in range(frames - 2)] + [self._ending()])
+
+        def answer(challenge: AuthChallenge) -> bytes:
+            return codec.encode_auth_response(dialer_proof(secret, nonce, challenge.nonce)) + rest
+
+        return Plan(codec.encode(Hello(self.role, info=info)), frames, answer)
 
     def stranger(self, frames: int) -> Plan:
         """A connection from a party that cannot prove the secret of the role it claims."""
@@ -352,6 +471,8 @@ class Outcome:
     challenged: int = 0
     #: strangers that got any frame but AuthChallenge or Error: past the handshake without the secret
     admitted: int = 0
+    #: members (tenants and peers proving their secret) the daemon let past the handshake
+    members_in: int = 0
 
 
 def _scan(received: bytes) -> tuple[list[tuple[int, int, bytes]], bool]:
@@ -414,7 +535,9 @@ async def _one(host: str, port: int, plan: Plan, out: Outcome) -> None:
     out.replies += len(frames)
     out.fatal += fatal
     out.challenged += any(f[0] == FrameType.AUTH_CHALLENGE for f in frames)
-    out.admitted += plan.stranger and any(f[0] not in BEFORE_AUTH for f in frames)
+    passed = any(f[0] not in BEFORE_AUTH for f in frames)
+    out.admitted += plan.stranger and passed
+    out.members_in += plan.answer is not None and not plan.stranger and passed
 
 
 async def fuzz(
@@ -425,18 +548,24 @@ async def fuzz(
     per_connection: int = 200,
     strangers: bool = False,
     secret: bytes | None = None,
+    members: tuple[bytes, bytes] | None = None,
+    relay: str = "",
 ) -> Outcome:
     """Send about `total_frames` fuzzed frames to the daemon at `addr` over many connections; `strangers`:
     every connection is a party without the secret of its role (`secret`: the cluster secret, which
-    tenants know, used where it must not suffice)."""
+    tenants know, used where it must not suffice); `members`: every connection proves the cluster or the
+    peer secret (`Generator.member`), and reads may name `relay`."""
     host, port = addr.rsplit(":", 1)
-    gen = Generator(random.Random(seed), load_seeds(), addr, secret)
+    gen = Generator(random.Random(seed), load_seeds(), addr, secret, relay)
     out = Outcome()
     sem = asyncio.Semaphore(concurrency)
     tasks = []
     while out.frames < total_frames:
         n = gen.rng.randrange(2, 2 * per_connection)
-        plan = gen.stranger(n) if strangers else Plan(*gen.connection(n))
+        if members is not None:
+            plan = gen.member(n, members)
+        else:
+            plan = gen.stranger(n) if strangers else Plan(*gen.connection(n))
         out.connections += 1
         out.frames += plan.frames
         out.bytes += len(plan.data)
@@ -504,21 +633,29 @@ async def half_open(addr: str, count: int, source: str, bound: float, seed: int,
     await asyncio.gather(*(one(rng.choice(starts)) for _ in range(count)))
 
 
-async def check_recycled(addr: str, apps: list[str], secret: str | None = None) -> dict[str, Any]:
-    """After fuzzing: the pool holds exactly the stored data, and nothing once the apps are removed.
+async def check_recycled(
+    addr: str, apps: list[str], secret: str | None = None, app_secret: str | None = None
+) -> dict[str, Any]:
+    """After fuzzing: the pool holds exactly the stored data, and nothing once the apps are removed (with
+    `app_secret`, the apps a fuzzed replica push bound to its tokens are removed with them).
 
     Returns the daemon's error counts; an INTERNAL one means a handler crashed, a bug.
     """
     from shuffled_client import AsyncClient
-    from tests.cluster import pool_settled
+    from tests.cluster import pool_settled, wait_until
 
+    if app_secret is not None:
+        async with await AsyncClient.connect(addr, secret=secret, app_secret=app_secret) as owner:
+            for app in apps:
+                with contextlib.suppress(AuthFailed):  # bound to no token: removed below
+                    await owner.remove_application(app)
     async with await AsyncClient.connect(addr, secret=secret) as c:
         await pool_settled(c, timeout=30)
         for app in apps:
             await c.remove_application(app)
         s = await pool_settled(c)
         assert s["pool"]["used"] == 0 and s["store"]["open_map_outputs"] == 0, s
-        assert s["connections"]["clients"] == 1, s["connections"]
+        s = await wait_until(c.stats, lambda s: s["connections"]["clients"] == 1, 10, "only this client connected")
         assert "INTERNAL" not in s["errors"], s["errors"]
         return s["errors"]  # type: ignore[no-any-return]
 
@@ -527,9 +664,14 @@ async def check_recycled(addr: str, apps: list[str], secret: str | None = None) 
 FUZZ_SECRET = "fuzz-secret"
 
 
-async def _round(addr: str, frames: int, seed: int, auth: bool) -> Outcome:
-    """One round of `main`: with `auth`, strangers while 160 half-open connections from 127.0.0.77 are held."""
-    if not auth:
+async def _round(addrs: list[str], frames: int, seed: int, mode: str) -> Outcome:
+    """One round of `main`: with `auth`, strangers while 160 half-open connections from 127.0.0.77 are held;
+    with `members`, tenants and peers of the first daemon, reads relayed to the second."""
+    addr = addrs[0]
+    if mode == "members":
+        members = (FUZZ_SECRET.encode(), f"peer-{FUZZ_SECRET}".encode())
+        return await fuzz(addr, frames, seed, members=members, relay=addrs[1])
+    if mode != "auth":
         return await fuzz(addr, frames, seed)
     flood = HalfOpen()
     flooding = asyncio.create_task(half_open(addr, 160, "127.0.0.77", 3 + CLOSE_BOUND, seed, flood))
@@ -540,8 +682,19 @@ async def _round(addr: str, frames: int, seed: int, auth: bool) -> Outcome:
     return out
 
 
+async def _recycled(addrs: list[str], mode: str) -> dict[str, Any]:
+    """`check_recycled` on every daemon of the run; the first one's error counts."""
+    if mode == "plain":
+        return await check_recycled(addrs[0], APPS)
+    apps = APPS if mode == "members" else []
+    errors = await check_recycled(addrs[0], apps, FUZZ_SECRET, FUZZ_APP_SECRET)
+    for addr in addrs[1:]:
+        await check_recycled(addr, [], FUZZ_SECRET)
+    return errors
+
+
 def main() -> None:
-    """A long run against a daemon of its own; exits non-zero if the daemon died or hung, or (with --auth) a
+    """A long run against daemons of its own; exits non-zero if a daemon died or hung, or (with --auth) a
     stranger got past the handshake."""
     import tempfile
 
@@ -553,30 +706,35 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=2_000_000)
     parser.add_argument("--seconds", type=float, default=600.0, help="stop starting new rounds after this long")
     parser.add_argument("--seed", type=int, default=int(time.time()))
-    parser.add_argument("--auth", action="store_true", help="a daemon with a secret, fuzzed before authentication")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--auth", action="store_true", help="a daemon with a secret, fuzzed before authentication")
+    how.add_argument(
+        "--members", action="store_true", help="two daemons with secrets and two copies, fuzzed by tenants and peers"
+    )
     args = parser.parse_args()
+    mode = "auth" if args.auth else "members" if args.members else "plain"
     with tempfile.TemporaryDirectory() as tmp:
-        extra = [*secret_flags(Path(tmp), FUZZ_SECRET), "--handshake-timeout", "3"] if args.auth else []
-        cluster = Cluster(1, pool_size="64M", extra=extra)
-    d = cluster.daemons[0]
-    proc = psutil.Process(d.pid)
+        extra = [*secret_flags(Path(tmp), FUZZ_SECRET), "--handshake-timeout", "3"] if mode != "plain" else []
+        extra += ["--replicas", "2"] if mode == "members" else []
+        cluster = Cluster(2 if mode == "members" else 1, pool_size="64M", extra=extra)
+    addrs = [d.addr for d in cluster.daemons]
+    procs = [psutil.Process(d.pid) for d in cluster.daemons]
     total = Outcome()
     errors: dict[str, Any] = {}
     started = time.monotonic()
     try:
         seed = args.seed
         while total.frames < args.frames and time.monotonic() - started < args.seconds:
-            out = asyncio.run(_round(d.addr, min(100_000, args.frames - total.frames), seed, args.auth))
+            out = asyncio.run(_round(addrs, min(100_000, args.frames - total.frames), seed, mode))
             for k in vars(total):
                 setattr(total, k, getattr(total, k) + getattr(out, k))
             seed += 1
-            alive = d.proc.poll() is None
-            rss = proc.memory_info().rss >> 20 if alive else 0
-            print(f"seed {seed - 1}: {out} daemon alive={alive} rss={rss} MiB", flush=True)
+            alive = all(d.proc.poll() is None for d in cluster.daemons)
+            rss = [p.memory_info().rss >> 20 for p in procs] if alive else []
+            print(f"seed {seed - 1}: {out} daemons alive={alive} rss={rss} MiB", flush=True)
             if not alive or out.hung or out.admitted:
                 sys.exit(1)
-            secret = FUZZ_SECRET if args.auth else None
-            errors = asyncio.run(check_recycled(d.addr, [] if args.auth else APPS, secret))
+            errors = asyncio.run(_recycled(addrs, mode))
         print(f"errors sent by the daemon: {errors}")
     finally:
         cluster.stop()

@@ -21,6 +21,7 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
 
@@ -190,7 +191,7 @@ async def test_stray_stream_frames_get_per_stream_errors_and_the_connection_live
     async def body() -> None:
         raw = await Raw.open(one.daemons[0].addr)
         await raw.hello()
-        await raw.send(codec.encode_push_data(42, 0, 0, b"x" * 100))  # writer never opened
+        await raw.send(codec.encode_push_data(42, 0, group_bytes(1, [(0, b"x" * 100)])))  # writer never opened
         await raw.send(codec.encode_commit(43, 0))
         codes = {(f.stream, f.code) for f in [await raw.frame(), await raw.frame()] if isinstance(f, ErrorResponse)}
         assert codes == {(42, ErrorCode.UNKNOWN_STREAM), (43, ErrorCode.UNKNOWN_STREAM)}
@@ -212,7 +213,7 @@ async def test_push_beyond_credit_is_fatal_and_frees_the_map_output(one: Cluster
         assert isinstance(grant, PushCredit)
         # Credit tops up as pushes land, but never beyond the pool (896 usable segments
         # here): pushing 2000 without waiting for grants must run past it.
-        pushes = b"".join(codec.encode_push_data(1, i, 0, b"y" * 1000) for i in range(2000))
+        pushes = b"".join(codec.encode_push_data(1, i, group_bytes(9, [(0, b"y" * 1000)])) for i in range(2000))
         await raw.send(pushes)
         while not isinstance(f := await raw.frame(), ErrorResponse):
             assert isinstance(f, PushCredit)
@@ -236,7 +237,7 @@ async def test_push_to_wrong_partition_fails_that_writer_only(one: Cluster) -> N
         await raw.hello()
         await raw.send(codec.encode(OpenMapOutput(1, "p-app", 1, 1, 2, 3)))
         assert isinstance(await raw.frame(), PushCredit)
-        await raw.send(codec.encode_push_data(1, 0, 7, b"z" * 10))
+        await raw.send(codec.encode_push_data(1, 0, group_bytes(2, [(7, b"z" * 10)])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.INVALID_REQUEST
         await w.write(2, b"fine")

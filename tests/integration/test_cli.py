@@ -65,6 +65,11 @@ def test_drain_wait_returns_once_the_daemon_has_stopped(tmp_path: Path) -> None:
     try:
         refused = _cli("drain", d.addr, "--secret-file", str(tmp_path / "secret"))
         assert refused.returncode == 1 and "peer secret" in refused.stderr
+        (tmp_path / "wrong").write_text("not the peer secret")
+        wrong = _cli(
+            "drain", d.addr, "--secret-file", str(tmp_path / "secret"), "--peer-secret-file", str(tmp_path / "wrong")
+        )
+        assert wrong.returncode == 1 and "could not prove it has the peer secret" in wrong.stderr, wrong.stderr
         assert d.proc.poll() is None
         peer = ["--peer-secret-file", str(tmp_path / "peer-secret")]
         result = _cli("drain", d.addr, "--wait", "--timeout", "10", "--secret-file", str(tmp_path / "secret"), *peer)
@@ -109,3 +114,54 @@ async def test_drain_wait_ends_when_a_supervisor_restarted_the_daemon() -> None:
                 restarted.stop()
 
     await asyncio.wait_for(body(), 60)
+
+
+def test_drain_wait_shows_how_the_hand_over_ended_and_fails_when_data_stays_behind(tmp_path: Path) -> None:
+    """Issue 26: `shuffled drain --wait` prints the drain's final counts and exits 3 when attempts are left
+    that no other daemon holds, so a rolling restart stops there. Here the only other daemon refuses the
+    copy (the application is bound to another token there); the command printed an early progress line,
+    `stopped`, and exited 0."""
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    port = free_port(hosts)
+    flags = [
+        *secret_flags(tmp_path, "cli-secret"),
+        "--replicas",
+        "1",
+        "--peers",
+        ",".join(f"{h}:{port}" for h in hosts),
+    ]
+    d0, d1 = [start_daemon(h, port, extra=flags) for h in hosts]
+
+    async def push(addr: str, app_secret: str, attempt: int) -> None:
+        async with await AsyncClient.connect(addr, secret="cli-secret", app_secret=app_secret) as c:
+            w = await c.open_writer("app-cli", 1, 0, attempt, 1)
+            await w.write(0, b"x" * 50_000)
+            await w.commit()
+
+    try:
+        asyncio.run(push(d1.addr, "another", 7))
+        asyncio.run(push(d0.addr, "owner", 1))
+        secrets = ["--secret-file", str(tmp_path / "secret"), "--peer-secret-file", str(tmp_path / "peer-secret")]
+        result = _cli("drain", d0.addr, "--wait", "--timeout", "20", *secrets)
+        assert result.returncode == 3, (result.stdout, result.stderr)
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith(f"{d0.addr}: draining") and lines[-1] == f"{d0.addr}: stopped", lines
+        assert "failed=1 " in lines[-2] and "state=done" in lines[-2], lines
+        assert "hand-over incomplete" in result.stderr
+        assert d0.proc.wait(10) == 0
+    finally:
+        for d in (d0, d1):
+            d.stop()
+
+
+def test_a_second_daemon_on_the_default_metrics_port_is_told_which_setting_to_change() -> None:
+    """Issue 26: several daemons on one host need one metrics port each; the second one's start-up error
+    names the setting (it said only `Address already in use`)."""
+    host = "127.0.0.1"
+    first = start_daemon(host, free_port([host]))
+    try:
+        metrics_port = first.http.rsplit(":", 1)[1]
+        second = _cli("serve", "--host", host, "--port", "0", "--data-dir", "none", "--metrics-port", metrics_port)
+        assert second.returncode == 1 and "--metrics-port" in second.stderr, second.stderr
+    finally:
+        first.stop()

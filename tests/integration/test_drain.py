@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shuffled.protocol.auth import drain_proof
+from shuffled.protocol.auth import drain_challenge_proof, drain_proof, new_nonce, proof_matches
 from shuffled.protocol.errors import AuthFailed, InvalidRequest, ShuttingDown
 from shuffled.server.drain import PARALLEL
 from shuffled.server.placement import candidates
@@ -206,28 +208,59 @@ async def test_closing_refuses_new_client_reads_while_an_open_one_completes() ->
     await asyncio.wait_for(body(), 60)
 
 
+async def challenged(c: AsyncClient, peer_secret: bytes) -> tuple[str, str]:
+    """A `drain_challenge` on `c`'s connection, its proof checked: (our nonce, the daemon's)."""
+    nonce = new_nonce()
+    answer = await c._admin_call("drain_challenge", {"nonce": nonce})
+    assert answer["client"] == c.local_address
+    expected = drain_challenge_proof(peer_secret, nonce, answer["nonce"], answer["node"], answer["client"])
+    assert proof_matches(expected, answer["proof"]), answer
+    return nonce, answer["nonce"]
+
+
 async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> None:
+    """A drain's proof is made with the peer secret, over the last `drain_challenge` answered on the same
+    connection, for the request's own arguments, and is good once."""
+
     async def body() -> None:
         host = "127.0.0.1"
         flags = secret_flags(tmp_path, "drain-secret")
         d = start_daemon(host, free_port([host]), extra=flags)
         try:
-            c = await AsyncClient.connect(d.addr, secret="drain-secret")
-            s = await c.stats()
-            wrong = drain_proof(b"drain-secret", s["node"], s["start_time"])  # the cluster secret: not enough
-            stale = drain_proof(b"peer-drain-secret", s["node"], s["start_time"] - 1)  # another process life
-            for args in ({}, {"proof": wrong}, {"proof": stale}, {"proof": 5}):
+            c, other = [await AsyncClient.connect(d.addr, secret="drain-secret") for _ in range(2)]
+            peer = b"peer-drain-secret"
+            for bad in ({}, {"nonce": "ab" * 8}, {"nonce": 5}):
+                with pytest.raises(AuthFailed, match="no valid nonce"):
+                    await c._admin_call("drain_challenge", bad)
+            with pytest.raises(AuthFailed, match="peer secret"):  # no challenge answered on this connection
+                await c._admin_call("drain", {"proof": "0" * 64})
+            mine, theirs = await challenged(c, peer)
+            right = drain_proof(peer, mine, theirs, True, None)
+            refused: list[tuple[AsyncClient, dict[str, Any]]] = [
+                (other, {"proof": right}),  # the challenge was answered on another connection
+                (c, {"proof": drain_proof(b"drain-secret", mine, theirs, True, None)}),  # the cluster secret
+                (c, {"proof": right}),  # the challenge was used up by the try before
+            ]
+            for client, args in refused:
                 with pytest.raises(AuthFailed, match="peer secret"):
-                    await c._admin_call("drain", args)
+                    await client._admin_call("drain", args)
+            for args in ({"handoff": False}, {"timeout": 0}, {"proof": 5}):  # other arguments than proved
+                mine, theirs = await challenged(c, peer)
+                with pytest.raises(AuthFailed, match="peer secret"):
+                    await c._admin_call("drain", {"proof": drain_proof(peer, mine, theirs, True, None), **args})
             s = await c.stats()
             assert s["drain"]["state"] == "serving" and s["ready"]
-            right: dict[str, Any] = {"proof": drain_proof(b"peer-drain-secret", s["node"], s["start_time"])}
             for bad in ({"timeout": -1}, {"timeout": 1.5}, {"handoff": "yes"}):
+                await challenged(c, peer)
                 with pytest.raises(InvalidRequest):
-                    await c._admin_call("drain", {**right, **bad})
-            assert await c._admin_call("drain", right) == {"state": "pushes"}
+                    await c._admin_call("drain", bad)
+            mine, theirs = await challenged(c, peer)
+            assert await c._admin_call("drain", {"proof": drain_proof(peer, mine, theirs, True, 5), "timeout": 5}) == {
+                "state": "pushes"
+            }
             assert await exited(d) == 0
-            await c.close()
+            for client in (c, other):
+                await client.close()
         finally:
             d.stop()
 
@@ -293,5 +326,60 @@ async def test_a_silent_peer_does_not_keep_the_drain_from_copying_to_a_healthy_o
             assert got == expected([1], SIZES)
             for c in (c0, cs, ch):
                 await c.close()
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_with_a_daemon_lost_copies_it_cannot_place_are_short_not_failed() -> None:
+    """Issue 26: replicas 2, three daemons, one of them lost. Draining d0, whose attempt also has its
+    replica on x, cannot make the second copy elsewhere (only y could take it, and y is gone): the
+    attempt still has a copy on x, so that copy is `short`, not `failed`, and `shuffled drain --wait`
+    exits 0 (it counted a failed copy, and the log said `hand-over incomplete`). An attempt with no
+    copy anywhere else would be `failed`: see test_cli."""
+
+    async def body() -> None:
+        with Cluster(3, extra=["--replicas", "2"]) as cluster:
+            d0 = cluster.daemons[0]
+            addrs = [d.addr for d in cluster.daemons]
+            x, y = candidates(addrs, {}, d0.addr, APP, 1)
+            async with await AsyncClient.connect(d0.addr) as c0:
+                await push(c0, 1, 1, SIZES, app=APP)  # on d0 and, as its replica, x
+            lost = next(d for d in cluster.daemons if d.addr == y)
+            lost.proc.kill()
+            await asyncio.to_thread(lost.proc.wait)
+            cmd = [sys.executable, "-m", "shuffled", "drain", d0.addr, "--wait", "--timeout", "20"]
+            done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, (done.stdout, done.stderr)
+            assert "failed=0 short=1 state=done" in done.stdout and "every attempt has a copy" in done.stderr
+            drained = logged(d0, "drained")
+            assert (drained["copy_failed"], drained["copy_short"]) == ("0", "1"), drained
+            assert not [line for line in d0.log if "hand-over incomplete" in line]
+            async with await AsyncClient.connect(x) as cx:
+                got = await read_by_attempt(cx, 1, 0, len(SIZES), {d0.addr: [1]}, app=APP)
+                assert got == expected([1], SIZES)
+
+    await asyncio.wait_for(body(), 60)
+
+
+async def test_an_idle_client_of_a_stopping_daemon_is_told_to_retry_elsewhere() -> None:
+    """Issue 26: when the drained daemon stops, it tells its client connections SHUTTING_DOWN (retryable)
+    before it closes them; a Python client then fails every later call with ShuttingDown, not with
+    ConnectionLost (a fetch failure)."""
+
+    async def body() -> None:
+        host = "127.0.0.1"
+        d = start_daemon(host, free_port([host]))
+        try:
+            idle, c = await AsyncClient.connect(d.addr), await AsyncClient.connect(d.addr)
+            await c._admin_call("drain", {"handoff": False})
+            assert await exited(d) == 0
+            with pytest.raises(ShuttingDown):
+                await read_by_attempt(idle, 1, 0, 1, {"": [1]}, app=APP)
+            with pytest.raises(ShuttingDown):
+                await idle.stats()
+            for client in (idle, c):
+                await client.close()
+        finally:
+            d.stop()
 
     await asyncio.wait_for(body(), 60)

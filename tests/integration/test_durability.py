@@ -18,6 +18,7 @@ import pytest
 from shuffled.config import DaemonConfig
 from shuffled.protocol import codec
 from shuffled.protocol.frames import CommitAck, OpenMapOutput, PushCredit
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import (
     AsyncClient,
     CorruptData,
@@ -282,9 +283,10 @@ async def test_duplicate_push_is_dropped_and_its_credit_returned(
         grant = await raw.frame()
         assert isinstance(grant, PushCredit) and grant.credit >= 4
         parts = [b"a" * 1000, b"b" * 2000, b"c" * 3000]
-        await raw.send(codec.encode_push_data(1, 0, 0, parts[0]) + codec.encode_push_data(1, 1, 0, parts[1]))
-        await raw.send(codec.encode_push_data(1, 1, 0, parts[1]) + codec.encode_push_data(1, 0, 0, parts[0]))
-        await raw.send(codec.encode_push_data(1, 2, 0, parts[2]) + codec.encode_commit(1, 3))
+        push = [codec.encode_push_data(1, i, group_bytes(7, [(0, part)])) for i, part in enumerate(parts)]
+        await raw.send(push[0] + push[1])
+        await raw.send(push[1] + push[0])
+        await raw.send(push[2] + codec.encode_commit(1, 3))
         while not isinstance(f := await raw.frame(), CommitAck):
             assert isinstance(f, PushCredit), f
         assert f.lengths == [6000]

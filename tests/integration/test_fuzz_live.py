@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,19 @@ from shuffled.config import MAX_COMMIT_PARTITIONS
 from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode, LimitExceeded
 from shuffled.protocol.frames import ErrorResponse, OpenMapOutput
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, secret_flags
-from tests.integration.fuzzing import APPS, CLOSE_BOUND, HalfOpen, check_recycled, fuzz, half_open
+from tests.integration.fuzzing import (
+    APPS,
+    CLOSE_BOUND,
+    FUZZ_APP_SECRET,
+    HalfOpen,
+    Outcome,
+    check_recycled,
+    fuzz,
+    half_open,
+)
 from tests.integration.test_bad_input import Raw
 
 pytestmark = pytest.mark.asyncio
@@ -56,16 +67,25 @@ async def _bystander(
     return rounds, during
 
 
+async def _beside_a_bystander(
+    addr: str, frames: int, seed: int, secret: str | None = None, **how: Any
+) -> tuple[Outcome, float, int]:
+    """`fuzz` the daemon at `addr` (`how`: its keyword arguments) while a bystander pushes and reads there:
+    (what the fuzzing saw, seconds it took, rounds the bystander did)."""
+    stop = asyncio.Event()
+    bystander = asyncio.create_task(_bystander(addr, stop, secret))
+    started = time.monotonic()
+    out = await fuzz(addr, frames, seed, **how)
+    elapsed = time.monotonic() - started
+    stop.set()
+    rounds, _ = await bystander
+    return out, elapsed, rounds
+
+
 async def test_live_daemon_survives_fuzzed_frames(target: Cluster) -> None:
     async def body() -> None:
         d = target.daemons[0]
-        stop = asyncio.Event()
-        bystander = asyncio.create_task(_bystander(d.addr, stop))
-        started = time.monotonic()
-        out = await fuzz(d.addr, FRAMES, seed=7)
-        elapsed = time.monotonic() - started
-        stop.set()
-        rounds, _ = await bystander
+        out, elapsed, rounds = await _beside_a_bystander(d.addr, FRAMES, seed=7)
         print(
             f"\nfuzzed {out.frames} frames ({out.bytes} bytes) on {out.connections} connections in {elapsed:.1f}s; "
             f"{out.replies} replies; {out.fatal} ended by a fatal error; bystander did {rounds} rounds"
@@ -140,6 +160,47 @@ async def test_fuzzed_frames_before_authentication_cost_little(tmp_path: Path) -
         cluster.stop()
 
 
+async def test_tenants_and_peers_fuzzing_replica_resume_holds_and_drain_fields(tmp_path: Path) -> None:
+    """Issue 26: every fuzzed connection proves a secret, the cluster secret (a tenant) or the peer secret
+    (a peer daemon), against two daemons with secrets and two copies, and fuzzes the fields hostile
+    tenants tried: OpenMapOutput `replicas`, `replica_of` and `app_key`, PartitionRequest `resume` (reads
+    relayed to the other daemon too), the admin `holds`, `drain_challenge` and `drain` (with made-up
+    proofs). Neither daemon dies, hangs, starts to drain or crashes a handler (INTERNAL); tenants' daemon-only
+    fields and `holds` are refused, as is every `drain`; an authenticated client is served throughout;
+    both pools hold nothing once the fuzzed applications are removed."""
+    secret = "fuzz-secret"
+    flags = [*secret_flags(tmp_path, secret), "--replicas", "2"]
+    cluster = Cluster(2, pool_size="32M", extra=flags)
+    try:
+        a, b = cluster.daemons
+
+        async def body() -> None:
+            members = (secret.encode(), f"peer-{secret}".encode())
+            out, elapsed, rounds = await _beside_a_bystander(
+                a.addr, FRAMES // 5, seed=13, secret=secret, members=members, relay=b.addr
+            )
+            print(
+                f"\n{out.connections} tenants and peers ({out.frames} frames) in {elapsed:.1f}s: {out.members_in} "
+                f"past the handshake, {out.replies} replies, {out.fatal} ended by a fatal error; bystander {rounds} "
+                "rounds"
+            )
+            assert out.hung == 0 and a.proc.poll() is None and b.proc.poll() is None
+            # most got in (a fatal frame in the same write as the AuthResponse ends one before its HelloAck)
+            assert out.members_in > out.connections // 2
+            for d in (a, b):
+                async with await AsyncClient.connect(d.addr, secret=secret) as c:
+                    s = await c.stats()
+                    assert s["drain"]["state"] == "serving" and not s["draining"], s["drain"]
+            errors = await check_recycled(a.addr, [*APPS, "bystander"], secret=secret, app_secret=FUZZ_APP_SECRET)
+            for code in ("AUTH_FAILED", "INVALID_REQUEST", "PROTOCOL"):
+                assert errors.get(code, 0) > 0, errors
+            await check_recycled(b.addr, [], secret=secret)  # the copies went with the removals
+
+        await asyncio.wait_for(body(), 180)
+    finally:
+        cluster.stop()
+
+
 # -- what the fuzzer found, kept as plain regressions
 
 
@@ -158,7 +219,8 @@ async def test_push_data_behind_its_open_in_one_write_is_a_credit_violation(targ
 
     async def body() -> None:
         d = target.daemons[0]
-        frames = codec.encode(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + codec.encode_push_data(1, 0, 0, b"early")
+        early = codec.encode_push_data(1, 0, group_bytes(1, [(0, b"early")]))
+        frames = codec.encode(OpenMapOutput(1, "fz-r", 1, 0, 1, 2)) + early
         code, message = await _fatal(d.addr, frames)
         assert code == ErrorCode.CREDIT_VIOLATION and "credit" in message, message
         async with await AsyncClient.connect(d.addr) as c:
@@ -172,7 +234,8 @@ async def test_stream_zero_in_a_push_frame_is_a_protocol_error(target: Cluster) 
     """It used to be answered with UNKNOWN_STREAM on stream 0, which means 'fatal', on a connection kept open."""
 
     async def body() -> None:
-        for frame in (codec.encode_push_data(0, 0, 0, b"x"), codec.encode_commit(0, 0), codec.encode_abort(0)):
+        push = codec.encode_push_data(0, 0, group_bytes(1, [(0, b"x")]))
+        for frame in (push, codec.encode_commit(0, 0), codec.encode_abort(0)):
             code, message = await _fatal(target.daemons[0].addr, frame)
             assert code == ErrorCode.PROTOCOL and "stream id 0" in message
 

@@ -21,6 +21,7 @@ from shuffled import spark_jar
 from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import BufferKind, ErrorResponse, Hello, HelloAck, PartitionRequest, Role
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
@@ -169,12 +170,8 @@ async def closing_daemon(buffers: int) -> AsyncIterator[tuple[str, list[int]]]:
                 if isinstance(req, PartitionRequest):
                     (attempt,) = next(iter(req.locations.values()))
                     for seq in range(buffers):
-                        data = payload(attempt, req.start, 1000)
-                        await raw.send(
-                            codec.encode_buffer_response(
-                                req.receiver, seq, 0, req.start, BufferKind.DATA, attempt, data
-                            )
-                        )
+                        data = group_bytes(attempt, [(req.start, payload(attempt, req.start, 1000))])
+                        await raw.send(codec.encode_buffer_response(req.receiver, seq, 0, BufferKind.DATA, data))
                     refused.append(req.receiver)
                     await raw.send(codec.encode(ErrorResponse(req.receiver, ErrorCode.SHUTTING_DOWN, "draining")))
         except (TimeoutError, EOFError, ConnectionError):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.auth import drain_proof
+from shuffled.protocol.auth import drain_proof, new_nonce
 from shuffled.protocol.errors import AuthFailed, ErrorCode, PeerUnavailable
 from shuffled.protocol.frames import ErrorResponse, Hello, Role
 from shuffled_client import AsyncClient
@@ -121,8 +121,9 @@ async def test_without_a_peer_secret_of_its_own_a_daemon_cannot_be_drained(
         d = start_daemon(host, free_port([host]), "16M", flags)
         try:
             c = await AsyncClient.connect(d.addr, secret="tls-secret")
-            s = await c.stats()
-            proof = drain_proof(b"tls-secret", s["node"], s["start_time"])
+            with pytest.raises(AuthFailed, match="none of its own"):
+                await c._admin_call("drain_challenge", {"nonce": new_nonce()})
+            proof = drain_proof(b"tls-secret", new_nonce(), new_nonce(), True, None)
             with pytest.raises(AuthFailed, match="none of its own"):
                 await c._admin_call("drain", {"proof": proof})
             assert (await c.stats())["drain"]["state"] == "serving"

@@ -23,6 +23,7 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled
 from tests.integration.test_bad_input import Raw
@@ -62,7 +63,7 @@ async def test_disconnect_in_the_middle_of_a_payload_frees_its_segment(small: Cl
         d = small.daemons[0]
         for _ in range(3):
             raw = await _open_raw_writer(d.addr)
-            frame = codec.encode_push_data(1, 0, 0, b"p" * 20_000)
+            frame = codec.encode_push_data(1, 0, group_bytes(101, [(0, b"p" * 20_000)]))
             await raw.send(frame[:5_000])
             raw.writer.close()
             await _settled_empty(d)
@@ -74,7 +75,7 @@ async def test_bad_frame_after_a_good_one_in_the_same_read_frees_both(small: Clu
     async def body() -> None:
         d = small.daemons[0]
         raw = await _open_raw_writer(d.addr)
-        good = codec.encode_push_data(1, 0, 0, b"q" * 8)
+        good = codec.encode_push_data(1, 0, group_bytes(101, [(0, b"q" * 8)]))
         await raw.send(good + b"\x00\x00\x00\x00\x7f\x00\x00\x00\x00\x00\x00\x00")
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.code == ErrorCode.PROTOCOL
@@ -149,7 +150,8 @@ async def test_sequence_gap_from_a_peer_fails_only_that_read(small: Cluster) -> 
         async with fake_peer() as (peer, requests):
             c = await AsyncClient.connect(d.addr)
             _, nxt, req, raw = await _relayed_read(c, peer, requests, 3)
-            await raw.send(codec.encode_buffer_response(req.receiver, 1, 0, 0, BufferKind.DATA, 1, b"z" * 100))
+            data = group_bytes(1, [(0, b"z" * 100)])
+            await raw.send(codec.encode_buffer_response(req.receiver, 1, 0, BufferKind.DATA, data))
             with pytest.raises(SequenceGap):
                 await asyncio.wait_for(nxt, 10)
             cancel, _ = await asyncio.wait_for(requests.get(), 10)
@@ -157,7 +159,7 @@ async def test_sequence_gap_from_a_peer_fails_only_that_read(small: Cluster) -> 
             # The shared connection to the peer survived: a second read uses it.
             _, nxt, req2, raw2 = await _relayed_read(c, peer, requests, 3)
             assert raw2 is raw
-            await raw.send(codec.encode_buffer_response(req2.receiver, 0, 0, 0, BufferKind.END_OF_PARTITION, 0, b""))
+            await raw.send(codec.encode_buffer_response(req2.receiver, 0, 0, BufferKind.END_OF_PARTITION, b""))
             assert await asyncio.wait_for(nxt, 10) is None
             await c.close()
             await _settled_empty(d)
@@ -171,7 +173,8 @@ async def test_cancel_while_a_relayed_payload_is_half_in_frees_it(small: Cluster
         async with fake_peer() as (peer, requests):
             c = await AsyncClient.connect(d.addr)
             reader, nxt, req, raw = await _relayed_read(c, peer, requests, 4)
-            frame = codec.encode_buffer_response(req.receiver, 0, 0, 0, BufferKind.DATA, 1, b"z" * 20_000)
+            data = group_bytes(1, [(0, b"z" * 20_000)])
+            frame = codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, data)
             await raw.send(frame[:3_000])
             nxt.cancel()
             await reader.aclose()

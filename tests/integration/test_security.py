@@ -11,7 +11,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,16 @@ import pytest
 
 from shuffled.protocol import codec
 from shuffled.protocol.auth import dialer_proof
-from shuffled.protocol.errors import AuthFailed, CorruptData, ErrorCode, PeerUnavailable
+from shuffled.protocol.connection import ProtocolConnection, Side
+from shuffled.protocol.errors import (
+    AuthFailed,
+    CorruptData,
+    ErrorCode,
+    LimitExceeded,
+    PeerUnavailable,
+    ShuffledError,
+)
+from shuffled.protocol.events import AdminRequested, Authenticated, HelloReceived
 from shuffled.protocol.frames import (
     AuthChallenge,
     BufferKind,
@@ -32,6 +41,7 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
@@ -66,17 +76,17 @@ def pair(secrets: list[str]) -> Iterator[list[DaemonProcess]]:
         yield cluster.daemons
 
 
-def _logged(d: DaemonProcess, text: str) -> bool:
-    return any(text in line for line in d.log)
+def _logged(d: DaemonProcess, *texts: str) -> bool:
+    return any(all(text in line for text in texts) for line in d.log)
 
 
-async def _wait_logged(d: DaemonProcess, text: str) -> None:
-    """The daemon's stderr is read by a thread: wait for the line to arrive."""
+async def _wait_logged(d: DaemonProcess, *texts: str) -> None:
+    """The daemon's stderr is read by a thread: wait for a line with every text to arrive."""
 
     async def probe() -> bool:
-        return _logged(d, text)
+        return _logged(d, *texts)
 
-    await wait_until(probe, bool, what=f"log line {text!r}")
+    await wait_until(probe, bool, what=f"log line with {texts!r}")
 
 
 async def _connect(d: DaemonProcess, app_secret: str | None = None) -> AsyncClient:
@@ -337,6 +347,164 @@ async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list
     await asyncio.wait_for(body(), TIMEOUT)
 
 
+@asynccontextmanager
+async def silent_daemon(host: str, port: int) -> AsyncIterator[tuple[asyncio.Event, Callable[[], None]]]:
+    """A listener on a daemon's port at another address: it accepts a dial and never answers. Yields the
+    event set once dialled and a function that drops the dialled connection (the dial then fails)."""
+    dialled = asyncio.Event()
+    accepted: list[asyncio.StreamWriter] = []
+
+    def accept(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(w)
+        dialled.set()
+
+    def drop() -> None:
+        for w in accepted:
+            w.transport.abort()
+
+    server = await asyncio.start_server(accept, host, port)
+    try:
+        yield dialled, drop
+    finally:
+        drop()
+        server.close()
+
+
+@pytest.mark.asyncio
+async def test_a_read_failing_over_checks_the_token_where_it_is_served(pair: list[DaemonProcess]) -> None:
+    """Issue 26, item 1: a tenant reads app-8 before app-8 has any data (so no binding) naming a silent
+    daemon on the daemons' port; the owner pushes meanwhile, the dial fails, and the read fails over to
+    the copies: the relaying daemon's own store and its peer's. Each checks the tenant's token against
+    the binding as it serves (the store's `snapshot`), so the tenant gets the primary's error, not a byte
+    (it got all of app-8's bytes from the relaying daemon's own store)."""
+
+    async def body() -> None:
+        a, b = pair
+        port = int(a.addr.rsplit(":", 1)[1])
+        async with silent_daemon("127.0.0.6", port) as (dialled, drop):
+            tenant = await _connect(a, app_secret="tenant")
+            reading = asyncio.create_task(_read(tenant, "app-8", {f"127.0.0.6:{port}": [1]}))
+            await asyncio.wait_for(dialled.wait(), TIMEOUT)
+            owners = [await _connect(d, app_secret="owner") for d in (a, b)]
+            for owner in owners:  # every candidate holds a copy
+                await _push(owner, "app-8", 1, [400, 30_000])
+            drop()
+            with pytest.raises(ShuffledError) as err:
+                await reading
+            assert err.value.code is ErrorCode.PEER_UNAVAILABLE, err.value
+        for d in (a, b):  # the relaying daemon refused its own copy, its peer the resumed read
+            await _wait_logged(d, 'msg="request refused"', "app=app-8")
+        expected = payload(1, 0, 400) + payload(1, 1, 30_000)
+        assert await _read(owners[0], "app-8", {"": [1]}) == expected
+        await owners[0].remove_application("app-8")
+        for c in (tenant, *owners):
+            await pool_settled(c)
+            await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_a_tenant_filling_a_replica_link_takes_no_copies_of_others(secrets: list[str]) -> None:
+    """Issue 26, item 3: with two copies every push to p opens a replica push to r over one peer link.
+    One tenant opens as many map outputs on p as its share there allows and leaves them open; their
+    replica pushes hold as much of r's push memory as one application may. Another tenant's push still
+    gets its copy: replica pushes count against their application's share on r, not against the link's
+    (it committed with no copy: `replication.degraded` went up, nothing told the client)."""
+
+    async def body() -> None:
+        with Cluster(2, "8M", [*secrets, "--replicas", "2"]) as cluster:
+            p, r = cluster.daemons
+            hog = await _connect(p, app_secret="hog")
+            held = []
+            with pytest.raises(LimitExceeded, match="push-share"):
+                while len(held) < 1000:
+                    held.append(await hog.open_writer("hog-app", 1, 0, len(held) + 1, 1))
+            async with await AsyncClient.connect(p.addr, secret=SECRET) as cp:
+                assert (await cp.stats())["replication"]["degraded"] == 0  # every one of them has its copy
+            victim = await _connect(p, app_secret="victim")
+            await _push(victim, "victim-app", 1, [5_000, 70_000])
+            async with await AsyncClient.connect(p.addr, secret=SECRET) as cp:
+                assert (await cp.stats())["replication"]["degraded"] == 0
+            reader = await _connect(r, app_secret="victim")
+            assert (await reader.stats())["store"]["replica_attempts"] == 1
+            expected = payload(1, 0, 5_000) + payload(1, 1, 70_000)
+            assert await _read(reader, "victim-app", {"": [1]}) == expected
+            for w in held:
+                await w.abort()
+            await victim.remove_application("victim-app")
+            for c in (hog, victim, reader):
+                await pool_settled(c)
+                await c.close()
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@asynccontextmanager
+async def impostor(victim: str, host: str) -> AsyncIterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    """Whoever answers at an address with the cluster secret only (a tenant's process on a port a daemon
+    left, say): it passes every admin call on to the `victim` daemon over a client connection of its own,
+    answers with what the victim says, and turns a `drain` into one that copies nothing and stops at once.
+    Yields its address and the calls it saw."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        proto = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+        async with await AsyncClient.connect(victim, secret=SECRET) as upstream:
+            while data := await r.read(1 << 16):
+                for ev in proto.receive_data(data):
+                    if isinstance(ev, HelloReceived):
+                        proto.challenge(SECRET.encode())
+                    elif isinstance(ev, Authenticated):
+                        proto.accept({"node": victim, "segment_size": 32 << 10})
+                    elif isinstance(ev, AdminRequested):
+                        op, args = ev.request.op, ev.request.args
+                        seen.append((op, args))
+                        if op == "drain":
+                            args = {**args, "handoff": False, "timeout": 0}
+                        try:
+                            proto.answer_admin(ev.request.request, await upstream._admin_call(op, args))
+                        except ShuffledError as exc:
+                            proto.fail_admin(ev.request.request, exc)
+                w.write(proto.data_to_send())
+                await w.drain()
+
+    server = await asyncio.start_server(serve, host, 0)
+    try:
+        yield f"{host}:{server.sockets[0].getsockname()[1]}", seen
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio
+async def test_shuffled_drain_sends_no_proof_to_whoever_answers(
+    pair: list[DaemonProcess], secret_file: Path, secrets: list[str]
+) -> None:
+    """Issue 26, item 2: `shuffled drain ADDRESS` with the peer secret, where an impostor holding only the
+    cluster secret answers and relays to daemon a. The daemon proves the peer secret first and names the
+    address it sees the command at: relayed, that is the impostor's, so the command stops before sending
+    a proof. (It took node and start time from the impostor's `stats` and sent a proof over them, which
+    the impostor replayed as a drain without copies that stopped a at once.)"""
+
+    async def body() -> None:
+        a = pair[0]
+        async with impostor(a.addr, "127.0.0.8") as (address, seen):
+            cmd = [sys.executable, "-m", "shuffled", "drain", address, "--secret-file", str(secret_file)]
+            done = await asyncio.to_thread(
+                subprocess.run, [*cmd, "--peer-secret-file", secrets[3]], capture_output=True, text=True, timeout=60
+            )
+        async with await AsyncClient.connect(a.addr, secret=SECRET) as c:
+            s = await c.stats()
+            assert s["drain"]["state"] == "serving" and not s["draining"], s["drain"]
+            assert done.returncode == 1 and "relays" in done.stderr, done.stderr
+            assert "drain" not in [op for op, _ in seen] and not any("proof" in args for _, args in seen), seen
+            for args in ({"proof": "0" * 64}, {}):  # a proof with no challenge answered on the connection
+                with pytest.raises(AuthFailed, match="peer secret"):
+                    await c._admin_call("drain", args)
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
 @pytest.mark.asyncio
 async def test_a_client_cannot_make_a_daemon_connect_anywhere(pair: list[DaemonProcess]) -> None:
     """A read naming a location on another port (an internal service, say) fails with PEER_UNAVAILABLE
@@ -373,8 +541,8 @@ async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pai
         await raw.send(codec.encode(OpenMapOutput(1, "crc-app", 1, 0, 9, 2)))
         assert isinstance(await raw.frame(), PushCredit)
         data = b"x" * 1000
-        good = codec.encode_push_data(1, 0, 0, data)
-        flipped = bytearray(codec.encode_push_data(1, 1, 1, data))
+        good = codec.encode_push_data(1, 0, group_bytes(9, [(0, data)]))
+        flipped = bytearray(codec.encode_push_data(1, 1, group_bytes(9, [(1, data)])))
         flipped[-17] ^= 0x01  # one bit of the payload, after the CRC was computed
         await raw.send(good + bytes(flipped))
         err = await raw.frame()
@@ -407,8 +575,8 @@ async def corrupting_peer() -> AsyncIterator[str]:
             while True:
                 req = await raw.frame()
                 if isinstance(req, PartitionRequest):
-                    data = b"rows" * 100
-                    bad = codec.encode_buffer_response(req.receiver, 0, 0, req.start, BufferKind.DATA, 1, data, 12345)
+                    data = group_bytes(1, [(req.start, b"rows" * 100)])
+                    bad = codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, data, 12345)
                     await raw.send(bad)
         except (TimeoutError, EOFError, ConnectionError):
             return

@@ -31,6 +31,8 @@ class Link:
         self.proto.accept({})
         self.proto.data_to_send()
         self.errors: list[ShuffledError] = []
+        self.peer = "127.0.0.1:40000"
+        self.drain_challenge: tuple[str, str] | None = None
 
     def count_error(self, exc: ShuffledError) -> None:
         self.errors.append(exc)
@@ -54,7 +56,7 @@ async def _answer(operation: Any) -> tuple[Link, ErrorResponse]:
 
 @pytest.mark.asyncio
 async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot() -> None:
-    async def crash(op: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def crash(op: str, args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
     link, answer = await _answer(crash)
@@ -64,7 +66,7 @@ async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot
 
 @pytest.mark.asyncio
 async def test_an_operation_cancelled_at_shutdown_says_so_and_frees_its_slot() -> None:
-    async def stopped(op: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def stopped(op: str, args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise asyncio.CancelledError
 
     link, answer = await _answer(stopped)

@@ -17,6 +17,7 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.config import DaemonConfig
+from shuffled.protocol.auth import token_digest
 from shuffled.protocol.errors import (
     AuthFailed,
     ConnectionLost,
@@ -106,14 +107,21 @@ class FakeClient:
         self.errors.append(exc)
 
 
-async def _gate(links: dict[str, FakeReads]) -> tuple[InputGate, FakeClient, FakeOut, GlobalPool]:
+async def _gate(
+    links: dict[str, FakeReads], shuffle: int = SHUFFLE, store: Store | None = None, token: str | None = None
+) -> tuple[InputGate, FakeClient, FakeOut, GlobalPool]:
     cfg = DaemonConfig(peers=[ME, PRIMARY, OTHER], exclusive=2, floating=4)
     pool = GlobalPool(64 * SEGMENT, SEGMENT, reserve=32)
     services = SimpleNamespace(
-        config=cfg, pool=pool, store=Store(SEGMENT), counters=Counters(), disk=None, membership=Membership(cfg, ME)
+        config=cfg,
+        pool=pool,
+        store=store or Store(SEGMENT),
+        counters=Counters(),
+        disk=None,
+        membership=Membership(cfg, ME),
     )
     client, out = FakeClient(), FakeOut()
-    req = PartitionRequest(1, 8, "app", SHUFFLE, 0, 4, {PRIMARY: [7]})
+    req = PartitionRequest(1, 8, "app", shuffle, 0, 4, {PRIMARY: [7]}, token)
     gate = InputGate(client, out, req, {PRIMARY: [7]}, services, FakePeers(links), ME)  # type: ignore[arg-type]
     await gate.open()
     return gate, client, out, pool
@@ -154,7 +162,11 @@ async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
         (ch2,) = other.channels.values()
         _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
         assert [c.partition for c in out.chunks] == [0] * 4
-        assert not client.errors and gate.services.counters.failovers == {"CONNECTION_LOST": 1}
+        counters = gate.services.counters
+        assert not client.errors and counters.failover_tries == {"CONNECTION_LOST": 1}
+        assert counters.failover_recovered == 0  # a try so far, not a success
+        ch2.on_end()
+        assert out.ended and counters.failover_recovered == 1 and counters.failover_exhausted == 0
         _end(gate, out, pool)
 
     await asyncio.wait_for(body(), 10)
@@ -172,7 +184,7 @@ async def test_a_candidate_without_the_feature_is_skipped_once_bytes_were_relaye
             if relayed:
                 # OTHER skipped, ME (this daemon) lacks the data: the first error reaches the client.
                 assert not old.requests and [e.code for e in client.errors] == [ErrorCode.CONNECTION_LOST]
-                assert gate.services.counters.failovers_exhausted == 1
+                assert gate.services.counters.failover_exhausted == 1
             else:
                 (req,) = old.requests
                 assert req.resume is None and not client.errors
@@ -213,10 +225,42 @@ async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_err
         gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
         await _failed_over(gate)
         (ch,) = other.channels.values()
-        assert gate.services.counters.failovers == {"PEER_UNAVAILABLE": 1}
+        assert gate.services.counters.failover_tries == {"PEER_UNAVAILABLE": 1}
         ch.fail(refusal)  # not the first request: next copy
         await _failed_over(gate)
         assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
         _end(gate, out, pool)
+
+    await asyncio.wait_for(body(), 10)
+
+
+async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_bound_to() -> None:
+    """The store checks the token as it serves (issue 26, item 1): the read arrived before the application
+    had a binding here, the copy here was pushed with another token meanwhile, so the failover to it is
+    refused and the read ends with the primary's error; with the owner's token the copy is served."""
+
+    async def body() -> None:
+        store = Store(SEGMENT)
+        store.bind("app", token_digest("owner"))
+        buffers = GlobalPool(8 * SEGMENT, SEGMENT)
+        out = store.open_map_output("app", 1, 0, 7, 4)
+        (buf,) = buffers.try_take(1) or []
+        buf.set_recycler(buffers.give)
+        buf.length = 100
+        store.add(out, 2, buf, 0)
+        store.commit(out)
+        for token, served in (("tenant", False), (None, False), ("owner", True)):
+            gate, client, out_stream, pool = await _gate({}, shuffle=1, store=store, token=token)  # ME first
+            await _failed_over(gate)
+            if served:
+                (feed,) = gate.feeds
+                await asyncio.wait_for(feed.task, 10)
+                assert not client.errors and [c.partition for c in out_stream.chunks] == [2]
+            else:
+                assert not gate.feeds and not out_stream.chunks
+                assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]
+            _end(gate, out_stream, pool)
+        store.remove_application("app")
+        assert buffers.free == buffers.total
 
     await asyncio.wait_for(body(), 10)

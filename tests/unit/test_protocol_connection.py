@@ -252,7 +252,7 @@ def test_a_replica_push_runs_between_daemons_that_agreed_on_it(opener: str) -> N
         replica.accept_push(writer, landing)
         replica.grant_push_credit(writer, 2)
     assert pair.deliver(served) == [PushCredited(1, 2), PushCredited(2, 2)]
-    out.push_data((1, b"copy"))
+    out.push_data(b"copy")
     out.push_event(COMMIT)
     abort.push_event(ABORT)
     send_pushes(primary, out, 1)
@@ -302,7 +302,7 @@ def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:
     pair = _pair()
     _open(pair)
     pair.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
-    pair.dialer.send(encode_push_data(1, 0, 0, b"too early"))
+    pair.dialer.send(encode_push_data(1, 0, b"too early"))
     with pytest.raises(CreditViolation, match="before credit was granted"):
         pair.deliver(DIALER)
 
@@ -321,7 +321,7 @@ def test_frames_for_ended_streams_are_dropped_quietly() -> None:
 
 def send_buffers_once(conn: ProtocolConnection, receiver: int, payload: bytes) -> bytes:
     out: OutboundStream[Any] = OutboundStream(receiver, 1)
-    out.push_data((0, payload))
+    out.push_data(payload)
     send_buffers(conn, out, receiver)
     return conn.data_to_send()
 
@@ -383,8 +383,8 @@ class TwoParties(RuleBasedStateMachine):
         wid = self.client.new_stream_id()
         out: OutboundStream[Any] = OutboundStream(wid, 0)
         self.client.open_push(OpenMapOutput(wid, "app", 1, 0, wid, 2), out)
-        for i, chunk in enumerate(chunks):
-            out.push_data((i % 2, chunk))
+        for chunk in chunks:
+            out.push_data(chunk)
         self.pushes[wid] = out
         self.pushed[wid] = chunks
 
@@ -419,7 +419,7 @@ class TwoParties(RuleBasedStateMachine):
                 daemon.accept_read(req.receiver, out)
                 payloads = [bytes([req.receiver % 251, i]) * (i + 1) for i in range(req.end)]
                 for p in payloads:
-                    out.push_data((0, p))
+                    out.push_data(p)
                 out.push_event(None)
                 self.served[req.receiver] = out
                 self.serving[req.receiver] = payloads

@@ -97,7 +97,7 @@ class Model:
         if data is None:
             return
         attempts = sorted(data.committed)
-        items, _ = self.store.snapshot("app", 0, partition, PARTITIONS, attempts)
+        items, _ = self.store.snapshot("app", 0, partition, PARTITIONS, attempts, digest=b"")
         runs: list[tuple[int, int]] = []
         got: dict[tuple[int, int], list[int]] = {}
         for item in items:

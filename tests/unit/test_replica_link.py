@@ -1,5 +1,6 @@
 """A replica link's lag gate as the send loop drives it: the pusher hears of progress once, at half the lag,
-and every forwarded buffer goes out and comes back to its owner."""
+and every forwarded buffer goes out and comes back to its owner. A link whose push ends while it opens
+is aborted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from shuffled.buffers import Buffer, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.net.sender import Sender
-from shuffled.protocol.frames import REPLICA
+from shuffled.protocol.frames import REPLICA, OpenMapOutput
 from shuffled.server.chunks import Chunk
 from shuffled.server.replication import ReplicaLink, ReplicaService
 from tests.turns import until
@@ -97,5 +98,34 @@ async def test_the_pusher_hears_once_at_half_the_lag_and_every_buffer_comes_back
         assert transport.payloads == LAG + 16
         assert all(buf.refs == 0 for buf in stored), "every forwarded buffer is recycled once written"
         assert pool.free == 64
+
+    await asyncio.wait_for(body(), TIMEOUT)
+
+
+@pytest.mark.asyncio
+async def test_a_link_whose_credit_arrives_with_the_cancel_of_its_opening_is_aborted() -> None:
+    """Issue 26, found by the live fuzzer: a push that ends while its replica link opens cancels the
+    opening. When the replica's first credit arrived in the same loop turn, asyncio.wait_for returned it
+    and dropped the cancel, so the link stayed open and the replica kept the push's window for as long as
+    the peer link lived. Now the cancel goes through and the replica is told to abort the push."""
+
+    async def body() -> None:
+        sent: list[str] = []
+        proto = SimpleNamespace(
+            features=frozenset([REPLICA]),
+            new_stream_id=lambda: 1,
+            open_push=lambda req, stream: sent.append("open"),
+            abort_push=lambda writer: sent.append("abort"),
+        )
+        sender = SimpleNamespace(wake=lambda stream: None)
+        conn: Any = SimpleNamespace(node="replica", proto=proto, sender=sender, replicas=ReplicaService())
+        link = ReplicaLink(DaemonConfig())
+        opening = asyncio.create_task(link.open(conn, OpenMapOutput(0, "app", 1, 0, 1, 1, replica_of="primary")))
+        await until(lambda: sent == ["open"])
+        link.credited()  # the replica's first credit, and in the same turn the push ends
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        assert sent == ["open", "abort"] and link.done and not conn.replicas.outgoing
 
     await asyncio.wait_for(body(), TIMEOUT)

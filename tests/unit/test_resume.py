@@ -56,7 +56,7 @@ class Copy:
             self.store.commit(outs[a])
 
     def serve(self, start: int, resume: Resume | None = None) -> list[Item]:
-        items, _ = self.store.snapshot("app", 0, start, PARTITIONS, [1, 2], resume)
+        items, _ = self.store.snapshot("app", 0, start, PARTITIONS, [1, 2], resume, digest=b"")
         out = []
         for item in items:
             if isinstance(item, DiskChunk):
@@ -131,10 +131,10 @@ def test_a_resume_point_that_does_not_fit_is_refused_before_anything_is_retained
     for resume in bad:
         used = copy.pool.used
         with pytest.raises(InvalidRequest):
-            copy.store.snapshot("app", 0, good.partition, PARTITIONS, [1, 2], resume)
+            copy.store.snapshot("app", 0, good.partition, PARTITIONS, [1, 2], resume, digest=b"")
         assert copy.pool.used == used
     with pytest.raises(InvalidRequest, match="does not match this copy"):
-        copy.store.snapshot("app", 0, good.partition, PARTITIONS, [1, 2], bad[0])
+        copy.store.snapshot("app", 0, good.partition, PARTITIONS, [1, 2], bad[0], digest=b"")
     copy.store.unregister_shuffle("app", 0)
     assert copy.pool.used == 0
 

@@ -62,7 +62,7 @@ async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_p
         gate.set()
         assert await task == 500
         assert pool.used == 0 and store.stats().stored_segments == store.memory_segments == 0
-        assert store.snapshot("app", 1, 0, 2, []) == ([], 0)
+        assert store.snapshot("app", 1, 0, 2, [], digest=b"") == ([], 0)
         disk.close()
 
     await asyncio.wait_for(body(), 30)
@@ -104,7 +104,7 @@ async def test_push_during_a_spill_lands_after_the_spilled_prefix(tmp_path: Path
         await task
         store.commit(out)
         assert store.memory_segments == store.stats().stored_segments == 3  # partition 1 and the new chunk
-        items, on_disk = store.snapshot("app", 1, 0, 1, [5])
+        items, on_disk = store.snapshot("app", 1, 0, 1, [5], digest=b"")
         assert on_disk == 2 and len(items) == 3
         assert [type(i).__name__ for i in items] == ["DiskChunk", "DiskChunk", "Chunk"]
         for item in items[2:]:
@@ -122,13 +122,13 @@ async def test_commit_during_a_spill_serves_the_chunks_from_the_file(tmp_path: P
         out = _push(pool, store, 9, 6)
         task, gate = await _spill_while_held(disk, spiller, store)
         store.commit(out)
-        before, on_disk = store.snapshot("app", 1, 0, 1, [9])
+        before, on_disk = store.snapshot("app", 1, 0, 1, [9], digest=b"")
         assert on_disk == 0 and len(before) == 3
         for item in before:
             item.buffer.release()  # type: ignore[union-attr]
         gate.set()
         await task
-        after, on_disk = store.snapshot("app", 1, 0, 2, [9])
+        after, on_disk = store.snapshot("app", 1, 0, 2, [9], digest=b"")
         assert on_disk == 3 and [type(i).__name__ for i in after] == ["DiskChunk"] * 3 + ["Chunk"] * 3
         assert [i.offset for i in after[:3]] == [0, 100, 200]  # type: ignore[union-attr]
         for item in after[3:]:
@@ -152,7 +152,7 @@ async def test_a_spill_cancelled_during_its_write_still_completes(tmp_path: Path
         with pytest.raises(asyncio.CancelledError):
             await task
         await disk.sync()  # the write is done, and its bookkeeping ran before this returns
-        items, on_disk = store.snapshot("app", 1, 0, 2, [4])
+        items, on_disk = store.snapshot("app", 1, 0, 2, [4], digest=b"")
         assert on_disk == 2 and pool.used == store.memory_segments == 2
         for item in items[2:]:
             item.buffer.release()  # type: ignore[union-attr]
@@ -180,7 +180,7 @@ async def test_memory_changed_since_the_push_is_not_hidden_by_a_spill(
         with caplog.at_level("ERROR", logger="shuffled.server.spill"):
             await spiller.spill(*found)
         assert any("memory corruption" in r.getMessage() for r in caplog.records)
-        items, on_disk = store.snapshot("app", 1, 0, 1, [6])
+        items, on_disk = store.snapshot("app", 1, 0, 1, [6], digest=b"")
         assert on_disk == 1 and isinstance(items[0], DiskChunk) and items[0].crc == pushed_crc
         with open(items[0].path, "rb") as f:
             f.seek(items[0].offset)
@@ -207,7 +207,7 @@ def _fill(pool: GlobalPool, store: Store, attempts: int, partitions: int, segmen
 
 def _tags(store: Store, partition: int, attempts: list[int]) -> list[bytes]:
     """What a read of one partition serves, chunk by chunk, from disk or memory."""
-    items, _ = store.snapshot("app", 1, partition, partition + 1, attempts)
+    items, _ = store.snapshot("app", 1, partition, partition + 1, attempts, digest=b"")
     got = []
     for item in items:
         if isinstance(item, DiskChunk):
@@ -346,7 +346,7 @@ async def test_a_flush_waits_for_the_partitions_write_under_way(tmp_path: Path) 
         assert await flush == 200 + 3
         assert store.memory_segments == 0 and task.done()
         store.commit(out)
-        items, on_disk = store.snapshot("app", 1, 0, 1, [5])
+        items, on_disk = store.snapshot("app", 1, 0, 1, [5], digest=b"")
         assert on_disk == 3 and [i.offset for i in items] == [0, 100, 200]  # type: ignore[union-attr]
         disk.close()
 

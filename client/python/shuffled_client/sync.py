@@ -8,10 +8,10 @@ based: the daemon only sends what the reader has room for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from .aio import DEFAULT_CLIENT_POOL, AsyncClient, MapWriter, PartitionReader, ReadChunk
+from .aio import DEFAULT_CLIENT_POOL, DEFAULT_WRITER_BUFFER, AsyncClient, MapWriter, PartitionReader, ReadChunk
 
 T = TypeVar("T")
 
@@ -48,9 +48,10 @@ class Client:
         partitions: int,
         compression: str | None = None,
         replicas: int | None = None,
+        buffer_size: int = DEFAULT_WRITER_BUFFER,
     ) -> Writer:
-        """See AsyncClient.open_writer for `compression` and `replicas`."""
-        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression, replicas)
+        """See AsyncClient.open_writer for `compression`, `replicas` and `buffer_size`."""
+        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression, replicas, buffer_size)
         return Writer(self, self._run(aio))
 
     def read(
@@ -98,7 +99,13 @@ class Writer:
         self._w = writer
 
     def write(self, partition: int, data: bytes | bytearray | memoryview) -> None:
-        self._client._run(self._w.write(partition, data))
+        """See MapWriter.write; the event loop runs only when the buffer is full."""
+        if not self._w.write_nowait(partition, data):
+            self._client._run(self._w.write(partition, data))
+
+    def write_sorted(self, lengths: Sequence[int], data: bytes | bytearray | memoryview) -> None:
+        """See MapWriter.write_sorted."""
+        self._client._run(self._w.write_sorted(lengths, data))
 
     def commit(self) -> list[int]:
         lengths: list[int] = self._client._run(self._w.commit())
@@ -109,7 +116,7 @@ class Writer:
 
 
 class Reader:
-    """Iterate chunks; a chunk's `data` is valid until the next one is requested."""
+    """Iterate chunks, one per run; a chunk's `data` is valid until the next one is requested."""
 
     def __init__(self, client: Client, reader: PartitionReader) -> None:
         self._client = client

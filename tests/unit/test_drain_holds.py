@@ -1,0 +1,97 @@
+"""A draining daemon takes a peer's `holds` answer only as far as it checks out (issue 26): attempts it
+was asked about, each with the bytes stored here. An answer with unhashable entries no longer ends the
+whole hand-over with a TypeError, and a peer claiming to hold everything no longer keeps anything from
+being copied; the answering daemon then counts as holding nothing, and the refusal is logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shuffled.buffers import GlobalPool
+from shuffled.config import DaemonConfig
+from shuffled.server.drain import Drainer, HandOver
+from shuffled.server.membership import Membership
+from shuffled.server.stats import DrainStats
+from shuffled.server.store import Store
+
+pytestmark = pytest.mark.asyncio
+
+SEGMENT = 4096
+ME, LIAR, HONEST = "n1:1", "n2:1", "n3:1"
+#: bytes of attempt 1 and attempt 2 stored here
+SIZES = {1: 300, 2: 700}
+
+
+class Peer:
+    """A peer daemon's connection as the drainer uses it: `admin.request` answers `holds` with `answer`."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.admin = self
+
+    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        assert op == "holds"
+        return self.answer
+
+
+def _host(answers: dict[str, dict[str, Any]]) -> tuple[Any, GlobalPool]:
+    cfg = DaemonConfig(peers=[ME, LIAR, HONEST], replicas=1)
+    pool = GlobalPool(16 * SEGMENT, SEGMENT)
+    store = Store(SEGMENT)
+    for attempt, size in SIZES.items():
+        out = store.open_map_output("app", 1, 0, attempt, 1)
+        (buf,) = pool.try_take(1) or []
+        buf.set_recycler(pool.give)
+        buf.length = size
+        store.add(out, 0, buf, 0)
+        store.commit(out)
+
+    async def get(addr: str) -> Peer:
+        return Peer(answers[addr])
+
+    host = SimpleNamespace(
+        config=cfg, node=ME, store=store, membership=Membership(cfg, ME), peers=SimpleNamespace(get=get)
+    )
+    return host, pool
+
+
+@pytest.mark.parametrize(
+    "lie",
+    [
+        {"attempts": [[1], [2]], "bytes": [300, 700]},  # unhashable: a TypeError ended the hand-over
+        {"attempts": [1, 2], "bytes": [0, 0]},  # everything, with sizes it cannot know
+        {"attempts": [1, 2, 3]},  # everything, without sizes
+        {"attempts": [1, 2, 9], "bytes": [300, 700, 1]},  # an attempt it was not asked about
+        {"attempts": [True], "bytes": [300]},
+        {"attempts": "1,2", "bytes": [300, 700]},
+    ],
+)
+async def test_a_holds_answer_counts_only_as_far_as_it_checks_out(
+    lie: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        honest = {"attempts": [1], "bytes": [SIZES[1]]}
+        host, _ = _host({LIAR: lie, HONEST: honest})
+        drainer = Drainer(host, DrainStats())
+        copied: list[tuple[int, set[str]]] = []
+
+        async def hand_over(h: HandOver) -> None:
+            copied.append((h.attempt, set(h.holders)))
+            drainer.settle(h)
+
+        drainer.hand_over = hand_over  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="shuffled.server.drain"):
+            assert await drainer.run(time.monotonic() + 10) is True
+        # attempt 1 has its copy on the honest daemon; attempt 2 is copied: the liar holds neither
+        assert copied == [(2, set())]
+        assert [r.getMessage() for r in caplog.records].count("holds answer refused") == 1
+        progress = drainer.progress
+        assert (progress.to_copy, progress.failed, progress.short) == (1, 1, 0)
+
+    await asyncio.wait_for(body(), 10)
