@@ -21,12 +21,12 @@ import java.util.Arrays;
  *
  * <p>A write to the partition of the previous record extends that record, so a caller that writes one
  * partition after another adds one record per partition (per page) and its index is in order as it
- * stands. Such writes are packed as soon as {@link #EAGER_SEGMENTS} segments of them are buffered: they
- * need no sort, and the pages they would fill could only cost memory and cache misses. Only full groups
- * leave then: the packer keeps its last, partly filled group, and the next writes continue it, so the
- * groups of writes in partition order are all full but the last and form one ascending sequence of
- * partitions. The packer closes its group early only when the next record's partition is below its last
- * one (writes out of order: the buffer's next round starts a new sequence) and at {@link #finish}.
+ * stands. In a buffer larger than {@link #EAGER_SEGMENTS} segments such writes are packed as soon as that
+ * much of them is buffered: they need no sort, and the pages they would fill could only cost memory and
+ * cache misses. Only full groups leave then: the packer keeps its last, partly filled group, and the next
+ * writes continue it, so the groups of writes in partition order are all full but the last and form one
+ * ascending sequence of partitions. A full buffer, like the last one at {@link #finish}, goes out whole,
+ * its last group included (out-of-order writes: the next round starts a new sequence anyway).
  *
  * <p>Per appended record the work is a copy and at most one index entry; per packed record, its share of a
  * radix pass (if any) and one copy into the group; per group, the directory. The capacity bounds pages plus
@@ -44,8 +44,10 @@ final class PackingBuffer {
     private static final int LENGTH = 4;
     /** An index entry and its place in the radix sort's second array. */
     private static final int INDEX_ENTRY = 16;
+    /** What a record costs of the capacity besides its bytes: its length in the page and its index entries. */
+    static final int RECORD_OVERHEAD = LENGTH + INDEX_ENTRY;
     /** The smallest capacity: one record of one byte. */
-    static final int MIN_CAPACITY = LENGTH + 1 + INDEX_ENTRY;
+    static final int MIN_CAPACITY = RECORD_OVERHEAD + 1;
     /** Pages stay below half of G1's smallest region (1 MiB): larger arrays are humongous, costly to allocate. */
     private static final int MAX_PAGE = 256 << 10;
     private static final int POSITION_BITS = 39; // partitions below 2^24 keep the index positive
@@ -73,7 +75,8 @@ final class PackingBuffer {
 
     PackingBuffer(long capacity, int segmentSize, long attempt, GroupSink sink) {
         this.capacity = Math.max(MIN_CAPACITY, capacity);
-        this.eager = Math.min(this.capacity, (long) EAGER_SEGMENTS * segmentSize);
+        long eagerBytes = (long) EAGER_SEGMENTS * segmentSize;
+        this.eager = eagerBytes < this.capacity ? eagerBytes : Long.MAX_VALUE;
         this.pageSize = (int) Math.min(MAX_PAGE, this.capacity);
         this.pages = new byte[(int) ((this.capacity + pageSize - 1) / pageSize)][];
         this.packer = new Packer(segmentSize, attempt, sink);
@@ -83,18 +86,17 @@ final class PackingBuffer {
     void write(int partition, byte[] src, int off, int len) throws IOException {
         int n = append(partition, src, off, len);
         while (n < len) {
-            pack(); // full: pack it all, then take the rest
+            pack(false); // full: push it all, then take the rest
             n += append(partition, src, off + n, len - n);
         }
         if (inOrder && used >= eager) {
-            pack();
+            pack(true);
         }
     }
 
     /** Packs everything buffered, the last group included. */
     void finish() throws IOException {
-        pack();
-        packer.emit();
+        pack(false);
     }
 
     /** Empties the buffer and lets go of its memory. */
@@ -112,7 +114,7 @@ final class PackingBuffer {
             int inPage = (int) (position % pageSize);
             int room = pageSize - inPage;
             boolean extend = partition == lastPartition && inPage != 0;
-            long left = capacity - used - (extend ? 0 : INDEX_ENTRY + LENGTH);
+            long left = capacity - used - (extend ? 0 : RECORD_OVERHEAD);
             if (!extend && room <= LENGTH) {
                 if (used + room > capacity) {
                     break;
@@ -140,7 +142,7 @@ final class PackingBuffer {
                 maxPartition = Math.max(maxPartition, partition);
                 inPage += LENGTH;
                 position += LENGTH;
-                used += INDEX_ENTRY + LENGTH;
+                used += RECORD_OVERHEAD;
             }
             System.arraycopy(src, off + taken, page, inPage, n);
             position += n;
@@ -158,8 +160,11 @@ final class PackingBuffer {
         return pages[i];
     }
 
-    /** Hands every buffered record to the packer in partition order and empties the buffer. */
-    private void pack() throws IOException {
+    /**
+     * Hands every buffered record to the packer in partition order and empties the buffer; the packer
+     * pushes every group it fills, and the last one too unless {@code keepLast}.
+     */
+    private void pack(boolean keepLast) throws IOException {
         if (!inOrder) {
             sortByPartition();
         }
@@ -169,6 +174,9 @@ final class PackingBuffer {
             byte[] page = pages[(int) (at / pageSize)];
             int inPage = (int) (at % pageSize);
             packer.add((int) (entry >>> POSITION_BITS), page, inPage + LENGTH, (int) INT.get(page, inPage));
+        }
+        if (!keepLast) {
+            packer.emit();
         }
         reset();
     }

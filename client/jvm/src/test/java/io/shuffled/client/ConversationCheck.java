@@ -165,10 +165,14 @@ public final class ConversationCheck {
                 }
             };
             case "push-committed" -> (t, secret) -> {
-                try (ShuffleClient client = connect(t, secret)) {
+                // A writer buffer that holds just the first two writes: the third finds it full, so they are
+                // pushed as one group, and the third, which continues partition 1, as another at commit.
+                long twoRecords = 2 * (PackingBuffer.RECORD_OVERHEAD + 4);
+                try (ShuffleClient client = connect(t, secret, twoRecords)) {
                     MapOutputWriter writer = client.openWriter("app-1", 3, 0, 11, 2);
                     writer.write(0, "k1v1".getBytes(StandardCharsets.UTF_8));
-                    writer.write(1, "k2v2k3v3".getBytes(StandardCharsets.UTF_8));
+                    writer.write(1, "k2v2".getBytes(StandardCharsets.UTF_8));
+                    writer.write(1, "k3v3".getBytes(StandardCharsets.UTF_8));
                     require(Arrays.equals(writer.commit(), new long[] {4, 8}), "commit lengths");
                 }
             };
@@ -177,8 +181,13 @@ public final class ConversationCheck {
     }
 
     private static ShuffleClient connect(ReplayTransport transport, String secret) throws IOException {
+        return connect(transport, secret, 1 << 20);
+    }
+
+    private static ShuffleClient connect(ReplayTransport transport, String secret, long writerBuffer)
+            throws IOException {
         return ShuffleClient.handshake(
-                transport, "replay", "recorder", TIMEOUT_MILLIS, 1 << 20, secret, null, DIALER_NONCE);
+                transport, "replay", "recorder", TIMEOUT_MILLIS, writerBuffer, secret, null, DIALER_NONCE);
     }
 
     private static void replay(JsonNode conversation, Scenario scenario) throws Exception {
