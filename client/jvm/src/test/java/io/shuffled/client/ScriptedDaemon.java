@@ -10,8 +10,6 @@ import io.shuffled.client.wire.ProtocolException;
 import io.shuffled.client.wire.Role;
 import io.shuffled.client.wire.Wire;
 import java.io.IOException;
-import java.io.InputStream;
-import java.io.OutputStream;
 import java.nio.ByteBuffer;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
@@ -19,18 +17,15 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.BlockingQueue;
-import java.util.concurrent.LinkedBlockingQueue;
 
 /**
  * A daemon played in memory, for checks of what a real daemon never does (malformed or corrupt buffers) and
  * of how the client frames its pushes. It checks every PushData as PROTOCOL.md §7.10 says (sequence, CRC32C,
  * exactly one group of the stream's attempt) and answers CommitMapOutput with the lengths its directories
  * add up to. A read is answered with the payloads the check queued with {@link #serve}, as credit allows,
- * then END_OF_PARTITION. Every frame the client sends is handled on the client's writing thread; answers go
- * to the client's reader thread through a queue.
+ * then END_OF_PARTITION.
  */
-final class ScriptedDaemon extends Transport {
+final class ScriptedDaemon extends QueueTransport {
     /** One BufferResponse to send: its payload and the CRC32C to put in the frame. */
     record Buffer(byte[] payload, long crc) {
         Buffer(byte[] payload) {
@@ -41,10 +36,7 @@ final class ScriptedDaemon extends Transport {
     /** One push stream: its attempt and partitions, and the groups pushed so far. */
     private record Push(long attempt, int partitions, List<byte[]> groups) {}
 
-    private static final byte[] END = new byte[0];
-
     private final int segmentSize;
-    private final BlockingQueue<byte[]> toClient = new LinkedBlockingQueue<>();
     private final FrameDecoder decoder;
     private final Map<Long, Push> pushes = new HashMap<>();
     private final Map<Long, List<byte[]>> committed = new LinkedHashMap<>();
@@ -94,66 +86,15 @@ final class ScriptedDaemon extends Transport {
         return List.copyOf(problems);
     }
 
-    // ------------------------------------------------------------------------------------------ the client's side
-
     @Override
-    InputStream input() {
-        return new InputStream() {
-            private ByteBuffer current = ByteBuffer.allocate(0);
-
-            @Override
-            public int read() throws IOException {
-                byte[] one = new byte[1];
-                return read(one, 0, 1) < 0 ? -1 : one[0] & 0xff;
-            }
-
-            @Override
-            public int read(byte[] b, int off, int len) throws IOException {
-                try {
-                    while (!current.hasRemaining()) {
-                        byte[] next = toClient.take();
-                        if (next == END) {
-                            toClient.add(END);
-                            return -1;
-                        }
-                        current = ByteBuffer.wrap(next);
-                    }
-                } catch (InterruptedException e) {
-                    throw new IOException(e);
-                }
-                int n = Math.min(len, current.remaining());
-                current.get(b, off, n);
-                return n;
-            }
-        };
-    }
-
-    @Override
-    OutputStream output() {
-        return new OutputStream() {
-            @Override
-            public void write(int b) throws IOException {
-                write(new byte[] {(byte) b}, 0, 1);
-            }
-
-            @Override
-            public void write(byte[] b, int off, int len) throws IOException {
-                synchronized (ScriptedDaemon.this) {
-                    decoder.feed(ByteBuffer.wrap(b, off, len), ScriptedDaemon.this::handle);
-                }
-            }
-        };
-    }
-
-    @Override
-    public void close() {
-        toClient.add(END);
+    synchronized void received(byte[] b, int off, int len) throws IOException {
+        decoder.feed(ByteBuffer.wrap(b, off, len), this::handle);
     }
 
     // ------------------------------------------------------------------------------------------ the daemon
 
     private void send(Frame frame) {
-        toClient.add(FrameEncoder.encode(frame));
+        reply(FrameEncoder.encode(frame));
     }
 
     private void handle(Frame frame) {

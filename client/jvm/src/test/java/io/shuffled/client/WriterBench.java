@@ -3,9 +3,6 @@ package io.shuffled.client;
 import io.shuffled.client.wire.Frame;
 import io.shuffled.client.wire.FrameEncoder;
 import io.shuffled.client.wire.Role;
-import java.io.IOException;
-import java.io.InputStream;
-import java.io.OutputStream;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.lang.reflect.Method;
@@ -13,8 +10,6 @@ import java.nio.ByteBuffer;
 import java.util.Arrays;
 import java.util.Map;
 import java.util.Random;
-import java.util.concurrent.BlockingQueue;
-import java.util.concurrent.LinkedBlockingQueue;
 
 /**
  * How fast a {@link MapOutputWriter} turns records into PushData frames, in this JVM, with no daemon: the
@@ -119,9 +114,8 @@ public final class WriterBench {
      * The daemon's side of the connection, reduced to counting: frames are split by their headers, bodies
      * skipped; Hello, OpenMapOutput and CommitMapOutput get HelloAck, unlimited PushCredit and a CommitAck.
      */
-    private static final class CountingSink extends Transport {
+    private static final class CountingSink extends QueueTransport {
         private static final int HEADER = 12;
-        private final BlockingQueue<byte[]> replies = new LinkedBlockingQueue<>();
         private final byte[] header = new byte[HEADER];
         private int headerFill;
         private long skip;
@@ -132,66 +126,26 @@ public final class WriterBench {
         long lastWire;
 
         @Override
-        InputStream input() {
-            return new InputStream() {
-                private ByteBuffer current = ByteBuffer.allocate(0);
-
-                @Override
-                public int read() {
-                    throw new UnsupportedOperationException();
+        void received(byte[] b, int off, int len) {
+            wireBytes += len;
+            while (len > 0) {
+                if (skip > 0) {
+                    int n = (int) Math.min(skip, len);
+                    skip -= n;
+                    off += n;
+                    len -= n;
+                    continue;
                 }
-
-                @Override
-                public int read(byte[] b, int off, int len) throws IOException {
-                    try {
-                        while (!current.hasRemaining()) {
-                            byte[] next = replies.take();
-                            if (next.length == 0) {
-                                return -1; // closed
-                            }
-                            current = ByteBuffer.wrap(next);
-                        }
-                    } catch (InterruptedException e) {
-                        throw new IOException(e);
-                    }
-                    int n = Math.min(len, current.remaining());
-                    current.get(b, off, n);
-                    return n;
+                int n = Math.min(HEADER - headerFill, len);
+                System.arraycopy(b, off, header, headerFill, n);
+                headerFill += n;
+                off += n;
+                len -= n;
+                if (headerFill == HEADER) {
+                    headerFill = 0;
+                    frame();
                 }
-            };
-        }
-
-        @Override
-        OutputStream output() {
-            return new OutputStream() {
-                @Override
-                public void write(int b) {
-                    write(new byte[] {(byte) b}, 0, 1);
-                }
-
-                @Override
-                public void write(byte[] b, int off, int len) {
-                    wireBytes += len;
-                    while (len > 0) {
-                        if (skip > 0) {
-                            int n = (int) Math.min(skip, len);
-                            skip -= n;
-                            off += n;
-                            len -= n;
-                            continue;
-                        }
-                        int n = Math.min(HEADER - headerFill, len);
-                        System.arraycopy(b, off, header, headerFill, n);
-                        headerFill += n;
-                        off += n;
-                        len -= n;
-                        if (headerFill == HEADER) {
-                            headerFill = 0;
-                            frame();
-                        }
-                    }
-                }
-            };
+            }
         }
 
         private void frame() {
@@ -209,13 +163,8 @@ public final class WriterBench {
                 pushes++;
             }
             if (reply != null) {
-                replies.add(FrameEncoder.encode(reply));
+                reply(FrameEncoder.encode(reply));
             }
-        }
-
-        @Override
-        public void close() {
-            replies.add(new byte[0]);
         }
     }
 }
