@@ -159,11 +159,12 @@ def test_packing_reads_back_whatever_the_split(jars: tuple[Path, Path]) -> None:
 
 @needs_jdk
 def test_push_and_read_streams_against_a_scripted_daemon(jars: tuple[Path, Path]) -> None:
-    """StreamsCheck: PushData framing and commit counts, one chunk per run with credit per buffer, and the reads
-    a malformed or corrupt buffer fails (a scripted daemon sends them; a real one never does)."""
+    """StreamsCheck: PushData framing and commit counts, one chunk per run with credit per buffer, the reads a
+    malformed or corrupt buffer fails (a scripted daemon sends them; a real one never does), and a writer whose
+    push timed out refusing to go on."""
     proc = _run("io.shuffled.client.StreamsCheck", jars)
     assert proc.returncode == 0, _failures(proc)
-    assert _summary(proc) == (5, 0)
+    assert _summary(proc) == (6, 0)
 
 
 @needs_jdk

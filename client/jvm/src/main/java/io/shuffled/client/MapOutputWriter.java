@@ -54,6 +54,8 @@ public final class MapOutputWriter implements AutoCloseable {
     private long pushes;
     private long bytesWritten;
     private boolean finished;
+    /** What stopped a push half way (a timeout, an interrupt): the buffer's state is lost, so no more writes. */
+    private Exception pushFailed;
 
     MapOutputWriter(
             ShuffleClient client, long stream, long attempt, int numPartitions, int segmentSize, long bufferBytes) {
@@ -99,7 +101,12 @@ public final class MapOutputWriter implements AutoCloseable {
         }
         raiseIfFailed();
         bytesWritten += len;
-        buffer.write(partition, data, off, len);
+        try {
+            buffer.write(partition, data, off, len);
+        } catch (IOException | RuntimeException e) {
+            pushFailed = e;
+            throw e;
+        }
     }
 
     /** Pushes what is buffered, commits, and returns the bytes stored per reduce partition (§12). */
@@ -108,7 +115,12 @@ public final class MapOutputWriter implements AutoCloseable {
             throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE, "map output already committed or aborted");
         }
         raiseIfFailed();
-        buffer.finish();
+        try {
+            buffer.finish();
+        } catch (IOException | RuntimeException e) {
+            pushFailed = e;
+            throw e;
+        }
         finished = true;
         buffer.release();
         client.send(FrameEncoder.encode(new Frame.CommitMapOutput(stream, pushes)));
@@ -255,6 +267,10 @@ public final class MapOutputWriter implements AutoCloseable {
         ShuffledException e = failure;
         if (e != null) {
             throw e;
+        }
+        if (pushFailed != null) {
+            throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE,
+                    "a push of this map output failed (" + pushFailed + "): it can only be aborted");
         }
     }
 

@@ -47,6 +47,8 @@ final class ScriptedDaemon extends QueueTransport {
     private long readSequence;
     private long creditAdded;
     private int cancels;
+    private int aborts;
+    private boolean stingy;
 
     ScriptedDaemon(int segmentSize) {
         this.segmentSize = segmentSize;
@@ -61,6 +63,15 @@ final class ScriptedDaemon extends QueueTransport {
     /** The groups the attempt pushed, in push order (null: not committed). */
     synchronized List<byte[]> committed(long attempt) {
         return committed.get(attempt);
+    }
+
+    /** From now on a push stream gets its first two credits and no more (its writer runs out). */
+    synchronized void withholdPushCredit() {
+        stingy = true;
+    }
+
+    synchronized int aborts() {
+        return aborts;
     }
 
     /** Credit the client granted with AddCredit so far, on any read. */
@@ -109,6 +120,7 @@ final class ScriptedDaemon extends QueueTransport {
             commit(c);
         } else if (frame instanceof Frame.AbortMapOutput a) {
             pushes.remove(a.writer());
+            aborts++;
             send(new Frame.AbortAck(a.writer()));
         } else if (frame instanceof Frame.PartitionRequest r) {
             readStream = r.receiver();
@@ -153,7 +165,9 @@ final class ScriptedDaemon extends QueueTransport {
         byte[] group = new byte[payload.remaining()];
         payload.duplicate().get(group);
         push.groups().add(group);
-        send(new Frame.PushCredit(d.writer(), 1));
+        if (!stingy) {
+            send(new Frame.PushCredit(d.writer(), 1));
+        }
     }
 
     private static long dataBytes(ByteBuffer payload) {

@@ -20,7 +20,8 @@ import java.util.Random;
  * group (checked as a daemon checks it), the commit counts them and its lengths are the directories'; a
  * read yields one chunk per run, each a slice of its buffer, and a buffer becomes credit only once the
  * caller moved past its last run; a buffer with a malformed group or a wrong CRC32C fails the read (PROTOCOL,
- * CORRUPT_DATA) and cancels it, and the connection serves on. Prints one line per check, then
+ * CORRUPT_DATA) and cancels it, and the connection serves on; a writer whose push timed out (its buffer
+ * half pushed) refuses to go on and can only be aborted. Prints one line per check, then
  * {@code N passed, M failed}; exits non-zero on any failure.
  */
 public final class StreamsCheck {
@@ -45,6 +46,7 @@ public final class StreamsCheck {
                     () -> malformed(client, daemon));
             c.check("a buffer failing its CRC32C fails the read with CORRUPT_DATA", () -> corrupt(client, daemon));
         }
+        c.check("a writer whose push timed out takes no more writes; close() aborts it", StreamsCheck::stalled);
         c.exit();
     }
 
@@ -199,5 +201,32 @@ public final class StreamsCheck {
         byte[] good = group(1, 2);
         long wrong = new ScriptedDaemon.Buffer(good).crc() ^ 1;
         failedRead(client, daemon, List.of(new ScriptedDaemon.Buffer(good, wrong)), ErrorCode.CORRUPT_DATA, 0);
+    }
+
+    private static void stalled() throws Exception {
+        ScriptedDaemon stingy = new ScriptedDaemon(SEGMENT);
+        stingy.withholdPushCredit();
+        long timeout = 300; // how long the writer waits for credit that never comes
+        try (ShuffleClient client =
+                ShuffleClient.handshake(stingy, "stingy", "check", timeout, 1 << 20, null, null, Auth.newNonce())) {
+            MapOutputWriter w = client.openWriter("app", 2, 0, ATTEMPT, PARTITIONS);
+            byte[] bytes = new byte[SEGMENT];
+            try {
+                for (int p = 0; p < PARTITIONS; p++) { // in order: full groups leave as they fill
+                    w.write(p, bytes);
+                }
+                throw new AssertionError("wrote " + PARTITIONS + " segments on two credits");
+            } catch (java.net.SocketTimeoutException expected) {
+                // the third push found no credit
+            }
+            try {
+                w.write(0, bytes);
+                throw new AssertionError("a write after the failed push was taken");
+            } catch (ShuffledException e) {
+                require(e.code() == ErrorCode.MAP_OUTPUT_STATE, "failed with " + e.code());
+            }
+            w.close();
+            require(stingy.aborts() == 1, "close() did not abort the attempt");
+        }
     }
 }
