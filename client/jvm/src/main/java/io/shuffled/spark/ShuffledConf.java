@@ -35,7 +35,8 @@ final class ShuffledConf {
     ///
     /// Default: `60s`
     static final String TIMEOUT = "spark.shuffled.timeout";
-    /// most bytes one map task keeps in partially filled 32 KiB buffers
+    /// the one buffer in which a map task collects the bytes of all its partitions; when full, and at task
+    /// end, it is pushed ordered by partition and packed into 32 KiB segments
     ///
     /// Default: `16m`
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
