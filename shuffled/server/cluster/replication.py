@@ -342,14 +342,15 @@ class ReplicaLinks:
             return None
         return link
 
-    def forward(self, buf: Buffer, crc: int) -> None:
-        """Send a stored piece to every replica: one more reference each, no copy."""
+    def forward(self, buf: Buffer, crc: int, data: int) -> None:
+        """Send a stored piece to every replica: one more reference each, no copy; `data` is the bytes of its
+        runs (what the counters count)."""
         for link in self.links:
             buf.retain()
             link.send(Chunk(buf, crc))
         n = len(self.links)
         self.counters.replica_forwarded_buffers += n
-        self.counters.replica_forwarded_bytes += n * buf.length
+        self.counters.replica_forwarded_bytes += n * data
 
     def lagging(self) -> bool:
         """A replica is `replica-lag` chunks behind: the client gets no new credit until `on_progress`."""
