@@ -86,7 +86,7 @@ def push(pool: GlobalPool, store: Store, out: MapOutput, group: bytes) -> None:
 async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float = 10) -> list[bytes]:
     """Every payload a plan's feed makes, in order, each checked against its CRC32C (its segment then goes
     back), and that it fits a segment."""
-    services: Any = SimpleNamespace(pool=pool, disk=disk)
+    services: Any = SimpleNamespace(pool=pool, disk=disk, objects=None)
     got: list[Chunk] = []
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     feed = PlanFeed(services, plan, got.append, lambda: 1 << 20)

@@ -53,6 +53,7 @@ from ...protocol.frames import REPLICA, OpenMapOutput
 from ...protocol.packed import LengthTally, directory
 from ..storage.disk import Disk
 from ..storage.loader import PieceLoader, run, take
+from ..storage.objects import ObjectStore
 from ..storage.store import MapOutput, ShuffleData, Store
 from .membership import Membership
 from .replication import ReplicaLink, ReplicaPeer
@@ -105,6 +106,9 @@ class HandOverHost(Protocol):
 
     @property
     def disk(self) -> Disk | None: ...
+
+    @property
+    def objects(self) -> ObjectStore | None: ...
 
     @property
     def membership(self) -> Membership: ...
@@ -375,7 +379,7 @@ class Drainer:
         time, as a spill may move them to disk meanwhile."""
         data = out.shuffle
         pool = self.host.pool
-        loader = PieceLoader(self.host.disk)
+        loader = PieceLoader(self.host.disk, self.host.objects)
         i = 0
         try:
             while i < out.pieces:

@@ -76,7 +76,7 @@ class PlanFeed:
         self.limit = env.pool.segment_size
         #: pieces not served yet (a backlog estimate for the reader's credit)
         self.left = plan.pieces
-        self.loader = PieceLoader(env.disk)
+        self.loader = PieceLoader(env.disk, env.objects)
         #: the frame being filled (a read-reserve segment) and its fill
         self._frame: Buffer | None = None
         self._fill = 0
