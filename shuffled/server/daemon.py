@@ -29,8 +29,10 @@ from .accounting.shares import PushShares
 from .accounting.stats import snapshot
 from .accounting.watchdog import watch
 from .cluster.drain import Drain
+from .cluster.healing import Healing
 from .cluster.membership import Membership
 from .cluster.peers import PeerManager
+from .cluster.sweep import Sweeper
 from .serving.admin_ops import Caller, Operation
 from .serving.admission import Trust
 from .serving.connection import DaemonConnection
@@ -107,6 +109,10 @@ class Daemon:
         self.started = False
         #: SIGTERM, SIGINT or the admin `drain`: new pushes, then new client reads are refused
         self.drain = Drain(self)
+        #: copies of replicated attempts lost with a daemon made again (not while draining)
+        self.healing = Healing(self, self.heal_stats, lambda: not self.drain.draining)
+        #: deletes what crashed daemons left in the object store
+        self.sweeper = Sweeper(self, self.tier, lambda: not self.drain.draining) if self.tier is not None else None
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
@@ -179,6 +185,9 @@ class Daemon:
         self.object_probe.start()
         if self.tier is not None:
             self.tier.start(self.node)
+        self.healing.start()
+        if self.sweeper is not None:
+            self.sweeper.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
@@ -311,6 +320,9 @@ class Daemon:
         make it durable in the object store (a restart serves what the objects prove)."""
         if self._housekeeping is not None:
             self._housekeeping.cancel()
+        self.healing.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.membership.stop()
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
         if self.disk is None:
