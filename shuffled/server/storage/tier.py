@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: spill writes to objects at once (each one part of stored data: two keep the link busy while one ends)
 OBJECT_IN_FLIGHT = 2
+#: durable uploads at once (objects of different attempts)
+UPLOADS_IN_FLIGHT = 4
 #: first and longest wait before a failed durable upload is tried again (seconds; doubles in between)
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
 #: a disk over its quota is brought down to this share of it, so moves do not start again at once
@@ -106,6 +108,7 @@ class ObjectTier:
         self.adopter = Adopter(store, objects, self.stats)
         self._wake = asyncio.Event()
         self._uploader: asyncio.Task[None] | None = None
+        self._uploads: set[asyncio.Task[bool]] = set()
         self._mover: asyncio.Task[None] | None = None
 
     def start(self, node: str) -> None:
@@ -113,7 +116,7 @@ class ObjectTier:
         self._uploader = asyncio.create_task(self._upload_loop())
 
     async def close(self) -> None:
-        for task in (self._uploader, self._mover):
+        for task in (self._uploader, self._mover, *self._uploads):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -281,37 +284,52 @@ class ObjectTier:
             try:
                 self._wake.clear()
                 now = loop.time()
-                due = [d for d, q in self._queues.items() if q.due <= now]
-                for data in due:
-                    await self.upload_once(data)
-                if not due:
-                    later = [q.due for q in self._queues.values()]
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), min(later) - now if later else None)
+                for data in [d for d, q in self._queues.items() if q.due <= now]:
+                    while len(self._uploads) < UPLOADS_IN_FLIGHT and self.start_upload(data) is not None:
+                        pass
+                later = [q.due for q in self._queues.values() if q.due > now]
+                wait = None if len(self._uploads) >= UPLOADS_IN_FLIGHT or not later else min(later) - now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not stop durable uploads for good
                 event(log, "durable upload failed", logging.ERROR, exc_info=True)
                 await asyncio.sleep(RETRY_MAX)
 
-    async def upload_once(self, data: ShuffleData) -> bool:
-        """Upload one object of the shuffle's queued attempts (see the module); False if it failed or had
-        nothing to take."""
+    def start_upload(self, data: ShuffleData) -> asyncio.Task[bool] | None:
+        """Start uploading one object of the shuffle's queued attempts (see the module), unless there is
+        nothing to take now (all claimed by uploads under way, or being spilled)."""
         queue = self._queues.get(data)
         if queue is None:
-            return False
+            return None
         queue.attempts = [o for o in queue.attempts if not o.dead]
         if data.removed or not queue.attempts:
             self._forget(data)
-            return False
+            return None
         pieces, commits = self._take(queue)
         if not pieces and not commits:
-            queue.due = asyncio.get_running_loop().time() + RETRY_FIRST  # spills under way: look again soon
-            return False
+            if not any(o in self._claimed for o in queue.attempts):  # spills under way: look again soon
+                queue.due = asyncio.get_running_loop().time() + RETRY_FIRST
+            return None
         outs = {out for out, _ in pieces} | set(commits)
         for out, _ in pieces:
             out.taken = out.pieces  # the spiller leaves them (pieces in memory an object holds it may free)
         self._claimed.update(outs)
+        task = asyncio.create_task(self._upload(data, queue, pieces, commits, outs))
+        self._uploads.add(task)
+        task.add_done_callback(self._upload_ended)
+        return task
+
+    def _upload_ended(self, task: asyncio.Task[bool]) -> None:
+        self._uploads.discard(task)
+        self._wake.set()
+
+    async def _upload(
+        self, data: ShuffleData, queue: _Queue, pieces: list[Pieces], commits: list[MapOutput], outs: set[MapOutput]
+    ) -> bool:
+        """Write one object of these pieces and commit records; whether it worked (a failure is logged, and
+        the shuffle's queue tried again after its back-off)."""
         try:
             place = await self.write(data, pieces, commits, "durable")
         except (StorageError, CorruptData) as exc:
@@ -332,6 +350,11 @@ class ObjectTier:
             )
             queue.backoff = min(RETRY_MAX, queue.backoff * 2)
             return False
+        except BaseException:
+            self._claimed.difference_update(outs)
+            for out, _ in pieces:
+                out.taken = out.placed
+            raise
         queue.backoff = RETRY_FIRST
         self._claimed.difference_update(outs)
         if place is not None:
@@ -339,8 +362,8 @@ class ObjectTier:
         for out, _ in pieces:
             out.taken = out.placed
         self.made_durable(data, commits if place is not None else [])
-        if data in self._queues:
-            queue.due = asyncio.get_running_loop().time() if self._pending_bytes(queue) >= self.part else queue.due
+        if data in self._queues and self._pending_bytes(queue) >= self.part:
+            queue.due = asyncio.get_running_loop().time()
         return True
 
     def _take(self, queue: _Queue) -> tuple[list[Pieces], list[MapOutput]]:
@@ -383,27 +406,27 @@ class ObjectTier:
 
     async def persist(self, shuffles: list[ShuffleData]) -> int:
         """Make every committed attempt of these shuffles durable now (a flush or a stop without a data dir:
-        what a restart can serve again is what the objects prove); the attempts durable. Raises StorageError
-        when an upload fails."""
-        loop = asyncio.get_running_loop()
+        what a restart can serve again is what the objects prove), `UPLOADS_IN_FLIGHT` objects at once; the
+        attempts durable. Raises StorageError when an upload fails."""
         for data in shuffles:
             for out in data.committed.values():
                 if not out.durable and not out.wants_durable:
                     out.wants_durable = True
                     self.committed(out)
-            queue = self._queues.get(data)
-            if queue is not None:
-                queue.due = loop.time()
+        running: set[asyncio.Task[bool]] = set()
+        for data in shuffles:
             while data in self._queues and not data.removed:
-                if not await self.upload_once(data) and data in self._queues and not self._busy_with(data):
+                while len(running) < UPLOADS_IN_FLIGHT and (task := self.start_upload(data)) is not None:
+                    running.add(task)
+                if not running:  # nothing to take: spill writes hold the pieces, or uploads of the loop
+                    await asyncio.sleep(0.05)  # a wait for writes this call did not start, not for an event
+                    continue
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if not all(t.result() for t in done):
+                    await asyncio.gather(*running, return_exceptions=True)
                     raise StorageError(f"uploading {data.app}/{data.shuffle} to the object store failed")
-                if self._busy_with(data):
-                    await asyncio.sleep(0.05)  # a spill write of it ends soon; its pieces are taken then
+        await asyncio.gather(*running)
         return sum(o.durable for d in shuffles for o in d.committed.values())
-
-    def _busy_with(self, data: ShuffleData) -> bool:
-        queue = self._queues.get(data)
-        return queue is not None and any(o in self.busy for o in queue.attempts)
 
     # -- moves from the data dir
 
