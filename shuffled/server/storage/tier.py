@@ -171,8 +171,9 @@ class ObjectTier:
         """The pieces' bytes in order: memory ones as they are (a reference each in `held`), those in the data
         file read back with one read per run of them that lies back to back, and checked."""
         chunks: list[memoryview] = []
-        #: pieces in the file: (offset, [(chunk slot, size, CRC32C)]) per run
+        #: pieces in the file: (offset, [(chunk slot, size, CRC32C)]) per run, and where the last run ends
         runs: list[tuple[int, list[tuple[int, int, int]]]] = []
+        end = -1
         for out, indices in pieces:
             for i in indices:
                 buf = out.buffer(i)
@@ -183,11 +184,10 @@ class ObjectTier:
                     continue
                 assert i < out.placed and out.places[i] == FILE, "a tier write takes no piece an object holds"
                 at, size = out.offsets[i], out.sizes[i]
-                slot = (len(chunks), size, out.crcs[i])
-                if runs and runs[-1][0] + sum(s for _, s, _ in runs[-1][1]) == at:
-                    runs[-1][1].append(slot)
-                else:
-                    runs.append((at, [slot]))
+                if at != end:
+                    runs.append((at, []))
+                runs[-1][1].append((len(chunks), size, out.crcs[i]))
+                end = at + size
                 chunks.append(memoryview(b""))
         for at, slots in runs:
             await self._read_back(data, at, slots, chunks)
