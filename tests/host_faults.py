@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,16 +70,19 @@ class Outcome:
 class HostDaemons:
     """One daemon per simulated host, restartable on its data dir; the faults that can hit each."""
 
-    def __init__(self, hosts: Hosts, pool: str = "32M") -> None:
+    def __init__(
+        self, hosts: Hosts, pool: str = "32M", flags: list[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self.hosts = hosts
         self.pool = pool
-        #: flags every daemon starts with (`reconfigure` changes them)
-        self.flags: list[str] = []
+        #: flags every daemon starts with (`reconfigure` changes them), and their environment (None: ours)
+        self.flags: list[str] = flags or []
+        self.env = env
         self.daemons = [self._start(i) for i in range(len(hosts.hosts))]
 
     def _start(self, i: int, extra: list[str] | None = None) -> DaemonProcess:
         flags = ["--peer-timeout", str(PEER_TIMEOUT_S), *self.flags, *(extra or [])]
-        return self.hosts.start_daemon(self.hosts.hosts[i], self.pool, flags)
+        return self.hosts.start_daemon(self.hosts.hosts[i], self.pool, flags, self.env)
 
     def restart(self, i: int, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM (a drain, with hand-over if the daemon's flags say so), then a new process on the data dir."""

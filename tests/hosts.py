@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,13 +169,25 @@ class Hosts:
         """The host's daemon's data dir: the same one after a restart, so committed data is found again."""
         return self.scratch / f"data-{host.index}"
 
-    def start_daemon(self, host: Host, pool_size: str = "64M", extra: list[str] | None = None) -> DaemonProcess:
+    def start_daemon(
+        self,
+        host: Host,
+        pool_size: str = "64M",
+        extra: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> DaemonProcess:
         """``shuffled serve`` inside ``host``: on every address of the namespace, the host address
-        advertised, every host's daemon a peer; stopped when the hosts go."""
+        advertised, every host's daemon a peer; stopped when the hosts go. `env`: its environment (else
+        this process's)."""
         peers = ",".join(h.daemon_addr for h in self.hosts)
         flags = ["--advertise", host.daemon_addr, "--peers", peers, "--data-dir", str(self.data_dir(host))]
         daemon = DaemonProcess(
-            "0.0.0.0", DAEMON_PORT, pool_size, [*flags, *(extra or [])], interpreter=host.argv(sys.executable)
+            "0.0.0.0",
+            DAEMON_PORT,
+            pool_size,
+            [*flags, *(extra or [])],
+            interpreter=host.argv(sys.executable),
+            env=env,
         )
         host.procs.append(daemon.proc)
         return daemon.wait_ready()

@@ -87,7 +87,7 @@ async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float 
     """Every payload a plan's feed makes, in order, each checked against its CRC32C (its segment then goes
     back), that it fits a segment, and that the bytes the feed says it holds (what the traffic counters
     count) are exactly those of its runs."""
-    services: Any = SimpleNamespace(pool=pool, disk=disk)
+    services: Any = SimpleNamespace(pool=pool, disk=disk, objects=None)
     got: list[tuple[Chunk, int]] = []
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     feed = PlanFeed(services, plan, lambda chunk, data: got.append((chunk, data)), lambda: 1 << 20)

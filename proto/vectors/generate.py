@@ -242,6 +242,32 @@ VALID: list[tuple[str, F.Frame]] = [
             writer=9, app=AUTH_APP, shuffle=3, map_index=3, attempt=4714, partitions=2, token=APP_TOKEN, replicas=4
         ),
     ),
+    (
+        "OpenMapOutput asking for durability in the object store",
+        F.OpenMapOutput(
+            writer=10,
+            app="app-20240101-0001",
+            shuffle=3,
+            map_index=4,
+            attempt=4715,
+            partitions=200,
+            durability="object-store",
+        ),
+    ),
+    (
+        "OpenMapOutput with an application token, 2 copies and no durability",
+        F.OpenMapOutput(
+            writer=11,
+            app=AUTH_APP,
+            shuffle=3,
+            map_index=5,
+            attempt=4716,
+            partitions=2,
+            token=APP_TOKEN,
+            replicas=2,
+            durability="none",
+        ),
+    ),
     ("PushCredit", F.PushCredit(5, 16)),
     ("PushData, one run", data(push(5, 0, 4711, [(199, b"key=value\n" * 3)]))),
     (
@@ -671,6 +697,20 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
         frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replicas": 5})),
         P,
         "replicas, when present, is an integer in 1..4",
+        False,
+    ),
+    (
+        "OpenMapOutput asking for an unknown durability",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "durability": "disk"})),
+        P,
+        "durability, when present, is none or object-store",
+        False,
+    ),
+    (
+        "OpenMapOutput with a number for durability",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "durability": 1})),
+        P,
+        "durability, when present, is none or object-store",
         False,
     ),
     (

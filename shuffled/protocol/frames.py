@@ -232,6 +232,19 @@ def optional_replicas(m: dict[str, Any], key: str, cls: Any) -> Any:
     return value
 
 
+#: what an OpenMapOutput may ask of its committed output (§7.8): nothing more, or an upload to the object store
+DURABILITIES = ("none", "object-store")
+
+
+def optional_durability(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """Whether the committed map output is to be made durable (§12.5): one of DURABILITIES, absent for the
+    daemon's own default."""
+    value = m.get(key)
+    if value is not None and value not in DURABILITIES:
+        raise ProtocolError(f"{cls.TYPE.name}: '{key}' must be one of {', '.join(DURABILITIES)}")
+    return value
+
+
 def optional_app_key(m: dict[str, Any], key: str, cls: Any) -> Any:
     """The digest of an application token a replica push carries instead of the token (§12.4): "" (no
     token) or 64 lowercase hex digits."""
@@ -615,6 +628,7 @@ class OpenMapOutput:
         Key("replicas", optional_replicas, optional=True),
         Key("replica_of", optional_string, optional=True),
         Key("app_key", optional_app_key, optional=True),
+        Key("durability", optional_durability, optional=True),
         stream="writer",
     )
 
@@ -632,6 +646,8 @@ class OpenMapOutput:
     replica_of: str | None = None
     #: with `replica_of`: SHA-256 of the application's token, hex ("" for none), instead of the token
     app_key: str | None = None
+    #: "object-store": upload the committed output so any daemon can serve it (§12.5); None: the daemon's setting
+    durability: str | None = None
 
 
 @dataclass(slots=True)

@@ -22,23 +22,26 @@ from ..config import DATA_DIR_AUTO, DaemonConfig
 from ..logs import event
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..ops.stats import DaemonStats, ObjectStoreStats
+from ..ops.stats import DaemonStats, HealStats, ObjectStoreStats
 from ..protocol.errors import StorageError
 from .accounting.counters import Counters
 from .accounting.shares import PushShares
 from .accounting.stats import snapshot
 from .accounting.watchdog import watch
 from .cluster.drain import Drain
+from .cluster.healing import Healing
 from .cluster.membership import Membership
 from .cluster.peers import PeerManager
+from .cluster.sweep import Sweeper
 from .serving.admin_ops import Caller, Operation
 from .serving.admission import Trust
 from .serving.connection import DaemonConnection
 from .storage.disk import Disk
 from .storage.objects import ObjectStore, ObjectStoreConfig
 from .storage.probe import ObjectStoreProbe
-from .storage.spill import Spiller, restore
+from .storage.spill import Spiller, SpillTarget, restore
 from .storage.store import Store
+from .storage.tier import ObjectTier
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +69,32 @@ class Daemon:
             auto = config.data_dir == DATA_DIR_AUTO
             how = " (data-dir auto: set --data-dir DIR, or none for memory only)" if auto else ""
             raise OSError(f"data dir {self.data_dir}{how} is not usable: {exc}") from exc
-        self.store.can_spill = self.disk is not None
         self.store.max_partitions = config.max_partitions
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)
-        self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
-        if self.disk is not None:
+        self.counters = Counters()
+        self.metrics = DaemonMetrics()
+        #: the object store (`object-store`), probed at start, and the tier that moves data into it
+        self.objects: ObjectStore | None = None
+        self.object_stats = ObjectStoreStats()
+        self.tier: ObjectTier | None = None
+        if config.object_store is not None:
+            self.objects = ObjectStore(
+                ObjectStoreConfig.of(config), self.object_stats, self.metrics.observe_object_store
+            )
+            self.tier = ObjectTier(self.store, self.objects, self.disk, config)
+        self.object_probe = ObjectStoreProbe(self.objects, self.object_stats)
+        #: what healing did (cluster/healing.py)
+        self.heal_stats = HealStats()
+        self.spiller = Spiller(
+            self.store, self.pool, self.disk, config.spill_high, config.spill_low, self._object_target
+        )
+        self.store.can_spill = self.spiller.target is not None
+        if self.tier is not None:
+            self.tier.journal = self.spiller.journal
+            self.tier.busy = self.spiller.writing
+            self.store.moves_disk = self.disk is not None
+        if self.spiller.target is not None:
             # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
             # where background spilling starts (GlobalPool.set_floating_budget says why that is safe).
             self.pool.set_floating_budget(self.spiller.start - 1)
@@ -83,23 +106,26 @@ class Daemon:
         #: whom it trusts and how each side proves itself (serving/admission.py)
         self.secret, self.peer_secret, self.drain_secret, self.peer_tls = Trust.load(config)
         self._servers: list[asyncio.AbstractServer] = []
-        self.counters = Counters()
-        self.metrics = DaemonMetrics()
-        #: the object store (`object-store`), probed at start; not yet a tier data moves to
-        self.objects: ObjectStore | None = None
-        self.object_stats = ObjectStoreStats()
-        if config.object_store is not None:
-            self.objects = ObjectStore(
-                ObjectStoreConfig.of(config), self.object_stats, self.metrics.observe_object_store
-            )
-        self.object_probe = ObjectStoreProbe(self.objects, self.object_stats)
         self.started = False
         #: SIGTERM, SIGINT or the admin `drain`: new pushes, then new client reads are refused
         self.drain = Drain(self)
+        #: copies of replicated attempts lost with a daemon made again (not while draining)
+        self.healing = Healing(self, self.heal_stats, lambda: not self.drain.draining)
+        #: deletes what crashed daemons left in the object store
+        self.sweeper = Sweeper(self, self.tier, lambda: not self.drain.draining) if self.tier is not None else None
         self.start_time = time.time()
         self.ops: OpsServer | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+
+    def _object_target(self, spiller: Spiller) -> SpillTarget | None:
+        """Without a data dir, spills go to the object store: one object of at least a part per write (fewer
+        segments only in pools too small to hold three such writes)."""
+        if self.tier is None:
+            return None
+        usable = self.pool.total - self.pool.reserve
+        part = self.tier.part // self.config.segment_size
+        return self.tier.spill_target(max(1, min(part, usable // 3)))
 
     @property
     def node(self) -> str:
@@ -157,6 +183,11 @@ class Daemon:
             self.ops.start()
         await self.membership.refresh()  # before pushes arrive, so the first ones find their replicas
         self.object_probe.start()
+        if self.tier is not None:
+            self.tier.start(self.node)
+        self.healing.start()
+        if self.sweeper is not None:
+            self.sweeper.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
@@ -236,7 +267,10 @@ class Daemon:
                 busy = any(d.open for d in self.store.apps.get(app, {}).values())
                 if not busy and now - usage.last_active > cfg.app_ttl:
                     event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
-                    await self.spiller.removed(self.store.remove_application(app)[1])
+                    dropped = self.store.remove_application(app)[1]
+                    await self.spiller.removed(dropped)
+                    if self.tier is not None:  # other nodes' objects it adopted stay for their own cleanup
+                        await self.tier.removed(dropped, adopted=False)
         if cfg.flush_after and self.disk is not None:
             idle = [
                 d
@@ -247,6 +281,8 @@ class Daemon:
             with contextlib.suppress(StorageError):  # the spiller logged it; the next round tries again
                 await self.spiller.flush(idle)
         self.spiller.check()
+        if self.tier is not None:
+            self.tier.relieve_disk()
         await self.spiller.reclaim()
         self.object_probe.check(now)
         for conn in list(self.connections):
@@ -275,16 +311,29 @@ class Daemon:
         if self.config.unix_socket and os.path.exists(self.config.unix_socket):
             os.unlink(self.config.unix_socket)
         await self._persist()
+        if self.tier is not None:
+            await self.tier.close()
         await self.object_probe.close()
 
     async def _persist(self) -> None:
-        """Write every committed byte still in memory to disk, so a restart serves it."""
+        """Write every committed byte still in memory to disk, so a restart serves it; without a data dir,
+        make it durable in the object store (a restart serves what the objects prove)."""
         if self._housekeeping is not None:
             self._housekeeping.cancel()
+        self.healing.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.membership.stop()
-        if self.disk is None:
-            return
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
+        if self.disk is None:
+            if self.tier is not None and shuffles:
+                try:
+                    durable = await self.tier.persist(shuffles)
+                except StorageError as exc:
+                    event(log, "persisting to the object store failed", logging.WARNING, reason=exc.message)
+                else:
+                    event(log, "persisted", shuffles=len(shuffles), durable_attempts=durable)
+            return
         try:
             written, complete = await self.spiller.flush(shuffles), True
         except StorageError:  # the spiller logged it; what was written before is still synced

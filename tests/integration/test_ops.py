@@ -421,6 +421,26 @@ WIRE_STATS = {
         "errors": {},
         **dict.fromkeys(("bytes_up", "bytes_down", "parts", "objects_held", "bytes_held"), "int"),
     },
+    "tier": dict.fromkeys(
+        (
+            "spilled_objects",
+            "spilled_bytes",
+            "moved_objects",
+            "moved_bytes",
+            "durable_objects",
+            "durable_bytes",
+            "durable_attempts",
+            "pending_attempts",
+            "pending_bytes",
+            "write_errors",
+            "adopted_attempts",
+            "adoptions",
+            "deleted_objects",
+            "swept_objects",
+        ),
+        "int",
+    ),
+    "heal": dict.fromkeys(("rounds", "missing", "copied", "copied_bytes", "failed", "last_heal_us"), "int"),
 }
 
 

@@ -122,6 +122,8 @@ async def _gate(
         store=store or Store(SEGMENT),
         counters=Counters(),
         disk=None,
+        objects=None,
+        tier=None,
         membership=Membership(cfg, ME),
     )
     client, out = FakeClient(), FakeOut()

@@ -42,11 +42,12 @@ def _spilled(tmp_path: Path, *pieces: bytes, gap_after: int = -1) -> MapOutput:
             out.sizes.append(len(piece))
             out.crcs.append(checksum(piece))
             out.offsets.append(offset)
+            out.places.append(0)
             offset += len(piece)
             if i == gap_after:
                 f.write(b"-" * 7)
                 offset += 7
-    out.spilled = out.taken = len(pieces)
+    out.spilled = out.placed = out.taken = len(pieces)
     out.shuffle.file = SpillFile(path, offset)
     return out
 

@@ -47,7 +47,7 @@ from shuffled.protocol.events import (
     PushCredited,
     StreamFailed,
 )
-from shuffled.protocol.frames import MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import DURABILITIES, MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
 from shuffled.protocol.packed import Directory, RunPacker, read_payload
 
 #: client-side pool: enough for a few concurrent writers and readers
@@ -169,6 +169,7 @@ class AsyncClient:
         compression: str | None = None,
         replicas: int | None = None,
         buffer_size: int = DEFAULT_WRITER_BUFFER,
+        durability: str | None = None,
     ) -> MapWriter:
         """Open one map attempt's output; waits for the daemon's first push credit.
 
@@ -177,10 +178,14 @@ class AsyncClient:
         daemon's own included, so it stays readable when a daemon is lost; None leaves it to the daemon's
         `replicas` setting (PROTOCOL.md §7.8). `buffer_size` bounds the bytes `write` collects before they
         go out ordered by partition: the larger, the fewer times a partition's data is cut (each flush
-        pushes every partition it holds once).
+        pushes every partition it holds once). `durability="object-store"` asks the daemon to upload the
+        committed output to its object store, so any daemon can serve it once this one's host is lost
+        (`"none"`: not even when the daemon's `durability` setting says so; None: as it says; §12.5).
         """
         check_codec(compression)
         check_replicas(replicas)
+        if durability is not None and durability not in DURABILITIES:
+            raise ValueError(f"durability must be one of {', '.join(DURABILITIES)} or None, got {durability!r}")
         if buffer_size < 0:
             raise ValueError(f"buffer_size must be at least 0, got {buffer_size}")
         self._check()
@@ -188,7 +193,15 @@ class AsyncClient:
         writer = MapWriter(self, proto.new_stream_id(), attempt, partitions, compression, buffer_size)
         self._writers[writer.stream.stream] = writer
         req = OpenMapOutput(
-            writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app), replicas
+            writer.stream.stream,
+            app,
+            shuffle,
+            map_index,
+            attempt,
+            partitions,
+            self._token(app),
+            replicas,
+            durability=durability,
         )
         proto.open_push(req, writer.stream)
         await writer._opened

@@ -49,9 +49,12 @@ class Client:
         compression: str | None = None,
         replicas: int | None = None,
         buffer_size: int = DEFAULT_WRITER_BUFFER,
+        durability: str | None = None,
     ) -> Writer:
-        """See AsyncClient.open_writer for `compression`, `replicas` and `buffer_size`."""
-        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression, replicas, buffer_size)
+        """See AsyncClient.open_writer for `compression`, `replicas`, `buffer_size` and `durability`."""
+        aio = self._aio.open_writer(
+            app, shuffle, map_index, attempt, partitions, compression, replicas, buffer_size, durability
+        )
         return Writer(self, self._run(aio))
 
     def read(

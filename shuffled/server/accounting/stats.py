@@ -21,13 +21,16 @@ from ...ops.stats import (
     DrainStats,
     FailoverStats,
     FilesystemStats,
+    HealStats,
     ObjectStoreStats,
     PoolStats,
     ReplicationStats,
     StreamStats,
+    TierStats,
 )
 from ..storage.disk import Disk
 from ..storage.store import Store
+from ..storage.tier import ObjectTier
 from .counters import Counters, Traffic, micros
 from .shares import PushShares
 
@@ -92,6 +95,12 @@ class Reported(Protocol):
 
     @property
     def object_stats(self) -> ObjectStoreStats: ...
+
+    @property
+    def tier(self) -> ObjectTier | None: ...
+
+    @property
+    def heal_stats(self) -> HealStats: ...
 
     def readiness(self) -> list[str]: ...
 
@@ -166,4 +175,6 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             resumed_reads=counters.resumed_reads,
         ),
         object_store=d.object_stats.copy(),
+        tier=d.tier.stats.copy() if d.tier is not None else TierStats(),
+        heal=d.heal_stats.copy(),
     )

@@ -54,6 +54,7 @@ from ...protocol.frames import REPLICA, OpenMapOutput
 from ...protocol.packed import LengthTally, directory
 from ..storage.disk import Disk
 from ..storage.loader import PieceLoader, run, take
+from ..storage.objects import ObjectStore
 from ..storage.store import MapOutput, ShuffleData, Store
 from .membership import Membership
 from .replication import ReplicaLink, ReplicaPeer
@@ -108,6 +109,9 @@ class HandOverHost(Protocol):
     def disk(self) -> Disk | None: ...
 
     @property
+    def objects(self) -> ObjectStore | None: ...
+
+    @property
     def membership(self) -> Membership: ...
 
     @property
@@ -156,6 +160,22 @@ def held(answer: dict[str, Any], data: ShuffleData, asked: list[HandOver]) -> se
     return found
 
 
+class Pace:
+    """At most `rate` bytes a second, a second's worth of burst: a token bucket its users wait on."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.allowance = float(rate)
+        self.at = time.monotonic()
+
+    async def take(self, n: int) -> None:
+        now = time.monotonic()
+        self.allowance = min(float(self.rate), self.allowance + (now - self.at) * self.rate) - n
+        self.at = now
+        if self.allowance < 0:
+            await asyncio.sleep(-self.allowance / self.rate)  # the pace itself, not a wait for an event
+
+
 class Drainer:
     """One drain's hand-over: `run` surveys, then copies with `PARALLEL` workers, counting into the
     daemon's `DrainStats`."""
@@ -171,6 +191,8 @@ class Drainer:
         #: every committed attempt held here (`survey`), and whether the survey of their holders finished
         self.found: list[HandOver] = []
         self.surveyed = False
+        #: bounds the bytes a second copies send (healing's; a drain copies as fast as it can)
+        self.pace: Pace | None = None
 
     async def run(self, deadline: float) -> bool:
         """Hand over what lacks copies; True if that ended before `deadline`. Whatever an attempt still lacks
@@ -229,11 +251,15 @@ class Drainer:
         else:
             progress.failed += h.missing
 
+    def wanted(self, data: ShuffleData, attempt: int) -> int | None:
+        """Copies an attempt held here needs on other daemons (None: it is not surveyed): a draining daemon
+        wants its full replica count elsewhere, as it is leaving."""
+        return data.replicas.get(attempt, self.host.config.replicas)
+
     async def survey(self, deadline: float) -> list[HandOver]:
         """Every committed attempt held here, with the other daemons that hold it too (as far as they
         answered in time: copying waits for the whole survey, so one silent daemon must not hold it up)."""
         host = self.host
-        cfg = host.config
         node = host.node
         groups: dict[tuple[int, str], list[HandOver]] = {}
         shuffles = {id(d): d for s in host.store.apps.values() for d in s.values()}
@@ -241,7 +267,9 @@ class Drainer:
         for data in shuffles.values():
             for attempt in data.committed:
                 primary = data.replica_of.get(attempt, node)
-                wanted = data.replicas.get(attempt, cfg.replicas)
+                wanted = self.wanted(data, attempt)
+                if wanted is None:
+                    continue
                 group = groups.get((id(data), primary))
                 if group is None:
                     placed = host.membership.candidates(primary, data.app, data.shuffle)
@@ -376,7 +404,7 @@ class Drainer:
         time, as a spill may move them to disk meanwhile."""
         data = out.shuffle
         pool = self.host.pool
-        loader = PieceLoader(self.host.disk)
+        loader = PieceLoader(self.host.disk, self.host.objects)
         i = 0
         try:
             while i < out.pieces:
@@ -392,7 +420,10 @@ class Drainer:
                     got = await loader.load(out, batch, await take(pool, len(batch), pool.give))
                 for buf in got:
                     sent.add(directory(buf.data()))
+                    size = buf.length
                     link.send(Payload(buf, out.crcs[i]))
                     i += 1
+                    if self.pace is not None:
+                        await self.pace.take(size)
         finally:
             loader.close()

@@ -18,8 +18,10 @@ from ..accounting.counters import Counters
 from ..accounting.shares import PushShares
 from ..cluster.membership import Membership
 from ..storage.disk import Disk
+from ..storage.objects import ObjectStore
 from ..storage.spill import Spiller
 from ..storage.store import Store
+from ..storage.tier import ObjectTier
 
 
 class ShuffleEnvironment(Protocol):
@@ -37,6 +39,12 @@ class ShuffleEnvironment(Protocol):
 
     @property
     def disk(self) -> Disk | None: ...
+
+    @property
+    def objects(self) -> ObjectStore | None: ...
+
+    @property
+    def tier(self) -> ObjectTier | None: ...
 
     @property
     def shares(self) -> PushShares: ...

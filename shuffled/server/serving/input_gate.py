@@ -15,8 +15,10 @@ Failover (PROTOCOL.md §10.4, §10.6): every location's progress is recorded as 
 relayed (`ReadProgress`: per packed group, never per run). When the daemon holding a location fails (unreachable, lost,
 silent, or without the data) the gate reopens that location on the next daemon of its
 placement candidates, resuming exactly where the relayed bytes stop, so the client
-sees neither a gap nor a repeat. Only when no copy is left does the read fail, with the
-error the location first failed with.
+sees neither a gap nor a repeat. With an object store the candidates end with it: this
+daemon adopts what the location's node made durable there (storage/adopt.py) and serves
+it from its own store. Only when no copy is left does the read fail, with the error the
+location first failed with.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class Peers(Protocol):
 
     async def get(self, addr: str) -> PeerLink: ...
 
+
+#: the last failover candidate when there is an object store: the location's node's durable objects
+OBJECT_STORE = "object-store"
 
 #: the errors a location fails over on: the copy is gone, silent, lost or bad, another may be fine
 FAILOVER_CODES = frozenset(
@@ -318,6 +323,8 @@ class InputGate:
         if loc.error is None:
             loc.error = exc
             loc.candidates = self.env.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
+            if self.env.tier is not None:
+                loc.candidates.append(OBJECT_STORE)
         self.env.counters.failover_tries[exc.code.name] += 1
         event(
             log,
@@ -339,9 +346,13 @@ class InputGate:
             async with asyncio.timeout_at(loc.deadline):
                 while loc.candidates and not self.closed:
                     node = loc.candidates.pop(0)
+                    if node == OBJECT_STORE and await self._adopt(loc) and self._read_locally(loc):
+                        return
                     if node == self.node:
                         if self._read_locally(loc):
                             return
+                        continue
+                    if node == OBJECT_STORE:
                         continue
                     try:
                         peer = (await self.peers.get(node)).reads
@@ -363,6 +374,21 @@ class InputGate:
             assert loc.error is not None
             self.env.counters.failover_exhausted += 1
             self.fail(loc.error)
+
+    async def _adopt(self, loc: Location) -> bool:
+        """Adopt what the location's node made durable in the object store, unless this daemon holds its
+        attempts already; whether it may hold them now."""
+        tier = self.env.tier
+        assert tier is not None
+        data = self.env.store.apps.get(self.req.app, {}).get(self.req.shuffle)
+        if data is not None and all(a in data.committed for a in loc.attempts):
+            return True
+        try:
+            await tier.adopt(self.req.app, self.req.shuffle, loc.primary)
+        except ShuffledError as exc:
+            event(log, "object store not read", logging.WARNING, primary=loc.primary, reason=exc.message)
+            return False
+        return not self.closed
 
     def _read_locally(self, loc: Location) -> bool:
         """This daemon is a candidate: serve the location from its own store if it holds the attempts and

@@ -84,7 +84,7 @@ class PlanFeed:
         self.limit = env.pool.segment_size
         #: pieces not served yet (a backlog estimate for the reader's credit)
         self.left = plan.pieces
-        self.loader = PieceLoader(env.disk)
+        self.loader = PieceLoader(env.disk, env.objects)
         #: the frame being filled (a read-reserve segment), its fill and the bytes of runs in it
         self._frame: Buffer | None = None
         self._fill = 0

@@ -269,6 +269,8 @@ class PushSession:
             self.fail(exc)
             return
         env.spiller.committed(self.out.shuffle, self.out.attempt)
+        if env.tier is not None:
+            env.tier.committed(self.out)
         self._close()
         self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)

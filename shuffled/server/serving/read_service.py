@@ -170,10 +170,10 @@ class ReadService:
         feed.start(done, self._failer(rid))
 
     def _copies_elsewhere(self, resume: Resume | None) -> bool:
-        """A client's read of data this daemon lacks may fail over to the placement candidates (only a
-        client's: a peer asking here is itself failing over and tries the next copy)."""
-        others = self.env.membership.others()
-        return self.link.from_client and resume is None and bool(self.node) and bool(others)
+        """A client's read of data this daemon lacks may fail over to the placement candidates and the object
+        store (only a client's: a peer asking here is itself failing over and tries the next copy)."""
+        elsewhere = bool(self.env.membership.others()) or self.env.tier is not None
+        return self.link.from_client and resume is None and bool(self.node) and elsewhere
 
     def on_credit(self, rid: int) -> None:
         stream = self.served.get(rid)

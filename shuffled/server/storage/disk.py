@@ -42,7 +42,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate
-from operator import add
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -161,6 +160,16 @@ class SpillFile:
     size: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class StoredObject:
+    """An object in the object store holding pieces of one shuffle (storage/object_format.py)."""
+
+    key: str
+    size: int
+    #: written by this daemon (not adopted from another node's objects)
+    own: bool = True
+
+
 @dataclass(slots=True)
 class Appended:
     """Where appended pieces start in their data file, and the CRC32C of each as written."""
@@ -171,7 +180,8 @@ class Appended:
 
 @dataclass(slots=True)
 class LoadedAttempt:
-    """A committed attempt a journal proves: its pieces in push order, all in the data file."""
+    """A committed attempt a journal (or a node's objects) proves: its pieces in push order, each in the data
+    file (place 0) or in an object (place k: the k-th of the shuffle's objects)."""
 
     map_index: int
     serial: int
@@ -182,20 +192,58 @@ class LoadedAttempt:
     sizes: array[int] = field(default_factory=lambda: array("I"))
     crcs: array[int] = field(default_factory=lambda: array("I"))
     offsets: array[int] = field(default_factory=lambda: array("Q"))
+    places: array[int] = field(default_factory=lambda: array("I"))
+    #: records disagreed about its pieces (a gap, or other pieces at an index): it proves nothing
+    broken: bool = False
 
     def add(self, offset: int, rows: bytes) -> int:
-        """Pieces of a spill record, back to back from `offset`; returns where they end."""
-        words = array("I")
-        words.frombytes(rows)
-        if sys.byteorder == "little":
-            words.byteswap()
+        """Pieces of a spill record, back to back in the data file from `offset`; returns where they end."""
+        self.put(len(self.sizes), 0, offset, rows)
+        return offset + sum(_words(rows)[0::4])
+
+    def put(self, start: int, place: int, offset: int, rows: bytes) -> None:
+        """Pieces `start`.. of the attempt (PIECE_ROW each) lie back to back at `offset` of `place`: new ones
+        are appended, known ones (moved from the file to an object) only change place."""
+        words = _words(rows)
         sizes = words[0::4]
-        self.sizes.extend(sizes)
-        self.crcs.extend(words[1::4])
-        self.firsts.extend(words[2::4])
-        self.lasts.extend(words[3::4])
-        self.offsets.extend(accumulate(sizes[:-1], initial=offset))
-        return offset + sum(sizes)
+        offsets = array("Q", accumulate(sizes[:-1], initial=offset)) if sizes else array("Q")
+        known = len(self.sizes)
+        if start > known:
+            self.broken = True
+            return
+        overlap = min(known - start, len(sizes))
+        end = start + overlap
+        if self.sizes[start:end] != sizes[:overlap] or self.crcs[start:end] != words[1::4][:overlap]:
+            self.broken = True
+            return
+        self.places[start:end] = array("I", [place]) * overlap
+        self.offsets[start:end] = offsets[:overlap]
+        self.sizes.extend(sizes[overlap:])
+        self.crcs.extend(words[1::4][overlap:])
+        self.firsts.extend(words[2::4][overlap:])
+        self.lasts.extend(words[3::4][overlap:])
+        self.offsets.extend(offsets[overlap:])
+        self.places.extend(array("I", [place]) * (len(sizes) - overlap))
+
+    def outside(self, ends: list[int]) -> bool:
+        """A piece ends beyond where its place ends (`ends[place]`: the file's size, each object's data)."""
+        return any(o + s > ends[p] for p, o, s in zip(self.places, self.offsets, self.sizes, strict=True))
+
+    def matches(self, commit: dict[str, Any]) -> bool:
+        """Its pieces are exactly those its commit record counts (number and total length)."""
+        ok = not self.broken and len(self.sizes) == int(commit["pieces"]) and sum(self.sizes) == int(commit["size"])
+        if ok:
+            self.map_index, self.stored = int(commit["map"]), int(commit["bytes"])
+        return ok
+
+
+def _words(rows: bytes) -> array[int]:
+    """PIECE_ROW rows as u32 words (length, CRC32C, first, last per piece)."""
+    words = array("I")
+    words.frombytes(rows)
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words
 
 
 @dataclass
@@ -215,6 +263,20 @@ class LoadedShuffle:
     copies: dict[int, tuple[str, ...]] = field(default_factory=dict)
     #: the digest of the token the application was bound to (`Store.app_keys`); None if not journaled
     app_key: bytes | None = None
+    #: the objects its pieces lie in (place k is the k-th), and the attempts made durable in them
+    objects: list[StoredObject] = field(default_factory=list)
+    durable: set[int] = field(default_factory=set)
+
+    def adopt(self, attempt: int, found: LoadedAttempt, commit: dict[str, Any], durable: bool) -> None:
+        """An attempt proved by its commit record (a journal's, or an object footer's)."""
+        self.committed[attempt] = found
+        self.replicas[attempt] = int(commit.get("r", 1))
+        if "of" in commit:
+            self.replica_of[attempt] = str(commit["of"])
+        if "copies" in commit:
+            self.copies[attempt] = tuple(str(c) for c in commit["copies"])
+        if durable:
+            self.durable.add(attempt)
 
 
 class Disk:
@@ -409,16 +471,21 @@ class Disk:
             out.app_key = key
         pieces: dict[tuple[int, int], LoadedAttempt] = {}
         commits: dict[tuple[int, int], dict[str, Any]] = {}
+        durable: set[tuple[int, int]] = set()
         for r in records:
-            if r.get("k") == "pieces":
+            kind = r.get("k")
+            if kind == "pieces":
                 at = int(r["o"])
                 for attempt, serial, rows in r["a"]:
-                    which = (int(attempt), int(serial))
-                    found = pieces.get(which)
-                    if found is None:
-                        found = pieces[which] = LoadedAttempt(0, which[1], 0)
+                    found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
                     at = found.add(at, bytes(rows))
-            elif r.get("k") == "commit":
+            elif kind == "object":
+                out.objects.append(StoredObject(str(r["key"]), int(r["size"])))
+                for attempt, serial, start, offset, rows in r["a"]:
+                    found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
+                    found.put(int(start), len(out.objects), int(offset), bytes(rows))
+                durable.update((int(a), int(s)) for a, s in r.get("d", ()))
+            elif kind == "commit":
                 commits[int(r["attempt"]), int(r["serial"])] = r
         path = self.data_path(directory)
         try:
@@ -426,20 +493,13 @@ class Disk:
         except FileNotFoundError:
             out.file_size = 0
         # An attempt is servable only if its intact piece records account for exactly its committed pieces,
-        # all inside the file.
+        # each inside the file or the object holding it.
+        ends = [out.file_size, *(o.size for o in out.objects)]
         for (attempt, serial), r in commits.items():
             found = pieces.get((attempt, serial), LoadedAttempt(0, serial, 0))
-            if len(found.sizes) != int(r["pieces"]) or sum(found.sizes) != int(r["size"]):
+            if not found.matches(r) or found.outside(ends):
                 continue
-            if found.sizes and max(map(add, found.offsets, found.sizes)) > out.file_size:
-                continue
-            found.map_index, found.stored = int(r["map"]), int(r["bytes"])
-            out.committed[attempt] = found
-            out.replicas[attempt] = int(r.get("r", 1))
-            if "of" in r:
-                out.replica_of[attempt] = str(r["of"])
-            if "copies" in r:
-                out.copies[attempt] = tuple(str(c) for c in r["copies"])
+            out.adopt(attempt, found, r, (attempt, serial) in durable)
         keep = {JOURNAL, DATA} if out.committed else set()
         for entry in os.scandir(directory):
             if entry.name not in keep:

@@ -76,6 +76,10 @@ _CREDENTIAL_CODES = frozenset(
 )
 
 
+class ObjectNotFound(StorageError):
+    """The object asked for does not exist (deleted, or never written)."""
+
+
 @dataclass(frozen=True)
 class ObjectStoreConfig:
     """Where objects go and how long each request may take; see the `object-store-*` settings."""
@@ -218,15 +222,16 @@ class ObjectStore:
 
     # -- the operations
 
-    async def write(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
+    async def write(self, key: str, chunks: Sequence[memoryview | bytes], *, single: bool = False) -> int:
         """Store `chunks`, in order, as object `key`; returns its size once the object is complete.
 
         The chunks are read by the client's threads without a copy until this returns (and, after a
-        deadline, until the abandoned upload ends): the caller must not change them before.
+        deadline, until the abandoned upload ends): the caller must not change them before. `single`: one
+        PUT whatever the size (an object a little over one part would otherwise cost two PUTs).
         """
         cfg = self.config
         size = sum(len(c) for c in chunks)
-        parts = max(1, math.ceil(size / cfg.part_size))
+        parts = 1 if single else max(1, math.ceil(size / cfg.part_size))
         multipart = parts > 1
         deadline = cfg.request_bound() * (math.ceil(parts / cfg.concurrency) + (2 if multipart else 0))
         store = self._client_or_raise("put", key)
@@ -276,6 +281,9 @@ class ObjectStore:
             )
         except TimeoutError:
             raise self._failed("get", key, started, f"no answer within {self.config.request_bound():.0f}s") from None
+        except NotFoundError:
+            self._failed("get", key, started, "no such object")
+            raise ObjectNotFound(f"object store get {self.config.url}/{key}: no such object") from None
         except Exception as exc:
             raise self._failed("get", key, started, self._reason(exc)) from None
         view = memoryview(data)

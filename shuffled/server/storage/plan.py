@@ -3,7 +3,8 @@
 A plan is the attempts a request names, each with the partitions it wants: one attempt's
 pairs go out together, in ascending partition order, then the next attempt's. Attempts
 whose data starts on disk come first, in the order it lies in the shuffle's file, then
-those held only in memory, so a read goes forward through the file.
+those whose data starts in an object, then those held only in memory, so a read goes
+forward through the file and the objects.
 
 An attempt's *items* are (piece, lo, hi): the pieces overlapping [lo, hi) clamped to it,
 found by bisecting its ascending sequences, never by scanning them. An attempt pushed as
@@ -74,9 +75,10 @@ class Plan:
         return self.data is not None and self.data.removed
 
 
-def _placed(out: MapOutput) -> float:
-    """Where an attempt's data starts: its file offset, or after every file offset if it is in memory."""
-    return out.offsets[0] if out.spilled else float("inf")
+def _placed(out: MapOutput) -> tuple[float, int]:
+    """Where an attempt's data starts: its place and offset there (the file first, then the objects in the
+    order they were written), or after all of them if it is in memory."""
+    return (out.places[0], out.offsets[0]) if out.spilled else (float("inf"), 0)
 
 
 def make_plan(

@@ -22,7 +22,12 @@ An attempt has at most one write under way: if it fails, its pieces are still th
 first in memory and no later piece of it is in the file before them. A flush waits
 for its shuffle's writes under way before writing the rest.
 
-A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the pieces stay in
+Without a data dir, with an object store, the writes go to objects instead (the same choice
+of pieces, one object of at least a part per write, at most `OBJECT_IN_FLIGHT` at once;
+storage/tier.py writes them): a *spill target* is where writes go, the data file
+(`FileTarget`, below) or the object store.
+
+A failed write (ENOSPC, EFBIG, EIO; an object store that fails) leaves the file as it was: the pieces stay in
 memory; map outputs that were still open and had data in the failed spill are
 aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
 the task) and their memory comes back. Committed data keeps being served from
@@ -38,15 +43,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Container
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ...logs import event
-from ...protocol.errors import StorageError
+from ...protocol.errors import ShuffledError, StorageError
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
-from .store import Garbage, MapOutput, MapState, ShuffleData, Store
+from .store import FILE, Garbage, MapOutput, MapState, ShuffleData, Store, commit_fields
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ...buffers import Buffer, GlobalPool
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,40 @@ MIN_BATCH, MAX_BATCH = 32, 128
 Taken = tuple[MapOutput, int, int]
 
 
+@dataclass(slots=True)
+class Placed:
+    """Where a spill write put its pieces, back to back: `place` (FILE, or an object), from `offset`; the
+    CRC32C of each piece as written when the target computed them (the data file's writer does); `then`
+    runs once the store knows (an object's durable commits)."""
+
+    place: int
+    offset: int
+    crcs: list[int] | None = None
+    then: Callable[[], None] | None = None
+
+
+class SpillTarget(Protocol):
+    """Where spill writes go: the data file, or the object store."""
+
+    #: what errors name: the data dir, or the object store's URL
+    name: str
+    #: most segments one pressure write takes, and writes at once
+    batch: int
+    in_flight: int
+
+    def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
+        """Start writing the taken pieces (`held`, in order); raises if the target is shut down (at stop)."""
+        ...
+
+    def wrote(self, data: ShuffleData, written: int) -> None:
+        """A write of `written` bytes of the shuffle succeeded."""
+        ...
+
+    def failed(self) -> None:
+        """A write failed."""
+        ...
+
+
 @dataclass(slots=True, eq=False)
 class _Write:
     """A spill write under way: whose, how many segments it will free, and its outcome (bytes written)."""
@@ -73,8 +115,66 @@ class _Write:
     done: asyncio.Future[int]
 
 
+class FileTarget:
+    """Spill writes into the shuffle's data file, with the journal record describing them (see the module)."""
+
+    in_flight = IN_FLIGHT
+
+    def __init__(self, spiller: Spiller, disk: Disk) -> None:
+        self.spiller = spiller
+        self.disk = disk
+        self.name = disk.root
+        self.batch = max(MIN_BATCH, min(MAX_BATCH, (spiller.high - spiller.low) // IN_FLIGHT))
+
+    def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
+        disk = self.disk
+        directory = self.spiller.open_journal(data)
+        if data.file is None:
+            data.file = SpillFile(disk.data_path(directory))
+            disk.stats.files += 1
+        # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as written:
+        # memory that went bad since is then caught when the piece is read back.
+        described = [
+            [
+                out.attempt,
+                out.serial,
+                b"".join(
+                    PIECE_ROW.pack(out.sizes[i], out.crcs[i], out.firsts[i], out.lasts[i]) for i in range(start, end)
+                ),
+            ]
+            for out, start, end in taken
+        ]
+
+        def record(done: Appended) -> bytes:
+            return encode_record({"k": "pieces", "o": done.offset, "a": described})
+
+        appended = disk.append(data.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
+        return asyncio.ensure_future(_placed(appended))
+
+    def wrote(self, data: ShuffleData, written: int) -> None:
+        stats = self.disk.stats
+        self.spiller.store.wrote(data, written)
+        assert data.file is not None
+        data.file.size += written
+        stats.spills += 1
+        stats.spilled_bytes += written
+        if not data.removed:  # else `removed` already settled the shuffle's disk accounting
+            stats.used_bytes += written
+
+    def failed(self) -> None:
+        self.disk.stats.errors += 1
+
+
 class Spiller:
-    def __init__(self, store: Store, pool: GlobalPool, disk: Disk | None, high: float, low: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        pool: GlobalPool,
+        disk: Disk | None,
+        high: float,
+        low: float,
+        objects: Callable[[Spiller], SpillTarget | None] | None = None,
+    ) -> None:
         self.store = store
         self.pool = pool
         self.disk = disk
@@ -84,8 +184,13 @@ class Spiller:
         self.low = min(int(pool.total * low), self.high - 1)
         self.start = (self.low + self.high) // 2
         self.low_share = low
-        #: segments per pressure write: IN_FLIGHT of them take usage from the high watermark to the low one
-        self.batch = max(MIN_BATCH, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT))
+        #: where writes go: the data dir, else the object store (`objects` makes its target), else nowhere
+        self.target: SpillTarget | None = (
+            FileTarget(self, disk) if disk is not None else objects(self) if objects is not None else None
+        )
+        #: segments per pressure write (for the data file: IN_FLIGHT of them take usage from the high watermark
+        #: to the low one)
+        self.batch = self.target.batch if self.target is not None else MIN_BATCH
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
         #: pushes get no new credit while set (above the high watermark, until usage without the writes under
@@ -104,30 +209,34 @@ class Spiller:
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
         self._failed_at = -RETRY_AFTER
-        #: why the last spill failed, until one succeeds (the disk is full or broken meanwhile)
-        self.disk_error: OSError | None = None
+        #: why the last spill failed, until one succeeds (the disk is full or broken, the object store fails)
+        self.error: str | None = None
+
+    @property
+    def writing(self) -> Container[MapOutput]:
+        """The attempts a spill write is under way for."""
+        return self._writing
 
     def push_memory_error(self, need: int) -> StorageError | None:
         """Why a push waiting for `need` more segments would wait for good (None: memory will come).
 
         Memory held by push windows and reads comes back by itself; memory held by stored data only when it
         is spilled or its shuffle removed, which Spark may do much later (when its driver collects the
-        shuffle). So a push waits only while stored data leaves room for it or can move to disk.
+        shuffle). So a push waits only while stored data leaves room for it or can move below memory.
         """
-        if self.disk is not None and self.disk_error is None:
+        if self.target is not None and self.error is None:
             return None
         usable = self.pool.total - self.pool.reserve
         stored = self.store.memory_segments
         if usable - stored >= need:
             return None
         held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
-        if self.disk is None:
+        if self.target is None:
             return StorageError(
                 f"no memory for this push: {held} and this daemon has no data directory to spill to "
                 "(data-dir none); memory comes back when Spark removes shuffles"
             )
-        why = self.disk_error.strerror if self.disk_error is not None else None
-        return StorageError(f"no memory for this push: {held} and spilling to {self.disk.root} fails: {why}")
+        return StorageError(f"no memory for this push: {held} and spilling to {self.target.name} fails: {self.error}")
 
     def holding(self, app: str) -> bool:
         """True while pushes of `app` get no new memory."""
@@ -157,7 +266,7 @@ class Spiller:
 
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
-        if self.disk is None or self._backing_off():
+        if self.target is None or self._backing_off():
             return
         changed = False
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
@@ -180,9 +289,10 @@ class Spiller:
             self._ended.set()
 
     async def _run(self) -> None:
+        assert self.target is not None
         try:
             while True:
-                while len(self._writes) < IN_FLIGHT and self._spill_next():
+                while len(self._writes) < self.target.in_flight and self._spill_next():
                     pass
                 self._settle()
                 if not self._writes:
@@ -213,7 +323,8 @@ class Spiller:
     def _settle(self) -> None:
         """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
         is below the mark), or for whom nothing more can be written."""
-        stuck = len(self._writes) < IN_FLIGHT  # the queueing stopped for want of pieces, not of room
+        assert self.target is not None
+        stuck = len(self._writes) < self.target.in_flight  # the queueing stopped for want of pieces, not of room
         target = self._quota_target
         for app in list(self._apps):
             usage = self.store.usage.get(app)
@@ -237,9 +348,12 @@ class Spiller:
 
     def _spill_largest(self, app: str | None) -> bool:
         """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
-        False if none."""
+        False if none. Memory an object holds already is freed on the way, which may be all it takes."""
         found = self.store.largest_in_memory(app, self._writing)
-        return found is not None and self._start(*found, self.batch) is not None
+        if found is None:
+            return False
+        freed = sum(self.store.release_placed(out) for out in found[1])
+        return self._start(*found, self.batch) is not None or freed > 0
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
         """Write every in-memory piece of these shuffles to disk; returns the bytes this call wrote (a
@@ -253,29 +367,35 @@ class Spiller:
         return total
 
     async def spill(self, data: ShuffleData) -> int:
-        """Spill all of one shuffle's in-memory pieces, after its writes under way. Returns the bytes this
-        call wrote; raises StorageError if its write failed (the pieces are then in memory again and their
-        open map outputs failed).
+        """Spill all of one shuffle's in-memory pieces, after its writes under way (in writes of at most a
+        batch when they go to objects). Returns the bytes this call wrote; raises StorageError if a write
+        failed (the pieces are then in memory again and their open map outputs failed).
 
         Once the pieces are taken, the write and its bookkeeping run to the end even if
         the caller is cancelled (a flush cut short at stop): otherwise the pieces would
         belong neither to memory nor to the file.
         """
-        while under_way := [w.done for w in self._writes if w.data is data]:
-            await asyncio.wait(under_way)  # their failure is their own; the pieces are back in memory then
-        outs = [o for o in (*data.committed.values(), *data.open.values()) if o.taken < o.pieces]
-        write = self._start(data, outs, None)
-        if write is None:
-            if data.committed and not data.removed:  # empty attempts too must survive a restart
-                self.open_journal(data)
-            return 0
-        return await asyncio.shield(write)
+        limit = None if isinstance(self.target, FileTarget) else self.batch
+        total = 0
+        while True:
+            while under_way := [w.done for w in self._writes if w.data is data]:
+                await asyncio.wait(under_way)  # their failure is their own; the pieces are back in memory then
+            outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable]
+            for out in outs:
+                self.store.release_placed(out)
+            write = self._start(data, outs, limit)
+            if write is not None:
+                total += await asyncio.shield(write)
+            if write is None or limit is None:
+                if data.committed and not data.removed and self.disk is not None:
+                    self.open_journal(data)  # empty attempts too must survive a restart
+                return total
 
     def _start(self, data: ShuffleData, outs: list[MapOutput], limit: int | None) -> asyncio.Future[int] | None:
         """Take the oldest in-memory pieces of these attempts in turn (at most `limit` in all) and queue
-        their write on the writer thread now (so writes and a later deletion of the shuffle reach the
+        their write on the target now (so writes and a later deletion of the shuffle reach the writer
         thread in this order); None if there are none."""
-        if data.removed:
+        if data.removed or self.target is None:
             return None
         taken: list[Taken] = []
         count = 0
@@ -295,14 +415,14 @@ class Spiller:
         for buf in held:
             buf.retain()
         try:
-            appended = self._submit(data, taken, held)
+            placed = self.target.submit(data, taken, held)
         except BaseException:  # the writer is shut down (at stop): the pieces stay in memory
             for buf in held:
                 buf.release()
             for out, start, _ in taken:
                 self.store.unspilled(out, start)
             raise
-        done = asyncio.ensure_future(self._finish(data, taken, held, appended))
+        done = asyncio.ensure_future(self._finish(data, taken, held, placed))
         done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
         write = _Write(data, len(held), done)
         for out, _, _ in taken:
@@ -311,74 +431,50 @@ class Spiller:
         self.leaving += len(held)
         return done
 
-    def _submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Appended]:
-        disk = self.disk
-        assert disk is not None
-        directory = self.open_journal(data)
-        if data.file is None:
-            data.file = SpillFile(disk.data_path(directory))
-            disk.stats.files += 1
-        # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as written:
-        # memory that went bad since is then caught when the piece is read back.
-        described = [
-            [
-                out.attempt,
-                out.serial,
-                b"".join(
-                    PIECE_ROW.pack(out.sizes[i], out.crcs[i], out.firsts[i], out.lasts[i]) for i in range(start, end)
-                ),
-            ]
-            for out, start, end in taken
-        ]
-
-        def record(done: Appended) -> bytes:
-            return encode_record({"k": "pieces", "o": done.offset, "a": described})
-
-        return disk.append(data.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
-
     async def _finish(
-        self, data: ShuffleData, taken: list[Taken], held: list[Buffer], appended: asyncio.Future[Appended]
+        self, data: ShuffleData, taken: list[Taken], held: list[Buffer], placing: asyncio.Future[Placed]
     ) -> int:
-        disk = self.disk
-        assert disk is not None and data.file is not None
+        target = self.target
+        assert target is not None
         try:
             try:
-                done = await appended
-            except OSError as exc:
+                placed = await placing
+            except (OSError, ShuffledError) as exc:
                 raise self._write_failed(data, taken, exc) from exc
             finally:
                 for buf in held:
                     buf.release()
-            crcs = iter(done.crcs)
-            offset = done.offset
+            crcs = iter(placed.crcs) if placed.crcs is not None else None
+            offset = placed.offset
             for out, start, end in taken:
-                changed = [i for i in range(start, end) if next(crcs) != out.crcs[i]]
-                if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
-                    event(
-                        log,
-                        "memory corruption",
-                        logging.ERROR,
-                        app=data.app,
-                        shuffle=data.shuffle,
-                        attempt=out.attempt,
-                        pieces=len(changed),
-                    )
-                self.store.spilled(out, start, end, offset)
+                if crcs is not None:
+                    self._check_written(data, out, [i for i in range(start, end) if next(crcs) != out.crcs[i]])
+                self.store.spilled(out, start, end, offset, placed.place)
                 offset += sum(out.sizes[start:end])
-            written = offset - done.offset
-            self.disk_error = None
-            self.store.wrote(data, written)
-            data.file.size = offset
-            disk.stats.spills += 1
-            disk.stats.spilled_bytes += written
-            if not data.removed:  # else `removed` already settled the shuffle's disk accounting
-                disk.stats.used_bytes += written
+            written = offset - placed.offset
+            self.error = None
+            target.wrote(data, written)
+            if placed.then is not None:
+                placed.then()
             return written
         finally:
             for out, _, _ in taken:
                 self._writes.discard(self._writing.pop(out))
             self.leaving -= len(held)
             self._ended.set()
+
+    @staticmethod
+    def _check_written(data: ShuffleData, out: MapOutput, changed: list[int]) -> None:
+        if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
+            event(
+                log,
+                "memory corruption",
+                logging.ERROR,
+                app=data.app,
+                shuffle=data.shuffle,
+                attempt=out.attempt,
+                pieces=len(changed),
+            )
 
     def open_journal(self, data: ShuffleData) -> str:
         """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
@@ -406,39 +502,29 @@ class Spiller:
         if data.directory is not None and self.disk is not None:
             self._journal(data.directory, self._commit_record(data, attempt))
 
-    def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
-        """The attempt's commit: what its pieces must add up to, and its replica marking (§12.4), so a
-        restart knows what it holds for whom: `of` the primary of a replica, `copies` where a pushed
-        attempt's replicas are, `r` copies wanted."""
-        out = data.committed[attempt]
-        record: dict[str, object] = {
-            "k": "commit",
-            "attempt": attempt,
-            "serial": out.serial,
-            "map": out.map_index,
-            "bytes": out.bytes,
-            "pieces": out.pieces,
-            "size": out.size,
-            "r": data.replicas.get(attempt, 1),
-        }
-        if attempt in data.replica_of:
-            record["of"] = data.replica_of[attempt]
-        if attempt in data.copies:
-            record["copies"] = list(data.copies[attempt])
-        return encode_record(record)
+    def journal(self, data: ShuffleData, record: dict[str, object]) -> None:
+        """Append a record to the shuffle's journal (started if need be), with a data dir; else nothing."""
+        if self.disk is not None and not data.removed:
+            self._journal(self.open_journal(data), encode_record(record))
+
+    @staticmethod
+    def _commit_record(data: ShuffleData, attempt: int) -> bytes:
+        return encode_record({"k": "commit", **commit_fields(data, attempt)})
 
     def _journal(self, directory: str, record: bytes) -> None:
         assert self.disk is not None
         self.disk.append_journal(f"{directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
 
-    def _write_failed(self, data: ShuffleData, taken: list[Taken], exc: OSError) -> StorageError:
+    def _write_failed(self, data: ShuffleData, taken: list[Taken], exc: OSError | ShuffledError) -> StorageError:
         """Leave the pieces in memory and fail their open map outputs; returns the error they got."""
-        assert self.disk is not None
-        self.disk.stats.errors += 1
+        assert self.target is not None
+        self.target.failed()
         self._failed_at = time.monotonic()
-        self.disk_error = exc
-        event(log, "spill failed", logging.WARNING, app=data.app, shuffle=data.shuffle, reason=exc)
-        reason = StorageError(f"writing map output to disk failed on this daemon: {exc.strerror or exc}")
+        why = exc.message if isinstance(exc, ShuffledError) else exc.strerror or str(exc)
+        self.error = why
+        event(log, "spill failed", logging.WARNING, app=data.app, shuffle=data.shuffle, reason=why)
+        where = "to disk" if isinstance(self.target, FileTarget) else "to the object store"
+        reason = StorageError(f"writing map output {where} failed on this daemon: {why}")
         for out, start, _ in taken:
             self.store.unspilled(out, start)
         for out, _, _ in taken:
@@ -448,13 +534,17 @@ class Spiller:
 
     async def reclaim(self) -> None:
         """Free the disk blocks of aborted attempts' spilled pieces (a writer that vanished mid-push left
-        them; they would stay until the shuffle goes, and one client could fill the disk that way)."""
+        them; they would stay until the shuffle goes, and one client could fill the disk that way) and of
+        pieces that moved to the object store. A shuffle with a load under way keeps its garbage until the
+        next call: the load may be reading a moved piece where it was."""
         garbage, self.store.garbage = self.store.garbage, []
         if self.disk is None or not garbage:
             return
         files: dict[str, list[Garbage]] = {}
         for g in garbage:
-            if not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
+            if g.shuffle.loading:
+                self.store.garbage.append(g)
+            elif not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
                 files.setdefault(g.path, []).append(g)
         for path, pieces in files.items():
             try:
@@ -478,6 +568,11 @@ class Spiller:
                 await self.disk.remove(data.directory)
                 self.disk.stats.used_bytes -= data.disk_bytes
                 self.disk.stats.files -= data.file is not None
+
+
+async def _placed(appended: asyncio.Future[Appended]) -> Placed:
+    done = await appended
+    return Placed(FILE, done.offset, done.crcs)
 
 
 def _log_journal_failure(done: asyncio.Future[None]) -> None:

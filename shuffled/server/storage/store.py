@@ -5,12 +5,16 @@ attempt, with a small directory) as stored: its bytes in one pool segment or, on
 spilled, at an offset of the shuffle's one data file. The directory inside the piece is
 the index of its runs, so the store keeps nothing per (partition, attempt) block: an
 attempt is one `MapOutput` holding its pieces in push order as rows of compact arrays
-(first and last partition, length, CRC32C; a file offset once spilled) plus the list of
-the segments of those still in memory. A piece in memory costs one list entry and four
-array cells, a spilled one five cells.
+(first and last partition, length, CRC32C; a place and an offset there once stored below
+memory) plus the list of the segments of those still in memory. A piece in memory costs
+one list entry and four array cells, a stored one six cells.
 
-Within an attempt the spilled pieces are a prefix, in push order and file order, of
-what was pushed, and the rest is in memory: a spill writes the oldest in-memory pieces.
+Within an attempt the pieces with a place are a prefix (`placed`) of what was pushed:
+the data file (place 0) or one of the shuffle's objects (place k, `ShuffleData.objects`);
+a spill writes the oldest in-memory pieces, and a move to the object store changes a
+piece's place, never its position. The pieces from `spilled` on are in memory;
+`spilled <= placed`, and pieces in `[spilled, placed)` are both (uploaded to an object
+for durability and kept as a cache): freeing their memory needs no write.
 An attempt's pieces form one ascending *sequence* when each starts at or after the
 partition the previous one ended with (a writer that sorted its output by partition);
 otherwise `starts` lists where each new sequence begins, and reads merge them by
@@ -44,7 +48,10 @@ from ...protocol.errors import (
     ShuffledError,
 )
 from ...protocol.packed import Directory, LengthTally
-from .disk import LoadedShuffle, SpillFile
+from .disk import LoadedShuffle, SpillFile, StoredObject
+
+#: a piece's place: the shuffle's data file (others are 1 + an index into `ShuffleData.objects`)
+FILE = 0
 
 MAX_PARTITIONS = 1 << 24
 
@@ -64,6 +71,7 @@ class MapOutput:
         "attempt",
         "bytes",
         "crcs",
+        "durable",
         "firsts",
         "lasts",
         "map_index",
@@ -71,6 +79,8 @@ class MapOutput:
         "memory_bytes",
         "offsets",
         "on_failure",
+        "placed",
+        "places",
         "replica_of",
         "replicas",
         "runs",
@@ -82,6 +92,7 @@ class MapOutput:
         "starts",
         "state",
         "taken",
+        "wants_durable",
     )
 
     def __init__(
@@ -110,11 +121,17 @@ class MapOutput:
         self.lasts = array("I")
         self.sizes = array("I")
         self.crcs = array("I")
-        #: file offsets of the spilled pieces, the first `spilled` ones
+        #: where the first `placed` pieces are: their place (FILE, or 1 + an object's index) and offset there
+        self.places = array("I")
         self.offsets = array("Q")
+        self.placed = 0
+        #: pieces [0, spilled) are no longer in memory (spilled <= placed)
         self.spilled = 0
-        #: pieces [spilled, taken) are being written by a spill
+        #: pieces [placed, taken) are being written by a spill; an upload takes them all
         self.taken = 0
+        #: its commit is to be made durable in the object store, and has been (an object holds its commit)
+        self.wants_durable = False
+        self.durable = False
         #: segments of pieces [spilled, len(sizes)), in order
         self.memory: list[Buffer] = []
         #: piece indices where an ascending sequence starts (see the module)
@@ -140,8 +157,18 @@ class MapOutput:
         return list(zip(self.starts, ends, strict=True))
 
     def buffer(self, index: int) -> Buffer | None:
-        """The segment holding piece `index`, None if it is on disk."""
+        """The segment holding piece `index`, None if it is only on disk or in an object."""
         return self.memory[index - self.spilled] if index >= self.spilled else None
+
+    @property
+    def movable(self) -> int:
+        """Pieces in memory a spill may free: those not being written, and those an object holds already."""
+        return max(0, self.pieces - max(self.taken, self.placed)) + (self.placed - self.spilled)
+
+    def unplaced_bytes(self) -> int:
+        """Bytes of its pieces not yet in an object (in memory or the data file): what an upload takes."""
+        places, sizes = self.places, self.sizes
+        return sum(sizes[i] for i in range(self.placed) if places[i] == FILE) + sum(sizes[self.placed :])
 
 
 @dataclass(slots=True, frozen=True)
@@ -188,10 +215,37 @@ class ShuffleData:
     #: committed bytes of replica attempts, and attempts pushed here with fewer copies than wanted
     replica_bytes: int = 0
     under_replicated: int = 0
+    #: the objects holding its pieces: place k is objects[k - 1]
+    objects: list[StoredObject] = field(default_factory=list)
+    #: loads of its pieces under way: blocks of its file are punched only while none is (a load that found
+    #: a piece in the file reads it there even if the piece moved to an object meanwhile)
+    loading: int = 0
     #: the shuffle's directory once it has a journal on disk
     directory: str | None = None
     removed: bool = False
     last_commit: float = field(default_factory=time.monotonic)
+
+
+def commit_fields(data: ShuffleData, attempt: int) -> dict[str, object]:
+    """A committed attempt's commit as a journal record and an object footer keep it: what its pieces must add
+    up to (`pieces`, `size`), its bytes and map index, and its replica marking (§12.4), so a restart or
+    another daemon knows what it holds for whom: `of` the primary of a replica, `copies` where a pushed
+    attempt's replicas are, `r` copies wanted."""
+    out = data.committed[attempt]
+    record: dict[str, object] = {
+        "attempt": attempt,
+        "serial": out.serial,
+        "map": out.map_index,
+        "bytes": out.bytes,
+        "pieces": out.pieces,
+        "size": out.size,
+        "r": data.replicas.get(attempt, 1),
+    }
+    if attempt in data.replica_of:
+        record["of"] = data.replica_of[attempt]
+    if attempt in data.copies:
+        record["copies"] = list(data.copies[attempt])
+    return record
 
 
 class Store:
@@ -202,8 +256,10 @@ class Store:
         #: per application, in segments and bytes; 0 = no cap
         self.memory_quota = memory_quota // segment_size
         self.disk_quota = disk_quota
-        #: spill is possible (a data dir is set): the memory quota spills instead of refusing
+        #: spill is possible (a data dir or an object store is set): the memory quota spills instead of refusing
         self.can_spill = False
+        #: spill files can move to the object store: the disk quota moves them instead of refusing pushes
+        self.moves_disk = False
         #: most reduce partitions a shuffle may declare here (a daemon setting, at most MAX_PARTITIONS)
         self.max_partitions = MAX_PARTITIONS
         #: pool segments all stored pieces hold (what spilling can free), and their bytes
@@ -287,7 +343,7 @@ class Store:
         return data
 
     def _check_disk_quota(self, app: str, usage: AppUsage) -> None:
-        if self.disk_quota and usage.disk_bytes >= self.disk_quota:
+        if self.disk_quota and not self.moves_disk and usage.disk_bytes >= self.disk_quota:
             raise QuotaExceeded(
                 f"application {app} holds {usage.disk_bytes} bytes on this daemon's disk, "
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
@@ -389,50 +445,95 @@ class Store:
         self.aborts += 1
 
     def _drop(self, out: MapOutput) -> None:
-        """The attempt is gone for good: give back its memory now; its spilled bytes become garbage (they
-        stay until the file goes when the whole shuffle is being dropped)."""
+        """The attempt is gone for good: give back its memory now; its pieces in the data file become garbage
+        (they stay until the file goes when the whole shuffle is being dropped; pieces in objects go with
+        their objects)."""
         data = out.shuffle
-        if out.spilled and data.file is not None and not data.removed:
-            for offset, length in zip(out.offsets, out.sizes, strict=False):
-                self.garbage.append(Garbage(data, data.file.path, offset, length))
+        if data.file is not None and not data.removed:
+            self._garbage(data, [(out.offsets[i], out.sizes[i]) for i in range(out.placed) if out.places[i] == FILE])
         memory, out.memory = out.memory, []
         for buf in memory:
             buf.release()
         self._hold(out, -len(memory), -out.memory_bytes)
 
+    def _garbage(self, data: ShuffleData, ranges: list[tuple[int, int]]) -> None:
+        assert data.file is not None
+        self.garbage.extend(Garbage(data, data.file.path, offset, length) for offset, length in ranges)
+
     # -- spill side (the Spiller does the I/O)
 
     def take_for_spill(self, out: MapOutput, limit: int | None = None) -> tuple[int, int]:
         """Mark the attempt's oldest in-memory pieces not being written (at most `limit`) as being written:
-        their index range. The rest stay, and new pushes go after them."""
-        start = out.taken = max(out.taken, out.spilled)
+        their index range. The rest stay, and new pushes go after them. Pieces in memory that an object
+        holds already are freed first (no write needed)."""
+        self.release_placed(out)
+        start = out.taken = max(out.taken, out.placed)
         end = out.pieces if limit is None else min(out.pieces, start + limit)
         out.taken = end
         return start, end
 
-    def spilled(self, out: MapOutput, start: int, end: int, offset: int) -> None:
-        """Pieces [start, end) are in the shuffle's file from `offset` on, back to back: free their memory.
-        An attempt dropped meanwhile leaves garbage instead."""
+    def spilled(self, out: MapOutput, start: int, end: int, offset: int, place: int = FILE) -> None:
+        """Pieces [start, end) are in `place` (the shuffle's file, or an object) from `offset` on, back to back:
+        free their memory. An attempt dropped meanwhile leaves garbage instead."""
         data = out.shuffle
-        assert start == out.spilled, "spills of an attempt end in the order they were taken"
+        assert start == out.placed, "spills of an attempt end in the order they were taken"
         at = offset
         for i in range(start, end):
             out.offsets.append(at)
             at += out.sizes[i]
-        out.spilled = end
+        out.places.extend(array("I", [place]) * (end - start))
+        out.placed = end
         if out.dead:
-            if not data.removed and data.file is not None:
-                self.garbage.append(Garbage(data, data.file.path, offset, at - offset))
+            out.spilled = end
+            if place == FILE and not data.removed and data.file is not None:
+                self._garbage(data, [(offset, at - offset)])
             return
-        moved, out.memory = out.memory[: end - start], out.memory[end - start :]
+        self.release_placed(out)
+
+    def release_placed(self, out: MapOutput) -> int:
+        """Free the memory of pieces that also have a place (spilled, or uploaded as a durable copy); the
+        segments freed."""
+        n = out.placed - out.spilled
+        if n <= 0:
+            return 0
+        moved, out.memory = out.memory[:n], out.memory[n:]
+        out.spilled = out.placed
         length = sum(b.length for b in moved)
         for buf in moved:
             buf.release()
-        self._hold(out, -len(moved), -length)
+        self._hold(out, -n, -length)
+        return n
+
+    def uploaded(self, out: MapOutput, indices: list[int], place: int, offset: int) -> None:
+        """Pieces `indices` (ascending, every piece of the attempt not yet in an object from the first on)
+        are now in object `place`, back to back from `offset`: those in the data file leave it (their blocks
+        become garbage), those in memory stay there as a cache until memory is needed."""
+        data = out.shuffle
+        moved: list[tuple[int, int]] = []
+        at = offset
+        for i in indices:
+            if i < out.placed:
+                if out.places[i] == FILE:
+                    moved.append((out.offsets[i], out.sizes[i]))
+                out.places[i] = place
+                out.offsets[i] = at
+            else:
+                assert i == out.placed, "memory pieces are uploaded in push order"
+                out.places.append(place)
+                out.offsets.append(at)
+                out.placed += 1
+            at += out.sizes[i]
+        if moved and data.file is not None and not data.removed:
+            self._garbage(data, moved)
+
+    def add_object(self, data: ShuffleData, stored: StoredObject) -> int:
+        """A new object of the shuffle; its place."""
+        data.objects.append(stored)
+        return len(data.objects)
 
     @staticmethod
     def unspilled(out: MapOutput, start: int) -> None:
-        """A spill failed: its pieces stay in memory (they never left it), to be taken again first."""
+        """A spill or upload failed: its pieces stay where they were, to be taken again first."""
         out.taken = min(out.taken, start)
 
     def wrote(self, data: ShuffleData, written: int) -> None:
@@ -454,9 +555,9 @@ class Store:
             if d.segments
         ]
         for data in sorted(candidates, key=lambda d: d.segments, reverse=True):
-            outs = [o for o in (*data.committed.values(), *data.open.values()) if o.taken < o.pieces and o not in busy]
+            outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable and o not in busy]
             if outs:
-                largest = max(outs, key=lambda o: o.pieces - o.taken)
+                largest = max(outs, key=lambda o: o.movable)
                 outs.remove(largest)
                 return data, [largest, *outs]
         return None
@@ -493,22 +594,27 @@ class Store:
 
     # -- restart
 
-    def restore(self, loaded: LoadedShuffle, file: SpillFile) -> None:
-        """Committed data found on disk at start becomes servable again."""
+    def restore(self, loaded: LoadedShuffle, file: SpillFile | None, node: str | None = None) -> ShuffleData:
+        """Committed data found at start (the data dir's journal), or proved by a node's objects (`node`: their
+        writer, None for this daemon's own), becomes servable. Attempts held already are left as they are.
+        Returns the shuffle."""
         data = self._shuffle(loaded.app, loaded.shuffle, loaded.partitions)
-        data.directory = loaded.directory
-        data.file = file
+        if file is not None:
+            data.directory = loaded.directory
+            data.file = file
+            data.disk_bytes += file.size
+            data.usage.disk_bytes += file.size
         if loaded.app_key is not None:
             self.bind(loaded.app, loaded.app_key)
+        held = {o.key: place for place, o in enumerate(data.objects, start=1)}
+        places = [FILE]  # a loaded place -> the shuffle's (an object adopted again keeps its place)
+        for o in loaded.objects:
+            places.append(held.get(o.key) or self.add_object(data, o))
         for attempt, found in loaded.committed.items():
-            out = MapOutput(
-                data,
-                found.map_index,
-                attempt,
-                found.serial,
-                loaded.replica_of.get(attempt),
-                loaded.replicas.get(attempt, 1),
-            )
+            if attempt in data.committed or attempt in data.open:
+                continue
+            of = loaded.replica_of.get(attempt, node)
+            out = MapOutput(data, found.map_index, attempt, found.serial, of, loaded.replicas.get(attempt, 1))
             out.state = MapState.COMMITTED
             out.runs = None
             out.firsts, out.lasts, out.sizes, out.crcs, out.offsets = (
@@ -518,15 +624,16 @@ class Store:
                 found.crcs,
                 found.offsets,
             )
-            out.spilled = out.taken = out.pieces
+            out.places = array("I", map(places.__getitem__, found.places))
+            out.placed = out.spilled = out.taken = out.pieces
+            out.durable = out.wants_durable = attempt in loaded.durable
             out.starts = array("I", [0])
             out.starts.extend(i for i in range(1, out.pieces) if out.firsts[i] < out.lasts[i - 1])
             out.bytes, out.size = found.stored, sum(found.sizes)
             data.committed[attempt] = out
             data.bytes += out.bytes
             self._mark(data, out, loaded.copies.get(attempt, ()))
-        data.disk_bytes += file.size
-        data.usage.disk_bytes += file.size
+        return data
 
     # -- cleanup
 

@@ -223,6 +223,16 @@ public final class ShuffleClient implements AutoCloseable {
     public MapOutputWriter openWriter(
             String app, long shuffle, long mapIndex, long attemptId, int numPartitions, int replicas)
             throws IOException {
+        return openWriter(app, shuffle, mapIndex, attemptId, numPartitions, replicas, null);
+    }
+
+    /**
+     * As above; {@code durability}: {@code "object-store"} asks the daemon to upload the committed output to
+     * its object store so any daemon can serve it once this one's host is lost, {@code "none"} not to, null
+     * leaves it to the daemon's setting (§12.5).
+     */
+    public MapOutputWriter openWriter(String app, long shuffle, long mapIndex, long attemptId, int numPartitions,
+            int replicas, String durability) throws IOException {
         check();
         if (numPartitions < 1 || numPartitions > Wire.MAX_PARTITIONS) {
             throw new IllegalArgumentException("numPartitions must be in 1.." + Wire.MAX_PARTITIONS);
@@ -233,8 +243,8 @@ public final class ShuffleClient implements AutoCloseable {
         streams.put(id, writer.handler());
         try {
             send(FrameEncoder.encode(
-                    new Frame.OpenMapOutput(
-                            id, app, shuffle, mapIndex, attemptId, numPartitions, token(app), replicas)));
+                    new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions, token(app),
+                            replicas, durability)));
         } catch (IOException e) {
             streams.remove(id);
             throw e;

@@ -97,7 +97,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         int partitions = dep.partitioner().numPartitions();
         ShuffleClient client = clients.withDaemon(executor.executorId(), context.taskAttemptId(), c -> {
             output = c.openWriter(executor.appId(), dep.shuffleId(), context.partitionId(), mapId, partitions,
-                    clients.replicas());
+                    clients.replicas(), clients.durability());
             return c;
         });
         long written;

@@ -28,6 +28,10 @@ public final class PluginCheck {
         c.replicas("2", 2);
         c.replicas("0", -1);
         c.replicas("5", -1);
+        c.durability(null, null);
+        c.durability("object-store", "object-store");
+        c.durability("none", "none");
+        c.durability("s3", "refused");
         c.sparkLineOfThisJar();
         c.otherSparkLineRefused();
         c.writerStoppedBeforeCommit();
@@ -89,6 +93,22 @@ public final class PluginCheck {
             failure = expected == -1 && e.getMessage().contains(ShuffledConf.REPLICAS) ? null : e.getMessage();
         }
         verdict(ShuffledConf.REPLICAS + "=" + value + (expected == -1 ? " refused" : " is " + expected), failure);
+    }
+
+    /** spark.shuffled.durability: unset is null (not sent), object-store and none are taken, anything else refused. */
+    private void durability(String value, String expected) {
+        SparkConf conf = new SparkConf(false);
+        if (value != null) {
+            conf.set(ShuffledConf.DURABILITY, value);
+        }
+        String failure;
+        try {
+            String got = new ShuffledConf(conf).durability;
+            failure = java.util.Objects.equals(got, expected) ? null : "got " + got;
+        } catch (IllegalArgumentException e) {
+            failure = "refused".equals(expected) && e.getMessage().contains(ShuffledConf.DURABILITY) ? null : e.getMessage();
+        }
+        verdict(ShuffledConf.DURABILITY + "=" + value + " is " + expected, failure);
     }
 
     private void sparkLineOfThisJar() {

@@ -339,27 +339,37 @@ public sealed interface Frame {
     /**
      * OpenMapOutput (0x20): opens push stream {@code writer} for one map attempt (§7.8); attempt is a u64.
      * {@code replicas}: copies wanted, 1..{@link Wire#MAX_REPLICAS}, or 0 to leave it to the daemon (the key
-     * is then absent). The daemon-only keys ({@code replica_of}, {@code app_key}) are not a client's to send.
+     * is then absent). {@code durability}: one of {@link Wire#DURABILITIES} (§12.5), or null to leave it to the
+     * daemon (absent). The daemon-only keys ({@code replica_of}, {@code app_key}) are not a client's to send.
      */
     record OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
-            String token, int replicas) implements Frame {
+            String token, int replicas, String durability) implements Frame {
         public OpenMapOutput {
             Wire.checkU32("writer", writer);
             Objects.requireNonNull(app, "app");
             if (replicas < 0 || replicas > Wire.MAX_REPLICAS) {
                 throw new IllegalArgumentException("replicas must be 1.." + Wire.MAX_REPLICAS + " (or 0: unset)");
             }
+            if (durability != null && !Wire.DURABILITIES.contains(durability)) {
+                throw new IllegalArgumentException("durability must be one of " + Wire.DURABILITIES + " (or null)");
+            }
+        }
+
+        /** With the daemon's durability setting. */
+        public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
+                String token, int replicas) {
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, replicas, null);
         }
 
         /** With the daemon's number of copies. */
         public OpenMapOutput(
                 long writer, String app, long shuffle, long mapIndex, long attempt, long partitions, String token) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, token, 0);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, 0, null);
         }
 
         /** Without an application token (§6.2), with the daemon's number of copies. */
         public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, null, 0);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, null, 0, null);
         }
 
         @Override

@@ -414,7 +414,8 @@ public final class FrameDecoder {
                         u64(m.get("attempt"), name + ": field 'attempt'"),
                         int64(m, "partitions", name),
                         optionalStr(m, "token", name),
-                        replicas(m, name));
+                        replicas(m, name),
+                        durability(m, name));
             }
             case ADMIN_REQUEST: {
                 Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
@@ -523,6 +524,15 @@ public final class FrameDecoder {
             throw new ProtocolException(what + ": 'replicas' must be an integer in 1.." + Wire.MAX_REPLICAS);
         }
         return (int) n;
+    }
+
+    /** OpenMapOutput's optional {@code durability} (§7.8): one of Wire.DURABILITIES, or null when absent. */
+    private static String durability(Map<String, Object> m, String what) throws ProtocolException {
+        String value = optionalStr(m, "durability", what);
+        if (value != null && !Wire.DURABILITIES.contains(value)) {
+            throw new ProtocolException(what + ": 'durability' must be one of " + Wire.DURABILITIES);
+        }
+        return value;
     }
 
     /** A u64 field: a msgpack integer in 0..2^64−1, returned as the bits of a long. */

@@ -44,6 +44,9 @@ public final class Wire {
     public static final int MAX_STREAMS_PER_CONNECTION = 65536;
     /** Largest partition count of a shuffle (§9). */
     public static final long MAX_PARTITIONS = 1L << 24;
+    /** What an OpenMapOutput may ask of its committed output ({@code durability}, §7.8, §12.5). */
+    public static final java.util.List<String> DURABILITIES = java.util.List.of("none", "object-store");
+
     /** Most copies of one map output an OpenMapOutput may ask for ({@code replicas}, §7.8). */
     public static final int MAX_REPLICAS = 4;
 

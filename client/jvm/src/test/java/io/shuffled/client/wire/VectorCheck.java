@@ -292,6 +292,8 @@ public final class VectorCheck {
         present.remove("token");
         int replicas = f.has("replicas") ? (int) i64(f, "replicas") : 0; // optional key (§7.8)
         present.remove("replicas");
+        String durability = f.has("durability") ? text(f, "durability") : null; // optional key (§7.8)
+        present.remove("durability");
         require(present.equals(new TreeSet<>(fields)), type + " has fields " + present + ", expected " + fields);
         switch (type) {
             case "HELLO":
@@ -331,7 +333,7 @@ public final class VectorCheck {
             case "OPEN_MAP_OUTPUT":
                 return new Frame.OpenMapOutput(u32(f, "writer"), text(f, "app"), i64(f, "shuffle"),
                         i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"), token,
-                        replicas);
+                        replicas, durability);
             case "PUSH_CREDIT":
                 return new Frame.PushCredit(u32(f, "writer"), u32(f, "credit"));
             case "PUSH_DATA":
