@@ -623,6 +623,40 @@ class ReadChunk:
             buf.release()
 
 
+class ReadGroup:
+    """One packed group as it arrived (PROTOCOL.md §3.3): `lengths[k]` bytes of reduce partition `partitions[k]`,
+    written by map attempt `attempt`, back to back in `data` (partitions strictly ascending, every length at
+    least 1). The tuples are the directory as parsed when the buffer was checked and `data` is a slice of the
+    received buffer, so a group costs one object whatever its run count: the view for consumers that handle
+    bytes in bulk (count, checksum, hand to numpy) rather than a run at a time. A pair (partition, attempt)
+    may continue in the next group, as its runs do. Valid until `release()` or the next iteration; the
+    buffer is shared with the other groups of its BufferResponse."""
+
+    __slots__ = ("_buffer", "_end", "_start", "attempt", "lengths", "partitions")
+
+    def __init__(self, buffer: Buffer, d: Directory) -> None:
+        buffer.retain()
+        self._buffer: Buffer | None = buffer
+        self.attempt = d.attempt
+        self.partitions = d.partitions
+        self.lengths = d.lengths
+        self._start = d.data
+        self._end = d.end
+
+    @property
+    def data(self) -> memoryview:
+        """The runs' bytes back to back: run k is the `lengths[k]` bytes after the first k runs'."""
+        if self._buffer is None:
+            raise ValueError("group already released")
+        return self._buffer.memory[self._start : self._end]
+
+    def release(self) -> None:
+        """Let go of the group; its buffer becomes credit again once every group of it is let go and passed."""
+        if self._buffer is not None:
+            buf, self._buffer = self._buffer, None
+            buf.release()
+
+
 def _runs(groups: list[Directory]) -> Iterator[tuple[int, int, int, int]]:
     """(partition, attempt, start, end) of each run of a payload's groups, in order."""
     for d in groups:
@@ -632,7 +666,10 @@ def _runs(groups: list[Directory]) -> Iterator[tuple[int, int, int, int]]:
 
 
 class PartitionReader(InputChannel):
-    """An input gate with one channel (to the local daemon), credit-controlled; one chunk per run."""
+    """An input gate with one channel (to the local daemon), credit-controlled.
+
+    Iterate it for one chunk per run, or `groups()` for one view per packed group (the bulk read); one or the
+    other per reader."""
 
     def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest, compressed: bool = False) -> None:
         self._floating = FloatingPool(client.floating)
@@ -647,10 +684,14 @@ class PartitionReader(InputChannel):
         self._error: ShuffledError | None = None
         self._ended = False
         self._started = False
-        #: the payload whose runs iteration is in, and those runs still to come
+        #: the payload iteration is in, and its runs (chunks) or groups still to come
         self._payload: Buffer | None = None
         self._runs: Iterator[tuple[int, int, int, int]] = iter(())
-        self._current: ReadChunk | None = None
+        self._groups: Iterator[Directory] = iter(())
+        #: what the caller was handed last (released when it asks for the next)
+        self._current: ReadChunk | ReadGroup | None = None
+        #: "chunks" or "groups", once the caller chose
+        self._mode = ""
         #: the application's writers compress their runs (see AsyncClient.read)
         self.compressed = compressed
         self._announce_soon = OncePerTurn(self._announce)
@@ -717,8 +758,8 @@ class PartitionReader(InputChannel):
 
     async def next_chunk(self) -> ReadChunk | None:
         """The next run (the previous one is released), or None at the end of the partitions."""
-        if not self._started:  # checked here: awaiting a coroutine per chunk was 1 % of a reading client
-            await self._start()
+        if self._mode != "chunks":
+            await self._begin("chunks")
         if self._current is not None:
             self._current.release()
             self._current = None
@@ -726,22 +767,60 @@ class PartitionReader(InputChannel):
             run = next(self._runs, None)
             if run is not None:
                 assert self._payload is not None
-                self._current = ReadChunk(self._payload, *run, self.compressed)
-                return self._current
-            if self._payload is not None:  # iteration passed the payload's last run
-                self._payload.release()
-                self._payload = None
-            while not self._queue:
-                if self._error is not None:
-                    await self.aclose()
-                    raise self._error
-                if self._ended:
-                    await self.aclose()
-                    return None
-                self._wake.clear()
-                await self._wake.wait()
-            self._payload, groups = self._queue.popleft()
+                chunk = self._current = ReadChunk(self._payload, *run, self.compressed)
+                return chunk
+            groups = await self._next_payload()
+            if groups is None:
+                return None
             self._runs = _runs(groups)
+
+    async def next_group(self) -> ReadGroup | None:
+        """The next packed group as received (the previous one is released), or None at the end of the partitions.
+
+        The bulk read: one object per group (a 32 KiB buffer holds one or a few), never one per run. Refused for
+        a compressed application, whose runs are LZ4 blocks that decompress a run at a time: iterate chunks."""
+        if self.compressed:
+            raise ValueError("a compressed read decompresses each run on its own: iterate its chunks, not groups")
+        if self._mode != "groups":
+            await self._begin("groups")
+        if self._current is not None:
+            self._current.release()
+            self._current = None
+        while True:
+            d = next(self._groups, None)
+            if d is not None:
+                assert self._payload is not None
+                group = self._current = ReadGroup(self._payload, d)
+                return group
+            groups = await self._next_payload()
+            if groups is None:
+                return None
+            self._groups = iter(groups)
+
+    async def _begin(self, mode: str) -> None:
+        """The first step of an iteration: start the read (if `async with` did not) in this `mode`, the only one
+        this reader then takes. Called once, not per chunk: awaiting a coroutine per chunk was 1 % of a reader."""
+        if self._mode:
+            raise ValueError(f"this reader hands out {self._mode}: one kind of iteration per reader")
+        self._mode = mode
+        await self._start()
+
+    async def _next_payload(self) -> list[Directory] | None:
+        """Let go of the payload iteration passed, then the next one's groups (waiting for it), or None at the end."""
+        if self._payload is not None:
+            self._payload.release()
+            self._payload = None
+        while not self._queue:
+            if self._error is not None:
+                await self.aclose()
+                raise self._error
+            if self._ended:
+                await self.aclose()
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        self._payload, groups = self._queue.popleft()
+        return groups
 
     def __aiter__(self) -> AsyncIterator[ReadChunk]:
         return self._iterate()
@@ -753,12 +832,19 @@ class PartitionReader(InputChannel):
                 return
             yield chunk
 
+    async def groups(self) -> AsyncIterator[ReadGroup]:
+        """`async for group in reader.groups()`: every packed group, in the order received (see `next_group`)."""
+        while True:
+            group = await self.next_group()
+            if group is None:
+                return
+            yield group
+
     async def read_all(self) -> bytes:
-        """Convenience for small partitions: every run's bytes, concatenated."""
-        parts = []
-        async for chunk in self:
-            parts.append(bytes(chunk.data))
-        return b"".join(parts)
+        """Convenience for small partitions: every run's bytes, concatenated (a copy per group unless compressed)."""
+        if self.compressed:
+            return b"".join([bytes(chunk.data) async for chunk in self])
+        return b"".join([bytes(group.data) async for group in self.groups()])
 
     async def __aenter__(self) -> PartitionReader:
         await self._start()
@@ -779,6 +865,7 @@ class PartitionReader(InputChannel):
             self._payload.release()
             self._payload = None
         self._runs = iter(())
+        self._groups = iter(())
         if not self._ended and self._error is None and self._started and self.client._lost is None:
             self.client._proto().cancel_read(self.receiver)
         self.client._readers.pop(self.receiver, None)

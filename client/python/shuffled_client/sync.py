@@ -11,7 +11,15 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from .aio import DEFAULT_CLIENT_POOL, DEFAULT_WRITER_BUFFER, AsyncClient, MapWriter, PartitionReader, ReadChunk
+from .aio import (
+    DEFAULT_CLIENT_POOL,
+    DEFAULT_WRITER_BUFFER,
+    AsyncClient,
+    MapWriter,
+    PartitionReader,
+    ReadChunk,
+    ReadGroup,
+)
 
 T = TypeVar("T")
 
@@ -128,7 +136,8 @@ class Writer:
 
 
 class Reader:
-    """Iterate chunks, one per run; a chunk's `data` is valid until the next one is requested."""
+    """Iterate chunks, one per run, or `groups()`, one per packed group; what it hands out is valid until the
+    next one is requested."""
 
     def __init__(self, client: Client, reader: PartitionReader) -> None:
         self._client = client
@@ -140,6 +149,14 @@ class Reader:
             if chunk is None:
                 return
             yield chunk
+
+    def groups(self) -> Iterator[ReadGroup]:
+        """See PartitionReader.next_group: the bulk read, one view per packed group."""
+        while True:
+            group = self._client._run(self._r.next_group())
+            if group is None:
+                return
+            yield group
 
     def read_all(self) -> bytes:
         data: bytes = self._client._run(self._r.read_all())
