@@ -162,8 +162,11 @@ def test_write_sorted_shape_skips_empty_partitions_and_refuses_what_does_not_add
     assert directory(g).partitions == (1, 3)
     with pytest.raises(ValueError, match="add up"):
         RunPacker.from_lengths([2, 3], b"abcd")
-    with pytest.raises(ValueError, match="negative"):
-        RunPacker.from_lengths([2, -1], b"a")
+    for lengths in ([2, -1], [0, 2, -1]):  # with and without empty partitions (two ways to set a packer up)
+        with pytest.raises(ValueError, match="negative"):
+            RunPacker.from_lengths(lengths, b"a")
+    with pytest.raises(ValueError, match="in number"):
+        RunPacker(range(3), [1, 1], b"ab")
     with pytest.raises(ValueError, match="ascending"):
         RunPacker([3, 2], [1, 1], b"ab")
 

@@ -429,15 +429,16 @@ class MapWriter:
     def write_nowait(self, partition: int, data: bytes | bytearray | memoryview) -> bool:
         """`write` when the buffer has room (a copy of `data` goes in it); False, having done nothing, when the
         buffer must be flushed first: then call `write`."""
-        view = self._accept(partition, data)
-        n = len(view)
+        if type(data) is not bytes or self._finished or not 0 <= partition < self.partitions:
+            data = self._accept(partition, data)  # what is wrong, or any other buffer as a view of bytes
+        n = len(data)
         if self._held_bytes + n > self.buffer_size:
             return False
         held = self._held.get(partition)
         if held is None:
-            self._held[partition] = bytearray(view)
+            self._held[partition] = bytearray(data)
         else:
-            held += view
+            held += data
         self._held_bytes += n
         self.bytes_written += n
         self.uncompressed_lengths[partition] += n
@@ -468,8 +469,11 @@ class MapWriter:
         view = memoryview(data).cast("B")
         packer = RunPacker.from_lengths(lengths, view)  # ValueError: lengths that do not describe `data`
         await self._flush()
+        if self.bytes_written:
+            self.uncompressed_lengths = list(map(add, self.uncompressed_lengths, chain(lengths, repeat(0))))
+        else:  # the first write: one C-level copy, not the sums above (20 ns a partition)
+            self.uncompressed_lengths[: len(lengths)] = lengths
         self.bytes_written += len(view)
-        self.uncompressed_lengths = list(map(add, self.uncompressed_lengths, chain(lengths, repeat(0))))
         await self._push_packed(packer)
 
     def _check_open(self) -> None:
@@ -495,7 +499,7 @@ class MapWriter:
         del held
         self._held = {}
         self._held_bytes = 0
-        await self._push_packed(RunPacker(order, lengths, data))
+        await self._push_packed(RunPacker(order, lengths, data, ascending=True))
 
     async def _push_packed(self, packer: RunPacker) -> None:
         while not packer.done:
