@@ -258,22 +258,40 @@ class LengthTally:
     """Bytes per partition of one map attempt, summed from its groups' directories for its CommitAck.
 
     Sparse: it keeps the runs (12 bytes each, two C-level extends per group), not a slot per partition,
-    so an open map output of a million partitions costs what it wrote. `lengths` sums them once.
+    so an open map output of a million partitions costs what it wrote. A run that continues the previous
+    group's last run (a partition split across groups) is added to that run's entry, so the runs of an
+    attempt pushed as one ascending sequence name each partition once, in order. `lengths` sums them once.
     """
 
-    __slots__ = ("_lengths", "_partitions")
+    __slots__ = ("_ascending", "_lengths", "_partitions")
 
     def __init__(self) -> None:
         self._partitions = array("I")
-        self._lengths = array("I")
+        self._lengths = array("Q")
+        #: every group's runs come after the previous group's (one ascending sequence)
+        self._ascending = True
 
     def add(self, d: Directory) -> None:
-        self._partitions.extend(d.partitions)
-        self._lengths.extend(d.lengths)
+        parts, lengths = self._partitions, self._lengths
+        if parts and d.first <= parts[-1]:
+            if d.first < parts[-1]:  # a new sequence: the writer flushed its buffer again
+                self._ascending = False
+            else:  # the last partition's bytes continue
+                lengths[-1] += d.lengths[0]
+                parts.extend(d.partitions[1:])
+                lengths.extend(d.lengths[1:])
+                return
+        parts.extend(d.partitions)
+        lengths.extend(d.lengths)
 
     def lengths(self, partitions: int) -> list[int]:
-        """Bytes per partition 0..partitions-1, once per map output. A plain loop: 40 ns a run on CPython 3.11,
-        where the C-level get-add-set (map over the list's __getitem__/__setitem__) took 95."""
+        """Bytes per partition 0..partitions-1, once per map output: a copy of the entries when they name every
+        partition once, in order (one ascending sequence without an empty partition: 10 ns a partition); else
+        a plain loop, 40 ns a run on CPython 3.11, where the C-level get-add-set (map over the list's
+        __getitem__/__setitem__) took 95. The loop alone was 40 % of what the daemon's push CPU per GiB grew
+        by from 200 to 10,000 partitions of 4 MiB map outputs (benchmarks `wide`)."""
+        if self._ascending and len(self._partitions) == partitions:
+            return self._lengths.tolist()
         out = [0] * partitions
         for p, n in zip(self._partitions, self._lengths, strict=True):
             out[p] += n
