@@ -34,9 +34,11 @@ from . import (
     one_stream,
     push,
     scale,
+    scale_wide,
     soak,
     spark,
     spill,
+    wide,
 )
 from .common import (
     BASELINE_MAX_AGE,
@@ -64,6 +66,8 @@ SCENARIOS: dict[str, ModuleType] = {
     "memory": memory,
     "latency": latency,
     "spill": spill,
+    "wide": wide,
+    "scale_wide": scale_wide,
     "objectstore": objectstore,
     "spark": spark,
     "scale": scale,
