@@ -33,8 +33,10 @@ PEER_TIMEOUT_S = 3
 DRAIN_TIMEOUT_S = 60
 #: two copies of every map output, handed over on SIGTERM: what a cluster that rolls its daemons runs with
 REPLICATED = ["--replicas", "2", "--drain-handoff", "on", "--drain-timeout", str(DRAIN_TIMEOUT_S)]
-#: the disk of the `disk_full` fault, and the memory one application may hold there before it spills
-TINY_DISK, SPILL_QUOTA = "16m", "1M"
+#: the disk of the `disk_full` fault, and the memory one application may hold there before it spills: four
+#: segments, the least a quota may be with push windows of two (packed groups fill their segments, so a fault
+#: job's map output on one host stayed under 1M, 32 segments, where a segment per block once made hundreds)
+TINY_DISK, SPILL_QUOTA, SPILL_WINDOW = "16m", "128K", "2"
 #: what a failed job's message may name when a disk was full
 STORAGE_CAUSES = ("STORAGE_ERROR", "No space")
 
@@ -154,7 +156,7 @@ class HostDaemons:
             data_dir.mkdir(parents=True, exist_ok=True)
             mount = ["mount", "-t", "tmpfs", "-o", f"size={TINY_DISK}", "tmpfs", str(data_dir)]
             subprocess.run(mount, check=True, capture_output=True, timeout=30)
-            self.daemons[i] = self._start(i, extra=["--app-memory-quota", SPILL_QUOTA])
+            self.daemons[i] = self._start(i, extra=["--app-memory-quota", SPILL_QUOTA, "--push-window", SPILL_WINDOW])
             fill(data_dir / "filler")
 
         def restore() -> None:

@@ -95,20 +95,22 @@ def push(pool: GlobalPool, store: Store, out: MapOutput, group: bytes) -> None:
 
 async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float = 10) -> list[bytes]:
     """Every payload a plan's feed makes, in order, each checked against its CRC32C (its segment then goes
-    back), and that it fits a segment."""
+    back), that it fits a segment, and that the bytes the feed says it holds (what the traffic counters
+    count) are exactly those of its runs."""
     services: Any = SimpleNamespace(pool=pool, disk=disk)
-    got: list[Chunk] = []
+    got: list[tuple[Chunk, int]] = []
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    feed = PlanFeed(services, plan, got.append, lambda: 1 << 20)
+    feed = PlanFeed(services, plan, lambda chunk, data: got.append((chunk, data)), lambda: 1 << 20)
     feed.start(lambda: done.set_result(None), done.set_exception)
     try:
         await asyncio.wait_for(done, timeout)
     finally:
         payloads = []
-        for chunk in got:
+        for chunk, data in got:
             assert checksum(chunk.buffer.data()) == chunk.crc and 0 < chunk.buffer.length <= pool.segment_size
             payloads.append(bytes(chunk.buffer.data()))
             chunk.buffer.release()
+            assert data == sum(len(run) for *_, run in unpack(payloads[-1]))
     return payloads
 
 

@@ -95,10 +95,10 @@ class Payload:
 class PushStream(Outbound):
     """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
-    Items are `Payload`s (or anything with the same `buffer` and `crc`, as the daemon's stored chunks). A
-    primary forwarding a push to a replica (server/cluster/replication.py) sets `forward_crc`: its chunks carry the
-    CRC32C it checked when they arrived, so it is sent as is rather than computed again; and `on_progress`,
-    to hear when its queue shrinks (the pusher's credit waits on it).
+    Items are `Payload`s and nothing else: compiled (mypyc), `pack` refuses any other type, duck-typed or
+    not. A primary forwarding a push to a replica (server/cluster/replication.py) sets `forward_crc`: its
+    payloads carry the CRC32C it checked when they arrived, so it is sent as is rather than computed again;
+    and `on_progress`, to hear when its queue shrinks (the pusher's credit waits on it).
     """
 
     __slots__ = ("forward_crc", "on_progress", "pushed")

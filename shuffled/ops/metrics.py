@@ -151,7 +151,9 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         {"copied": drain.copied, "failed": drain.failed, "short": drain.short},
     )
     yield _counter(
-        "shuffled_drain_copied_bytes", "Bytes the drain's hand-over copied to other daemons", drain.copied_bytes
+        "shuffled_drain_copied_bytes",
+        "Data bytes the drain's hand-over copied to other daemons",
+        drain.copied_bytes,
     )
 
     pool = s.pool
@@ -198,7 +200,7 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     )
     rep = s.replication
     yield _counter(
-        "shuffled_replicated_bytes", "Pushed bytes forwarded to replicas (once per replica)", rep.forwarded_bytes
+        "shuffled_replicated_bytes", "Pushed data bytes forwarded to replicas (once per replica)", rep.forwarded_bytes
     )
     yield _counter(
         "shuffled_replicated_buffers", "Pushed buffers forwarded to replicas (once per replica)", rep.forwarded_buffers
@@ -246,7 +248,11 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     )
 
     t = s.traffic
-    yield _counter("shuffled_pushed_bytes", "Bytes pushed into this daemon by clients", t.pushed_bytes)
+    yield _counter(
+        "shuffled_pushed_bytes",
+        "Data bytes pushed into this daemon by clients (the runs' bytes, without the packed groups' directories)",
+        t.pushed_bytes,
+    )
     yield _counter("shuffled_pushed_buffers", "Buffers pushed into this daemon by clients", t.pushed_buffers)
     yield _labelled(
         CounterMetricFamily(

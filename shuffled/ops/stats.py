@@ -127,7 +127,9 @@ class StreamStats:
 
 @dataclass(frozen=True, slots=True)
 class TrafficStats:
-    """Data moved since start; the per-role maps include connections still open."""
+    """Data moved since start; the per-role maps include connections still open. The `_bytes` counters count
+    data bytes, the runs' bytes as `StoreStats.committed_bytes` and Spark's shuffle metrics count them (a
+    packed group's header and directory are not data); `sent_bytes` and `received_bytes` are wire bytes."""
 
     pushed_bytes: int
     pushed_buffers: int
@@ -164,7 +166,7 @@ class CreditStats:
 class ReplicationStats:
     """Replicated pushes (PROTOCOL.md §12.4) this daemon made as a primary."""
 
-    #: pushed buffers (and bytes) forwarded to replicas, counted once per replica
+    #: pushed buffers (and their data bytes) forwarded to replicas, counted once per replica
     forwarded_buffers: int = 0
     forwarded_bytes: int = 0
     #: pushes that opened fewer replicas than wanted and went on (`replica-shortfall = degrade`)
@@ -239,7 +241,7 @@ class DrainStats:
     state: str = "serving"
     #: copies missing on other daemons (an attempt's replica count less the daemons holding it)
     to_copy: int = 0
-    #: copies other daemons acknowledged with the stored lengths, and their bytes
+    #: copies other daemons acknowledged with the stored lengths, and their data bytes
     copied: int = 0
     copied_bytes: int = 0
     #: copies not made of attempts no other daemon holds: those are lost with this daemon (unless it comes

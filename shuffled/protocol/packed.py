@@ -177,10 +177,17 @@ def directory(group: BytesLike, start: int = 0) -> Directory:
     return Directory(attempt, entries[0::2], lengths, start, data, data + sum(lengths))
 
 
-def walk(payload: BytesLike) -> Iterator[tuple[int, int, int, int, int]]:
-    """(attempt, runs, first partition, last partition, last run's length) of each group of a payload, without
-    unpacking what that does not need (a relay's progress, resume.py). A group is yielded once its bounds are
-    known to lie inside the payload; ProtocolError where they do not."""
+def data_bytes(group: BytesLike) -> int:
+    """Bytes of the runs of one checked group (a stored piece): its length less its header and directory, from
+    the count in its header (what the daemon's traffic counters count, like Spark's shuffle metrics)."""
+    n: int = GROUP_HEADER.unpack_from(group)[1]
+    return len(group) - HEADER_SIZE - RUN_SIZE * n
+
+
+def walk(payload: BytesLike) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(attempt, runs, first partition, last partition, last run's length, bytes of its runs) of each group of a
+    payload, without unpacking what that does not need (a relay's progress, resume.py). A group is yielded once
+    its bounds are known to lie inside the payload; ProtocolError where they do not."""
     size = len(payload)
     offset = 0
     while offset < size:
@@ -195,7 +202,7 @@ def walk(payload: BytesLike) -> Iterator[tuple[int, int, int, int, int]]:
             raise ProtocolError(f"packed group at byte {offset} ends at byte {end}, past its payload's {size}")
         first, _ = RUN.unpack_from(payload, offset + HEADER_SIZE)
         last, length = RUN.unpack_from(payload, data - RUN_SIZE)
-        yield attempt, n, first, last, length
+        yield attempt, n, first, last, length, end - data
         offset = end
 
 

@@ -68,8 +68,11 @@ class ReadProgress:
         self._partition = -1
         self._bytes = 0
 
-    def add(self, payload: BytesLike) -> None:
-        for attempt, runs, first, last, length in walk(payload):
+    def add(self, payload: BytesLike) -> int:
+        """Take a payload into account; returns the bytes of its runs (what the relay counts)."""
+        total = 0
+        for attempt, runs, first, last, length, data in walk(payload):
+            total += data
             if attempt != self._attempt:
                 if attempt in self._done:
                     raise ProtocolError(f"attempt {attempt} came back after another attempt's data")
@@ -82,6 +85,7 @@ class ReadProgress:
                 self._bytes += length
             else:
                 self._partition, self._bytes = last, length
+        return total
 
     def resume(self) -> Resume | None:
         """The resume point; None before any data (a copy then serves the request from its start)."""

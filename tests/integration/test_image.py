@@ -122,16 +122,11 @@ def test_prometheus_scrapes_the_container_and_sees_its_bytes(daemon: Container, 
         poll_until(lambda: scrapes(api), 60, "prometheus scrapes the container")
         before = poll_until(lambda: query(api, series), 30, "the pushed bytes series")
         with Client(daemon.addr, timeout=30) as client:
-            counted = client.stats()["traffic"]["pushed_bytes"]
             writer = client.open_writer("image-app", 0, 0, 1, 1)
             writer.write(0, payload(1, 0, MiB))
             writer.commit()
-            counted = client.stats()["traffic"]["pushed_bytes"] - counted  # the packed groups, directories too
-        assert counted > MiB
-        total = float(before[0]["value"][1]) + counted
-        poll_until(
-            lambda: float(query(api, series)[0]["value"][1]) == total, 60, "pushed bytes rise by what was pushed"
-        )
+        total = float(before[0]["value"][1]) + MiB
+        poll_until(lambda: float(query(api, series)[0]["value"][1]) == total, 60, "pushed bytes rise by 1 MiB")
         (info,) = query(api, "shuffled_info")
         assert info["metric"]["node"] == host.daemon_addr
 

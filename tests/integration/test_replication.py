@@ -66,7 +66,7 @@ async def test_a_push_is_committed_on_both_daemons_with_identical_bytes(pair: Cl
         sa, sb = await a.stats(), await b.stats()
         assert sb["store"]["replica_attempts"] == 1 and sb["store"]["replica_bytes"] == sum(sizes), sb["store"]
         assert sa["store"]["replica_attempts"] == 0 and sa["store"]["under_replicated"] == 0, sa["store"]
-        assert sa["replication"]["forwarded_bytes"] == sa["traffic"]["pushed_bytes"] > sum(sizes), sa["replication"]
+        assert sa["replication"]["forwarded_bytes"] == sum(sizes), sa["replication"]
         expected = [payload(7, p, n) for p, n in enumerate(sizes)]
         assert await read_local(b, 1, len(sizes), [7]) == expected
         assert await read_local(a, 1, len(sizes), [7]) == expected

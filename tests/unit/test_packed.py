@@ -332,8 +332,10 @@ def test_progress_resumes_exactly_where_a_relay_stopped(
     relayed: Pairs = {}
     for payload in [b"", *payloads]:  # nothing relayed yet, then after each payload
         if payload:
-            progress.add(payload)
-            for k, v in pairs_of([payload], start, end, set(outs))[0].items():
+            counted = progress.add(payload)
+            runs = pairs_of([payload], start, end, set(outs))[0]
+            assert counted == sum(map(len, runs.values())), "a relay counts the bytes of the runs"
+            for k, v in runs.items():
                 relayed[k] = relayed.get(k, b"") + v
         resume = progress.resume()
         if resume is not None:
@@ -355,8 +357,8 @@ def test_progress_refuses_a_stream_out_of_order() -> None:
 
 
 def test_walk_refuses_a_payload_its_groups_do_not_fill() -> None:
-    good = group_bytes(1, [(5, b"abc")])
-    assert list(walk(good)) == [(1, 1, 5, 5, 3)]
+    good = group_bytes(1, [(2, b"xy"), (5, b"abc")])
+    assert list(walk(good)) == [(1, 2, 2, 5, 3, 5)]
     for bad in (good[:-1], good + b"\0", GROUP_HEADER.pack(1, 0), good[:HEADER_SIZE] + RUN.pack(5, 9)):
         with pytest.raises(ProtocolError):
             list(walk(bad))

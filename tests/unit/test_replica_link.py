@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from shuffled.buffers import Buffer, Chunk, GlobalPool
+from shuffled.buffers import Buffer, GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.net.sender import Sender
+from shuffled.net.streams import Payload
 from shuffled.protocol.frames import REPLICA, OpenMapOutput
 from shuffled.server.cluster.replication import ReplicaLink, ReplicaService
 from tests.turns import until
@@ -57,7 +58,7 @@ def _forward(link: ReplicaLink, pool: GlobalPool, stored: list[Buffer]) -> None:
     buf.set_recycler(pool.give)
     stored.append(buf)
     buf.retain()
-    link.send(Chunk(buf, 0))
+    link.send(Payload(buf))
     buf.release()
 
 

@@ -106,7 +106,9 @@ async def test_every_cut_point_resumes_to_exactly_the_rest(
 async def _feed(copy: Copy, plan: Plan, sent: list[object]) -> None:
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     services: Any = SimpleNamespace(pool=copy.pool, disk=copy.disk)
-    PlanFeed(services, plan, sent.append, lambda: 64).start(lambda: done.set_result(None), done.set_exception)
+    PlanFeed(services, plan, lambda chunk, _: sent.append(chunk), lambda: 64).start(
+        lambda: done.set_result(None), done.set_exception
+    )
     await done
 
 

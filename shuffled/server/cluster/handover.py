@@ -35,9 +35,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...buffers import Chunk, GlobalPool
+from ...buffers import GlobalPool
 from ...config import DaemonConfig
 from ...logs import event
+from ...net.streams import Payload
 from ...ops.stats import DrainStats
 from ...protocol.errors import (
     ConnectionLost,
@@ -391,7 +392,7 @@ class Drainer:
                     got = await loader.load(out, batch, await take(pool, len(batch), pool.give))
                 for buf in got:
                     sent.add(directory(buf.data()))
-                    link.send(Chunk(buf, out.crcs[i]))
+                    link.send(Payload(buf, out.crcs[i]))
                     i += 1
         finally:
             loader.close()

@@ -147,12 +147,12 @@ class RemoteInputChannel(InputChannel):
         the read instead, as the client would (the relay is this stream's reader, §7.6)."""
         self._count_upstream(self.credit.backlog)
         try:
-            self.location.progress.add(payload.data())
+            data = self.location.progress.add(payload.data())
         except ProtocolError as exc:
             payload.release()
             self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
             return
-        self.gate.relay(Chunk(payload, crc))
+        self.gate.relay(Chunk(payload, crc), data)
 
     def _count_upstream(self, backlog: int) -> None:
         out = self.gate.out
@@ -384,13 +384,14 @@ class InputGate:
 
     # -- relaying
 
-    def relay(self, chunk: Chunk) -> None:
+    def relay(self, chunk: Chunk, data: int) -> None:
+        """Queue a payload for the client; `data` is the bytes of its runs (counted, as Spark counts them)."""
         if self.closed:
             chunk.buffer.release()
             return
         counters = self.env.counters
         counters.relayed_buffers += 1
-        counters.relayed_bytes += chunk.buffer.length
+        counters.relayed_bytes += data
         self.out.push_data(chunk)
         self.client.sender.wake(self.out)
 
@@ -458,9 +459,9 @@ class LocalInputChannel:
     def _budget(self) -> int:
         return self.limit - self.gate.out.queued
 
-    def _relay(self, chunk: Chunk) -> None:
+    def _relay(self, chunk: Chunk, data: int) -> None:
         self.location.progress.add(chunk.buffer.data())
-        self.gate.relay(chunk)
+        self.gate.relay(chunk, data)
 
     def _done(self) -> None:
         self._detach()

@@ -5,7 +5,9 @@ the writer's, nothing copied or parsed. Everything else (a piece cut to the rang
 whole pieces, the rest of a resumed pair) is copied into a frame of its own, a segment of
 the read reserve, as many groups as fit; its CRC32C is computed over what it holds. A
 frame that took slices of many pieces holds one segment, not theirs: the pieces it
-copied from, loaded from disk or not, are free to go.
+copied from, loaded from disk or not, are free to go. Each payload goes to the sink with
+the bytes of its runs (what the traffic counters count): a whole piece's from the count in
+its header, a built frame's summed as its parts are copied, never per run.
 
 A spilled piece is loaded whole into a segment of the read reserve and checked against
 the CRC32C the writer sent, so everything served was checked on arrival or on load; the
@@ -26,7 +28,7 @@ from ...buffers import Buffer, Chunk
 from ...logs import event
 from ...protocol.errors import InternalError, InvalidRequest, PartitionNotFound, ShuffledError
 from ...protocol.integrity import checksum
-from ...protocol.packed import directory, slice_group
+from ...protocol.packed import data_bytes, directory, slice_group
 from ..storage.loader import PieceLoader, run, take
 from ..storage.plan import Entry, Item, Plan, items
 from ..storage.store import MapOutput
@@ -47,11 +49,13 @@ def _release(buffers: list[Buffer]) -> None:
 
 
 class PlanFeed:
-    """One read's plan turned into payloads handed to `sink`, while `budget()` (frames wanted now) is
-    positive; `kick()` when it may have grown. `start` runs it; `close` stops it and frees what it holds."""
+    """One read's plan turned into payloads handed to `sink` (with the bytes of their runs), while `budget()`
+    (frames wanted now) is positive; `kick()` when it may have grown. `start` runs it; `close` stops it and
+    frees what it holds."""
 
     __slots__ = (
         "_budget",
+        "_data",
         "_fill",
         "_frame",
         "_loaded",
@@ -67,7 +71,11 @@ class PlanFeed:
     )
 
     def __init__(
-        self, env: ShuffleEnvironment, plan: Plan, sink: Callable[[Chunk], None], budget: Callable[[], int]
+        self,
+        env: ShuffleEnvironment,
+        plan: Plan,
+        sink: Callable[[Chunk, int], None],
+        budget: Callable[[], int],
     ) -> None:
         self.env = env
         self.plan = plan
@@ -77,9 +85,10 @@ class PlanFeed:
         #: pieces not served yet (a backlog estimate for the reader's credit)
         self.left = plan.pieces
         self.loader = PieceLoader(env.disk)
-        #: the frame being filled (a read-reserve segment) and its fill
+        #: the frame being filled (a read-reserve segment), its fill and the bytes of runs in it
         self._frame: Buffer | None = None
         self._fill = 0
+        self._data = 0
         #: pieces of the current entry loaded from disk and still to be served, by index
         self._loaded: dict[int, Buffer] = {}
         self._room = asyncio.Event()
@@ -152,7 +161,7 @@ class PlanFeed:
             if whole and buf.length > self.limit // 2:
                 self._flush()
                 buf.retain()
-                self.sink(Chunk(buf, out.crcs[i]))
+                self.sink(Chunk(buf, out.crcs[i]), data_bytes(buf.data()))
             else:
                 skip = await self._copy(buf, lo, hi, whole, skip)
             ahead.popleft()
@@ -170,7 +179,7 @@ class PlanFeed:
         group = piece.data()
         parts: tuple[memoryview | bytes, ...]
         if whole:
-            parts, size = (group,), piece.length
+            parts, size, data = (group,), piece.length, data_bytes(group)
         else:
             if not skip:
                 found = slice_group(group, lo, hi)
@@ -183,7 +192,7 @@ class PlanFeed:
                     raise InvalidRequest("resume point does not match this copy")
             if found is None:
                 return skip
-            parts, size = found.parts, len(found)
+            parts, size, data = found.parts, len(found), len(found.data)
         if self._fill + size > self.limit:
             self._flush()
         pool = self.env.pool
@@ -206,6 +215,7 @@ class PlanFeed:
             room[at : at + n] = part
             at += n
         self._fill = at
+        self._data += data
         if held is not None:
             held.release()
         return skip
@@ -214,9 +224,9 @@ class PlanFeed:
         frame, fill = self._frame, self._fill
         if frame is None or not fill:
             return
-        self._frame, self._fill = None, 0
+        data, self._frame, self._fill, self._data = self._data, None, 0, 0
         frame.length = fill
-        self.sink(Chunk(frame, checksum(frame.data())))
+        self.sink(Chunk(frame, checksum(frame.data())), data)
 
     async def _load(self, out: MapOutput, ahead: deque[Item], pending: Iterator[Item]) -> None:
         """Load the piece the next item needs and those after it that lie right behind it in the file,

@@ -153,7 +153,7 @@ class PushSession:
             group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)
             env.store.add(self.out, buf, crc, group)
             if self.links is not None:
-                self.links.forward(buf, crc)
+                self.links.forward(buf, crc, group.data_bytes)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()
@@ -162,7 +162,7 @@ class PushSession:
         self.received += 1
         counters = self.counters
         counters.pushed_buffers += 1
-        counters.pushed_bytes += frame.length
+        counters.pushed_bytes += group.data_bytes
         env.spiller.check(self.out.shuffle.app)
         self._top_up()
 

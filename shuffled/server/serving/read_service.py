@@ -150,8 +150,8 @@ class ReadService:
         counters = self.env.counters
         sender = self.sender
 
-        def sink(chunk: Chunk) -> None:
-            counters.served_local_bytes += chunk.buffer.length
+        def sink(chunk: Chunk, data: int) -> None:
+            counters.served_local_bytes += data
             counters.served_local_buffers += 1
             stream.deferred = feed.left
             stream.push_data(chunk)
