@@ -21,7 +21,7 @@ import crc32c
 from shuffled.launch import DaemonProcess
 from shuffled_client import AsyncClient
 
-from .common import Context, Goal, MiB, RssSampler, ScenarioResult, require, rss
+from .common import Context, Goal, MiB, Plot, RssSampler, ScenarioResult, require, rss
 
 APP = "bench-scale-wide"
 POOL = 256 * MiB
@@ -63,6 +63,7 @@ async def scale(
             daemon, tiles=Tiles(partitions, block), maps=maps, writers=writers, readers=readers, progress=progress
         )
     out["peak_rss"] = sampler.peak("daemon") * MiB
+    out["rss"] = sampler.series["daemon"]
     return out
 
 
@@ -128,6 +129,16 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     store, disk = r["after_push"]["store"], r["after_push"]["disk"]
     packed = disk["spilled_bytes"] + store["memory_bytes"]  # every piece, on disk or in memory
     grown = r["pushed_rss"] - r["idle_rss"]
+    result.plots.append(
+        Plot(
+            "scale_wide",
+            f"{blocks:,} blocks through one daemon: its RSS",
+            "seconds",
+            "RSS (MiB)",
+            lines={"daemon": r["rss"]},
+            hlines={"pool": pool, f"pool + {OVERHEAD_GOAL} MiB": pool + OVERHEAD_GOAL},
+        )
+    )
     result.add("push", r["push_s"], "s")
     result.add("push, blocks per second", blocks / r["push_s"] / 1e6, "M/s")
     result.add("read", r["read_s"], "s")
