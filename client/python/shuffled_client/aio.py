@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import add
-from typing import Any
+from typing import Any, TypeVar
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
@@ -54,6 +54,8 @@ from shuffled.protocol.packed import Directory, RunPacker, read_payload
 DEFAULT_CLIENT_POOL = 4 << 20
 #: bytes a writer collects before it orders them by partition and pushes them
 DEFAULT_WRITER_BUFFER = 8 << 20
+
+T = TypeVar("T")
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
@@ -827,22 +829,11 @@ class PartitionReader(InputChannel):
         return groups
 
     def __aiter__(self) -> AsyncIterator[ReadChunk]:
-        return self._iterate()
+        return _steps(self.next_chunk)
 
-    async def _iterate(self) -> AsyncIterator[ReadChunk]:
-        while True:
-            chunk = await self.next_chunk()
-            if chunk is None:
-                return
-            yield chunk
-
-    async def groups(self) -> AsyncIterator[ReadGroup]:
+    def groups(self) -> AsyncIterator[ReadGroup]:
         """`async for group in reader.groups()`: every packed group, in the order received (see `next_group`)."""
-        while True:
-            group = await self.next_group()
-            if group is None:
-                return
-            yield group
+        return _steps(self.next_group)
 
     async def read_all(self) -> bytes:
         """Convenience for small partitions: every run's bytes, concatenated (a copy per group unless compressed)."""
@@ -879,6 +870,15 @@ class PartitionReader(InputChannel):
             self._queue.popleft()[0].release()
         if self._pool is not None:
             self._pool.destroy()
+
+
+async def _steps(step: Callable[[], Awaitable[T | None]]) -> AsyncIterator[T]:
+    """What `step` returns, one after the other, until it returns None (a reader's chunks or groups)."""
+    while True:
+        item = await step()
+        if item is None:
+            return
+        yield item
 
 
 def check_replicas(replicas: int | None) -> None:

@@ -8,7 +8,7 @@ based: the daemon only sends what the reader has room for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .aio import (
@@ -144,19 +144,19 @@ class Reader:
         self._r = reader
 
     def __iter__(self) -> Iterator[ReadChunk]:
-        while True:
-            chunk = self._client._run(self._r.next_chunk())
-            if chunk is None:
-                return
-            yield chunk
+        return self._steps(self._r.next_chunk)
 
     def groups(self) -> Iterator[ReadGroup]:
         """See PartitionReader.next_group: the bulk read, one view per packed group."""
+        return self._steps(self._r.next_group)
+
+    def _steps(self, step: Callable[[], Awaitable[T | None]]) -> Iterator[T]:
+        """What `step` returns, each run on the client's loop, until it returns None."""
         while True:
-            group = self._client._run(self._r.next_group())
-            if group is None:
+            item: T | None = self._client._run(step())
+            if item is None:
                 return
-            yield group
+            yield item
 
     def read_all(self) -> bytes:
         data: bytes = self._client._run(self._r.read_all())
