@@ -70,6 +70,8 @@ GOAL = Goal("value", ">=", 0.8)
 EFFICIENCY_GOAL = Goal("value", ">=", 0.8)
 #: a JVM step (a push or a read of every map output) answers within this
 JVM_STEP_TIMEOUT = 300.0
+#: --quick may build the plugin and test jars first (the scenarios before it need none) and starts a JVM
+QUICK_TIME_LIMIT = 90.0
 
 
 class Wide:
