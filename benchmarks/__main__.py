@@ -35,9 +35,11 @@ from . import (
     one_stream,
     push,
     scale,
+    scale_wide,
     soak,
     spark,
     spill,
+    wide,
 )
 from .common import (
     BASELINE_MAX_AGE,
@@ -65,6 +67,8 @@ SCENARIOS: dict[str, ModuleType] = {
     "memory": memory,
     "latency": latency,
     "spill": spill,
+    "wide": wide,
+    "scale_wide": scale_wide,
     "objectstore": objectstore,
     "objtier": objtier,
     "spark": spark,

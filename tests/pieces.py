@@ -4,8 +4,9 @@ as clients do (any split), pushing them into a `Store`, and reading a plan back 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,6 +37,15 @@ def unpack(payload: bytes | memoryview) -> list[tuple[int, int, bytes]]:
         found += [(d.attempt, p, bytes(view[lo:hi])) for p, lo, hi in d.runs()]
         at = d.end
     return found
+
+
+def group_runs(
+    attempt: int, partitions: Sequence[int], lengths: Sequence[int], data: bytes | memoryview
+) -> list[tuple[int, int, bytes]]:
+    """The runs (attempt, partition, bytes) that a group's directory and data describe (the bulk read's view)."""
+    ends = list(accumulate(lengths))
+    assert ends[-1] == len(data), f"the directory's runs hold {ends[-1]} bytes, the data {len(data)}"
+    return [(attempt, p, bytes(data[a:b])) for p, a, b in zip(partitions, [0, *ends[:-1]], ends, strict=True)]
 
 
 def split(attempt: int, runs: Iterable[Run], limit: int, cuts: Iterable[int] = ()) -> list[bytes]:

@@ -4,11 +4,11 @@ back identically, for every range, from memory, from spill and after a restart.
 Hypothesis makes the map outputs (empty partitions, a partition spanning many groups, writers that flushed
 several times so their pieces form several ascending sequences, groups cut anywhere, even inside a run)
 and pushes exactly those groups, interleaved, over TCP into one daemon process with 4 KiB segments. Every
-range [lo, hi) is then read with the Python client three times: from memory (partly on disk: a `flush`
-midway through the pushes), after `flush` wrote it all to the data dir, and after the daemon was
-restarted on that dir (stopped with SIGTERM or killed with -9). Every read must hold exactly the bytes
-pushed per (partition, attempt), each pair's runs consecutive and each attempt's pairs together in
-ascending order; in the end every segment is back in the pool.
+range [lo, hi) is then read with the Python client, per run and in bulk (`groups()`), three times: from
+memory (partly on disk: a `flush` midway through the pushes), after `flush` wrote it all to the data dir,
+and after the daemon was restarted on that dir (stopped with SIGTERM or killed with -9). Every read must
+hold exactly the bytes pushed per (partition, attempt), each pair's runs consecutive and each attempt's
+pairs together in ascending order; in the end every segment is back in the pool.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from shuffled.net.streams import Payload
 from shuffled_client import AsyncClient
 from shuffled_client.aio import MapWriter
 from tests.cluster import pool_settled, start_daemon
-from tests.pieces import Output, check, outputs
+from tests.pieces import Output, check, group_runs, outputs
 
 SEGMENT = 4096
 FLAGS = ["--segment-size", str(SEGMENT)]
@@ -83,7 +83,11 @@ async def read_every_range(client: AsyncClient, shuffle: int, partitions: int, o
             async with client.read(APP, shuffle, lo, hi, {"": named}) as reader:
                 async for chunk in reader:
                     runs.append((chunk.attempt, chunk.partition, bytes(chunk.data)))
-            check(runs, {(p, o.attempt): d for o in outs for p, d in o.data.items() if lo <= p < hi})
+            want = {(p, o.attempt): d for o in outs for p, d in o.data.items() if lo <= p < hi}
+            check(runs, want)
+            async with client.read(APP, shuffle, lo, hi, {"": named}) as reader:  # the bulk read: the same runs
+                groups = [(g.attempt, g.partitions, g.lengths, bytes(g.data)) async for g in reader.groups()]
+            check([run for group in groups for run in group_runs(*group)], want)
 
 
 @st.composite

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from array import array
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from shuffled.protocol.codec import decode_all, encode
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import HEADER, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
-from shuffled_client import Client, MapOutputStateError, PartitionNotFound, ShuttingDown
+from shuffled_client import Client, InvalidRequest, MapOutputStateError, PartitionNotFound, ShuttingDown
 from tests.cluster import free_port, payload, start_daemon
 
 
@@ -49,6 +50,27 @@ def test_blocking_client_over_unix_socket(tmp_path: Path) -> None:
     finally:
         d.stop()
     assert not sock.exists(), "the daemon removes its socket file on stop"
+
+
+def test_write_takes_any_buffer_as_its_bytes_and_refuses_a_partition_outside_the_output() -> None:
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M")
+    try:
+        with Client(d.addr, timeout=10) as c:
+            w = c.open_writer("buffers-app", 1, 0, 5, 2)
+            w.write(0, b"ab")
+            w.write(0, bytearray(b"cd"))
+            w.write(1, memoryview(array("I", [1, 2])))  # its 8 bytes, not its 2 items
+            w.write(1, memoryview(b"xyz")[1:])
+            for partition in (2, -1):
+                with pytest.raises(InvalidRequest, match="outside"):
+                    w.write(partition, b"no such partition")
+            assert w.commit() == [4, 10]
+            with pytest.raises(MapOutputStateError):
+                w.write(0, b"late")
+            assert c.read("buffers-app", 1, 1, 2, {"": [5]}).read_all() == array("I", [1, 2]).tobytes() + b"yz"
+            c.unregister_shuffle("buffers-app", 1)
+    finally:
+        d.stop()
 
 
 def _frame(conn: socket.socket) -> bytes:

@@ -3,7 +3,7 @@
 `write_sorted` and read back by ten readers of a range each. Every attempt's bytes in every range must be
 what it wrote, the daemon's peak RSS must stay within its pool plus 200 MiB, and its memory must not grow
 with the blocks: it keeps no object per block, only the pieces' rows and one record per attempt.
-`python -m benchmarks.wide_scale` runs the same at full size (10,000 x 10,000 blocks)."""
+`python -m benchmarks scale_wide` runs the same at full size (10,000 x 10,000 blocks)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.wide_scale import HOST, scale
+from benchmarks.scale_wide import scale
 from shuffled.launch import DaemonProcess, free_port
 
+HOST = "127.0.0.2"
 MiB = 1 << 20
 MAPS, PARTITIONS, BLOCK = 400, 5_000, 8
 

@@ -156,14 +156,29 @@ def test_compressed_runs_read_back(data: list[bytes], caps: list[int], repetitiv
     assert got == {p: d for p, d in enumerate(data) if d}
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(outputs, min_size=1, max_size=3), capacities)
+def test_commit_lengths_add_up_every_flush_of_an_attempt(flushes: list[list[bytes]], caps: list[int]) -> None:
+    """An attempt's CommitAck lengths from its groups, pushed as one ascending sequence per writer flush (runs
+    split across groups, empty partitions, a sequence starting where the last ended): the bytes written."""
+    tally = LengthTally()
+    for data in flushes:
+        for g in pack(3, data, caps):
+            tally.add(check_push(g, 3, PARTITIONS))
+    assert tally.lengths(PARTITIONS) == [sum(len(data[p]) for data in flushes) for p in range(PARTITIONS)]
+
+
 def test_write_sorted_shape_skips_empty_partitions_and_refuses_what_does_not_add_up() -> None:
     data = [b"", b"ab", b"", b"cde"]
     (g,) = pack(1, data, [100])
     assert directory(g).partitions == (1, 3)
     with pytest.raises(ValueError, match="add up"):
         RunPacker.from_lengths([2, 3], b"abcd")
-    with pytest.raises(ValueError, match="negative"):
-        RunPacker.from_lengths([2, -1], b"a")
+    for lengths in ([2, -1], [0, 2, -1]):  # with and without empty partitions (two ways to set a packer up)
+        with pytest.raises(ValueError, match="negative"):
+            RunPacker.from_lengths(lengths, b"a")
+    with pytest.raises(ValueError, match="in number"):
+        RunPacker(range(3), [1, 1], b"ab")
     with pytest.raises(ValueError, match="ascending"):
         RunPacker([3, 2], [1, 1], b"ab")
 

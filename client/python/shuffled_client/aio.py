@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import add
-from typing import Any
+from typing import Any, TypeVar
 
 from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
@@ -54,6 +54,8 @@ from shuffled.protocol.packed import Directory, RunPacker, read_payload
 DEFAULT_CLIENT_POOL = 4 << 20
 #: bytes a writer collects before it orders them by partition and pushes them
 DEFAULT_WRITER_BUFFER = 8 << 20
+
+T = TypeVar("T")
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
@@ -442,15 +444,16 @@ class MapWriter:
     def write_nowait(self, partition: int, data: bytes | bytearray | memoryview) -> bool:
         """`write` when the buffer has room (a copy of `data` goes in it); False, having done nothing, when the
         buffer must be flushed first: then call `write`."""
-        view = self._accept(partition, data)
-        n = len(view)
+        if type(data) is not bytes or self._finished or not 0 <= partition < self.partitions:
+            data = self._accept(partition, data)  # what is wrong, or any other buffer as a view of bytes
+        n = len(data)
         if self._held_bytes + n > self.buffer_size:
             return False
         held = self._held.get(partition)
         if held is None:
-            self._held[partition] = bytearray(view)
+            self._held[partition] = bytearray(data)
         else:
-            held += view
+            held += data
         self._held_bytes += n
         self.bytes_written += n
         self.uncompressed_lengths[partition] += n
@@ -481,8 +484,11 @@ class MapWriter:
         view = memoryview(data).cast("B")
         packer = RunPacker.from_lengths(lengths, view)  # ValueError: lengths that do not describe `data`
         await self._flush()
+        if self.bytes_written:
+            self.uncompressed_lengths = list(map(add, self.uncompressed_lengths, chain(lengths, repeat(0))))
+        else:  # the first write: one C-level copy, not the sums above (20 ns a partition)
+            self.uncompressed_lengths[: len(lengths)] = lengths
         self.bytes_written += len(view)
-        self.uncompressed_lengths = list(map(add, self.uncompressed_lengths, chain(lengths, repeat(0))))
         await self._push_packed(packer)
 
     def _check_open(self) -> None:
@@ -508,7 +514,7 @@ class MapWriter:
         del held
         self._held = {}
         self._held_bytes = 0
-        await self._push_packed(RunPacker(order, lengths, data))
+        await self._push_packed(RunPacker(order, lengths, data, ascending=True))
 
     async def _push_packed(self, packer: RunPacker) -> None:
         while not packer.done:
@@ -636,6 +642,40 @@ class ReadChunk:
             buf.release()
 
 
+class ReadGroup:
+    """One packed group as it arrived (PROTOCOL.md §3.3): `lengths[k]` bytes of reduce partition `partitions[k]`,
+    written by map attempt `attempt`, back to back in `data` (partitions strictly ascending, every length at
+    least 1). The tuples are the directory as parsed when the buffer was checked and `data` is a slice of the
+    received buffer, so a group costs one object whatever its run count: the view for consumers that handle
+    bytes in bulk (count, checksum, hand to numpy) rather than a run at a time. A pair (partition, attempt)
+    may continue in the next group, as its runs do. Valid until `release()` or the next iteration; the
+    buffer is shared with the other groups of its BufferResponse."""
+
+    __slots__ = ("_buffer", "_end", "_start", "attempt", "lengths", "partitions")
+
+    def __init__(self, buffer: Buffer, d: Directory) -> None:
+        buffer.retain()
+        self._buffer: Buffer | None = buffer
+        self.attempt = d.attempt
+        self.partitions = d.partitions
+        self.lengths = d.lengths
+        self._start = d.data
+        self._end = d.end
+
+    @property
+    def data(self) -> memoryview:
+        """The runs' bytes back to back: run k is the `lengths[k]` bytes after the first k runs'."""
+        if self._buffer is None:
+            raise ValueError("group already released")
+        return self._buffer.memory[self._start : self._end]
+
+    def release(self) -> None:
+        """Let go of the group; its buffer becomes credit again once every group of it is let go and passed."""
+        if self._buffer is not None:
+            buf, self._buffer = self._buffer, None
+            buf.release()
+
+
 def _runs(groups: list[Directory]) -> Iterator[tuple[int, int, int, int]]:
     """(partition, attempt, start, end) of each run of a payload's groups, in order."""
     for d in groups:
@@ -645,7 +685,10 @@ def _runs(groups: list[Directory]) -> Iterator[tuple[int, int, int, int]]:
 
 
 class PartitionReader(InputChannel):
-    """An input gate with one channel (to the local daemon), credit-controlled; one chunk per run."""
+    """An input gate with one channel (to the local daemon), credit-controlled.
+
+    Iterate it for one chunk per run, or `groups()` for one view per packed group (the bulk read); one or the
+    other per reader."""
 
     def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest, compressed: bool = False) -> None:
         self._floating = FloatingPool(client.floating)
@@ -660,10 +703,14 @@ class PartitionReader(InputChannel):
         self._error: ShuffledError | None = None
         self._ended = False
         self._started = False
-        #: the payload whose runs iteration is in, and those runs still to come
+        #: the payload iteration is in, and its runs (chunks) or groups still to come
         self._payload: Buffer | None = None
         self._runs: Iterator[tuple[int, int, int, int]] = iter(())
-        self._current: ReadChunk | None = None
+        self._groups: Iterator[Directory] = iter(())
+        #: what the caller was handed last (released when it asks for the next)
+        self._current: ReadChunk | ReadGroup | None = None
+        #: "chunks" or "groups", once the caller chose
+        self._mode = ""
         #: the application's writers compress their runs (see AsyncClient.read)
         self.compressed = compressed
         self._announce_soon = OncePerTurn(self._announce)
@@ -730,8 +777,8 @@ class PartitionReader(InputChannel):
 
     async def next_chunk(self) -> ReadChunk | None:
         """The next run (the previous one is released), or None at the end of the partitions."""
-        if not self._started:  # checked here: awaiting a coroutine per chunk was 1 % of a reading client
-            await self._start()
+        if self._mode != "chunks":
+            await self._begin("chunks")
         if self._current is not None:
             self._current.release()
             self._current = None
@@ -739,39 +786,73 @@ class PartitionReader(InputChannel):
             run = next(self._runs, None)
             if run is not None:
                 assert self._payload is not None
-                self._current = ReadChunk(self._payload, *run, self.compressed)
-                return self._current
-            if self._payload is not None:  # iteration passed the payload's last run
-                self._payload.release()
-                self._payload = None
-            while not self._queue:
-                if self._error is not None:
-                    await self.aclose()
-                    raise self._error
-                if self._ended:
-                    await self.aclose()
-                    return None
-                self._wake.clear()
-                await self._wake.wait()
-            self._payload, groups = self._queue.popleft()
+                chunk = self._current = ReadChunk(self._payload, *run, self.compressed)
+                return chunk
+            groups = await self._next_payload()
+            if groups is None:
+                return None
             self._runs = _runs(groups)
 
-    def __aiter__(self) -> AsyncIterator[ReadChunk]:
-        return self._iterate()
+    async def next_group(self) -> ReadGroup | None:
+        """The next packed group as received (the previous one is released), or None at the end of the partitions.
 
-    async def _iterate(self) -> AsyncIterator[ReadChunk]:
+        The bulk read: one object per group (a 32 KiB buffer holds one or a few), never one per run. Refused for
+        a compressed application, whose runs are LZ4 blocks that decompress a run at a time: iterate chunks."""
+        if self.compressed:
+            raise ValueError("a compressed read decompresses each run on its own: iterate its chunks, not groups")
+        if self._mode != "groups":
+            await self._begin("groups")
+        if self._current is not None:
+            self._current.release()
+            self._current = None
         while True:
-            chunk = await self.next_chunk()
-            if chunk is None:
-                return
-            yield chunk
+            d = next(self._groups, None)
+            if d is not None:
+                assert self._payload is not None
+                group = self._current = ReadGroup(self._payload, d)
+                return group
+            groups = await self._next_payload()
+            if groups is None:
+                return None
+            self._groups = iter(groups)
+
+    async def _begin(self, mode: str) -> None:
+        """The first step of an iteration: start the read (if `async with` did not) in this `mode`, the only one
+        this reader then takes. Called once, not per chunk: awaiting a coroutine per chunk was 1 % of a reader."""
+        if self._mode:
+            raise ValueError(f"this reader hands out {self._mode}: one kind of iteration per reader")
+        self._mode = mode
+        await self._start()
+
+    async def _next_payload(self) -> list[Directory] | None:
+        """Let go of the payload iteration passed, then the next one's groups (waiting for it), or None at the end."""
+        if self._payload is not None:
+            self._payload.release()
+            self._payload = None
+        while not self._queue:
+            if self._error is not None:
+                await self.aclose()
+                raise self._error
+            if self._ended:
+                await self.aclose()
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        self._payload, groups = self._queue.popleft()
+        return groups
+
+    def __aiter__(self) -> AsyncIterator[ReadChunk]:
+        return _steps(self.next_chunk)
+
+    def groups(self) -> AsyncIterator[ReadGroup]:
+        """`async for group in reader.groups()`: every packed group, in the order received (see `next_group`)."""
+        return _steps(self.next_group)
 
     async def read_all(self) -> bytes:
-        """Convenience for small partitions: every run's bytes, concatenated."""
-        parts = []
-        async for chunk in self:
-            parts.append(bytes(chunk.data))
-        return b"".join(parts)
+        """Convenience for small partitions: every run's bytes, concatenated (a copy per group unless compressed)."""
+        if self.compressed:
+            return b"".join([bytes(chunk.data) async for chunk in self])
+        return b"".join([bytes(group.data) async for group in self.groups()])
 
     async def __aenter__(self) -> PartitionReader:
         await self._start()
@@ -792,6 +873,7 @@ class PartitionReader(InputChannel):
             self._payload.release()
             self._payload = None
         self._runs = iter(())
+        self._groups = iter(())
         if not self._ended and self._error is None and self._started and self.client._lost is None:
             self.client._proto().cancel_read(self.receiver)
         self.client._readers.pop(self.receiver, None)
@@ -801,6 +883,15 @@ class PartitionReader(InputChannel):
             self._queue.popleft()[0].release()
         if self._pool is not None:
             self._pool.destroy()
+
+
+async def _steps(step: Callable[[], Awaitable[T | None]]) -> AsyncIterator[T]:
+    """What `step` returns, one after the other, until it returns None (a reader's chunks or groups)."""
+    while True:
+        item = await step()
+        if item is None:
+            return
+        yield item
 
 
 def check_replicas(replicas: int | None) -> None:

@@ -8,10 +8,18 @@ based: the daemon only sends what the reader has room for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .aio import DEFAULT_CLIENT_POOL, DEFAULT_WRITER_BUFFER, AsyncClient, MapWriter, PartitionReader, ReadChunk
+from .aio import (
+    DEFAULT_CLIENT_POOL,
+    DEFAULT_WRITER_BUFFER,
+    AsyncClient,
+    MapWriter,
+    PartitionReader,
+    ReadChunk,
+    ReadGroup,
+)
 
 T = TypeVar("T")
 
@@ -131,18 +139,27 @@ class Writer:
 
 
 class Reader:
-    """Iterate chunks, one per run; a chunk's `data` is valid until the next one is requested."""
+    """Iterate chunks, one per run, or `groups()`, one per packed group; what it hands out is valid until the
+    next one is requested."""
 
     def __init__(self, client: Client, reader: PartitionReader) -> None:
         self._client = client
         self._r = reader
 
     def __iter__(self) -> Iterator[ReadChunk]:
+        return self._steps(self._r.next_chunk)
+
+    def groups(self) -> Iterator[ReadGroup]:
+        """See PartitionReader.next_group: the bulk read, one view per packed group."""
+        return self._steps(self._r.next_group)
+
+    def _steps(self, step: Callable[[], Awaitable[T | None]]) -> Iterator[T]:
+        """What `step` returns, each run on the client's loop, until it returns None."""
         while True:
-            chunk = self._client._run(self._r.next_chunk())
-            if chunk is None:
+            item: T | None = self._client._run(step())
+            if item is None:
                 return
-            yield chunk
+            yield item
 
     def read_all(self) -> bytes:
         data: bytes = self._client._run(self._r.read_all())
