@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from shuffled.config import DaemonConfig
+from shuffled.config import DATA_DIR_NONE, DaemonConfig
 from shuffled.server.daemon import Daemon
 from shuffled_client import AsyncClient, PartitionNotFound, ShuffledError, ShuttingDown
 from tests.cluster import (
@@ -115,7 +115,7 @@ def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
     holder: dict[str, Any] = {}
 
     async def run() -> None:
-        config = DaemonConfig(port=0, metrics_port=0, pool_size=4 << 20, stall_timeout=0.5)
+        config = DaemonConfig(port=0, metrics_port=0, pool_size=4 << 20, stall_timeout=0.5, data_dir=DATA_DIR_NONE)
         daemon = Daemon(config)
         await daemon.start()
         holder["daemon"], holder["loop"] = daemon, asyncio.get_running_loop()
