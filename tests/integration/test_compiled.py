@@ -18,9 +18,9 @@ from tests.aio import within
 from tests.cluster import Cluster
 from tests.image import compiled_modules
 from tests.integration.test_durability import expected, push, read_by_attempt
+from tests.units import KiB
 from tests.wheel import Installed, build_wheel, install_into
 
-KiB = 1 << 10
 APP = "app-compiled"
 #: fewer pieces than replica-lag (16), so that a link that sends nothing fails the commit rather than holding it
 SIZES = [150 * KiB, 0, 100 * KiB + 5, 20 * KiB]

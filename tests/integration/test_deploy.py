@@ -28,11 +28,11 @@ from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, http_get, metric_samples, payload, start_daemon, wait_until
 from tests.prometheus import prometheus_dir, prometheus_server, query, scrapes, tool
+from tests.units import MiB
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DEFAULTS = DaemonConfig()
-MiB = 1 << 20
 
 
 def _run(*cmd: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

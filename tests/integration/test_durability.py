@@ -31,9 +31,8 @@ from shuffled_client import (
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, rss, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
+from tests.units import KiB, MiB
 
-MiB = 1 << 20
-KiB = 1 << 10
 APP = "app-durable"
 
 

@@ -13,10 +13,10 @@ from shuffled.config import DaemonConfig
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, rss, wait_until
+from tests.units import MiB
 
 APP = "app-flow"
 DEFAULTS = DaemonConfig()
-MiB = 1 << 20
 
 
 pair = cluster_fixture(2, pool_size="64M")

@@ -28,8 +28,8 @@ from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, pool_settled, rss, secret_flags, wait_until
 from tests.integration.faultproxy import FaultProxy
 from tests.seaweedfs import SeaweedFS, environ_without_aws, seaweedfs_fixture
+from tests.units import MiB
 
-MiB = 1 << 20
 APP = "app-tier"
 PART = "5M"
 

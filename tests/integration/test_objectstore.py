@@ -27,8 +27,8 @@ from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
 from tests.integration.faultproxy import FaultProxy
 from tests.seaweedfs import SeaweedFS, environ_without_aws, seaweedfs_fixture
+from tests.units import MiB
 
-MiB = 1 << 20
 SEGMENT = 32 << 10
 PART = 5 * MiB
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import free_port, http_get, metric_samples, payload, pool_settled, start_daemon
+from tests.units import MiB
 
 APP = "app-dns"
-MiB = 1 << 20
 
 
 @within(60)

@@ -21,9 +21,9 @@ from shuffled_client.aio import MapWriter
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
+from tests.units import MiB
 
 APP = "app-replica"
-MiB = 1 << 20
 REPLICATED = ["--replicas", "2"]
 
 pair = cluster_fixture(2, pool_size="64M", extra=REPLICATED)

@@ -14,9 +14,9 @@ import pytest
 from benchmarks.scale_wide import scale
 from shuffled.launch import DaemonProcess, free_port
 from tests.aio import run
+from tests.units import MiB
 
 HOST = "127.0.0.2"
-MiB = 1 << 20
 MAPS, PARTITIONS, BLOCK = 400, 5_000, 8
 
 pytestmark = pytest.mark.slow
