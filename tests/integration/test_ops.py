@@ -11,6 +11,7 @@ import threading
 from typing import Any, cast
 
 import pytest
+import uvloop
 
 from shuffled.config import DaemonConfig
 from shuffled.server.daemon import Daemon
@@ -28,8 +29,8 @@ from tests.cluster import (
     start_daemon,
     wait_until,
 )
+from tests.units import KiB
 
-KiB = 1 << 10
 SEGMENT = 32 * KiB
 
 
@@ -104,6 +105,22 @@ async def test_metrics_count_bytes_pushed_served_and_relayed(pair: Cluster) -> N
     )
     await a.close()
     await b.close()
+
+
+@within(30)
+async def test_a_daemon_started_in_this_process_runs_on_uvloop() -> None:
+    """Daemons the tests start in their own process run on uvloop, as `shuffled serve` runs them: the tests'
+    loop is uvloop's, and so is the transport the daemon serves a client's connection on (tests/conftest.py)."""
+    daemon = Daemon(DaemonConfig(port=0, metrics_port=-1, pool_size=4 << 20, data_dir="none"))
+    await daemon.start()
+    try:
+        async with await AsyncClient.connect(daemon.node) as c:
+            await c.stats()
+            [served] = daemon.connections
+            assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+            assert type(served.transport).__module__.startswith("uvloop"), type(served.transport)
+    finally:
+        await daemon.stop()
 
 
 def test_healthz_fails_while_the_event_loop_is_stalled() -> None:
