@@ -22,9 +22,8 @@ from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
 from tests.integration.test_durability import expected, push, read_by_attempt
+from tests.units import KiB, MiB
 
-KiB = 1 << 10
-MiB = 1 << 20
 APP = "app-drain"
 SIZES = [300 * KiB, 0, 1 * MiB + 5, 70 * KiB]
 
@@ -65,7 +64,7 @@ async def test_replicas_1_every_attempt_is_copied_then_served_by_its_candidate_a
         await push(c0, 1, 3, SIZES, app=APP)  # attempt 3 is copied from memory
         await push(c0, 2, 9, SIZES[:1], app=APP)
         before = await chunks(c0, 1, [1, 2, 3])
-        assert await c0._admin_call("drain", {}) == {"state": "pushes"}
+        assert await c0.drain() == {"state": "pushes"}
         assert await exited(d0) == 0
         await c0.close()
         drained = logged(d0, "drained")
@@ -152,7 +151,7 @@ async def test_a_refused_copy_goes_to_the_next_candidate_or_is_counted_and_the_d
         by_addr[x].proc.send_signal(signal.SIGTERM)
         await wait_until(cx.stats, lambda s: s["drain"]["state"] == "pushes", what="x draining")
         open_on_y = await cy.open_writer(APP, 1, 1, 1, len(SIZES))  # attempt 1, never committed
-        await c0._admin_call("drain", {})
+        await c0.drain()
         assert await exited(d0) == 0
         drained = logged(d0, "drained")
         assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("8", "7", "1")
@@ -184,7 +183,7 @@ async def test_closing_refuses_new_client_reads_while_an_open_one_completes() ->
         first = await reader.next_chunk()
         assert first is not None
         got = bytearray(first.data)
-        assert await c._admin_call("drain", {"handoff": False}) == {"state": "pushes"}
+        assert await c.drain(handoff=False) == {"state": "pushes"}
         s = await wait_until(c.stats, lambda s: s["drain"]["state"] == "closing", what="closing")
         assert s["draining"] and not s["ready"] and s["streams"]["served"] == 1
         with pytest.raises(ShuttingDown):
@@ -202,7 +201,7 @@ async def test_closing_refuses_new_client_reads_while_an_open_one_completes() ->
 async def challenged(c: AsyncClient, peer_secret: bytes) -> tuple[str, str]:
     """A `drain_challenge` on `c`'s connection, its proof checked: (our nonce, the daemon's)."""
     nonce = new_nonce()
-    answer = await c._admin_call("drain_challenge", {"nonce": nonce})
+    answer = await c.drain_challenge(nonce)
     assert answer["client"] == c.local_address
     expected = drain_challenge_proof(peer_secret, nonce, answer["nonce"], answer["node"], answer["client"])
     assert proof_matches(expected, answer["proof"]), answer
@@ -225,17 +224,17 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
             with pytest.raises(AuthFailed, match="no valid nonce"):
                 await c._admin_call("drain_challenge", bad)
         with pytest.raises(AuthFailed, match="peer secret"):  # no challenge answered on this connection
-            await c._admin_call("drain", {"proof": "0" * 64})
+            await c.drain(proof="0" * 64)
         mine, theirs = await challenged(c, peer)
         right = drain_proof(peer, mine, theirs, True, None)
-        refused: list[tuple[AsyncClient, dict[str, Any]]] = [
-            (other, {"proof": right}),  # the challenge was answered on another connection
-            (c, {"proof": drain_proof(b"drain-secret", mine, theirs, True, None)}),  # the cluster secret
-            (c, {"proof": right}),  # the challenge was used up by the try before
+        refused: list[tuple[AsyncClient, str]] = [
+            (other, right),  # the challenge was answered on another connection
+            (c, drain_proof(b"drain-secret", mine, theirs, True, None)),  # the cluster secret
+            (c, right),  # the challenge was used up by the try before
         ]
-        for client, args in refused:
+        for client, proof in refused:
             with pytest.raises(AuthFailed, match="peer secret"):
-                await client._admin_call("drain", args)
+                await client.drain(proof=proof)
         for args in ({"handoff": False}, {"timeout": 0}, {"proof": 5}):  # other arguments than proved
             mine, theirs = await challenged(c, peer)
             with pytest.raises(AuthFailed, match="peer secret"):
@@ -247,9 +246,7 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
             with pytest.raises(InvalidRequest):
                 await c._admin_call("drain", bad)
         mine, theirs = await challenged(c, peer)
-        assert await c._admin_call("drain", {"proof": drain_proof(peer, mine, theirs, True, 5), "timeout": 5}) == {
-            "state": "pushes"
-        }
+        assert await c.drain(timeout=5, proof=drain_proof(peer, mine, theirs, True, 5)) == {"state": "pushes"}
         assert await exited(d) == 0
         for client in (c, other):
             await client.close()
@@ -273,7 +270,7 @@ async def test_a_restarted_daemon_hands_data_over_under_the_token_its_applicatio
         c0 = await AsyncClient.connect(d0.addr)
         with pytest.raises(AuthFailed):  # bound to "one" again, before any new push
             await read_by_attempt(c0, 1, 0, len(SIZES), {"": [1]}, app=APP)
-        await c0._admin_call("drain", {})
+        await c0.drain()
         assert await exited(d0) == 0
         drained = logged(d0, "drained")
         assert (drained["to_copy"], drained["copied"], drained["copy_failed"]) == ("1", "1", "0")
@@ -301,7 +298,7 @@ async def test_a_silent_peer_does_not_keep_the_drain_from_copying_to_a_healthy_o
         await read_by_attempt(c0, 99, 0, 1, {silent.addr: [7]}, app=APP)  # d0 now has a link to it
         silent.proc.send_signal(signal.SIGSTOP)
         try:
-            await c0._admin_call("drain", {})
+            await c0.drain()
             assert await exited(d0) == 0  # within the drain's deadline
         finally:
             silent.proc.send_signal(signal.SIGCONT)
@@ -353,7 +350,7 @@ async def test_an_idle_client_of_a_stopping_daemon_is_told_to_retry_elsewhere() 
     d = start_daemon(host, free_port([host]))
     try:
         idle, c = await AsyncClient.connect(d.addr), await AsyncClient.connect(d.addr)
-        await c._admin_call("drain", {"handoff": False})
+        await c.drain(handoff=False)
         assert await exited(d) == 0
         with pytest.raises(ShuttingDown):
             await read_by_attempt(idle, 1, 0, 1, {"": [1]}, app=APP)

@@ -115,10 +115,10 @@ async def test_without_a_peer_secret_of_its_own_a_daemon_cannot_be_drained(
     try:
         c = await AsyncClient.connect(d.addr, secret="tls-secret")
         with pytest.raises(AuthFailed, match="none of its own"):
-            await c._admin_call("drain_challenge", {"nonce": new_nonce()})
+            await c.drain_challenge(new_nonce())
         proof = drain_proof(b"tls-secret", new_nonce(), new_nonce(), True, None)
         with pytest.raises(AuthFailed, match="none of its own"):
-            await c._admin_call("drain", {"proof": proof})
+            await c.drain(proof=proof)
         assert (await c.stats())["drain"]["state"] == "serving"
         await c.close()
     finally:
