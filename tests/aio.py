@@ -1,6 +1,7 @@
 """Async tests: `@within(seconds)` makes a coroutine function a pytest-asyncio test bounded by a deadline of
-its own, so a hang fails that test with the deadline named instead of stopping the run at pytest-timeout's
-limit; `tests/conftest.py` refuses to collect an async test without one, and runs every async test on uvloop,
+its own, so a hang fails that test at its deadline, named, with its awaits cancelled (its `finally` clauses
+stop what it started), rather than at pytest-timeout's limit, which interrupts it wherever it is;
+`tests/conftest.py` refuses to collect an async test without one, and runs every async test on uvloop,
 the event loop the daemons run on in production. `run` is the same for async code in a sync test (a
 Hypothesis example, a thread of its own)."""
 

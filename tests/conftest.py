@@ -21,8 +21,8 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> M
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuses a run with an async test that has no deadline: it would hang until pytest-timeout ends the
-    whole run."""
+    """Refuses a run with an async test that has no deadline (tests/aio.py `within`): it would hang until
+    pytest-timeout interrupts it, past any cleanup of its own."""
     missing = [
         item.nodeid
         for item in items
