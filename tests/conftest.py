@@ -1,13 +1,39 @@
 """Session-wide fixtures: the Spark plugin jar, the built-in shuffle's results for tests/spark_jobs.py, and the
-shuffled image."""
+shuffled image; and the rules for async tests: each runs on uvloop and has a deadline (tests/aio.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
+
+from tests.aio import deadline_of
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]]:
+    """Every async test and async fixture runs on a uvloop loop, as `shuffled serve` does (uvloop.run), so
+    daemons started in this process run on the loop they run on in production."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuses a run with an async test that has no deadline (tests/aio.py `within`): it would hang until
+    pytest-timeout interrupts it, past any cleanup of its own."""
+    missing = [
+        item.nodeid
+        for item in items
+        if isinstance(item, pytest.Function)
+        and inspect.iscoroutinefunction(item.function)
+        and deadline_of(item.function) is None
+    ]
+    if missing:
+        raise pytest.UsageError(
+            "async tests without a deadline (decorate them with tests.aio.within(seconds)): " + ", ".join(missing)
+        )
 
 
 @pytest.fixture(scope="session")

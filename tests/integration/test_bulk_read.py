@@ -11,12 +11,12 @@ every buffer goes back to the client's pool and the daemons'.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 
 import pytest
 
 from shuffled_client import AsyncClient, Client, ReadGroup
+from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
 from tests.pieces import check, group_runs
 
@@ -61,78 +61,69 @@ async def push_all(client: AsyncClient, shuffle: int) -> None:
         assert await writer.commit() == [size(a, p) for p in range(PARTITIONS)]
 
 
-@pytest.mark.asyncio
+@within(TIMEOUT)
 async def test_groups_hold_exactly_the_runs_read_locally_and_relayed(pair: Cluster) -> None:
-    async def body() -> None:
-        a, b = pair.daemons
-        async with await AsyncClient.connect(a.addr) as near, await AsyncClient.connect(b.addr) as far:
-            await push_all(far, 1)
-            groups = served = 0
-            for client, where in ((far, ""), (near, b.addr)):  # from the daemon holding it, and relayed
-                for lo, hi in ((0, PARTITIONS), (0, 1), (2, 7), (8, 9)):
-                    before = (await far.stats())["traffic"]["served_local_buffers"]
-                    async with client.read(APP, 1, lo, hi, {where: ATTEMPTS}) as reader:
-                        got = [flat(g) async for g in reader.groups()]
-                    served += (await far.stats())["traffic"]["served_local_buffers"] - before
-                    groups += len(got)
-                    async with client.read(APP, 1, lo, hi, {where: ATTEMPTS}) as reader:
-                        per_run = [(c.attempt, c.partition, bytes(c.data)) async for c in reader]
-                    check(runs(got), want(lo, hi))
-                    # the same bytes in the same order as the per-run read (whose runs may be cut elsewhere)
-                    assert b"".join(g[3] for g in got) == b"".join(r[2] for r in per_run)
-            assert groups > served, f"{groups} groups in {served} buffers: no buffer carried several groups"
-            await far.unregister_shuffle(APP, 1)
-            for c in (near, far):
-                assert c.pool is not None and c.pool.used == 0
-                assert (await pool_settled(c))["pool"]["used"] == 0
-
-    await asyncio.wait_for(body(), TIMEOUT)
+    a, b = pair.daemons
+    async with await AsyncClient.connect(a.addr) as near, await AsyncClient.connect(b.addr) as far:
+        await push_all(far, 1)
+        groups = served = 0
+        for client, where in ((far, ""), (near, b.addr)):  # from the daemon holding it, and relayed
+            for lo, hi in ((0, PARTITIONS), (0, 1), (2, 7), (8, 9)):
+                before = (await far.stats())["traffic"]["served_local_buffers"]
+                async with client.read(APP, 1, lo, hi, {where: ATTEMPTS}) as reader:
+                    got = [flat(g) async for g in reader.groups()]
+                served += (await far.stats())["traffic"]["served_local_buffers"] - before
+                groups += len(got)
+                async with client.read(APP, 1, lo, hi, {where: ATTEMPTS}) as reader:
+                    per_run = [(c.attempt, c.partition, bytes(c.data)) async for c in reader]
+                check(runs(got), want(lo, hi))
+                # the same bytes in the same order as the per-run read (whose runs may be cut elsewhere)
+                assert b"".join(g[3] for g in got) == b"".join(r[2] for r in per_run)
+        assert groups > served, f"{groups} groups in {served} buffers: no buffer carried several groups"
+        await far.unregister_shuffle(APP, 1)
+        for c in (near, far):
+            assert c.pool is not None and c.pool.used == 0
+            assert (await pool_settled(c))["pool"]["used"] == 0
 
 
-@pytest.mark.asyncio
+@within(TIMEOUT)
 async def test_a_group_is_gone_once_iteration_moves_on_and_an_early_close_gives_every_buffer_back(
     pair: Cluster,
 ) -> None:
-    async def body() -> None:
-        async with await AsyncClient.connect(pair.daemons[0].addr) as client:
-            await push_all(client, 2)
-            assert client.pool is not None
-            async with client.read(APP, 2, 0, PARTITIONS, {"": ATTEMPTS}) as reader:
-                first = await reader.next_group()
-                assert first is not None and len(first.data) == sum(first.lengths)
-                second = await reader.next_group()
-                assert second is not None
-                with pytest.raises(ValueError, match="released"):
-                    first.data  # noqa: B018 (the access is what is tested)
-                with pytest.raises(ValueError, match="one kind of iteration"):
-                    await reader.next_chunk()
-                assert client.pool.used > 0  # stops with buffers queued and one handed out
-            assert client.pool.used == 0
+    async with await AsyncClient.connect(pair.daemons[0].addr) as client:
+        await push_all(client, 2)
+        assert client.pool is not None
+        async with client.read(APP, 2, 0, PARTITIONS, {"": ATTEMPTS}) as reader:
+            first = await reader.next_group()
+            assert first is not None and len(first.data) == sum(first.lengths)
+            second = await reader.next_group()
+            assert second is not None
             with pytest.raises(ValueError, match="released"):
-                second.data  # noqa: B018
-            await client.unregister_shuffle(APP, 2)
-            assert (await pool_settled(client))["pool"]["used"] == 0
+                first.data  # noqa: B018 (the access is what is tested)
+            with pytest.raises(ValueError, match="one kind of iteration"):
+                await reader.next_chunk()
+            assert client.pool.used > 0  # stops with buffers queued and one handed out
+        assert client.pool.used == 0
+        with pytest.raises(ValueError, match="released"):
+            second.data  # noqa: B018
+        await client.unregister_shuffle(APP, 2)
+        assert (await pool_settled(client))["pool"]["used"] == 0
 
-    await asyncio.wait_for(body(), TIMEOUT)
 
-
-@pytest.mark.asyncio
+@within(TIMEOUT)
 async def test_a_compressed_read_refuses_groups_and_its_chunks_still_decompress(pair: Cluster) -> None:
-    async def body() -> None:
-        async with await AsyncClient.connect(pair.daemons[0].addr) as client:
-            text = b"".join(b"row %d, some repeated text\n" % i for i in range(5_000))
-            writer = await client.open_writer(APP, 3, 0, 31, 2, compression="lz4")
-            await writer.write(1, text)
-            await writer.commit()
-            async with client.read(APP, 3, 0, 2, {"": [31]}, compression="lz4") as reader:
-                with pytest.raises(ValueError, match="compressed read"):
-                    await reader.next_group()
-            reader = client.read(APP, 3, 0, 2, {"": [31]}, compression="lz4")
-            assert await reader.read_all() == text  # read_all decompresses a run at a time
-            await client.unregister_shuffle(APP, 3)
-            assert (await pool_settled(client))["pool"]["used"] == 0
-
-    await asyncio.wait_for(body(), TIMEOUT)
+    async with await AsyncClient.connect(pair.daemons[0].addr) as client:
+        text = b"".join(b"row %d, some repeated text\n" % i for i in range(5_000))
+        writer = await client.open_writer(APP, 3, 0, 31, 2, compression="lz4")
+        await writer.write(1, text)
+        await writer.commit()
+        async with client.read(APP, 3, 0, 2, {"": [31]}, compression="lz4") as reader:
+            with pytest.raises(ValueError, match="compressed read"):
+                await reader.next_group()
+        reader = client.read(APP, 3, 0, 2, {"": [31]}, compression="lz4")
+        assert await reader.read_all() == text  # read_all decompresses a run at a time
+        await client.unregister_shuffle(APP, 3)
+        assert (await pool_settled(client))["pool"]["used"] == 0
 
 
 def test_the_blocking_client_reads_groups_and_read_all_joins_them(pair: Cluster) -> None:

@@ -8,19 +8,19 @@ pieces, from memory and from disk, to another daemon)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import Cluster
 from tests.image import compiled_modules
 from tests.integration.test_durability import expected, push, read_by_attempt
+from tests.units import KiB
 from tests.wheel import Installed, build_wheel, install_into
 
-KiB = 1 << 10
 APP = "app-compiled"
 #: fewer pieces than replica-lag (16), so that a link that sends nothing fails the commit rather than holding it
 SIZES = [150 * KiB, 0, 100 * KiB + 5, 20 * KiB]
@@ -37,30 +37,27 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     return installed
 
 
-@pytest.mark.asyncio
+@within(60)
 async def test_compiled_daemons_replicate_a_push_and_hand_it_over_on_a_drain(compiled: Installed) -> None:
     """Three compiled daemons with --replicas 2: pushes to d0 are committed on d0 and on its replica x with the
     same bytes; d0 drained, its hand-over copies each attempt (one read back from disk) to the other candidate,
     which serves the same bytes."""
 
-    async def body() -> None:
-        with Cluster(3, extra=["--replicas", "2"], installed=compiled) as cluster:
-            d0 = cluster.daemons[0]
-            addrs = [d.addr for d in cluster.daemons]
-            x, y = candidates(addrs, {}, d0.addr, APP, 1)
-            c0, cx, cy = [await AsyncClient.connect(a) for a in (d0.addr, x, y)]
-            await push(c0, 1, 1, SIZES, app=APP)  # the commit waits for the replica's, of the same lengths
-            await c0.flush(APP, 1)  # attempt 1 is copied from disk, attempt 2 from memory
-            await push(c0, 1, 2, SIZES, app=APP)
-            s0, sx = await c0.stats(), await cx.stats()
-            assert s0["replication"]["forwarded_bytes"] == 2 * sum(SIZES), s0["replication"]
-            assert sx["store"]["replica_attempts"] == 2, sx["store"]
-            assert await read_by_attempt(cx, 1, 0, len(SIZES), {"": [1, 2]}, app=APP) == expected([1, 2], SIZES)
-            drained = await c0.drain(wait=True)
-            assert (drained["to_copy"], drained["copied"], drained["failed"]) == (2, 2, 0), drained
-            assert drained["copied_bytes"] == 2 * sum(SIZES), drained
-            assert await read_by_attempt(cy, 1, 0, len(SIZES), {"": [1, 2]}, app=APP) == expected([1, 2], SIZES)
-            for c in (c0, cx, cy):
-                await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    with Cluster(3, extra=["--replicas", "2"], installed=compiled) as cluster:
+        d0 = cluster.daemons[0]
+        addrs = [d.addr for d in cluster.daemons]
+        x, y = candidates(addrs, {}, d0.addr, APP, 1)
+        c0, cx, cy = [await AsyncClient.connect(a) for a in (d0.addr, x, y)]
+        await push(c0, 1, 1, SIZES, app=APP)  # the commit waits for the replica's, of the same lengths
+        await c0.flush(APP, 1)  # attempt 1 is copied from disk, attempt 2 from memory
+        await push(c0, 1, 2, SIZES, app=APP)
+        s0, sx = await c0.stats(), await cx.stats()
+        assert s0["replication"]["forwarded_bytes"] == 2 * sum(SIZES), s0["replication"]
+        assert sx["store"]["replica_attempts"] == 2, sx["store"]
+        assert await read_by_attempt(cx, 1, 0, len(SIZES), {"": [1, 2]}, app=APP) == expected([1, 2], SIZES)
+        drained = await c0.drain(wait=True)
+        assert (drained["to_copy"], drained["copied"], drained["failed"]) == (2, 2, 0), drained
+        assert drained["copied_bytes"] == 2 * sum(SIZES), drained
+        assert await read_by_attempt(cy, 1, 0, len(SIZES), {"": [1, 2]}, app=APP) == expected([1, 2], SIZES)
+        for c in (c0, cx, cy):
+            await c.close()

@@ -3,7 +3,6 @@ compressed application pushed into one daemon and read through another, byte-exa
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 from shuffled.protocol.compression import LZ4, OVERHEAD, STORED, compress_block, decompress_run
 from shuffled.protocol.errors import CorruptData
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, pool_settled
 
 SEGMENT = 32 << 10
@@ -59,39 +59,36 @@ def test_anything_else_is_corrupt_data(run: bytes) -> None:
 pair = cluster_fixture(2)
 
 
-@pytest.mark.asyncio
+@within(60)
 async def test_a_compressed_application_reads_back_byte_exact_through_a_relay(pair: Cluster) -> None:
-    async def body() -> None:
-        a, b = [await AsyncClient.connect(d.addr) for d in pair.daemons]
-        text = b"".join(b"row %d,%d,some repeated text\n" % (i, i % 7) for i in range(40_000))
-        noise = os.urandom(300_000)
-        w = await b.open_writer("zapp", 1, 0, 11, 2, compression="lz4")
-        for i in range(0, len(text), 10_000):
-            await w.write(0, text[i : i + 10_000])
-        await w.write(1, noise)
-        stored = await w.commit()
-        assert w.uncompressed_lengths == [len(text), len(noise)]
-        assert stored[0] < len(text) // 4  # compressible
-        assert len(noise) < stored[1] <= len(noise) + 20 * OVERHEAD  # stored as is: a block header per piece
-        where = {pair.daemons[1].addr: [11]}
-        for p, want in ((0, text), (1, noise)):
-            async with a.read("zapp", 1, p, p + 1, where, compression="lz4") as r:
-                got = b"".join([bytes(chunk.data) async for chunk in r])
-            assert got == want
-        # A reader that expects blocks, given plain data, says so instead of returning garbage.
-        plain = await b.open_writer("plain", 1, 0, 12, 1)
-        await plain.write(0, b"\x07 not a block")
-        await plain.commit()
-        with pytest.raises(CorruptData):
-            async with b.read("plain", 1, 0, 1, {"": [12]}, compression="lz4") as r:
-                [bytes(chunk.data) async for chunk in r]
-        for c in (a, b):
-            await c.remove_application("zapp")
-            await c.remove_application("plain")
-            assert (await pool_settled(c))["pool"]["used"] == 0
-            await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    a, b = [await AsyncClient.connect(d.addr) for d in pair.daemons]
+    text = b"".join(b"row %d,%d,some repeated text\n" % (i, i % 7) for i in range(40_000))
+    noise = os.urandom(300_000)
+    w = await b.open_writer("zapp", 1, 0, 11, 2, compression="lz4")
+    for i in range(0, len(text), 10_000):
+        await w.write(0, text[i : i + 10_000])
+    await w.write(1, noise)
+    stored = await w.commit()
+    assert w.uncompressed_lengths == [len(text), len(noise)]
+    assert stored[0] < len(text) // 4  # compressible
+    assert len(noise) < stored[1] <= len(noise) + 20 * OVERHEAD  # stored as is: a block header per piece
+    where = {pair.daemons[1].addr: [11]}
+    for p, want in ((0, text), (1, noise)):
+        async with a.read("zapp", 1, p, p + 1, where, compression="lz4") as r:
+            got = b"".join([bytes(chunk.data) async for chunk in r])
+        assert got == want
+    # A reader that expects blocks, given plain data, says so instead of returning garbage.
+    plain = await b.open_writer("plain", 1, 0, 12, 1)
+    await plain.write(0, b"\x07 not a block")
+    await plain.commit()
+    with pytest.raises(CorruptData):
+        async with b.read("plain", 1, 0, 1, {"": [12]}, compression="lz4") as r:
+            [bytes(chunk.data) async for chunk in r]
+    for c in (a, b):
+        await c.remove_application("zapp")
+        await c.remove_application("plain")
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
 
 
 def test_unknown_codec_is_refused() -> None:

@@ -25,13 +25,14 @@ from shuffled import config as settings
 from shuffled.cli import _build_parser
 from shuffled.config import DaemonConfig, parse_size
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, http_get, metric_samples, payload, start_daemon, wait_until
 from tests.prometheus import prometheus_dir, prometheus_server, query, scrapes, tool
+from tests.units import MiB
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DEFAULTS = DaemonConfig()
-MiB = 1 << 20
 
 
 def _run(*cmd: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -318,7 +319,7 @@ def test_every_metric_in_rules_and_dashboard_exists_on_a_live_daemon(daemon: Dae
     assert others <= {"up"}
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_real_prometheus_scrapes_a_daemon_and_sees_bytes_rise(daemon: DaemonProcess, tmp_path: Path) -> None:
     """Prometheus with the deploy/ config scrapes the daemon; pushed bytes show up in its API."""
 

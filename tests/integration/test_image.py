@@ -33,6 +33,7 @@ from tests.hosts import Host, hosts_for_tests
 from tests.image import LABEL, RUN_LABEL, Container, Image, Podman, compiled_modules, daemon_dir
 from tests.jvm import needs_jdk
 from tests.prometheus import prometheus_server, query, scrapes
+from tests.units import MiB
 
 # The first test that asks for the image waits for the build (most of it cold: the Spark lines' venvs, the
 # stand-in base, the build); later ones reuse it.
@@ -42,7 +43,6 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = DaemonConfig()
 #: not the default 7338: the health check must follow the configured port
 METRICS_PORT = 9100
-MiB = 1 << 20
 
 
 def test_the_hot_path_in_the_image_is_compiled(image: Image) -> None:

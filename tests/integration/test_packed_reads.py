@@ -26,6 +26,7 @@ from shuffled.launch import free_port
 from shuffled.net.streams import Payload
 from shuffled_client import AsyncClient
 from shuffled_client.aio import MapWriter
+from tests.aio import run
 from tests.cluster import pool_settled, start_daemon
 from tests.pieces import Output, check, group_runs, outputs
 
@@ -133,4 +134,4 @@ def test_any_split_reads_back_for_every_range_from_memory_spill_and_restart(
             s = await pool_settled(client)
             assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0, s
 
-    asyncio.run(asyncio.wait_for(body(), 60))
+    run(body(), 60)

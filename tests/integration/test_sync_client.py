@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shuffled.protocol.auth import app_token
 from shuffled.protocol.codec import decode_all, encode
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import HEADER, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
@@ -114,10 +115,10 @@ def test_replicas_reach_the_daemon_in_the_open_and_bad_values_never_leave() -> N
             with pytest.raises(ShuttingDown, match="draining") as refused:
                 c.open_writer("r-app", 1, 0, 7, 3, replicas=2)
             assert refused.value.retryable
-            token = c._aio._token("r-app")
         thread.join(10)
     (frame,) = decode_all(opened[0])
     assert isinstance(frame, OpenMapOutput) and (frame.replicas, frame.replica_of, frame.app_key) == (2, None, None)
+    token = app_token(b"s", "r-app")  # what a client with app secret "s" sends about "r-app"
     assert opened[0] == encode(OpenMapOutput(frame.writer, "r-app", 1, 0, 7, 3, token=token, replicas=2))
     assert opened[0].index(b"token") < opened[0].index(b"replicas")
 

@@ -7,16 +7,16 @@ with the blocks: it keeps no object per block, only the pieces' rows and one rec
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from benchmarks.scale_wide import scale
 from shuffled.launch import DaemonProcess, free_port
+from tests.aio import run
+from tests.units import MiB
 
 HOST = "127.0.0.2"
-MiB = 1 << 20
 MAPS, PARTITIONS, BLOCK = 400, 5_000, 8
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def test_two_million_tiny_blocks_through_a_small_pool(tmp_path: Path) -> None:
     daemon = DaemonProcess(HOST, free_port([HOST]), "16M", ["--data-dir", str(tmp_path)]).wait_ready()
     try:
-        r = asyncio.run(asyncio.wait_for(scale(daemon, MAPS, PARTITIONS, BLOCK, 4, 10), 120))
+        r = run(scale(daemon, MAPS, PARTITIONS, BLOCK, 4, 10), 120)
     finally:
         daemon.stop()
     assert r["runs"] >= MAPS * PARTITIONS and r["bytes"] == MAPS * PARTITIONS * BLOCK

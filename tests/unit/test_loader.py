@@ -20,6 +20,7 @@ from shuffled.protocol.integrity import checksum
 from shuffled.server.storage.disk import Disk, SpillFile
 from shuffled.server.storage.loader import PieceLoader, run, take
 from shuffled.server.storage.store import MapOutput, Store
+from tests.aio import within
 from tests.pieces import pack
 from tests.turns import until
 
@@ -78,12 +79,12 @@ def _loader(tmp_path: Path) -> Iterator[tuple[GlobalPool, PieceLoader]]:
         disk.close()
 
 
-@pytest.mark.asyncio
+@within(TIMEOUT)
 async def test_a_load_checks_every_piece_and_keeps_its_file_open(tmp_path: Path) -> None:
     with _loader(tmp_path) as (pool, loader):
         pieces = _pieces(2)
         out = _spilled(tmp_path, *pieces)
-        got = await asyncio.wait_for(loader.load(out, [0, 1], await take(pool, 2, pool.give)), TIMEOUT)
+        got = await loader.load(out, [0, 1], await take(pool, 2, pool.give))
         assert [bytes(b.data()) for b in got] == pieces
         assert loader._fd is not None, "the next batch of the same file needs no open"
         for b in got:
@@ -91,7 +92,7 @@ async def test_a_load_checks_every_piece_and_keeps_its_file_open(tmp_path: Path)
         assert pool.free == 8
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_bad_checksum_or_a_missing_file_fails_and_gives_the_segments_back(tmp_path: Path) -> None:
     with _loader(tmp_path) as (pool, loader):
         out = _spilled(tmp_path, *_pieces(2))
@@ -107,7 +108,7 @@ async def test_a_bad_checksum_or_a_missing_file_fails_and_gives_the_segments_bac
         assert pool.free == 8
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_cancelled_load_gives_its_segments_back_once_the_thread_is_done(tmp_path: Path) -> None:
     pool = GlobalPool(8 * SEG, SEG, reserve=4)
     disk = Disk(str(tmp_path / "dir"), read_threads=1)
@@ -131,7 +132,7 @@ async def test_a_cancelled_load_gives_its_segments_back_once_the_thread_is_done(
         disk.close()
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     """Short of memory, a batch takes the one segment free instead of waiting for all it wanted; when it
     had to wait, it takes what the wait freed, not only the one it waited for."""
@@ -154,7 +155,7 @@ async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     assert pool.free == 6
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_waiting_push_leaves_the_reserve_to_a_batch() -> None:
     """Pushes never use the read reserve, so one waiting for memory does not shrink a read's batch
     to one segment (a cold read under push back-pressure would pay a thread hand-off per segment); a

@@ -12,7 +12,6 @@ back once the shuffle is dropped.
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +23,7 @@ from shuffled.server.storage.disk import Disk, SpillFile
 from shuffled.server.storage.plan import make_plan
 from shuffled.server.storage.spill import Spiller
 from shuffled.server.storage.store import Store
+from tests.aio import run
 from tests.pieces import Output, check, outputs, push, serve, unpack
 
 SEG = 4096
@@ -117,4 +117,4 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
         disk.close()
 
     with tempfile.TemporaryDirectory() as root:
-        asyncio.run(body(root))
+        run(body(root), 60)

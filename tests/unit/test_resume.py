@@ -24,9 +24,8 @@ from shuffled.server.storage.disk import Disk
 from shuffled.server.storage.plan import Plan, make_plan
 from shuffled.server.storage.spill import Spiller
 from shuffled.server.storage.store import Store
+from tests.aio import within
 from tests.pieces import push, serve, split, unpack
-
-pytestmark = pytest.mark.asyncio
 
 SEG = 4096
 PARTITIONS = 5
@@ -77,6 +76,7 @@ def pairs(payloads: list[bytes]) -> dict[tuple[int, int], bytes]:
 WANT = {(p, a): d for a, parts in DATA.items() for p, d in parts.items()}
 
 
+@within(30)
 @pytest.mark.parametrize(
     ("cuts", "order", "spill"),
     [([], (1, 2), False), ([1, 100, 2000], (2, 1), False), ([3], (2, 1), True), ([50, 51], (1, 2), True)],
@@ -85,22 +85,19 @@ WANT = {(p, a): d for a, parts in DATA.items() for p, d in parts.items()}
 async def test_every_cut_point_resumes_to_exactly_the_rest(
     tmp_path: Path, cuts: list[int], order: tuple[int, ...], spill: bool
 ) -> None:
-    async def body() -> None:
-        primary = await Copy(tmp_path / "p", [], (1, 2), False).ready()
-        full = await primary.serve()
-        assert pairs(full) == WANT
-        copy = await Copy(tmp_path / "c", cuts, order, spill).ready()
-        for n in range(len(full) + 1):
-            progress = ReadProgress()
-            for payload in full[:n]:
-                progress.add(memoryview(payload))
-            rest = await copy.serve(progress.resume())
-            assert pairs(full[:n] + rest) == WANT, f"cut after {n} payloads"
-            assert copy.pool.used == copy.store.memory_segments
-        for c in (primary, copy):
-            c.disk.close()
-
-    await asyncio.wait_for(body(), 30)
+    primary = await Copy(tmp_path / "p", [], (1, 2), False).ready()
+    full = await primary.serve()
+    assert pairs(full) == WANT
+    copy = await Copy(tmp_path / "c", cuts, order, spill).ready()
+    for n in range(len(full) + 1):
+        progress = ReadProgress()
+        for payload in full[:n]:
+            progress.add(memoryview(payload))
+        rest = await copy.serve(progress.resume())
+        assert pairs(full[:n] + rest) == WANT, f"cut after {n} payloads"
+        assert copy.pool.used == copy.store.memory_segments
+    for c in (primary, copy):
+        c.disk.close()
 
 
 async def _feed(copy: Copy, plan: Plan, sent: list[object]) -> None:
@@ -112,29 +109,28 @@ async def _feed(copy: Copy, plan: Plan, sent: list[object]) -> None:
     await done
 
 
+@within(30)
 async def test_a_resume_point_that_does_not_fit_fails_before_any_data(tmp_path: Path) -> None:
-    async def body() -> None:
-        copy = await Copy(tmp_path, [], (1, 2), False).ready()
-        good = Resume((), 2, 3, 100)
-        assert pairs(await copy.serve(good))  # fits: the rest of pair (3, 2), then attempt 1
-        refused = [
-            (Resume((), 2, 3, len(DATA[2][3]) + 1), "does not match this copy"),  # more bytes than the pair
-            (Resume((), 2, 1, 1), "does not match this copy"),  # an empty pair
-            (Resume((), 2, PARTITIONS, 0), "outside"),  # not in the range
-            (Resume((7,), 2, 3, 1), "not named by the request"),  # an attempt not named
-        ]
-        for resume, why in refused:
-            used = copy.pool.used
-            sent: list[object] = []
-            with pytest.raises(InvalidRequest, match=why):
-                await _feed(copy, make_plan(copy.store, "app", 0, 0, PARTITIONS, [1, 2], resume, digest=b""), sent)
-            assert not sent, "nothing is served before the error"
-            assert copy.pool.used == used
-        copy.disk.close()
-
-    await asyncio.wait_for(body(), 30)
+    copy = await Copy(tmp_path, [], (1, 2), False).ready()
+    good = Resume((), 2, 3, 100)
+    assert pairs(await copy.serve(good))  # fits: the rest of pair (3, 2), then attempt 1
+    refused = [
+        (Resume((), 2, 3, len(DATA[2][3]) + 1), "does not match this copy"),  # more bytes than the pair
+        (Resume((), 2, 1, 1), "does not match this copy"),  # an empty pair
+        (Resume((), 2, PARTITIONS, 0), "outside"),  # not in the range
+        (Resume((7,), 2, 3, 1), "not named by the request"),  # an attempt not named
+    ]
+    for resume, why in refused:
+        used = copy.pool.used
+        sent: list[object] = []
+        with pytest.raises(InvalidRequest, match=why):
+            await _feed(copy, make_plan(copy.store, "app", 0, 0, PARTITIONS, [1, 2], resume, digest=b""), sent)
+        assert not sent, "nothing is served before the error"
+        assert copy.pool.used == used
+    copy.disk.close()
 
 
+@within(30)
 async def test_resume_wire_form_round_trips() -> None:
     for resume in (Resume((1, 2), 5, 4, 1000), Resume()):
         assert Resume.from_wire(resume.to_wire()) == resume
