@@ -250,7 +250,7 @@ async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_b
 
     async def body() -> None:
         store = Store(SEGMENT)
-        store.bind("app", token_digest("owner"))
+        store.app_keys.bind("app", token_digest("owner"))
         buffers = GlobalPool(8 * SEGMENT, SEGMENT)
         out = store.open_map_output("app", 1, 0, 7, 4)
         push(buffers, store, out, pack(7, [(2, b"x" * 100)]))

@@ -15,8 +15,9 @@ from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
 from shuffled.server.storage.disk import Appended, Disk
 from shuffled.server.storage.plan import make_plan
+from shuffled.server.storage.shuffles import MapOutput
 from shuffled.server.storage.spill import IN_FLIGHT, Spiller
-from shuffled.server.storage.store import MapOutput, Store
+from shuffled.server.storage.store import Store
 from tests.pieces import pack, push, serve, unpack
 from tests.turns import until
 
@@ -74,7 +75,7 @@ async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_p
         gate.set()
         assert await task == 10 * PIECE
         assert pool.used == 0 and store.stats().stored_segments == store.memory_segments == 0
-        assert store.garbage and sum(g.length for g in store.garbage) == 10 * PIECE  # punched later
+        assert store.placement.garbage and sum(g.length for g in store.placement.garbage) == 10 * PIECE  # punched later
         assert make_plan(store, "app", 1, 0, 2, [], digest=b"").entries == []
         disk.close()
 

@@ -19,7 +19,8 @@ from shuffled.server.cluster.membership import Membership
 from shuffled.server.storage.disk import SpillFile, StoredObject
 from shuffled.server.storage.object_format import FOOTER_GUESS
 from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
-from shuffled.server.storage.store import FILE, MapOutput, Store
+from shuffled.server.storage.shuffles import FILE, MapOutput
+from shuffled.server.storage.store import Store
 from shuffled.server.storage.tier import ObjectTier, _Queue
 from tests.pieces import pack, push
 
@@ -40,16 +41,19 @@ def test_an_upload_replaces_file_pieces_and_keeps_memory_ones_as_a_cache() -> No
     out = _attempt(pool, store, 1, 5)
     data = out.shuffle
     data.file = SpillFile("/nonexistent/data")
-    start, end = store.take_for_spill(out, 2)
-    store.spilled(out, start, end, 100)  # pieces 0, 1 in the file at 100
+    start, end = store.placement.take_for_spill(out, 2)
+    store.placement.spilled(out, start, end, 100)  # pieces 0, 1 in the file at 100
     assert (out.placed, out.spilled, list(out.places)) == (2, 2, [FILE, FILE])
-    place = store.add_object(data, StoredObject("k", 1 << 20))
-    store.uploaded(out, [0, 1, 2, 3, 4], place, 0)
+    place = store.placement.add_object(data, StoredObject("k", 1 << 20))
+    store.placement.uploaded(out, [0, 1, 2, 3, 4], place, 0)
     assert list(out.places) == [place] * 5 and out.placed == 5 and out.spilled == 2
-    assert [(g.offset, g.length) for g in store.garbage] == [(100, out.sizes[0]), (100 + out.sizes[0], out.sizes[1])]
+    assert [(g.offset, g.length) for g in store.placement.garbage] == [
+        (100, out.sizes[0]),
+        (100 + out.sizes[0], out.sizes[1]),
+    ]
     assert out.buffer(3) is not None, "memory pieces an object holds stay in memory"
     assert out.movable == 3 and store.memory_segments == 3
-    assert store.take_for_spill(out) == (5, 5), "nothing to write: an object holds them all"
+    assert store.placement.take_for_spill(out) == (5, 5), "nothing to write: an object holds them all"
     assert out.spilled == 5 and store.memory_segments == 0 and pool.used == 0
 
 

@@ -25,7 +25,7 @@ from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, ne
 from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
 from ..cluster.drain import Drain
 from ..cluster.handover import AdminCalls
-from ..storage.store import ShuffleData
+from ..storage.shuffles import ShuffleData
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from ...protocol.integrity import checksum
 from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
-from ..storage.store import MapOutput
+from ..storage.shuffles import MapOutput
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Protocol
 from ...logs import event
 from ...protocol.errors import ShuffledError, StorageError
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
-from .store import FILE, Garbage, MapOutput, MapState, ShuffleData, Store, commit_fields
+from .shuffles import FILE, Garbage, MapOutput, MapState, ShuffleData, commit_fields
+from .store import Store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -153,7 +154,7 @@ class FileTarget:
 
     def wrote(self, data: ShuffleData, written: int) -> None:
         stats = self.disk.stats
-        self.spiller.store.wrote(data, written)
+        self.spiller.store.placement.wrote(data, written)
         assert data.file is not None
         data.file.size += written
         stats.spills += 1
@@ -349,10 +350,10 @@ class Spiller:
     def _spill_largest(self, app: str | None) -> bool:
         """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
         False if none. Memory an object holds already is freed on the way, which may be all it takes."""
-        found = self.store.largest_in_memory(app, self._writing)
+        found = self.store.placement.largest_in_memory(app, self._writing)
         if found is None:
             return False
-        freed = sum(self.store.release_placed(out) for out in found[1])
+        freed = sum(self.store.placement.release_placed(out) for out in found[1])
         return self._start(*found, self.batch) is not None or freed > 0
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
@@ -382,7 +383,7 @@ class Spiller:
                 await asyncio.wait(under_way)  # their failure is their own; the pieces are back in memory then
             outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable]
             for out in outs:
-                self.store.release_placed(out)
+                self.store.placement.release_placed(out)
             write = self._start(data, outs, limit)
             if write is not None:
                 total += await asyncio.shield(write)
@@ -404,7 +405,7 @@ class Spiller:
                 break
             if out in self._writing:  # one write per attempt: its pieces reach the file in push order
                 continue
-            start, end = self.store.take_for_spill(out, None if limit is None else limit - count)
+            start, end = self.store.placement.take_for_spill(out, None if limit is None else limit - count)
             if end > start:
                 taken.append((out, start, end))
                 count += end - start
@@ -420,7 +421,7 @@ class Spiller:
             for buf in held:
                 buf.release()
             for out, start, _ in taken:
-                self.store.unspilled(out, start)
+                self.store.placement.unspilled(out, start)
             raise
         done = asyncio.ensure_future(self._finish(data, taken, held, placed))
         done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
@@ -449,7 +450,7 @@ class Spiller:
             for out, start, end in taken:
                 if crcs is not None:
                     self._check_written(data, out, [i for i in range(start, end) if next(crcs) != out.crcs[i]])
-                self.store.spilled(out, start, end, offset, placed.place)
+                self.store.placement.spilled(out, start, end, offset, placed.place)
                 offset += sum(out.sizes[start:end])
             written = offset - placed.offset
             self.error = None
@@ -526,7 +527,7 @@ class Spiller:
         where = "to disk" if isinstance(self.target, FileTarget) else "to the object store"
         reason = StorageError(f"writing map output {where} failed on this daemon: {why}")
         for out, start, _ in taken:
-            self.store.unspilled(out, start)
+            self.store.placement.unspilled(out, start)
         for out, _, _ in taken:
             if out.state is MapState.OPEN and out.on_failure is not None:
                 out.on_failure(reason)
@@ -537,13 +538,13 @@ class Spiller:
         them; they would stay until the shuffle goes, and one client could fill the disk that way) and of
         pieces that moved to the object store. A shuffle with a load under way keeps its garbage until the
         next call: the load may be reading a moved piece where it was."""
-        garbage, self.store.garbage = self.store.garbage, []
+        garbage, self.store.placement.garbage = self.store.placement.garbage, []
         if self.disk is None or not garbage:
             return
         files: dict[str, list[Garbage]] = {}
         for g in garbage:
             if g.shuffle.loading:
-                self.store.garbage.append(g)
+                self.store.placement.garbage.append(g)
             elif not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
                 files.setdefault(g.path, []).append(g)
         for path, pieces in files.items():

@@ -46,8 +46,9 @@ from .adopt import Adopter
 from .disk import PIECE_ROW, Disk, StoredObject
 from .object_format import FOOTER_GUESS, Entry, Footer, app_prefix, object_key, shuffle_prefix
 from .objects import ObjectStore
+from .shuffles import FILE, MapOutput, ShuffleData, commit_fields
 from .spill import Placed, Taken
-from .store import FILE, MapOutput, ShuffleData, Store, commit_fields
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class ObjectTier:
         stats = self.stats
         setattr(stats, f"{why}_objects", getattr(stats, f"{why}_objects") + 1)
         setattr(stats, f"{why}_bytes", getattr(stats, f"{why}_bytes") + offset)
-        place = self.store.add_object(data, StoredObject(key, size))
+        place = self.store.placement.add_object(data, StoredObject(key, size))
         record: dict[str, object] = {
             "k": "object",
             "key": key,
@@ -395,7 +396,7 @@ class ObjectTier:
         offset = 0
         for out, indices in pieces:
             if not out.dead:
-                self.store.uploaded(out, indices, place, offset)
+                self.store.placement.uploaded(out, indices, place, offset)
             offset += sum(out.sizes[i] for i in indices)
 
     def _forget(self, data: ShuffleData) -> None:
@@ -455,7 +456,7 @@ class ObjectTier:
     def _live_disk_bytes(self) -> int:
         """Spill file bytes not yet given back, less those moved already (punched soon)."""
         assert self.disk is not None
-        return self.disk.stats.used_bytes - sum(g.length for g in self.store.garbage)
+        return self.disk.stats.used_bytes - sum(g.length for g in self.store.placement.garbage)
 
     async def _move(self) -> None:
         try:
