@@ -91,8 +91,8 @@ class Daemon:
         )
         self.store.can_spill = self.spiller.target is not None
         if self.tier is not None:
-            self.tier.journal = self.spiller.journal
-            self.tier.busy = self.spiller.writing
+            self.tier.writer.journal = self.spiller.journal
+            self.tier.writer.busy = self.spiller.writing
             self.store.moves_disk = self.disk is not None
         if self.spiller.target is not None:
             # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
@@ -124,7 +124,7 @@ class Daemon:
         if self.tier is None:
             return None
         usable = self.pool.total - self.pool.reserve
-        part = self.tier.part // self.config.segment_size
+        part = self.tier.writer.part // self.config.segment_size
         return self.tier.spill_target(max(1, min(part, usable // 3)))
 
     @property
@@ -282,7 +282,7 @@ class Daemon:
                 await self.spiller.flush(idle)
         self.spiller.check()
         if self.tier is not None:
-            self.tier.relieve_disk()
+            self.tier.mover.relieve_disk()
         await self.spiller.reclaim()
         self.object_probe.check(now)
         for conn in list(self.connections):
@@ -328,7 +328,7 @@ class Daemon:
         if self.disk is None:
             if self.tier is not None and shuffles:
                 try:
-                    durable = await self.tier.persist(shuffles)
+                    durable = await self.tier.uploads.persist(shuffles)
                 except StorageError as exc:
                     event(log, "persisting to the object store failed", logging.WARNING, reason=exc.message)
                 else:

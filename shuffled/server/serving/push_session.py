@@ -270,7 +270,7 @@ class PushSession:
             return
         env.spiller.committed(self.out.shuffle, self.out.attempt)
         if env.tier is not None:
-            env.tier.committed(self.out)
+            env.tier.uploads.committed(self.out)
         self._close()
         self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)
