@@ -39,7 +39,8 @@ from .serving.connection import DaemonConnection
 from .storage.disk import Disk
 from .storage.objects import ObjectStore, ObjectStoreConfig
 from .storage.probe import ObjectStoreProbe
-from .storage.spill import Spiller, SpillTarget, restore
+from .storage.spill import Spiller, restore
+from .storage.spill_writes import SpillTarget
 from .storage.store import Store
 from .storage.tier import ObjectTier
 
@@ -91,8 +92,8 @@ class Daemon:
         )
         self.store.can_spill = self.spiller.target is not None
         if self.tier is not None:
-            self.tier.writer.journal = self.spiller.journal
-            self.tier.writer.busy = self.spiller.writing
+            self.tier.writer.journal = self.spiller.journals.append
+            self.tier.writer.busy = self.spiller.writes.by_attempt
             self.store.moves_disk = self.disk is not None
         if self.spiller.target is not None:
             # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to

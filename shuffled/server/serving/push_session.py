@@ -268,7 +268,7 @@ class PushSession:
         except ShuffledError as exc:
             self.fail(exc)
             return
-        env.spiller.committed(self.out.shuffle, self.out.attempt)
+        env.spiller.journals.committed(self.out.shuffle, self.out.attempt)
         if env.tier is not None:
             env.tier.uploads.committed(self.out)
         self._close()

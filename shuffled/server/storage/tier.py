@@ -48,7 +48,7 @@ from .object_format import app_prefix, shuffle_prefix
 from .object_writer import ObjectWriter, Pieces
 from .objects import ObjectStore
 from .shuffles import MapOutput, ShuffleData
-from .spill import Placed, Taken
+from .spill_writes import Placed, Taken
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ class ObjectTarget:
     """The spiller's writes into objects, without a data dir (spill.py's `SpillTarget`)."""
 
     in_flight = OBJECT_IN_FLIGHT
+    where = "to the object store"
 
     def __init__(self, tier: ObjectTier, batch: int) -> None:
         self.tier = tier
