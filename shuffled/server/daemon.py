@@ -37,7 +37,8 @@ from .serving.admin_ops import Caller, Operation
 from .serving.admission import Trust
 from .serving.connection import DaemonConnection
 from .storage.disk import Disk
-from .storage.objects import ObjectStore, ObjectStoreConfig
+from .storage.object_config import ObjectStoreConfig
+from .storage.objects import ObjectStore
 from .storage.probe import ObjectStoreProbe
 from .storage.spill import Spiller, restore
 from .storage.spill_writes import SpillTarget

@@ -22,7 +22,8 @@ import pytest
 import pytest_asyncio
 
 from shuffled.protocol.errors import StorageError
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from tests.cluster import DaemonProcess, http_get, poll_until
 from tests.integration.faultproxy import FaultProxy
 from tests.seaweedfs import SeaweedFS, environ_without_aws, seaweedfs_fixture

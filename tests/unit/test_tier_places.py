@@ -18,8 +18,9 @@ from shuffled.server.cluster.healing import HealingRound
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.storage.disk import SpillFile, StoredObject
 from shuffled.server.storage.durable import _Queue
+from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.object_format import FOOTER_GUESS
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from shuffled.server.storage.shuffles import FILE, MapOutput
 from shuffled.server.storage.store import Store
 from shuffled.server.storage.tier import ObjectTier
