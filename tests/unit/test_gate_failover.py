@@ -134,8 +134,8 @@ async def _gate(
 
 
 async def _failed_over(gate: InputGate) -> None:
-    while gate._failovers:
-        await asyncio.wait(set(gate._failovers))
+    while gate.failover.tasks:
+        await asyncio.wait(set(gate.failover.tasks))
 
 
 def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None:
@@ -209,7 +209,7 @@ async def test_errors_that_are_not_about_the_copy_fail_the_read() -> None:
             gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
             (ch,) = primary.channels.values()
             ch.fail(exc)
-            assert client.errors == [exc] and not gate._failovers and not other.requests
+            assert client.errors == [exc] and not gate.failover.tasks and not other.requests
             _end(gate, out, pool)
 
     await asyncio.wait_for(body(), 10)
