@@ -1,4 +1,4 @@
-"""Where pieces are once the object-store tier has them (storage/store.py, storage/tier.py), in-process: an
+"""Where pieces are once the object-store tier has them (storage/placement.py, storage/tier.py), in-process: an
 upload re-places the pieces of the data file (their blocks become garbage) and keeps those in memory as a
 cache the spiller frees without a write; an upload batch fills an object to at least a part and under two,
 cutting an attempt whose pieces do not fit and leaving its commit to a later object; and healing's

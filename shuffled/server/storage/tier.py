@@ -117,7 +117,7 @@ class ObjectTier:
 
 
 class ObjectTarget:
-    """The spiller's writes into objects, without a data dir (spill.py's `SpillTarget`)."""
+    """The spiller's writes into objects, without a data dir (spill_writes.py's `SpillTarget`)."""
 
     in_flight = OBJECT_IN_FLIGHT
     where = "to the object store"
