@@ -30,7 +30,8 @@ from typing import Any
 
 import obstore
 
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from shuffled_client import AsyncClient
 from tests.seaweedfs import SeaweedFS, weed_binary
 

@@ -18,7 +18,8 @@ from shuffled.protocol.packed import HEADER_SIZE, RUN_SIZE, check_push, director
 from shuffled.server.serving.plan_feed import PlanFeed
 from shuffled.server.storage.disk import Disk
 from shuffled.server.storage.plan import Plan
-from shuffled.server.storage.store import MapOutput, Store
+from shuffled.server.storage.shuffles import MapOutput
+from shuffled.server.storage.store import Store
 
 Run = tuple[int, bytes]
 Pair = tuple[int, int]  # partition, attempt

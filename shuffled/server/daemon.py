@@ -10,10 +10,8 @@ the admin `stats` answer `shuffled stats` prints.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import shutil
 import time
 from typing import Any
 
@@ -33,20 +31,21 @@ from .cluster.healing import Healing
 from .cluster.membership import Membership
 from .cluster.peers import PeerManager
 from .cluster.sweep import Sweeper
+from .housekeeping import Housekeeping
 from .serving.admin_ops import Caller, Operation
 from .serving.admission import Trust
 from .serving.connection import DaemonConnection
 from .storage.disk import Disk
-from .storage.objects import ObjectStore, ObjectStoreConfig
+from .storage.object_config import ObjectStoreConfig
+from .storage.objects import ObjectStore
 from .storage.probe import ObjectStoreProbe
-from .storage.spill import Spiller, SpillTarget, restore
+from .storage.spill import Spiller, restore
+from .storage.spill_writes import SpillTarget
 from .storage.store import Store
 from .storage.tier import ObjectTier
 
 log = logging.getLogger(__name__)
 
-#: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
-HOUSEKEEPING_INTERVAL = 1.0
 #: most seconds `stop` waits for the answers to `drain` requests with `wait` (they are due at once)
 ANSWER_WAIT = 1.0
 
@@ -91,8 +90,8 @@ class Daemon:
         )
         self.store.can_spill = self.spiller.target is not None
         if self.tier is not None:
-            self.tier.journal = self.spiller.journal
-            self.tier.busy = self.spiller.writing
+            self.tier.writer.journal = self.spiller.journals.append
+            self.tier.writer.busy = self.spiller.writes.by_attempt
             self.store.moves_disk = self.disk is not None
         if self.spiller.target is not None:
             # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
@@ -115,7 +114,9 @@ class Daemon:
         self.sweeper = Sweeper(self, self.tier, lambda: not self.drain.draining) if self.tier is not None else None
         self.start_time = time.time()
         self.ops: OpsServer | None = None
-        self._housekeeping: asyncio.Task[None] | None = None
+        self.housekeeping = Housekeeping(
+            config, self.store, self.spiller, self.tier, self.membership, self.object_probe, self.connections
+        )
         self._watchdog: asyncio.Task[None] | None = None
 
     def _object_target(self, spiller: Spiller) -> SpillTarget | None:
@@ -124,7 +125,7 @@ class Daemon:
         if self.tier is None:
             return None
         usable = self.pool.total - self.pool.reserve
-        part = self.tier.part // self.config.segment_size
+        part = self.tier.writer.part // self.config.segment_size
         return self.tier.spill_target(max(1, min(part, usable // 3)))
 
     @property
@@ -188,7 +189,7 @@ class Daemon:
         self.healing.start()
         if self.sweeper is not None:
             self.sweeper.start()
-        self._housekeeping = asyncio.create_task(self._housekeep())
+        self.housekeeping.start()
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
         if (mismatch := cfg.zone_mismatch(self.node)) is not None:
@@ -233,61 +234,10 @@ class Daemon:
         pool = self.pool
         if pool.free <= pool.reserve:
             reasons.append(f"pool exhausted: {pool.used} of {pool.total} segments used, the rest is the read reserve")
-        disk = self.disk_space()
+        disk = self.disk.space() if self.disk is not None else None
         if disk is not None and disk[1] < self.config.ready_disk_free * disk[0]:
             reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.data_dir}")
         return reasons + self.object_probe.reasons()
-
-    def disk_space(self) -> tuple[int, int] | None:
-        """(capacity, free bytes) of the data directory's file system, if there is one."""
-        if not self.data_dir:
-            return None
-        try:
-            usage = shutil.disk_usage(self.data_dir)
-        except OSError:
-            return None
-        return usage.total, usage.free
-
-    async def _housekeep(self) -> None:
-        """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk, free the
-        disk of aborted attempts."""
-        while True:
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
-            try:
-                await self._housekeep_once()
-            except Exception:  # a bug here must not stop expiry and flushing for good
-                event(log, "housekeeping failed", logging.ERROR, exc_info=True)
-
-    async def _housekeep_once(self) -> None:
-        cfg = self.config
-        self.membership.refresh_soon()
-        now = time.monotonic()
-        if cfg.app_ttl:
-            for app, usage in list(self.store.usage.items()):
-                busy = any(d.open for d in self.store.apps.get(app, {}).values())
-                if not busy and now - usage.last_active > cfg.app_ttl:
-                    event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
-                    dropped = self.store.remove_application(app)[1]
-                    await self.spiller.removed(dropped)
-                    if self.tier is not None:  # other nodes' objects it adopted stay for their own cleanup
-                        await self.tier.removed(dropped, adopted=False)
-        if cfg.flush_after and self.disk is not None:
-            idle = [
-                d
-                for shuffles in self.store.apps.values()
-                for d in shuffles.values()
-                if d.segments and not d.open and now - d.last_commit > cfg.flush_after
-            ]
-            with contextlib.suppress(StorageError):  # the spiller logged it; the next round tries again
-                await self.spiller.flush(idle)
-        self.spiller.check()
-        if self.tier is not None:
-            self.tier.relieve_disk()
-        await self.spiller.reclaim()
-        self.object_probe.check(now)
-        for conn in list(self.connections):
-            for session in list(conn.pushes.sessions.values()):
-                session.check_wait()
 
     async def stop(self) -> None:
         if self.ops is not None:
@@ -318,8 +268,7 @@ class Daemon:
     async def _persist(self) -> None:
         """Write every committed byte still in memory to disk, so a restart serves it; without a data dir,
         make it durable in the object store (a restart serves what the objects prove)."""
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
+        self.housekeeping.stop()
         self.healing.stop()
         if self.sweeper is not None:
             self.sweeper.stop()
@@ -328,7 +277,7 @@ class Daemon:
         if self.disk is None:
             if self.tier is not None and shuffles:
                 try:
-                    durable = await self.tier.persist(shuffles)
+                    durable = await self.tier.uploads.persist(shuffles)
                 except StorageError as exc:
                     event(log, "persisting to the object store failed", logging.WARNING, reason=exc.message)
                 else:

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from shuffled_client import AsyncClient, PartitionNotFound, ShuffledError, StorageError
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, pool_settled, rss, secret_flags, wait_until

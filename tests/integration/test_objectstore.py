@@ -22,7 +22,8 @@ import pytest
 import pytest_asyncio
 
 from shuffled.protocol.errors import StorageError
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
 from tests.integration.faultproxy import FaultProxy

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
 from tests.host_faults import HostDaemons, keyed_sums, resubmitted, stage_attempts, total

@@ -53,7 +53,7 @@ async def _answer(operation: Any, op: str = "flush", args: dict[str, Any] | None
     background: set[asyncio.Task[Any]] = set()
     service = AdminService(link, operation, background)
     (requested,) = link.proto.receive_data(encode(AdminRequest(7, op, args or {})))
-    assert isinstance(requested, AdminRequested) and link.proto.admin_running == 1
+    assert isinstance(requested, AdminRequested) and link.proto.streams.admin_running == 1
     service.on_request(requested.request)
     await asyncio.wait(background, timeout=TIMEOUT)
     (answer,) = decode_all(link.proto.data_to_send())
@@ -68,7 +68,7 @@ async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot
 
     link, answer = await _answer(crash)
     assert answer.code == ErrorCode.INTERNAL and "RuntimeError: a bug" in answer.message
-    assert link.proto.admin_running == 0 and [e.code for e in link.errors] == [ErrorCode.INTERNAL]
+    assert link.proto.streams.admin_running == 0 and [e.code for e in link.errors] == [ErrorCode.INTERNAL]
 
 
 @within(30)
@@ -77,7 +77,7 @@ async def test_an_operation_cancelled_at_shutdown_says_so_and_frees_its_slot() -
         raise asyncio.CancelledError
 
     link, answer = await _answer(stopped)
-    assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.admin_running == 0
+    assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.streams.admin_running == 0
 
 
 async def _never(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
@@ -88,7 +88,7 @@ async def _never(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[
 async def test_an_unknown_operation_is_refused_without_running_anything() -> None:
     link, answer = await _answer(_never, "format_disk", {"app": "a", "token": "t"})
     assert answer.code == ErrorCode.INVALID_REQUEST and "unknown admin operation 'format_disk'" in answer.message
-    assert link.proto.admin_running == 0 and not link.authorized
+    assert link.proto.streams.admin_running == 0 and not link.authorized
 
 
 @within(30)

@@ -133,8 +133,8 @@ async def _gate(
 
 
 async def _failed_over(gate: InputGate) -> None:
-    while gate._failovers:
-        await asyncio.wait(set(gate._failovers))
+    while gate.failover.tasks:
+        await asyncio.wait(set(gate.failover.tasks))
 
 
 def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None:
@@ -204,7 +204,7 @@ async def test_errors_that_are_not_about_the_copy_fail_the_read() -> None:
         gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
         (ch,) = primary.channels.values()
         ch.fail(exc)
-        assert client.errors == [exc] and not gate._failovers and not other.requests
+        assert client.errors == [exc] and not gate.failover.tasks and not other.requests
         _end(gate, out, pool)
 
 
@@ -241,7 +241,7 @@ async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_b
     read ends with the primary's error; with the owner's token the copy is served."""
 
     store = Store(SEGMENT)
-    store.bind("app", token_digest("owner"))
+    store.app_keys.bind("app", token_digest("owner"))
     buffers = GlobalPool(8 * SEGMENT, SEGMENT)
     out = store.open_map_output("app", 1, 0, 7, 4)
     push(buffers, store, out, pack(7, [(2, b"x" * 100)]))

@@ -19,7 +19,8 @@ from shuffled.protocol.errors import CorruptData, PartitionNotFound
 from shuffled.protocol.integrity import checksum
 from shuffled.server.storage.disk import Disk, SpillFile
 from shuffled.server.storage.loader import PieceLoader, run, take
-from shuffled.server.storage.store import MapOutput, Store
+from shuffled.server.storage.shuffles import MapOutput
+from shuffled.server.storage.store import Store
 from tests.aio import within
 from tests.pieces import pack
 from tests.turns import until

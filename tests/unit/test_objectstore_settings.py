@@ -14,7 +14,8 @@ import pytest
 from shuffled import config as settings
 from shuffled.protocol.errors import StorageError
 from shuffled.server.storage import credentials
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from tests.aio import run
 
 

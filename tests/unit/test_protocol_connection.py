@@ -155,7 +155,7 @@ def test_stream_ids_are_never_zero_nor_reused_while_open() -> None:
 def test_the_dialer_skips_ids_still_open_after_the_counter_wraps() -> None:
     conn = ProtocolConnection(Side.DIALER, Role.CLIENT)
     conn.request_read(_request(1), landing)
-    conn._next_id = 0xFFFFFFFF
+    conn.streams._next_id = 0xFFFFFFFF
     assert [conn.new_stream_id(), conn.new_stream_id()] == [0xFFFFFFFF, 2]
 
 
@@ -262,7 +262,7 @@ def test_a_replica_push_runs_between_daemons_that_agreed_on_it(opener: str) -> N
     replica.ack_commit(1, [0, 4])
     replica.ack_abort(2)
     assert pair.deliver(served) == [Committed(1, [0, 4]), Aborted(2)]
-    assert not primary.own and not replica.theirs
+    assert not primary.streams.own and not replica.streams.theirs
 
 
 @pytest.mark.parametrize(
@@ -316,7 +316,7 @@ def test_frames_for_ended_streams_are_dropped_quietly() -> None:
     assert pair.deliver(DIALER) == [ReadCancelled(1)]
     assert pair.acceptor.receive_data(encode(AddCredit(1, 1))) == []  # credit already on its way
     late = send_buffers_once(pair.acceptor, 1, b"late")
-    assert pair.dialer.receive_data(late) == [] and pair.dialer.own == {}
+    assert pair.dialer.receive_data(late) == [] and pair.dialer.streams.own == {}
 
 
 def send_buffers_once(conn: ProtocolConnection, receiver: int, payload: bytes) -> bytes:
@@ -506,10 +506,10 @@ class TwoParties(RuleBasedStateMachine):
     def when_quiet_both_tables_agree(self) -> None:
         if self.pair.dialer._outbox or self.pair.acceptor._outbox:
             return
-        own = {sid for sid, s in self.client.own.items() if s.kind is not Kind.ADMIN}
-        assert own == set(self.daemon.theirs)
-        admin = sum(1 for s in self.client.own.values() if s.kind is Kind.ADMIN)
-        assert admin == self.daemon.admin_running == 0
+        own = {sid for sid, s in self.client.streams.own.items() if s.kind is not Kind.ADMIN}
+        assert own == set(self.daemon.streams.theirs)
+        admin = sum(1 for s in self.client.streams.own.values() if s.kind is Kind.ADMIN)
+        assert admin == self.daemon.streams.admin_running == 0
 
     def teardown(self) -> None:
         """Everything ends once bytes stop: reads with their credit, pushes with theirs."""
@@ -524,9 +524,9 @@ class TwoParties(RuleBasedStateMachine):
                     out.push_event(COMMIT)
             self.client_sends()
             self.daemon_sends()
-            if not (self.reads or self.pushes or self.client.own):
+            if not (self.reads or self.pushes or self.client.streams.own):
                 break
-        assert not self.reads and not self.pushes and not self.client.own and not self.daemon.theirs
+        assert not self.reads and not self.pushes and not self.client.streams.own and not self.daemon.streams.theirs
 
 
 TwoParties.TestCase.settings = settings(
@@ -551,7 +551,7 @@ def test_an_abandoned_replica_push_is_aborted_and_its_late_answers_are_dropped()
     peers.acceptor.grant_push_credit(1, 2)
     assert peers.deliver(ACCEPTOR) == [PushCredited(1, 2)]
     peers.dialer.abort_push(1)
-    assert peers.deliver(DIALER) == [AbortRequested(1)] and peers.dialer.own == {}
+    assert peers.deliver(DIALER) == [AbortRequested(1)] and peers.dialer.streams.own == {}
     peers.acceptor.grant_push_credit(1, 1)
     peers.acceptor.ack_abort(1)
     assert peers.deliver(ACCEPTOR) == []

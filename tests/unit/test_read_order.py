@@ -89,7 +89,7 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
                 if at == step:
                     data = store.apps[APP][0]
                     if limit:
-                        spiller._start(data, list(mouts.values()), limit)
+                        spiller.writes.start(data, list(mouts.values()), limit)
                     else:
                         await spiller.spill(data)
             if step < len(order):
@@ -98,7 +98,7 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
         lengths = {}
         for a, out in mouts.items():
             lengths[a] = store.commit(out)
-            spiller.committed(out.shuffle, a)  # journaled, as a push session does
+            spiller.journals.committed(out.shuffle, a)  # journaled, as a push session does
         for o in outs:
             assert lengths[o.attempt] == [len(o.data.get(p, b"")) for p in range(partitions)]
         await read_all(pool, store, disk, partitions, outs, ranges, cut)  # memory, disk, both

@@ -15,8 +15,9 @@ from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
 from shuffled.server.storage.disk import Appended, Disk
 from shuffled.server.storage.plan import make_plan
+from shuffled.server.storage.shuffles import MapOutput
 from shuffled.server.storage.spill import IN_FLIGHT, Spiller
-from shuffled.server.storage.store import MapOutput, Store
+from shuffled.server.storage.store import Store
 from tests.aio import within
 from tests.pieces import pack, push, serve, unpack
 from tests.turns import until
@@ -73,7 +74,7 @@ async def test_abort_during_a_spill_frees_every_segment_and_serves_nothing(tmp_p
     gate.set()
     assert await task == 10 * PIECE
     assert pool.used == 0 and store.stats().stored_segments == store.memory_segments == 0
-    assert store.garbage and sum(g.length for g in store.garbage) == 10 * PIECE  # punched later
+    assert store.placement.garbage and sum(g.length for g in store.placement.garbage) == 10 * PIECE  # punched later
     assert make_plan(store, "app", 1, 0, 2, [], digest=b"").entries == []
     disk.close()
 
@@ -199,14 +200,14 @@ async def test_pressure_keeps_several_writes_queued_and_each_attempt_in_push_ord
     gate = threading.Event()
     disk._writer.submit(gate.wait, 10)
     spiller.check()
-    await until(lambda: len(spiller._writes) == IN_FLIGHT)
-    assert spiller.paused and spiller.leaving == IN_FLIGHT * spiller.batch
-    assert len(spiller._writing) >= IN_FLIGHT  # each write has attempts of its own
+    await until(lambda: len(spiller.writes.under_way) == IN_FLIGHT)
+    assert spiller.paused and spiller.writes.leaving == IN_FLIGHT * spiller.batch
+    assert len(spiller.writes.by_attempt) >= IN_FLIGHT  # each write has attempts of its own
     gate.set()
     task = spiller._task
     assert task is not None
     await task
-    assert not spiller.paused and not spiller._writing and spiller.leaving == 0
+    assert not spiller.paused and not spiller.writes.by_attempt and spiller.writes.leaving == 0
     assert pool.used == store.memory_segments <= spiller.low
     assert disk.stats.spills > IN_FLIGHT  # it went on writing after the first ones ended
     for out in outs:
@@ -239,7 +240,7 @@ async def test_pushes_resume_while_the_memory_they_need_is_being_written(tmp_pat
     assert spiller.holding("app")
     await asyncio.wait_for(spiller.admitted("app"), 5)
     assert pool.used == spiller.high, "nothing was written yet"
-    assert spiller._writing and pool.used - spiller.leaving <= spiller.low
+    assert spiller.writes.by_attempt and pool.used - spiller.writes.leaving <= spiller.low
     gate.set()
     task = spiller._task
     assert task is not None
@@ -279,7 +280,7 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_attempts(tmp_pa
     gate = threading.Event()
     disk._writer.submit(gate.wait, 10)
     spiller.check()
-    await until(lambda: len(spiller._writes) == IN_FLIGHT)
+    await until(lambda: len(spiller.writes.under_way) == IN_FLIGHT)
     gate.set()
     task = spiller._task
     assert task is not None
@@ -290,7 +291,7 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_attempts(tmp_pa
     for a in hit:
         out = next(o for o in outs if o.attempt == a)
         assert out.taken == out.spilled  # nothing of it is being written, the rest is in memory
-    assert not spiller.paused and not spiller._writing and spiller.leaving == 0
+    assert not spiller.paused and not spiller.writes.by_attempt and spiller.writes.leaving == 0
     spiller.check()  # backing off: nothing is queued
     assert spiller._task is None
     for out in outs:
@@ -327,7 +328,7 @@ async def test_a_spill_after_the_writer_stopped_leaves_the_pieces_in_memory(tmp_
     disk.close()
     with pytest.raises(RuntimeError):
         await spiller.spill(store.apps["app"][1])
-    assert not spiller._writing and spiller.leaving == 0
+    assert not spiller.writes.by_attempt and spiller.writes.leaving == 0
     assert out.taken == out.spilled == 0 and len(out.memory) == 4
     store.abort(out)
     assert pool.used == 0

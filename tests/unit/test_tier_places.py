@@ -1,4 +1,4 @@
-"""Where pieces are once the object-store tier has them (storage/store.py, storage/tier.py), in-process: an
+"""Where pieces are once the object-store tier has them (storage/placement.py, storage/tier.py), in-process: an
 upload re-places the pieces of the data file (their blocks become garbage) and keeps those in memory as a
 cache the spiller frees without a write; an upload batch fills an object to at least a part and under two,
 cutting an attempt whose pieces do not fit and leaving its commit to a later object; and healing's
@@ -17,10 +17,13 @@ from shuffled.server.cluster.handover import HandOver
 from shuffled.server.cluster.healing import HealingRound
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.storage.disk import SpillFile, StoredObject
+from shuffled.server.storage.durable import _Queue
+from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.object_format import FOOTER_GUESS
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
-from shuffled.server.storage.store import FILE, MapOutput, Store
-from shuffled.server.storage.tier import ObjectTier, _Queue
+from shuffled.server.storage.objects import ObjectStore
+from shuffled.server.storage.shuffles import FILE, MapOutput
+from shuffled.server.storage.store import Store
+from shuffled.server.storage.tier import ObjectTier
 from tests.pieces import pack, push
 
 SEG = 4096
@@ -40,16 +43,19 @@ def test_an_upload_replaces_file_pieces_and_keeps_memory_ones_as_a_cache() -> No
     out = _attempt(pool, store, 1, 5)
     data = out.shuffle
     data.file = SpillFile("/nonexistent/data")
-    start, end = store.take_for_spill(out, 2)
-    store.spilled(out, start, end, 100)  # pieces 0, 1 in the file at 100
+    start, end = store.placement.take_for_spill(out, 2)
+    store.placement.spilled(out, start, end, 100)  # pieces 0, 1 in the file at 100
     assert (out.placed, out.spilled, list(out.places)) == (2, 2, [FILE, FILE])
-    place = store.add_object(data, StoredObject("k", 1 << 20))
-    store.uploaded(out, [0, 1, 2, 3, 4], place, 0)
+    place = store.placement.add_object(data, StoredObject("k", 1 << 20))
+    store.placement.uploaded(out, [0, 1, 2, 3, 4], place, 0)
     assert list(out.places) == [place] * 5 and out.placed == 5 and out.spilled == 2
-    assert [(g.offset, g.length) for g in store.garbage] == [(100, out.sizes[0]), (100 + out.sizes[0], out.sizes[1])]
+    assert [(g.offset, g.length) for g in store.placement.garbage] == [
+        (100, out.sizes[0]),
+        (100 + out.sizes[0], out.sizes[1]),
+    ]
     assert out.buffer(3) is not None, "memory pieces an object holds stay in memory"
     assert out.movable == 3 and store.memory_segments == 3
-    assert store.take_for_spill(out) == (5, 5), "nothing to write: an object holds them all"
+    assert store.placement.take_for_spill(out) == (5, 5), "nothing to write: an object holds them all"
     assert out.spilled == 5 and store.memory_segments == 0 and pool.used == 0
 
 
@@ -66,13 +72,13 @@ def test_an_upload_fills_an_object_to_a_part_and_cuts_what_does_not_fit() -> Non
     big = _attempt(pool, tier.store, 3, 3000, fill=3800)  # ~11 MB: more than an object holds
     rest = _attempt(pool, tier.store, 4, 10, fill=3000)
     queue = _Queue([*small, big, rest])
-    pieces, commits = tier._take(queue)
+    pieces, commits = tier.uploads._take(queue)
     taken = sum(out.sizes[i] for out, indices in pieces for i in indices)
     assert part <= taken <= 2 * part - FOOTER_GUESS
     assert [out.attempt for out, _ in pieces] == [1, 2, 3] and commits == small, "attempt 3 is cut: no commit yet"
     assert pieces[2][1] == list(range(len(pieces[2][1])))
-    tier.busy = {small[0]}
-    pieces, commits = tier._take(queue)
+    tier.writer.busy = {small[0]}
+    pieces, commits = tier.uploads._take(queue)
     assert pieces[0][0] is small[1], "an attempt being spilled is left for later"
 
 

@@ -104,14 +104,12 @@ class Reported(Protocol):
 
     def readiness(self) -> list[str]: ...
 
-    def disk_space(self) -> tuple[int, int] | None: ...
-
 
 def snapshot(d: Reported, now: float) -> DaemonStats:
     """What `d` counts at monotonic time `now` (on the event loop)."""
     conns = [c for c in d.connections if c.is_open]
     counts = [c.counts(now) for c in conns]
-    fs = d.disk_space()
+    fs = d.disk.space() if d.disk is not None else None
     counters = d.counters
     pool = d.pool
     shares = d.shares

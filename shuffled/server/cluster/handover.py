@@ -55,7 +55,9 @@ from ...protocol.packed import LengthTally, directory
 from ..storage.disk import Disk
 from ..storage.loader import PieceLoader, run, take
 from ..storage.objects import ObjectStore
-from ..storage.store import MapOutput, ShuffleData, Store
+from ..storage.plan import lookup
+from ..storage.shuffles import MapOutput, ShuffleData
+from ..storage.store import Store
 from .membership import Membership
 from .replication import ReplicaLink, ReplicaPeer
 
@@ -368,7 +370,7 @@ class Drainer:
         key = host.store.app_keys.get(data.app)
         if data.removed or key is None:
             raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
-        found = host.store.lookup(data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
+        found = lookup(host.store, data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
         assert found is not None
         (out,) = found[1]
         link = ReplicaLink(host.config)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ...logs import event
 from ...ops.stats import DrainStats, HealStats
-from ..storage.store import ShuffleData
+from ..storage.shuffles import ShuffleData
 from .handover import Drainer, HandOver, HandOverHost, Pace
 
 log = logging.getLogger(__name__)

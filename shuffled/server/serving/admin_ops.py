@@ -25,7 +25,7 @@ from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, ne
 from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
 from ..cluster.drain import Drain
 from ..cluster.handover import AdminCalls
-from ..storage.store import ShuffleData
+from ..storage.shuffles import ShuffleData
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ async def _flush(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]
     chosen = [d for s, d in shuffles.items() if args.shuffle is None or s == args.shuffle]
     if host.disk is None and host.tier is not None:
         try:
-            await host.tier.persist(chosen)
+            await host.tier.uploads.persist(chosen)
         except StorageError as exc:
             raise StorageError("uploading to the object store failed; the data stays in memory") from exc
         return {"flushed_bytes": 0, "durable_attempts": sum(o.durable for d in chosen for o in d.committed.values())}

@@ -11,7 +11,7 @@ never the shared connection. The backlog the client is told includes what the
 remote daemons announced they still hold, so the client's window grows with the
 whole stream rather than with the few buffers this daemon has at hand.
 
-Failover (PROTOCOL.md §10.4, §10.6): every location's progress is recorded as it is
+Failover (PROTOCOL.md §10.4, §10.6; the gate's `Failover`): every location's progress is recorded as it is
 relayed (`ReadProgress`: per packed group, never per run). When the daemon holding a location fails (unreachable, lost,
 silent, or without the data) the gate reopens that location on the next daemon of its
 placement candidates, resuming exactly where the relayed bytes stop, so the client
@@ -171,7 +171,7 @@ class RemoteInputChannel(InputChannel):
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self.cancel()
-        self.gate.location_failed(self.location, exc)
+        self.gate.failover.location_failed(self.location, exc)
 
     def _finish(self) -> None:
         self._count_upstream(0)
@@ -190,7 +190,7 @@ class RemoteInputChannel(InputChannel):
         if self.closed:
             return
         self._finish()
-        self.gate.location_failed(self.location, exc)
+        self.gate.failover.location_failed(self.location, exc)
 
 
 class InputGate:
@@ -225,7 +225,7 @@ class InputGate:
         self.pending = len(remote) + local_pending
         self.closed = False
         self.task: asyncio.Task[None] | None = None
-        self._failovers: set[asyncio.Task[None]] = set()
+        self.failover = Failover(self)
         #: exclusive buffer sets the pool holds that no channel has taken yet (one per remote daemon)
         self._spare = len(remote)
 
@@ -248,16 +248,16 @@ class InputGate:
                 loc = Location(addr, attempts)
                 if addr == self.node:
                     assert self.missing is not None
-                    self.location_failed(loc, self.missing)
+                    self.failover.location_failed(loc, self.missing)
                     continue
                 try:
                     peer = (await self.peers.get(addr)).reads
                 except ShuffledError as exc:
-                    self.location_failed(loc, exc)
+                    self.failover.location_failed(loc, exc)
                     continue
                 if self.closed:
                     return
-                await self._open_channel(loc, peer)
+                await self.open_channel(loc, peer)
         except ShuffledError as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
@@ -267,7 +267,7 @@ class InputGate:
         event(log, what, logging.ERROR, exc_info=True, app=self.req.app, shuffle=self.req.shuffle)
         self.fail(InternalError(f"{what}: {exc.__class__.__name__}: {exc}"))
 
-    async def _open_channel(self, loc: Location, peer: ReadPeer) -> None:
+    async def open_channel(self, loc: Location, peer: ReadPeer) -> None:
         cfg = self.env.config
         if len(peer.channels) >= cfg.max_streams_per_connection:
             raise LimitExceeded(
@@ -301,112 +301,6 @@ class InputGate:
                 resume,
             ),
         )
-
-    # -- failover
-
-    def location_failed(self, loc: Location, exc: ShuffledError) -> None:
-        """A location's channel (or local channel) failed: go on from another copy if the error allows it.
-
-        Once the location failed over, any error of a copy moves on to the next candidate (a copy that
-        refuses the resume point, is bound to another token, is full...): the read then ends with the
-        location's first error, a fetch failure, so Spark recomputes instead of retrying the task. On a
-        first request only FAILOVER_CODES do: INVALID_REQUEST, say, is the client's mistake.
-        """
-        if self.closed:
-            return
-        if exc.code not in FAILOVER_CODES and loc.error is None:
-            self.fail(exc)
-            return
-        cfg = self.env.config
-        # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
-        loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
-        if loc.error is None:
-            loc.error = exc
-            loc.candidates = self.env.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-            if self.env.tier is not None:
-                loc.candidates.append(OBJECT_STORE)
-        self.env.counters.failover_tries[exc.code.name] += 1
-        event(
-            log,
-            "read failing over",
-            app=self.req.app,
-            shuffle=self.req.shuffle,
-            primary=loc.primary,
-            code=exc.code.name,
-            reason=exc.message,
-            left=len(loc.candidates),
-        )
-        task = asyncio.create_task(self._failover(loc))
-        self._failovers.add(task)
-        task.add_done_callback(self._failovers.discard)
-
-    async def _failover(self, loc: Location) -> None:
-        """Reopen `loc` on its next candidate that can serve it; without one, fail with its first error."""
-        try:
-            async with asyncio.timeout_at(loc.deadline):
-                while loc.candidates and not self.closed:
-                    node = loc.candidates.pop(0)
-                    if node == OBJECT_STORE and await self._adopt(loc) and self._read_locally(loc):
-                        return
-                    if node == self.node:
-                        if self._read_locally(loc):
-                            return
-                        continue
-                    if node == OBJECT_STORE:
-                        continue
-                    try:
-                        peer = (await self.peers.get(node)).reads
-                    except ShuffledError:
-                        continue
-                    if loc.progress.resume() is not None and REPLICA not in peer.features:
-                        continue  # it would not understand `resume` and resend what was relayed
-                    try:
-                        await self._open_channel(loc, peer)
-                    except ShuffledError:
-                        continue  # e.g. its connection has no stream left: the next copy may
-                    return
-        except TimeoutError:
-            pass
-        except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self.bug("failing over a read failed", exc)
-            return
-        if not self.closed:
-            assert loc.error is not None
-            self.env.counters.failover_exhausted += 1
-            self.fail(loc.error)
-
-    async def _adopt(self, loc: Location) -> bool:
-        """Adopt what the location's node made durable in the object store, unless this daemon holds its
-        attempts already; whether it may hold them now."""
-        tier = self.env.tier
-        assert tier is not None
-        data = self.env.store.apps.get(self.req.app, {}).get(self.req.shuffle)
-        if data is not None and all(a in data.committed for a in loc.attempts):
-            return True
-        try:
-            await tier.adopt(self.req.app, self.req.shuffle, loc.primary)
-        except ShuffledError as exc:
-            event(log, "object store not read", logging.WARNING, primary=loc.primary, reason=exc.message)
-            return False
-        return not self.closed
-
-    def _read_locally(self, loc: Location) -> bool:
-        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
-        the client's token is the one their application is bound to now (it may have had no binding here
-        when the read arrived)."""
-        resume = loc.progress.resume()
-        req = self.req
-        try:
-            plan = plan_read(self.env.store, req, loc.attempts, resume)
-        except AuthFailed as exc:
-            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
-            return False
-        except ShuffledError:
-            return False
-        if resume is not None:
-            self.env.counters.resumed_reads += 1
-        self.local_channels.append(LocalInputChannel(self, loc, plan))
-        return True
 
     # -- relaying
 
@@ -457,11 +351,124 @@ class InputGate:
                 ch.cancel()
             for local in self.local_channels:
                 local.close()
-            for task in self._failovers:
+            for task in self.failover.tasks:
                 task.cancel()
         if self.pool is not None:
             # Buffers still queued or in flight return to the global pool when released.
             self.pool.destroy()
+
+
+class Failover:
+    """A gate's failover (see the module): a failed location reopened on the next copy that can serve it."""
+
+    def __init__(self, gate: InputGate) -> None:
+        self.gate = gate
+        #: searches for a copy under way
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def location_failed(self, loc: Location, exc: ShuffledError) -> None:
+        """A location's channel (or local channel) failed: go on from another copy if the error allows it.
+
+        Once the location failed over, any error of a copy moves on to the next candidate (a copy that
+        refuses the resume point, is bound to another token, is full...): the read then ends with the
+        location's first error, a fetch failure, so Spark recomputes instead of retrying the task. On a
+        first request only FAILOVER_CODES do: INVALID_REQUEST, say, is the client's mistake.
+        """
+        if self.gate.closed:
+            return
+        if exc.code not in FAILOVER_CODES and loc.error is None:
+            self.gate.fail(exc)
+            return
+        cfg = self.gate.env.config
+        # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
+        loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
+        if loc.error is None:
+            loc.error = exc
+            loc.candidates = self.gate.env.membership.candidates(loc.primary, self.gate.req.app, self.gate.req.shuffle)
+            if self.gate.env.tier is not None:
+                loc.candidates.append(OBJECT_STORE)
+        self.gate.env.counters.failover_tries[exc.code.name] += 1
+        event(
+            log,
+            "read failing over",
+            app=self.gate.req.app,
+            shuffle=self.gate.req.shuffle,
+            primary=loc.primary,
+            code=exc.code.name,
+            reason=exc.message,
+            left=len(loc.candidates),
+        )
+        task = asyncio.create_task(self._search(loc))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _search(self, loc: Location) -> None:
+        """Reopen `loc` on its next candidate that can serve it; without one, fail with its first error."""
+        try:
+            async with asyncio.timeout_at(loc.deadline):
+                while loc.candidates and not self.gate.closed:
+                    node = loc.candidates.pop(0)
+                    if node == OBJECT_STORE and await self._adopt(loc) and self._read_locally(loc):
+                        return
+                    if node == self.gate.node:
+                        if self._read_locally(loc):
+                            return
+                        continue
+                    if node == OBJECT_STORE:
+                        continue
+                    try:
+                        peer = (await self.gate.peers.get(node)).reads
+                    except ShuffledError:
+                        continue
+                    if loc.progress.resume() is not None and REPLICA not in peer.features:
+                        continue  # it would not understand `resume` and resend what was relayed
+                    try:
+                        await self.gate.open_channel(loc, peer)
+                    except ShuffledError:
+                        continue  # e.g. its connection has no stream left: the next copy may
+                    return
+        except TimeoutError:
+            pass
+        except Exception as exc:  # a bug must fail this read, never leave the client waiting
+            self.gate.bug("failing over a read failed", exc)
+            return
+        if not self.gate.closed:
+            assert loc.error is not None
+            self.gate.env.counters.failover_exhausted += 1
+            self.gate.fail(loc.error)
+
+    async def _adopt(self, loc: Location) -> bool:
+        """Adopt what the location's node made durable in the object store, unless this daemon holds its
+        attempts already; whether it may hold them now."""
+        tier = self.gate.env.tier
+        assert tier is not None
+        data = self.gate.env.store.apps.get(self.gate.req.app, {}).get(self.gate.req.shuffle)
+        if data is not None and all(a in data.committed for a in loc.attempts):
+            return True
+        try:
+            await tier.adopt(self.gate.req.app, self.gate.req.shuffle, loc.primary)
+        except ShuffledError as exc:
+            event(log, "object store not read", logging.WARNING, primary=loc.primary, reason=exc.message)
+            return False
+        return not self.gate.closed
+
+    def _read_locally(self, loc: Location) -> bool:
+        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
+        the client's token is the one their application is bound to now (it may have had no binding here
+        when the read arrived)."""
+        resume = loc.progress.resume()
+        req = self.gate.req
+        try:
+            plan = plan_read(self.gate.env.store, req, loc.attempts, resume)
+        except AuthFailed as exc:
+            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
+            return False
+        except ShuffledError:
+            return False
+        if resume is not None:
+            self.gate.env.counters.resumed_reads += 1
+        self.gate.local_channels.append(LocalInputChannel(self.gate, loc, plan))
+        return True
 
 
 class LocalInputChannel:
@@ -495,7 +502,7 @@ class LocalInputChannel:
 
     def _failed(self, exc: ShuffledError) -> None:
         self._detach()
-        self.gate.location_failed(self.location, exc)
+        self.gate.failover.location_failed(self.location, exc)
 
     def _detach(self) -> None:
         feeds = self.gate.out.feeds

@@ -31,7 +31,7 @@ from ...protocol.integrity import checksum
 from ...protocol.packed import data_bytes, directory, slice_group
 from ..storage.loader import PieceLoader, run, take
 from ..storage.plan import Entry, Item, Plan, items
-from ..storage.store import MapOutput
+from ..storage.shuffles import MapOutput
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)

@@ -98,7 +98,7 @@ class PushService:
             self.send_error(req.writer, exc)
             return
         out.wants_durable = durable
-        store.bind(req.app, digest)
+        store.app_keys.bind(req.app, digest)
         links = ReplicaLinks(env, req, digest, replicas) if req.replica_of is None and replicas > 1 else None
         session = PushSession(self, req, out, env, links)
         self.sessions[req.writer] = session

@@ -38,7 +38,7 @@ from ...protocol.integrity import checksum
 from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
-from ..storage.store import MapOutput
+from ..storage.shuffles import MapOutput
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -268,9 +268,9 @@ class PushSession:
         except ShuffledError as exc:
             self.fail(exc)
             return
-        env.spiller.committed(self.out.shuffle, self.out.attempt)
+        env.spiller.journals.committed(self.out.shuffle, self.out.attempt)
         if env.tier is not None:
-            env.tier.committed(self.out)
+            env.tier.uploads.committed(self.out)
         self._close()
         self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)

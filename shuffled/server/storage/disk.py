@@ -379,6 +379,14 @@ class Disk:
         except OSError:
             pass  # other shuffles of the application remain
 
+    def space(self) -> tuple[int, int] | None:
+        """(capacity, free bytes) of the data directory's file system; None if it cannot be told."""
+        try:
+            usage = shutil.disk_usage(self.root)
+        except OSError:
+            return None
+        return usage.total, usage.free
+
     def sync(self) -> asyncio.Future[None]:
         """Done when every write submitted so far is."""
         return self._on(self._writer, lambda: None)

@@ -24,7 +24,7 @@ from ...protocol.errors import CorruptData, PartitionNotFound, StorageError
 from ...protocol.integrity import checksum
 from .disk import Disk
 from .objects import ObjectNotFound, ObjectStore
-from .store import FILE, MapOutput
+from .shuffles import FILE, MapOutput
 
 
 def run(out: MapOutput, indices: Iterable[int], limit: int) -> list[int]:

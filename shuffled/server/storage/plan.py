@@ -21,15 +21,48 @@ attempts not relayed whole.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...protocol.auth import token_digest
+from ...protocol.errors import InvalidRequest, PartitionNotFound
 from ...protocol.frames import PartitionRequest
 from ...protocol.resume import Resume
-from .store import MapOutput, ShuffleData, Store
+from .shuffles import MapOutput, ShuffleData
+from .store import Store
+
+
+def lookup(
+    store: Store, app: str, shuffle: int, start: int, end: int, attempts: list[int], *, digest: bytes
+) -> tuple[ShuffleData, list[MapOutput]] | None:
+    """The shuffle and these committed attempts, for a read of partitions [start, end); None for a
+    shuffle this daemon does not hold when no attempt is named.
+
+    The one gate every path that serves stored bytes passes, at the moment it serves (a client's read,
+    a peer's relayed or resumed read, a failover to this daemon's own copy, a drain's copy): `digest`,
+    the requester's token digest, must be the one the application is bound to now (`authorize`). A
+    check made once, when a request arrives, is not enough: an application with no data here yet has
+    no binding, and its first push binds it while a read naming it waits to fail over here.
+    """
+    store.app_keys.authorize(app, digest)
+    data = store.apps.get(app, {}).get(shuffle)
+    if data is None:
+        if not attempts:
+            return None
+        raise PartitionNotFound(f"shuffle {app}/{shuffle} is not held by this daemon")
+    if not 0 <= start <= end <= data.partitions:
+        raise InvalidRequest(f"partition range [{start}, {end}) outside 0..{data.partitions}")
+    committed = data.committed
+    missing = [a for a in attempts if a not in committed]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise PartitionNotFound(f"map attempts not committed here for {app}/{shuffle}: {shown}")
+    data.usage.last_active = time.monotonic()
+    return data, [committed[a] for a in attempts]
+
 
 #: (piece index, lo, hi, whether it is the piece's last item in this plan)
 Item = tuple[int, int, int, bool]
@@ -93,9 +126,9 @@ def make_plan(
     digest: bytes,
 ) -> Plan:
     """The plan of a read of partitions [start, end) of these committed attempts by the holder of a token
-    with this `digest` (`Store.lookup` checks it). Everything is checked here except that the resumed pair
+    with this `digest` (`lookup` checks it). Everything is checked here except that the resumed pair
     holds `bytes` bytes, which its items tell (`items`)."""
-    found = store.lookup(app, shuffle, start, end, attempts, digest=digest)
+    found = lookup(store, app, shuffle, start, end, attempts, digest=digest)
     if found is None:
         return Plan(None, [])
     data, outs = found

@@ -36,21 +36,24 @@ memory. Pressure spilling then queues no more writes and backs off for
 which only a spill could free fails at once with STORAGE_ERROR
 (`push_memory_error`) instead of waiting for credit that will not come; so does
 every such push on a daemon without a disk.
+
+The `Spiller` decides when and what to spill; the writes under way are `SpillWrites`' (spill_writes.py),
+the shuffles' journals `Journals`' (journal.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Container
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ...logs import event
-from ...protocol.errors import ShuffledError, StorageError
+from ...protocol.errors import StorageError
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
-from .store import FILE, Garbage, MapOutput, MapState, ShuffleData, Store, commit_fields
+from .journal import Journals
+from .shuffles import FILE, Garbage, ShuffleData
+from .spill_writes import Placed, SpillTarget, SpillWrites, Taken
+from .store import Store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,8 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: seconds pressure spilling pauses after a failed write
-RETRY_AFTER = 1.0
 #: spill writes queued on the writer thread at once
 IN_FLIGHT = 4
 #: segments one pressure spill write takes at least and at most (1 and 4 MiB of 32 KiB segments): below,
@@ -68,57 +69,11 @@ IN_FLIGHT = 4
 MIN_BATCH, MAX_BATCH = 32, 128
 
 
-#: the pieces [start, end) of one attempt in a spill write
-Taken = tuple[MapOutput, int, int]
-
-
-@dataclass(slots=True)
-class Placed:
-    """Where a spill write put its pieces, back to back: `place` (FILE, or an object), from `offset`; the
-    CRC32C of each piece as written when the target computed them (the data file's writer does); `then`
-    runs once the store knows (an object's durable commits)."""
-
-    place: int
-    offset: int
-    crcs: list[int] | None = None
-    then: Callable[[], None] | None = None
-
-
-class SpillTarget(Protocol):
-    """Where spill writes go: the data file, or the object store."""
-
-    #: what errors name: the data dir, or the object store's URL
-    name: str
-    #: most segments one pressure write takes, and writes at once
-    batch: int
-    in_flight: int
-
-    def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
-        """Start writing the taken pieces (`held`, in order); raises if the target is shut down (at stop)."""
-        ...
-
-    def wrote(self, data: ShuffleData, written: int) -> None:
-        """A write of `written` bytes of the shuffle succeeded."""
-        ...
-
-    def failed(self) -> None:
-        """A write failed."""
-        ...
-
-
-@dataclass(slots=True, eq=False)
-class _Write:
-    """A spill write under way: whose, how many segments it will free, and its outcome (bytes written)."""
-
-    data: ShuffleData
-    segments: int
-    done: asyncio.Future[int]
-
-
 class FileTarget:
     """Spill writes into the shuffle's data file, with the journal record describing them (see the module)."""
 
     in_flight = IN_FLIGHT
+    where = "to disk"
 
     def __init__(self, spiller: Spiller, disk: Disk) -> None:
         self.spiller = spiller
@@ -128,7 +83,7 @@ class FileTarget:
 
     def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
         disk = self.disk
-        directory = self.spiller.open_journal(data)
+        directory = self.spiller.journals.open(data)
         if data.file is None:
             data.file = SpillFile(disk.data_path(directory))
             disk.stats.files += 1
@@ -153,7 +108,7 @@ class FileTarget:
 
     def wrote(self, data: ShuffleData, written: int) -> None:
         stats = self.disk.stats
-        self.spiller.store.wrote(data, written)
+        self.spiller.store.placement.wrote(data, written)
         assert data.file is not None
         data.file.size += written
         stats.spills += 1
@@ -166,6 +121,8 @@ class FileTarget:
 
 
 class Spiller:
+    """Spills under pressure, over a quota and on request (see the module); frees the disk afterwards."""
+
     def __init__(
         self,
         store: Store,
@@ -184,6 +141,7 @@ class Spiller:
         self.low = min(int(pool.total * low), self.high - 1)
         self.start = (self.low + self.high) // 2
         self.low_share = low
+        self.journals = Journals(store, disk)
         #: where writes go: the data dir, else the object store (`objects` makes its target), else nowhere
         self.target: SpillTarget | None = (
             FileTarget(self, disk) if disk is not None else objects(self) if objects is not None else None
@@ -199,23 +157,10 @@ class Spiller:
         self._resume = asyncio.Event()
         self._resume.set()
         self._task: asyncio.Task[None] | None = None
-        #: spill writes under way, by the attempts they write (one write per attempt at most)
-        self._writing: dict[MapOutput, _Write] = {}
-        self._writes: set[_Write] = set()
-        #: segments the writes under way free when done
-        self.leaving = 0
-        #: set when a write ends (the spilling task looks again)
-        self._ended = asyncio.Event()
+        #: the writes under way, and when the last one failed
+        self.writes = SpillWrites(store, self.target)
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
-        self._failed_at = -RETRY_AFTER
-        #: why the last spill failed, until one succeeds (the disk is full or broken, the object store fails)
-        self.error: str | None = None
-
-    @property
-    def writing(self) -> Container[MapOutput]:
-        """The attempts a spill write is under way for."""
-        return self._writing
 
     def push_memory_error(self, need: int) -> StorageError | None:
         """Why a push waiting for `need` more segments would wait for good (None: memory will come).
@@ -224,7 +169,7 @@ class Spiller:
         is spilled or its shuffle removed, which Spark may do much later (when its driver collects the
         shuffle). So a push waits only while stored data leaves room for it or can move below memory.
         """
-        if self.target is not None and self.error is None:
+        if self.target is not None and self.writes.error is None:
             return None
         usable = self.pool.total - self.pool.reserve
         stored = self.store.memory_segments
@@ -236,7 +181,9 @@ class Spiller:
                 f"no memory for this push: {held} and this daemon has no data directory to spill to "
                 "(data-dir none); memory comes back when Spark removes shuffles"
             )
-        return StorageError(f"no memory for this push: {held} and spilling to {self.target.name} fails: {self.error}")
+        return StorageError(
+            f"no memory for this push: {held} and spilling to {self.target.name} fails: {self.writes.error}"
+        )
 
     def holding(self, app: str) -> bool:
         """True while pushes of `app` get no new memory."""
@@ -259,14 +206,9 @@ class Spiller:
     def pressure(self, on: bool) -> None:
         self.pool.spilling = on
 
-    def _backing_off(self) -> bool:
-        # time.monotonic, not the loop's clock: this runs for every pushed buffer, and finding the running
-        # loop costs a getpid() system call each time on Python 3.11
-        return time.monotonic() - self._failed_at < RETRY_AFTER
-
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
-        if self.target is None or self._backing_off():
+        if self.target is None or self.writes.backing_off():
             return
         changed = False
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
@@ -275,7 +217,7 @@ class Spiller:
         used = self.pool.used
         if (
             not self.pressure
-            and used - self.leaving >= self.start
+            and used - self.writes.leaving >= self.start
             and self.store.memory_segments >= self.worth_spilling
         ):
             self.pressure = changed = True
@@ -286,19 +228,19 @@ class Spiller:
             if self.pressure or self._apps:
                 self._task = asyncio.create_task(self._run())
         elif changed:  # it may be waiting for a write to end: let it look at the new state now
-            self._ended.set()
+            self.writes.ended.set()
 
     async def _run(self) -> None:
         assert self.target is not None
         try:
             while True:
-                while len(self._writes) < self.target.in_flight and self._spill_next():
+                while len(self.writes.under_way) < self.target.in_flight and self._spill_next():
                     pass
                 self._settle()
-                if not self._writes:
+                if not self.writes.under_way:
                     return
-                self._ended.clear()
-                await self._ended.wait()
+                self.writes.ended.clear()
+                await self.writes.ended.wait()
         except Exception:
             event(log, "spilling failed", logging.ERROR, exc_info=True)
         finally:
@@ -311,27 +253,29 @@ class Spiller:
 
     def _spill_next(self) -> bool:
         """Queue one more write if a quota or the pool asks for it; False if nothing is to be queued now."""
-        if self._backing_off():
+        if self.writes.backing_off():
             return False
         target = self._quota_target
         for app in self._apps:
             usage = self.store.usage.get(app)
-            if usage is not None and usage.segments - self._leaving(app) > target and self._spill_largest(app):
+            if usage is not None and usage.segments - self.writes.leaving_of(app) > target and self._spill_largest(app):
                 return True
-        return self.pressure and self.pool.used - self.leaving > self.low and self._spill_largest(None)
+        return self.pressure and self.pool.used - self.writes.leaving > self.low and self._spill_largest(None)
 
     def _settle(self) -> None:
         """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
         is below the mark), or for whom nothing more can be written."""
         assert self.target is not None
-        stuck = len(self._writes) < self.target.in_flight  # the queueing stopped for want of pieces, not of room
+        stuck = (
+            len(self.writes.under_way) < self.target.in_flight
+        )  # the queueing stopped for want of pieces, not of room
         target = self._quota_target
         for app in list(self._apps):
             usage = self.store.usage.get(app)
-            leaving = self._leaving(app)
+            leaving = self.writes.leaving_of(app)
             if usage is None or usage.segments - leaving <= target or (stuck and not leaving):
                 self._apps.pop(app).set()
-        done = self.pool.used - self.leaving <= self.low or (stuck and not self._writes)
+        done = self.pool.used - self.writes.leaving <= self.low or (stuck and not self.writes.under_way)
         if done and self.paused:
             self.paused = False
             self._resume.set()
@@ -343,17 +287,14 @@ class Spiller:
         """What an application over its memory quota is spilled down to (segments)."""
         return int(self.store.memory_quota * self.low_share)
 
-    def _leaving(self, app: str) -> int:
-        return sum(w.segments for w in self._writes if w.data.app == app)
-
     def _spill_largest(self, app: str | None) -> bool:
         """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
         False if none. Memory an object holds already is freed on the way, which may be all it takes."""
-        found = self.store.largest_in_memory(app, self._writing)
+        found = self.store.placement.largest_in_memory(app, self.writes.by_attempt)
         if found is None:
             return False
-        freed = sum(self.store.release_placed(out) for out in found[1])
-        return self._start(*found, self.batch) is not None or freed > 0
+        freed = sum(self.store.placement.release_placed(out) for out in found[1])
+        return self.writes.start(*found, self.batch) is not None or freed > 0
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
         """Write every in-memory piece of these shuffles to disk; returns the bytes this call wrote (a
@@ -378,172 +319,31 @@ class Spiller:
         limit = None if isinstance(self.target, FileTarget) else self.batch
         total = 0
         while True:
-            while under_way := [w.done for w in self._writes if w.data is data]:
+            while under_way := self.writes.of(data):
                 await asyncio.wait(under_way)  # their failure is their own; the pieces are back in memory then
             outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable]
             for out in outs:
-                self.store.release_placed(out)
-            write = self._start(data, outs, limit)
+                self.store.placement.release_placed(out)
+            write = self.writes.start(data, outs, limit)
             if write is not None:
                 total += await asyncio.shield(write)
             if write is None or limit is None:
                 if data.committed and not data.removed and self.disk is not None:
-                    self.open_journal(data)  # empty attempts too must survive a restart
+                    self.journals.open(data)  # empty attempts too must survive a restart
                 return total
-
-    def _start(self, data: ShuffleData, outs: list[MapOutput], limit: int | None) -> asyncio.Future[int] | None:
-        """Take the oldest in-memory pieces of these attempts in turn (at most `limit` in all) and queue
-        their write on the target now (so writes and a later deletion of the shuffle reach the writer
-        thread in this order); None if there are none."""
-        if data.removed or self.target is None:
-            return None
-        taken: list[Taken] = []
-        count = 0
-        for out in outs:
-            if limit is not None and count >= limit:
-                break
-            if out in self._writing:  # one write per attempt: its pieces reach the file in push order
-                continue
-            start, end = self.store.take_for_spill(out, None if limit is None else limit - count)
-            if end > start:
-                taken.append((out, start, end))
-                count += end - start
-        if not taken:
-            return None
-        # The write's own references, taken now: an abort from here on drops only the store's.
-        held = [b for out, start, end in taken for b in out.memory[start - out.spilled : end - out.spilled]]
-        for buf in held:
-            buf.retain()
-        try:
-            placed = self.target.submit(data, taken, held)
-        except BaseException:  # the writer is shut down (at stop): the pieces stay in memory
-            for buf in held:
-                buf.release()
-            for out, start, _ in taken:
-                self.store.unspilled(out, start)
-            raise
-        done = asyncio.ensure_future(self._finish(data, taken, held, placed))
-        done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
-        write = _Write(data, len(held), done)
-        for out, _, _ in taken:
-            self._writing[out] = write
-        self._writes.add(write)
-        self.leaving += len(held)
-        return done
-
-    async def _finish(
-        self, data: ShuffleData, taken: list[Taken], held: list[Buffer], placing: asyncio.Future[Placed]
-    ) -> int:
-        target = self.target
-        assert target is not None
-        try:
-            try:
-                placed = await placing
-            except (OSError, ShuffledError) as exc:
-                raise self._write_failed(data, taken, exc) from exc
-            finally:
-                for buf in held:
-                    buf.release()
-            crcs = iter(placed.crcs) if placed.crcs is not None else None
-            offset = placed.offset
-            for out, start, end in taken:
-                if crcs is not None:
-                    self._check_written(data, out, [i for i in range(start, end) if next(crcs) != out.crcs[i]])
-                self.store.spilled(out, start, end, offset, placed.place)
-                offset += sum(out.sizes[start:end])
-            written = offset - placed.offset
-            self.error = None
-            target.wrote(data, written)
-            if placed.then is not None:
-                placed.then()
-            return written
-        finally:
-            for out, _, _ in taken:
-                self._writes.discard(self._writing.pop(out))
-            self.leaving -= len(held)
-            self._ended.set()
-
-    @staticmethod
-    def _check_written(data: ShuffleData, out: MapOutput, changed: list[int]) -> None:
-        if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
-            event(
-                log,
-                "memory corruption",
-                logging.ERROR,
-                app=data.app,
-                shuffle=data.shuffle,
-                attempt=out.attempt,
-                pieces=len(changed),
-            )
-
-    def open_journal(self, data: ShuffleData) -> str:
-        """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
-        disk = self.disk
-        assert disk is not None
-        if data.directory is None:
-            directory = disk.shuffle_dir(data.app, data.shuffle)
-            head: dict[str, object] = {
-                "k": "shuffle",
-                "app": data.app,
-                "shuffle": data.shuffle,
-                "partitions": data.partitions,
-            }
-            key = self.store.app_keys.get(data.app)
-            if key is not None:  # the application's binding, so a restart (and its drain) keeps it
-                head["key"] = key
-            records = [encode_record(head)]
-            records += [self._commit_record(data, a) for a in data.committed]
-            self._journal(directory, b"".join(records))  # raises if the writer is shut down (at stop)
-            data.directory = directory  # only now: later records must follow a queued header
-        return data.directory
-
-    def committed(self, data: ShuffleData, attempt: int) -> None:
-        """Journal a commit once the shuffle has files (before that, it lives in memory only)."""
-        if data.directory is not None and self.disk is not None:
-            self._journal(data.directory, self._commit_record(data, attempt))
-
-    def journal(self, data: ShuffleData, record: dict[str, object]) -> None:
-        """Append a record to the shuffle's journal (started if need be), with a data dir; else nothing."""
-        if self.disk is not None and not data.removed:
-            self._journal(self.open_journal(data), encode_record(record))
-
-    @staticmethod
-    def _commit_record(data: ShuffleData, attempt: int) -> bytes:
-        return encode_record({"k": "commit", **commit_fields(data, attempt)})
-
-    def _journal(self, directory: str, record: bytes) -> None:
-        assert self.disk is not None
-        self.disk.append_journal(f"{directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
-
-    def _write_failed(self, data: ShuffleData, taken: list[Taken], exc: OSError | ShuffledError) -> StorageError:
-        """Leave the pieces in memory and fail their open map outputs; returns the error they got."""
-        assert self.target is not None
-        self.target.failed()
-        self._failed_at = time.monotonic()
-        why = exc.message if isinstance(exc, ShuffledError) else exc.strerror or str(exc)
-        self.error = why
-        event(log, "spill failed", logging.WARNING, app=data.app, shuffle=data.shuffle, reason=why)
-        where = "to disk" if isinstance(self.target, FileTarget) else "to the object store"
-        reason = StorageError(f"writing map output {where} failed on this daemon: {why}")
-        for out, start, _ in taken:
-            self.store.unspilled(out, start)
-        for out, _, _ in taken:
-            if out.state is MapState.OPEN and out.on_failure is not None:
-                out.on_failure(reason)
-        return reason
 
     async def reclaim(self) -> None:
         """Free the disk blocks of aborted attempts' spilled pieces (a writer that vanished mid-push left
         them; they would stay until the shuffle goes, and one client could fill the disk that way) and of
         pieces that moved to the object store. A shuffle with a load under way keeps its garbage until the
         next call: the load may be reading a moved piece where it was."""
-        garbage, self.store.garbage = self.store.garbage, []
+        garbage, self.store.placement.garbage = self.store.placement.garbage, []
         if self.disk is None or not garbage:
             return
         files: dict[str, list[Garbage]] = {}
         for g in garbage:
             if g.shuffle.loading:
-                self.store.garbage.append(g)
+                self.store.placement.garbage.append(g)
             elif not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
                 files.setdefault(g.path, []).append(g)
         for path, pieces in files.items():
@@ -573,21 +373,6 @@ class Spiller:
 async def _placed(appended: asyncio.Future[Appended]) -> Placed:
     done = await appended
     return Placed(FILE, done.offset, done.crcs)
-
-
-def _log_journal_failure(done: asyncio.Future[None]) -> None:
-    if not done.cancelled() and done.exception() is not None:
-        event(
-            log,
-            "journal write failed (the data it describes will not survive a restart)",
-            logging.WARNING,
-            reason=done.exception(),
-        )
-
-
-def _retrieve(done: asyncio.Future[int]) -> None:
-    if not done.cancelled():
-        done.exception()
 
 
 def restore(store: Store, disk: Disk) -> int:
