@@ -11,7 +11,6 @@ Skipped where namespaces cannot be created (not root) or SeaweedFS is not instal
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.objects import ObjectStore
 from tests import spark_jobs
+from tests.aio import run
 from tests.cluster import DaemonProcess, poll_until
 from tests.host_faults import HostDaemons, keyed_sums, resubmitted, stage_attempts, total
 from tests.hosts import Hosts, netns_unavailable
@@ -88,7 +88,7 @@ def master(hosts: Hosts) -> Iterator[str]:
 
 def _objects(s3: SeaweedFS) -> list[str]:
     config = ObjectStoreConfig(s3.url(PREFIX), endpoint=s3.endpoint, region="us-east-1", path_style=True)
-    return [o.key for o in asyncio.run(ObjectStore(config, environ=s3.admin.env()).list_objects())]
+    return [o.key for o in run(ObjectStore(config, environ=s3.admin.env()).list_objects(), 30)]
 
 
 @pytest.fixture(scope="module")
