@@ -35,6 +35,7 @@ COMPILED = [
     "shuffled/protocol/codec.py",
     "shuffled/protocol/connection.py",
     "shuffled/protocol/events.py",
+    "shuffled/protocol/packed.py",
     "shuffled/protocol/credit.py",
     "shuffled/buffers/pool.py",
     "shuffled/net/sender.py",

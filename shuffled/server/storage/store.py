@@ -47,7 +47,7 @@ from ...protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from ...protocol.packed import Directory, LengthTally
+from ...protocol.packed import LengthTally, PushedGroup
 from .disk import LoadedShuffle, SpillFile, StoredObject
 
 #: a piece's place: the shuffle's data file (others are 1 + an index into `ShuffleData.objects`)
@@ -349,7 +349,7 @@ class Store:
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
             )
 
-    def add(self, out: MapOutput, buffer: Buffer, crc: int, group: Directory) -> None:
+    def add(self, out: MapOutput, buffer: Buffer, crc: int, group: PushedGroup) -> None:
         """Take ownership of a pushed packed group (its one reference moves to the store), its checked CRC32C
         and its checked directory (`packed.check_push`); a refused one is released."""
         try:
@@ -367,7 +367,7 @@ class Store:
             buffer.release()
             raise
         assert out.runs is not None
-        out.runs.add(group)
+        out.runs.add(group.entries)
         first, length = group.first, buffer.length
         if not out.sizes or first < out.lasts[-1]:
             out.starts.append(len(out.sizes))
