@@ -19,7 +19,7 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import attrgetter
@@ -405,10 +405,19 @@ class CommitAckBody:
     __slots__ = ()
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
-        lengths = array("Q", frame.lengths)
-        if _SWAP:
-            lengths.byteswap()
-        return _frame(ftype, frame.writer, U32.pack(len(lengths)) + lengths.tobytes())
+        return self.packer(ftype)(frame.writer, frame.lengths)
+
+    def packer(self, ftype: FrameType) -> Callable[[int, Sequence[int]], bytes]:
+        """(writer, lengths) -> frame bytes without a frame object, the lengths any sequence: a daemon's commit
+        hands over its u64 array, which packs with one copy (a list of them is a Python int a partition)."""
+
+        def pack(writer: int, lengths: Sequence[int]) -> bytes:
+            wire = array("Q", lengths)
+            if _SWAP:
+                wire.byteswap()
+            return _frame(ftype, writer, U32.pack(len(wire)) + wire.tobytes())
+
+        return pack
 
     def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
         if len(body) < U32.size:

@@ -357,11 +357,12 @@ class LengthTally:
             self._ascending = False
         self._entries += entries
 
-    def lengths(self, partitions: int) -> list[int]:
-        """Bytes per partition 0..partitions-1, once per map output. The entries' lengths as u64 with C-level
-        calls (the partitions' bytes zeroed: an entry is then a big-endian u64 of its length), the carries
-        added; they are the answer when they name every partition once, in order (one ascending sequence
-        without an empty partition); else a plain loop over the runs sums them into place."""
+    def lengths(self, partitions: int) -> array[int]:
+        """Bytes per partition 0..partitions-1 as u64 items, once per map output (what the CommitAck packs with
+        one copy; a list would be a Python int a partition, `tolist` where one is compared). The entries'
+        lengths as u64 with C-level calls (the partitions' bytes zeroed: an entry is then a big-endian u64 of
+        its length), the carries added; they are the answer when they name every partition once, in order
+        (one ascending sequence without an empty partition); else a plain loop sums the runs into place."""
         entries = self._entries
         count = len(entries) // RUN_SIZE
         wide = bytearray(entries)
@@ -374,14 +375,14 @@ class LengthTally:
         for k, extra in self._carries:
             lengths[k] += extra
         if self._ascending and count == partitions:
-            return lengths.tolist()
+            return lengths
         parts = array("I", entries)
         if _SWAP:
             parts.byteswap()
         out = [0] * partitions
         for p, n in zip(parts[0::2], lengths, strict=True):
             out[p] += n
-        return out
+        return array("Q", out)
 
 
 def group_entries(group: BytesLike) -> memoryview:

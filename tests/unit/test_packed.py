@@ -118,7 +118,7 @@ def test_any_split_reads_back_identically_for_every_range(
         for g in groups:
             assert len(g) <= max(caps)
             tally.add(check_push(g, a, PARTITIONS).entries)
-        assert tally.lengths(PARTITIONS) == [len(d) for d in outs[a]]
+        assert tally.lengths(PARTITIONS).tolist() == [len(d) for d in outs[a]]
     for start in range(PARTITIONS + 1):
         for end in range(start, PARTITIONS + 1):
             payloads = [p for a in outs for p in serve(stored[a], start, end, room)]
@@ -167,7 +167,7 @@ def test_commit_lengths_add_up_every_flush_of_an_attempt(flushes: list[list[byte
     for data in flushes:
         for g in pack(3, data, caps):
             tally.add(check_push(g, 3, PARTITIONS).entries)
-    assert tally.lengths(PARTITIONS) == [sum(len(data[p]) for data in flushes) for p in range(PARTITIONS)]
+    assert tally.lengths(PARTITIONS).tolist() == [sum(len(data[p]) for data in flushes) for p in range(PARTITIONS)]
 
 
 def test_write_sorted_shape_skips_empty_partitions_and_refuses_what_does_not_add_up() -> None:

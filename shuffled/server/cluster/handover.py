@@ -390,7 +390,7 @@ class Drainer:
             lengths = await link.commit()
         finally:
             link.abort()  # a no-op once committed
-        stored = sent.lengths(data.partitions)
+        stored = sent.lengths(data.partitions).tolist()
         if lengths != stored:
             raise CorruptData(
                 f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} were sent"

@@ -394,9 +394,9 @@ class Store:
         usage = self.usage.get(app)
         return bool(self.memory_quota) and usage is not None and usage.segments > self.memory_quota
 
-    def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> list[int]:
+    def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> array[int]:
         """Make the attempt readable; `copies` are the daemons that committed its replicas first. Returns
-        its bytes per partition (the CommitAck), which are not kept."""
+        its bytes per partition (the CommitAck's u64 array), which are not kept."""
         if out.state is not MapState.OPEN:
             raise MapOutputStateError(f"commit of a map output that is {out.state.value}")
         data = out.shuffle
