@@ -8,10 +8,12 @@ exactly one group, a BufferResponse payload one or more back to back.
 With thousands of reduce partitions a block is a few hundred bytes, so the per-block metadata
 lives in these directories, never in Python objects: everything here costs a few calls per
 group (per 32 KiB buffer), and the work per run happens inside C-level calls (struct with a
-repeat count, array, itertools, bisect, sum). Who uses what:
+repeat count, array, itertools, bisect, sum). Where mypyc compiles this module (setup.py), the
+daemon's check of a push is instead a plain loop, native code there. Who uses what:
 
 - writers: `RunPacker` fills caller-provided memory (a pool segment) with groups;
-- a daemon taking a push: `check_push` (InvalidRequest), `LengthTally` for the CommitAck;
+- a daemon taking a push: `check_push` (InvalidRequest), `LengthTally` of the checked directories
+  for the CommitAck;
 - readers: `read_payload` (ProtocolError), then `Directory.runs` per group;
 - a daemon serving a range: `directory` of a stored group and `slice_group` for the part of it
   a read wants (header + directory slice + data slice, no copy).
