@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import (
-    Directory,
     LengthTally,
+    PushedGroup,
     RunPacker,
     check_push,
     directory,
@@ -74,13 +74,13 @@ def measure(runs: int, repeat: int, with_numpy: bool) -> dict[str, float]:
         while not packer.done:
             packer.pack_into(segment, 7)
 
-    def checked() -> list[Directory]:
+    def checked() -> list[PushedGroup]:
         return [check_push(g, 7, partitions) for g in groups]
 
     def tally() -> None:
         t = LengthTally()
-        for d in directories:
-            t.add(d)
+        for d in pushed:
+            t.add(d.entries)
         t.lengths(partitions)
 
     def read() -> None:
@@ -94,7 +94,7 @@ def measure(runs: int, repeat: int, with_numpy: bool) -> dict[str, float]:
         for g in groups:
             p.add(g)
 
-    directories = checked()
+    pushed = checked()
     out = {
         "crc32c": _per_buffer(lambda: [checksum(g) for g in groups], n, repeat),
         "pack": _per_buffer(pack, n, repeat),

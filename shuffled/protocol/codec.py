@@ -65,6 +65,8 @@ def encode(frame: Frame) -> bytes:
 # none (`encode(NewFrame(...))`). The u32 frames skip the frame object: credit goes out every few buffers.
 encode_add_credit = AddCredit.BODY.packer(FrameType.ADD_CREDIT)
 encode_push_credit = PushCredit.BODY.packer(FrameType.PUSH_CREDIT)
+#: (writer, lengths): a daemon's commit packs its u64 array of lengths without a list
+encode_commit_ack = CommitAck.BODY.packer(FrameType.COMMIT_ACK)
 encode_commit = CommitMapOutput.BODY.packer(FrameType.COMMIT_MAP_OUTPUT)
 
 
@@ -98,10 +100,6 @@ def encode_buffer_response(
 def encode_push_data(writer: int, sequence: int, payload: bytes, crc: int | None = None) -> bytes:
     """Whole frame as bytes: for tests and vectors. `crc` None: the payload's CRC32C."""
     return encode(PushData(writer, sequence, len(payload), payload, crc))
-
-
-def encode_commit_ack(writer: int, lengths: list[int]) -> bytes:
-    return encode(CommitAck(writer, lengths))
 
 
 def encode_abort(writer: int) -> bytes:

@@ -29,7 +29,7 @@ are separate id spaces, as the spec says: on a peer link both daemons read.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .codec import (
@@ -236,7 +236,7 @@ class ProtocolConnection:
         if self.is_open and writer in self.streams.theirs:
             self.send(encode_push_credit(writer, credit))
 
-    def ack_commit(self, writer: int, lengths: list[int]) -> None:
+    def ack_commit(self, writer: int, lengths: Sequence[int]) -> None:
         self.streams.take(self.streams.theirs, writer, Kind.PUSH)
         if self.is_open:
             self.send(encode_commit_ack(writer, lengths))

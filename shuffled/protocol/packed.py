@@ -8,10 +8,12 @@ exactly one group, a BufferResponse payload one or more back to back.
 With thousands of reduce partitions a block is a few hundred bytes, so the per-block metadata
 lives in these directories, never in Python objects: everything here costs a few calls per
 group (per 32 KiB buffer), and the work per run happens inside C-level calls (struct with a
-repeat count, array, itertools, bisect, sum). Who uses what:
+repeat count, array, itertools, bisect, sum). Where mypyc compiles this module (setup.py), the
+daemon's check of a push is instead a plain loop, native code there. Who uses what:
 
 - writers: `RunPacker` fills caller-provided memory (a pool segment) with groups;
-- a daemon taking a push: `check_push` (InvalidRequest), `LengthTally` for the CommitAck;
+- a daemon taking a push: `check_push` (InvalidRequest), `LengthTally` of the checked directories
+  for the CommitAck;
 - readers: `read_payload` (ProtocolError), then `Directory.runs` per group;
 - a daemon serving a range: `directory` of a stored group and `slice_group` for the part of it
   a read wants (header + directory slice + data slice, no copy).
@@ -28,6 +30,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, islice, repeat
 from operator import lt
+from types import FunctionType
 
 from .errors import InvalidRequest, ProtocolError, ShuffledError
 
@@ -121,27 +124,83 @@ def _parse(view: BytesLike, start: int, end: int, error: type[ShuffledError]) ->
     return Directory(attempt, partitions, lengths, start, data, data + sum(lengths))
 
 
-def _past_end(d: Directory, end: int) -> str:
+def _past_end(start: int, attempt: int, held: int, follow: int) -> str:
     return (
-        f"packed group at byte {d.start} (attempt {d.attempt}): its runs hold {d.data_bytes} bytes, "
-        f"{end - d.data} follow its directory"
+        f"packed group at byte {start} (attempt {attempt}): its runs hold {held} bytes, {follow} follow its directory"
     )
 
 
-def check_push(group: BytesLike, attempt: int, partitions: int) -> Directory:
+class PushedGroup:
+    """A pushed group as `check_push` found it: what the store indexes it by, and its directory's entries as
+    they came (8 bytes a run, big-endian) for the map output's `LengthTally`. No tuple of runs: building one
+    (a Python int a partition and a length) was a third of the check's cost per run."""
+
+    __slots__ = ("attempt", "data_bytes", "entries", "first", "last")
+
+    def __init__(self, attempt: int, first: int, last: int, data_bytes: int, entries: bytes) -> None:
+        self.attempt = attempt
+        self.first = first
+        self.last = last
+        #: bytes of its runs
+        self.data_bytes = data_bytes
+        self.entries = entries
+
+
+def _sum_calls(entries: bytes) -> int:
+    """Bytes of the runs of a directory's `entries`, -1 unless their partitions ascend strictly and no run is
+    empty: a few C-level calls per group (what pure Python does fastest; over u32 arrays it took 15 % more,
+    as every item read from an array makes an int anyway)."""
+    items = _entries(len(entries) // RUN_SIZE).unpack(entries)
+    partitions, lengths = items[0::2], items[1::2]
+    if 0 in lengths or not all(map(lt, partitions, islice(partitions, 1, None))):
+        return -1
+    return sum(lengths)
+
+
+def _sum_loop(entries: bytes) -> int:
+    """As `_sum_calls`, as one plain loop over the bytes: compiled by mypyc it is native code without an int
+    object a run, several times faster than the C-level calls; interpreted it is slower than them."""
+    total = 0
+    last = -1
+    for k in range(0, len(entries), RUN_SIZE):
+        partition = (entries[k] << 24) | (entries[k + 1] << 16) | (entries[k + 2] << 8) | entries[k + 3]
+        length = (entries[k + 4] << 24) | (entries[k + 5] << 16) | (entries[k + 6] << 8) | entries[k + 7]
+        if partition <= last or length == 0:
+            return -1
+        last = partition
+        total += length
+    return total
+
+
+#: mypyc-compiled (setup.py's COMPILED) functions are not Python functions: the loop where it is native code
+_sum_runs: Callable[[bytes], int] = _sum_calls if isinstance(_sum_loop, FunctionType) else _sum_loop
+
+
+def check_push(group: BytesLike, attempt: int, partitions: int) -> PushedGroup:
     """A PushData payload, checked as the daemon must (§7.10): exactly one well-formed group of the stream's
     `attempt` whose partitions are below the map output's `partitions`. InvalidRequest says what is wrong."""
     end = len(group)
-    d = _parse(group, 0, end, InvalidRequest)
-    if d.end != end:
-        if d.end > end:
-            raise InvalidRequest(_past_end(d, end))
-        raise InvalidRequest(f"{end - d.end} bytes after the packed group's {d.data_bytes} bytes of runs")
-    if d.attempt != attempt:
-        raise InvalidRequest(f"packed group of attempt {d.attempt} pushed for attempt {attempt}")
-    if d.last >= partitions:
-        raise InvalidRequest(f"packed group has partition {d.last}; the map output has {partitions} partitions")
-    return d
+    total = -1
+    if end >= HEADER_SIZE:
+        got, n = GROUP_HEADER.unpack_from(group)
+        data = HEADER_SIZE + RUN_SIZE * n
+        if n and data <= end:
+            entries = bytes(group[HEADER_SIZE:data])
+            total = _sum_runs(entries)
+    if total < 0:  # malformed: the full parse says how
+        _parse(group, 0, end, InvalidRequest)
+        raise AssertionError("a packed group the run check refused passed the full parse")
+    if data + total != end:
+        if data + total > end:
+            raise InvalidRequest(_past_end(0, got, total, end - data))
+        raise InvalidRequest(f"{end - data - total} bytes after the packed group's {total} bytes of runs")
+    if got != attempt:
+        raise InvalidRequest(f"packed group of attempt {got} pushed for attempt {attempt}")
+    first, _ = RUN.unpack_from(entries)
+    last, _ = RUN.unpack_from(entries, len(entries) - RUN_SIZE)
+    if last >= partitions:
+        raise InvalidRequest(f"packed group has partition {last}; the map output has {partitions} partitions")
+    return PushedGroup(got, first, last, total, entries)
 
 
 def read_payload(payload: BytesLike, start: int, end: int, attempts: Container[int]) -> list[Directory]:
@@ -154,7 +213,7 @@ def read_payload(payload: BytesLike, start: int, end: int, attempts: Container[i
     while True:
         d = _parse(payload, offset, size, ProtocolError)
         if d.end > size:
-            raise ProtocolError(_past_end(d, size))
+            raise ProtocolError(_past_end(d.start, d.attempt, d.data_bytes, size - d.data))
         if d.attempt not in attempts:
             raise ProtocolError(f"packed group at byte {offset} is of attempt {d.attempt}, which the read did not name")
         if d.first < start or d.last >= end:
@@ -216,14 +275,19 @@ def group_bytes(attempt: int, runs: Iterable[tuple[int, BytesLike]]) -> bytes:
 # --------------------------------------------------------------------------- serving parts of groups
 
 
-@dataclass(frozen=True, slots=True)
 class GroupSlice:
     """Part of a stored group as a group of its own: a new header (with the first entry when a skip shortened
-    that run), the rest of the directory slice and the data slice of the original (memoryviews, no copy)."""
+    that run), the rest of the directory slice and the data slice of the original (memoryviews, no copy).
 
-    head: bytes
-    directory: memoryview
-    data: memoryview
+    A plain class, not a dataclass: compiled by mypyc, a dataclass's `memoryview` fields are looked up as
+    module globals when its annotations are built at import (mypyc knows no memoryview type), a KeyError."""
+
+    __slots__ = ("data", "directory", "head")
+
+    def __init__(self, head: bytes, directory: memoryview, data: memoryview) -> None:
+        self.head = head
+        self.directory = directory
+        self.data = data
 
     @property
     def parts(self) -> tuple[bytes, memoryview, memoryview]:
@@ -264,45 +328,69 @@ def slice_group(group: memoryview, lo: int, hi: int, skip: int = 0) -> GroupSlic
 class LengthTally:
     """Bytes per partition of one map attempt, summed from its groups' directories for its CommitAck.
 
-    Sparse: it keeps the runs (12 bytes each, two C-level extends per group), not a slot per partition,
-    so an open map output of a million partitions costs what it wrote. A run that continues the previous
-    group's last run (a partition split across groups) is added to that run's entry, so the runs of an
-    attempt pushed as one ascending sequence name each partition once, in order. `lengths` sums them once.
+    Sparse: it keeps the directory entries as they came (8 bytes a run, one C-level copy per group), not a
+    slot per partition, so an open map output of a million partitions costs what it wrote. A run that
+    continues the previous group's last run (a partition split across groups) is kept as an addition to
+    that run's entry, so the entries of an attempt pushed as one ascending sequence name each partition
+    once, in order. `lengths` sums them once, at the commit.
     """
 
-    __slots__ = ("_ascending", "_lengths", "_partitions")
+    __slots__ = ("_ascending", "_carries", "_entries", "_last")
 
     def __init__(self) -> None:
-        self._partitions = array("I")
-        self._lengths = array("Q")
+        self._entries = bytearray()
+        #: (entry, bytes) to add to an entry's length: the continuations of its run in later groups
+        self._carries: list[tuple[int, int]] = []
+        #: the last partition added (-1: none yet)
+        self._last = -1
         #: every group's runs come after the previous group's (one ascending sequence)
         self._ascending = True
 
-    def add(self, d: Directory) -> None:
-        parts, lengths = self._partitions, self._lengths
-        if parts and d.first <= parts[-1]:
-            if d.first < parts[-1]:  # a new sequence: the writer flushed its buffer again
-                self._ascending = False
-            else:  # the last partition's bytes continue
-                lengths[-1] += d.lengths[0]
-                parts.extend(d.partitions[1:])
-                lengths.extend(d.lengths[1:])
-                return
-        parts.extend(d.partitions)
-        lengths.extend(d.lengths)
+    def add(self, entries: BytesLike) -> None:
+        """The directory entries of one checked group (`PushedGroup.entries`, `group_entries`)."""
+        first, length = RUN.unpack_from(entries)
+        last = self._last
+        self._last = RUN.unpack_from(entries, len(entries) - RUN_SIZE)[0]
+        if first == last:  # the last partition's bytes continue
+            self._carries.append((len(self._entries) // RUN_SIZE - 1, length))
+            self._entries += memoryview(entries)[RUN_SIZE:]
+            return
+        if first < last:  # a new sequence: the writer flushed its buffer again
+            self._ascending = False
+        self._entries += entries
 
-    def lengths(self, partitions: int) -> list[int]:
-        """Bytes per partition 0..partitions-1, once per map output: a copy of the entries when they name every
-        partition once, in order (one ascending sequence without an empty partition: 10 ns a partition); else
-        a plain loop, 40 ns a run on CPython 3.11, where the C-level get-add-set (map over the list's
-        __getitem__/__setitem__) took 95. The loop alone was 40 % of what the daemon's push CPU per GiB grew
-        by from 200 to 10,000 partitions of 4 MiB map outputs (benchmarks `wide`)."""
-        if self._ascending and len(self._partitions) == partitions:
-            return self._lengths.tolist()
+    def lengths(self, partitions: int) -> array[int]:
+        """Bytes per partition 0..partitions-1 as u64 items, once per map output (what the CommitAck packs with
+        one copy; a list would be a Python int a partition, `tolist` where one is compared). The entries'
+        lengths as u64 with C-level calls (the partitions' bytes zeroed: an entry is then a big-endian u64 of
+        its length), the carries added; they are the answer when they name every partition once, in order
+        (one ascending sequence without an empty partition); else a plain loop sums the runs into place."""
+        entries = self._entries
+        count = len(entries) // RUN_SIZE
+        wide = bytearray(entries)
+        zeros = bytes(count)
+        for k in range(4):
+            wide[k::RUN_SIZE] = zeros
+        lengths = array("Q", wide)
+        if _SWAP:
+            lengths.byteswap()
+        for k, extra in self._carries:
+            lengths[k] += extra
+        if self._ascending and count == partitions:
+            return lengths
+        parts = array("I", entries)
+        if _SWAP:
+            parts.byteswap()
         out = [0] * partitions
-        for p, n in zip(self._partitions, self._lengths, strict=True):
+        for p, n in zip(parts[0::2], lengths, strict=True):
             out[p] += n
-        return out
+        return array("Q", out)
+
+
+def group_entries(group: BytesLike) -> memoryview:
+    """The directory entries of a checked group (a stored piece), for a `LengthTally`: no copy."""
+    n: int = GROUP_HEADER.unpack_from(group)[1]
+    return memoryview(group)[HEADER_SIZE : HEADER_SIZE + RUN_SIZE * n]
 
 
 # --------------------------------------------------------------------------- writers

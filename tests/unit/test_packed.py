@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shuffled.protocol import packed
 from shuffled.protocol.compression import compress_block, decompress_run
 from shuffled.protocol.errors import InvalidRequest, ProtocolError, ShuffledError
 from shuffled.protocol.integrity import checksum, checksum_parts
@@ -115,8 +117,8 @@ def test_any_split_reads_back_identically_for_every_range(
         tally = LengthTally()
         for g in groups:
             assert len(g) <= max(caps)
-            tally.add(check_push(g, a, PARTITIONS))
-        assert tally.lengths(PARTITIONS) == [len(d) for d in outs[a]]
+            tally.add(check_push(g, a, PARTITIONS).entries)
+        assert tally.lengths(PARTITIONS).tolist() == [len(d) for d in outs[a]]
     for start in range(PARTITIONS + 1):
         for end in range(start, PARTITIONS + 1):
             payloads = [p for a in outs for p in serve(stored[a], start, end, room)]
@@ -150,8 +152,8 @@ def test_compressed_runs_read_back(data: list[bytes], caps: list[int], repetitiv
         groups.append(bytes(into[: packer.pack_blocks_into(into, 9, compress_block)]))
     got: dict[int, bytes] = {}
     for g in groups:
-        d = check_push(g, 9, PARTITIONS)
-        for p, a, b in d.runs():
+        check_push(g, 9, PARTITIONS)
+        for p, a, b in directory(g).runs():
             got[p] = got.get(p, b"") + bytes(decompress_run(memoryview(g)[a:b]))
     assert got == {p: d for p, d in enumerate(data) if d}
 
@@ -164,8 +166,8 @@ def test_commit_lengths_add_up_every_flush_of_an_attempt(flushes: list[list[byte
     tally = LengthTally()
     for data in flushes:
         for g in pack(3, data, caps):
-            tally.add(check_push(g, 3, PARTITIONS))
-    assert tally.lengths(PARTITIONS) == [sum(len(data[p]) for data in flushes) for p in range(PARTITIONS)]
+            tally.add(check_push(g, 3, PARTITIONS).entries)
+    assert tally.lengths(PARTITIONS).tolist() == [sum(len(data[p]) for data in flushes) for p in range(PARTITIONS)]
 
 
 def test_write_sorted_shape_skips_empty_partitions_and_refuses_what_does_not_add_up() -> None:
@@ -234,13 +236,19 @@ def test_a_group_must_fit_its_stream() -> None:
     assert check_push(VALID, 5, 9).last == 8 and read_payload(VALID, 1, 9, {5})[0].first == 1
 
 
+def _pushed(group: bytes, attempt: int, partitions: int) -> list[Directory]:
+    """A group checked as a push, parsed as the daemon then stores it."""
+    check_push(group, attempt, partitions)
+    return [directory(group)]
+
+
 @settings(max_examples=1000)
 @given(st.binary(max_size=120), st.integers(0, 20))
 def test_garbage_raises_only_the_layers_error(data: bytes, partitions: int) -> None:
     """Whatever the bytes, checking them raises InvalidRequest (push) or ProtocolError (read), nothing else,
     and what passes is a real group: its runs lie inside the payload."""
     checks: list[tuple[Callable[[], list[Directory]], type[ShuffledError]]] = [
-        (lambda: [check_push(data, 5, partitions)], InvalidRequest),
+        (lambda: _pushed(data, 5, partitions), InvalidRequest),
         (lambda: read_payload(data, 0, partitions, {5}), ProtocolError),
     ]
     for check, error in checks:
@@ -259,10 +267,25 @@ def test_mutated_groups_are_refused_or_still_whole(data: st.DataObject) -> None:
     for _ in range(data.draw(st.integers(1, 3))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
     try:
-        d = check_push(bytes(raw), 5, 10)
+        got = check_push(bytes(raw), 5, 10)
     except InvalidRequest:
         return
+    d = directory(raw)
     assert d.end == len(raw) and list(d.partitions) == sorted(set(d.partitions)) and min(d.lengths) >= 1
+    assert (got.first, got.last, got.data_bytes) == (d.first, d.last, d.data_bytes)
+    assert got.entries == raw[HEADER_SIZE : d.data]
+
+
+@given(st.lists(st.tuples(st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 32) - 1)), min_size=1, max_size=40))
+def test_both_run_checks_agree_on_any_directory(runs: list[tuple[int, int]]) -> None:
+    """The plain loop (what the mypyc-compiled build checks pushes with) and the C-level calls (pure Python):
+    the runs' bytes when the partitions ascend strictly and no run is empty, else -1. Sorted runs too, as
+    random ones almost never ascend."""
+    for case in (runs, sorted(dict(runs).items())):
+        entries = b"".join(RUN.pack(p, n) for p, n in case)
+        ascending = all(a[0] < b[0] for a, b in pairwise(case))
+        expected = sum(n for _, n in case) if ascending and all(n for _, n in case) else -1
+        assert packed._sum_loop(entries) == packed._sum_calls(entries) == expected
 
 
 # --------------------------------------------------------------------------- serving parts of groups

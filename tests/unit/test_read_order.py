@@ -97,7 +97,7 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
                 push(pool, store, mouts[a], next(pending[a]))
         lengths = {}
         for a, out in mouts.items():
-            lengths[a] = store.commit(out)
+            lengths[a] = store.commit(out).tolist()
             spiller.journals.committed(out.shuffle, a)  # journaled, as a push session does
         for o in outs:
             assert lengths[o.attempt] == [len(o.data.get(p, b"")) for p in range(partitions)]

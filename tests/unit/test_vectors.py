@@ -22,7 +22,7 @@ from shuffled.protocol.codec import FrameReader, decode_all, encode
 from shuffled.protocol.compression import decompress_run
 from shuffled.protocol.credit import DEFAULT_FLOATING, ChannelCredit, FloatingPool, OutboundStream
 from shuffled.protocol.errors import ErrorCode, InvalidRequest, ProtocolError, ShuffledError
-from shuffled.protocol.packed import Directory, check_push, group_bytes, read_payload, slice_group, walk
+from shuffled.protocol.packed import Directory, check_push, directory, group_bytes, read_payload, slice_group, walk
 from shuffled.protocol.resume import Resume
 
 PROTO = Path(__file__).parents[2] / "proto"
@@ -187,7 +187,8 @@ def _check_payload(entry: dict[str, Any], payload: bytes) -> list[Directory]:
     """What the party that checks this frame's payloads makes of it (§7.6, §7.10)."""
     context = entry["context"]
     if entry["frame"] == "PUSH_DATA":
-        return [check_push(payload, context["attempt"], context["partitions"])]
+        check_push(payload, context["attempt"], context["partitions"])
+        return [directory(payload)]
     return read_payload(payload, context["start"], context["end"], set(context["attempts"]))
 
 

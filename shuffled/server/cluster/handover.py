@@ -51,7 +51,7 @@ from ...protocol.errors import (
     TimedOut,
 )
 from ...protocol.frames import REPLICA, OpenMapOutput
-from ...protocol.packed import LengthTally, directory
+from ...protocol.packed import LengthTally, group_entries
 from ..storage.disk import Disk
 from ..storage.loader import PieceLoader, run, take
 from ..storage.objects import ObjectStore
@@ -392,7 +392,7 @@ class Drainer:
             lengths = await link.commit()
         finally:
             link.abort()  # a no-op once committed
-        stored = sent.lengths(data.partitions)
+        stored = sent.lengths(data.partitions).tolist()
         if lengths != stored:
             raise CorruptData(
                 f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} were sent"
@@ -421,7 +421,7 @@ class Drainer:
                     batch = run(out, range(i, out.spilled), LOAD_BATCH)
                     got = await loader.load(out, batch, await take(pool, len(batch), pool.give))
                 for buf in got:
-                    sent.add(directory(buf.data()))
+                    sent.add(group_entries(buf.data()))
                     size = buf.length
                     link.send(Payload(buf, out.crcs[i]))
                     i += 1

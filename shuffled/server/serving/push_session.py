@@ -249,7 +249,7 @@ class PushSession:
         assert self.pool is not None and self.out.runs is not None
         self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
         self.pool = None
-        lengths = self.out.runs.lengths(self.out.shuffle.partitions)
+        lengths = self.out.runs.lengths(self.out.shuffle.partitions).tolist()  # compared with the replicas'
         self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
 
     async def _commit_replicated(self, links: ReplicaLinks, lengths: list[int]) -> None:

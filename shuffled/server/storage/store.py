@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from array import array
 
 from ...buffers import Buffer
 from ...ops.stats import StoreStats
@@ -21,7 +22,7 @@ from ...protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from ...protocol.packed import Directory
+from ...protocol.packed import PushedGroup
 from .access import AppKeys
 from .disk import LoadedShuffle, SpillFile
 from .placement import Placement
@@ -105,7 +106,7 @@ class Store:
                 f"its quota is {self.disk_quota} (--app-disk-quota)"
             )
 
-    def add(self, out: MapOutput, buffer: Buffer, crc: int, group: Directory) -> None:
+    def add(self, out: MapOutput, buffer: Buffer, crc: int, group: PushedGroup) -> None:
         """Take ownership of a pushed packed group (its one reference moves to the store), its checked CRC32C
         and its checked directory (`packed.check_push`); a refused one is released."""
         try:
@@ -123,7 +124,7 @@ class Store:
             buffer.release()
             raise
         assert out.runs is not None
-        out.runs.add(group)
+        out.runs.add(group.entries)
         first, length = group.first, buffer.length
         if not out.sizes or first < out.lasts[-1]:
             out.starts.append(len(out.sizes))
@@ -150,9 +151,9 @@ class Store:
         usage = self.usage.get(app)
         return bool(self.memory_quota) and usage is not None and usage.segments > self.memory_quota
 
-    def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> list[int]:
+    def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> array[int]:
         """Make the attempt readable; `copies` are the daemons that committed its replicas first. Returns
-        its bytes per partition (the CommitAck), which are not kept."""
+        its bytes per partition (the CommitAck's u64 array), which are not kept."""
         if out.state is not MapState.OPEN:
             raise MapOutputStateError(f"commit of a map output that is {out.state.value}")
         data = out.shuffle
