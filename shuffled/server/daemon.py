@@ -121,12 +121,14 @@ class Daemon:
 
     def _object_target(self, spiller: Spiller) -> SpillTarget | None:
         """Without a data dir, spills go to the object store: one object of at least a part per write (fewer
-        segments only in pools too small to hold three such writes)."""
+        segments only in pools too small to hold three such writes). A piece fills its segment only nearly
+        (a group's header, a writer's last group), so a write takes a sixteenth more segments than a part
+        holds: objects of whole parts keep spills within 64 PUTs per GiB."""
         if self.tier is None:
             return None
         usable = self.pool.total - self.pool.reserve
         part = self.tier.writer.part // self.config.segment_size
-        return self.tier.spill_target(max(1, min(part, usable // 3)))
+        return self.tier.spill_target(max(1, min(part + part // 16, usable // 3)))
 
     @property
     def node(self) -> str:
