@@ -170,12 +170,12 @@ def aqe_skew_join(spark: SparkSession) -> Any:
 #: reduce partitions of the wide jobs (few map tasks each write this many blocks)
 WIDE_PARTITIONS = 2_000
 #: AQE sizes coalesced partitions by the advisory size (not by the default parallelism, nor at least 1 MiB),
-#: so a wide shuffle of small data is read as a few ranges of hundreds of partitions each
+#: so a wide shuffle of small data is read as a dozen or so ranges of over a hundred partitions each
 WIDE_AQE = {
     "spark.sql.shuffle.partitions": str(WIDE_PARTITIONS),
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
-    "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16k",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": "64k",
     "spark.sql.adaptive.coalescePartitions.minPartitionSize": "1k",
 }
 
@@ -237,7 +237,7 @@ def wide_aqe_coalesce(spark: SparkSession) -> Any:
 def wide_aqe_skew_join(spark: SparkSession) -> Any:
     """A join into 2,000 partitions, one of them holding most rows: AQE must split that one into reads of
     parts of the map outputs (one reduce partition, a sub-range of the map tasks each) and coalesce the rest."""
-    with job_conf(spark, {**WIDE_AQE, **{k: v for k, v in SKEW_CONF.items() if "coalesce" not in k}}):
+    with job_conf(spark, {**WIDE_AQE, **{k: v for k, v in SKEW_CONF.items() if "skewJoin" in k}}):
         left = spark.range(0, 40_000, numPartitions=4).select(
             F.when(F.col("id") % 10 < 8, F.lit(0)).otherwise(F.col("id") % 3_001).alias("k"), F.col("id")
         )
