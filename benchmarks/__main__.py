@@ -39,6 +39,7 @@ from . import (
     soak,
     spark,
     spill,
+    star_wide,
     wide,
 )
 from .common import (
@@ -73,6 +74,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "objtier": objtier,
     "spark": spark,
     "scale": scale,
+    "star_wide": star_wide,
     "hosts": hosts,
     "soak": soak,
 }
