@@ -276,10 +276,13 @@ class ManagedProcess:
 
     Output is drained continuously so a chatty child never blocks on a full pipe;
     the last lines are kept for error messages. Readiness is a regex on one of the
-    two streams; stdout lines are also queued for `next_line`.
+    two streams; stdout lines are also queued for `next_line`. With `commands` its stdin
+    is a pipe that `send` writes lines to (a helper driven a step at a time).
     """
 
-    def __init__(self, name: str, argv: list[str], ready: str, ready_on: str = "stdout") -> None:
+    def __init__(
+        self, name: str, argv: list[str], ready: str, ready_on: str = "stdout", commands: bool = False
+    ) -> None:
         self.name = name
         self.argv = argv
         self._ready_re = re.compile(ready)
@@ -290,7 +293,7 @@ class ManagedProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if commands else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -343,6 +346,16 @@ class ManagedProcess:
             raise RuntimeError(f"{self.name} exited (code {self.proc.poll()}) without a result:\n{self.tail()}")
         return line
 
+    async def ask(self, command: str, timeout: float) -> str:
+        """Send one command line (the process was started with `commands`) and wait for its one-line answer."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except OSError as exc:  # it exited: say why rather than what the pipe says
+            raise RuntimeError(f"{self.name} took no command ({exc}):\n{self.tail()}") from None
+        return await self.next_line(timeout)
+
     async def wait_exit(self, timeout: float) -> int:
         try:
             return await asyncio.to_thread(self.proc.wait, timeout)
@@ -353,6 +366,9 @@ class ManagedProcess:
     def stop(self) -> None:
         """SIGTERM, wait a little, then SIGKILL; safe to call any number of times."""
         try:
+            if self.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
             stop_process(self.proc, STOP_TIMEOUT)
         finally:
             _LIVE.discard(self)

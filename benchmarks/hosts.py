@@ -10,17 +10,26 @@ alternate built-in, shuffled, and shuffled with two copies of every map output
 The ratios are shuffled's session time over the built-in one (goal <= 1.0), two copies over one (goal
 <= 1.3), and the peak RSS of any daemon during the replicated sessions (goal <= pool + 100 MiB). Where the kernel has no
 ``sch_netem`` the links are rate-limited only (``tbf``) and no delay is emulated; the notes say which.
-Skipped where network namespaces cannot be made (not root).
+
+Then healing: map outputs with two copies are pushed to every daemon (the Python client, from the bridge),
+host 3's daemon is killed (-9) for good, and the survivors copy what lost a copy to each other over the
+shaped links: the time from the kill until no daemon counts a map output lacking a copy (healing rounds
+every 2 s, so detection is part of it), and the bytes copied. Skipped where network namespaces cannot be
+made (not root).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from shuffled.config import DaemonConfig
+from shuffled.launch import DaemonProcess
+from shuffled_client import AsyncClient
 from tests.hosts import DAEMON_PORT, GBIT_1, GBIT_10, Hosts, LinkProfile, netns_unavailable
 
 from . import star_schema
@@ -35,16 +44,19 @@ QUICK_QUERIES = ["customer_segments", "hot_customer_join"]
 #: every daemon's pool: the default, which is what the RSS goal (pool + 100 MB) is judged against
 POOL = DaemonConfig().pool_size
 SAMPLE_INTERVAL = 0.2
+#: healing rounds (seconds) and the map outputs healing copies
+HEAL_INTERVAL = 2
+HEAL_ATTEMPT = 4 * MiB
 
 
 @contextlib.contextmanager
-def _cluster(profile: LinkProfile) -> Iterator[tuple[Hosts, str, dict[str, int]]]:
-    """Three hosts with a daemon (default pool) each, and a standalone cluster over them; the daemons' pids."""
+def _cluster(profile: LinkProfile) -> Iterator[tuple[Hosts, str, list[DaemonProcess]]]:
+    """Three hosts with a daemon (default pool) each, and a standalone cluster over them; the daemons."""
     with Hosts(3, profile) as hosts:
         pool = f"{POOL >> 20}M"
-        pids = {f"daemon {host.index}": hosts.start_daemon(host, pool).pid for host in hosts.hosts}
+        daemons = [hosts.start_daemon(host, pool, ["--heal-interval", str(HEAL_INTERVAL)]) for host in hosts.hosts]
         with hosts.spark_cluster() as master:
-            yield hosts, master, pids
+            yield hosts, master, daemons
 
 
 def _settings(hosts: Hosts, setup: str) -> list[str]:
@@ -65,9 +77,10 @@ def _settings(hosts: Hosts, setup: str) -> list[str]:
 
 async def _profile_runs(
     ctx: Context, profile: LinkProfile, rows: int, jar: str, queries: str, order: list[str]
-) -> tuple[str, list[dict[str, Any]]]:
+) -> tuple[str, list[dict[str, Any]], dict[str, float]]:
     stack = contextlib.ExitStack()
-    hosts, master, pids = await asyncio.to_thread(lambda: stack.enter_context(_cluster(profile)))
+    hosts, master, daemons = await asyncio.to_thread(lambda: stack.enter_context(_cluster(profile)))
+    pids = {f"daemon {i + 1}": d.pid for i, d in enumerate(daemons)}
     runs = []
     try:
         ctx.progress(f"{profile.name}: 3 hosts, links {hosts.shaping}")
@@ -80,9 +93,47 @@ async def _profile_runs(
             out["rss_peak"] = max(sampler.peak(k) for k in pids)
             runs.append(out)
             ctx.progress(f"{profile.name}, {setup}: {sum(q['seconds'] for q in out['queries'].values()):.1f}s")
+        heal = await _healing(ctx, daemons)
     finally:
         await asyncio.to_thread(stack.close)
-    return hosts.shaping, runs
+    return hosts.shaping, runs, heal
+
+
+async def _healing(ctx: Context, daemons: list[DaemonProcess]) -> dict[str, float]:
+    """Two copies of map outputs pushed to every daemon; the last daemon killed; how long until no survivor
+    counts a map output lacking a copy, and what healing copied."""
+    per_daemon = ctx.pick(256 * MiB, 32 * MiB)
+    sizes = [HEAL_ATTEMPT // 16] * 16
+    clients = [await AsyncClient.connect(d.addr) for d in daemons]
+    attempt = 0
+    for c in clients:
+        for _ in range(per_daemon // HEAL_ATTEMPT):
+            attempt += 1
+            w = await c.open_writer("heal", 1, attempt, attempt, len(sizes), replicas=2)
+            for p, n in enumerate(sizes):
+                await w.write(p, bytes([attempt % 251]) * n)
+            await w.commit()
+    victim = daemons[-1]
+    await clients[-1].close()
+    victim.proc.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(victim.proc.wait, 10)
+    t0 = time.monotonic()
+    survivors = clients[:-1]
+    while True:
+        stats = [await c.stats() for c in survivors]
+        if all(
+            s["store"]["attempts"] == attempt and s["heal"]["missing"] == 0 and s["store"]["under_replicated"] == 0
+            for s in stats
+        ):
+            break
+        require(time.monotonic() - t0 < 300, f"healing did not finish: {[s['heal'] for s in stats]}")
+        await asyncio.sleep(0.1)  # polling the daemons' stats, not a synchronisation
+    seconds = time.monotonic() - t0
+    copied = sum(s["heal"]["copied_bytes"] for s in stats)
+    for c in survivors:
+        await c.remove_application("heal", propagate=False)
+        await c.close()
+    return {"seconds": seconds, "copied": copied, "copies": sum(s["heal"]["copied"] for s in stats), "held": attempt}
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
@@ -96,7 +147,14 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     plot = Plot("hosts", "Three hosts: Spark session time per link", "", "seconds (median)")
     digests: dict[str, set[str]] = {}
     for profile in ctx.pick([GBIT_1, GBIT_10], [GBIT_10]):
-        shaping, runs = await _profile_runs(ctx, profile, rows, jar, queries, order)
+        shaping, runs, heal = await _profile_runs(ctx, profile, rows, jar, queries, order)
+        result.add(f"healing after a host loss, {profile.name}: time to no copy missing", heal["seconds"], "s")
+        result.add(f"healing after a host loss, {profile.name}: bytes copied", heal["copied"] / MiB, "MiB")
+        result.notes.append(
+            f"{profile.name} healing: {heal['held']:.0f} map outputs of {HEAL_ATTEMPT // MiB} MiB with 2 copies on 3 "
+            f"daemons, one killed; {heal['copies']:.0f} copies made ({heal['copied'] / MiB:,.0f} MiB) in "
+            f"{heal['seconds']:.1f} s (rounds every {HEAL_INTERVAL} s, heal-bandwidth 64 MiB/s per daemon)"
+        )
         for r in runs:
             for q, v in r["queries"].items():
                 digests.setdefault(q, set()).add(v["result"])

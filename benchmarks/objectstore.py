@@ -21,7 +21,8 @@ from functools import partial
 
 import obstore
 
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
 from tests.seaweedfs import SeaweedFS, weed_binary
 
 from .common import Context, CpuMeter, Goal, MiB, ScenarioResult, Skip, bounded, median, mib_per_s, require

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from shuffled.config import DaemonConfig
@@ -38,7 +39,7 @@ TIME_LIMIT = 5400.0
 QUICK_QUERIES = ["customer_segments", "hot_customer_join"]
 
 
-def _default_pool() -> int:
+def default_pool() -> int:
     return int(DaemonConfig().pool_size)
 
 
@@ -51,15 +52,25 @@ def _spilled(daemons: list[DaemonProcess]) -> list[int]:
     return out
 
 
-async def _plugin_session(
-    ctx: Context, setup: str, pool: int, rows: int, jar: str, queries: str, result: ScenarioResult
+async def plugin_session(
+    ctx: Context,
+    setup: str,
+    pools: list[int],
+    rows: int,
+    jar: str,
+    queries: str,
+    extra: Sequence[str],
+    result: ScenarioResult,
 ) -> dict[str, Any]:
-    async with ctx.daemons(pool, pool) as daemons:
+    """A Spark session through one daemon per pool (tasks spread over them), each daemon's RSS sampled:
+    its peak is recorded against its pool (goal: at most pool + OVERHEAD_MIB); the session's JSON line
+    gains each daemon's spilled bytes and the RSS series."""
+    async with ctx.daemons(*pools) as daemons:
         pids = {f"{setup}: {d.host}": d.pid for d in daemons}
         with RssSampler(pids, 0.5) as rss:
-            out = await run_session(ctx, "plugin", rows, ",".join(d.addr for d in daemons), jar, queries, _EXTRA)
+            out = await run_session(ctx, "plugin", rows, ",".join(d.addr for d in daemons), jar, queries, extra)
         out["spilled"] = await asyncio.to_thread(_spilled, daemons)
-        for key in pids:
+        for key, pool in zip(pids, pools, strict=True):
             result.add(
                 f"peak RSS, {key}",
                 rss.peak(key),
@@ -70,6 +81,29 @@ async def _plugin_session(
             )
         out["rss"] = dict(rss.series)
     return out
+
+
+def session_seconds(run: dict[str, Any]) -> float:
+    """A session's time: the sum of its queries' (the JVM's start and stop left out)."""
+    return float(sum(q["seconds"] for q in run["queries"].values()))
+
+
+def compare_sessions(result: ScenarioResult, label: str, runs: dict[str, dict[str, Any]]) -> None:
+    """Every query's result must be the same in every session of ``runs`` (the first: the built-in shuffle);
+    each other session's time is recorded against the first one's (goal: at most its time)."""
+    first, *others = runs
+    for q in runs[first]["queries"]:
+        digests = {r["queries"][q]["result"] for r in runs.values()}
+        require(len(digests) == 1, f"{label}{q}: results differ between the built-in shuffle and shuffled")
+    for setup in others:
+        result.add(
+            f"session time, {setup}",
+            session_seconds(runs[setup]),
+            "s",
+            baseline_name="built-in",
+            baseline=session_seconds(runs[first]),
+            goal=Goal("ratio", "<=", 1.0),
+        )
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
@@ -84,31 +118,16 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         if setup == BUILTIN:
             out = await run_session(ctx, "builtin", rows, "", jar, queries, _EXTRA)
         else:
-            pool = _default_pool() if setup == DEFAULTS else small_pool
-            out = await _plugin_session(ctx, setup, pool, rows, jar, queries, result)
+            pool = default_pool() if setup == DEFAULTS else small_pool
+            out = await plugin_session(ctx, setup, [pool, pool], rows, jar, queries, _EXTRA, result)
             plot.lines.update(out.pop("rss"))
         runs[setup] = out
-        total = sum(q["seconds"] for q in out["queries"].values())
-        ctx.progress(f"{setup}: {len(out['queries'])} queries in {total:.1f}s")
+        ctx.progress(f"{setup}: {len(out['queries'])} queries in {session_seconds(out):.1f}s")
 
-    for q in runs[BUILTIN]["queries"]:
-        digests = {r["queries"][q]["result"] for r in runs.values()}
-        require(len(digests) == 1, f"{q}: results differ between the built-in shuffle and shuffled")
-
-    def session_seconds(setup: str) -> float:
-        return float(sum(q["seconds"] for q in runs[setup]["queries"].values()))
-
+    compare_sessions(result, "", runs)
     shuffled = sum(q["shuffle_bytes"] for q in runs[BUILTIN]["queries"].values())
     for setup in setups[1:]:
-        result.add(
-            f"session time, {setup}",
-            session_seconds(setup),
-            "s",
-            baseline_name="built-in",
-            baseline=session_seconds(BUILTIN),
-            goal=Goal("ratio", "<=", 1.0),
-        )
-        pools = 2 * (_default_pool() if setup == DEFAULTS else small_pool)
+        pools = 2 * (default_pool() if setup == DEFAULTS else small_pool)
         spilled = runs[setup]["spilled"]
         result.notes.append(
             f"{setup}: shuffle {shuffled / pools:.1f}x the two pools ({pools // MiB} MiB); "

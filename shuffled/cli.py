@@ -1,5 +1,5 @@
-"""Command line: `shuffled serve`, `drain`, `demo`, `stats`, `config`, `metrics-reference`, `spark-jar`,
-`spark-conf`."""
+"""Command line: `shuffled serve`, `drain`, `health`, `demo`, `stats`, `config`, `metrics-reference`,
+`spark-jar`, `spark-conf`."""
 
 from __future__ import annotations
 
@@ -132,6 +132,15 @@ def _build_parser() -> argparse.ArgumentParser:
             metavar="PATH",
             help="the cluster secret, for a daemon that requires one (default: $SHUFFLED_SECRET_FILE)",
         )
+
+    health = sub.add_parser(
+        "health",
+        help="exit 0 if the daemon these settings describe answers /healthz (a container's health check)",
+        description="Reads the settings as `serve` does (flags, --config or $SHUFFLED_CONFIG, SHUFFLED_* variables) "
+        "and asks /healthz on the metrics host and port they give (loopback when that is every address). The "
+        "image's HEALTHCHECK runs it, so it follows a metrics port set in the container's environment.",
+    )
+    settings.add_flags(health)
 
     config = sub.add_parser("config", help="print the effective configuration or the settings reference")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -361,6 +370,39 @@ def _verdict(node: str, result: dict[str, Any] | None) -> int:
     return 0
 
 
+#: bound of the health check's request: below the image's HEALTHCHECK --timeout
+HEALTH_TIMEOUT = 2.0
+
+
+def _health(args: argparse.Namespace) -> int:
+    """Only the endpoint's settings matter here: the rest (an advertise given as a flag to `serve`, which
+    this process does not see) is not checked, or a running daemon would be reported unhealthy."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        config, _ = settings.load(args, validate=False)
+    except settings.ConfigError as exc:
+        print(f"shuffled health: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if config.metrics_port <= 0:
+        print(f"shuffled health: no fixed metrics port (metrics-port {config.metrics_port})", file=sys.stderr)
+        return 2
+    host = config.metrics_host or config.host
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{config.metrics_port}/healthz"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the daemon is never behind a proxy
+    try:
+        with opener.open(url, timeout=HEALTH_TIMEOUT) as answer:
+            print(f"{url}: {answer.status} {answer.read().decode().strip()}")
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"{url}: {exc.code} {exc.read().decode().strip()}", file=sys.stderr)
+    except OSError as exc:
+        print(f"{url}: {exc}", file=sys.stderr)
+    return 1
+
+
 def _spark_command(args: argparse.Namespace) -> int:
     from . import spark_jar
 
@@ -406,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(settings.render_toml(*loaded), end="")
         return 0
+    if args.command == "health":
+        return _health(args)
     if args.command == "metrics-reference":
         print(metrics_reference(), end="")
         return 0

@@ -328,6 +328,48 @@ class DaemonConfig:
         parse=parse_size,
         metavar="SIZE",
     )
+    object_store_durable_delay: float = setting(
+        1.0,
+        "a shuffle's committed map outputs that are to be made durable are uploaded once their pieces not yet "
+        "in the object store fill a part, or this long after the shuffle's last commit (the end of a map stage)",
+        unit="s",
+    )
+    object_store_sweep: float = setting(
+        3600.0,
+        "how often the daemon lists the object store's prefix and deletes the objects of applications no "
+        "reachable daemon holds that are older than app-ttl (what crashed daemons left; 0: never)",
+        unit="s",
+    )
+    durability: str = setting(
+        "none",
+        "`object-store`: every committed map output is uploaded to the object store in the background, so any "
+        "daemon can serve it once its host is lost (a Spark application may ask for it alone with "
+        "spark.shuffled.durability); `none`: only applications that ask",
+        choices=("none", "object-store"),
+    )
+    disk_quota: int = setting(
+        0,
+        "spill file bytes this daemon keeps on its data dir; with an object store, beyond it the oldest spilled "
+        "pieces move to the object store (and an application over app-disk-quota has its pieces moved instead "
+        "of its pushes refused) (0: no cap)",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
+    )
+    heal_interval: float = setting(
+        10.0,
+        "how often the daemon checks that the replicated map outputs it holds still have their copies, and "
+        "copies those that lost one (a daemon gone, a drain that could not place a copy) to other daemons "
+        "(0: never)",
+        unit="s",
+    )
+    heal_bandwidth: int = setting(
+        64 * MiB,
+        "most bytes a second healing copies send",
+        unit="bytes",
+        parse=parse_size,
+        metavar="SIZE",
+    )
     peers: list[str] = setting(
         [],
         "the other daemons (`HOST:PORT,...`), told when a shuffle or an application is removed; replicas are "
@@ -672,6 +714,15 @@ class DaemonConfig:
             endpoint is None or urlsplit(endpoint).scheme in ("http", "https"),
             f"object-store-endpoint {endpoint!r} is not an http:// or https:// URL",
         )
+        need(self.object_store_durable_delay >= 0, "object-store-durable-delay must be >= 0 seconds")
+        need(self.object_store_sweep >= 0, "object-store-sweep must be >= 0 seconds (0: never)")
+        need(self.disk_quota >= 0, "disk-quota must be >= 0 (0: no cap)")
+        need(self.heal_interval >= 0, "heal-interval must be >= 0 seconds (0: never)")
+        need(self.heal_bandwidth > 0, "heal-bandwidth must be > 0 bytes a second")
+        need(
+            self.durability == "none" or self.object_store is not None,
+            "durability object-store needs an object-store to upload to",
+        )
         need(self.replica_lag >= 1, "replica-lag must be >= 1 buffer")
         need(self.replica_search >= 1, "replica-search must be >= 1")
         need(self.failover_timeout > 0, "failover-timeout must be > 0 seconds")
@@ -766,9 +817,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load(
-    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None, validate: bool = True
 ) -> tuple[DaemonConfig, dict[str, str]]:
-    """The effective configuration and where each setting came from ("default", a file, "env", "flag")."""
+    """The effective configuration and where each setting came from ("default", a file, "env", "flag");
+    ``validate=False`` for a caller that reads a few settings of a daemon configured elsewhere too."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -787,7 +839,8 @@ def load(
             values[s.attr] = _convert(s, raw, s.flag)
             sources[s.attr] = "flag"
     config = DaemonConfig(**values)
-    config.validate()
+    if validate:
+        config.validate()
     return config, {s.attr: sources.get(s.attr, "default") for s in table}
 
 

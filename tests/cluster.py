@@ -18,6 +18,7 @@ import pytest
 from shuffled.launch import DaemonProcess as DaemonProcess
 from shuffled.launch import free_port as free_port
 from shuffled_client import AsyncClient
+from tests.wheel import Installed
 
 #: the test run's data dirs (the daemons' default, data-dir auto, is a system directory that outlives the run)
 _DATA_ROOT = Path(tempfile.mkdtemp(prefix="shuffled-test-data-"))
@@ -38,19 +39,31 @@ def start_daemon(
     pool_size: str = "64M",
     extra: list[str] | None = None,
     preexec: Callable[[], None] | None = None,
+    installed: Installed | None = None,
 ) -> DaemonProcess:
-    """A ready daemon with the test run's data dir for its address, unless the test names one."""
+    """A ready daemon with the test run's data dir for its address, unless the test names one; the tree's
+    package, or the one `installed` from a wheel (tests/wheel.py)."""
     flags = extra or []
     if "--data-dir" not in flags:
         flags = ["--data-dir", daemon_data_dir(host, port), *flags]
-    return DaemonProcess(host, port, pool_size, flags, preexec=preexec).wait_ready()
+    if installed is None:
+        return DaemonProcess(host, port, pool_size, flags, preexec=preexec).wait_ready()
+    return DaemonProcess(
+        host, port, pool_size, flags, preexec=preexec, interpreter=installed.interpreter, env=installed.env
+    ).wait_ready()
 
 
 class Cluster:
     """Daemons that are each other's peers, one per loopback address (``n`` of them: 127.0.0.1 upwards),
-    all on one port; stopped on leaving a ``with`` block."""
+    all on one port; stopped on leaving a ``with`` block. `installed`: daemons of a wheel (tests/wheel.py)."""
 
-    def __init__(self, hosts: int | list[str], pool_size: str = "64M", extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        hosts: int | list[str],
+        pool_size: str = "64M",
+        extra: list[str] | None = None,
+        installed: Installed | None = None,
+    ) -> None:
         if isinstance(hosts, int):
             hosts = [f"127.0.0.{i + 1}" for i in range(hosts)]
         port = free_port(hosts)
@@ -58,7 +71,8 @@ class Cluster:
         self.daemons: list[DaemonProcess] = []
         try:
             for h in hosts:
-                self.daemons.append(start_daemon(h, port, pool_size, ["--peers", peers, *(extra or [])]))
+                flags = ["--peers", peers, *(extra or [])]
+                self.daemons.append(start_daemon(h, port, pool_size, flags, installed=installed))
         except BaseException:
             self.stop()
             raise

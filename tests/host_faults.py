@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +26,17 @@ from typing import Any
 from shuffled.launch import STOP_TIMEOUT
 from tests.cluster import DaemonProcess, poll_until
 from tests.hosts import Hosts
-from tests.spark_support import daemon_stats, stage_data
+from tests.spark_support import Daemon, daemon_stats, stage_data
 
 PEER_TIMEOUT_S = 3
 #: how long a daemon stopped with SIGTERM may take to hand its data over and let its reads finish
 DRAIN_TIMEOUT_S = 60
 #: two copies of every map output, handed over on SIGTERM: what a cluster that rolls its daemons runs with
 REPLICATED = ["--replicas", "2", "--drain-handoff", "on", "--drain-timeout", str(DRAIN_TIMEOUT_S)]
-#: the disk of the `disk_full` fault, and the memory one application may hold there before it spills
-TINY_DISK, SPILL_QUOTA = "16m", "1M"
+#: the disk of the `disk_full` fault, and the memory one application may hold there before it spills: four
+#: segments, the least a quota may be with push windows of two (packed groups fill their segments, so a fault
+#: job's map output on one host stayed under 1M, 32 segments, where a segment per block once made hundreds)
+TINY_DISK, SPILL_QUOTA, SPILL_WINDOW = "16m", "128K", "2"
 #: what a failed job's message may name when a disk was full
 STORAGE_CAUSES = ("STORAGE_ERROR", "No space")
 
@@ -68,16 +70,19 @@ class Outcome:
 class HostDaemons:
     """One daemon per simulated host, restartable on its data dir; the faults that can hit each."""
 
-    def __init__(self, hosts: Hosts, pool: str = "32M") -> None:
+    def __init__(
+        self, hosts: Hosts, pool: str = "32M", flags: list[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self.hosts = hosts
         self.pool = pool
-        #: flags every daemon starts with (`reconfigure` changes them)
-        self.flags: list[str] = []
+        #: flags every daemon starts with (`reconfigure` changes them), and their environment (None: ours)
+        self.flags: list[str] = flags or []
+        self.env = env
         self.daemons = [self._start(i) for i in range(len(hosts.hosts))]
 
     def _start(self, i: int, extra: list[str] | None = None) -> DaemonProcess:
         flags = ["--peer-timeout", str(PEER_TIMEOUT_S), *self.flags, *(extra or [])]
-        return self.hosts.start_daemon(self.hosts.hosts[i], self.pool, flags)
+        return self.hosts.start_daemon(self.hosts.hosts[i], self.pool, flags, self.env)
 
     def restart(self, i: int, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM (a drain, with hand-over if the daemon's flags say so), then a new process on the data dir."""
@@ -154,7 +159,7 @@ class HostDaemons:
             data_dir.mkdir(parents=True, exist_ok=True)
             mount = ["mount", "-t", "tmpfs", "-o", f"size={TINY_DISK}", "tmpfs", str(data_dir)]
             subprocess.run(mount, check=True, capture_output=True, timeout=30)
-            self.daemons[i] = self._start(i, extra=["--app-memory-quota", SPILL_QUOTA])
+            self.daemons[i] = self._start(i, extra=["--app-memory-quota", SPILL_QUOTA, "--push-window", SPILL_WINDOW])
             fill(data_dir / "filler")
 
         def restore() -> None:
@@ -171,16 +176,27 @@ class HostDaemons:
         return [self.kill(i), self.stop(i), self.link_down(i), self.disk_full(i)]
 
     def settled(self, timeout: float = 60) -> None:
-        """Every pool holds exactly its stored data: nothing leaked by the fault."""
-        for i in range(len(self.daemons)):
+        settled(self.daemons, timeout)
 
-            def quiet(i: int = i) -> bool:
-                s = daemon_stats(self.daemons[i])
-                st = s["streams"]
-                busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
-                return bool(busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"])
 
-            poll_until(quiet, timeout, f"{self.daemons[i].addr}'s pool settled")
+def settled(daemons: Sequence[Daemon], timeout: float = 60) -> None:
+    """Every pool holds exactly its stored data: nothing leaked by the fault."""
+    for daemon in daemons:
+
+        def quiet(daemon: Daemon = daemon) -> bool:
+            s = daemon_stats(daemon)
+            st = s["streams"]
+            busy = st["served"] + st["pushing"] + st["remote_channels"] + s["pool"]["local_pools"]
+            return bool(busy == 0 and s["pool"]["used"] == s["store"]["stored_segments"])
+
+        poll_until(quiet, timeout, f"{daemon.addr}'s pool settled")
+
+
+def total(daemons: Sequence[Daemon], path: str) -> int:
+    """A stats counter summed over the daemons (a counter by code: all codes)."""
+    section, key = path.split(".")
+    values = [daemon_stats(d)[section][key] for d in daemons]
+    return sum(sum(v.values()) if isinstance(v, dict) else v for v in values)
 
 
 def fill(path: Path) -> None:

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +65,20 @@ def netns_unavailable() -> str | None:
         return "cannot create a network namespace (ip netns add failed)"
     _run("ip", "netns", "del", name)
     return None
+
+
+@contextlib.contextmanager
+def hosts_for_tests(n: int) -> Iterator[Hosts]:
+    """`Hosts` for a test fixture: skipped with the reason where namespaces cannot be made, and checked
+    afterwards to have left nothing behind."""
+    import pytest
+
+    why = netns_unavailable()
+    if why is not None:
+        pytest.skip(f"no simulated hosts: {why}")
+    with Hosts(n) as hosts:
+        yield hosts
+    assert not hosts.leftovers(), f"namespaces or links left behind: {hosts.leftovers()}"
 
 
 @dataclass
@@ -155,13 +169,25 @@ class Hosts:
         """The host's daemon's data dir: the same one after a restart, so committed data is found again."""
         return self.scratch / f"data-{host.index}"
 
-    def start_daemon(self, host: Host, pool_size: str = "64M", extra: list[str] | None = None) -> DaemonProcess:
+    def start_daemon(
+        self,
+        host: Host,
+        pool_size: str = "64M",
+        extra: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> DaemonProcess:
         """``shuffled serve`` inside ``host``: on every address of the namespace, the host address
-        advertised, every host's daemon a peer; stopped when the hosts go."""
+        advertised, every host's daemon a peer; stopped when the hosts go. `env`: its environment (else
+        this process's)."""
         peers = ",".join(h.daemon_addr for h in self.hosts)
         flags = ["--advertise", host.daemon_addr, "--peers", peers, "--data-dir", str(self.data_dir(host))]
         daemon = DaemonProcess(
-            "0.0.0.0", DAEMON_PORT, pool_size, [*flags, *(extra or [])], interpreter=host.argv(sys.executable)
+            "0.0.0.0",
+            DAEMON_PORT,
+            pool_size,
+            [*flags, *(extra or [])],
+            interpreter=host.argv(sys.executable),
+            env=env,
         )
         host.procs.append(daemon.proc)
         return daemon.wait_ready()
@@ -173,6 +199,25 @@ class Hosts:
 
         with standalone_cluster([h.addr for h in self.hosts], self.gateway, [h.netns for h in self.hosts]) as url:
             yield url
+
+    def spark_conf(self, jar: Path, admin: str | None = None) -> dict[str, str]:
+        """A driver's settings for `spark_cluster`: the driver on the bridge, the plugin jar shipped to the
+        executors; with the address of the daemon the driver sends cleanup to (``admin``), the shuffle goes
+        through shuffled, each executor using its own host's daemon (``127.0.0.1:7337`` in its namespace)."""
+        from shuffled import spark_jar
+        from tests.spark_support import PLUGIN_TIMEOUT
+
+        conf = {
+            "spark.jars": str(jar),
+            "spark.driver.host": self.gateway,
+            "spark.driver.bindAddress": self.gateway,
+            "spark.executor.memory": "640m",
+            "spark.task.maxFailures": "4",
+        }
+        if admin is not None:
+            conf |= spark_jar.spark_conf(jar, [f"127.0.0.1:{DAEMON_PORT}"])
+            conf |= {"spark.shuffled.adminAddress": admin, "spark.shuffled.timeout": PLUGIN_TIMEOUT}
+        return conf
 
     def close(self) -> None:
         for host in self.hosts:

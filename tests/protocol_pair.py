@@ -49,15 +49,15 @@ class Pair:
 
 
 def send_buffers(conn: ProtocolConnection, out: OutboundStream[Any], receiver: int) -> bool:
-    """Frame what a served read may send under its credit; True once its end went out."""
+    """Frame what a served read may send under its credit (its items are payloads: packed groups, as bytes);
+    True once its end went out."""
     while out.ready():
         item, seq, backlog, is_event = out.pop()
         if is_event:
-            conn.send(encode_buffer_response(receiver, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, b""))
+            conn.send(encode_buffer_response(receiver, seq, backlog, BufferKind.END_OF_PARTITION, b""))
             conn.read_finished(receiver)
             return True
-        partition, payload = item
-        conn.send(encode_buffer_response(receiver, seq, backlog, partition, BufferKind.DATA, 7, payload))
+        conn.send(encode_buffer_response(receiver, seq, backlog, BufferKind.DATA, item))
     return False
 
 
@@ -67,11 +67,11 @@ ABORT = "abort"
 
 
 def send_pushes(conn: ProtocolConnection, out: OutboundStream[Any], writer: int) -> None:
-    """Frame a push's data under its push credit, then its commit or abort once queued."""
+    """Frame a push's data (payloads: one packed group each, as bytes) under its push credit, then its commit or
+    abort once queued."""
     while out.ready():
         item, seq, _, is_event = out.pop()  # data goes before the event: its sequence counts the pushes
         if is_event:
             conn.send(encode(CommitMapOutput(writer, seq)) if item == COMMIT else encode_abort(writer))
             return
-        partition, payload = item
-        conn.send(encode_push_data(writer, seq, partition, payload))
+        conn.send(encode_push_data(writer, seq, item))

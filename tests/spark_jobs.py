@@ -165,6 +165,97 @@ def aqe_skew_join(spark: SparkSession) -> Any:
         return planned_rows(df, "skew=true", "split the skewed partition")
 
 
+# -- wide: thousands of reduce partitions of small data, so every map output is thousands of tiny blocks
+
+#: reduce partitions of the wide jobs (few map tasks each write this many blocks)
+WIDE_PARTITIONS = 2_000
+#: AQE sizes coalesced partitions by the advisory size (not by the default parallelism, nor at least 1 MiB),
+#: so a wide shuffle of small data is read as a dozen or so ranges of over a hundred partitions each
+WIDE_AQE = {
+    "spark.sql.shuffle.partitions": str(WIDE_PARTITIONS),
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": "64k",
+    "spark.sql.adaptive.coalescePartitions.minPartitionSize": "1k",
+}
+
+
+def _scala_list(seq: Any) -> list[Any]:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def shuffle_reads(df: DataFrame) -> list[tuple[int, list[Any]]]:
+    """Every AQEShuffleRead of ``df``'s final plan: the reduce partitions of the shuffle it reads, and the
+    partition specs it read them by (Spark's ShufflePartitionSpec objects, through py4j)."""
+    found: list[tuple[int, list[Any]]] = []
+    pending = [df._jdf.queryExecution().executedPlan()]
+    while pending:
+        node = pending.pop()
+        kind = node.getClass().getSimpleName()
+        if kind == "AdaptiveSparkPlanExec":
+            pending.append(node.executedPlan())
+            continue
+        if kind.endswith("QueryStageExec"):  # a shuffle's, a broadcast's, (Spark 4) the result's
+            pending.append(node.plan())
+            continue
+        if kind.startswith("AQEShuffleRead"):  # AQEShuffleReadExec
+            found.append((node.child().outputPartitioning().numPartitions(), _scala_list(node.partitionSpecs())))
+        pending.extend(_scala_list(node.children()))
+    return found
+
+
+def _spec(spec: Any) -> tuple[str, ...]:
+    """A partition spec as (kind, its indexes as text): CoalescedPartitionSpec(start, end) reads reduce
+    partitions [start, end) of every map output; PartialReducerPartitionSpec(reducer, start, end) reads one
+    reduce partition of map outputs [start, end) only: a part of a skewed partition."""
+    kind = spec.getClass().getSimpleName()
+    if kind == "CoalescedPartitionSpec":
+        return kind, str(spec.startReducerIndex()), str(spec.endReducerIndex())
+    if kind == "PartialReducerPartitionSpec":
+        return kind, str(spec.reducerIndex()), str(spec.startMapIndex()), str(spec.endMapIndex())
+    return (kind,)
+
+
+def wide_aqe_coalesce(spark: SparkSession) -> Any:
+    """2,000 reduce partitions from 4 map tasks: AQE must read them as fewer, wider ranges that still cover
+    every partition once, from the map output sizes the shuffle reported."""
+    with job_conf(spark, WIDE_AQE):
+        df = facts(spark).groupBy((F.col("id") % 4_999).alias("g")).agg(F.sum("v"), F.max("s"), F.count("*"))
+        result = sorted(rows(df))
+        reads = shuffle_reads(df)
+    assert reads, f"no AQEShuffleRead in the plan:\n{executed_plan(df)}"
+    for width, specs in reads:
+        assert width == WIDE_PARTITIONS, f"the shuffle has {width} partitions"
+        ranges = [_spec(s) for s in specs]
+        assert all(r[0] == "CoalescedPartitionSpec" for r in ranges), ranges
+        bounds = [(int(r[1]), int(r[2])) for r in ranges]
+        assert 1 < len(bounds) < WIDE_PARTITIONS / 10, f"AQE did not coalesce into a few ranges: {bounds}"
+        assert [b[0] for b in bounds] == [0] + [b[1] for b in bounds[:-1]] and bounds[-1][1] == width, bounds
+    return result
+
+
+def wide_aqe_skew_join(spark: SparkSession) -> Any:
+    """A join into 2,000 partitions, one of them holding most rows: AQE must split that one into reads of
+    parts of the map outputs (one reduce partition, a sub-range of the map tasks each) and coalesce the rest."""
+    with job_conf(spark, {**WIDE_AQE, **{k: v for k, v in SKEW_CONF.items() if "skewJoin" in k}}):
+        left = spark.range(0, 40_000, numPartitions=4).select(
+            F.when(F.col("id") % 10 < 8, F.lit(0)).otherwise(F.col("id") % 3_001).alias("k"), F.col("id")
+        )
+        right = spark.range(0, 6_002, numPartitions=2).select((F.col("id") % 3_001).alias("k"), F.col("id").alias("w"))
+        joined = left.join(right.hint("merge"), "k")
+        df = joined.groupBy((F.col("id") % 7).alias("g")).agg(F.count("*"), F.sum("k"), F.sum("w"))
+        result = sorted(rows(df))
+        reads = shuffle_reads(df)
+    split: dict[str, set[tuple[str, str]]] = {}
+    for _, specs in reads:
+        for kind, *indexes in map(_spec, specs):
+            if kind == "PartialReducerPartitionSpec":
+                split.setdefault(indexes[0], set()).add((indexes[1], indexes[2]))
+    assert any(len(parts) > 1 for parts in split.values()), f"AQE split no partition by map ranges: {split}"
+    assert {w for w, _ in reads} == {WIDE_PARTITIONS}, reads
+    return result
+
+
 #: Every job both shuffles run; the tests compare their results one by one.
 JOBS: dict[str, Job] = {
     job.__name__: job
@@ -181,6 +272,8 @@ JOBS: dict[str, Job] = {
         rdd_repartition,
         aqe_coalesce,
         aqe_skew_join,
+        wide_aqe_coalesce,
+        wide_aqe_skew_join,
     )
 }
 

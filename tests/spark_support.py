@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -20,11 +20,20 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 
 needs_spark = needs_jdk
 
+
+class Daemon(Protocol):
+    """What the Spark helpers need of a daemon, a process (`DaemonProcess`) or a container (tests/image.py):
+    the address its stats are asked at."""
+
+    @property
+    def addr(self) -> str: ...
+
+
 #: Bound of every read/push wait in the plugin during tests (a hang becomes an error, not a stuck test).
 PLUGIN_TIMEOUT = "30s"
 
 
-def plugin_conf(jar: Path, daemons: list[DaemonProcess], daemon_choice: str) -> dict[str, str]:
+def plugin_conf(jar: Path, daemons: Sequence[Daemon], daemon_choice: str) -> dict[str, str]:
     conf = spark_jar.spark_conf(jar, [d.addr for d in daemons], daemon_choice)
     conf["spark.shuffled.timeout"] = PLUGIN_TIMEOUT
     return conf
@@ -46,12 +55,12 @@ def restart(daemon: DaemonProcess, peers: list[DaemonProcess]) -> DaemonProcess:
     return start_daemon(daemon.host, daemon.port, "128M", ["--peers", peer_list])
 
 
-def daemon_stats(daemon: DaemonProcess) -> dict[str, Any]:
+def daemon_stats(daemon: Daemon) -> dict[str, Any]:
     with Client(daemon.addr, timeout=10) as client:
         return client.stats()
 
 
-def store_emptied(daemon: DaemonProcess, key: str) -> Callable[[], bool]:
+def store_emptied(daemon: Daemon, key: str) -> Callable[[], bool]:
     """A check for `poll_until`: the daemon's store counts no `key` any more (`applications`, `stored_segments`)."""
     return lambda: bool(daemon_stats(daemon)["store"][key] == 0)
 
@@ -96,7 +105,7 @@ class JobTraffic:
 
 
 @contextmanager
-def job_traffic(spark: Any, daemons: list[DaemonProcess], exact: bool = True) -> Iterator[JobTraffic]:
+def job_traffic(spark: Any, daemons: Sequence[Daemon], exact: bool = True) -> Iterator[JobTraffic]:
     """Run a job inside: afterwards the daemons must have committed and served its shuffle bytes.
 
     Deltas, not totals, so a test proves its own job went through the daemons, whatever ran before.

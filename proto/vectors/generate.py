@@ -8,8 +8,9 @@ writing it. A change to an existing vector's "hex" is a wire-format change.
     python proto/vectors/generate.py           # rewrite frames.json
     python proto/vectors/generate.py --check   # exit 1 if frames.json is not what this script builds
 
-Valid vectors are frame objects encoded by shuffled.protocol.codec. Invalid and
-decode-only inputs cannot come from the encoder, so they are packed by hand here.
+Valid vectors are frame objects encoded by shuffled.protocol.codec, their data
+payloads packed groups (shuffled.protocol.packed). Invalid and decode-only inputs
+cannot come from the encoder, so they are packed by hand here.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ import msgpack
 from shuffled.protocol import auth
 from shuffled.protocol import frames as F
 from shuffled.protocol.codec import encode
+from shuffled.protocol.compression import compress_block
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.integrity import checksum
+from shuffled.protocol.packed import group_bytes
+from shuffled.protocol.resume import Resume
 
 OUT = Path(__file__).with_name("frames.json")
 
@@ -50,7 +54,7 @@ def to_json(frame: F.Frame) -> dict[str, Any]:
             out["payload_hex"] = bytes(value or b"").hex()
         elif isinstance(value, F.Role | F.BufferKind):
             out[f.name] = value.name
-        elif isinstance(value, F.Resume):
+        elif isinstance(value, Resume):
             out[f.name] = value.to_wire()
         elif isinstance(value, IntEnum):
             out[f.name] = int(value)  # error codes travel as numbers
@@ -64,6 +68,22 @@ def data(frame: F.BufferResponse | F.PushData) -> F.BufferResponse | F.PushData:
     is_event = isinstance(frame, F.BufferResponse) and frame.kind != F.BufferKind.DATA
     frame.crc = 0 if is_event else checksum(frame.payload)
     return frame
+
+
+Runs = list[tuple[int, bytes]]
+
+
+def groups(*parts: tuple[int, Runs]) -> bytes:
+    """A payload of one or more packed groups, each (attempt, [(partition, data), ...])."""
+    return b"".join(group_bytes(attempt, runs) for attempt, runs in parts)
+
+
+def push(writer: int, sequence: int, attempt: int, runs: Runs) -> F.PushData:
+    return F.PushData(writer, sequence, 0, groups((attempt, runs)))
+
+
+def buffer(receiver: int, sequence: int, backlog: int, *parts: tuple[int, Runs]) -> F.BufferResponse:
+    return F.BufferResponse(receiver, sequence, backlog, F.BufferKind.DATA, 0, groups(*parts))
 
 
 # --------------------------------------------------------------------------- valid frames
@@ -178,17 +198,24 @@ VALID: list[tuple[str, F.Frame]] = [
     ("AddCredit", F.AddCredit(1, 3)),
     ("AddCredit, largest values", F.AddCredit(U32_MAX, U32_MAX)),
     (
-        "BufferResponse, data",
-        data(F.BufferResponse(1, 0, 4, 5, F.BufferKind.DATA, 42, 0, bytes.fromhex("00010203fffe") + b"shuffle")),
+        "BufferResponse, data: one group of one run",
+        data(buffer(1, 0, 4, (42, [(5, bytes.fromhex("00010203fffe") + b"shuffle")]))),
     ),
     (
-        "BufferResponse, data, largest sequence and attempt",
-        data(F.BufferResponse(9, U32_MAX, U32_MAX, (1 << 24) - 1, F.BufferKind.DATA, U64_MAX, 0, b"\x80")),
+        "BufferResponse, data: one group of several runs",
+        data(buffer(1, 1, 3, (42, [(5, b"k1=v1\n"), (6, b"k2=v2\nk3=v3\n"), (9, b"\x00")]))),
     ),
-    ("BufferResponse, data, empty payload", data(F.BufferResponse(1, 1, 0, 5, F.BufferKind.DATA, 43, 0, b""))),
+    (
+        "BufferResponse, data: several groups",
+        data(buffer(1, 2, 0, (42, [(7, b"seven"), (8, b"eight")]), (43, [(5, b"five")]), (U64_MAX, [(6, b"six")]))),
+    ),
+    (
+        "BufferResponse, data, largest sequence, attempt and partition",
+        data(buffer(9, U32_MAX, U32_MAX, (U64_MAX, [((1 << 24) - 1, b"\x80")]))),
+    ),
     (
         "BufferResponse, END_OF_PARTITION event",
-        data(F.BufferResponse(1, 2, 0, 0, F.BufferKind.END_OF_PARTITION, 0, 0, b"")),
+        data(F.BufferResponse(1, 2, 0, F.BufferKind.END_OF_PARTITION, 0, b"")),
     ),
     ("CancelPartitionRequest", F.CancelPartitionRequest(12)),
     (
@@ -215,9 +242,40 @@ VALID: list[tuple[str, F.Frame]] = [
             writer=9, app=AUTH_APP, shuffle=3, map_index=3, attempt=4714, partitions=2, token=APP_TOKEN, replicas=4
         ),
     ),
+    (
+        "OpenMapOutput asking for durability in the object store",
+        F.OpenMapOutput(
+            writer=10,
+            app="app-20240101-0001",
+            shuffle=3,
+            map_index=4,
+            attempt=4715,
+            partitions=200,
+            durability="object-store",
+        ),
+    ),
+    (
+        "OpenMapOutput with an application token, 2 copies and no durability",
+        F.OpenMapOutput(
+            writer=11,
+            app=AUTH_APP,
+            shuffle=3,
+            map_index=5,
+            attempt=4716,
+            partitions=2,
+            token=APP_TOKEN,
+            replicas=2,
+            durability="none",
+        ),
+    ),
     ("PushCredit", F.PushCredit(5, 16)),
-    ("PushData", data(F.PushData(5, 0, 199, 0, b"key=value\n" * 3))),
-    ("PushData, largest sequence", data(F.PushData(5, U32_MAX, 0, 0, b"\x00"))),
+    ("PushData, one run", data(push(5, 0, 4711, [(199, b"key=value\n" * 3)]))),
+    (
+        "PushData, several runs, partitions with no data left out",
+        data(push(5, 1, 4711, [(0, b"a"), (2, b"bb"), (3, b"ccc"), (150, b"dddd"), (199, b"eeeee")])),
+    ),
+    ("PushData, the last partition continued", data(push(5, 2, 4711, [(199, b"ee")]))),
+    ("PushData, largest sequence", data(push(5, U32_MAX, U64_MAX, [((1 << 24) - 1, b"\x00")]))),
     ("CommitMapOutput", F.CommitMapOutput(5, 38)),
     (
         "CommitAck, several lengths including some over 2^32",
@@ -320,11 +378,11 @@ PEER: list[tuple[str, F.Frame]] = [
             end=6,
             locations={"": [41, 42, 43]},
             token=APP_TOKEN,
-            resume=F.Resume(4, (41,), attempt=42, chunks=3, bytes=98304),
+            resume=Resume((41,), 42, 5, 98304),
         ),
     ),
     (
-        "PartitionRequest resuming between pairs",
+        "PartitionRequest resuming between attempts",
         F.PartitionRequest(
             receiver=6,
             credit=2,
@@ -333,7 +391,20 @@ PEER: list[tuple[str, F.Frame]] = [
             start=2,
             end=3,
             locations={"": [U64_MAX, 8]},
-            resume=F.Resume(2, (U64_MAX,)),
+            resume=Resume((U64_MAX,)),
+        ),
+    ),
+    (
+        "PartitionRequest resuming at the start of a pair, largest values",
+        F.PartitionRequest(
+            receiver=7,
+            credit=2,
+            app="app-1",
+            shuffle=0,
+            start=0,
+            end=U32_MAX,
+            locations={"": [U64_MAX, 8]},
+            resume=Resume((), U64_MAX, U32_MAX - 1, U64_MAX),
         ),
     ),
 ]
@@ -345,14 +416,16 @@ EXAMPLE: list[tuple[str, F.Frame]] = [
     ("example: daemon HelloAck", F.HelloAck(F.Role.DAEMON, info={"node": "10.0.0.1:7337", "segment_size": 32768})),
     (
         "example: PartitionRequest",
-        F.PartitionRequest(receiver=1, credit=2, app="app-1", shuffle=0, start=3, end=4, locations={"": [7, 8]}),
+        F.PartitionRequest(receiver=1, credit=2, app="app-1", shuffle=0, start=3, end=5, locations={"": [7, 8]}),
     ),
-    ("example: buffer 0", data(F.BufferResponse(1, 0, 2, 3, F.BufferKind.DATA, 7, 0, b"abc"))),
-    ("example: buffer 1", data(F.BufferResponse(1, 1, 1, 3, F.BufferKind.DATA, 7, 0, b"de"))),
+    ("example: buffer 0", data(buffer(1, 0, 2, (7, [(3, b"abc"), (4, b"de")])))),
+    ("example: buffer 1", data(buffer(1, 1, 1, (7, [(4, b"fg")])))),
     ("example: AddCredit", F.AddCredit(1, 3)),
-    ("example: buffer 2", data(F.BufferResponse(1, 2, 0, 3, F.BufferKind.DATA, 8, 0, b"f"))),
-    ("example: end of partition", data(F.BufferResponse(1, 3, 0, 0, F.BufferKind.END_OF_PARTITION, 0, 0, b""))),
+    ("example: buffer 2", data(buffer(1, 2, 0, (8, [(3, b"h")])))),
+    ("example: end of partition", data(F.BufferResponse(1, 3, 0, F.BufferKind.END_OF_PARTITION, 0, b""))),
 ]
+#: the stored group of attempt 7 that "example: buffer 1" serves a part of (§14)
+EXAMPLE_STORED = groups((7, [(4, b"fg"), (5, b"x")]))
 
 
 # --------------------------------------------------------------------------- hand-packed inputs
@@ -380,13 +453,20 @@ def buffer_response(stream: int, kind: int, payload: bytes) -> bytes:
 
 
 def buffer_response_crc(stream: int, kind: int, payload: bytes, crc: int) -> bytes:
-    fixed = struct.pack(">IIIHHQI", 0, 0, 0, kind, 0, 0, crc)
+    fixed = struct.pack(">IIHHI", 0, 0, kind, 0, crc)
     return frame(F.FrameType.BUFFER_RESPONSE, stream, fixed + payload)
 
 
 OPEN_FIELDS = {"app": "a", "shuffle": 1, "map_index": 0, "attempt": 1, "partitions": 2}
 REQUEST_FIELDS = {"app": "a", "shuffle": 1, "start": 0, "end": 1, "locations": {"": [1]}}
 P = ErrorCode.PROTOCOL
+
+
+def request_with_resume(resume: Any, start: int = 0, end: int = 1) -> bytes:
+    """A PartitionRequest for attempt 1 with this `resume` map, keys as given."""
+    fields = {**REQUEST_FIELDS, "start": start, "end": end, "resume": resume}
+    return frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb(fields))
+
 
 #: (name, bytes, wire error code the receiver reports on stream 0, reason, detected only at end of input)
 INVALID: list[tuple[str, bytes, int, str, bool]] = [
@@ -460,17 +540,17 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     ("Hello with bad magic", frame(F.FrameType.HELLO, 0, hello_body(magic=b"SHFE")), P, "magic must be SHFD", False),
     (
-        "Hello version 1",
-        frame(F.FrameType.HELLO, 0, hello_body(version=1)),
+        "Hello version 2",
+        frame(F.FrameType.HELLO, 0, hello_body(version=2)),
         ErrorCode.UNSUPPORTED_VERSION,
-        "only version 2 is spoken (UnsupportedVersion)",
+        "only version 3 is spoken (UnsupportedVersion)",
         False,
     ),
     (
-        "Hello version 3",
-        frame(F.FrameType.HELLO, 0, hello_body(version=3)),
+        "Hello version 4",
+        frame(F.FrameType.HELLO, 0, hello_body(version=4)),
         ErrorCode.UNSUPPORTED_VERSION,
-        "only version 2 is spoken (UnsupportedVersion)",
+        "only version 3 is spoken (UnsupportedVersion)",
         False,
     ),
     ("Hello with unknown role", frame(F.FrameType.HELLO, 0, hello_body(role=3)), P, "role must be 1 or 2", False),
@@ -497,15 +577,14 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     (
         "BufferResponse payload over the default limit",
-        header(28 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.BUFFER_RESPONSE, 1)
-        + struct.pack(">IIIHHQI", 0, 0, 0, 0, 0, 0, 0),
+        header(16 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.BUFFER_RESPONSE, 1) + struct.pack(">IIHHI", 0, 0, 0, 0, 0),
         P,
         "payload of 32769 bytes > 32768; rejected as soon as the header is read, before the payload",
         False,
     ),
     (
         "PushData payload over the default limit",
-        header(12 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.PUSH_DATA, 1) + struct.pack(">III", 0, 0, 0),
+        header(8 + F.DEFAULT_MAX_PAYLOAD + 1, F.FrameType.PUSH_DATA, 1) + struct.pack(">II", 0, 0),
         P,
         "payload of 32769 bytes > 32768; rejected as soon as the header is read, before the payload",
         False,
@@ -519,16 +598,16 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     (
         "BufferResponse shorter than its fixed part",
-        header(24, F.FrameType.BUFFER_RESPONSE, 1) + bytes(24),
+        header(12, F.FrameType.BUFFER_RESPONSE, 1) + bytes(12),
         P,
-        "length 24 < 28-byte fixed part",
+        "length 12 < 16-byte fixed part",
         False,
     ),
     (
         "PushData shorter than its fixed part",
-        header(8, F.FrameType.PUSH_DATA, 1) + bytes(8),
+        header(4, F.FrameType.PUSH_DATA, 1) + bytes(4),
         P,
-        "length 8 < 12-byte fixed part",
+        "length 4 < 8-byte fixed part",
         False,
     ),
     ("Error body shorter than its code", frame(F.FrameType.ERROR, 0, b"\0"), P, "code is a u16", False),
@@ -621,6 +700,20 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
         False,
     ),
     (
+        "OpenMapOutput asking for an unknown durability",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "durability": "disk"})),
+        P,
+        "durability, when present, is none or object-store",
+        False,
+    ),
+    (
+        "OpenMapOutput with a number for durability",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "durability": 1})),
+        P,
+        "durability, when present, is none or object-store",
+        False,
+    ),
+    (
         "OpenMapOutput with a boolean for replicas",
         frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "replicas": True})),
         P,
@@ -684,61 +777,86 @@ PEER_INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     (
         "PartitionRequest with resume as an array",
-        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": [0, []]})),
+        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": [[], 0]})),
         P,
         "resume is a map",
         False,
     ),
     (
         "PartitionRequest with resume without done",
-        frame(F.FrameType.PARTITION_REQUEST, 1, b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0}})),
+        request_with_resume({"attempt": 1, "partition": 0, "bytes": 5}),
         P,
-        "resume needs partition and done",
+        "resume needs done",
         False,
     ),
     (
-        "PartitionRequest with resume naming chunks but no attempt",
-        frame(
-            F.FrameType.PARTITION_REQUEST,
-            1,
-            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0, "done": [], "chunks": 1, "bytes": 5}}),
-        ),
+        "PartitionRequest with resume naming an attempt but no bytes",
+        request_with_resume({"done": [], "attempt": 1, "partition": 0}),
         P,
-        "attempt, chunks and bytes come all three or not at all",
+        "attempt, partition and bytes come all three or not at all",
         False,
     ),
     (
         "PartitionRequest with resume and a negative attempt id in done",
-        frame(
-            F.FrameType.PARTITION_REQUEST,
-            1,
-            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0, "done": [-1]}}),
-        ),
+        request_with_resume({"done": [-1]}),
         P,
         "done lists u64 attempt ids",
         False,
     ),
     (
         "PartitionRequest with resume at a partition beyond u32",
-        frame(
-            F.FrameType.PARTITION_REQUEST,
-            1,
-            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": U32_MAX + 1, "done": []}}),
-        ),
+        request_with_resume({"done": [], "attempt": 1, "partition": U32_MAX + 1, "bytes": 0}),
         P,
         "resume.partition is a u32 like every partition",
         False,
     ),
     (
-        "PartitionRequest with resume and an unknown key",
-        frame(
-            F.FrameType.PARTITION_REQUEST,
-            1,
-            b"\0\0\0\2" + packb({**REQUEST_FIELDS, "resume": {"partition": 0, "done": [], "skip": 1}}),
-        ),
+        "PartitionRequest with resume counting bytes as a string",
+        request_with_resume({"done": [], "attempt": 1, "partition": 0, "bytes": "5"}),
         P,
-        "resume has only the keys partition, done, attempt, chunks and bytes",
+        "resume.bytes is a u64",
         False,
+    ),
+    (
+        "PartitionRequest with resume counting version 2 chunks",
+        request_with_resume({"done": [], "attempt": 1, "partition": 0, "chunks": 2, "bytes": 5}),
+        P,
+        "resume has only the keys done, attempt, partition and bytes (version 2's chunks is gone)",
+        False,
+    ),
+]
+
+#: well-formed requests a daemon refuses on the stream, before any data (§10.6): (name, bytes, code, reason)
+PEER_REFUSED: list[tuple[str, bytes, int, str]] = [
+    (
+        "resume with an attempt in done that the request does not name",
+        request_with_resume({"done": [2]}),
+        ErrorCode.INVALID_REQUEST,
+        "done lists named attempts only",
+    ),
+    (
+        "resume in an attempt the request does not name",
+        request_with_resume({"done": [], "attempt": 2, "partition": 0, "bytes": 0}),
+        ErrorCode.INVALID_REQUEST,
+        "attempt is a named attempt",
+    ),
+    (
+        "resume in an attempt it says is done",
+        request_with_resume({"done": [1], "attempt": 1, "partition": 0, "bytes": 0}),
+        ErrorCode.INVALID_REQUEST,
+        "attempt is not among done",
+    ),
+    (
+        "resume at a partition below the request's start",
+        request_with_resume({"done": [], "attempt": 1, "partition": 1, "bytes": 0}, start=2, end=4),
+        ErrorCode.INVALID_REQUEST,
+        "start <= partition < end",
+    ),
+    (
+        "resume at the request's end",
+        request_with_resume({"done": [], "attempt": 1, "partition": 4, "bytes": 0}, start=2, end=4),
+        ErrorCode.INVALID_REQUEST,
+        "start <= partition < end",
     ),
 ]
 
@@ -774,10 +892,203 @@ DECODE_ONLY: list[tuple[str, bytes, F.Frame]] = [
     ),
     (
         "PushData whose crc does not match its payload (decodes; the stream then fails with CORRUPT_DATA)",
-        frame(F.FrameType.PUSH_DATA, 5, struct.pack(">III", 0, 1, 0xDEADBEEF) + b"abc"),
-        F.PushData(writer=5, sequence=0, partition=1, length=3, payload=b"abc", crc=0xDEADBEEF),
+        frame(F.FrameType.PUSH_DATA, 5, struct.pack(">II", 0, 0xDEADBEEF) + groups((1, [(1, b"abc")]))),
+        F.PushData(writer=5, sequence=0, length=23, payload=groups((1, [(1, b"abc")])), crc=0xDEADBEEF),
     ),
 ]
+
+
+# --------------------------------------------------------------------------- packed payloads (§3.3)
+
+PUSH_CONTEXT: dict[str, Any] = {"attempt": 4711, "partitions": 200}
+READ_CONTEXT: dict[str, Any] = {"start": 3, "end": 9, "attempts": [41, 42, U64_MAX]}
+Payload = list[tuple[int, Runs]]
+
+#: payloads of one stream, in order, and what they carry: (name, frame type, context, payloads)
+PACKED_VALID: list[tuple[str, str, dict[str, Any], list[Payload]]] = [
+    ("push: one run", "PUSH_DATA", PUSH_CONTEXT, [[(4711, [(7, b"seven")])]]),
+    (
+        "push: several runs, partitions with no data left out",
+        "PUSH_DATA",
+        PUSH_CONTEXT,
+        [[(4711, [(0, b"a"), (2, b"bb"), (3, b"ccc"), (150, b"dddd")])]],
+    ),
+    (
+        "push: a partition spanning two buffers",
+        "PUSH_DATA",
+        PUSH_CONTEXT,
+        [[(4711, [(3, b"abc"), (4, b"de")])], [(4711, [(4, b"fg"), (6, b"h")])]],
+    ),
+    (
+        "push: a partition spanning three buffers, all of the middle one",
+        "PUSH_DATA",
+        PUSH_CONTEXT,
+        [[(4711, [(1, b"a"), (2, b"b1")])], [(4711, [(2, b"b2")])], [(4711, [(2, b"b3"), (5, b"c")])]],
+    ),
+    ("push: the map output's last partition", "PUSH_DATA", PUSH_CONTEXT, [[(4711, [(199, b"last")])]]),
+    ("read: one group", "BUFFER_RESPONSE", READ_CONTEXT, [[(42, [(3, b"x")])]]),
+    (
+        "read: several groups in one payload",
+        "BUFFER_RESPONSE",
+        READ_CONTEXT,
+        [[(41, [(3, b"a"), (8, b"b")]), (42, [(3, b"c")]), (U64_MAX, [(4, b"d"), (5, b"e")])]],
+    ),
+    (
+        "read: pairs spanning payloads, at both ends of the range",
+        "BUFFER_RESPONSE",
+        READ_CONTEXT,
+        [[(41, [(3, b"ab"), (8, b"cd")])], [(41, [(8, b"ef")]), (42, [(8, b"g")])], [(42, [(8, b"hi")])]],
+    ),
+]
+
+
+def raw_group(attempt: int, entries: list[tuple[int, int]], data: bytes, count: int | None = None) -> bytes:
+    """A group as given, right or wrong: its header says `count` runs (default: the entries given)."""
+    flat = [v for entry in entries for v in entry]
+    head = struct.pack(f">QI{len(flat)}I", attempt, len(entries) if count is None else count, *flat)
+    return head + data
+
+
+def malformed(attempt: int) -> list[tuple[str, bytes, str]]:
+    """Payloads that break the rules every group follows, whichever frame carries them (§3.3)."""
+    good = raw_group(attempt, [(5, 2)], b"ok")
+    return [
+        ("an empty payload", b"", "a payload holds at least one group"),
+        ("shorter than a group header", good[:11], "a group has a 12-byte header"),
+        ("count 0", raw_group(attempt, [], b""), "a group has at least one run"),
+        (
+            "a directory cut short",
+            raw_group(attempt, [(4, 1)], b"", count=2) + b"\0\0\0\5",
+            "2 runs need 16 bytes of directory",
+        ),
+        ("runs out of order", raw_group(attempt, [(6, 1), (5, 1)], b"ab"), "partitions strictly ascending"),
+        ("two runs of one partition", raw_group(attempt, [(5, 1), (5, 1)], b"ab"), "partitions strictly ascending"),
+        ("a run of length 0", raw_group(attempt, [(4, 0), (5, 1)], b"a"), "every run holds at least one byte"),
+        ("lengths past the payload", raw_group(attempt, [(4, 1), (5, 4)], b"abc"), "runs hold 5 bytes, 3 follow"),
+        ("trailing bytes", good + b"\0\0\0", "the payload ends where its last group ends"),
+    ]
+
+
+#: (name, frame type, context, payload, reason): each one fails where the context says
+PACKED_INVALID: list[tuple[str, str, dict[str, Any], bytes, str]] = [
+    *((f"push: {name}", "PUSH_DATA", PUSH_CONTEXT, raw, why) for name, raw, why in malformed(4711)),
+    (
+        "push: a partition equal to the map output's count",
+        "PUSH_DATA",
+        PUSH_CONTEXT,
+        raw_group(4711, [(5, 1), (200, 1)], b"ab"),
+        "partitions are below the map output's partitions (200)",
+    ),
+    (
+        "push: another attempt's group",
+        "PUSH_DATA",
+        PUSH_CONTEXT,
+        raw_group(4712, [(5, 1)], b"a"),
+        "a push carries its own attempt's groups",
+    ),
+    (
+        "push: two groups",
+        "PUSH_DATA",
+        PUSH_CONTEXT,
+        raw_group(4711, [(5, 1)], b"a") + raw_group(4711, [(6, 1)], b"b"),
+        "a PushData payload is exactly one group",
+    ),
+    *((f"read: {name}", "BUFFER_RESPONSE", READ_CONTEXT, raw, why) for name, raw, why in malformed(42)),
+    (
+        "read: a partition below the range",
+        "BUFFER_RESPONSE",
+        READ_CONTEXT,
+        raw_group(42, [(2, 1), (3, 1)], b"ab"),
+        "partitions within [start, end) = [3, 9)",
+    ),
+    (
+        "read: a partition at the range's end",
+        "BUFFER_RESPONSE",
+        READ_CONTEXT,
+        raw_group(42, [(8, 1), (9, 1)], b"ab"),
+        "partitions within [start, end) = [3, 9)",
+    ),
+    (
+        "read: an attempt the request did not name",
+        "BUFFER_RESPONSE",
+        READ_CONTEXT,
+        raw_group(43, [(5, 1)], b"a"),
+        "groups of the named attempts only",
+    ),
+    (
+        "read: a malformed second group",
+        "BUFFER_RESPONSE",
+        READ_CONTEXT,
+        raw_group(42, [(5, 1)], b"a") + raw_group(41, [], b""),
+        "every group of a payload follows the rules",
+    ),
+]
+
+#: where each frame's payload is checked and what a malformed one is there (§7.6, §7.10)
+DETECTED = {"PUSH_DATA": ("daemon", ErrorCode.INVALID_REQUEST), "BUFFER_RESPONSE": ("reader", ErrorCode.PROTOCOL)}
+
+
+def _runs_json(parts: Payload) -> list[dict[str, Any]]:
+    return [
+        {"attempt": attempt, "runs": [{"partition": p, "data_hex": d.hex()} for p, d in runs]}
+        for attempt, runs in parts
+    ]
+
+
+def _pairs_json(payloads: list[Payload]) -> list[dict[str, Any]]:
+    """Each pair's bytes: its runs concatenated in stream order, the pairs in the order they start."""
+    pairs: dict[tuple[int, int], bytes] = {}
+    for payload in payloads:
+        for attempt, runs in payload:
+            for p, d in runs:
+                pairs[(p, attempt)] = pairs.get((p, attempt), b"") + d
+    return [{"partition": p, "attempt": a, "data_hex": d.hex()} for (p, a), d in pairs.items()]
+
+
+def _packed() -> dict[str, Any]:
+    valid = [
+        {
+            "name": name,
+            "frame": ftype,
+            "context": context,
+            "payloads": [{"hex": groups(*parts).hex(), "groups": _runs_json(parts)} for parts in payloads],
+            "pairs": _pairs_json(payloads),
+        }
+        for name, ftype, context, payloads in PACKED_VALID
+    ]
+    invalid = [
+        {
+            "name": name,
+            "frame": ftype,
+            "context": context,
+            "hex": raw.hex(),
+            "code": int(DETECTED[ftype][1]),
+            "detected_by": DETECTED[ftype][0],
+            "reason": reason,
+        }
+        for name, ftype, context, raw, reason in PACKED_INVALID
+    ]
+    return {"valid": valid, "invalid": invalid, "compressed_runs": _compressed_runs()}
+
+
+def _blocks(*pieces: bytes) -> bytes:
+    """A run of one block per piece (§10.5), as the Python client writes them."""
+    out = b""
+    for piece in pieces:
+        scratch = memoryview(bytearray(len(piece) + 5))
+        out += bytes(scratch[: compress_block(memoryview(piece), scratch)])
+    return out
+
+
+def _compressed_runs() -> list[dict[str, Any]]:
+    cases = [
+        ("one block kept as it was", [b"not worth compressing"]),
+        ("one LZ4 block", [b"key=value;" * 40]),
+        ("an LZ4 block, then one kept as it was", [b"0123456789" * 30, b"tail"]),
+    ]
+    return [
+        {"name": name, "run_hex": _blocks(*pieces).hex(), "data_hex": b"".join(pieces).hex()} for name, pieces in cases
+    ]
 
 
 def _vectors(frames: list[tuple[str, F.Frame]]) -> list[dict[str, Any]]:
@@ -793,27 +1104,41 @@ def _invalid(entries: list[tuple[str, bytes, int, str, bool]]) -> list[dict[str,
 
 def build() -> dict[str, Any]:
     vectors = _vectors(VALID + EXAMPLE)
-    peer = {"vectors": _vectors(PEER), "invalid": _invalid(PEER_INVALID)}
-    names = [v["name"] for v in vectors + peer["vectors"] + peer["invalid"]]
+    peer = {
+        "vectors": _vectors(PEER),
+        "invalid": _invalid(PEER_INVALID),
+        "refused": [
+            {"name": name, "hex": raw.hex(), "code": int(code), "reason": reason}
+            for name, raw, code, reason in PEER_REFUSED
+        ],
+    }
+    packed = _packed()
+    names = [v["name"] for v in vectors + peer["vectors"] + peer["invalid"] + peer["refused"]]
+    names += [v["name"] for v in packed["valid"] + packed["invalid"]]
     assert len(set(names)) == len(names), "vector names must be unique"
     return {
         "description": (
-            "Golden vectors for the shuffled wire protocol, version 2 (see proto/PROTOCOL.md). "
+            "Golden vectors for the shuffled wire protocol, version 3 (see proto/PROTOCOL.md). "
             "'vectors': frames an encoder must produce byte for byte and a decoder must read back. "
             "'decode_only': inputs a decoder must accept that the reference encoder never writes. "
             "'invalid': inputs a decoder must reject; 'code' is the error code it reports on stream 0, "
             "'at_eof' marks inputs that are only wrong because the connection ends inside a frame. "
             "Decoders use the default payload limit, 32768 bytes. Integers may exceed 2^63-1 (u64). "
+            "'packed': data payloads (packed groups, §3.3): 'valid' ones with the groups and the pairs they carry, "
+            "'invalid' ones with the error the party that checks them ('detected_by') reports, and "
+            "'compressed_runs' (§10.5). "
             "'auth': the proofs and the application token of PROTOCOL.md §6 for the given inputs (secrets as hex); "
             "'auth.drain': the drain_challenge and drain proofs of §13. "
             "'peer_vectors': 'vectors' and 'invalid' as above for what only daemons send each other (features, "
-            "replica pushes, resumed reads); client implementations may skip them."
+            "replica pushes, resumed reads), and 'refused': requests a daemon refuses on the stream; client "
+            "implementations may skip them."
         ),
         "protocol_version": F.VERSION,
         "max_payload": F.DEFAULT_MAX_PAYLOAD,
         "vectors": vectors,
         "decode_only": [{"name": name, "frame": to_json(f), "hex": raw.hex()} for name, raw, f in DECODE_ONLY],
         "invalid": _invalid(INVALID),
+        "packed": packed,
         "peer_vectors": peer,
         "auth": {
             "secret_hex": AUTH_SECRET.hex(),

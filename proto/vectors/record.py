@@ -36,6 +36,7 @@ from shuffled.protocol.credit import OutboundStream
 from shuffled.protocol.errors import AuthFailed, PartitionNotFound, ProtocolError, ShuffledError
 from shuffled.protocol.events import Event
 from shuffled.protocol.frames import OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.packed import group_bytes
 from tests.protocol_pair import ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
 
 OUT = Path(__file__).with_name("conversations.json")
@@ -157,7 +158,7 @@ def read_under_credit(rec: Recorder) -> None:
     out: OutboundStream[Any] = OutboundStream(1, 2)
     pair.acceptor.accept_read(1, out)
     for i in range(3):
-        out.push_data((i % 2, bytes([65 + i]) * (5 + i)))
+        out.push_data(group_bytes(11, [(i % 2, bytes([65 + i]) * (5 + i))]))
     out.push_event(None)
     send_buffers(pair.acceptor, out, 1)
     rec.deliver(ACCEPTOR)
@@ -175,7 +176,7 @@ def read_cancelled(rec: Recorder) -> None:
     rec.deliver(DIALER)
     out: OutboundStream[Any] = OutboundStream(1, 1)
     pair.acceptor.accept_read(1, out)
-    out.push_data((0, b"late"))
+    out.push_data(group_bytes(11, [(0, b"late")]))
     send_buffers(pair.acceptor, out, 1)
     pair.dialer.cancel_read(1)
     rec.deliver(DIALER)
@@ -183,7 +184,8 @@ def read_cancelled(rec: Recorder) -> None:
 
 
 def push_committed(rec: Recorder) -> None:
-    """Open, two push credits, two PushData, commit after two pushes, CommitAck with the lengths."""
+    """Open, two push credits, two PushData (the second continues partition 1), commit after two pushes, CommitAck
+    with the lengths."""
     pair = rec.pair
     _handshake(rec)
     out: OutboundStream[Any] = OutboundStream(1, 0)
@@ -192,8 +194,8 @@ def push_committed(rec: Recorder) -> None:
     pair.acceptor.accept_push(1, landing)
     pair.acceptor.grant_push_credit(1, 2)
     rec.deliver(ACCEPTOR)
-    out.push_data((0, b"k1v1"))
-    out.push_data((1, b"k2v2k3v3"))
+    out.push_data(group_bytes(11, [(0, b"k1v1"), (1, b"k2v2")]))
+    out.push_data(group_bytes(11, [(1, b"k3v3")]))
     out.push_event(COMMIT)
     send_pushes(pair.dialer, out, 1)
     rec.deliver(DIALER)
@@ -233,7 +235,7 @@ def refusals(rec: Recorder) -> None:
     _handshake(rec)
     pair.dialer.request_read(_request(1, 1), landing)
     pair.dialer.request_read(_request(2, 1), landing)
-    pair.dialer.send(encode_push_data(9, 0, 0, b"stray"))
+    pair.dialer.send(encode_push_data(9, 0, group_bytes(12, [(0, b"stray")])))
     rec.deliver(DIALER)
     rec.deliver(ACCEPTOR)
 
@@ -255,13 +257,13 @@ def peer_link(rec: Recorder) -> None:
     pair.acceptor.request_read(_request(1, 1), landing)
     out_a: OutboundStream[Any] = OutboundStream(1, 1)
     pair.acceptor.accept_read(1, out_a)
-    out_a.push_data((0, b"from the acceptor"))
+    out_a.push_data(group_bytes(11, [(0, b"from the acceptor")]))
     out_a.push_event(None)
     send_buffers(pair.acceptor, out_a, 1)
     rec.deliver(ACCEPTOR)
     out_d: OutboundStream[Any] = OutboundStream(1, 1)
     pair.dialer.accept_read(1, out_d)
-    out_d.push_data((1, b"from the dialer"))
+    out_d.push_data(group_bytes(11, [(1, b"from the dialer")]))
     out_d.push_event(None)
     send_buffers(pair.dialer, out_d, 1)
     rec.deliver(DIALER)

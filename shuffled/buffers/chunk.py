@@ -1,4 +1,4 @@
-"""The unit of shuffle data a stream carries: one buffer of one map attempt for one reduce partition.
+"""The unit of shuffle data a stream carries: one buffer of packed groups and its CRC32C.
 
 It lives beside the pool, below everything that moves data, so the net layer (which queues chunks
 on outbound streams and hands received ones to input channels), the daemon's store and the clients
@@ -14,10 +14,9 @@ from .pool import Buffer
 
 @dataclass(slots=True)
 class Chunk:
-    """Bytes of one map attempt for one reduce partition; while queued it holds one reference on `buffer`."""
+    """One data frame's payload (packed groups, PROTOCOL.md §3.3: the groups say whose bytes they are);
+    while queued it holds one reference on `buffer`."""
 
     buffer: Buffer
-    partition: int
-    attempt: int
-    #: CRC32C of the bytes, as the writer computed it (a writer's own chunks get theirs when pushed)
+    #: CRC32C of the bytes: the writer's for a stored piece sent as it is, else computed over what is sent
     crc: int = 0

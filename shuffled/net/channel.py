@@ -1,14 +1,15 @@
 """The receiving end of one read stream, shared by the daemon's remote channels and the client.
 
 It decides where a BufferResponse's payload lands (a buffer of the owner's local
-pool, guaranteed by the credit it announced), checks sequence numbers and credit,
-and turns a recycled buffer back into credit. Owners say what happens to chunks,
+pool, guaranteed by the credit it announced), checks sequence numbers, credit and
+the payload's CRC32C, and turns a recycled buffer back into credit. Owners say what
+happens to payloads (packed groups: the client unpacks them, a relay forwards them),
 the end of the stream, errors, and how credit is announced.
 """
 
 from __future__ import annotations
 
-from ..buffers import Buffer, Chunk, LocalPool
+from ..buffers import Buffer, LocalPool
 from ..protocol.credit import ChannelCredit, SequenceChecker
 from ..protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ..protocol.frames import BufferKind, BufferResponse
@@ -36,7 +37,8 @@ class InputChannel:
         """Unannounced credit is due (see `ChannelCredit`): arrange an AddCredit."""
         raise NotImplementedError
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        """A DATA payload whose CRC32C checked out (or was not checked, see `verify`): one or more packed groups."""
         raise NotImplementedError
 
     def on_end(self) -> None:
@@ -83,13 +85,12 @@ class InputChannel:
             buf.release()  # back to the pool: it becomes credit again, but the stream ends here
             self.on_stream_error(
                 CorruptData(
-                    f"buffer {frame.sequence} of partition {frame.partition} (map attempt {frame.attempt}) on read "
-                    f"stream {self.receiver} failed its CRC32C check (got {crc:08x}, the writer sent "
-                    f"{frame.crc or 0:08x})"
+                    f"buffer {frame.sequence} on read stream {self.receiver} failed its CRC32C check (got "
+                    f"{crc:08x}, the sender sent {frame.crc or 0:08x})"
                 )
             )
             return
-        self.deliver(Chunk(buf, frame.partition, frame.attempt, crc))
+        self.deliver(buf, crc)
 
     def _recycle(self, buf: Buffer) -> None:
         pool = self.local_pool()

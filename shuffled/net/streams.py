@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from ..buffers import Buffer, Chunk
 from ..protocol.frames import (
@@ -21,10 +22,18 @@ from ..protocol.integrity import checksum
 from .sender import Outbound
 
 
+class Feed(Protocol):
+    """What makes a stream's data as it goes (the daemon's plan feeds): told when the stream may take more."""
+
+    def kick(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class BufferResponseStream(Outbound):
     """Daemon → consumer: data chunks, then END_OF_PARTITION (an event: needs no credit)."""
 
-    __slots__ = ("on_end", "opened_at", "relayed")
+    __slots__ = ("feeds", "on_end", "opened_at", "relayed")
 
     def __init__(self, stream: int, credit: int, on_end: Callable[[BufferResponseStream], None] | None = None) -> None:
         super().__init__(stream, credit)
@@ -33,33 +42,37 @@ class BufferResponseStream(Outbound):
         #: for the read latency metric: when the request came, and whether other daemons' data is relayed
         self.opened_at = 0.0
         self.relayed = False
+        #: what queues data on it as credit allows: kicked when frames leave or credit comes
+        self.feeds: list[Feed] = []
 
     def on_sent(self, item: Any, is_event: bool) -> None:
-        if is_event and self.on_end is not None:
-            self.on_end(self)
+        if is_event:
+            if self.on_end is not None:
+                self.on_end(self)
+            return
+        for feed in self.feeds:
+            feed.kick()
+
+    def add_credit(self, n: int) -> None:
+        super().add_credit(n)
+        for feed in self.feeds:
+            feed.kick()
+
+    def shutdown(self) -> None:
+        feeds, self.feeds = self.feeds, []
+        for feed in feeds:
+            feed.close()
+        super().shutdown()
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
         if is_event:
-            pack_buffer_response_prefix(
-                into, offset, self.stream, seq, backlog, 0, BufferKind.END_OF_PARTITION, 0, 0, 0
-            )
+            pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, BufferKind.END_OF_PARTITION, 0, 0)
             return BUFFER_RESPONSE_PREFIX.size, None
         chunk: Chunk = item
         buf = chunk.buffer
-        pack_buffer_response_prefix(
-            into,
-            offset,
-            self.stream,
-            seq,
-            backlog,
-            chunk.partition,
-            BufferKind.DATA,
-            chunk.attempt,
-            buf.length,
-            chunk.crc,
-        )
+        pack_buffer_response_prefix(into, offset, self.stream, seq, backlog, BufferKind.DATA, buf.length, chunk.crc)
         return BUFFER_RESPONSE_PREFIX.size, buf
 
     def end(self) -> None:
@@ -71,12 +84,21 @@ class PushEvent(Enum):
     ABORT = FrameType.ABORT_MAP_OUTPUT
 
 
+@dataclass(slots=True)
+class Payload:
+    """One PushData payload: a pool buffer holding one packed group, and its CRC32C when it is already known."""
+
+    buffer: Buffer
+    crc: int = 0
+
+
 class PushStream(Outbound):
     """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
-    A primary forwarding a push to a replica (server/cluster/replication.py) sets `forward_crc`: its chunks carry the
-    CRC32C it checked when they arrived, so it is sent as is rather than computed again; and `on_progress`,
-    to hear when its queue shrinks (the pusher's credit waits on it).
+    Items are `Payload`s and nothing else: compiled (mypyc), `pack` refuses any other type, duck-typed or
+    not. A primary forwarding a push to a replica (server/cluster/replication.py) sets `forward_crc`: its
+    payloads carry the CRC32C it checked when they arrived, so it is sent as is rather than computed again;
+    and `on_progress`, to hear when its queue shrinks (the pusher's credit waits on it).
     """
 
     __slots__ = ("forward_crc", "on_progress", "pushed")
@@ -102,9 +124,9 @@ class PushStream(Outbound):
                 return HEADER.size + 4, None
             HEADER.pack_into(into, offset, 0, FrameType.ABORT_MAP_OUTPUT, 0, 0, self.stream)
             return HEADER.size, None
-        chunk: Chunk = item
-        buf = chunk.buffer
-        crc = chunk.crc if self.forward_crc else checksum(buf.data())
-        pack_push_data_prefix(into, offset, self.stream, self.pushed, chunk.partition, buf.length, crc)
+        payload: Payload = item
+        buf = payload.buffer
+        crc = payload.crc if self.forward_crc else checksum(buf.data())
+        pack_push_data_prefix(into, offset, self.stream, self.pushed, buf.length, crc)
         self.pushed += 1
-        return PUSH_DATA_PREFIX.size, chunk.buffer
+        return PUSH_DATA_PREFIX.size, buf

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import errno
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -137,6 +138,15 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     ops: OpsServer
+
+    def server_bind(self) -> None:
+        """Without HTTPServer's reverse lookup of the bound address (`socket.getfqdn`): it blocked the daemon's
+        start for as long as the resolver took (10 s in a container whose DNS server is out of reach), while
+        its listeners already accepted connections that got no answer."""
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = host if isinstance(host, str) else bytes(host).decode()
+        self.server_port = port
 
 
 class _Server6(_Server):

@@ -151,7 +151,9 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         {"copied": drain.copied, "failed": drain.failed, "short": drain.short},
     )
     yield _counter(
-        "shuffled_drain_copied_bytes", "Bytes the drain's hand-over copied to other daemons", drain.copied_bytes
+        "shuffled_drain_copied_bytes",
+        "Data bytes the drain's hand-over copied to other daemons",
+        drain.copied_bytes,
     )
 
     pool = s.pool
@@ -173,6 +175,13 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _gauge("shuffled_store_shuffles", "Shuffles with data on this daemon", store.shuffles)
     yield _gauge("shuffled_store_segments", "Pool segments holding pushed data", store.stored_segments)
     yield _gauge("shuffled_store_bytes", "Committed bytes held", store.stored_bytes)
+    yield _gauge(
+        "shuffled_store_memory_bytes",
+        "Bytes of the pieces held in pool segments (over the segments' size: memory efficiency)",
+        store.memory_bytes,
+    )
+    yield _gauge("shuffled_store_attempts", "Map attempts held (open and committed)", store.attempts)
+    yield _gauge("shuffled_store_pieces", "Pushed packed groups held (memory and disk)", store.pieces)
     yield _gauge("shuffled_open_map_outputs", "Map outputs being pushed", store.open_map_outputs)
     yield _counter("shuffled_map_outputs_committed", "Map outputs committed", store.commits)
     yield _counter("shuffled_committed_bytes", "Bytes of committed map outputs", store.committed_bytes)
@@ -191,7 +200,7 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     )
     rep = s.replication
     yield _counter(
-        "shuffled_replicated_bytes", "Pushed bytes forwarded to replicas (once per replica)", rep.forwarded_bytes
+        "shuffled_replicated_bytes", "Pushed data bytes forwarded to replicas (once per replica)", rep.forwarded_bytes
     )
     yield _counter(
         "shuffled_replicated_buffers", "Pushed buffers forwarded to replicas (once per replica)", rep.forwarded_buffers
@@ -239,7 +248,11 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     )
 
     t = s.traffic
-    yield _counter("shuffled_pushed_bytes", "Bytes pushed into this daemon by clients", t.pushed_bytes)
+    yield _counter(
+        "shuffled_pushed_bytes",
+        "Data bytes pushed into this daemon by clients (the runs' bytes, without the packed groups' directories)",
+        t.pushed_bytes,
+    )
     yield _counter("shuffled_pushed_buffers", "Buffers pushed into this daemon by clients", t.pushed_buffers)
     yield _labelled(
         CounterMetricFamily(
@@ -398,6 +411,74 @@ def _object_store(s: DaemonStats) -> Iterator[Metric]:
         "shuffled_object_store_held_bytes",
         "Bytes of the objects this daemon holds in the object store",
         objects.bytes_held,
+    )
+    tier = s.tier
+    why = ("spilled", "moved", "durable")
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_tier_objects",
+            "Objects the tier wrote, by why: spilled (no data dir), moved (spill files over the disk quota), "
+            "durable (committed map outputs uploaded)",
+            labels=["why"],
+        ),
+        {w: getattr(tier, f"{w}_objects") for w in why},
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_tier_bytes", "Bytes of pieces the tier wrote into objects, by why", labels=["why"]
+        ),
+        {w: getattr(tier, f"{w}_bytes") for w in why},
+    )
+    yield _counter(
+        "shuffled_tier_write_errors",
+        "Tier writes that failed (the pieces stay where they were; durable uploads are retried)",
+        tier.write_errors,
+    )
+    yield _gauge(
+        "shuffled_durable_attempts",
+        "Map outputs held here whose commit is in a complete object (any daemon can serve them)",
+        tier.durable_attempts,
+    )
+    yield _gauge(
+        "shuffled_durable_pending_attempts",
+        "Committed map outputs waiting for their durable upload",
+        tier.pending_attempts,
+    )
+    yield _gauge(
+        "shuffled_durable_pending_bytes",
+        "Bytes of the map outputs waiting for their durable upload not yet in an object",
+        tier.pending_bytes,
+    )
+    yield _counter(
+        "shuffled_adopted_attempts",
+        "Map outputs of other daemons (or of this one's earlier life) served here from their objects",
+        tier.adopted_attempts,
+    )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_tier_deleted_objects",
+            "Objects deleted, by how: with their shuffle or application (dropped), or by the sweep (swept)",
+            labels=["how"],
+        ),
+        {"dropped": tier.deleted_objects, "swept": tier.swept_objects},
+    )
+    heal = s.heal
+    yield _counter(
+        "shuffled_heal_rounds", "Rounds of checking that replicated map outputs have their copies", heal.rounds
+    )
+    yield _gauge(
+        "shuffled_heal_missing_copies",
+        "Copies the last healing round found missing among the map outputs this daemon is first to hold",
+        heal.missing,
+    )
+    yield _counter("shuffled_heal_copies", "Copies healing made of map outputs that had lost one", heal.copied)
+    yield _counter("shuffled_heal_copied_bytes", "Bytes of the copies healing made", heal.copied_bytes)
+    yield _counter("shuffled_heal_copy_failures", "Copies healing tried and could not make", heal.failed)
+    yield _gauge(
+        "shuffled_heal_last_seconds",
+        "How long the last loss took to heal: from the first round that found a copy missing to the round that "
+        "found none",
+        heal.last_heal_us / 1e6,
     )
 
 

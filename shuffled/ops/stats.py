@@ -8,8 +8,8 @@ durations are whole microseconds), the shape clients, the JVM and `shuffled stat
 It lives in ops/, below the server, and imports nothing else of the package: the
 server's modules fill these in and the ops layer publishes them, and neither
 depends on the other for it. Every class is a frozen snapshot except
-`DiskStats`, `DrainStats` and `ObjectStoreStats`, which a `Disk`, the daemon and the object-store layer
-also keep as their live counters (a snapshot holds a copy).
+`DiskStats`, `DrainStats`, `ObjectStoreStats`, `TierStats` and `HealStats`, which a `Disk`, the daemon,
+the object-store layer, the tier and healing also keep as their live counters (a snapshot holds a copy).
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ class StoreStats:
     shuffles: int = 0
     stored_segments: int = 0
     stored_bytes: int = 0
+    #: bytes of the pieces held in pool segments (memory efficiency = this / (stored_segments x segment size))
+    memory_bytes: int = 0
+    #: map attempts held (open and committed) and their pieces (pushed packed groups, memory and disk)
+    attempts: int = 0
+    pieces: int = 0
     open_map_outputs: int = 0
     commits: int = 0
     committed_bytes: int = 0
@@ -122,7 +127,9 @@ class StreamStats:
 
 @dataclass(frozen=True, slots=True)
 class TrafficStats:
-    """Data moved since start; the per-role maps include connections still open."""
+    """Data moved since start; the per-role maps include connections still open. The `_bytes` counters count
+    data bytes, the runs' bytes as `StoreStats.committed_bytes` and Spark's shuffle metrics count them (a
+    packed group's header and directory are not data); `sent_bytes` and `received_bytes` are wire bytes."""
 
     pushed_bytes: int
     pushed_buffers: int
@@ -159,7 +166,7 @@ class CreditStats:
 class ReplicationStats:
     """Replicated pushes (PROTOCOL.md §12.4) this daemon made as a primary."""
 
-    #: pushed buffers (and bytes) forwarded to replicas, counted once per replica
+    #: pushed buffers (and their data bytes) forwarded to replicas, counted once per replica
     forwarded_buffers: int = 0
     forwarded_bytes: int = 0
     #: pushes that opened fewer replicas than wanted and went on (`replica-shortfall = degrade`)
@@ -227,6 +234,55 @@ class ObjectStoreStats:
 
 
 @dataclass(slots=True)
+class TierStats:
+    """The object-store tier (server/storage/tier.py): what moved into objects and why, durable commits, what
+    other daemons' objects served here. The tier counts into its own; a snapshot holds a copy (`copy()`)."""
+
+    #: objects written by the tier (each one PUT unless flushed large) and their bytes of pieces, by why:
+    #: a spill without a data dir, a move from the data dir over its quota, an upload of durable commits
+    spilled_objects: int = 0
+    spilled_bytes: int = 0
+    moved_objects: int = 0
+    moved_bytes: int = 0
+    durable_objects: int = 0
+    durable_bytes: int = 0
+    #: attempts made durable (their commit is in a complete object), and those waiting for their upload now
+    durable_attempts: int = 0
+    pending_attempts: int = 0
+    pending_bytes: int = 0
+    #: tier writes that failed (the pieces stay where they were; a durable upload is retried)
+    write_errors: int = 0
+    #: attempts of other nodes (or of this node's earlier life) served here from their objects, and the
+    #: listings of a node's objects that found them
+    adopted_attempts: int = 0
+    adoptions: int = 0
+    #: objects deleted with their shuffle or application, and by the sweep
+    deleted_objects: int = 0
+    swept_objects: int = 0
+
+    def copy(self) -> TierStats:
+        return dataclasses.replace(self)
+
+
+@dataclass(slots=True)
+class HealStats:
+    """Healing (server/cluster/healing.py): rounds of checking the replicated attempts held here, the copies
+    made of those lacking one, and how long the last round that found something to do took to settle."""
+
+    rounds: int = 0
+    #: copies missing among the attempts this daemon is responsible for, as the last round found
+    missing: int = 0
+    copied: int = 0
+    copied_bytes: int = 0
+    failed: int = 0
+    #: whole microseconds from the first round that found a copy missing to the round that found none
+    last_heal_us: int = 0
+
+    def copy(self) -> HealStats:
+        return dataclasses.replace(self)
+
+
+@dataclass(slots=True)
 class DrainStats:
     """Where a drain is (`state`: serving, pushes, copying, closing, done) and what its hand-over did: the
     daemon keeps its live one, a snapshot holds a copy (`copy()`)."""
@@ -234,7 +290,7 @@ class DrainStats:
     state: str = "serving"
     #: copies missing on other daemons (an attempt's replica count less the daemons holding it)
     to_copy: int = 0
-    #: copies other daemons acknowledged with the stored lengths, and their bytes
+    #: copies other daemons acknowledged with the stored lengths, and their data bytes
     copied: int = 0
     copied_bytes: int = 0
     #: copies not made of attempts no other daemon holds: those are lost with this daemon (unless it comes
@@ -274,6 +330,8 @@ class DaemonStats:
     drain: DrainStats = field(default_factory=DrainStats)
     failover: FailoverStats = field(default_factory=FailoverStats)
     object_store: ObjectStoreStats = field(default_factory=ObjectStoreStats)
+    tier: TierStats = field(default_factory=TierStats)
+    heal: HealStats = field(default_factory=HealStats)
 
     def to_wire(self) -> dict[str, Any]:
         """The admin `stats` answer: the same names and nesting as the fields, `{}` for no filesystem."""

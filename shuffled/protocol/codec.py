@@ -65,6 +65,8 @@ def encode(frame: Frame) -> bytes:
 # none (`encode(NewFrame(...))`). The u32 frames skip the frame object: credit goes out every few buffers.
 encode_add_credit = AddCredit.BODY.packer(FrameType.ADD_CREDIT)
 encode_push_credit = PushCredit.BODY.packer(FrameType.PUSH_CREDIT)
+#: (writer, lengths): a daemon's commit packs its u64 array of lengths without a list
+encode_commit_ack = CommitAck.BODY.packer(FrameType.COMMIT_ACK)
 encode_commit = CommitMapOutput.BODY.packer(FrameType.COMMIT_MAP_OUTPUT)
 
 
@@ -89,26 +91,15 @@ def encode_cancel(receiver: int) -> bytes:
 
 
 def encode_buffer_response(
-    receiver: int,
-    sequence: int,
-    backlog: int,
-    partition: int,
-    kind: BufferKind,
-    attempt: int,
-    payload: bytes,
-    crc: int | None = None,
+    receiver: int, sequence: int, backlog: int, kind: BufferKind, payload: bytes, crc: int | None = None
 ) -> bytes:
     """Whole frame as bytes: for tests, vectors and events (no payload). `crc` None: the payload's CRC32C."""
-    return encode(BufferResponse(receiver, sequence, backlog, partition, kind, attempt, len(payload), payload, crc))
+    return encode(BufferResponse(receiver, sequence, backlog, kind, len(payload), payload, crc))
 
 
-def encode_push_data(writer: int, sequence: int, partition: int, payload: bytes, crc: int | None = None) -> bytes:
+def encode_push_data(writer: int, sequence: int, payload: bytes, crc: int | None = None) -> bytes:
     """Whole frame as bytes: for tests and vectors. `crc` None: the payload's CRC32C."""
-    return encode(PushData(writer, sequence, partition, len(payload), payload, crc))
-
-
-def encode_commit_ack(writer: int, lengths: list[int]) -> bytes:
-    return encode(CommitAck(writer, lengths))
+    return encode(PushData(writer, sequence, len(payload), payload, crc))
 
 
 def encode_abort(writer: int) -> bytes:
@@ -141,7 +132,7 @@ class PayloadSink(Protocol):
     a ShuffledError (e.g. CreditViolation) to refuse the frame.
     """
 
-    def __call__(self, ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any] | None: ...
+    def __call__(self, ftype: FrameType, stream: int, length: int) -> tuple[memoryview, Any] | None: ...
 
 
 def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
@@ -367,23 +358,23 @@ class FrameReader:
         stream = self._stream
         frame: BufferResponse | PushData
         if ftype == FrameType.BUFFER_RESPONSE:
-            seq, backlog, partition, kind, _, attempt, crc = BUFFER_RESPONSE_FIXED.unpack(fixed)
+            seq, backlog, kind, _, crc = BUFFER_RESPONSE_FIXED.unpack(fixed)
             length = self._length - BUFFER_RESPONSE_FIXED.size
             bkind = _BUFFER_KINDS.get(kind)
             if bkind is None:
                 raise ProtocolError(f"BufferResponse: unknown kind {kind}")
             if bkind != BufferKind.DATA and (length or crc):
                 raise ProtocolError("BufferResponse: an event carries no payload and a zero crc")
-            frame = BufferResponse(stream, seq, backlog, partition, bkind, attempt, length, None, crc)
+            frame = BufferResponse(stream, seq, backlog, bkind, length, None, crc)
             if bkind != BufferKind.DATA:
                 self._pending = frame
                 return len(fixed)
         else:
-            seq, partition, crc = PUSH_DATA_FIXED.unpack(fixed)
+            seq, crc = PUSH_DATA_FIXED.unpack(fixed)
             length = self._length - PUSH_DATA_FIXED.size
-            frame = PushData(stream, seq, partition, length, None, crc)
+            frame = PushData(stream, seq, length, None, crc)
         self._pending = frame
-        got = self._sink(ftype, stream, partition, length)
+        got = self._sink(ftype, stream, length)
         if got is None:
             room = self._discard_target(length)
         else:
@@ -406,7 +397,7 @@ def decode_all(
 ) -> list[Frame]:
     """Decode a whole byte string (tests, vectors); data payloads are returned as bytes."""
 
-    def to_bytes(ftype: FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, Any]:
+    def to_bytes(ftype: FrameType, stream: int, length: int) -> tuple[memoryview, Any]:
         buf = bytearray(length)
         return memoryview(buf), buf
 

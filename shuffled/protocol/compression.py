@@ -1,10 +1,11 @@
-"""Optional per-application compression of data payloads (PROTOCOL.md §10.5); no IO.
+"""Optional per-application compression of the runs in packed groups (PROTOCOL.md §10.5); no IO.
 
-A compressed payload is one self-contained block: a 1-byte tag, then either the
-bytes as they were (tag 0: compressing did not make them smaller) or, for tag 1,
-the uncompressed length (u32, big endian) and an LZ4 block. Daemons never look
-inside: they store, checksum and relay the payload like any other. Writers and
-readers of an application must agree to use it.
+Each run's data is a sequence of whole blocks, a block never spanning runs. A block is a 1-byte tag, a
+u32 length of what follows, then either the bytes as they were (tag 0: compressing did not make them
+smaller) or (tag 1) the u32 size they decompress to and an LZ4 block. The length makes a block find its
+end inside a run, so a run packs as many blocks as fill its buffer. Daemons never look inside: they
+store, checksum and relay compressed runs like any other. Writers and readers of an application must
+agree to use it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from .errors import CorruptData
 #: names a client accepts for `compression=`
 CODECS = ("lz4",)
 STORED, LZ4 = 0, 1
-_LENGTH = struct.Struct(">I")
-#: bytes a writer leaves free in each segment for the block header
-OVERHEAD = 1 + _LENGTH.size
+#: tag u8, length u32 of the body that follows
+_BLOCK = struct.Struct(">BI")
+_SIZE = struct.Struct(">I")
+#: a block of n raw bytes takes at most OVERHEAD + n bytes (an LZ4 block is written only when smaller)
+OVERHEAD = _BLOCK.size
+_LZ4_OVERHEAD = OVERHEAD + _SIZE.size
 
 
 def check_codec(codec: str | None) -> None:
@@ -28,37 +32,48 @@ def check_codec(codec: str | None) -> None:
         raise ValueError(f"compression {codec!r} is not one of {', '.join(CODECS)} (or None)")
 
 
-def compress_in_place(segment: memoryview, length: int) -> int:
-    """Turn the first `length` bytes of `segment` into a block; return the block's length.
-
-    `length` must be at most `len(segment) - OVERHEAD`, so that a stored block fits too.
-    """
-    raw = bytes(segment[:length])
+def compress_block(raw: memoryview, dest: memoryview) -> int:
+    """Write `raw` as one block at the start of `dest` (which has room for OVERHEAD + len(raw)); its length."""
     packed = lz4.block.compress(raw, store_size=False)
-    if OVERHEAD + len(packed) < 1 + length:
-        segment[0] = LZ4
-        _LENGTH.pack_into(segment, 1, length)
-        segment[OVERHEAD : OVERHEAD + len(packed)] = packed
-        return OVERHEAD + len(packed)
-    segment[0] = STORED
-    segment[1 : 1 + length] = raw
-    return 1 + length
+    n = len(raw)
+    if _LZ4_OVERHEAD + len(packed) < OVERHEAD + n:
+        _BLOCK.pack_into(dest, 0, LZ4, _SIZE.size + len(packed))
+        _SIZE.pack_into(dest, OVERHEAD, n)
+        dest[_LZ4_OVERHEAD : _LZ4_OVERHEAD + len(packed)] = packed
+        return _LZ4_OVERHEAD + len(packed)
+    _BLOCK.pack_into(dest, 0, STORED, n)
+    dest[OVERHEAD : OVERHEAD + n] = raw
+    return OVERHEAD + n
 
 
-def decompress(block: memoryview) -> memoryview:
-    """The bytes a block holds; CorruptData if it is not a block this module wrote."""
-    if not len(block):
-        raise CorruptData("empty compressed payload")
-    tag = block[0]
-    if tag == STORED:
-        return block[1:]
-    if tag != LZ4 or len(block) < OVERHEAD:
-        raise CorruptData(f"not a compressed payload (tag {tag}): do all writers of this application compress?")
-    (size,) = _LENGTH.unpack_from(block, 1)
+def decompress_run(run: memoryview) -> memoryview:
+    """The bytes a run of blocks holds; CorruptData if it is not blocks this module wrote."""
+    out: list[memoryview] = []
+    offset = 0
+    while offset < len(run):
+        if len(run) - offset < OVERHEAD:
+            raise CorruptData(f"{len(run) - offset} bytes at the end of a compressed run are not a block")
+        tag, length = _BLOCK.unpack_from(run, offset)
+        body = run[offset + OVERHEAD : offset + OVERHEAD + length]
+        if len(body) != length or tag not in (STORED, LZ4):
+            raise CorruptData(
+                f"not a compressed run (block tag {tag}, length {length}): do all writers of this application compress?"
+            )
+        out.append(body if tag == STORED else memoryview(_decompress(body)))
+        offset += OVERHEAD + length
+    if not out:
+        raise CorruptData("empty compressed run")
+    return out[0] if len(out) == 1 else memoryview(b"".join(out))
+
+
+def _decompress(body: memoryview) -> bytes:
+    if len(body) < _SIZE.size:
+        raise CorruptData("LZ4 block without its size")
+    (size,) = _SIZE.unpack_from(body)
     try:
-        raw = lz4.block.decompress(block[OVERHEAD:], uncompressed_size=size)
+        raw: bytes = lz4.block.decompress(body[_SIZE.size :], uncompressed_size=size)
     except lz4.block.LZ4BlockError as exc:
         raise CorruptData(f"LZ4 block does not decompress: {exc}") from None
     if len(raw) != size:
         raise CorruptData(f"LZ4 block gave {len(raw)} bytes, its header says {size}")
-    return memoryview(raw)
+    return raw

@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import re
 import struct
-from collections.abc import Callable
+import sys
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import attrgetter
@@ -26,28 +28,31 @@ from typing import Any, ClassVar, Protocol, get_args
 import msgpack
 
 from .errors import ProtocolError, UnsupportedVersion
+from .resume import Resume
 
 MAGIC = b"SHFD"
-VERSION = 2
+VERSION = 3
 
 #: length u32 (bytes after this header), type u8, flags u8, reserved u16, stream u32
 HEADER = struct.Struct(">IBBHI")
 HEADER_SIZE = HEADER.size  # 12
 
-#: BufferResponse fixed part: sequence u32, backlog u32, partition u32, kind u16, reserved u16, attempt u64,
-#: crc u32 (CRC32C of the payload, 0 for events)
-BUFFER_RESPONSE_FIXED = struct.Struct(">IIIHHQI")
-#: PushData fixed part: sequence u32, partition u32, crc u32 (CRC32C of the payload)
-PUSH_DATA_FIXED = struct.Struct(">III")
+#: BufferResponse fixed part: sequence u32, backlog u32, kind u16, reserved u16, crc u32 (CRC32C of the payload,
+#: 0 for events). The payload's packed groups say which partitions and attempts it holds (packed.py).
+BUFFER_RESPONSE_FIXED = struct.Struct(">IIHHI")
+#: PushData fixed part: sequence u32, crc u32 (CRC32C of the payload, one packed group)
+PUSH_DATA_FIXED = struct.Struct(">II")
 #: header and fixed part in one pack_into call
-BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIIHHQI")
-PUSH_DATA_PREFIX = struct.Struct(">IBBHIIII")
+BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIHHI")
+PUSH_DATA_PREFIX = struct.Struct(">IBBHIII")
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
 #: header and a u32 body in one pack (AddCredit, PushCredit, CommitMapOutput)
 U32_FRAME = struct.Struct(">IBBHII")
 ERROR_FIXED = struct.Struct(">H")
+#: the CommitAck's u64 lengths are big-endian on the wire, native in an array
+_SWAP = sys.byteorder == "little"
 
 #: Largest control-frame body (PartitionRequest with many map attempts is the big one).
 MAX_CONTROL_BODY = 8 << 20
@@ -231,6 +236,19 @@ def optional_replicas(m: dict[str, Any], key: str, cls: Any) -> Any:
     return value
 
 
+#: what an OpenMapOutput may ask of its committed output (§7.8): nothing more, or an upload to the object store
+DURABILITIES = ("none", "object-store")
+
+
+def optional_durability(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """Whether the committed map output is to be made durable (§12.5): one of DURABILITIES, absent for the
+    daemon's own default."""
+    value = m.get(key)
+    if value is not None and value not in DURABILITIES:
+        raise ProtocolError(f"{cls.TYPE.name}: '{key}' must be one of {', '.join(DURABILITIES)}")
+    return value
+
+
 def optional_app_key(m: dict[str, Any], key: str, cls: Any) -> Any:
     """The digest of an application token a replica push carries instead of the token (§12.4): "" (no
     token) or 64 lowercase hex digits."""
@@ -244,54 +262,32 @@ def _u64(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
 
 
-@dataclass(slots=True, frozen=True)
-class Resume:
-    """Where a read another copy served stopped (§10.6): in partition `partition`, the pairs of attempts
-    `done` were relayed whole, and the first `chunks` chunks (`bytes` in all) of `attempt`'s."""
-
-    partition: int
-    done: tuple[int, ...] = ()
-    attempt: int | None = None
-    chunks: int = 0
-    bytes: int = 0
-
-    @classmethod
-    def from_wire(cls, value: object, what: str = "'resume'") -> Resume:
-        """The wire map {partition, done, attempt?, chunks?, bytes?}, checked (ProtocolError naming `what`)."""
-        bad = ProtocolError(
-            f"{what} must be a map of partition (u32), done (attempt ids) and optionally "
-            "attempt (an attempt id), chunks and bytes (counts), all three or none"
-        )
-        if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or not {"partition", "done"} <= set(value):
-            raise bad
-        done = value["done"]
-        partition = value["partition"]
-        if (
-            not (_u64(partition) and partition < 1 << 32)
-            or not isinstance(done, list)
-            or not all(_u64(a) for a in done)
-        ):
-            raise bad
-        pair = [value.get(k) for k in ("attempt", "chunks", "bytes")]
-        if any(v is not None for v in pair) and not all(v is not None and _u64(v) for v in pair):
-            raise bad
-        return cls(partition, tuple(done), value.get("attempt"), value.get("chunks") or 0, value.get("bytes") or 0)
-
-    def to_wire(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"partition": self.partition, "done": list(self.done)}
-        if self.attempt is not None:
-            m |= {"attempt": self.attempt, "chunks": self.chunks, "bytes": self.bytes}
-        return m
-
-
 def optional_resume(m: dict[str, Any], key: str, cls: Any) -> Any:
-    """Where a failed-over read goes on (§10.6), as a `Resume`."""
+    """Where a failed-over read goes on (§10.6), as a `Resume`: {done, attempt?, partition?, bytes?}, the last
+    three all or none. Only the shape is checked here (PROTOCOL); whether the values fit the request is
+    `Resume.check`'s (INVALID_REQUEST, on the stream)."""
     value = m.get(key)
-    return None if value is None else Resume.from_wire(value, f"{cls.TYPE.name}: '{key}'")
+    if value is None:
+        return None
+    bad = ProtocolError(
+        f"{cls.TYPE.name}: '{key}' must be a map of done (attempt ids) and optionally attempt (an attempt id), "
+        "partition (u32) and bytes (u64), all three or none"
+    )
+    if not isinstance(value, dict) or not set(value) <= _RESUME_KEYS or "done" not in value:
+        raise bad
+    done = value["done"]
+    if not isinstance(done, list) or not all(_u64(a) for a in done):
+        raise bad
+    point = [value.get(k) for k in ("attempt", "partition", "bytes")]
+    if any(v is not None for v in point) and not all(v is not None and _u64(v) for v in point):
+        raise bad
+    if point[1] is not None and point[1] >= 1 << 32:
+        raise bad
+    return Resume.from_wire(value)
 
 
 _APP_KEY = re.compile(r"(?:[0-9a-f]{64})?")
-_RESUME_KEYS = frozenset({"partition", "done", "attempt", "chunks", "bytes"})
+_RESUME_KEYS = frozenset({"done", "attempt", "partition", "bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,15 +398,26 @@ class ErrorBody:
 
 
 class CommitAckBody:
-    """A u32 count, then that many u64 partition lengths: binary, as a map output can have 100k partitions."""
+    """A u32 count, then that many u64 partition lengths: binary, as a map output can have 100k partitions
+    (a u64 array either way, not a Python step per partition: a third of what a struct call with a repeat
+    count took, which spread the lengths as its arguments and gathered them into a tuple)."""
 
     __slots__ = ()
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
-        lengths = frame.lengths
-        return _frame(
-            ftype, frame.writer, U32.pack(len(lengths)) + b"".join(int(n).to_bytes(8, "big") for n in lengths)
-        )
+        return self.packer(ftype)(frame.writer, frame.lengths)
+
+    def packer(self, ftype: FrameType) -> Callable[[int, Sequence[int]], bytes]:
+        """(writer, lengths) -> frame bytes without a frame object, the lengths any sequence: a daemon's commit
+        hands over its u64 array, which packs with one copy (a list of them is a Python int a partition)."""
+
+        def pack(writer: int, lengths: Sequence[int]) -> bytes:
+            wire = array("Q", lengths)
+            if _SWAP:
+                wire.byteswap()
+            return _frame(ftype, writer, U32.pack(len(wire)) + wire.tobytes())
+
+        return pack
 
     def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
         if len(body) < U32.size:
@@ -418,7 +425,11 @@ class CommitAckBody:
         (n,) = U32.unpack_from(body)
         if len(body) != 4 + 8 * n:
             raise ProtocolError(f"CommitAck: {n} lengths need {4 + 8 * n} bytes, got {len(body)}")
-        return cls(stream, [int.from_bytes(body[4 + 8 * i : 12 + 8 * i], "big") for i in range(n)])
+        lengths = array("Q")
+        lengths.frombytes(body[4:])
+        if _SWAP:
+            lengths.byteswap()
+        return cls(stream, lengths.tolist())
 
 
 def pack_buffer_response_prefix(
@@ -427,13 +438,11 @@ def pack_buffer_response_prefix(
     receiver: int,
     sequence: int,
     backlog: int,
-    partition: int,
     kind: int,
-    attempt: int,
     payload_len: int,
     crc: int,
 ) -> None:
-    """Write header + fixed part of a BufferResponse; the payload follows as its own slice."""
+    """Write header + fixed part of a BufferResponse; the payload follows as its own slice(s)."""
     BUFFER_RESPONSE_PREFIX.pack_into(
         into,
         offset,
@@ -444,19 +453,17 @@ def pack_buffer_response_prefix(
         receiver,
         sequence,
         backlog,
-        partition,
         kind,
         0,
-        attempt,
         crc,
     )
 
 
 def pack_push_data_prefix(
-    into: bytearray | memoryview, offset: int, writer: int, sequence: int, partition: int, payload_len: int, crc: int
+    into: bytearray | memoryview, offset: int, writer: int, sequence: int, payload_len: int, crc: int
 ) -> None:
     PUSH_DATA_PREFIX.pack_into(
-        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, partition, crc
+        into, offset, PUSH_DATA_FIXED.size + payload_len, FrameType.PUSH_DATA, 0, 0, writer, sequence, crc
     )
 
 
@@ -605,19 +612,16 @@ class BufferResponse:
         "receiver",
         "sequence",
         "backlog",
-        "partition",
         "kind",
-        "attempt",
     )
 
     receiver: int
     sequence: int
     backlog: int
-    partition: int
     kind: BufferKind
-    attempt: int
     length: int
-    #: what the payload sink returned for this frame (e.g. a pool Buffer), None if discarded
+    #: what the payload sink returned for this frame (e.g. a pool Buffer), None if discarded; a DATA payload is
+    #: one or more packed groups (packed.py)
     payload: Any = None
     #: CRC32C of the payload as the writer computed it (0 for events); None: computed when encoded
     crc: int | None = None
@@ -644,6 +648,7 @@ class OpenMapOutput:
         Key("replicas", optional_replicas, optional=True),
         Key("replica_of", optional_string, optional=True),
         Key("app_key", optional_app_key, optional=True),
+        Key("durability", optional_durability, optional=True),
         stream="writer",
     )
 
@@ -661,6 +666,8 @@ class OpenMapOutput:
     replica_of: str | None = None
     #: with `replica_of`: SHA-256 of the application's token, hex ("" for none), instead of the token
     app_key: str | None = None
+    #: "object-store": upload the committed output so any daemon can serve it (§12.5); None: the daemon's setting
+    durability: str | None = None
 
 
 @dataclass(slots=True)
@@ -675,12 +682,12 @@ class PushCredit:
 @dataclass(slots=True)
 class PushData:
     TYPE: ClassVar[FrameType] = FrameType.PUSH_DATA
-    BODY: ClassVar[DataBody] = DataBody(PUSH_DATA_FIXED, pack_push_data_prefix, "writer", "sequence", "partition")
+    BODY: ClassVar[DataBody] = DataBody(PUSH_DATA_FIXED, pack_push_data_prefix, "writer", "sequence")
 
     writer: int
     sequence: int
-    partition: int
     length: int
+    #: one packed group (packed.py), landed where the payload sink said
     payload: Any = None
     #: CRC32C of the payload as the writer computed it; None: computed when encoded
     crc: int | None = None

@@ -8,9 +8,20 @@ the disk keep the same value.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import crc32c
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
     """CRC32C of a whole buffer (one call per 32 KiB segment, never per record)."""
     return int(crc32c.crc32c(data))
+
+
+def checksum_parts(parts: Iterable[bytes | bytearray | memoryview]) -> int:
+    """CRC32C of the parts back to back, without joining them: a payload a daemon builds from slices of
+    stored groups (packed.GroupSlice) goes out as those slices, and its CRC is computed over them in turn."""
+    crc = 0
+    for part in parts:
+        crc = crc32c.crc32c(part, crc)
+    return int(crc)

@@ -10,10 +10,8 @@ the admin `stats` answer `shuffled stats` prints.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import shutil
 import time
 from typing import Any
 
@@ -22,28 +20,32 @@ from ..config import DATA_DIR_AUTO, DaemonConfig
 from ..logs import event
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
-from ..ops.stats import DaemonStats, ObjectStoreStats
+from ..ops.stats import DaemonStats, HealStats, ObjectStoreStats
 from ..protocol.errors import StorageError
 from .accounting.counters import Counters
 from .accounting.shares import PushShares
 from .accounting.stats import snapshot
 from .accounting.watchdog import watch
 from .cluster.drain import Drain
+from .cluster.healing import Healing
 from .cluster.membership import Membership
 from .cluster.peers import PeerManager
+from .cluster.sweep import Sweeper
+from .housekeeping import Housekeeping
 from .serving.admin_ops import Caller, Operation
 from .serving.admission import Trust
 from .serving.connection import DaemonConnection
 from .storage.disk import Disk
-from .storage.objects import ObjectStore, ObjectStoreConfig
+from .storage.object_config import ObjectStoreConfig
+from .storage.objects import ObjectStore
 from .storage.probe import ObjectStoreProbe
 from .storage.spill import Spiller, restore
+from .storage.spill_writes import SpillTarget
 from .storage.store import Store
+from .storage.tier import ObjectTier
 
 log = logging.getLogger(__name__)
 
-#: seconds between checks of application TTLs, idle shuffles to flush and a disk to retry
-HOUSEKEEPING_INTERVAL = 1.0
 #: most seconds `stop` waits for the answers to `drain` requests with `wait` (they are due at once)
 ANSWER_WAIT = 1.0
 
@@ -66,12 +68,32 @@ class Daemon:
             auto = config.data_dir == DATA_DIR_AUTO
             how = " (data-dir auto: set --data-dir DIR, or none for memory only)" if auto else ""
             raise OSError(f"data dir {self.data_dir}{how} is not usable: {exc}") from exc
-        self.store.can_spill = self.disk is not None
         self.store.max_partitions = config.max_partitions
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)
-        self.spiller = Spiller(self.store, self.pool, self.disk, config.spill_high, config.spill_low)
-        if self.disk is not None:
+        self.counters = Counters()
+        self.metrics = DaemonMetrics()
+        #: the object store (`object-store`), probed at start, and the tier that moves data into it
+        self.objects: ObjectStore | None = None
+        self.object_stats = ObjectStoreStats()
+        self.tier: ObjectTier | None = None
+        if config.object_store is not None:
+            self.objects = ObjectStore(
+                ObjectStoreConfig.of(config), self.object_stats, self.metrics.observe_object_store
+            )
+            self.tier = ObjectTier(self.store, self.objects, self.disk, config)
+        self.object_probe = ObjectStoreProbe(self.objects, self.object_stats)
+        #: what healing did (cluster/healing.py)
+        self.heal_stats = HealStats()
+        self.spiller = Spiller(
+            self.store, self.pool, self.disk, config.spill_high, config.spill_low, self._object_target
+        )
+        self.store.can_spill = self.spiller.target is not None
+        if self.tier is not None:
+            self.tier.writer.journal = self.spiller.journals.append
+            self.tier.writer.busy = self.spiller.writes.by_attempt
+            self.store.moves_disk = self.disk is not None
+        if self.spiller.target is not None:
             # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
             # where background spilling starts (GlobalPool.set_floating_budget says why that is safe).
             self.pool.set_floating_budget(self.spiller.start - 1)
@@ -83,23 +105,30 @@ class Daemon:
         #: whom it trusts and how each side proves itself (serving/admission.py)
         self.secret, self.peer_secret, self.drain_secret, self.peer_tls = Trust.load(config)
         self._servers: list[asyncio.AbstractServer] = []
-        self.counters = Counters()
-        self.metrics = DaemonMetrics()
-        #: the object store (`object-store`), probed at start; not yet a tier data moves to
-        self.objects: ObjectStore | None = None
-        self.object_stats = ObjectStoreStats()
-        if config.object_store is not None:
-            self.objects = ObjectStore(
-                ObjectStoreConfig.of(config), self.object_stats, self.metrics.observe_object_store
-            )
-        self.object_probe = ObjectStoreProbe(self.objects, self.object_stats)
         self.started = False
         #: SIGTERM, SIGINT or the admin `drain`: new pushes, then new client reads are refused
         self.drain = Drain(self)
+        #: copies of replicated attempts lost with a daemon made again (not while draining)
+        self.healing = Healing(self, self.heal_stats, lambda: not self.drain.draining)
+        #: deletes what crashed daemons left in the object store
+        self.sweeper = Sweeper(self, self.tier, lambda: not self.drain.draining) if self.tier is not None else None
         self.start_time = time.time()
         self.ops: OpsServer | None = None
-        self._housekeeping: asyncio.Task[None] | None = None
+        self.housekeeping = Housekeeping(
+            config, self.store, self.spiller, self.tier, self.membership, self.object_probe, self.connections
+        )
         self._watchdog: asyncio.Task[None] | None = None
+
+    def _object_target(self, spiller: Spiller) -> SpillTarget | None:
+        """Without a data dir, spills go to the object store: one object of at least a part per write (fewer
+        segments only in pools too small to hold three such writes). A piece fills its segment only nearly
+        (a group's header, a writer's last group), so a write takes a sixteenth more segments than a part
+        holds: objects of whole parts keep spills within 64 PUTs per GiB."""
+        if self.tier is None:
+            return None
+        usable = self.pool.total - self.pool.reserve
+        part = self.tier.writer.part // self.config.segment_size
+        return self.tier.spill_target(max(1, min(part + part // 16, usable // 3)))
 
     @property
     def node(self) -> str:
@@ -157,7 +186,12 @@ class Daemon:
             self.ops.start()
         await self.membership.refresh()  # before pushes arrive, so the first ones find their replicas
         self.object_probe.start()
-        self._housekeeping = asyncio.create_task(self._housekeep())
+        if self.tier is not None:
+            self.tier.start(self.node)
+        self.healing.start()
+        if self.sweeper is not None:
+            self.sweeper.start()
+        self.housekeeping.start()
         self._watchdog = asyncio.create_task(watch(self.connections, self.config))
         self.started = True
         if (mismatch := cfg.zone_mismatch(self.node)) is not None:
@@ -202,56 +236,10 @@ class Daemon:
         pool = self.pool
         if pool.free <= pool.reserve:
             reasons.append(f"pool exhausted: {pool.used} of {pool.total} segments used, the rest is the read reserve")
-        disk = self.disk_space()
+        disk = self.disk.space() if self.disk is not None else None
         if disk is not None and disk[1] < self.config.ready_disk_free * disk[0]:
             reasons.append(f"disk nearly full: {disk[1]} of {disk[0]} bytes free in {self.data_dir}")
         return reasons + self.object_probe.reasons()
-
-    def disk_space(self) -> tuple[int, int] | None:
-        """(capacity, free bytes) of the data directory's file system, if there is one."""
-        if not self.data_dir:
-            return None
-        try:
-            usage = shutil.disk_usage(self.data_dir)
-        except OSError:
-            return None
-        return usage.total, usage.free
-
-    async def _housekeep(self) -> None:
-        """Expire applications whose driver vanished, flush idle shuffles, retry a failed disk, free the
-        disk of aborted attempts."""
-        while True:
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
-            try:
-                await self._housekeep_once()
-            except Exception:  # a bug here must not stop expiry and flushing for good
-                event(log, "housekeeping failed", logging.ERROR, exc_info=True)
-
-    async def _housekeep_once(self) -> None:
-        cfg = self.config
-        self.membership.refresh_soon()
-        now = time.monotonic()
-        if cfg.app_ttl:
-            for app, usage in list(self.store.usage.items()):
-                busy = any(d.open for d in self.store.apps.get(app, {}).values())
-                if not busy and now - usage.last_active > cfg.app_ttl:
-                    event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
-                    await self.spiller.removed(self.store.remove_application(app)[1])
-        if cfg.flush_after and self.disk is not None:
-            idle = [
-                d
-                for shuffles in self.store.apps.values()
-                for d in shuffles.values()
-                if d.segments and not d.open and now - d.last_commit > cfg.flush_after
-            ]
-            with contextlib.suppress(StorageError):  # the spiller logged it; the next round tries again
-                await self.spiller.flush(idle)
-        self.spiller.check()
-        await self.spiller.reclaim()
-        self.object_probe.check(now)
-        for conn in list(self.connections):
-            for session in list(conn.pushes.sessions.values()):
-                session.check_wait()
 
     async def stop(self) -> None:
         if self.ops is not None:
@@ -275,16 +263,28 @@ class Daemon:
         if self.config.unix_socket and os.path.exists(self.config.unix_socket):
             os.unlink(self.config.unix_socket)
         await self._persist()
+        if self.tier is not None:
+            await self.tier.close()
         await self.object_probe.close()
 
     async def _persist(self) -> None:
-        """Write every committed byte still in memory to disk, so a restart serves it."""
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
+        """Write every committed byte still in memory to disk, so a restart serves it; without a data dir,
+        make it durable in the object store (a restart serves what the objects prove)."""
+        self.housekeeping.stop()
+        self.healing.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.membership.stop()
-        if self.disk is None:
-            return
         shuffles = [d for s in self.store.apps.values() for d in s.values()]
+        if self.disk is None:
+            if self.tier is not None and shuffles:
+                try:
+                    durable = await self.tier.uploads.persist(shuffles)
+                except StorageError as exc:
+                    event(log, "persisting to the object store failed", logging.WARNING, reason=exc.message)
+                else:
+                    event(log, "persisted", shuffles=len(shuffles), durable_attempts=durable)
+            return
         try:
             written, complete = await self.spiller.flush(shuffles), True
         except StorageError:  # the spiller logged it; what was written before is still synced

@@ -52,6 +52,8 @@ class Faults:
     fired: asyncio.Event = field(default_factory=asyncio.Event)
     #: frames seen per type (for tests to wait on)
     seen: Counter[int] = field(default_factory=Counter)
+    #: bytes forwarded this way, on every connection (for tests to wait on: an upload under way)
+    passed: int = 0
 
 
 class _Pair:
@@ -182,6 +184,7 @@ class FaultProxy:
         if f.delay:
             await asyncio.sleep(f.delay)  # the fault itself, not synchronisation
         dst.write(data)
+        f.passed += len(data)
         with contextlib.suppress(ConnectionError):
             await dst.drain()
         if f.rate:

@@ -65,6 +65,7 @@ from shuffled.protocol.frames import (
     PartitionRequest,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 
 VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "frames.json"
 APPS = [f"fz-{i}" for i in range(4)]
@@ -215,8 +216,11 @@ class Generator:
             )
             return codec.encode(req_)
         if pick < 0.6:
-            payload = r.randbytes(r.choice([0, 1, 100, 4000]))
-            return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), r.randrange(9), payload)
+            if r.random() < 0.5:  # a packed group (of any attempt, partition and size), or bytes that are none
+                payload = group_bytes(r.randrange(16), [(r.randrange(9), r.randbytes(r.choice([1, 100, 4000])))])
+            else:
+                payload = r.randbytes(r.choice([0, 1, 100, 4000]))
+            return codec.encode_push_data(self._sid(own=0.03), r.randrange(4), payload)
         if pick < 0.68:
             return codec.encode_commit(self._sid(), r.randrange(4))
         if pick < 0.74:
@@ -228,10 +232,10 @@ class Generator:
         if pick < 0.9:
             if r.random() < 0.5:
                 return codec.encode_buffer_response(
-                    self._sid() or 1, r.randrange(4), 0, 0, BufferKind.END_OF_PARTITION, 0, b""
+                    self._sid() or 1, r.randrange(4), 0, BufferKind.END_OF_PARTITION, b""
                 )
             return codec.encode_buffer_response(
-                self._sid() or 1, r.randrange(4), 0, 0, BufferKind.DATA, 1, r.randbytes(64)
+                self._sid() or 1, r.randrange(4), 0, BufferKind.DATA, group_bytes(1, [(0, r.randbytes(64))])
             )
         ops = ADMIN_OPS + ["drain"] * self.proven
         op = r.choice(ops)
@@ -259,11 +263,15 @@ class Generator:
         """A resume point (§10.6): mostly well formed (copies refuse those that do not fit), sometimes not."""
         r = self.rng
         done = [r.randrange(16) for _ in range(r.randrange(3))]
-        m: dict[str, Any] = {"partition": r.choice([start, start, start + 1]), "done": done}
+        m: dict[str, Any] = {"done": done}
         if r.random() < 0.6:
-            m |= {"attempt": r.randrange(16), "chunks": r.randrange(5), "bytes": r.choice([0, 100, 32768, 1 << 40])}
+            m |= {
+                "attempt": r.randrange(16),
+                "partition": r.choice([start, start, start + 1]),
+                "bytes": r.choice([0, 100, 32768, 1 << 40]),
+            }
         if r.random() < 0.02:  # the decoder's refusal ends the connection
-            m[r.choice(["partition", "done", "attempt", "chunks", "x"])] = self._value()
+            m[r.choice(["partition", "done", "attempt", "bytes", "x"])] = self._value()
         return m
 
     @staticmethod

@@ -14,6 +14,7 @@ import pytest
 from shuffled import __version__
 from shuffled.launch import DaemonProcess
 from shuffled_client import AsyncClient
+from tests.aio import run, within
 from tests.cluster import free_port, secret_flags, start_daemon
 
 
@@ -87,40 +88,37 @@ def test_drain_wait_returns_once_the_daemon_has_stopped(tmp_path: Path) -> None:
         d.stop()
 
 
-@pytest.mark.asyncio
+@within(60)
 async def test_drain_wait_ends_when_a_supervisor_restarted_the_daemon() -> None:
     """Under a supervisor that restarts the daemon (systemd Restart=always) its address answers again at
     once: `shuffled drain --wait` sees another life of the daemon there and returns. The command is
     held (SIGSTOP) while the daemon exits and comes back, so it cannot see the address refuse."""
 
-    async def body() -> None:
-        host = "127.0.0.1"
-        d = start_daemon(host, free_port([host]))
-        restarted: DaemonProcess | None = None
-        cmd = [sys.executable, "-m", "shuffled", "drain", d.addr, "--wait", "--timeout", "20"]
-        cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        try:
-            c = await AsyncClient.connect(d.addr)
-            held = await c.open_writer("app-cli", 1, 0, 1, 1)  # the drain waits for this push
-            assert cli.stdout is not None
-            assert (await asyncio.to_thread(cli.stdout.readline)).startswith(f"{d.addr}: draining")
-            os.kill(cli.pid, signal.SIGSTOP)
-            await held.abort()
-            await c.close()
-            assert await asyncio.to_thread(d.proc.wait, 20) == 0
-            restarted = await asyncio.to_thread(start_daemon, host, d.port)
-            os.kill(cli.pid, signal.SIGCONT)
-            out, _ = await asyncio.to_thread(cli.communicate, None, 20)
-            assert cli.returncode == 0 and out.endswith(f"{d.addr}: stopped\n"), out
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.wait()
-            d.stop()
-            if restarted is not None:
-                restarted.stop()
-
-    await asyncio.wait_for(body(), 60)
+    host = "127.0.0.1"
+    d = start_daemon(host, free_port([host]))
+    restarted: DaemonProcess | None = None
+    cmd = [sys.executable, "-m", "shuffled", "drain", d.addr, "--wait", "--timeout", "20"]
+    cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        c = await AsyncClient.connect(d.addr)
+        held = await c.open_writer("app-cli", 1, 0, 1, 1)  # the drain waits for this push
+        assert cli.stdout is not None
+        assert (await asyncio.to_thread(cli.stdout.readline)).startswith(f"{d.addr}: draining")
+        os.kill(cli.pid, signal.SIGSTOP)
+        await held.abort()
+        await c.close()
+        assert await asyncio.to_thread(d.proc.wait, 20) == 0
+        restarted = await asyncio.to_thread(start_daemon, host, d.port)
+        os.kill(cli.pid, signal.SIGCONT)
+        out, _ = await asyncio.to_thread(cli.communicate, None, 20)
+        assert cli.returncode == 0 and out.endswith(f"{d.addr}: stopped\n"), out
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        d.stop()
+        if restarted is not None:
+            restarted.stop()
 
 
 def test_drain_wait_shows_how_the_hand_over_ended_and_fails_when_data_stays_behind(tmp_path: Path) -> None:
@@ -146,8 +144,8 @@ def test_drain_wait_shows_how_the_hand_over_ended_and_fails_when_data_stays_behi
             await w.commit()
 
     try:
-        asyncio.run(push(d1.addr, "another", 7))
-        asyncio.run(push(d0.addr, "owner", 1))
+        run(push(d1.addr, "another", 7), 30)
+        run(push(d0.addr, "owner", 1), 30)
         secrets = ["--secret-file", str(tmp_path / "secret"), "--peer-secret-file", str(tmp_path / "peer-secret")]
         result = _cli("drain", d0.addr, "--wait", "--timeout", "20", *secrets)
         assert result.returncode == 3, (result.stdout, result.stderr)
@@ -172,3 +170,29 @@ def test_a_second_daemon_on_the_default_metrics_port_is_told_which_setting_to_ch
         assert second.returncode == 1 and "--metrics-port" in second.stderr, second.stderr
     finally:
         first.stop()
+
+
+def test_health_asks_the_metrics_port_the_environment_configures() -> None:
+    """`shuffled health` (the image's HEALTHCHECK) reads the settings from the environment as `serve` does:
+    the metrics port set there, on loopback when the daemon listens on every address. It needs no other
+    setting (the daemon may have been given its advertise as a flag), and fails once nothing answers."""
+    host = "127.0.0.1"
+    d = start_daemon(host, free_port([host]))
+    port = d.http.rpartition(":")[2]
+    env = {**os.environ, "SHUFFLED_HOST": "0.0.0.0", "SHUFFLED_METRICS_PORT": port}
+
+    def health() -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "shuffled", "health"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+
+    try:
+        result = health()
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"http://127.0.0.1:{port}/healthz: 200")
+    finally:
+        d.stop()
+    result = health()
+    assert result.returncode == 1 and f"http://127.0.0.1:{port}/healthz" in result.stderr
+    env["SHUFFLED_METRICS_PORT"] = "-1"
+    result = health()
+    assert result.returncode == 2 and "no fixed metrics port" in result.stderr

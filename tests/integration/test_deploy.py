@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,19 +25,14 @@ from shuffled import config as settings
 from shuffled.cli import _build_parser
 from shuffled.config import DaemonConfig, parse_size
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, http_get, metric_samples, payload, start_daemon, wait_until
+from tests.prometheus import prometheus_dir, prometheus_server, query, scrapes, tool
+from tests.units import MiB
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DEFAULTS = DaemonConfig()
-MiB = 1 << 20
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (.ci/run installs it)")
-    return path
 
 
 def _run(*cmd: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -66,7 +60,7 @@ def _dockerfile() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_passes_hadolint() -> None:
-    result = _run(_tool("hadolint"), str(ROOT / "Dockerfile"))
+    result = _run(tool("hadolint"), str(ROOT / "Dockerfile"))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -83,8 +77,10 @@ def test_dockerfile_runs_the_package_entry_point_on_its_ports() -> None:
     assert _build_parser().parse_args(command[1:]).command == "serve"
     exposed = {int(p) for args in get("EXPOSE") for p in args.split()}
     assert exposed == {DEFAULTS.port, DEFAULTS.metrics_port}
+    # The health check asks the daemon's /healthz where the container's settings put it (`shuffled health`).
     (health,) = get("HEALTHCHECK")
-    assert f"127.0.0.1:{DEFAULTS.metrics_port}/healthz" in health
+    check = json.loads(health.split("CMD", 1)[1])
+    assert check[0] == command[0] and _build_parser().parse_args(check[1:]).command == "health"
     (user,) = get("USER")
     assert user.split(":")[0] not in ("root", "0")
     shuffled_env = _image_env()
@@ -120,8 +116,8 @@ def _image_env() -> dict[str, str]:
 
 
 def test_kubernetes_manifests_validate() -> None:
-    tool = _tool("kubernetes-validate")
-    result = _run(tool, "--strict", *map(str, sorted((DEPLOY / "kubernetes").glob("*.yaml"))))
+    validate = tool("kubernetes-validate")
+    result = _run(validate, "--strict", *map(str, sorted((DEPLOY / "kubernetes").glob("*.yaml"))))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "passed" in result.stdout + result.stderr
 
@@ -255,14 +251,14 @@ def test_systemd_unit_runs_the_example_config() -> None:
 
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     """systemd's own checker, with ExecStart pointing at this installation's `shuffled` script."""
-    tool = _tool("systemd-analyze")
+    analyze = tool("systemd-analyze")
     script = shutil.which("shuffled")
     if script is None:
         pytest.skip("the shuffled script is not installed (pip install -e .)")
     unit = tmp_path / "shuffled.service"
     text = (DEPLOY / "systemd" / "shuffled.service").read_text()
     unit.write_text(re.sub(r"(?m)^ExecStart=\S+", f"ExecStart={script}", text))
-    result = _run(tool, "verify", str(unit))
+    result = _run(analyze, "verify", str(unit))
     problems = [line for line in (result.stdout + result.stderr).splitlines() if str(unit) in line]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
 
@@ -271,7 +267,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
 
 
 def test_promtool_checks_config_and_rules(tmp_path: Path) -> None:
-    promtool = _tool("promtool")
+    promtool = tool("promtool")
     rules = _run(promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml"))
     assert rules.returncode == 0 and "SUCCESS" in rules.stdout, rules.stdout + rules.stderr
     unit = _run(promtool, "test", "rules", "alerts-test.yml", cwd=DEPLOY / "prometheus")
@@ -280,13 +276,13 @@ def test_promtool_checks_config_and_rules(tmp_path: Path) -> None:
     (tests,) = _yaml_docs(DEPLOY / "prometheus" / "alerts-test.yml")
     tested = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t["exp_alerts"]}
     assert tested == {r["alert"] for g in alerts["groups"] for r in g["rules"]}, "every alert has a firing test"
-    work = _prometheus_dir(tmp_path, "127.0.0.1:7338")
+    work = prometheus_dir(tmp_path, "127.0.0.1:7338")
     config = _run(promtool, "check", "config", "prometheus.yml", cwd=work)
     assert config.returncode == 0, config.stdout + config.stderr
 
 
 def test_promtool_checks_the_kubernetes_config() -> None:
-    promtool = _tool("promtool")
+    promtool = tool("promtool")
     result = _run(promtool, "check", "config", "prometheus-kubernetes.yml", cwd=DEPLOY / "prometheus")
     if "field kubernetes_sd_configs not found" in result.stdout + result.stderr:
         pytest.skip("this promtool is built without Kubernetes service discovery (Debian's package is)")
@@ -323,56 +319,19 @@ def test_every_metric_in_rules_and_dashboard_exists_on_a_live_daemon(daemon: Dae
     assert others <= {"up"}
 
 
-def _prometheus_dir(tmp_path: Path, target: str, interval: str | None = None) -> Path:
-    """A copy of deploy/prometheus with one file_sd target (and a shorter interval for tests)."""
-    yaml = pytest.importorskip("yaml")
-    work = tmp_path / "prometheus"
-    shutil.copytree(DEPLOY / "prometheus", work)
-    (work / "targets").mkdir()
-    (work / "targets" / "shuffled.json").write_text(json.dumps([{"targets": [target], "labels": {"env": "test"}}]))
-    if interval:
-        doc = yaml.safe_load((work / "prometheus.yml").read_text())
-        doc["global"]["scrape_interval"] = doc["global"]["evaluation_interval"] = interval
-        (work / "prometheus.yml").write_text(yaml.safe_dump(doc))
-    return work
-
-
-def _query(api: str, promql: str) -> list[dict[str, Any]]:
-    from urllib.parse import quote
-
-    status, body = http_get(api, f"/api/v1/query?query={quote(promql)}")
-    assert status == 200, body
-    result: list[dict[str, Any]] = json.loads(body)["data"]["result"]
-    return result
-
-
-@pytest.mark.asyncio
+@within(120)
 async def test_real_prometheus_scrapes_a_daemon_and_sees_bytes_rise(daemon: DaemonProcess, tmp_path: Path) -> None:
     """Prometheus with the deploy/ config scrapes the daemon; pushed bytes show up in its API."""
-    binary = _tool("prometheus")
-    work = _prometheus_dir(tmp_path, daemon.http, interval="1s")
-    api = f"127.0.0.1:{free_port(['127.0.0.1'])}"
-    argv = [
-        binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-        f"--web.listen-address={api}", "--log.level=warn",
-    ]  # fmt: skip
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
-    def pushed() -> float:
-        result = _query(api, 'shuffled_pushed_bytes_total{job="shuffled",env="test"}')
+    def pushed(api: str) -> float:
+        result = query(api, 'shuffled_pushed_bytes_total{job="shuffled",env="test"}')
         return float(result[0]["value"][1]) if result else -1.0
 
-    async def body() -> None:
-        def up() -> bool:
-            try:
-                status, text = http_get(api, "/api/v1/query?query=up")
-            except OSError:
-                return False  # not listening yet
-            return status == 200 and any(r["value"][1] == "1" for r in json.loads(text)["data"]["result"])
-
-        await wait_until(lambda: asyncio.to_thread(up), bool, timeout=60, what="prometheus scrapes the daemon")
-        before = await wait_until(lambda: asyncio.to_thread(pushed), lambda v: v >= 0, timeout=30, what="series")
+    async def body(api: str) -> None:
+        await wait_until(
+            lambda: asyncio.to_thread(scrapes, api), bool, timeout=60, what="prometheus scrapes the daemon"
+        )
+        before = await wait_until(lambda: asyncio.to_thread(pushed, api), lambda v: v >= 0, timeout=30, what="series")
         client = await AsyncClient.connect(daemon.addr)
         w = await client.open_writer("prom-app", 0, 0, 1, 2)
         await w.write(0, payload(1, 0, 3 * MiB))
@@ -380,7 +339,7 @@ async def test_real_prometheus_scrapes_a_daemon_and_sees_bytes_rise(daemon: Daem
         await w.commit()
         await client.close()
         after = await wait_until(
-            lambda: asyncio.to_thread(pushed), lambda v: v >= before + 4 * MiB, timeout=60, what="bytes rise"
+            lambda: asyncio.to_thread(pushed, api), lambda v: v >= before + 4 * MiB, timeout=60, what="bytes rise"
         )
         assert after == before + 4 * MiB
         status, rules = await asyncio.to_thread(http_get, api, "/api/v1/rules")
@@ -388,16 +347,5 @@ async def test_real_prometheus_scrapes_a_daemon_and_sees_bytes_rise(daemon: Daem
         names = {r["name"] for g in json.loads(rules)["data"]["groups"] for r in g["rules"]}
         assert {"ShuffledDown", "ShuffledPoolExhausted", "ShuffledDiskNearlyFull"} <= names
 
-    try:
-        await asyncio.wait_for(body(), 150)
-    except BaseException:
-        print((tmp_path / "prometheus.log").read_text(), file=sys.stderr)
-        raise
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+    with prometheus_server(tmp_path, daemon.http) as api:
+        await asyncio.wait_for(body(api), 150)

@@ -19,6 +19,7 @@ import pytest
 from shuffled.config import DaemonConfig
 from shuffled.protocol import codec
 from shuffled.protocol.frames import CommitAck, OpenMapOutput, PushCredit
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import (
     AsyncClient,
     CorruptData,
@@ -27,13 +28,11 @@ from shuffled_client import (
     ShuffledError,
     StorageError,
 )
+from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, rss, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
+from tests.units import KiB, MiB
 
-pytestmark = pytest.mark.asyncio
-
-MiB = 1 << 20
-KiB = 1 << 10
 APP = "app-durable"
 
 
@@ -89,90 +88,87 @@ def expected(attempts: list[int], sizes: list[int]) -> dict[tuple[int, int], byt
     return {(p, a): payload(a, p, n) for a in attempts for p, n in enumerate(sizes) if n}
 
 
+@within(240)
 async def test_twenty_times_the_pool_spills_with_bounded_rss_and_reads_back_byte_exact(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """640 MiB through a 32 MiB pool: the excess goes to disk, RSS stays near the pool, every
     byte comes back; unregistering leaves no file and no used segment."""
 
-    async def body() -> None:
-        d = stop_later(daemon(tmp_path / "data"))
-        c = await AsyncClient.connect(d.addr)
-        sizes = [5 * MiB] * 16
-        attempts = list(range(1, 9))
-        peak = rss(d.pid)
+    d = stop_later(daemon(tmp_path / "data"))
+    c = await AsyncClient.connect(d.addr)
+    sizes = [5 * MiB] * 16
+    attempts = list(range(1, 9))
+    peak = rss(d.pid)
 
-        async def pusher(mine: list[int]) -> None:
-            nonlocal peak
-            for a in mine:
-                await push(c, 1, a, sizes)
-                peak = max(peak, rss(d.pid))
-
-        await asyncio.gather(pusher(attempts[::2]), pusher(attempts[1::2]))
-        stats = await c.stats()
-        assert sum(sizes) * len(attempts) >= 20 * d.pool_size
-        assert stats["disk"]["spills"] > 0 and stats["disk"]["files"] == 16, stats["disk"]
-        assert stats["disk"]["used_bytes"] >= sum(sizes) * len(attempts) - d.pool_size, stats
-        for p in range(16):
-            want = {a: hashlib.sha256(payload(a, p, sizes[p])).digest() for a in attempts}
-            hashes = {a: hashlib.sha256() for a in attempts}
-            async with c.read(APP, 1, p, p + 1, {"": attempts}) as reader:
-                async for chunk in reader:
-                    hashes[chunk.attempt].update(chunk.data)
-            assert {a: h.digest() for a, h in hashes.items()} == want, f"partition {p}"
+    async def pusher(mine: list[int]) -> None:
+        nonlocal peak
+        for a in mine:
+            await push(c, 1, a, sizes)
             peak = max(peak, rss(d.pid))
-        assert peak <= d.pool_size + 100 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
-        await c.unregister_shuffle(APP, 1)
-        settled = await pool_settled(c)
-        assert settled["pool"]["used"] == 0
-        assert settled["disk"]["used_bytes"] == 0 and settled["disk"]["files"] == 0, settled["disk"]
-        assert files_under(tmp_path / "data") == []
-        await c.close()
 
-    await asyncio.wait_for(body(), 240)
+    await asyncio.gather(pusher(attempts[::2]), pusher(attempts[1::2]))
+    stats = await c.stats()
+    assert sum(sizes) * len(attempts) >= 20 * d.pool_size
+    assert stats["disk"]["spills"] > 0 and stats["disk"]["files"] == 1, stats["disk"]  # one per shuffle
+    assert stats["disk"]["used_bytes"] >= sum(sizes) * len(attempts) - d.pool_size, stats
+    for p in range(16):
+        want = {a: hashlib.sha256(payload(a, p, sizes[p])).digest() for a in attempts}
+        hashes = {a: hashlib.sha256() for a in attempts}
+        async with c.read(APP, 1, p, p + 1, {"": attempts}) as reader:
+            async for chunk in reader:
+                hashes[chunk.attempt].update(chunk.data)
+        assert {a: h.digest() for a, h in hashes.items()} == want, f"partition {p}"
+        peak = max(peak, rss(d.pid))
+    assert peak <= d.pool_size + 100 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
+    await c.unregister_shuffle(APP, 1)
+    settled = await pool_settled(c)
+    assert settled["pool"]["used"] == 0
+    assert settled["disk"]["used_bytes"] == 0 and settled["disk"]["files"] == 0, settled["disk"]
+    assert files_under(tmp_path / "data") == []
+    await c.close()
 
 
+@within(120)
 async def test_pushes_reads_and_unregisters_overlapping_while_spilling(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """Rounds in which shuffle k is pushed (spilling), shuffle k-1 read back and shuffle k-2
     unregistered, all at once: every read byte-exact, and at the end no segment used, no file left."""
 
-    async def body() -> None:
-        d = stop_later(daemon(tmp_path / "data", pool="16M"))
-        c = await AsyncClient.connect(d.addr)
-        sizes = [3 * MiB] * 8
-        want = {p: hashlib.sha256(payload(1, p, n)).digest() for p, n in enumerate(sizes)}
+    d = stop_later(daemon(tmp_path / "data", pool="16M"))
+    c = await AsyncClient.connect(d.addr)
+    sizes = [3 * MiB] * 8
+    want = {p: hashlib.sha256(payload(1, p, n)).digest() for p, n in enumerate(sizes)}
 
-        async def check(shuffle: int) -> None:
-            for p in range(len(sizes)):
-                h = hashlib.sha256()
-                async with c.read(APP, shuffle, p, p + 1, {"": [1]}) as reader:
-                    async for chunk in reader:
-                        h.update(chunk.data)
-                assert h.digest() == want[p], f"shuffle {shuffle} partition {p}"
+    async def check(shuffle: int) -> None:
+        for p in range(len(sizes)):
+            h = hashlib.sha256()
+            async with c.read(APP, shuffle, p, p + 1, {"": [1]}) as reader:
+                async for chunk in reader:
+                    h.update(chunk.data)
+            assert h.digest() == want[p], f"shuffle {shuffle} partition {p}"
 
-        async def nothing() -> None:
-            pass
+    async def nothing() -> None:
+        pass
 
-        for k in range(1, 7):
-            await asyncio.gather(
-                push(c, k, 1, sizes),
-                check(k - 1) if k > 1 else nothing(),
-                c.unregister_shuffle(APP, k - 2) if k > 2 else nothing(),
-            )
-        await check(6)
-        for k in (5, 6):
-            await c.unregister_shuffle(APP, k)
-        s = await pool_settled(c)
-        assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0 and s["disk"]["used_bytes"] == 0
-        assert s["disk"]["spills"] > 0
-        assert files_under(tmp_path / "data") == []
-        await c.close()
-
-    await asyncio.wait_for(body(), 120)
+    for k in range(1, 7):
+        await asyncio.gather(
+            push(c, k, 1, sizes),
+            check(k - 1) if k > 1 else nothing(),
+            c.unregister_shuffle(APP, k - 2) if k > 2 else nothing(),
+        )
+    await check(6)
+    for k in (5, 6):
+        await c.unregister_shuffle(APP, k)
+    s = await pool_settled(c)
+    assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0 and s["disk"]["used_bytes"] == 0
+    assert s["disk"]["spills"] > 0
+    assert files_under(tmp_path / "data") == []
+    await c.close()
 
 
+@within(60)
 async def test_one_map_output_eight_times_a_tiny_pool(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
@@ -180,17 +176,15 @@ async def test_one_map_output_eight_times_a_tiny_pool(
     by pushes, or one big uncommitted map output would wait forever for memory. It spills, commits
     and reads back byte-exact."""
 
-    async def body() -> None:
-        d = stop_later(daemon(tmp_path / "data", pool="2M"))
-        c = await AsyncClient.connect(d.addr)
-        await push(c, 1, 1, [16 * MiB, 1])
-        assert await read_by_attempt(c, 1, 0, 2, {"": [1]}) == expected([1], [16 * MiB, 1])
-        assert (await c.stats())["disk"]["spills"] > 0
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    d = stop_later(daemon(tmp_path / "data", pool="2M"))
+    c = await AsyncClient.connect(d.addr)
+    await push(c, 1, 1, [16 * MiB, 1])
+    assert await read_by_attempt(c, 1, 0, 2, {"": [1]}) == expected([1], [16 * MiB, 1])
+    assert (await c.stats())["disk"]["spills"] > 0
+    await c.close()
 
 
+@within(120)
 async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_peer(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
@@ -198,148 +192,140 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
     suffix) on each daemon; reads relayed by the other daemon and local ones see exactly the
     bytes pushed per (partition, attempt), and nothing from an attempt the reader did not name."""
 
-    async def body() -> None:
-        port = free_port(["127.0.0.1", "127.0.0.2"])
-        peers = f"127.0.0.1:{port},127.0.0.2:{port}"
-        da = stop_later(start_daemon("127.0.0.1", port, "32M", ["--data-dir", str(tmp_path / "a"), "--peers", peers]))
-        db = stop_later(start_daemon("127.0.0.2", port, "32M", ["--data-dir", str(tmp_path / "b"), "--peers", peers]))
-        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-        sizes = [300 * KiB, 0, 700 * KiB, 1 * MiB + 5]
-        for client, base in ((a, 10), (b, 20)):
-            await push(client, 2, base + 1, sizes)
-            assert (await client.flush(APP, 2))["flushed_bytes"] >= sum(sizes)
-            await push(client, 2, base + 2, sizes)  # stays in memory
-            # Split attempt: what has landed when the flush runs goes to disk, the rest stays in memory.
-            before = (await client.stats())["store"]["stored_segments"]
-            w = await client.open_writer(APP, 2, 3, base + 3, len(sizes))
-            for p, n in enumerate(sizes):
-                await w.write(p, payload(base + 3, p, n)[: n // 2])
-            full = before + sum(n // 2 // (32 * KiB) for n in sizes)  # the client pushes full segments only
+    port = free_port(["127.0.0.1", "127.0.0.2"])
+    peers = f"127.0.0.1:{port},127.0.0.2:{port}"
+    da = stop_later(start_daemon("127.0.0.1", port, "32M", ["--data-dir", str(tmp_path / "a"), "--peers", peers]))
+    db = stop_later(start_daemon("127.0.0.2", port, "32M", ["--data-dir", str(tmp_path / "b"), "--peers", peers]))
+    a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+    sizes = [300 * KiB, 0, 700 * KiB, 1 * MiB + 5]
+    for client, base in ((a, 10), (b, 20)):
+        await push(client, 2, base + 1, sizes)
+        assert (await client.flush(APP, 2))["flushed_bytes"] >= sum(sizes)
+        await push(client, 2, base + 2, sizes)  # stays in memory
+        # Split attempt: what has landed when the flush runs goes to disk, the rest stays in memory.
+        before = (await client.stats())["store"]["stored_segments"]
+        w = await client.open_writer(APP, 2, 3, base + 3, len(sizes), buffer_size=0)  # each write pushed at once
+        for p, n in enumerate(sizes):
+            await w.write(p, payload(base + 3, p, n)[: n // 2])
+        full = before + sum(n // 2 // (32 * KiB) for n in sizes)  # at least these segments
 
-            def landed(s: dict[str, Any], full: int = full) -> bool:
-                return bool(s["store"]["stored_segments"] >= full)
+        def landed(s: dict[str, Any], full: int = full) -> bool:
+            return bool(s["store"]["stored_segments"] >= full)
 
-            await wait_until(client.stats, landed, what="first half landed")
-            assert (await client.flush(APP, 2))["flushed_bytes"] > 0
-            for p, n in enumerate(sizes):
-                await w.write(p, payload(base + 3, p, n)[n // 2 :])
-            assert await w.commit() == sizes
-            # A second attempt of the first one's map index: stored beside it, never named by the readers.
-            await push(client, 2, base + 4, sizes, map_index=(base + 1) % 1000)
-        want = expected([11, 12, 13, 21, 22, 23], sizes)
-        relayed = await read_by_attempt(b, 2, 0, 4, {"": [21, 22, 23], da.addr: [11, 12, 13]})
-        assert relayed == want
-        local = await read_by_attempt(a, 2, 1, 4, {"": [11, 12, 13]})
-        assert local == {k: v for k, v in want.items() if k[1] < 20 and k[0] >= 1}
-        for client in (a, b):
-            await client.unregister_shuffle(APP, 2)
-            assert (await pool_settled(client))["pool"]["used"] == 0
-            await client.close()
-        assert files_under(tmp_path) == []
-
-    await asyncio.wait_for(body(), 120)
+        await wait_until(client.stats, landed, what="first half landed")
+        assert (await client.flush(APP, 2))["flushed_bytes"] > 0
+        for p, n in enumerate(sizes):
+            await w.write(p, payload(base + 3, p, n)[n // 2 :])
+        assert await w.commit() == sizes
+        # A second attempt of the first one's map index: stored beside it, never named by the readers.
+        await push(client, 2, base + 4, sizes, map_index=(base + 1) % 1000)
+    want = expected([11, 12, 13, 21, 22, 23], sizes)
+    relayed = await read_by_attempt(b, 2, 0, 4, {"": [21, 22, 23], da.addr: [11, 12, 13]})
+    assert relayed == want
+    local = await read_by_attempt(a, 2, 1, 4, {"": [11, 12, 13]})
+    assert local == {k: v for k, v in want.items() if k[1] < 20 and k[0] >= 1}
+    for client in (a, b):
+        await client.unregister_shuffle(APP, 2)
+        assert (await pool_settled(client))["pool"]["used"] == 0
+        await client.close()
+    assert files_under(tmp_path) == []
 
 
+@within(60)
 async def test_unregister_during_a_read_of_spilled_data(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """A read of spilled data that is under way when its shuffle is unregistered finishes the file it
-    has open (the bytes are right) and fails with PARTITION_NOT_FOUND at the next one, whose file is
-    gone; every segment comes back and no file is left."""
+    """A read of spilled data that is under way when its shuffle is unregistered fails with
+    PARTITION_NOT_FOUND (its data is gone) after the bytes it already got, which are right; every
+    segment comes back and no file is left."""
 
-    async def body() -> None:
-        d = stop_later(daemon(tmp_path / "data"))
-        c = await AsyncClient.connect(d.addr)
-        sizes = [4 * MiB, 64 * KiB]
-        await push(c, 9, 1, sizes)
-        await c.flush(APP, 9)
-        reader = c.read(APP, 9, 0, 2, {"": [1]})
-        first = await reader.next_chunk()  # held: the daemon can load at most the reader's credit ahead
-        assert first is not None and first.partition == 0
-        got = bytearray(first.data)
-        await c.unregister_shuffle(APP, 9)
-        assert files_under(tmp_path / "data") == []
-        with pytest.raises(PartitionNotFound, match="gone"):
-            while (chunk := await reader.next_chunk()) is not None:
-                assert chunk.partition == 0
-                got += chunk.data
-        assert bytes(got) == payload(1, 0, sizes[0])
-        s = await pool_settled(c)
-        assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    d = stop_later(daemon(tmp_path / "data"))
+    c = await AsyncClient.connect(d.addr)
+    sizes = [4 * MiB, 64 * KiB]
+    await push(c, 9, 1, sizes)
+    await c.flush(APP, 9)
+    reader = c.read(APP, 9, 0, 2, {"": [1]})
+    first = await reader.next_chunk()  # held: the daemon can load at most the reader's credit ahead
+    assert first is not None and first.partition == 0
+    got = bytearray(first.data)
+    await c.unregister_shuffle(APP, 9)
+    assert files_under(tmp_path / "data") == []
+    with pytest.raises(PartitionNotFound, match="gone"):
+        while (chunk := await reader.next_chunk()) is not None:
+            assert chunk.partition == 0
+            got += chunk.data
+    assert len(got) < sizes[0] and bytes(got) == payload(1, 0, sizes[0])[: len(got)]
+    s = await pool_settled(c)
+    assert s["pool"]["used"] == 0 and s["disk"]["files"] == 0
+    await c.close()
 
 
+@within(60)
 async def test_duplicate_push_is_dropped_and_its_credit_returned(
     stop_later: Callable[[DaemonProcess], DaemonProcess],
 ) -> None:
     """A writer that resends PushData with a sequence number already received (a retry after a
     lost reply) does not store the bytes twice; the commit counts distinct sequence numbers."""
 
-    async def body() -> None:
-        d = stop_later(daemon(None))
-        raw = await Raw.open(d.addr)
-        await raw.hello()
-        await raw.send(codec.encode(OpenMapOutput(1, APP, 3, 0, 7, 1)))
-        grant = await raw.frame()
-        assert isinstance(grant, PushCredit) and grant.credit >= 4
-        parts = [b"a" * 1000, b"b" * 2000, b"c" * 3000]
-        await raw.send(codec.encode_push_data(1, 0, 0, parts[0]) + codec.encode_push_data(1, 1, 0, parts[1]))
-        await raw.send(codec.encode_push_data(1, 1, 0, parts[1]) + codec.encode_push_data(1, 0, 0, parts[0]))
-        await raw.send(codec.encode_push_data(1, 2, 0, parts[2]) + codec.encode_commit(1, 3))
-        while not isinstance(f := await raw.frame(), CommitAck):
-            assert isinstance(f, PushCredit), f
-        assert f.lengths == [6000]
-        c = await AsyncClient.connect(d.addr)
-        assert (await pool_settled(c))["store"]["stored_segments"] == 3
-        assert await read_by_attempt(c, 3, 0, 1, {"": [7]}) == {(0, 7): b"".join(parts)}
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    d = stop_later(daemon(None))
+    raw = await Raw.open(d.addr)
+    await raw.hello()
+    await raw.send(codec.encode(OpenMapOutput(1, APP, 3, 0, 7, 1)))
+    grant = await raw.frame()
+    assert isinstance(grant, PushCredit) and grant.credit >= 4
+    parts = [b"a" * 1000, b"b" * 2000, b"c" * 3000]
+    push = [codec.encode_push_data(1, i, group_bytes(7, [(0, part)])) for i, part in enumerate(parts)]
+    await raw.send(push[0] + push[1])
+    await raw.send(push[1] + push[0])
+    await raw.send(push[2] + codec.encode_commit(1, 3))
+    while not isinstance(f := await raw.frame(), CommitAck):
+        assert isinstance(f, PushCredit), f
+    assert f.lengths == [6000]
+    c = await AsyncClient.connect(d.addr)
+    assert (await pool_settled(c))["store"]["stored_segments"] == 3
+    assert await read_by_attempt(c, 3, 0, 1, {"": [7]}) == {(0, 7): b"".join(parts)}
+    await c.close()
 
 
+@within(60)
 async def test_ttl_and_start_remove_what_nobody_can_serve(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """Leftovers without a valid journal are deleted at start (only under the daemon's own app-*
     dirs); an application idle past its TTL loses its memory and files; an active one does not."""
 
-    async def body() -> None:
-        data = tmp_path / "data"
-        (data / "app-ghost" / "4").mkdir(parents=True)
-        (data / "app-ghost" / "4" / "p0.data").write_bytes(b"x" * 5000)
-        (data / "app-torn" / "1").mkdir(parents=True)
-        (data / "app-torn" / "1" / "journal").write_bytes(b"\0\0\0\x10garbage")
-        (data / "app-ghost" / "stray.tmp").write_bytes(b"?")
-        (data / "not-ours.txt").write_bytes(b"an operator's note")
-        d = stop_later(daemon(data, extra=["--app-ttl", "2"]))
-        assert files_under(data) == ["not-ours.txt"]
-        (data / "not-ours.txt").unlink()
-        c = await AsyncClient.connect(d.addr)
-        await push(c, 1, 1, [256 * KiB] * 2, app="idle-app")
-        await c.flush("idle-app")
-        assert files_under(data) != []
+    data = tmp_path / "data"
+    (data / "app-ghost" / "4").mkdir(parents=True)
+    (data / "app-ghost" / "4" / "p0.data").write_bytes(b"x" * 5000)
+    (data / "app-torn" / "1").mkdir(parents=True)
+    (data / "app-torn" / "1" / "journal").write_bytes(b"\0\0\0\x10garbage")
+    (data / "app-ghost" / "stray.tmp").write_bytes(b"?")
+    (data / "not-ours.txt").write_bytes(b"an operator's note")
+    d = stop_later(daemon(data, extra=["--app-ttl", "2"]))
+    assert files_under(data) == ["not-ours.txt"]
+    (data / "not-ours.txt").unlink()
+    c = await AsyncClient.connect(d.addr)
+    await push(c, 1, 1, [256 * KiB] * 2, app="idle-app")
+    await c.flush("idle-app")
+    assert files_under(data) != []
 
-        async def busy() -> dict[str, object]:
-            # Another application keeps reading its data: activity keeps it alive.
-            await read_by_attempt(c, 1, 0, 2, {"": [2]}, app="busy-app")
-            return await c.stats()
+    async def busy() -> dict[str, object]:
+        # Another application keeps reading its data: activity keeps it alive.
+        await read_by_attempt(c, 1, 0, 2, {"": [2]}, app="busy-app")
+        return await c.stats()
 
-        await push(c, 1, 2, [64 * KiB] * 2, app="busy-app")
-        s = await wait_until(
-            busy,
-            lambda s: s["store"]["applications"] == 1 and s["disk"]["files"] == 0,
-            timeout=30,
-            what="idle app expired and its files deleted",
-        )
-        assert s["store"]["stored_segments"] == 4 and s["disk"]["used_bytes"] == 0
-        assert files_under(data) == []
-        await c.remove_application("busy-app")
-        assert (await pool_settled(c))["pool"]["used"] == 0
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    await push(c, 1, 2, [64 * KiB] * 2, app="busy-app")
+    s = await wait_until(
+        busy,
+        lambda s: s["store"]["applications"] == 1 and s["disk"]["files"] == 0,
+        timeout=30,
+        what="idle app expired and its files deleted",
+    )
+    assert s["store"]["memory_bytes"] >= 2 * 64 * KiB and s["disk"]["used_bytes"] == 0  # busy-app's data stays
+    assert files_under(data) == []
+    await c.remove_application("busy-app")
+    assert (await pool_settled(c))["pool"]["used"] == 0
+    await c.close()
 
 
 async def _restart_case(tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess], kill: bool) -> None:
@@ -384,88 +370,86 @@ async def _restart_case(tmp_path: Path, stop_later: Callable[[DaemonProcess], Da
     await c3.close()
 
 
+@within(90)
 async def test_graceful_restart_serves_every_committed_attempt(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """SIGTERM writes what is committed and in memory to disk; the next daemon serves all of it
     (checked against the journal) and reports the uncommitted attempt as missing."""
-    await asyncio.wait_for(_restart_case(tmp_path, stop_later, kill=False), 90)
+    await _restart_case(tmp_path, stop_later, kill=False)
 
 
+@within(90)
 async def test_kill_9_restart_serves_what_it_can_verify_and_reports_the_rest_missing(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """After SIGKILL only the attempt whose every byte is on disk and journaled is served; the one
     that was committed in memory only is PARTITION_NOT_FOUND (a fetch failure: Spark recomputes)."""
-    await asyncio.wait_for(_restart_case(tmp_path, stop_later, kill=True), 90)
+    await _restart_case(tmp_path, stop_later, kill=True)
 
 
+@within(90)
 async def test_corrupt_spill_data_and_a_torn_journal(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """A flipped byte in a spill file fails that read with CORRUPT_DATA (a fetch failure) instead
     of serving it; a torn journal tail costs only the record it cut; the daemon keeps serving."""
 
-    async def body() -> None:
-        data = tmp_path / "data"
-        sizes = [200 * KiB, 200 * KiB]
-        d = stop_later(daemon(data))
-        c = await AsyncClient.connect(d.addr)
-        await push(c, 6, 1, sizes)
-        await push(c, 6, 2, sizes)
-        await c.flush(APP, 6)
-        await push(c, 6, 3, sizes)
-        await c.flush(APP, 6)
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait(10)
-        await c.close()
-        shuffle_dir = next(data.glob("app-*/6"))
-        journal = shuffle_dir / "journal"
-        raw = journal.read_bytes()
-        journal.write_bytes(raw[:-3])  # cut into the last record: attempt 3's commit
-        p0 = shuffle_dir / "p0.data"
-        blob = bytearray(p0.read_bytes())
-        blob[1000] ^= 0xFF  # attempt 1's first chunk
-        p0.write_bytes(bytes(blob))
-        d2 = stop_later(daemon(data))
-        c2 = await AsyncClient.connect(d2.addr)
-        with pytest.raises(CorruptData) as info:
-            await read_by_attempt(c2, 6, 0, 1, {"": [1]})
-        assert info.value.fetch_failure
-        assert await read_by_attempt(c2, 6, 0, 2, {"": [2]}) == expected([2], sizes)
-        assert await read_by_attempt(c2, 6, 1, 2, {"": [1]}) == {(1, 1): payload(1, 1, sizes[1])}
-        with pytest.raises(PartitionNotFound):
-            await read_by_attempt(c2, 6, 0, 2, {"": [3]})
-        assert (await pool_settled(c2))["pool"]["used"] == 0
-        await c2.close()
-
-    await asyncio.wait_for(body(), 90)
+    data = tmp_path / "data"
+    sizes = [200 * KiB, 200 * KiB]
+    d = stop_later(daemon(data))
+    c = await AsyncClient.connect(d.addr)
+    await push(c, 6, 1, sizes)
+    await push(c, 6, 2, sizes)
+    await c.flush(APP, 6)
+    await push(c, 6, 3, sizes)
+    await c.flush(APP, 6)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    await c.close()
+    shuffle_dir = next(data.glob("app-*/6"))
+    journal = shuffle_dir / "journal"
+    raw = journal.read_bytes()
+    journal.write_bytes(raw[:-3])  # cut into the last record: attempt 3's commit
+    spilled = shuffle_dir / "data"
+    blob = bytearray(spilled.read_bytes())
+    blob[1000] ^= 0xFF  # attempt 1's first piece (partition 0 only)
+    spilled.write_bytes(bytes(blob))
+    d2 = stop_later(daemon(data))
+    c2 = await AsyncClient.connect(d2.addr)
+    with pytest.raises(CorruptData) as info:
+        await read_by_attempt(c2, 6, 0, 1, {"": [1]})
+    assert info.value.fetch_failure
+    assert await read_by_attempt(c2, 6, 0, 2, {"": [2]}) == expected([2], sizes)
+    assert await read_by_attempt(c2, 6, 1, 2, {"": [1]}) == {(1, 1): payload(1, 1, sizes[1])}
+    with pytest.raises(PartitionNotFound):
+        await read_by_attempt(c2, 6, 0, 2, {"": [3]})
+    assert (await pool_settled(c2))["pool"]["used"] == 0
+    await c2.close()
 
 
+@within(90)
 async def test_quotas_refuse_the_pusher_of_that_application_only(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """Without a data dir the memory quota refuses pushes (QUOTA_EXCEEDED, not a fetch failure);
     with one it spills instead, and the disk quota refuses. Other applications are unaffected."""
 
-    async def body() -> None:
-        mem = stop_later(daemon(None, extra=["--app-memory-quota", "2M"]))
-        disk = stop_later(daemon(tmp_path / "data", extra=["--app-memory-quota", "2M", "--app-disk-quota", "3M"]))
-        for d, over in ((mem, 4 * MiB), (disk, 8 * MiB)):
-            c = await AsyncClient.connect(d.addr)
-            with pytest.raises(QuotaExceeded) as info:
-                await push(c, 1, 1, [over], app="greedy")
-            assert not info.value.fetch_failure and "quota" in info.value.message
-            await push(c, 1, 1, [1 * MiB], app="modest")
-            s = await c.stats()
-            assert s["store"]["commits"] == 1
-            await c.remove_application("greedy")
-            await c.remove_application("modest")
-            assert (await pool_settled(c))["pool"]["used"] == 0
-            await c.close()
-        assert files_under(tmp_path / "data") == []
-
-    await asyncio.wait_for(body(), 90)
+    mem = stop_later(daemon(None, extra=["--app-memory-quota", "2M"]))
+    disk = stop_later(daemon(tmp_path / "data", extra=["--app-memory-quota", "2M", "--app-disk-quota", "3M"]))
+    for d, over in ((mem, 4 * MiB), (disk, 8 * MiB)):
+        c = await AsyncClient.connect(d.addr)
+        with pytest.raises(QuotaExceeded) as info:
+            await push(c, 1, 1, [over], app="greedy")
+        assert not info.value.fetch_failure and "quota" in info.value.message
+        await push(c, 1, 1, [1 * MiB], app="modest")
+        s = await c.stats()
+        assert s["store"]["commits"] == 1
+        await c.remove_application("greedy")
+        await c.remove_application("modest")
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
+    assert files_under(tmp_path / "data") == []
 
 
 def _small_dir(path: Path, size: int, how: str) -> tuple[Callable[[], None] | None, Callable[[], object]]:
@@ -490,6 +474,7 @@ def _small_dir(path: Path, size: int, how: str) -> tuple[Callable[[], None] | No
     return limit, lambda: None
 
 
+@within(120)
 @pytest.mark.parametrize("how", ["tmpfs", "rlimit"])
 async def test_full_disk_aborts_the_map_output_and_never_serves_partial_data(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess], how: str
@@ -530,6 +515,7 @@ async def test_full_disk_aborts_the_map_output_and_never_serves_partial_data(
         cleanup()
 
 
+@within(60)
 async def test_by_default_a_full_pool_spills_to_the_daemons_own_data_dir(
     stop_later: Callable[[DaemonProcess], DaemonProcess],
 ) -> None:
@@ -539,7 +525,7 @@ async def test_by_default_a_full_pool_spills_to_the_daemons_own_data_dir(
     port = free_port([host])
     where = Path(str(DaemonConfig(host=host, port=port).data_directory()))
 
-    async def body() -> None:
+    try:
         d = stop_later(start_daemon(host, port, "16M", ["--data-dir", "auto"]))
         assert any(f"data_dir={where} " in line for line in d.log if "msg=ready" in line), d.log
         c = await AsyncClient.connect(d.addr)
@@ -551,9 +537,6 @@ async def test_by_default_a_full_pool_spills_to_the_daemons_own_data_dir(
         await c.remove_application(APP)
         assert files_under(where) == []
         await c.close()
-
-    try:
-        await asyncio.wait_for(body(), 60)
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
@@ -570,6 +553,7 @@ async def _fill_until_refused(c: AsyncClient, shuffle: int, most: int) -> tuple[
     raise AssertionError(f"{most} MiB of pushes were all taken")
 
 
+@within(60)
 async def test_without_a_data_dir_a_push_into_a_pool_full_of_stored_data_fails_at_once(
     stop_later: Callable[[DaemonProcess], DaemonProcess],
 ) -> None:
@@ -578,23 +562,21 @@ async def test_without_a_data_dir_a_push_into_a_pool_full_of_stored_data_fails_a
     (Spark keeps finished queries' shuffles until its driver collects them, so that credit never comes).
     Removing a shuffle makes room again, and every segment is accounted for."""
 
-    async def body() -> None:
-        d = stop_later(daemon(None, pool="8M"))
-        c = await AsyncClient.connect(d.addr)
-        error, committed = await _fill_until_refused(c, 1, 16)
-        assert "data-dir none" in error.message and not error.fetch_failure
-        assert len(committed) >= 4
-        assert (await c.stats())["errors"]["STORAGE_ERROR"] >= 1
-        assert await read_by_attempt(c, 1, 0, 2, {"": committed}) == expected(committed, [512 * KiB] * 2)
-        await c.unregister_shuffle(APP, 1)
-        await push(c, 2, 1, [512 * KiB, 512 * KiB])
-        await c.remove_application(APP)
-        assert (await pool_settled(c))["pool"]["used"] == 0
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    d = stop_later(daemon(None, pool="8M"))
+    c = await AsyncClient.connect(d.addr)
+    error, committed = await _fill_until_refused(c, 1, 16)
+    assert "data-dir none" in error.message and not error.fetch_failure
+    assert len(committed) >= 4
+    assert (await c.stats())["errors"]["STORAGE_ERROR"] >= 1
+    assert await read_by_attempt(c, 1, 0, 2, {"": committed}) == expected(committed, [512 * KiB] * 2)
+    await c.unregister_shuffle(APP, 1)
+    await push(c, 2, 1, [512 * KiB, 512 * KiB])
+    await c.remove_application(APP)
+    assert (await pool_settled(c))["pool"]["used"] == 0
+    await c.close()
 
 
+@within(90)
 async def test_a_full_disk_behind_a_full_pool_fails_pushes_at_once(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
@@ -602,48 +584,44 @@ async def test_a_full_disk_behind_a_full_pool_fails_pushes_at_once(
     committed data fills memory, a push fails with STORAGE_ERROR naming the disk's error instead of
     hanging; the committed data stays readable."""
 
-    async def body() -> None:
-        limit, _ = _small_dir(tmp_path / "small", 2 * MiB, "rlimit")
-        d = stop_later(daemon(tmp_path / "small", pool="8M", preexec=limit))
-        c = await AsyncClient.connect(d.addr)
-        # A push whose data was in a failed spill is aborted; the others commit, until committed data
-        # fills memory and a push has nothing to wait for: that one is refused before it gets credit.
-        committed: dict[int, list[int]] = {}
-        for shuffle in range(1, 33):
-            error, committed[shuffle] = await _fill_until_refused(c, shuffle, 32)
-            if "spilling to" in error.message:
-                break
-        assert "spilling to" in error.message, error.message
-        for shuffle, attempts in committed.items():
-            got = await read_by_attempt(c, shuffle, 0, 2, {"": attempts})
-            assert got == expected(attempts, [512 * KiB] * 2)
-        await c.remove_application(APP)
-        assert (await pool_settled(c))["pool"]["used"] == 0
-        await c.close()
-
-    await asyncio.wait_for(body(), 90)
+    limit, _ = _small_dir(tmp_path / "small", 2 * MiB, "rlimit")
+    d = stop_later(daemon(tmp_path / "small", pool="8M", preexec=limit))
+    c = await AsyncClient.connect(d.addr)
+    # A push whose data was in a failed spill is aborted; the others commit, until committed data
+    # fills memory and a push has nothing to wait for: that one is refused before it gets credit.
+    committed: dict[int, list[int]] = {}
+    for shuffle in range(1, 33):
+        error, committed[shuffle] = await _fill_until_refused(c, shuffle, 32)
+        if "spilling to" in error.message:
+            break
+    assert "spilling to" in error.message, error.message
+    for shuffle, attempts in committed.items():
+        got = await read_by_attempt(c, shuffle, 0, 2, {"": attempts})
+        assert got == expected(attempts, [512 * KiB] * 2)
+    await c.remove_application(APP)
+    assert (await pool_settled(c))["pool"]["used"] == 0
+    await c.close()
 
 
+@within(60)
 async def test_flush_after_writes_idle_committed_shuffles_to_disk(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
     """With --flush-after, a shuffle that stopped receiving commits (its map stage is done) moves
     to disk by itself: its memory is free for the next stage and it is read back from the files."""
 
-    async def body() -> None:
-        d = stop_later(daemon(tmp_path / "data", extra=["--flush-after", "0.5"]))
-        c = await AsyncClient.connect(d.addr)
-        sizes = [1 * MiB, 512 * KiB]
-        await push(c, 8, 1, sizes)
-        await push(c, 8, 2, sizes)
-        s = await wait_until(c.stats, lambda s: s["store"]["stored_segments"] == 0, what="idle shuffle flushed")
-        assert s["disk"]["used_bytes"] == 2 * sum(sizes) and s["pool"]["used"] == 0
-        assert await read_by_attempt(c, 8, 0, 2, {"": [1, 2]}) == expected([1, 2], sizes)
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    d = stop_later(daemon(tmp_path / "data", extra=["--flush-after", "0.5"]))
+    c = await AsyncClient.connect(d.addr)
+    sizes = [1 * MiB, 512 * KiB]
+    await push(c, 8, 1, sizes)
+    await push(c, 8, 2, sizes)
+    s = await wait_until(c.stats, lambda s: s["store"]["stored_segments"] == 0, what="idle shuffle flushed")
+    assert s["disk"]["used_bytes"] >= 2 * sum(sizes) and s["pool"]["used"] == 0  # the groups, directories too
+    assert await read_by_attempt(c, 8, 0, 2, {"": [1, 2]}) == expected([1, 2], sizes)
+    await c.close()
 
 
+@within(60)
 async def test_an_application_cannot_share_a_long_ids_spill_directory(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
@@ -651,22 +629,20 @@ async def test_an_application_cannot_share_a_long_ids_spill_directory(
     '-' and a SHA-256) gets a directory of its own: sharing it, removing its own shuffle would delete the
     other application's spill files."""
 
-    async def body() -> None:
-        d = stop_later(daemon(tmp_path / "data"))
-        c = await AsyncClient.connect(d.addr)
-        victim = "v" * 300
-        squatter = victim[:100] + "-" + hashlib.sha256(victim.encode()).hexdigest()
-        sizes = [200 * KiB, 100 * KiB]
-        for app in (victim, squatter):
-            await push(c, 3, 1, sizes, app=app)
-            await c.flush(app)
-        await c.unregister_shuffle(squatter, 3)
-        assert await read_by_attempt(c, 3, 0, 2, {"": [1]}, app=victim) == expected([1], sizes)
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    d = stop_later(daemon(tmp_path / "data"))
+    c = await AsyncClient.connect(d.addr)
+    victim = "v" * 300
+    squatter = victim[:100] + "-" + hashlib.sha256(victim.encode()).hexdigest()
+    sizes = [200 * KiB, 100 * KiB]
+    for app in (victim, squatter):
+        await push(c, 3, 1, sizes, app=app)
+        await c.flush(app)
+    await c.unregister_shuffle(squatter, 3)
+    assert await read_by_attempt(c, 3, 0, 2, {"": [1]}, app=victim) == expected([1], sizes)
+    await c.close()
 
 
+@within(60)
 @pytest.mark.parametrize("how", ["abort", "vanish"])
 async def test_an_aborted_map_output_gives_its_spilled_bytes_back(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess], how: str
@@ -675,34 +651,32 @@ async def test_an_aborted_map_output_gives_its_spilled_bytes_back(
     or its connection vanishes, those bytes are freed on disk too, not kept until the shuffle goes
     (kept, they let one client fill 876 MB of disk in 8 s); committed data stays readable."""
 
-    async def body() -> None:
-        data_dir = tmp_path / "data"
-        d = stop_later(daemon(data_dir, pool="8M"))
-        c = await AsyncClient.connect(d.addr)
-        await push(c, 4, 1, [256 * KiB, 256 * KiB])
-        await c.flush(APP)
-        kept = (await c.stats())["disk"]["used_bytes"]
-        hog = await AsyncClient.connect(d.addr)
-        w = await hog.open_writer(APP, 4, 2, 2, 2)
-        chunk = payload(2, 0, MiB)
-        for _ in range(24):
-            await w.write(0, chunk)
-        await wait_until(c.stats, lambda s: s["disk"]["used_bytes"] >= kept + 8 * MiB, what="the open push spilled")
-        if how == "abort":
-            await w.abort()
-        await hog.close()
-        s = await wait_until(c.stats, lambda s: s["disk"]["used_bytes"] == kept, what="aborted bytes reclaimed")
-        assert s["disk"]["reclaimed_bytes"] >= 8 * MiB
-        allocated = sum(f.stat().st_blocks * 512 for f in data_dir.rglob("p*.data"))
-        assert allocated < kept + 2 * MiB, f"{allocated} bytes still allocated on disk"
-        assert await read_by_attempt(c, 4, 0, 2, {"": [1]}) == expected([1], [256 * KiB, 256 * KiB])
-        await c.remove_application(APP)
-        assert (await pool_settled(c))["pool"]["used"] == 0
-        await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    data_dir = tmp_path / "data"
+    d = stop_later(daemon(data_dir, pool="8M"))
+    c = await AsyncClient.connect(d.addr)
+    await push(c, 4, 1, [256 * KiB, 256 * KiB])
+    await c.flush(APP)
+    kept = (await c.stats())["disk"]["used_bytes"]
+    hog = await AsyncClient.connect(d.addr)
+    w = await hog.open_writer(APP, 4, 2, 2, 2)
+    chunk = payload(2, 0, MiB)
+    for _ in range(24):
+        await w.write(0, chunk)
+    await wait_until(c.stats, lambda s: s["disk"]["used_bytes"] >= kept + 8 * MiB, what="the open push spilled")
+    if how == "abort":
+        await w.abort()
+    await hog.close()
+    s = await wait_until(c.stats, lambda s: s["disk"]["used_bytes"] == kept, what="aborted bytes reclaimed")
+    assert s["disk"]["reclaimed_bytes"] >= 8 * MiB
+    allocated = sum(f.stat().st_blocks * 512 for f in data_dir.rglob("p*.data"))
+    assert allocated < kept + 2 * MiB, f"{allocated} bytes still allocated on disk"
+    assert await read_by_attempt(c, 4, 0, 2, {"": [1]}) == expected([1], [256 * KiB, 256 * KiB])
+    await c.remove_application(APP)
+    assert (await pool_settled(c))["pool"]["used"] == 0
+    await c.close()
 
 
+@within(120)
 async def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
@@ -717,12 +691,10 @@ async def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(
     assert first.proc.poll() is None
 
 
+@within(30)
 async def test_flush_without_data_dir_is_a_clear_error(stop_later: Callable[[DaemonProcess], DaemonProcess]) -> None:
-    async def body() -> None:
-        d = stop_later(daemon(None))
-        c = await AsyncClient.connect(d.addr)
-        with pytest.raises(ShuffledError, match="data-dir"):
-            await c.flush(APP)
-        await c.close()
-
-    await asyncio.wait_for(body(), 30)
+    d = stop_later(daemon(None))
+    c = await AsyncClient.connect(d.addr)
+    with pytest.raises(ShuffledError, match="data-dir"):
+        await c.flush(APP)
+    await c.close()

@@ -32,10 +32,9 @@ from shuffled.protocol.errors import ConnectionLost, CorruptData, ErrorCode, Shu
 from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
 from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, payload, pool_settled
 from tests.integration.faultproxy import FaultProxy, Mark
-
-pytestmark = pytest.mark.asyncio
 
 PEER_TIMEOUT = 2.0
 APP = "fault-app"
@@ -126,39 +125,35 @@ async def _finish(
     await _cleanup(trio)
 
 
+@within(60)
 async def test_cut_mid_frame_fails_the_relayed_read_cleanly(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
-    async def body() -> None:
-        p, addr = proxy
-        # 1000 bytes into the 5th BufferResponse: inside a payload, with buffers already relayed.
-        p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 5, 1000, "cut")
-        client, faulty = await _faulty_read(trio, addr, 8)
-        other = asyncio.create_task(_others_still_read(trio, client, 8))
-        with pytest.raises(ConnectionLost) as err:
-            await faulty
-        assert err.value.fetch_failure
-        # The link is healthy again: A dials anew and the same read succeeds.
-        p.down.mark = None
-        await _finish(trio, client, other, lambda: _read(client, 8, addr, 1))
-
-    await asyncio.wait_for(body(), 60)
+    p, addr = proxy
+    # 1000 bytes into the 5th BufferResponse: inside a payload, with buffers already relayed.
+    p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 5, 1000, "cut")
+    client, faulty = await _faulty_read(trio, addr, 8)
+    other = asyncio.create_task(_others_still_read(trio, client, 8))
+    with pytest.raises(ConnectionLost) as err:
+        await faulty
+    assert err.value.fetch_failure
+    # The link is healthy again: A dials anew and the same read succeeds.
+    p.down.mark = None
+    await _finish(trio, client, other, lambda: _read(client, 8, addr, 1))
 
 
+@within(60)
 async def test_corrupt_header_is_a_protocol_error_on_that_connection_only(
     trio: Cluster, proxy: tuple[FaultProxy, str]
 ) -> None:
-    async def body() -> None:
-        p, addr = proxy
-        # The type byte of the 3rd BufferResponse becomes 0x7f, a type that does not exist.
-        p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, 4, 0x12 ^ 0x7F)
-        client, faulty = await _faulty_read(trio, addr, 2)
-        other = asyncio.create_task(_others_still_read(trio, client, 2))
-        with pytest.raises(ShuffledError) as err:
-            await faulty
-        assert err.value.code == ErrorCode.CONNECTION_LOST and "PROTOCOL" in err.value.message, err.value
-        assert (await client.stats())["errors"].get("PROTOCOL", 0) >= 1
-        await _finish(trio, client, other)
-
-    await asyncio.wait_for(body(), 60)
+    p, addr = proxy
+    # The type byte of the 3rd BufferResponse becomes 0x7f, a type that does not exist.
+    p.down.corrupt = (FrameType.BUFFER_RESPONSE, 3, 4, 0x12 ^ 0x7F)
+    client, faulty = await _faulty_read(trio, addr, 2)
+    other = asyncio.create_task(_others_still_read(trio, client, 2))
+    with pytest.raises(ShuffledError) as err:
+        await faulty
+    assert err.value.code == ErrorCode.CONNECTION_LOST and "PROTOCOL" in err.value.message, err.value
+    assert (await client.stats())["errors"].get("PROTOCOL", 0) >= 1
+    await _finish(trio, client, other)
 
 
 async def _corrupt_payload(cluster: Cluster, proxy: tuple[FaultProxy, str]) -> int:
@@ -179,73 +174,69 @@ async def _corrupt_payload(cluster: Cluster, proxy: tuple[FaultProxy, str]) -> i
     return counted
 
 
+@within(60)
 async def test_corrupt_payload_byte_is_corrupt_data_at_the_reader(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
     """By default the relaying daemon forwards the writer's CRC32C unchecked and the reader checks it."""
-    assert await asyncio.wait_for(_corrupt_payload(trio, proxy), 60) == 0
+    assert await _corrupt_payload(trio, proxy) == 0
 
 
+@within(60)
 async def test_corrupt_payload_byte_is_corrupt_data_at_the_checking_relay(
     checking_trio: Cluster, checking_proxy: tuple[FaultProxy, str]
 ) -> None:
     """With --relay-check crc the relaying daemon finds it on arrival and fails the read itself."""
-    assert await asyncio.wait_for(_corrupt_payload(checking_trio, checking_proxy), 60) == 1
+    assert await _corrupt_payload(checking_trio, checking_proxy) == 1
 
 
+@within(60)
 async def test_blackhole_mid_payload_times_out_within_the_peer_timeout(
     trio: Cluster, proxy: tuple[FaultProxy, str]
 ) -> None:
-    async def body() -> None:
-        p, addr = proxy
-        p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 4, 2000, "blackhole")
-        client, faulty = await _faulty_read(trio, addr, 3)
-        other = asyncio.create_task(_others_still_read(trio, client, 3))
-        await p.down.fired.wait()
-        started = time.monotonic()
-        with pytest.raises(TimedOut) as err:
-            await faulty
-        waited = time.monotonic() - started
-        # Detected by silence, not sooner, and within the bound plus one watchdog tick and some slack.
-        assert PEER_TIMEOUT * 0.8 <= waited <= PEER_TIMEOUT + 1.5, waited
-        assert "peer-timeout" in err.value.message and err.value.fetch_failure
-        await _finish(trio, client, other)  # B gives up on A the same way and frees its stream
-
-    await asyncio.wait_for(body(), 60)
+    p, addr = proxy
+    p.down.mark = Mark(FrameType.BUFFER_RESPONSE, 4, 2000, "blackhole")
+    client, faulty = await _faulty_read(trio, addr, 3)
+    other = asyncio.create_task(_others_still_read(trio, client, 3))
+    await p.down.fired.wait()
+    started = time.monotonic()
+    with pytest.raises(TimedOut) as err:
+        await faulty
+    waited = time.monotonic() - started
+    # Detected by silence, not sooner, and within the bound plus one watchdog tick and some slack.
+    assert PEER_TIMEOUT * 0.8 <= waited <= PEER_TIMEOUT + 1.5, waited
+    assert "peer-timeout" in err.value.message and err.value.fetch_failure
+    await _finish(trio, client, other)  # B gives up on A the same way and frees its stream
 
 
+@within(60)
 async def test_slow_but_live_link_is_not_declared_dead(trio: Cluster, proxy: tuple[FaultProxy, str]) -> None:
     """A read through a delayed, throttled link takes longer than the peer timeout and still completes."""
 
-    async def body() -> None:
-        p, addr = proxy
-        p.down.delay = p.up.delay = 0.02
-        p.down.rate = (PARTS * SIZE) // int(2 * PEER_TIMEOUT)  # the whole read takes about twice the bound
-        client, faulty = await _faulty_read(trio, addr, 4)
-        started = time.monotonic()
-        assert await faulty == _expected(1)
-        assert time.monotonic() - started > PEER_TIMEOUT
-        await _finish(trio, client, asyncio.create_task(_others_still_read(trio, client, 4)))
-
-    await asyncio.wait_for(body(), 60)
+    p, addr = proxy
+    p.down.delay = p.up.delay = 0.02
+    p.down.rate = (PARTS * SIZE) // int(2 * PEER_TIMEOUT)  # the whole read takes about twice the bound
+    client, faulty = await _faulty_read(trio, addr, 4)
+    started = time.monotonic()
+    assert await faulty == _expected(1)
+    assert time.monotonic() - started > PEER_TIMEOUT
+    await _finish(trio, client, asyncio.create_task(_others_still_read(trio, client, 4)))
 
 
+@within(60)
 async def test_a_frozen_peer_process_is_detected_and_found_again(trio: Cluster) -> None:
     """No proxy: daemon C is stopped with SIGSTOP (its kernel still acknowledges TCP, nothing answers)."""
 
-    async def body() -> None:
-        a, _, c = trio.daemons
-        await _push(c, 5, 3)
-        async with await AsyncClient.connect(a.addr) as client:
-            assert await _read(client, 5, c.addr, 3) == _expected(3)  # the A-C connection is up
-            os.kill(c.pid, signal.SIGSTOP)
-            try:
-                started = time.monotonic()
-                with pytest.raises(TimedOut, match="peer-timeout"):
-                    await _read(client, 5, c.addr, 3)
-                assert time.monotonic() - started <= PEER_TIMEOUT + 1.5
-            finally:
-                os.kill(c.pid, signal.SIGCONT)
-            assert await _read(client, 5, c.addr, 3) == _expected(3)  # A dials C again
-        await _all_settled(trio)
-        await _cleanup(trio)
-
-    await asyncio.wait_for(body(), 60)
+    a, _, c = trio.daemons
+    await _push(c, 5, 3)
+    async with await AsyncClient.connect(a.addr) as client:
+        assert await _read(client, 5, c.addr, 3) == _expected(3)  # the A-C connection is up
+        os.kill(c.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimedOut, match="peer-timeout"):
+                await _read(client, 5, c.addr, 3)
+            assert time.monotonic() - started <= PEER_TIMEOUT + 1.5
+        finally:
+            os.kill(c.pid, signal.SIGCONT)
+        assert await _read(client, 5, c.addr, 3) == _expected(3)  # A dials C again
+    await _all_settled(trio)
+    await _cleanup(trio)

@@ -9,17 +9,14 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from shuffled.config import DaemonConfig
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, rss, wait_until
-
-pytestmark = pytest.mark.asyncio
+from tests.units import MiB
 
 APP = "app-flow"
 DEFAULTS = DaemonConfig()
-MiB = 1 << 20
 
 
 pair = cluster_fixture(2, pool_size="64M")
@@ -39,115 +36,109 @@ async def _read(client: AsyncClient, shuffle: int, p: int, loc: dict[str, list[i
         return await reader.read_all()
 
 
+@within(120)
 async def test_stalled_reader_does_not_block_others_on_the_shared_connection(pair: Cluster) -> None:
     """One reader stops after its first chunk; 32 others on the same A->B connection finish,
     and the stalled stream holds only its gate's buffers at B (credit, not TCP, stops it)."""
 
-    async def body() -> None:
-        da, db = pair.daemons
-        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-        sizes = [24 * MiB] + [1 * MiB] * 32
-        await _push_partitions(a, 10, 1, sizes)
-        loc = {da.addr: [1]}
+    da, db = pair.daemons
+    a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+    sizes = [24 * MiB] + [1 * MiB] * 32
+    await _push_partitions(a, 10, 1, sizes)
+    loc = {da.addr: [1]}
 
-        stalled = b.read(APP, 10, 0, 1, loc)
-        first = await stalled.next_chunk()
-        assert first is not None
-        started = time.monotonic()
-        others = await asyncio.gather(*(_read(b, 10, p, loc) for p in range(1, 33)))
-        elapsed = time.monotonic() - started
-        for p, data in enumerate(others, start=1):
-            assert data == payload(1, p, sizes[p])
-        # While stalled, B holds at most one gate's buffers (exclusive + floating) for it.
-        stats = await wait_until(b.stats, lambda s: s["streams"]["served"] == 1, what="only the stalled stream left")
-        assert stats["pool"]["used"] <= DEFAULTS.exclusive_buffers + DEFAULTS.floating_buffers, stats
-        print(f"32 streams x 1 MiB beside a stalled 24 MiB stream: {32 / elapsed:.1f} MiB/s")
+    stalled = b.read(APP, 10, 0, 1, loc)
+    first = await stalled.next_chunk()
+    assert first is not None
+    started = time.monotonic()
+    others = await asyncio.gather(*(_read(b, 10, p, loc) for p in range(1, 33)))
+    elapsed = time.monotonic() - started
+    for p, data in enumerate(others, start=1):
+        assert data == payload(1, p, sizes[p])
+    # While stalled, B holds at most one gate's buffers (exclusive + floating) for it.
+    stats = await wait_until(b.stats, lambda s: s["streams"]["served"] == 1, what="only the stalled stream left")
+    assert stats["pool"]["used"] <= DEFAULTS.exclusive_buffers + DEFAULTS.floating_buffers, stats
+    print(f"32 streams x 1 MiB beside a stalled 24 MiB stream: {32 / elapsed:.1f} MiB/s")
 
-        rest = bytearray(first.data)
-        while (chunk := await stalled.next_chunk()) is not None:
-            rest += chunk.data
-        assert rest == payload(1, 0, sizes[0])
-        await a.unregister_shuffle(APP, 10)
-        for c in (a, b):
-            assert (await pool_settled(c))["pool"]["used"] == 0
-            await c.close()
-
-    await asyncio.wait_for(body(), 120)
+    rest = bytearray(first.data)
+    while (chunk := await stalled.next_chunk()) is not None:
+        rest += chunk.data
+    assert rest == payload(1, 0, sizes[0])
+    await a.unregister_shuffle(APP, 10)
+    for c in (a, b):
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
 
 
+@within(60)
 async def test_relayed_read_announces_the_whole_backlog_to_the_client(pair: Cluster) -> None:
     """The relaying daemon tells its client the backlog the remote daemon announced, not only the few
     buffers it holds itself, so the client's window opens to its floating maximum at once."""
 
-    async def body() -> None:
-        da, db = pair.daemons
-        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-        await _push_partitions(a, 11, 1, [4 * MiB])  # 128 buffers, all queued at A at once
-        async with b.read(APP, 11, 0, 1, {da.addr: [1]}) as reader:
-            first = await reader.next_chunk()
-            assert first is not None
-            assert reader.credit.backlog >= 100, reader.credit.backlog
-            rest = bytearray(first.data)
-            while (chunk := await reader.next_chunk()) is not None:
-                rest += chunk.data
-        assert rest == payload(1, 0, 4 * MiB)
-        await a.unregister_shuffle(APP, 11)
-        for c in (a, b):
-            assert (await pool_settled(c))["pool"]["used"] == 0
-            await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    da, db = pair.daemons
+    a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+    await _push_partitions(a, 11, 1, [4 * MiB])  # 128 buffers, all queued at A at once
+    async with b.read(APP, 11, 0, 1, {da.addr: [1]}) as reader:
+        first = await reader.next_chunk()
+        assert first is not None
+        assert reader.credit.backlog >= 100, reader.credit.backlog
+        rest = bytearray(first.data)
+        while (chunk := await reader.next_chunk()) is not None:
+            rest += chunk.data
+    assert rest == payload(1, 0, 4 * MiB)
+    await a.unregister_shuffle(APP, 11)
+    for c in (a, b):
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
 
 
+@within(240)
 async def test_memory_stays_bounded_moving_ten_times_the_pool(pair: Cluster) -> None:
     """Rounds of push → slow read across daemons → unregister: 10x the pool moves through,
     RSS of both daemons stays within pool + 100 MB, and every segment comes back."""
 
-    async def body() -> None:
-        da, db = pair.daemons
-        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-        pool = da.pool_size
-        per_round = 40 * MiB
-        rounds = (10 * pool) // per_round + 1
-        peak = {da.pid: 0, db.pid: 0}
-        sampling = True
+    da, db = pair.daemons
+    a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+    pool = da.pool_size
+    per_round = 40 * MiB
+    rounds = (10 * pool) // per_round + 1
+    peak = {da.pid: 0, db.pid: 0}
+    sampling = True
 
-        async def sample() -> None:
-            while sampling:
-                for pid in peak:
-                    peak[pid] = max(peak[pid], rss(pid))
-                await asyncio.sleep(0.05)
+    async def sample() -> None:
+        while sampling:
+            for pid in peak:
+                peak[pid] = max(peak[pid], rss(pid))
+            await asyncio.sleep(0.05)
 
-        sampler = asyncio.create_task(sample())
-        moved = 0
-        for r in range(rounds):
-            shuffle = 100 + r
-            await _push_partitions(a, shuffle, r, [per_round // 4] * 4)
+    sampler = asyncio.create_task(sample())
+    moved = 0
+    for r in range(rounds):
+        shuffle = 100 + r
+        await _push_partitions(a, shuffle, r, [per_round // 4] * 4)
 
-            async def slow_read(p: int, shuffle: int = shuffle, r: int = r) -> int:
-                n = 0
-                h = hashlib.sha256()
-                async with b.read(APP, shuffle, p, p + 1, {da.addr: [r]}) as reader:
-                    async for chunk in reader:
-                        for _ in range(3):  # a reader slower than the network
-                            h.update(chunk.data)
-                        n += len(chunk.data)
-                return n
+        async def slow_read(p: int, shuffle: int = shuffle, r: int = r) -> int:
+            n = 0
+            h = hashlib.sha256()
+            async with b.read(APP, shuffle, p, p + 1, {da.addr: [r]}) as reader:
+                async for chunk in reader:
+                    for _ in range(3):  # a reader slower than the network
+                        h.update(chunk.data)
+                    n += len(chunk.data)
+            return n
 
-            moved += sum(await asyncio.gather(*(slow_read(p) for p in range(4))))
-            await a.unregister_shuffle(APP, shuffle)
-        sampling = False
-        await sampler
-        assert moved >= 10 * pool
-        for c in (a, b):
-            s = await pool_settled(c)
-            assert s["pool"]["used"] == 0 and s["pool"]["free"] == s["pool"]["total"]
-            await c.close()
-        limit = pool + 100 * 1000 * 1000
-        print(f"moved {moved / MiB:.0f} MiB; peak RSS A={peak[da.pid] / MiB:.0f} MiB B={peak[db.pid] / MiB:.0f} MiB")
-        assert peak[da.pid] <= limit and peak[db.pid] <= limit, peak
-
-    await asyncio.wait_for(body(), 240)
+        moved += sum(await asyncio.gather(*(slow_read(p) for p in range(4))))
+        await a.unregister_shuffle(APP, shuffle)
+    sampling = False
+    await sampler
+    assert moved >= 10 * pool
+    for c in (a, b):
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0 and s["pool"]["free"] == s["pool"]["total"]
+        await c.close()
+    limit = pool + 100 * 1000 * 1000
+    print(f"moved {moved / MiB:.0f} MiB; peak RSS A={peak[da.pid] / MiB:.0f} MiB B={peak[db.pid] / MiB:.0f} MiB")
+    assert peak[da.pid] <= limit and peak[db.pid] <= limit, peak
 
 
 _CHILD_PUSH = """
@@ -190,71 +181,68 @@ async def _run_and_kill(code: str, args: list[str], marker: str) -> None:
     await child.wait()
 
 
+@within(120)
 async def test_client_killed_mid_push_and_mid_read_leaks_nothing(pair: Cluster) -> None:
-    async def body() -> None:
-        da, db = pair.daemons
-        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+    da, db = pair.daemons
+    a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
 
-        # Mid-push: the open map output is aborted and its buffers freed.
-        await _run_and_kill(_CHILD_PUSH, [da.addr], "pushing")
-        s = await pool_settled(a)
-        assert s["store"]["open_map_outputs"] == 0 and s["pool"]["used"] == 0
+    # Mid-push: the open map output is aborted and its buffers freed.
+    await _run_and_kill(_CHILD_PUSH, [da.addr], "pushing")
+    s = await pool_settled(a)
+    assert s["store"]["open_map_outputs"] == 0 and s["pool"]["used"] == 0
 
-        # Mid-read through B of data held by A: B's gate and A's served stream go away.
-        await _push_partitions(a, 21, 5, [16 * MiB])
-        await _run_and_kill(_CHILD_READ, [db.addr, da.addr], "reading")
-        await pool_settled(b)
-        s = await pool_settled(a)
-        assert s["pool"]["used"] == s["store"]["stored_segments"] == 16 * MiB // (32 << 10)
+    # Mid-read through B of data held by A: B's gate and A's served stream go away.
+    await _push_partitions(a, 21, 5, [16 * MiB])
+    await _run_and_kill(_CHILD_READ, [db.addr, da.addr], "reading")
+    await pool_settled(b)
+    s = await pool_settled(a)
+    assert s["pool"]["used"] == s["store"]["stored_segments"]
+    assert s["store"]["memory_bytes"] >= 16 * MiB  # the pushed groups, directories included
 
-        # Both daemons keep serving everyone else.
-        assert await _read(b, 21, 0, {da.addr: [5]}) == payload(5, 0, 16 * MiB)
-        await a.remove_application(APP)
-        for c in (a, b):
-            assert (await pool_settled(c))["pool"]["used"] == 0
-            await c.close()
-
-    await asyncio.wait_for(body(), 120)
+    # Both daemons keep serving everyone else.
+    assert await _read(b, 21, 0, {da.addr: [5]}) == payload(5, 0, 16 * MiB)
+    await a.remove_application(APP)
+    for c in (a, b):
+        assert (await pool_settled(c))["pool"]["used"] == 0
+        await c.close()
 
 
+@within(90)
 async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluster) -> None:
     """B's pool holds stored data between its spill watermarks (normal under load): a read relayed
     through B still gets floating buffers there, within the pool's bounds (the read reserve stays free,
     usage stays below the high watermark), a push into B meanwhile completes, and every segment comes back."""
 
-    async def body() -> None:
-        da, db = pair.daemons
-        a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-        # 1545 of B's 2048 segments (75.4 %): more than the old rule allowed floating buffers at (twice the
-        # read reserve free, so below 75 %), and below where background spilling starts (half way from the
-        # low watermark to the high one, 77.5 %), which would take stored data back under 70 %.
-        await _push_partitions(b, 30, 1, [309 * DEFAULTS.segment_size] * 5)
-        loaded = await pool_settled(b)
-        total, reserve = loaded["pool"]["total"], loaded["pool"]["reserve"]
-        stored = loaded["store"]["stored_segments"]
-        start = (DEFAULTS.spill_low + DEFAULTS.spill_high) / 2
-        assert total - 2 * reserve < stored < start * total and loaded["disk"]["spills"] == 0, loaded
-        await _push_partitions(a, 31, 1, [4 * MiB])  # 128 buffers queued at A at once: a large backlog
+    da, db = pair.daemons
+    a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
+    # 1545 of B's 2048 segments (75.4 %): more than the old rule allowed floating buffers at (twice the
+    # read reserve free, so below 75 %), and below where background spilling starts (half way from the
+    # low watermark to the high one, 77.5 %), which would take stored data back under 70 %.
+    await _push_partitions(b, 30, 1, [309 * DEFAULTS.segment_size] * 5)
+    loaded = await pool_settled(b)
+    total, reserve = loaded["pool"]["total"], loaded["pool"]["reserve"]
+    stored = loaded["store"]["stored_segments"]
+    start = (DEFAULTS.spill_low + DEFAULTS.spill_high) / 2
+    assert total - 2 * reserve < stored < start * total and loaded["disk"]["spills"] == 0, loaded
+    await _push_partitions(a, 31, 1, [4 * MiB])  # 128 buffers queued at A at once: a large backlog
 
-        reader = b.read(APP, 31, 0, 1, {da.addr: [1]})
-        first = await reader.next_chunk()  # then the client stops consuming: B's gate fills up
-        assert first is not None
-        held = await wait_until(b.stats, lambda s: s["pool"]["floating"] > 0, what="B's gate holds floating buffers")
-        # Floating buffers stay below the start mark, so they alone never make B spill its stored data.
-        assert held["pool"]["free"] >= reserve and held["pool"]["used"] < start * total, held
-        assert held["disk"]["spills"] == 0, held
-        assert held["pool"]["floating"] <= DEFAULTS.floating_buffers, held
+    reader = b.read(APP, 31, 0, 1, {da.addr: [1]})
+    first = await reader.next_chunk()  # then the client stops consuming: B's gate fills up
+    assert first is not None
+    held = await wait_until(b.stats, lambda s: s["pool"]["floating"] > 0, what="B's gate holds floating buffers")
+    # Floating buffers stay below the start mark, so they alone never make B spill its stored data.
+    assert held["pool"]["free"] >= reserve and held["pool"]["used"] < start * total, held
+    assert held["disk"]["spills"] == 0, held
+    assert held["pool"]["floating"] <= DEFAULTS.floating_buffers, held
 
-        await asyncio.wait_for(_push_partitions(b, 32, 1, [8 * MiB]), 30)  # pushes still make progress
-        rest = bytearray(first.data)
-        while (chunk := await reader.next_chunk()) is not None:
-            rest += chunk.data
-        assert rest == payload(1, 0, 4 * MiB)
-        for c, shuffles in ((a, [31]), (b, [30, 32])):
-            for shuffle in shuffles:
-                await c.unregister_shuffle(APP, shuffle)
-            s = await pool_settled(c)
-            assert s["pool"]["used"] == 0 and s["pool"]["floating"] == 0, s
-            await c.close()
-
-    await asyncio.wait_for(body(), 90)
+    await asyncio.wait_for(_push_partitions(b, 32, 1, [8 * MiB]), 30)  # pushes still make progress
+    rest = bytearray(first.data)
+    while (chunk := await reader.next_chunk()) is not None:
+        rest += chunk.data
+    assert rest == payload(1, 0, 4 * MiB)
+    for c, shuffles in ((a, [31]), (b, [30, 32])):
+        for shuffle in shuffles:
+            await c.unregister_shuffle(APP, shuffle)
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0 and s["pool"]["floating"] == 0, s
+        await c.close()

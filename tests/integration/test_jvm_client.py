@@ -21,7 +21,9 @@ from shuffled import spark_jar
 from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import BufferKind, ErrorResponse, Hello, HelloAck, PartitionRequest, Role
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
 
@@ -84,30 +86,27 @@ def test_client_check_against_a_daemon(
     assert passed >= 30
 
 
-@pytest.mark.asyncio
+@within(ASYNC_TIMEOUT)
 async def test_java_pushes_python_reads(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
     app, shuffle, attempts = "java-to-python", 11, [21, 22, 2**63 + 3]
     proc = await asyncio.to_thread(_client_check, jars, daemon.addr, "push", app, str(shuffle), *map(str, attempts))
     _assert_clean(proc)
 
-    async def body() -> None:
-        async with await AsyncClient.connect(daemon.addr) as client:
-            for p in range(PARTITIONS):
-                got: dict[int, bytearray] = {a: bytearray() for a in attempts}
-                async with client.read(app, shuffle, p, p + 1, {"": attempts}) as reader:
-                    async for chunk in reader:
-                        assert chunk.partition == p
-                        got[chunk.attempt] += chunk.data
-                for i, a in enumerate(attempts):
-                    assert bytes(got[a]) == payload(a, p, size(i, p)), (a, p)
-            await client.unregister_shuffle(app, shuffle)
-            stats = await pool_settled(client)
-            assert stats["pool"]["used"] == 0
-
-    await asyncio.wait_for(body(), ASYNC_TIMEOUT)
+    async with await AsyncClient.connect(daemon.addr) as client:
+        for p in range(PARTITIONS):
+            got: dict[int, bytearray] = {a: bytearray() for a in attempts}
+            async with client.read(app, shuffle, p, p + 1, {"": attempts}) as reader:
+                async for chunk in reader:
+                    assert chunk.partition == p
+                    got[chunk.attempt] += chunk.data
+            for i, a in enumerate(attempts):
+                assert bytes(got[a]) == payload(a, p, size(i, p)), (a, p)
+        await client.unregister_shuffle(app, shuffle)
+        stats = await pool_settled(client)
+        assert stats["pool"]["used"] == 0
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
     app, shuffle, attempts = "python-to-java", 12, [31, 32, 33]
 
@@ -129,7 +128,7 @@ async def test_python_pushes_java_reads(jars: tuple[Path, Path], daemon: DaemonP
         await asyncio.wait_for(client.unregister_shuffle(app, shuffle), ASYNC_TIMEOUT)
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_java_client_authenticates_and_keeps_applications_apart(jars: tuple[Path, Path], tmp_path: Path) -> None:
     """ClientCheck's auth mode: wrong and missing secrets refused, tokens enforced, CRC32C on the way."""
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", secret_flags(tmp_path, "jvm-cluster-secret"))
@@ -141,7 +140,7 @@ async def test_java_client_authenticates_and_keeps_applications_apart(jars: tupl
         d.stop()
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_java_reader_refuses_a_buffer_that_fails_its_crc(jars: tuple[Path, Path]) -> None:
     from tests.integration.test_security import corrupting_peer
 
@@ -169,12 +168,8 @@ async def closing_daemon(buffers: int) -> AsyncIterator[tuple[str, list[int]]]:
                 if isinstance(req, PartitionRequest):
                     (attempt,) = next(iter(req.locations.values()))
                     for seq in range(buffers):
-                        data = payload(attempt, req.start, 1000)
-                        await raw.send(
-                            codec.encode_buffer_response(
-                                req.receiver, seq, 0, req.start, BufferKind.DATA, attempt, data
-                            )
-                        )
+                        data = group_bytes(attempt, [(req.start, payload(attempt, req.start, 1000))])
+                        await raw.send(codec.encode_buffer_response(req.receiver, seq, 0, BufferKind.DATA, data))
                     refused.append(req.receiver)
                     await raw.send(codec.encode(ErrorResponse(req.receiver, ErrorCode.SHUTTING_DOWN, "draining")))
         except (TimeoutError, EOFError, ConnectionError):
@@ -198,7 +193,7 @@ def _read_streams(jars: tuple[Path, Path], addresses: list[str], timeout_ms: int
     return proc.stdout.splitlines()
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_a_read_refused_before_its_first_byte_goes_through_another_daemon(
     jars: tuple[Path, Path], daemon: DaemonProcess
 ) -> None:

@@ -142,6 +142,32 @@ def test_codec_self_test(jars: tuple[Path, Path]) -> None:
 
 
 @needs_jdk
+def test_packing_reads_back_whatever_the_split(jars: tuple[Path, Path]) -> None:
+    """PackingCheck: the writer's one buffer packs any writes into groups that read back byte-exact per partition
+    (every buffer size, segment size and width), full groups, one ascending sequence for writes in partition
+    order; malformed payloads refused with PROTOCOL; and the `packed` golden vectors a client checks (the push
+    payloads it must pack byte for byte, the read payloads it must unpack or refuse)."""
+    packed = _vectors()["packed"]
+    names = [v["name"] for v in packed["valid"]]
+    names += [v["name"] for v in packed["invalid"] if v["detected_by"] == "reader"]
+    proc = _run("io.shuffled.client.PackingCheck", jars, str(VECTORS_FILE))
+    assert proc.returncode == 0, _failures(proc)
+    passed = {line[5:] for line in proc.stdout.splitlines() if line.startswith("ok   ")}
+    assert {f"packed: {name}" for name in names} <= passed
+    assert _summary(proc) == (9 + len(names), 0)
+
+
+@needs_jdk
+def test_push_and_read_streams_against_a_scripted_daemon(jars: tuple[Path, Path]) -> None:
+    """StreamsCheck: PushData framing and commit counts, one chunk per run with credit per buffer, the reads a
+    malformed or corrupt buffer fails (a scripted daemon sends them; a real one never does), and a writer whose
+    push timed out refusing to go on."""
+    proc = _run("io.shuffled.client.StreamsCheck", jars)
+    assert proc.returncode == 0, _failures(proc)
+    assert _summary(proc) == (6, 0)
+
+
+@needs_jdk
 def test_constants_match_the_python_codec(jars: tuple[Path, Path]) -> None:
     proc = _run("PrintConstants", jars)
     assert proc.returncode == 0, proc.stderr

@@ -22,12 +22,14 @@ import pytest
 import pytest_asyncio
 
 from shuffled.protocol.errors import StorageError
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
+from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
 from tests.integration.faultproxy import FaultProxy
 from tests.seaweedfs import SeaweedFS, environ_without_aws, seaweedfs_fixture
+from tests.units import MiB
 
-MiB = 1 << 20
 SEGMENT = 32 << 10
 PART = 5 * MiB
 
@@ -80,293 +82,264 @@ def _pool(nbytes: int, seed: int) -> mmap.mmap:
     return pool
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_large_objects_round_trip_and_read_back_in_ranges(store: ObjectStore) -> None:
     """A 21 MiB object written from pool memoryviews (five parts) and a small one (one PUT) read back byte for
     byte in ranges, including ranges that cross part boundaries, into several target segments at once."""
 
-    async def body() -> None:
-        pool = _pool(21 * MiB + 12345, seed=1)
-        assert await store.write("shuffle/big", _segments(pool)) == len(pool)
-        small = os.urandom(100_000)
-        assert await store.write("shuffle/small", [small]) == len(small)
-        assert sorted((o.key, o.size) for o in await store.list_objects("shuffle/")) == [
-            ("shuffle/big", len(pool)),
-            ("shuffle/small", len(small)),
-        ]
-        assert store.stats.parts == 5 and store.stats.objects_held == 2
-        rng = random.Random(2)
-        ranges = [(0, SEGMENT), (len(pool) - 4000, 4000), (PART - 1, 2), (2 * PART - 100_000, 3 * MiB)]
-        ranges += [(k * PART - rng.randrange(1, SEGMENT), rng.randrange(SEGMENT, 4 * MiB)) for k in (1, 2, 3, 4)]
-        for start, length in ranges:
-            length = min(length, len(pool) - start)
-            target = bytearray(length)
-            view = memoryview(target)
-            cut = [0, *sorted(rng.sample(range(1, length), min(3, length - 1))), length]
-            assert await store.read_into("shuffle/big", start, [view[a:b] for a, b in itertools.pairwise(cut)])
-            assert target == pool[start : start + length], (start, length)
-        back = bytearray(len(small))
-        await store.read_into("shuffle/small", 0, [memoryview(back)])
-        assert back == small
-        with pytest.raises(StorageError, match="asked for 100 bytes"):
-            await store.read_into("shuffle/small", len(small) - 50, [memoryview(bytearray(100))])
-        assert await store.delete_prefix("shuffle/") == 2
-        assert store.stats.objects_held == 0 and store.stats.bytes_held == 0
-
-    await asyncio.wait_for(body(), 120)
+    pool = _pool(21 * MiB + 12345, seed=1)
+    assert await store.write("shuffle/big", _segments(pool)) == len(pool)
+    small = os.urandom(100_000)
+    assert await store.write("shuffle/small", [small]) == len(small)
+    assert sorted((o.key, o.size) for o in await store.list_objects("shuffle/")) == [
+        ("shuffle/big", len(pool)),
+        ("shuffle/small", len(small)),
+    ]
+    assert store.stats.parts == 5 and store.stats.objects_held == 2
+    rng = random.Random(2)
+    ranges = [(0, SEGMENT), (len(pool) - 4000, 4000), (PART - 1, 2), (2 * PART - 100_000, 3 * MiB)]
+    ranges += [(k * PART - rng.randrange(1, SEGMENT), rng.randrange(SEGMENT, 4 * MiB)) for k in (1, 2, 3, 4)]
+    for start, length in ranges:
+        length = min(length, len(pool) - start)
+        target = bytearray(length)
+        view = memoryview(target)
+        cut = [0, *sorted(rng.sample(range(1, length), min(3, length - 1))), length]
+        assert await store.read_into("shuffle/big", start, [view[a:b] for a, b in itertools.pairwise(cut)])
+        assert target == pool[start : start + length], (start, length)
+    back = bytearray(len(small))
+    await store.read_into("shuffle/small", 0, [memoryview(back)])
+    assert back == small
+    with pytest.raises(StorageError, match="asked for 100 bytes"):
+        await store.read_into("shuffle/small", len(small) - 50, [memoryview(bytearray(100))])
+    assert await store.delete_prefix("shuffle/") == 2
+    assert store.stats.objects_held == 0 and store.stats.bytes_held == 0
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_at_most_64_puts_per_gib(s3: SeaweedFS) -> None:
     """128 MiB written as two objects with the default 16 MiB parts: the server counts 8 PUT requests, 64 per
     GiB (retries included: the count is the server's), and the layer's own part count agrees."""
 
-    async def body() -> None:
-        objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", part_size=16 * MiB)
-        pool = _pool(128 * MiB, seed=3)
-        half = len(pool) // 2
-        before = s3.request_counts().get("PUT", 0)
-        for i, chunk in enumerate((_segments(pool)[: half // SEGMENT], _segments(pool)[half // SEGMENT :])):
-            await objects.write(f"run/{i}", chunk)
-        puts = s3.request_counts().get("PUT", 0) - before
-        assert puts == objects.stats.parts == 8, (puts, objects.stats.parts)
-        assert puts / (len(pool) / (1 << 30)) <= 64
-        await objects.delete_prefix("")
-        assert await objects.list_objects() == []
-
-    await asyncio.wait_for(body(), 120)
+    objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", part_size=16 * MiB)
+    pool = _pool(128 * MiB, seed=3)
+    half = len(pool) // 2
+    before = s3.request_counts().get("PUT", 0)
+    for i, chunk in enumerate((_segments(pool)[: half // SEGMENT], _segments(pool)[half // SEGMENT :])):
+        await objects.write(f"run/{i}", chunk)
+    puts = s3.request_counts().get("PUT", 0) - before
+    assert puts == objects.stats.parts == 8, (puts, objects.stats.parts)
+    assert puts / (len(pool) / (1 << 30)) <= 64
+    await objects.delete_prefix("")
+    assert await objects.list_objects() == []
 
 
-@pytest.mark.asyncio
+@within(120)
 async def test_an_upload_cut_mid_way_raises_and_leaves_nothing(s3: SeaweedFS) -> None:
     """Every connection is cut 1 MiB into its upstream bytes (before any 5 MiB part is through): the write
     raises after its retries, the client aborted the multipart upload, and neither an object nor an
     incomplete upload is left; once the cutting stops the same write succeeds."""
 
-    async def body() -> None:
-        proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
-        address = await proxy.start()
-        objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", endpoint=f"http://{address}", timeout=5.0, retries=1)
-        try:
-            proxy.up.cut_after = MiB
-            pool = _pool(12 * MiB, seed=4)
-            with pytest.raises(StorageError, match="object store put") as failed:
-                await objects.write("cut/obj", _segments(pool))
-            assert proxy.up.fired.is_set(), "the cut never happened"
-            assert objects.stats.objects_held == 0 and objects.stats.bytes_up == 0, failed.value
-            assert await objects.list_objects() == []
-            assert s3.incomplete_uploads() == []
-            proxy.up.cut_after = None
+    proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
+    address = await proxy.start()
+    objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", endpoint=f"http://{address}", timeout=5.0, retries=1)
+    try:
+        proxy.up.cut_after = MiB
+        pool = _pool(12 * MiB, seed=4)
+        with pytest.raises(StorageError, match="object store put") as failed:
             await objects.write("cut/obj", _segments(pool))
-            await objects.delete("cut/obj")
-            assert await objects.list_objects() == []
-        finally:
-            await proxy.close()
+        assert proxy.up.fired.is_set(), "the cut never happened"
+        assert objects.stats.objects_held == 0 and objects.stats.bytes_up == 0, failed.value
+        assert await objects.list_objects() == []
+        assert s3.incomplete_uploads() == []
+        proxy.up.cut_after = None
+        await objects.write("cut/obj", _segments(pool))
+        await objects.delete("cut/obj")
+        assert await objects.list_objects() == []
+    finally:
+        await proxy.close()
 
-    await asyncio.wait_for(body(), 120)
 
-
-@pytest.mark.asyncio
+@within(120)
 async def test_a_caller_that_stops_waiting_mid_upload_leaves_nothing(s3: SeaweedFS) -> None:
     """The caller of a throttled 12 MiB write is cancelled while the multipart upload is under way (the
     server lists it): the client is never told to drop it half-way (which would leave the upload
     incomplete), so it completes, and its object is deleted; `close` waits for that."""
 
-    async def body() -> None:
-        proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
-        address = await proxy.start()
-        objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", endpoint=f"http://{address}", timeout=20.0)
-        try:
-            proxy.up.rate = 4 * MiB
-            write = asyncio.ensure_future(objects.write("gone/obj", _segments(_pool(12 * MiB, seed=6))))
-            await asyncio.to_thread(poll_until, s3.incomplete_uploads, 20, "the upload under way")
-            write.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await write
-            await asyncio.wait_for(objects.close(), 60)
-            assert objects.stats.objects_held == 0
-            assert await objects.list_objects() == []
-            assert s3.incomplete_uploads() == []
-        finally:
-            await proxy.close()
-
-    await asyncio.wait_for(body(), 120)
+    proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
+    address = await proxy.start()
+    objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", endpoint=f"http://{address}", timeout=20.0)
+    try:
+        proxy.up.rate = 4 * MiB
+        write = asyncio.ensure_future(objects.write("gone/obj", _segments(_pool(12 * MiB, seed=6))))
+        await asyncio.to_thread(poll_until, s3.incomplete_uploads, 20, "the upload under way")
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        await asyncio.wait_for(objects.close(), 60)
+        assert objects.stats.objects_held == 0
+        assert await objects.list_objects() == []
+        assert s3.incomplete_uploads() == []
+    finally:
+        await proxy.close()
 
 
-@pytest.mark.asyncio
+@within(180)
 async def test_the_server_killed_mid_upload_fails_the_write_within_its_bounds(tmp_path: Path) -> None:
     """The server is killed while a 40 MiB upload is under way (throttled through the proxy so it is): the
     write raises (the retries find nothing listening) within one request's bound, and after a restart on the
     same data the object does not exist. The upload the dead server could not be told to abort is still
     there, as it would be on any S3 (a lifecycle rule removes those): the test shows it, then cleans it."""
 
-    async def body() -> None:
-        server = SeaweedFS(tmp_path).start()
-        proxy = FaultProxy("127.0.0.1", server.s3_address, frames=False)
-        address = await proxy.start()
-        try:
-            objects = _store(server, "crash", endpoint=f"http://{address}", timeout=3.0, retries=1)
-            proxy.up.rate = 8 * MiB
-            write = asyncio.ensure_future(objects.write("crash/obj", _segments(_pool(40 * MiB, seed=5))))
-            await asyncio.to_thread(
-                poll_until, lambda: server.request_counts().get("PUT", 0) >= 1, 30, "a part uploaded"
-            )
-            server.kill()
-            started = time.monotonic()
-            with pytest.raises(StorageError, match="object store put"):
-                await write
-            assert time.monotonic() - started < objects.config.request_bound() * 2
-            await asyncio.to_thread(server.start)
-            proxy.up.rate = 0
-            assert await objects.list_objects() == []
-            assert objects.stats.objects_held == 0
-            assert len(server.incomplete_uploads()) <= 1
-            server.shell("s3.clean.uploads -timeAgo=0s")
-            assert server.incomplete_uploads() == []
-        finally:
-            await proxy.close()
-            server.close()
-
-    await asyncio.wait_for(body(), 180)
+    server = SeaweedFS(tmp_path).start()
+    proxy = FaultProxy("127.0.0.1", server.s3_address, frames=False)
+    address = await proxy.start()
+    try:
+        objects = _store(server, "crash", endpoint=f"http://{address}", timeout=3.0, retries=1)
+        proxy.up.rate = 8 * MiB
+        write = asyncio.ensure_future(objects.write("crash/obj", _segments(_pool(40 * MiB, seed=5))))
+        await asyncio.to_thread(poll_until, lambda: server.request_counts().get("PUT", 0) >= 1, 30, "a part uploaded")
+        server.kill()
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="object store put"):
+            await write
+        assert time.monotonic() - started < objects.config.request_bound() * 2
+        await asyncio.to_thread(server.start)
+        proxy.up.rate = 0
+        assert await objects.list_objects() == []
+        assert objects.stats.objects_held == 0
+        assert len(server.incomplete_uploads()) <= 1
+        server.shell("s3.clean.uploads -timeAgo=0s")
+        assert server.incomplete_uploads() == []
+    finally:
+        await proxy.close()
+        server.close()
 
 
-@pytest.mark.asyncio
+@within(60)
 async def test_503s_give_a_clear_error_within_the_timeout(s3: SeaweedFS) -> None:
     """The server's circuit breaker answers every write to a bucket 503: the write fails after its retries,
     quickly, naming the status and the server's error code; lifting the limit lets writes through again."""
 
-    async def body() -> None:
-        bucket = f"busy-{uuid.uuid4().hex[:8]}"
-        await asyncio.to_thread(s3.create_bucket, bucket)
-        objects = _store(s3, "p", bucket=bucket, timeout=2.0, retries=2)
+    bucket = f"busy-{uuid.uuid4().hex[:8]}"
+    await asyncio.to_thread(s3.create_bucket, bucket)
+    objects = _store(s3, "p", bucket=bucket, timeout=2.0, retries=2)
 
-        async def write_until(refused: bool) -> None:
-            """The gateway applies a breaker change when the filer tells it: write until it has."""
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    await objects.write("x", [b"payload"])
-                    if not refused:
-                        return
-                    await objects.delete("x")
-                except StorageError as exc:
-                    if refused and "503" in exc.message:
-                        return
-                assert time.monotonic() < deadline, "the circuit breaker change never took effect"
-
-        await asyncio.to_thread(s3.limit_writes, bucket, 0)
-        try:
-            await write_until(refused=True)
-            started = time.monotonic()
-            with pytest.raises(StorageError, match="503") as failed:
+    async def write_until(refused: bool) -> None:
+        """The gateway applies a breaker change when the filer tells it: write until it has."""
+        deadline = time.monotonic() + 20
+        while True:
+            try:
                 await objects.write("x", [b"payload"])
-            assert time.monotonic() - started < objects.config.request_bound()
-            assert "ErrTooManyRequest" in failed.value.message
-            assert objects.stats.objects_held == 0
-        finally:
-            await asyncio.to_thread(s3.limit_writes, bucket, None)
-        await write_until(refused=False)
-        await objects.delete("x")
-        assert await objects.list_objects() == []
+                if not refused:
+                    return
+                await objects.delete("x")
+            except StorageError as exc:
+                if refused and "503" in exc.message:
+                    return
+            assert time.monotonic() < deadline, "the circuit breaker change never took effect"
 
-    await asyncio.wait_for(body(), 60)
+    await asyncio.to_thread(s3.limit_writes, bucket, 0)
+    try:
+        await write_until(refused=True)
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="503") as failed:
+            await objects.write("x", [b"payload"])
+        assert time.monotonic() - started < objects.config.request_bound()
+        assert "ErrTooManyRequest" in failed.value.message
+        assert objects.stats.objects_held == 0
+    finally:
+        await asyncio.to_thread(s3.limit_writes, bucket, None)
+    await write_until(refused=False)
+    await objects.delete("x")
+    assert await objects.list_objects() == []
 
 
-@pytest.mark.asyncio
+@within(120)
 @pytest.mark.parametrize("fault", ["delay", "blackhole"])
 async def test_a_slow_or_silent_server_times_out(s3: SeaweedFS, fault: str) -> None:
     """Answers held back 4 s, or swallowed, against a 1 s request timeout and one retry: writes, reads and
     listings fail with the timeout named, within the bound the settings give, and never hang."""
 
-    async def body() -> None:
-        objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", timeout=10.0, retries=1)
-        await objects.write("slow/obj", [b"x" * 1000])
-        proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
-        address = await proxy.start()
-        slow = _store(s3, objects.config.prefix, endpoint=f"http://{address}", timeout=1.0, retries=1)
-        if fault == "delay":
-            proxy.down.delay = 4.0
-        else:
-            proxy.down.blackhole = True
-        bound = slow.config.request_bound() + 1.0
-        try:
-            for call in (
-                slow.write("slow/other", [b"y" * 1000]),
-                slow.read_into("slow/obj", 0, [memoryview(bytearray(10))]),
-                slow.list_objects("slow/"),
-            ):
-                started = time.monotonic()
-                with pytest.raises(StorageError, match=r"did not answer within 1s|no answer within|did not complete"):
-                    await call
-                assert time.monotonic() - started < bound
-            await slow.close()
-        finally:
-            await proxy.close()
-        await objects.delete_prefix("slow/")
-        assert await objects.list_objects() == []
-
-    await asyncio.wait_for(body(), 120)
+    objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", timeout=10.0, retries=1)
+    await objects.write("slow/obj", [b"x" * 1000])
+    proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
+    address = await proxy.start()
+    slow = _store(s3, objects.config.prefix, endpoint=f"http://{address}", timeout=1.0, retries=1)
+    if fault == "delay":
+        proxy.down.delay = 4.0
+    else:
+        proxy.down.blackhole = True
+    bound = slow.config.request_bound() + 1.0
+    try:
+        for call in (
+            slow.write("slow/other", [b"y" * 1000]),
+            slow.read_into("slow/obj", 0, [memoryview(bytearray(10))]),
+            slow.list_objects("slow/"),
+        ):
+            started = time.monotonic()
+            with pytest.raises(StorageError, match=r"did not answer within 1s|no answer within|did not complete"):
+                await call
+            assert time.monotonic() - started < bound
+        await slow.close()
+    finally:
+        await proxy.close()
+    await objects.delete_prefix("slow/")
+    assert await objects.list_objects() == []
 
 
-@pytest.mark.asyncio
+@within(60)
 async def test_the_sweep_deletes_by_prefix_and_age(store: ObjectStore) -> None:
     """Objects a crashed daemon left under its prefix are deleted once older than the sweep's age; newer
     ones and other prefixes are kept. (S3 times are whole seconds, hence the margins.)"""
 
-    async def body() -> None:
-        await store.write("crashed/a", [b"a" * 100])
-        await store.write("crashed/b", [b"b" * 100])
-        await store.write("alive/c", [b"c" * 100])
+    await store.write("crashed/a", [b"a" * 100])
+    await store.write("crashed/b", [b"b" * 100])
+    await store.write("alive/c", [b"c" * 100])
 
-        async def oldest() -> float:
-            return min(o.age for o in await store.list_objects("crashed/"))
+    async def oldest() -> float:
+        return min(o.age for o in await store.list_objects("crashed/"))
 
-        deadline = time.monotonic() + 20
-        while await oldest() <= 3.5:  # waits for the store's clock, polling: nothing else would say when
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
-        await store.write("crashed/new", [b"n" * 100])
-        assert await store.sweep("crashed/", 3600) == []
-        swept = await store.sweep("crashed/", 2.5)
-        assert sorted(o.key for o in swept) == ["crashed/a", "crashed/b"]
-        assert sorted(o.key for o in await store.list_objects()) == ["alive/c", "crashed/new"]
-        await store.delete(["alive/c", "crashed/new"])
-
-    await asyncio.wait_for(body(), 60)
+    deadline = time.monotonic() + 20
+    while await oldest() <= 3.5:  # waits for the store's clock, polling: nothing else would say when
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    await store.write("crashed/new", [b"n" * 100])
+    assert await store.sweep("crashed/", 3600) == []
+    swept = await store.sweep("crashed/", 2.5)
+    assert sorted(o.key for o in swept) == ["crashed/a", "crashed/b"]
+    assert sorted(o.key for o in await store.list_objects()) == ["alive/c", "crashed/new"]
+    await store.delete(["alive/c", "crashed/new"])
 
 
-@pytest.mark.asyncio
+@within(60)
 async def test_credentials_from_the_shared_files_and_the_environment_first(s3: SeaweedFS, tmp_path: Path) -> None:
     """A profile in the shared credentials file (AWS_PROFILE), or in the config file as `[profile NAME]`,
     is used when the environment has no keys; keys in the environment win over the files."""
 
-    async def body() -> None:
-        creds = tmp_path / "credentials"
-        creds.write_text(
-            f"[default]\naws_access_key_id = {s3.reader.access_key}\naws_secret_access_key = {s3.reader.secret_key}\n"
-            f"[writer]\naws_access_key_id = {s3.admin.access_key}\naws_secret_access_key = {s3.admin.secret_key}\n"
-        )
-        config = tmp_path / "config"
-        config.write_text(
-            f"[profile cfg]\naws_access_key_id = {s3.admin.access_key}\n"
-            f"aws_secret_access_key = {s3.admin.secret_key}\nregion = us-east-1\n"
-        )
-        files = {"AWS_SHARED_CREDENTIALS_FILE": str(creds), "AWS_CONFIG_FILE": str(config), "HOME": str(tmp_path)}
-        prefix = f"test-{uuid.uuid4().hex[:12]}"
-        cases = [
-            ({**files, "AWS_PROFILE": "writer"}, None),
-            ({**files, "AWS_PROFILE": "cfg"}, None),
-            (files, "access denied"),  # [default] is the read-only identity
-            ({**files, **s3.admin.env()}, None),  # the environment first
-        ]
-        for environ, failure in cases:
-            objects = _store(s3, prefix, environ=environ, timeout=5.0, retries=0)
-            reason = await objects.probe()
-            assert (reason is None) if failure is None else (failure in (reason or "")), (environ, reason)
-            assert s3.admin.secret_key not in repr(objects) and s3.reader.secret_key not in repr(objects)
-        assert await _store(s3, prefix).list_objects() == []
-
-    await asyncio.wait_for(body(), 60)
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[default]\naws_access_key_id = {s3.reader.access_key}\naws_secret_access_key = {s3.reader.secret_key}\n"
+        f"[writer]\naws_access_key_id = {s3.admin.access_key}\naws_secret_access_key = {s3.admin.secret_key}\n"
+    )
+    config = tmp_path / "config"
+    config.write_text(
+        f"[profile cfg]\naws_access_key_id = {s3.admin.access_key}\n"
+        f"aws_secret_access_key = {s3.admin.secret_key}\nregion = us-east-1\n"
+    )
+    files = {"AWS_SHARED_CREDENTIALS_FILE": str(creds), "AWS_CONFIG_FILE": str(config), "HOME": str(tmp_path)}
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    cases = [
+        ({**files, "AWS_PROFILE": "writer"}, None),
+        ({**files, "AWS_PROFILE": "cfg"}, None),
+        (files, "access denied"),  # [default] is the read-only identity
+        ({**files, **s3.admin.env()}, None),  # the environment first
+    ]
+    for environ, failure in cases:
+        objects = _store(s3, prefix, environ=environ, timeout=5.0, retries=0)
+        reason = await objects.probe()
+        assert (reason is None) if failure is None else (failure in (reason or "")), (environ, reason)
+        assert s3.admin.secret_key not in repr(objects) and s3.reader.secret_key not in repr(objects)
+    assert await _store(s3, prefix).list_objects() == []
 
 
 def _daemon(server: SeaweedFS, url: str, env: dict[str, str], endpoint: str | None = None) -> DaemonProcess:
@@ -439,7 +412,7 @@ def test_no_probe_object_is_left_behind(s3: SeaweedFS) -> None:
     async def listing() -> Sequence[object]:
         return await _store(s3, prefix).list_objects()
 
-    assert asyncio.run(listing()) == []
+    assert run(listing(), 30) == []
 
 
 def test_a_daemon_becomes_ready_when_its_store_comes_right(s3: SeaweedFS) -> None:

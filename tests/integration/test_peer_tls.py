@@ -3,7 +3,6 @@ arriving on the plain port, or with a certificate from another CA, gets nothing.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -16,13 +15,13 @@ from shuffled.protocol.auth import drain_proof, new_nonce
 from shuffled.protocol.errors import AuthFailed, ErrorCode, PeerUnavailable
 from shuffled.protocol.frames import ErrorResponse, Hello, Role
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, start_daemon
 from tests.integration.test_bad_input import Raw
 
-pytestmark = [
-    pytest.mark.asyncio,
-    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates"),
-]
+pytestmark = pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="needs the openssl command to make certificates"
+)
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
@@ -60,75 +59,67 @@ def tls_pair(pki: dict[str, Path]) -> Iterator[list[DaemonProcess]]:
         yield cluster.daemons
 
 
+@within(60)
 async def test_relayed_read_over_tls(tls_pair: list[DaemonProcess]) -> None:
-    async def body() -> None:
-        a, b = tls_pair
-        ca, cb = await AsyncClient.connect(a.addr), await AsyncClient.connect(b.addr)
-        w = await cb.open_writer("tls-app", 1, 0, 1, 2)
-        await w.write(0, payload(1, 0, 1000))
-        await w.write(1, payload(1, 1, 90_000))
-        assert await w.commit() == [1000, 90_000]
-        async with ca.read("tls-app", 1, 0, 2, {b.addr: [1]}) as reader:
-            assert await reader.read_all() == payload(1, 0, 1000) + payload(1, 1, 90_000)
-        assert (await ca.stats())["connections"]["peers"] == 1
-        result = await ca.remove_application("tls-app")
-        assert result["peers"] == {b.addr: "ok"}
-        for c in (ca, cb):
-            await c.close()
-
-    await asyncio.wait_for(body(), 60)
+    a, b = tls_pair
+    ca, cb = await AsyncClient.connect(a.addr), await AsyncClient.connect(b.addr)
+    w = await cb.open_writer("tls-app", 1, 0, 1, 2)
+    await w.write(0, payload(1, 0, 1000))
+    await w.write(1, payload(1, 1, 90_000))
+    assert await w.commit() == [1000, 90_000]
+    async with ca.read("tls-app", 1, 0, 2, {b.addr: [1]}) as reader:
+        assert await reader.read_all() == payload(1, 0, 1000) + payload(1, 1, 90_000)
+    assert (await ca.stats())["connections"]["peers"] == 1
+    result = await ca.remove_application("tls-app")
+    assert result["peers"] == {b.addr: "ok"}
+    for c in (ca, cb):
+        await c.close()
 
 
+@within(60)
 async def test_a_daemon_on_the_plain_port_is_refused(tls_pair: list[DaemonProcess]) -> None:
-    async def body() -> None:
-        raw = await Raw.open(tls_pair[0].addr)
-        info = {"node": "127.0.0.9:1", "segment_size": 32 << 10, "nonce": "e" * 32}
-        await raw.send(codec.encode(Hello(Role.DAEMON, info=info)))
-        err = await raw.frame()
-        assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
-        assert "must connect on port" in err.message
-
-    await asyncio.wait_for(body(), 60)
+    raw = await Raw.open(tls_pair[0].addr)
+    info = {"node": "127.0.0.9:1", "segment_size": 32 << 10, "nonce": "e" * 32}
+    await raw.send(codec.encode(Hello(Role.DAEMON, info=info)))
+    err = await raw.frame()
+    assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED
+    assert "must connect on port" in err.message
 
 
+@within(60)
 async def test_a_daemon_with_another_ca_cannot_connect(tls_pair: list[DaemonProcess], tmp_path: Path) -> None:
-    async def body() -> None:
-        b = tls_pair[1]
-        rogue_pki = make_pki(tmp_path / "rogue", "rogue")
-        tls_port = int(next(f for f in tls_pair[0].log if "peer_tls_port=" in f).split("peer_tls_port=")[1].split()[0])
-        rogue = start_daemon("127.0.0.3", free_port(["127.0.0.3"]), "16M", tls_flags(rogue_pki, tls_port))
-        try:
-            c = await AsyncClient.connect(rogue.addr)
-            with pytest.raises(PeerUnavailable, match="cannot reach daemon"):
-                async with c.read("tls-app", 1, 0, 1, {b.addr: [1]}) as reader:
-                    await reader.read_all()
-            await c.close()
-        finally:
-            rogue.stop()
-
-    await asyncio.wait_for(body(), 60)
+    b = tls_pair[1]
+    rogue_pki = make_pki(tmp_path / "rogue", "rogue")
+    tls_port = int(next(f for f in tls_pair[0].log if "peer_tls_port=" in f).split("peer_tls_port=")[1].split()[0])
+    rogue = start_daemon("127.0.0.3", free_port(["127.0.0.3"]), "16M", tls_flags(rogue_pki, tls_port))
+    try:
+        c = await AsyncClient.connect(rogue.addr)
+        with pytest.raises(PeerUnavailable, match="cannot reach daemon"):
+            async with c.read("tls-app", 1, 0, 1, {b.addr: [1]}) as reader:
+                await reader.read_all()
+        await c.close()
+    finally:
+        rogue.stop()
 
 
+@within(60)
 async def test_without_a_peer_secret_of_its_own_a_daemon_cannot_be_drained(
     pki: dict[str, Path], tmp_path: Path
 ) -> None:
     """Peer TLS stands in for the peer secret, so the cluster secret proves a peer: it must not stop one."""
 
-    async def body() -> None:
-        (tmp_path / "secret").write_text("tls-secret\n")
-        host = HOSTS[0]
-        flags = ["--secret-file", str(tmp_path / "secret"), *tls_flags(pki, free_port([host]))]
-        d = start_daemon(host, free_port([host]), "16M", flags)
-        try:
-            c = await AsyncClient.connect(d.addr, secret="tls-secret")
-            with pytest.raises(AuthFailed, match="none of its own"):
-                await c._admin_call("drain_challenge", {"nonce": new_nonce()})
-            proof = drain_proof(b"tls-secret", new_nonce(), new_nonce(), True, None)
-            with pytest.raises(AuthFailed, match="none of its own"):
-                await c._admin_call("drain", {"proof": proof})
-            assert (await c.stats())["drain"]["state"] == "serving"
-            await c.close()
-        finally:
-            d.stop()
-
-    await asyncio.wait_for(body(), 60)
+    (tmp_path / "secret").write_text("tls-secret\n")
+    host = HOSTS[0]
+    flags = ["--secret-file", str(tmp_path / "secret"), *tls_flags(pki, free_port([host]))]
+    d = start_daemon(host, free_port([host]), "16M", flags)
+    try:
+        c = await AsyncClient.connect(d.addr, secret="tls-secret")
+        with pytest.raises(AuthFailed, match="none of its own"):
+            await c.drain_challenge(new_nonce())
+        proof = drain_proof(b"tls-secret", new_nonce(), new_nonce(), True, None)
+        with pytest.raises(AuthFailed, match="none of its own"):
+            await c.drain(proof=proof)
+        assert (await c.stats())["drain"]["state"] == "serving"
+        await c.close()
+    finally:
+        d.stop()

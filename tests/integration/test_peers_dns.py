@@ -8,19 +8,15 @@ not count it), and A, on 127.0.0.2 with the same port and no `peers`, finds B th
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
-
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import free_port, http_get, metric_samples, payload, pool_settled, start_daemon
-
-pytestmark = pytest.mark.asyncio
+from tests.units import MiB
 
 APP = "app-dns"
-MiB = 1 << 20
 
 
+@within(60)
 async def test_a_daemon_found_only_through_dns_gets_the_replicas_and_the_unregister() -> None:
     port = free_port(["127.0.0.1", "127.0.0.2"])
     dns = ["--peers-dns", f"localhost:{port}", "--replicas", "2"]
@@ -31,7 +27,7 @@ async def test_a_daemon_found_only_through_dns_gets_the_replicas_and_the_unregis
         b.stop()
         raise
 
-    async def body() -> None:
+    try:
         ca, cb = await AsyncClient.connect(a.addr), await AsyncClient.connect(b.addr)
         sa, sb = await ca.stats(), await cb.stats()
         assert sa["replication"]["peers"] == 1 and sb["replication"]["peers"] == 0  # B is not its own peer
@@ -48,9 +44,6 @@ async def test_a_daemon_found_only_through_dns_gets_the_replicas_and_the_unregis
         assert settled["store"]["replica_attempts"] == 0 and settled["store"]["stored_segments"] == 0
         for c in (ca, cb):
             await c.close()
-
-    try:
-        await asyncio.wait_for(body(), 60)
         status, text = http_get(a.http, "/metrics")
         assert status == 200 and metric_samples(text)["shuffled_placement_peers"] == 1
         # A advertises 127.0.0.2, which `localhost` does not give: it says so (once); B is listed and does not

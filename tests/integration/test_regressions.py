@@ -23,11 +23,11 @@ from shuffled.protocol.frames import (
     PushCredit,
     Role,
 )
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
+from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled
 from tests.integration.test_bad_input import Raw
-
-pytestmark = pytest.mark.asyncio
 
 SEG = 32 << 10
 
@@ -57,51 +57,45 @@ async def _open_raw_writer(addr: str, writer: int = 1) -> Raw:
     return raw
 
 
+@within(60)
 async def test_disconnect_in_the_middle_of_a_payload_frees_its_segment(small: Cluster) -> None:
-    async def body() -> None:
-        d = small.daemons[0]
-        for _ in range(3):
-            raw = await _open_raw_writer(d.addr)
-            frame = codec.encode_push_data(1, 0, 0, b"p" * 20_000)
-            await raw.send(frame[:5_000])
-            raw.writer.close()
-            await _settled_empty(d)
-
-    await asyncio.wait_for(body(), 60)
-
-
-async def test_bad_frame_after_a_good_one_in_the_same_read_frees_both(small: Cluster) -> None:
-    async def body() -> None:
-        d = small.daemons[0]
+    d = small.daemons[0]
+    for _ in range(3):
         raw = await _open_raw_writer(d.addr)
-        good = codec.encode_push_data(1, 0, 0, b"q" * 8)
-        await raw.send(good + b"\x00\x00\x00\x00\x7f\x00\x00\x00\x00\x00\x00\x00")
-        err = await raw.frame()
-        assert isinstance(err, ErrorResponse) and err.code == ErrorCode.PROTOCOL
+        frame = codec.encode_push_data(1, 0, group_bytes(101, [(0, b"p" * 20_000)]))
+        await raw.send(frame[:5_000])
+        raw.writer.close()
         await _settled_empty(d)
 
-    await asyncio.wait_for(body(), 60)
+
+@within(60)
+async def test_bad_frame_after_a_good_one_in_the_same_read_frees_both(small: Cluster) -> None:
+    d = small.daemons[0]
+    raw = await _open_raw_writer(d.addr)
+    good = codec.encode_push_data(1, 0, group_bytes(101, [(0, b"q" * 8)]))
+    await raw.send(good + b"\x00\x00\x00\x00\x7f\x00\x00\x00\x00\x00\x00\x00")
+    err = await raw.frame()
+    assert isinstance(err, ErrorResponse) and err.code == ErrorCode.PROTOCOL
+    await _settled_empty(d)
 
 
+@within(60)
 async def test_granted_push_credit_survives_redistribution(small: Cluster) -> None:
     """A writer holding 16 credits keeps them when later writers shrink its share of a full pool."""
 
-    async def body() -> None:
-        d = small.daemons[0]
-        ca, cb = await AsyncClient.connect(d.addr), await AsyncClient.connect(d.addr)
-        wa = await ca.open_writer("r-app", 2, 0, 1, 1)
-        assert wa.stream.credit == 16
-        others = [await cb.open_writer("r-app", 2, i, 10 + i, 1) for i in range(1, 4)]
-        await wa.write(0, b"a" * (16 * SEG))
-        assert await asyncio.wait_for(wa.commit(), 10) == [16 * SEG]
-        for w in others:
-            await w.abort()
-        await ca.remove_application("r-app")
-        for c in (ca, cb):
-            await c.close()
-        await _settled_empty(d)
-
-    await asyncio.wait_for(body(), 60)
+    d = small.daemons[0]
+    ca, cb = await AsyncClient.connect(d.addr), await AsyncClient.connect(d.addr)
+    wa = await ca.open_writer("r-app", 2, 0, 1, 1)
+    assert wa.stream.credit == 16
+    others = [await cb.open_writer("r-app", 2, i, 10 + i, 1) for i in range(1, 4)]
+    await wa.write(0, b"a" * (16 * SEG))
+    assert await asyncio.wait_for(wa.commit(), 10) == [16 * SEG]
+    for w in others:
+        await w.abort()
+    await ca.remove_application("r-app")
+    for c in (ca, cb):
+        await c.close()
+    await _settled_empty(d)
 
 
 Requests = asyncio.Queue[tuple[Any, Raw]]
@@ -143,44 +137,42 @@ async def _relayed_read(
     return reader, nxt, req, raw
 
 
+@within(60)
 async def test_sequence_gap_from_a_peer_fails_only_that_read(small: Cluster) -> None:
-    async def body() -> None:
-        d = small.daemons[0]
-        async with fake_peer() as (peer, requests):
-            c = await AsyncClient.connect(d.addr)
-            _, nxt, req, raw = await _relayed_read(c, peer, requests, 3)
-            await raw.send(codec.encode_buffer_response(req.receiver, 1, 0, 0, BufferKind.DATA, 1, b"z" * 100))
-            with pytest.raises(SequenceGap):
-                await asyncio.wait_for(nxt, 10)
-            cancel, _ = await asyncio.wait_for(requests.get(), 10)
-            assert isinstance(cancel, CancelPartitionRequest) and cancel.receiver == req.receiver
-            # The shared connection to the peer survived: a second read uses it.
-            _, nxt, req2, raw2 = await _relayed_read(c, peer, requests, 3)
-            assert raw2 is raw
-            await raw.send(codec.encode_buffer_response(req2.receiver, 0, 0, 0, BufferKind.END_OF_PARTITION, 0, b""))
-            assert await asyncio.wait_for(nxt, 10) is None
-            await c.close()
-            await _settled_empty(d)
-
-    await asyncio.wait_for(body(), 60)
+    d = small.daemons[0]
+    async with fake_peer() as (peer, requests):
+        c = await AsyncClient.connect(d.addr)
+        _, nxt, req, raw = await _relayed_read(c, peer, requests, 3)
+        data = group_bytes(1, [(0, b"z" * 100)])
+        await raw.send(codec.encode_buffer_response(req.receiver, 1, 0, BufferKind.DATA, data))
+        with pytest.raises(SequenceGap):
+            await asyncio.wait_for(nxt, 10)
+        cancel, _ = await asyncio.wait_for(requests.get(), 10)
+        assert isinstance(cancel, CancelPartitionRequest) and cancel.receiver == req.receiver
+        # The shared connection to the peer survived: a second read uses it.
+        _, nxt, req2, raw2 = await _relayed_read(c, peer, requests, 3)
+        assert raw2 is raw
+        await raw.send(codec.encode_buffer_response(req2.receiver, 0, 0, BufferKind.END_OF_PARTITION, b""))
+        assert await asyncio.wait_for(nxt, 10) is None
+        await c.close()
+        await _settled_empty(d)
 
 
+@within(60)
 async def test_cancel_while_a_relayed_payload_is_half_in_frees_it(small: Cluster) -> None:
-    async def body() -> None:
-        d = small.daemons[0]
-        async with fake_peer() as (peer, requests):
-            c = await AsyncClient.connect(d.addr)
-            reader, nxt, req, raw = await _relayed_read(c, peer, requests, 4)
-            frame = codec.encode_buffer_response(req.receiver, 0, 0, 0, BufferKind.DATA, 1, b"z" * 20_000)
-            await raw.send(frame[:3_000])
-            nxt.cancel()
-            await reader.aclose()
-            cancel, _ = await asyncio.wait_for(requests.get(), 10)
-            assert isinstance(cancel, CancelPartitionRequest)
-            await raw.send(frame[3_000:])
-            await c.close()
-            await _settled_empty(d)
-            # A fatal error would have closed the peer connection (the old bug); it is still open.
-            assert not raw.reader.at_eof()
-
-    await asyncio.wait_for(body(), 60)
+    d = small.daemons[0]
+    async with fake_peer() as (peer, requests):
+        c = await AsyncClient.connect(d.addr)
+        reader, nxt, req, raw = await _relayed_read(c, peer, requests, 4)
+        data = group_bytes(1, [(0, b"z" * 20_000)])
+        frame = codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, data)
+        await raw.send(frame[:3_000])
+        nxt.cancel()
+        await reader.aclose()
+        cancel, _ = await asyncio.wait_for(requests.get(), 10)
+        assert isinstance(cancel, CancelPartitionRequest)
+        await raw.send(frame[3_000:])
+        await c.close()
+        await _settled_empty(d)
+        # A fatal error would have closed the peer connection (the old bug); it is still open.
+        assert not raw.reader.at_eof()

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import socket
 import threading
+from array import array
 from pathlib import Path
 
 import pytest
 
+from shuffled.protocol.auth import app_token
 from shuffled.protocol.codec import decode_all, encode
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import HEADER, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
-from shuffled_client import Client, MapOutputStateError, PartitionNotFound, ShuttingDown
+from shuffled_client import Client, InvalidRequest, MapOutputStateError, PartitionNotFound, ShuttingDown
 from tests.cluster import free_port, payload, start_daemon
 
 
@@ -40,14 +42,36 @@ def test_blocking_client_over_unix_socket(tmp_path: Path) -> None:
             aborted = c.open_writer("sync-app", 4, 1, 12, 3)
             aborted.write(0, b"gone")
             aborted.abort()
-            assert c.stats()["store"]["open_map_outputs"] == 0
-            assert (
-                c.unregister_shuffle("sync-app", 4, propagate=False)["freed_segments"] == 2 + 4 + 5
-            )  # ceil(size / 32 KiB) per partition
+            store = c.stats()["store"]
+            assert store["open_map_outputs"] == 0
+            held = store["stored_segments"]
+            assert held == -(-300_000 // (32 << 10))  # the writes packed into full segments, all partitions together
+            assert c.unregister_shuffle("sync-app", 4, propagate=False)["freed_segments"] == held
             assert c.stats()["pool"]["used"] == 0
     finally:
         d.stop()
     assert not sock.exists(), "the daemon removes its socket file on stop"
+
+
+def test_write_takes_any_buffer_as_its_bytes_and_refuses_a_partition_outside_the_output() -> None:
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M")
+    try:
+        with Client(d.addr, timeout=10) as c:
+            w = c.open_writer("buffers-app", 1, 0, 5, 2)
+            w.write(0, b"ab")
+            w.write(0, bytearray(b"cd"))
+            w.write(1, memoryview(array("I", [1, 2])))  # its 8 bytes, not its 2 items
+            w.write(1, memoryview(b"xyz")[1:])
+            for partition in (2, -1):
+                with pytest.raises(InvalidRequest, match="outside"):
+                    w.write(partition, b"no such partition")
+            assert w.commit() == [4, 10]
+            with pytest.raises(MapOutputStateError):
+                w.write(0, b"late")
+            assert c.read("buffers-app", 1, 1, 2, {"": [5]}).read_all() == array("I", [1, 2]).tobytes() + b"yz"
+            c.unregister_shuffle("buffers-app", 1)
+    finally:
+        d.stop()
 
 
 def _frame(conn: socket.socket) -> bytes:
@@ -91,10 +115,10 @@ def test_replicas_reach_the_daemon_in_the_open_and_bad_values_never_leave() -> N
             with pytest.raises(ShuttingDown, match="draining") as refused:
                 c.open_writer("r-app", 1, 0, 7, 3, replicas=2)
             assert refused.value.retryable
-            token = c._aio._token("r-app")
         thread.join(10)
     (frame,) = decode_all(opened[0])
     assert isinstance(frame, OpenMapOutput) and (frame.replicas, frame.replica_of, frame.app_key) == (2, None, None)
+    token = app_token(b"s", "r-app")  # what a client with app secret "s" sends about "r-app"
     assert opened[0] == encode(OpenMapOutput(frame.writer, "r-app", 1, 0, 7, 3, token=token, replicas=2))
     assert opened[0].index(b"token") < opened[0].index(b"replicas")
 

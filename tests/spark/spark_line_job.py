@@ -2,6 +2,7 @@
 matrix through Spark's built-in shuffle, then through shuffled; prints one JSON line.
 
 ``python -m tests.spark.spark_line_job JAR ADDRESS``. The jobs: a SQL join and an aggregation with AQE,
+2,000-partition shuffles that AQE coalesces into ranges and whose skewed partition it splits by map ranges,
 TPC-DS-style star-schema queries (benchmarks/star_schema.py), an RDD groupByKey, the row-based shuffle
 checksums of every map status (Spark 4.1 on; on both writer paths), a map task that fails
 once and is retried, and a shuffle read again after its daemon was killed and replaced by one without
@@ -56,6 +57,8 @@ JOBS = {
     "groupby_agg": spark_jobs.groupby_agg,
     "join_sort_merge": spark_jobs.join_sort_merge,
     "rdd_group_by_key": spark_jobs.rdd_group_by_key,
+    "wide_aqe_coalesce": spark_jobs.wide_aqe_coalesce,
+    "wide_aqe_skew_join": spark_jobs.wide_aqe_skew_join,
     "retried_map_task": retried_map_task,
     **{name: star_query(name) for name in STAR_QUERIES},
 }

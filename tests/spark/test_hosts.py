@@ -31,9 +31,10 @@ from tests.host_faults import (
     resubmitted,
     run_with_fault,
     stage_attempts,
+    total,
 )
-from tests.hosts import DAEMON_PORT, Hosts, netns_unavailable
-from tests.spark_support import PLUGIN_TIMEOUT, daemon_stats, job_traffic, needs_spark, store_emptied
+from tests.hosts import Hosts, netns_unavailable
+from tests.spark_support import job_traffic, needs_spark, store_emptied
 
 _why = netns_unavailable()
 pytestmark = [
@@ -70,20 +71,10 @@ def master(hosts: Hosts) -> Iterator[str]:
         yield url
 
 
-def session_conf(hosts: Hosts, jar: Path) -> dict[str, str]:
-    return {
-        "spark.jars": str(jar),
-        "spark.driver.host": hosts.gateway,
-        "spark.driver.bindAddress": hosts.gateway,
-        "spark.executor.memory": "640m",
-        "spark.task.maxFailures": "4",
-    }
-
-
 @pytest.fixture(scope="module")
 def builtin_over_hosts(hosts: Hosts, master: str, plugin_jar: Path, builtin: dict[str, Any]) -> dict[str, Any]:
     """The jobs through Spark's own shuffle over the same hosts and links."""
-    spark = spark_jobs.session(master, session_conf(hosts, plugin_jar))
+    spark = spark_jobs.session(master, hosts.spark_conf(plugin_jar))
     try:
         return {name: spark_jobs.JOBS[name](spark) for name in HOST_JOBS}
     finally:
@@ -94,16 +85,7 @@ def builtin_over_hosts(hosts: Hosts, master: str, plugin_jar: Path, builtin: dic
 def spark(
     hosts: Hosts, master: str, plugin_jar: Path, daemons: list[DaemonProcess], builtin_over_hosts: dict[str, Any]
 ) -> Iterator[Any]:
-    conf = session_conf(hosts, plugin_jar)
-    conf.update(
-        {
-            "spark.shuffle.manager": "io.shuffled.spark.ShuffledShuffleManager",
-            "spark.shuffle.sort.io.plugin.class": "io.shuffled.spark.ShuffledDataIO",
-            "spark.shuffled.address": f"127.0.0.1:{DAEMON_PORT}",  # each executor: its own host's daemon
-            "spark.shuffled.adminAddress": daemons[0].addr,
-            "spark.shuffled.timeout": PLUGIN_TIMEOUT,
-        }
-    )
+    conf = hosts.spark_conf(plugin_jar, admin=daemons[0].addr)
     session = spark_jobs.session(master, conf)
     yield session
     session.stop()
@@ -150,28 +132,21 @@ def replicated(host_daemons: HostDaemons) -> HostDaemons:
     return host_daemons
 
 
-def total(daemons: HostDaemons, path: str) -> int:
-    """A stats counter summed over the daemons (a counter by code: all codes)."""
-    section, key = path.split(".")
-    values = [daemon_stats(d)[section][key] for d in daemons.daemons]
-    return sum(sum(v.values()) if isinstance(v, dict) else v for v in values)
-
-
 def test_a_daemon_killed_after_the_map_stage_costs_no_recomputation(spark: Any, replicated: HostDaemons) -> None:
     """Host 2's daemon is SIGKILLed once the shuffle is stored (its memory, and the map output it held, are
     gone) and restarted: the reduce stage reads the replicas, the result is exact, and Spark resubmits no
     stage (a fetch failure would have)."""
     job, expected = keyed_sums(spark, FAULT_ROWS)
     assert sorted(job.collect()) == expected
-    assert total(replicated, "store.replica_attempts") > 0, "no map output was replicated"
+    assert total(replicated.daemons, "store.replica_attempts") > 0, "no map output was replicated"
     before = stage_attempts(spark)
-    recovered = total(replicated, "failover.recovered")
+    recovered = total(replicated.daemons, "failover.recovered")
     fault = replicated.kill(2)
     fault.inject()
     fault.repair()
     assert sorted(job.collect()) == expected
     assert not resubmitted(spark, before), "a stage was resubmitted: map output was recomputed"
-    assert total(replicated, "failover.recovered") > recovered, "no read failed over: the test proved nothing"
+    assert total(replicated.daemons, "failover.recovered") > recovered, "no read failed over: the test proved nothing"
     replicated.settled()
 
 

@@ -9,7 +9,6 @@ pure Python, so both forms run a real job; the rest of the suite runs the pure-P
 from __future__ import annotations
 
 import os
-import shutil
 import site
 import subprocess
 import sys
@@ -21,10 +20,9 @@ import pytest
 from shuffled import __version__
 from tests.jvm import needs_jdk
 from tests.spark_support import needs_spark
+from tests.wheel import build_wheel
 
 pytestmark = [needs_spark, needs_jdk, pytest.mark.timeout(600)]
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _venv_seeing_these_packages(venv: Path) -> Path:
@@ -54,24 +52,7 @@ def _venv_seeing_these_packages(venv: Path) -> Path:
 @pytest.mark.parametrize(("pyspark", "compiled"), [("installed", True), ("pyspark>=3.5,<3.6", False)])
 def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark: str, compiled: bool) -> None:
     """With the pyspark the test suite runs on (the newest line), and with Spark 3.5 installed beside it."""
-    # Built from a copy of the tracked files: setuptools' build/ in the tree would otherwise leave the tree
-    # dirty and could carry files the tree no longer has into the wheel.
-    source = tmp_path / "source"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
-    for name in tracked.stdout.decode().split("\0"):
-        if name:
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, source / name, follow_symlinks=False)
-    wheels = tmp_path / "wheels"
-    build_env = {**os.environ, "SHUFFLED_COMPILE": "1" if compiled else ""}
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        env=build_env,
-    )
-    (wheel,) = wheels.glob("shuffled-*.whl")
+    wheel = build_wheel(tmp_path, compiled)
     assert wheel.name.startswith(f"shuffled-{__version__}-"), wheel.name
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()

@@ -4,8 +4,8 @@ matrix on that Spark through shuffled equal to its own built-in shuffle (tests/s
 a jar of another line refused when that Spark starts.
 
 Each line's pyspark (the newest release of the line) is installed once into a virtual environment of its
-own under ``$SHUFFLED_SPARK_LINES`` (default ``~/.cache/shuffled/spark-lines``), kept between runs;
-where it cannot be installed (no package index), the line is skipped with the reason.
+own (tests/spark_lines.py, kept between runs); where it cannot be installed (no package index), the line
+is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -18,72 +18,25 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shuffled import spark_jar
+from tests import spark_lines
 from tests.cluster import DaemonProcess, free_port, start_daemon
+from tests.spark_lines import OTHER_LINES, LineEnv
 from tests.spark_support import daemon_stats, needs_spark
 
 pytestmark = [needs_spark, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("SHUFFLED_SPARK_LINES", Path.home() / ".cache" / "shuffled" / "spark-lines"))
-
-
-def _installed_line() -> str:
-    try:
-        return spark_jar.find_spark().line
-    except spark_jar.JvmBuildError:
-        return ""
-
-
-OTHER_LINES = [line for line in spark_jar.LINES if line != _installed_line()]
-
-
-@dataclass
-class LineEnv:
-    line: str
-    python: Path
-    spark_home: Path  # the pyspark package: its jars/ are that Spark's
-    jar: Path  # the plugin built for this line
-
-
-def _pip_spec(line: str) -> str:
-    major, minor = line.split(".")
-    return f"pyspark>={line},<{major}.{int(minor) + 1}"
-
-
-def _line_env(line: str, out_dir: Path) -> LineEnv:
-    venv = CACHE / line
-    python = venv / "bin" / "python"
-    ready = venv / "ready"
-    if not ready.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-        pip = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", _pip_spec(line)], capture_output=True, text=True, timeout=600
-        )
-        if pip.returncode != 0:
-            pytest.skip(f"cannot install {_pip_spec(line)}: {pip.stderr.strip()[-500:]}")
-        ready.write_text(_pip_spec(line))
-    where = subprocess.run(
-        [str(python), "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    spark_home = Path(where.stdout.strip())
-    return LineEnv(line, python, spark_home, spark_jar.build_jar(out_dir, spark_home=spark_home))
 
 
 @pytest.fixture(scope="module", params=OTHER_LINES)
 def line_env(request: pytest.FixtureRequest) -> LineEnv:
-    # The jar is kept beside the venv: build_jar reuses it only if built from these very sources.
-    return _line_env(request.param, CACHE / request.param / "jars")
+    return spark_lines.line_env(request.param)
 
 
 @pytest.fixture

@@ -45,6 +45,9 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
                 "spark.speculation.multiplier": "2",
                 # Judge stragglers by duration alone: the straggler here reads no input to rate it by.
                 "spark.speculation.efficiency.enabled": "false",
+                # A writer pushes its buffer when it is full: small, so that the straggler pushes as it goes
+                # (the default 16m would hold all its output until it ends).
+                "spark.shuffled.writerBufferSize": "64k",
             }
         )
         session = spark_jobs.session(url, conf)
@@ -55,8 +58,9 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
 
 
 def test_speculative_map_attempts_give_exact_results(spark: Any, daemons: list[DaemonProcess]) -> None:
-    """The straggler pushes most of its output (several 32 KiB buffers per partition) before it stalls, so
-    two attempts of one map task really push into the daemons at once; only one of them may count."""
+    """The straggler pushes most of its output (its writer's buffer filled and pushed several times) before it
+    stalls, so two attempts of one map task really push into the daemons at once; only one of them may count.
+    The daemons count data bytes, so what they took beyond what they kept is the straggler's."""
     rows = [(i % 53, hashlib.sha256(str(i).encode()).hexdigest()) for i in range(ROWS)]
     expected: dict[int, int] = {}
     for key, value in rows:

@@ -20,6 +20,7 @@ from shuffled.protocol.events import AdminRequested
 from shuffled.protocol.frames import AdminRequest, ErrorResponse, Hello, Role
 from shuffled.server.serving.admin_ops import OPERATIONS, Operation, Scope
 from shuffled.server.serving.admin_service import AdminService
+from tests.aio import within
 
 TIMEOUT = 10.0
 
@@ -52,7 +53,7 @@ async def _answer(operation: Any, op: str = "flush", args: dict[str, Any] | None
     background: set[asyncio.Task[Any]] = set()
     service = AdminService(link, operation, background)
     (requested,) = link.proto.receive_data(encode(AdminRequest(7, op, args or {})))
-    assert isinstance(requested, AdminRequested) and link.proto.admin_running == 1
+    assert isinstance(requested, AdminRequested) and link.proto.streams.admin_running == 1
     service.on_request(requested.request)
     await asyncio.wait(background, timeout=TIMEOUT)
     (answer,) = decode_all(link.proto.data_to_send())
@@ -60,44 +61,44 @@ async def _answer(operation: Any, op: str = "flush", args: dict[str, Any] | None
     return link, answer
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot() -> None:
     async def crash(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
     link, answer = await _answer(crash)
     assert answer.code == ErrorCode.INTERNAL and "RuntimeError: a bug" in answer.message
-    assert link.proto.admin_running == 0 and [e.code for e in link.errors] == [ErrorCode.INTERNAL]
+    assert link.proto.streams.admin_running == 0 and [e.code for e in link.errors] == [ErrorCode.INTERNAL]
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_an_operation_cancelled_at_shutdown_says_so_and_frees_its_slot() -> None:
     async def stopped(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise asyncio.CancelledError
 
     link, answer = await _answer(stopped)
-    assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.admin_running == 0
+    assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.streams.admin_running == 0
 
 
 async def _never(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
     raise AssertionError(f"{op.name} must not run")
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_an_unknown_operation_is_refused_without_running_anything() -> None:
     link, answer = await _answer(_never, "format_disk", {"app": "a", "token": "t"})
     assert answer.code == ErrorCode.INVALID_REQUEST and "unknown admin operation 'format_disk'" in answer.message
-    assert link.proto.admin_running == 0 and not link.authorized
+    assert link.proto.streams.admin_running == 0 and not link.authorized
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_peer_only_operation_is_refused_to_a_client() -> None:
     link, answer = await _answer(_never, "holds", {"app": "a", "shuffle": 1, "attempts": [1]})
     assert answer.code == ErrorCode.INVALID_REQUEST and "asked by peer daemons only" in answer.message
     assert not link.authorized, "a peer proved the peer secret: it carries no application token"
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_the_token_of_a_named_app_is_checked_except_for_stats() -> None:
     async def done(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise InvalidRequest(f"{op.name} ran")

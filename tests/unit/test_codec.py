@@ -17,6 +17,7 @@ from shuffled.protocol import frames as F
 from shuffled.protocol.codec import FrameReader, PayloadSink, decode_all, encode
 from shuffled.protocol.errors import ErrorCode, ProtocolError, ShuffledError
 from shuffled.protocol.integrity import checksum
+from shuffled.protocol.resume import Resume
 
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
@@ -25,8 +26,8 @@ text = st.text(max_size=20)
 payload = st.binary(max_size=300)
 attempt_ids = st.lists(u64, max_size=4)
 #: a failed-over read's resume point (§10.6): with or without a pair in progress
-resume = st.builds(F.Resume, partition=small, done=attempt_ids.map(tuple)) | st.builds(
-    F.Resume, partition=small, done=attempt_ids.map(tuple), attempt=u64, chunks=small, bytes=u64
+resume = st.builds(Resume, done=attempt_ids.map(tuple)) | st.builds(
+    Resume, done=attempt_ids.map(tuple), attempt=u64, partition=u32, bytes=u64
 )
 app_key = st.just("") | st.text("0123456789abcdef", min_size=64, max_size=64)
 
@@ -55,9 +56,7 @@ frames = st.one_of(
         receiver=u32,
         sequence=u32,
         backlog=u32,
-        partition=u32,
         kind=st.just(F.BufferKind.DATA),
-        attempt=u64,
         length=st.just(0),
         payload=payload,
     ),
@@ -76,7 +75,7 @@ frames = st.one_of(
         app_key=st.none() | app_key,
     ),
     st.builds(F.PushCredit, writer=u32, credit=st.integers(1, 2**32 - 1)),
-    st.builds(F.PushData, writer=u32, sequence=u32, partition=u32, length=st.just(0), payload=payload),
+    st.builds(F.PushData, writer=u32, sequence=u32, length=st.just(0), payload=payload),
     st.builds(F.CommitMapOutput, writer=u32, pushes=u32),
     st.builds(F.CommitAck, writer=u32, lengths=st.lists(u64, max_size=6)),
     st.builds(F.AbortMapOutput, writer=u32),
@@ -99,7 +98,7 @@ def _decode(data: bytes, splits: list[int] | None = None, slack: int = 0) -> lis
     """Feed the reader in pieces of the given sizes (cycled); payload destinations have `slack` scratch
     bytes after them, as pool segments do, which the reader may fill with the next frame's start."""
 
-    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, memoryview]:
+    def sink(ftype: F.FrameType, stream: int, length: int) -> tuple[memoryview, memoryview]:
         room = memoryview(bytearray(length + slack))
         return room, room[:length]
 
@@ -137,10 +136,10 @@ def test_one_read_per_data_frame_when_payloads_have_slack() -> None:
     """With the pool's slack after each segment, the read that finishes a payload also takes the next
     frame's header, so a busy stream costs one socket read per 32 KiB frame instead of two."""
     payload = bytes(range(256)) * 128
-    data = b"".join(encode(F.BufferResponse(1, i, 9 - i, 0, F.BufferKind.DATA, 7, 0, payload)) for i in range(10))
+    data = b"".join(encode(F.BufferResponse(1, i, 9 - i, F.BufferKind.DATA, 0, payload)) for i in range(10))
 
     def sink_with(slack: int) -> PayloadSink:
-        def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, None]:
+        def sink(ftype: F.FrameType, stream: int, length: int) -> tuple[memoryview, None]:
             return memoryview(bytearray(length + slack)), None
 
         return sink
@@ -221,14 +220,15 @@ def _framed(partial: bytes) -> bytes:
         (_open_body(app_key="0" * 65), "app_key"),
         (_open_body(app_key=b"\0" * 32), "app_key"),
         (_request_body(resume=[]), "resume"),
-        (_request_body(resume={"done": []}), "resume"),
-        (_request_body(resume={"partition": 0}), "resume"),
-        (_request_body(resume={"partition": -1, "done": []}), "resume"),
-        (_request_body(resume={"partition": 0, "done": [True]}), "resume"),
-        (_request_body(resume={"partition": 0, "done": [-1]}), "resume"),
-        (_request_body(resume={"partition": 0, "done": [], "attempt": 1}), "resume"),
-        (_request_body(resume={"partition": 0, "done": [], "attempt": 1, "chunks": 2, "bytes": None}), "resume"),
-        (_request_body(resume={"partition": 0, "done": [], "attempt": 1, "chunks": 2, "bytes": 3, "x": 0}), "resume"),
+        (_request_body(resume={"attempt": 1, "partition": 0, "bytes": 0}), "resume"),
+        (_request_body(resume={"done": [True]}), "resume"),
+        (_request_body(resume={"done": [-1]}), "resume"),
+        (_request_body(resume={"done": [], "attempt": 1}), "resume"),
+        (_request_body(resume={"done": [], "attempt": 1, "partition": -1, "bytes": 0}), "resume"),
+        (_request_body(resume={"done": [], "attempt": 1, "partition": 2**32, "bytes": 0}), "resume"),
+        (_request_body(resume={"done": [], "attempt": 1, "partition": 0, "bytes": None}), "resume"),
+        (_request_body(resume={"done": [], "attempt": 1, "partition": 0, "bytes": 3, "x": 0}), "resume"),
+        (_request_body(resume={"done": [], "attempt": 1, "partition": 0, "chunks": 2, "bytes": 3}), "resume"),
     ],
 )
 def test_new_optional_keys_are_checked_on_decode(body: bytes, why: str) -> None:
@@ -239,7 +239,7 @@ def test_new_optional_keys_are_checked_on_decode(body: bytes, why: str) -> None:
 
 
 def test_new_optional_keys_stay_off_the_wire_when_unset() -> None:
-    """A frame without them is the version 2 frame it always was: clients that never set them send the old bytes."""
+    """A frame without them is the plain frame: clients that never set them send the bytes they always did."""
     plain = encode(F.OpenMapOutput(1, "a", 1, 0, 1, 2, token="t"))
     assert b"replica" not in plain and b"app_key" not in plain
     assert b"resume" not in encode(F.PartitionRequest(1, 2, "a", 1, 0, 1, {"": [1]}, token="t"))
@@ -248,7 +248,7 @@ def test_new_optional_keys_stay_off_the_wire_when_unset() -> None:
 
 
 def test_payload_over_limit_is_refused() -> None:
-    data = encode(F.PushData(1, 0, 0, 0, b"x" * 100))
+    data = encode(F.PushData(1, 0, 0, b"x" * 100))
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         decode_all(data, max_payload=99)
 
@@ -258,11 +258,11 @@ def test_payload_lands_in_sink_memory_without_copy_of_the_bulk() -> None:
     segment = bytearray(32768)
     calls = []
 
-    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, str]:
+    def sink(ftype: F.FrameType, stream: int, length: int) -> tuple[memoryview, str]:
         return memoryview(segment)[:length], "seg"
 
     reader = FrameReader(sink, max_payload=32768)
-    data = encode(F.BufferResponse(7, 0, 0, 3, F.BufferKind.DATA, 9, 0, b"\xab" * 32768))
+    data = encode(F.BufferResponse(7, 0, 0, F.BufferKind.DATA, 0, b"\xab" * 32768))
     pos = 0
     frames_out: list[F.Frame] = []
     while pos < len(data):

@@ -5,7 +5,6 @@ being copied; the answering daemon then counts as holding nothing, and the refus
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from types import SimpleNamespace
@@ -19,8 +18,8 @@ from shuffled.ops.stats import DrainStats
 from shuffled.server.cluster.handover import Drainer, HandOver
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.storage.store import Store
-
-pytestmark = pytest.mark.asyncio
+from tests.aio import within
+from tests.pieces import pack, push
 
 SEGMENT = 4096
 ME, LIAR, HONEST = "n1:1", "n2:1", "n3:1"
@@ -46,10 +45,7 @@ def _host(answers: dict[str, dict[str, Any]]) -> tuple[Any, GlobalPool]:
     store = Store(SEGMENT)
     for attempt, size in SIZES.items():
         out = store.open_map_output("app", 1, 0, attempt, 1)
-        (buf,) = pool.try_take(1) or []
-        buf.set_recycler(pool.give)
-        buf.length = size
-        store.add(out, 0, buf, 0)
+        push(pool, store, out, pack(attempt, [(0, b"x" * size)]))
         store.commit(out)
 
     async def get(addr: str) -> Peer:
@@ -61,6 +57,7 @@ def _host(answers: dict[str, dict[str, Any]]) -> tuple[Any, GlobalPool]:
     return host, pool
 
 
+@within(10)
 @pytest.mark.parametrize(
     "lie",
     [
@@ -75,23 +72,20 @@ def _host(answers: dict[str, dict[str, Any]]) -> tuple[Any, GlobalPool]:
 async def test_a_holds_answer_counts_only_as_far_as_it_checks_out(
     lie: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def body() -> None:
-        honest = {"attempts": [1], "bytes": [SIZES[1]]}
-        host, _ = _host({LIAR: lie, HONEST: honest})
-        drainer = Drainer(host, DrainStats())
-        copied: list[tuple[int, set[str]]] = []
+    honest = {"attempts": [1], "bytes": [SIZES[1]]}
+    host, _ = _host({LIAR: lie, HONEST: honest})
+    drainer = Drainer(host, DrainStats())
+    copied: list[tuple[int, set[str]]] = []
 
-        async def hand_over(h: HandOver) -> None:
-            copied.append((h.attempt, set(h.holders)))
-            drainer.settle(h)
+    async def hand_over(h: HandOver) -> None:
+        copied.append((h.attempt, set(h.holders)))
+        drainer.settle(h)
 
-        drainer.hand_over = hand_over  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="shuffled.server.cluster.handover"):
-            assert await drainer.run(time.monotonic() + 10) is True
-        # attempt 1 has its copy on the honest daemon; attempt 2 is copied: the liar holds neither
-        assert copied == [(2, set())]
-        assert [r.getMessage() for r in caplog.records].count("holds answer refused") == 1
-        progress = drainer.progress
-        assert (progress.to_copy, progress.failed, progress.short) == (1, 1, 0)
-
-    await asyncio.wait_for(body(), 10)
+    drainer.hand_over = hand_over  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="shuffled.server.cluster.handover"):
+        assert await drainer.run(time.monotonic() + 10) is True
+    # attempt 1 has its copy on the honest daemon; attempt 2 is copied: the liar holds neither
+    assert copied == [(2, set())]
+    assert [r.getMessage() for r in caplog.records].count("holds answer refused") == 1
+    progress = drainer.progress
+    assert (progress.to_copy, progress.failed, progress.short) == (1, 1, 0)

@@ -12,31 +12,28 @@ import pytest
 
 from shuffled.ops.stats import DrainStats
 from shuffled.server.cluster.handover import PARALLEL, Drainer, HandOver
+from tests.aio import within
 
-pytestmark = pytest.mark.asyncio
 
-
+@within(10)
 async def test_a_bug_in_one_worker_cancels_the_others_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    async def body() -> None:
-        drainer = Drainer(SimpleNamespace(), DrainStats())
-        todo = [HandOver(SimpleNamespace(), a, "p:1", 2, ["q:1"]) for a in range(PARALLEL)]  # type: ignore[arg-type]
-        waiting: list[asyncio.Future[None]] = []
+    drainer = Drainer(SimpleNamespace(), DrainStats())
+    todo = [HandOver(SimpleNamespace(), a, "p:1", 2, ["q:1"]) for a in range(PARALLEL)]  # type: ignore[arg-type]
+    waiting: list[asyncio.Future[None]] = []
 
-        async def survey(deadline: float) -> list[HandOver]:
-            return todo
+    async def survey(deadline: float) -> list[HandOver]:
+        return todo
 
-        async def hand_over(h: HandOver) -> None:
-            if h.attempt == PARALLEL - 1:  # the others are already waiting
-                raise KeyError("a bug")
-            waiting.append(asyncio.get_running_loop().create_future())
-            await waiting[-1]
+    async def hand_over(h: HandOver) -> None:
+        if h.attempt == PARALLEL - 1:  # the others are already waiting
+            raise KeyError("a bug")
+        waiting.append(asyncio.get_running_loop().create_future())
+        await waiting[-1]
 
-        drainer.survey = survey  # type: ignore[method-assign]
-        drainer.hand_over = hand_over  # type: ignore[method-assign]
-        with caplog.at_level(logging.ERROR, logger="shuffled.server.cluster.handover"):
-            assert await drainer.run(time.monotonic() + 60) is False
-        assert len(waiting) == PARALLEL - 1 and all(f.cancelled() for f in waiting)
-        (record,) = [r for r in caplog.records if r.getMessage() == "hand-over failed"]
-        assert record.exc_info is not None and "a bug" in str(record.exc_info[1].exceptions[0])  # type: ignore[union-attr]
-
-    await asyncio.wait_for(body(), 10)
+    drainer.survey = survey  # type: ignore[method-assign]
+    drainer.hand_over = hand_over  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="shuffled.server.cluster.handover"):
+        assert await drainer.run(time.monotonic() + 60) is False
+    assert len(waiting) == PARALLEL - 1 and all(f.cancelled() for f in waiting)
+    (record,) = [r for r in caplog.records if r.getMessage() == "hand-over failed"]
+    assert record.exc_info is not None and "a bug" in str(record.exc_info[1].exceptions[0])  # type: ignore[union-attr]

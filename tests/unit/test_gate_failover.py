@@ -29,13 +29,14 @@ from shuffled.protocol.errors import (
     ShuffledError,
     StorageError,
 )
-from shuffled.protocol.frames import REPLICA, PartitionRequest, Resume
+from shuffled.protocol.frames import REPLICA, PartitionRequest
+from shuffled.protocol.resume import Resume
 from shuffled.server.accounting.counters import Counters
 from shuffled.server.cluster.membership import Membership
 from shuffled.server.serving.input_gate import InputGate, RemoteInputChannel
 from shuffled.server.storage.store import Store
-
-pytestmark = pytest.mark.asyncio
+from tests.aio import within
+from tests.pieces import pack, push, unpack
 
 SEGMENT = 4096
 ME, PRIMARY, OTHER = "n1:1", "n2:1", "n3:1"
@@ -84,6 +85,9 @@ class FakeOut:
     ended: bool = False
     upstream: int = 0
     chunks: list[Chunk] = field(default_factory=list)
+    #: the plan feeds queueing on it (a failover to this daemon's own copy), and what waits unsent: nothing
+    feeds: list[Any] = field(default_factory=list)
+    queued: int = 0
 
     def push_data(self, chunk: Chunk) -> None:
         self.chunks.append(chunk)
@@ -117,6 +121,8 @@ async def _gate(
         store=store or Store(SEGMENT),
         counters=Counters(),
         disk=None,
+        objects=None,
+        tier=None,
         membership=Membership(cfg, ME),
     )
     client, out = FakeClient(), FakeOut()
@@ -127,16 +133,19 @@ async def _gate(
 
 
 async def _failed_over(gate: InputGate) -> None:
-    while gate._failovers:
-        await asyncio.wait(set(gate._failovers))
+    while gate.failover.tasks:
+        await asyncio.wait(set(gate.failover.tasks))
 
 
 def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None:
+    """n payloads of one group each: 100 bytes of pair (partition, attempt)."""
+    group = pack(attempt, [(partition, b"x" * 100)])
     for _ in range(n):
         buf = ch.gate.pool.request()  # type: ignore[union-attr]
         assert buf is not None
-        buf.length = 100
-        ch.deliver(Chunk(buf, partition, attempt))
+        buf.memory[: len(group)] = group
+        buf.length = len(group)
+        ch.deliver(buf, 0)
 
 
 def _end(gate: InputGate, out: FakeOut, pool: GlobalPool) -> None:
@@ -146,65 +155,60 @@ def _end(gate: InputGate, out: FakeOut, pool: GlobalPool) -> None:
     assert pool.free == pool.total
 
 
+@within(10)
 async def test_a_copy_gets_the_resume_point_and_new_exclusive_buffers() -> None:
-    async def body() -> None:
+    primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
+    gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
+    (ch,) = primary.channels.values()
+    _relay(ch, 2, 7, 2)  # both exclusive buffers, still on their way to the client
+    ch.fail(ConnectionLost("lost"))
+    await _failed_over(gate)
+    (req,) = other.requests
+    assert req.locations == {"": [7]} and (req.start, req.end) == (0, 4)  # the original range (§10.6)
+    assert req.resume == Resume((), 7, 2, 200)
+    assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
+    (ch2,) = other.channels.values()
+    _relay(ch2, 3, 7, 2)  # the new channel's buffers exist while the old ones are still out
+    assert len(out.chunks) == 4
+    counters = gate.env.counters
+    assert not client.errors and counters.failover_tries == {"CONNECTION_LOST": 1}
+    assert counters.failover_recovered == 0  # a try so far, not a success
+    ch2.on_end()
+    assert out.ended and counters.failover_recovered == 1 and counters.failover_exhausted == 0
+    _end(gate, out, pool)
+
+
+@within(10)
+async def test_a_candidate_without_the_feature_is_skipped_once_bytes_were_relayed() -> None:
+    for relayed in (0, 2):
+        primary, old = FakeReads(frozenset({REPLICA})), FakeReads(frozenset())
+        gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: old})
+        (ch,) = primary.channels.values()
+        _relay(ch, 0, 7, relayed)
+        ch.fail(ConnectionLost("lost"))
+        await _failed_over(gate)
+        if relayed:
+            # OTHER skipped, ME (this daemon) lacks the data: the first error reaches the client.
+            assert not old.requests and [e.code for e in client.errors] == [ErrorCode.CONNECTION_LOST]
+            assert gate.env.counters.failover_exhausted == 1
+        else:
+            (req,) = old.requests
+            assert req.resume is None and not client.errors
+        _end(gate, out, pool)
+
+
+@within(10)
+async def test_errors_that_are_not_about_the_copy_fail_the_read() -> None:
+    for exc in (AuthFailed("other credentials"), InvalidRequest("bad range")):
         primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
         gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
         (ch,) = primary.channels.values()
-        _relay(ch, 0, 7, 2)  # both exclusive buffers, still on their way to the client
-        ch.fail(ConnectionLost("lost"))
-        await _failed_over(gate)
-        (req,) = other.requests
-        assert req.locations == {"": [7]} and req.start == 0
-        assert req.resume == Resume(0, (), 7, 2, 200)
-        assert gate.pool is not None and gate.pool.min == 2 * 2  # the failed channel's set may be in flight
-        (ch2,) = other.channels.values()
-        _relay(ch2, 0, 7, 2)  # the new channel's buffers exist while the old ones are still out
-        assert [c.partition for c in out.chunks] == [0] * 4
-        counters = gate.env.counters
-        assert not client.errors and counters.failover_tries == {"CONNECTION_LOST": 1}
-        assert counters.failover_recovered == 0  # a try so far, not a success
-        ch2.on_end()
-        assert out.ended and counters.failover_recovered == 1 and counters.failover_exhausted == 0
+        ch.fail(exc)
+        assert client.errors == [exc] and not gate.failover.tasks and not other.requests
         _end(gate, out, pool)
 
-    await asyncio.wait_for(body(), 10)
 
-
-async def test_a_candidate_without_the_feature_is_skipped_once_bytes_were_relayed() -> None:
-    async def body() -> None:
-        for relayed in (0, 2):
-            primary, old = FakeReads(frozenset({REPLICA})), FakeReads(frozenset())
-            gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: old})
-            (ch,) = primary.channels.values()
-            _relay(ch, 0, 7, relayed)
-            ch.fail(ConnectionLost("lost"))
-            await _failed_over(gate)
-            if relayed:
-                # OTHER skipped, ME (this daemon) lacks the data: the first error reaches the client.
-                assert not old.requests and [e.code for e in client.errors] == [ErrorCode.CONNECTION_LOST]
-                assert gate.env.counters.failover_exhausted == 1
-            else:
-                (req,) = old.requests
-                assert req.resume is None and not client.errors
-            _end(gate, out, pool)
-
-    await asyncio.wait_for(body(), 10)
-
-
-async def test_errors_that_are_not_about_the_copy_fail_the_read() -> None:
-    async def body() -> None:
-        for exc in (AuthFailed("other credentials"), InvalidRequest("bad range")):
-            primary, other = FakeReads(frozenset({REPLICA})), FakeReads(frozenset({REPLICA}))
-            gate, client, out, pool = await _gate({PRIMARY: primary, OTHER: other})
-            (ch,) = primary.channels.values()
-            ch.fail(exc)
-            assert client.errors == [exc] and not gate._failovers and not other.requests
-            _end(gate, out, pool)
-
-    await asyncio.wait_for(body(), 10)
-
-
+@within(10)
 @pytest.mark.parametrize(
     "refusal",
     [
@@ -219,47 +223,40 @@ async def test_any_error_of_a_copy_moves_on_and_the_read_ends_with_the_first_err
     """Once failing over, a copy's error is about that copy: the read goes on to the next candidate and,
     with none left, fails with the primary's error (a fetch failure: Spark recomputes, not retries)."""
 
-    async def body() -> None:
-        other = FakeReads(frozenset({REPLICA}))
-        gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
-        await _failed_over(gate)
-        (ch,) = other.channels.values()
-        assert gate.env.counters.failover_tries == {"PEER_UNAVAILABLE": 1}
-        ch.fail(refusal)  # not the first request: next copy
-        await _failed_over(gate)
-        assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
-        _end(gate, out, pool)
-
-    await asyncio.wait_for(body(), 10)
+    other = FakeReads(frozenset({REPLICA}))
+    gate, client, out, pool = await _gate({OTHER: other})  # the primary cannot be dialled
+    await _failed_over(gate)
+    (ch,) = other.channels.values()
+    assert gate.env.counters.failover_tries == {"PEER_UNAVAILABLE": 1}
+    ch.fail(refusal)  # not the first request: next copy
+    await _failed_over(gate)
+    assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]  # ME lacks it: the first error
+    _end(gate, out, pool)
 
 
+@within(10)
 async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_bound_to() -> None:
-    """The store checks the token as it serves: the read arrived before the application
-    had a binding here, the copy here was pushed with another token meanwhile, so the failover to it is
-    refused and the read ends with the primary's error; with the owner's token the copy is served."""
+    """The store checks the token as it serves: the read arrived before the application had a binding
+    here, the copy here was pushed with another token meanwhile, so the failover to it is refused and the
+    read ends with the primary's error; with the owner's token the copy is served."""
 
-    async def body() -> None:
-        store = Store(SEGMENT)
-        store.bind("app", token_digest("owner"))
-        buffers = GlobalPool(8 * SEGMENT, SEGMENT)
-        out = store.open_map_output("app", 1, 0, 7, 4)
-        (buf,) = buffers.try_take(1) or []
-        buf.set_recycler(buffers.give)
-        buf.length = 100
-        store.add(out, 2, buf, 0)
-        store.commit(out)
-        for token, served in (("tenant", False), (None, False), ("owner", True)):
-            gate, client, out_stream, pool = await _gate({}, shuffle=1, store=store, token=token)  # ME first
-            await _failed_over(gate)
-            if served:
-                (local,) = gate.local_channels
-                await asyncio.wait_for(local.task, 10)
-                assert not client.errors and [c.partition for c in out_stream.chunks] == [2]
-            else:
-                assert not gate.local_channels and not out_stream.chunks
-                assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]
-            _end(gate, out_stream, pool)
-        store.remove_application("app")
-        assert buffers.free == buffers.total
-
-    await asyncio.wait_for(body(), 10)
+    store = Store(SEGMENT)
+    store.app_keys.bind("app", token_digest("owner"))
+    buffers = GlobalPool(8 * SEGMENT, SEGMENT)
+    out = store.open_map_output("app", 1, 0, 7, 4)
+    push(buffers, store, out, pack(7, [(2, b"x" * 100)]))
+    store.commit(out)
+    for token, served in (("tenant", False), (None, False), ("owner", True)):
+        gate, client, out_stream, pool = await _gate({}, shuffle=1, store=store, token=token)  # ME first
+        await _failed_over(gate)
+        if served:
+            (local,) = gate.local_channels
+            assert local.feed.task is not None
+            await asyncio.wait_for(local.feed.task, 10)
+            assert not client.errors and [unpack(c.buffer.data()) for c in out_stream.chunks] == [[(7, 2, b"x" * 100)]]
+        else:
+            assert not gate.local_channels and not out_stream.chunks
+            assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]
+        _end(gate, out_stream, pool)
+    store.remove_application("app")
+    assert buffers.free == buffers.total

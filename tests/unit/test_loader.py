@@ -1,6 +1,7 @@
-"""The one loader of spilled chunks (storage/loader.py): a batch takes the segments free when it takes
-them, a bad or missing file fails the load with the error its reader gets and gives every segment back,
-and a load cancelled mid-read gives its segments back only once the reading thread is done with them."""
+"""The one loader of spilled pieces (storage/loader.py): a batch is pieces back to back in the file, it takes
+the segments free when it takes them, a bad or missing file fails the load with the error its reader gets
+and gives every segment back, and a load cancelled mid-read gives its segments back only once the reading
+thread is done with them."""
 
 from __future__ import annotations
 
@@ -16,40 +17,62 @@ import pytest
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.errors import CorruptData, PartitionNotFound
 from shuffled.protocol.integrity import checksum
-from shuffled.server.storage.disk import Disk
-from shuffled.server.storage.loader import ChunkLoader, run, take
-from shuffled.server.storage.store import DiskChunk
+from shuffled.server.storage.disk import Disk, SpillFile
+from shuffled.server.storage.loader import PieceLoader, run, take
+from shuffled.server.storage.shuffles import MapOutput
+from shuffled.server.storage.store import Store
+from tests.aio import within
+from tests.pieces import pack
 from tests.turns import until
 
 SEG = 4096
 TIMEOUT = 10
 
 
-def _spill(tmp_path: Path, *payloads: bytes) -> list[DiskChunk]:
-    """A spill file holding the payloads back to back, and its chunks as the store lists them."""
-    path = str(tmp_path / "part-0.data")
+def _spilled(tmp_path: Path, *pieces: bytes, gap_after: int = -1) -> MapOutput:
+    """An attempt whose pieces lie in a data file in this order (another attempt's bytes after piece
+    `gap_after`), as the store lists a spilled attempt."""
+    store = Store(SEG)
+    out = store.open_map_output("app", 0, 0, 1, 8)
+    path = str(tmp_path / "data")
+    offset = 0
     with open(path, "wb") as f:
-        f.write(b"".join(payloads))
-    chunks, offset = [], 0
-    for attempt, payload in enumerate(payloads):
-        chunks.append(DiskChunk(path, offset, len(payload), checksum(payload), 0, attempt))
-        offset += len(payload)
-    return chunks
+        for i, piece in enumerate(pieces):
+            f.write(piece)
+            out.firsts.append(i)
+            out.lasts.append(i)
+            out.sizes.append(len(piece))
+            out.crcs.append(checksum(piece))
+            out.offsets.append(offset)
+            out.places.append(0)
+            offset += len(piece)
+            if i == gap_after:
+                f.write(b"-" * 7)
+                offset += 7
+    out.spilled = out.placed = out.taken = len(pieces)
+    out.shuffle.file = SpillFile(path, offset)
+    return out
+
+
+def _pieces(n: int) -> list[bytes]:
+    return [pack(1, [(i, bytes([97 + i]) * (100 * (i + 1)))]) for i in range(n)]
 
 
 def test_a_run_is_back_to_back_in_one_file(tmp_path: Path) -> None:
-    a, b, c = _spill(tmp_path, b"a" * 10, b"b" * 20, b"c" * 30)
-    other = DiskChunk(str(tmp_path / "other"), c.offset + c.length, 5, 0, 0, 9)
-    assert run([a, b, c, other], 16) == [a, b, c]
-    assert run([a, c], 16) == [a], "a gap ends the run"
-    assert run([a, b, c], 2) == [a, b]
+    out = _spilled(tmp_path, *_pieces(4), gap_after=1)
+    assert run(out, [0, 0, 1, 2, 3], 16) == [0, 1], "a gap ends the run; a piece repeated is taken once"
+    assert run(out, [2, 3], 16) == [2, 3]
+    assert run(out, [0, 2], 16) == [0], "a piece skipped ends the run"
+    assert run(out, [2, 3], 1) == [2]
+    out.spilled = 3
+    assert run(out, [2, 3], 16) == [2], "a piece in memory ends the run"
 
 
 @contextlib.contextmanager
-def _loader(tmp_path: Path) -> Iterator[tuple[GlobalPool, ChunkLoader]]:
+def _loader(tmp_path: Path) -> Iterator[tuple[GlobalPool, PieceLoader]]:
     pool = GlobalPool(8 * SEG, SEG, reserve=4)
     disk = Disk(str(tmp_path / "dir"))
-    loader = ChunkLoader(disk)
+    loader = PieceLoader(disk)
     try:
         yield pool, loader
     finally:
@@ -57,43 +80,44 @@ def _loader(tmp_path: Path) -> Iterator[tuple[GlobalPool, ChunkLoader]]:
         disk.close()
 
 
-@pytest.mark.asyncio
-async def test_a_load_checks_every_chunk_and_keeps_its_file_open(tmp_path: Path) -> None:
+@within(TIMEOUT)
+async def test_a_load_checks_every_piece_and_keeps_its_file_open(tmp_path: Path) -> None:
     with _loader(tmp_path) as (pool, loader):
-        batch = _spill(tmp_path, b"x" * 100, b"y" * 200)
-        chunks = await asyncio.wait_for(loader.load(batch, await take(pool, 2, pool.give)), TIMEOUT)
-        assert [bytes(c.buffer.data()) for c in chunks] == [b"x" * 100, b"y" * 200]
-        assert [(c.attempt, c.crc) for c in chunks] == [(d.attempt, d.crc) for d in batch]
+        pieces = _pieces(2)
+        out = _spilled(tmp_path, *pieces)
+        got = await loader.load(out, [0, 1], await take(pool, 2, pool.give))
+        assert [bytes(b.data()) for b in got] == pieces
         assert loader._fd is not None, "the next batch of the same file needs no open"
-        for c in chunks:
-            c.buffer.release()
+        for b in got:
+            b.release()
         assert pool.free == 8
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_bad_checksum_or_a_missing_file_fails_and_gives_the_segments_back(tmp_path: Path) -> None:
     with _loader(tmp_path) as (pool, loader):
-        good, bad = _spill(tmp_path, b"x" * 100, b"y" * 200)
-        bad = DiskChunk(bad.path, bad.offset, bad.length, bad.crc ^ 1, bad.partition, bad.attempt)
-        with pytest.raises(CorruptData, match="failed its CRC32C check at offset 100"):
-            await asyncio.wait_for(loader.load([good, bad], await take(pool, 2, pool.give)), TIMEOUT)
+        out = _spilled(tmp_path, *_pieces(2))
+        out.crcs[1] ^= 1
+        with pytest.raises(CorruptData, match=f"failed its CRC32C check at offset {out.offsets[1]}"):
+            await asyncio.wait_for(loader.load(out, [0, 1], await take(pool, 2, pool.give)), TIMEOUT)
         assert pool.free == 8
-        os.unlink(good.path)
+        assert out.shuffle.file is not None
+        os.unlink(out.shuffle.file.path)
         loader.close()
         with pytest.raises(PartitionNotFound, match="is gone"):
-            await asyncio.wait_for(loader.load([good], await take(pool, 1, pool.give)), TIMEOUT)
+            await asyncio.wait_for(loader.load(out, [0], await take(pool, 1, pool.give)), TIMEOUT)
         assert pool.free == 8
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_cancelled_load_gives_its_segments_back_once_the_thread_is_done(tmp_path: Path) -> None:
     pool = GlobalPool(8 * SEG, SEG, reserve=4)
     disk = Disk(str(tmp_path / "dir"), read_threads=1)
     gate = threading.Event()
     try:
         busy = asyncio.get_running_loop().run_in_executor(disk._readers, gate.wait, TIMEOUT)
-        (chunk,) = _spill(tmp_path, b"z" * 300)
-        loading = asyncio.ensure_future(ChunkLoader(disk).load([chunk], await take(pool, 1, pool.give)))
+        out = _spilled(tmp_path, *_pieces(1))
+        loading = asyncio.ensure_future(PieceLoader(disk).load(out, [0], await take(pool, 1, pool.give)))
         await until(lambda: disk._readers._work_queue.qsize() == 1)  # the read waits behind `busy`
         loading.cancel()
         with pytest.raises(AssertionError):
@@ -109,7 +133,7 @@ async def test_a_cancelled_load_gives_its_segments_back_once_the_thread_is_done(
         disk.close()
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     """Short of memory, a batch takes the one segment free instead of waiting for all it wanted; when it
     had to wait, it takes what the wait freed, not only the one it waited for."""
@@ -132,9 +156,9 @@ async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     assert pool.free == 6
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_a_waiting_push_leaves_the_reserve_to_a_batch() -> None:
-    """Pushes never use the read reserve, so one waiting for memory does not shrink a subpartition reader's batch
+    """Pushes never use the read reserve, so one waiting for memory does not shrink a read's batch
     to one segment (a cold read under push back-pressure would pay a thread hand-off per segment); a
     waiting reader does keep what is free."""
     pool = GlobalPool(32 * SEG, SEG, reserve=8)

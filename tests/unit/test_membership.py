@@ -14,25 +14,22 @@ from shuffled.config import ConfigError, DaemonConfig
 from shuffled.server.cluster import membership
 from shuffled.server.cluster.membership import Membership, resolve
 from shuffled.server.cluster.placement import candidates
+from tests.aio import within
 
 PORT = 7337
 
 
-def test_localhost_resolves_to_its_loopback_addresses_with_the_port() -> None:
-    async def body() -> list[str]:
-        return await resolve("localhost", PORT)
-
-    found = asyncio.run(asyncio.wait_for(body(), 10))
+@within(10)
+async def test_localhost_resolves_to_its_loopback_addresses_with_the_port() -> None:
+    found = await resolve("localhost", PORT)
     assert f"127.0.0.1:{PORT}" in found, found
     assert all(re.fullmatch(rf"(127\.\d+\.\d+\.\d+|\[::1\]):{PORT}", a) for a in found), found
     assert found == sorted(set(found))
 
 
-def test_an_ipv6_address_is_named_in_brackets_as_a_daemon_advertises_it() -> None:
-    async def body() -> tuple[list[str], list[str]]:
-        return await resolve("::1", PORT), await resolve("127.0.0.3", PORT)
-
-    assert asyncio.run(asyncio.wait_for(body(), 10)) == ([f"[::1]:{PORT}"], [f"127.0.0.3:{PORT}"])
+@within(10)
+async def test_an_ipv6_address_is_named_in_brackets_as_a_daemon_advertises_it() -> None:
+    assert (await resolve("::1", PORT), await resolve("127.0.0.3", PORT)) == ([f"[::1]:{PORT}"], [f"127.0.0.3:{PORT}"])
 
 
 def test_the_ring_is_peers_and_resolved_addresses_with_this_daemon_once() -> None:
@@ -64,21 +61,18 @@ def answers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str] | OSErro
     assert not script, "every scripted answer was used"
 
 
-def test_a_failed_lookup_keeps_the_last_list_and_is_logged_once_per_change(
+@within(10)
+async def test_a_failed_lookup_keeps_the_last_list_and_is_logged_once_per_change(
     answers: list[list[str] | OSError], caplog: pytest.LogCaptureFixture
 ) -> None:
     m = Membership(DaemonConfig(peers_dns="shuffled-peers:1"), "a:1")
     answers += [["a:1", "b:1"], OSError("no such name"), OSError("no such name"), OSError("timed out")]
     answers += [["a:1", "b:1", "c:1"]]
     seen = []
-
-    async def body() -> None:
+    with caplog.at_level(logging.INFO, logger=membership.__name__):
         for _ in range(5):
             await m.refresh()
             seen.append(m.others())
-
-    with caplog.at_level(logging.INFO, logger=membership.__name__):
-        asyncio.run(asyncio.wait_for(body(), 10))
     assert seen == [["b:1"], ["b:1"], ["b:1"], ["b:1"], ["b:1", "c:1"]]
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count("peers-dns lookup failed") == 2, messages  # two different errors, three failures
@@ -87,31 +81,28 @@ def test_a_failed_lookup_keeps_the_last_list_and_is_logged_once_per_change(
     assert "peers-dns does not list this daemon" not in messages
 
 
-def test_one_lookup_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+@within(10)
+async def test_one_lookup_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow DNS server delays the next answer; ticks meanwhile start no second lookup."""
     calls = []
+    started, release = asyncio.Event(), asyncio.Event()
 
-    async def body() -> None:
-        started, release = asyncio.Event(), asyncio.Event()
+    async def slow(name: str, port: int) -> list[str]:
+        calls.append(name)
+        started.set()
+        await release.wait()
+        return [f"10.0.0.9:{port}"]
 
-        async def slow(name: str, port: int) -> list[str]:
-            calls.append(name)
-            started.set()
-            await release.wait()
-            return [f"10.0.0.9:{port}"]
-
-        monkeypatch.setattr(membership, "resolve", slow)
-        m = Membership(DaemonConfig(peers_dns="shuffled-peers:1"), "a:1")
-        m.refresh_soon()
-        await started.wait()
-        m.refresh_soon()  # the next ticks find it running
-        m.refresh_soon()
-        release.set()
-        assert m._lookup is not None
-        await m._lookup
-        assert calls == ["shuffled-peers"] and m.others() == ["10.0.0.9:1"]
-
-    asyncio.run(asyncio.wait_for(body(), 10))
+    monkeypatch.setattr(membership, "resolve", slow)
+    m = Membership(DaemonConfig(peers_dns="shuffled-peers:1"), "a:1")
+    m.refresh_soon()
+    await started.wait()
+    m.refresh_soon()  # the next ticks find it running
+    m.refresh_soon()
+    release.set()
+    assert m._lookup is not None
+    await m._lookup
+    assert calls == ["shuffled-peers"] and m.others() == ["10.0.0.9:1"]
 
 
 @pytest.mark.parametrize("value", ["shuffled-peers", "shuffled-peers:", ":7337", "name:0", "name:70000", "name:x"])

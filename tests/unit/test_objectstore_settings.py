@@ -6,7 +6,6 @@ error); and no secret shows in a `repr`, the layer's or its errors."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
@@ -15,7 +14,9 @@ import pytest
 from shuffled import config as settings
 from shuffled.protocol.errors import StorageError
 from shuffled.server.storage import credentials
-from shuffled.server.storage.objects import ObjectStore, ObjectStoreConfig
+from shuffled.server.storage.object_config import ObjectStoreConfig
+from shuffled.server.storage.objects import ObjectStore
+from tests.aio import run
 
 
 def _files(tmp_path: Path) -> dict[str, str]:
@@ -77,8 +78,8 @@ def test_the_layer_hides_its_secrets_and_fails_without_credentials(tmp_path: Pat
     assert "hidden" not in repr(with_keys) and "AKVISIBLE" not in repr(with_keys)
     without = ObjectStore(config, environ={"HOME": str(tmp_path)})
     with pytest.raises(StorageError, match="no S3 credentials"):
-        asyncio.run(without.list_objects())
-    assert asyncio.run(without.probe()) is not None and without.stats.state == "failed"
+        run(without.list_objects(), 10)
+    assert run(without.probe(), 10) is not None and without.stats.state == "failed"
     assert without.stats.errors == {"list": 1, "put": 1}
 
 

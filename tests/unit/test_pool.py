@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from shuffled.buffers import GlobalPool, PoolExhausted
+from tests.aio import within
 
 SEG = 4096
 TIMEOUT = 10
@@ -44,7 +45,7 @@ def test_release_recycles_once_and_double_release_is_an_error() -> None:
         buf.release()
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_exhaustion_waits_then_resumes_when_a_buffer_is_recycled() -> None:
     pool = GlobalPool(2 * SEG, SEG)
     held = pool.try_take(2) or []
@@ -56,7 +57,7 @@ async def test_exhaustion_waits_then_resumes_when_a_buffer_is_recycled() -> None
     assert len(got) == 1 and pool.free == 0
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_reader_is_not_blocked_behind_a_waiting_pusher() -> None:
     pool = GlobalPool(4 * SEG, SEG, reserve=1)
     held = pool.try_take(3) or []
@@ -70,14 +71,14 @@ async def test_reader_is_not_blocked_behind_a_waiting_pusher() -> None:
     assert len(await asyncio.wait_for(pusher, TIMEOUT)) == 1
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_request_larger_than_pool_fails_fast() -> None:
     pool = GlobalPool(4 * SEG, SEG, reserve=1)
     with pytest.raises(PoolExhausted):
         await pool.take(4)
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_cancelled_waiter_leaks_nothing() -> None:
     pool = GlobalPool(2 * SEG, SEG)
     held = pool.try_take(2) or []
@@ -95,7 +96,7 @@ async def test_cancelled_waiter_leaks_nothing() -> None:
     assert pool.free == 2 and pool.waiting == 0
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_local_pool_min_max_and_redistribution() -> None:
     pool = GlobalPool(16 * SEG, SEG)
     a = await asyncio.wait_for(pool.create_local_pool(2, 10), TIMEOUT)
@@ -116,7 +117,7 @@ async def test_local_pool_min_max_and_redistribution() -> None:
     assert pool.free == 16 and pool.local_pools == 0
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_local_pool_returns_excess_when_target_shrinks() -> None:
     pool = GlobalPool(16 * SEG, SEG)
     a = await pool.create_local_pool(1, 16)
@@ -130,7 +131,7 @@ async def test_local_pool_returns_excess_when_target_shrinks() -> None:
     assert pool.free == 16
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
     """A read gate's floating buffers: held only while more than twice the read reserve is free (they
     must not take what pushes wait for), given back at once when the credit is dropped (or on recycle
@@ -162,7 +163,7 @@ async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
     assert pool.free == 8 and pool.local_pools == 0
 
 
-@pytest.mark.asyncio
+@within(30)
 async def test_floating_budget_follows_the_spill_watermark() -> None:
     """With a spilling daemon's budget, floating buffers fill the pool up to the mark they are given (stored
     data sitting between the watermarks leaves them room), never the read reserve, and none while anyone

@@ -155,7 +155,7 @@ def test_stream_ids_are_never_zero_nor_reused_while_open() -> None:
 def test_the_dialer_skips_ids_still_open_after_the_counter_wraps() -> None:
     conn = ProtocolConnection(Side.DIALER, Role.CLIENT)
     conn.request_read(_request(1), landing)
-    conn._next_id = 0xFFFFFFFF
+    conn.streams._next_id = 0xFFFFFFFF
     assert [conn.new_stream_id(), conn.new_stream_id()] == [0xFFFFFFFF, 2]
 
 
@@ -252,7 +252,7 @@ def test_a_replica_push_runs_between_daemons_that_agreed_on_it(opener: str) -> N
         replica.accept_push(writer, landing)
         replica.grant_push_credit(writer, 2)
     assert pair.deliver(served) == [PushCredited(1, 2), PushCredited(2, 2)]
-    out.push_data((1, b"copy"))
+    out.push_data(b"copy")
     out.push_event(COMMIT)
     abort.push_event(ABORT)
     send_pushes(primary, out, 1)
@@ -262,7 +262,7 @@ def test_a_replica_push_runs_between_daemons_that_agreed_on_it(opener: str) -> N
     replica.ack_commit(1, [0, 4])
     replica.ack_abort(2)
     assert pair.deliver(served) == [Committed(1, [0, 4]), Aborted(2)]
-    assert not primary.own and not replica.theirs
+    assert not primary.streams.own and not replica.streams.theirs
 
 
 @pytest.mark.parametrize(
@@ -302,7 +302,7 @@ def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:
     pair = _pair()
     _open(pair)
     pair.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
-    pair.dialer.send(encode_push_data(1, 0, 0, b"too early"))
+    pair.dialer.send(encode_push_data(1, 0, b"too early"))
     with pytest.raises(CreditViolation, match="before credit was granted"):
         pair.deliver(DIALER)
 
@@ -316,12 +316,12 @@ def test_frames_for_ended_streams_are_dropped_quietly() -> None:
     assert pair.deliver(DIALER) == [ReadCancelled(1)]
     assert pair.acceptor.receive_data(encode(AddCredit(1, 1))) == []  # credit already on its way
     late = send_buffers_once(pair.acceptor, 1, b"late")
-    assert pair.dialer.receive_data(late) == [] and pair.dialer.own == {}
+    assert pair.dialer.receive_data(late) == [] and pair.dialer.streams.own == {}
 
 
 def send_buffers_once(conn: ProtocolConnection, receiver: int, payload: bytes) -> bytes:
     out: OutboundStream[Any] = OutboundStream(receiver, 1)
-    out.push_data((0, payload))
+    out.push_data(payload)
     send_buffers(conn, out, receiver)
     return conn.data_to_send()
 
@@ -383,8 +383,8 @@ class TwoParties(RuleBasedStateMachine):
         wid = self.client.new_stream_id()
         out: OutboundStream[Any] = OutboundStream(wid, 0)
         self.client.open_push(OpenMapOutput(wid, "app", 1, 0, wid, 2), out)
-        for i, chunk in enumerate(chunks):
-            out.push_data((i % 2, chunk))
+        for chunk in chunks:
+            out.push_data(chunk)
         self.pushes[wid] = out
         self.pushed[wid] = chunks
 
@@ -419,7 +419,7 @@ class TwoParties(RuleBasedStateMachine):
                 daemon.accept_read(req.receiver, out)
                 payloads = [bytes([req.receiver % 251, i]) * (i + 1) for i in range(req.end)]
                 for p in payloads:
-                    out.push_data((0, p))
+                    out.push_data(p)
                 out.push_event(None)
                 self.served[req.receiver] = out
                 self.serving[req.receiver] = payloads
@@ -506,10 +506,10 @@ class TwoParties(RuleBasedStateMachine):
     def when_quiet_both_tables_agree(self) -> None:
         if self.pair.dialer._outbox or self.pair.acceptor._outbox:
             return
-        own = {sid for sid, s in self.client.own.items() if s.kind is not Kind.ADMIN}
-        assert own == set(self.daemon.theirs)
-        admin = sum(1 for s in self.client.own.values() if s.kind is Kind.ADMIN)
-        assert admin == self.daemon.admin_running == 0
+        own = {sid for sid, s in self.client.streams.own.items() if s.kind is not Kind.ADMIN}
+        assert own == set(self.daemon.streams.theirs)
+        admin = sum(1 for s in self.client.streams.own.values() if s.kind is Kind.ADMIN)
+        assert admin == self.daemon.streams.admin_running == 0
 
     def teardown(self) -> None:
         """Everything ends once bytes stop: reads with their credit, pushes with theirs."""
@@ -524,9 +524,9 @@ class TwoParties(RuleBasedStateMachine):
                     out.push_event(COMMIT)
             self.client_sends()
             self.daemon_sends()
-            if not (self.reads or self.pushes or self.client.own):
+            if not (self.reads or self.pushes or self.client.streams.own):
                 break
-        assert not self.reads and not self.pushes and not self.client.own and not self.daemon.theirs
+        assert not self.reads and not self.pushes and not self.client.streams.own and not self.daemon.streams.theirs
 
 
 TwoParties.TestCase.settings = settings(
@@ -551,7 +551,7 @@ def test_an_abandoned_replica_push_is_aborted_and_its_late_answers_are_dropped()
     peers.acceptor.grant_push_credit(1, 2)
     assert peers.deliver(ACCEPTOR) == [PushCredited(1, 2)]
     peers.dialer.abort_push(1)
-    assert peers.deliver(DIALER) == [AbortRequested(1)] and peers.dialer.own == {}
+    assert peers.deliver(DIALER) == [AbortRequested(1)] and peers.dialer.streams.own == {}
     peers.acceptor.grant_push_credit(1, 1)
     peers.acceptor.ack_abort(1)
     assert peers.deliver(ACCEPTOR) == []

@@ -1,143 +1,120 @@
-"""Whatever mix of disk and memory holds a partition, a read serves each (partition, attempt) pair as one run,
-in push order, with nothing dropped or repeated (PROTOCOL.md §10.1; the Spark reader reads a pair as one stream).
+"""Any split of any partitions' data into packed groups reads back identically, for every range, from
+memory, from disk and after a restart; a read resumed at any point completes exactly the rest.
 
-Hypothesis drives the store through random interleavings of pushes from several attempts, commits, aborts and
-spills (started, overlapped by pushes, commits and aborts, then finished or failed), as the spiller and push
-sessions do on the event loop. The store does no I/O, so a spill's "file" is a model: what each offset holds.
+Hypothesis makes the map outputs (empty partitions, a partition spanning many groups, a writer that
+flushed several times so its pieces form several ascending sequences), pushes them interleaved into a
+real `Store`, spills at random points through the real `Spiller` into a real data dir, and reads ranges
+through the real `PlanFeed`. Every read must serve each (partition, attempt) pair whole and in push
+order as consecutive runs, one attempt's pairs together in ascending partition order (PROTOCOL.md
+§10.1), frames of at most a segment whose CRC32C holds; and every segment must come
+back once the shuffle is dropped.
 """
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass, field
+import tempfile
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shuffled.buffers import Buffer, Chunk, GlobalPool
-from shuffled.server.storage.disk import SpillFile
-from shuffled.server.storage.store import DiskChunk, MapOutput, MapState, Store, StoredChunk, Subpartition
+from shuffled.buffers import GlobalPool
+from shuffled.protocol.resume import ReadProgress
+from shuffled.server.storage.disk import Disk, SpillFile
+from shuffled.server.storage.plan import make_plan
+from shuffled.server.storage.spill import Spiller
+from shuffled.server.storage.store import Store
+from tests.aio import run
+from tests.pieces import Output, check, outputs, push, serve, unpack
 
-SEGMENT = 4096
-PARTITIONS = 2
-ATTEMPTS = 3
-_TAG = struct.Struct(">II")  # attempt, sequence within its pair
+SEG = 4096
+APP = "app"
 
-#: an operation and two small numbers (attempt or partition, and a flag); pushes are the most common so that
-#: pairs get several chunks and interleave, aborts rare so that most attempts live to be read
-KINDS = ["push"] * 8 + ["commit"] * 2 + ["spill"] * 2 + ["finish"] * 2 + ["abort", "read"]
-ops = st.tuples(st.sampled_from(KINDS), st.integers(0, ATTEMPTS - 1), st.integers(0, PARTITIONS - 1))
-
-
-@dataclass
-class Model:
-    pool: GlobalPool = field(default_factory=lambda: GlobalPool(256 * SEGMENT, SEGMENT))
-    store: Store = field(default_factory=lambda: Store(SEGMENT))
-    outs: dict[int, MapOutput] = field(default_factory=dict)
-    #: (partition, attempt) -> sequence numbers pushed, in order
-    pushed: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    #: (partition, file offset) -> (attempt, sequence) written there by a spill
-    files: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
-    #: spills in flight, at most one per partition as in the spiller, by partition: its chunks and the
-    #: write's own references on their segments (an abort meanwhile drops only the store's)
-    spilling: dict[int, tuple[Subpartition, list[StoredChunk], list[Buffer]]] = field(default_factory=dict)
-
-    def out(self, attempt: int) -> MapOutput:
-        if attempt not in self.outs:
-            self.outs[attempt] = self.store.open_map_output("app", 0, attempt, attempt, PARTITIONS)
-        return self.outs[attempt]
-
-    def push(self, attempt: int, partition: int) -> None:
-        out = self.out(attempt)
-        if out.state is not MapState.OPEN:
-            return
-        seqs = self.pushed.setdefault((partition, attempt), [])
-        (buf,) = self.pool.try_take(1) or []
-        buf.set_recycler(self.pool.give)
-        buf.length = SEGMENT // 2 + len(seqs) % 7  # chunks of unequal length: offsets matter
-        _TAG.pack_into(buf.memory, 0, attempt, len(seqs))
-        self.store.add(out, partition, buf, 0)
-        seqs.append(len(seqs))
-
-    def spill(self, partition: int, limit: int | None) -> None:
-        """Take the partition's oldest in-memory chunks, all or at most `limit` (a pressure spill's batch)."""
-        data = self.store.apps.get("app", {}).get(0)
-        if partition in self.spilling or data is None or partition not in data.subpartitions:
-            return
-        sub = data.subpartitions[partition]
-        chunks = self.store.take_for_spill(sub, limit)
-        held = [c.buffer for c in chunks if c.buffer is not None]
-        for buf in held:
-            buf.retain()
-        self.spilling[partition] = (sub, chunks, held)
-
-    def finish(self, partition: int, ok: bool) -> None:
-        if partition not in self.spilling:
-            return
-        sub, chunks, held = self.spilling.pop(partition)
-        data = self.store.apps["app"][0]
-        if sub.file is None:
-            sub.file = SpillFile(f"p{sub.partition}.data")
-        offset = sub.file.size
-        if ok:
-            at = offset
-            for buf in held:
-                self.files[(sub.partition, at)] = _TAG.unpack_from(buf.memory, 0)
-                at += buf.length
-            sub.file.size = offset + self.store.spilled(data, sub, chunks, offset)
-        else:
-            self.store.unspilled(sub, chunks)
-        for buf in held:
-            buf.release()
-
-    def read(self, partition: int) -> None:
-        """Read partitions [partition, PARTITIONS) of every committed attempt and check each pair's run."""
-        data = self.store.apps.get("app", {}).get(0)
-        if data is None:
-            return
-        attempts = sorted(data.committed)
-        items, _ = self.store.snapshot("app", 0, partition, PARTITIONS, attempts, digest=b"")
-        runs: list[tuple[int, int]] = []
-        got: dict[tuple[int, int], list[int]] = {}
-        for item in items:
-            if isinstance(item, DiskChunk):
-                attempt, seq = self.files[(item.partition, item.offset)]
-            else:
-                assert isinstance(item, Chunk)
-                attempt, seq = _TAG.unpack_from(item.buffer.memory, 0)
-                item.buffer.release()
-            pair = (item.partition, item.attempt)
-            assert attempt == item.attempt
-            if not runs or runs[-1] != pair:
-                assert pair not in runs, f"pair {pair} served in two runs: {[*runs, pair]}"
-                runs.append(pair)
-            got.setdefault(pair, []).append(seq)
-        want = {k: v for k, v in self.pushed.items() if k[0] >= partition and k[1] in data.committed}
-        assert got == want
+Scenario = tuple[int, list[Output], list[int], list[tuple[int, int]], int, list[tuple[int, int]]]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(ops, min_size=10, max_size=60))
-def test_each_pair_is_one_run_in_push_order(steps: list[tuple[str, int, int]]) -> None:
-    m = Model()
-    for step in steps:
-        kind, a, p = step
-        match kind:
-            case "push":
-                m.push(a, p)
-            case "commit" if m.out(a).state is MapState.OPEN:
-                m.store.commit(m.out(a))
-            case "abort":
-                m.store.abort(m.out(a))
-            case "spill":
-                m.spill(p, (None, 1, 3)[a])
-            case "finish":
-                m.finish(p, ok=a > 0)  # one in three spills fails (ENOSPC): its chunks go back to memory
-            case "read":
-                m.read(p)
-    for p in range(PARTITIONS):
-        m.finish(p, True)
-    m.read(0)
-    # Every segment comes back once the shuffle is dropped.
-    m.store.unregister_shuffle("app", 0)
-    assert m.pool.used == 0
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    partitions = draw(st.integers(1, 9))
+    outs = [draw(outputs(partitions, a, SEG)) for a in range(1, draw(st.integers(1, 3)) + 1)]
+    order = draw(st.permutations([o.attempt for o in outs for _ in o.groups]))
+    # after which push (or at the end: len(order)) a spill of at most how many pieces runs (0: all)
+    spills = draw(st.lists(st.tuples(st.integers(0, len(order)), st.integers(0, 4)), max_size=4))
+    ranges = draw(st.lists(st.tuples(st.integers(0, partitions), st.integers(0, partitions)), max_size=3))
+    cut = draw(st.integers(0, 1 << 16))
+    return partitions, outs, order, [(min(r), max(r)) for r in ranges], cut, spills
+
+
+def runs(payloads: list[bytes]) -> list[tuple[int, int, bytes]]:
+    return [run for payload in payloads for run in unpack(payload)]
+
+
+async def read_all(
+    pool: GlobalPool,
+    store: Store,
+    disk: Disk | None,
+    partitions: int,
+    outs: list[Output],
+    ranges: list[tuple[int, int]],
+    cut: int,
+) -> None:
+    named = [o.attempt for o in outs]
+    for lo, hi in [(0, partitions), *ranges]:
+        want = {(p, o.attempt): d for o in outs for p, d in o.data.items() if lo <= p < hi}
+        full = await serve(pool, disk, make_plan(store, APP, 0, lo, hi, named, digest=b""))
+        check(runs(full), want)
+        # A relay that passed on the first k payloads resumes on this copy exactly where they stop.
+        k = cut % (len(full) + 1)
+        progress = ReadProgress()
+        for payload in full[:k]:
+            progress.add(memoryview(payload))
+        rest = await serve(pool, disk, make_plan(store, APP, 0, lo, hi, named, progress.resume(), digest=b""))
+        check(runs(full[:k] + rest), want)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scenario) -> None:
+    partitions, outs, order, ranges, cut, spills = scenario
+
+    async def body(root: str) -> None:
+        pool = GlobalPool(512 * SEG, SEG)
+        store = Store(SEG)
+        store.can_spill = True
+        disk = Disk(root)
+        spiller = Spiller(store, pool, disk, 0.85, 0.7)
+        mouts = {o.attempt: store.open_map_output(APP, 0, o.attempt, o.attempt, partitions) for o in outs}
+        pending = {o.attempt: iter(o.groups) for o in outs}
+        for step in range(len(order) + 1):
+            for at, limit in spills:
+                if at == step:
+                    data = store.apps[APP][0]
+                    if limit:
+                        spiller.writes.start(data, list(mouts.values()), limit)
+                    else:
+                        await spiller.spill(data)
+            if step < len(order):
+                a = order[step]
+                push(pool, store, mouts[a], next(pending[a]))
+        lengths = {}
+        for a, out in mouts.items():
+            lengths[a] = store.commit(out).tolist()
+            spiller.journals.committed(out.shuffle, a)  # journaled, as a push session does
+        for o in outs:
+            assert lengths[o.attempt] == [len(o.data.get(p, b"")) for p in range(partitions)]
+        await read_all(pool, store, disk, partitions, outs, ranges, cut)  # memory, disk, both
+        await spiller.flush([store.apps[APP][0]])
+        await disk.sync()
+        await read_all(pool, store, disk, partitions, outs, ranges, cut)  # all on disk
+        assert pool.used == store.memory_segments == 0
+        disk.close()
+        # A restart serves the same from the journal and the file.
+        disk = Disk(root)
+        again = Store(SEG)
+        for loaded in disk.load():
+            again.restore(loaded, SpillFile(disk.data_path(loaded.directory), loaded.file_size))
+        await read_all(pool, again, disk, partitions, outs, ranges, cut)
+        assert pool.used == 0
+        disk.close()
+
+    with tempfile.TemporaryDirectory() as root:
+        run(body(root), 60)

@@ -1,145 +1,137 @@
-"""A read resumed on another copy (PROTOCOL.md §10.6) gets exactly what the failed read had not relayed.
+"""A read resumed on another copy (PROTOCOL.md §10.6) gets exactly what the failed read had
+not relayed, however the copy's pieces are split.
 
-Two stores hold the same pushes as the same chunks but in different states: another commit order and a
-spilled prefix on one of them. Whatever prefix of the primary's stream was relayed (`PairProgress`),
-the copy's resumed snapshot completes it: every pair whole, in push order, nothing twice. A resume
-point that does not fit the copy is refused before anything is retained.
+Two stores hold the same map outputs packed differently (other group boundaries, a run split elsewhere,
+one of them spilled) and committed in another order. Whatever prefix of the primary's payloads was
+relayed (`ReadProgress`), the copy's resumed plan completes it: every pair whole, in push order, nothing
+twice. A resume point that does not fit the copy fails the read before any data.
 """
 
 from __future__ import annotations
 
-import struct
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from shuffled.buffers import Buffer, Chunk, GlobalPool
+from shuffled.buffers import GlobalPool
 from shuffled.protocol.errors import InvalidRequest
-from shuffled.protocol.frames import Resume
-from shuffled.server.serving.input_gate import PairProgress
-from shuffled.server.storage.disk import SpillFile
-from shuffled.server.storage.store import DiskChunk, Store
+from shuffled.protocol.resume import ReadProgress, Resume
+from shuffled.server.serving.plan_feed import PlanFeed
+from shuffled.server.storage.disk import Disk
+from shuffled.server.storage.plan import Plan, make_plan
+from shuffled.server.storage.spill import Spiller
+from shuffled.server.storage.store import Store
+from tests.aio import within
+from tests.pieces import push, serve, split, unpack
 
-SEGMENT = 4096
-PARTITIONS = 3
-_TAG = struct.Struct(">II")  # attempt, sequence within its pair
-#: (partition, attempt, sequence): two attempts pushing interleaved, pairs of 1 to 4 chunks
-PUSHES = [(p, a, s) for s in range(4) for a in (1, 2) for p in range(PARTITIONS) if s < 1 + (p + a) % 4]
-
-Item = tuple[int, int, int, int]  # partition, attempt, sequence, length
+SEG = 4096
+PARTITIONS = 5
+#: attempt -> partition -> bytes: empty partitions, small ones and one spanning several groups
+DATA = {a: {p: bytes([a, p]) * n for p, n in enumerate([700 * a, 0, 5, 3 * SEG // 2, 40]) if n} for a in (1, 2)}
 
 
 class Copy:
-    def __init__(self, commit_order: tuple[int, ...], spill: dict[int, int]) -> None:
-        """The pushes, then the first `spill[p]` chunks of partition p spilled, then the commits."""
-        self.pool = GlobalPool(64 * SEGMENT, SEGMENT)
-        self.store = Store(SEGMENT)
-        self.files: dict[tuple[int, int], tuple[int, int]] = {}
-        outs = {a: self.store.open_map_output("app", 0, a, a, PARTITIONS) for a in (1, 2)}
-        for p, a, s in PUSHES:
-            (buf,) = self.pool.try_take(1) or []
-            buf.set_recycler(self.pool.give)
-            buf.length = SEGMENT // 2 + 7 * s + a  # unequal lengths: the byte count must match too
-            _TAG.pack_into(buf.memory, 0, a, s)
-            self.store.add(outs[a], p, buf, 0)
-        data = self.store.apps["app"][0]
-        for p, n in spill.items():
-            sub = data.subpartitions[p]
-            chunks = self.store.take_for_spill(sub, n)
-            sub.file = SpillFile(f"p{p}.data")
-            at = 0
-            for c in chunks:
-                assert c.buffer is not None
-                self.files[(p, at)] = _TAG.unpack_from(c.buffer.memory, 0)
-                at += c.length
-            sub.file.size = self.store.spilled(data, sub, chunks, 0)
-        for a in commit_order:
-            self.store.commit(outs[a])
+    def __init__(self, root: Path, cuts: list[int], commit_order: tuple[int, ...], spill: bool) -> None:
+        self.pool = GlobalPool(64 * SEG, SEG)
+        self.store = Store(SEG)
+        self.store.can_spill = True
+        self.disk = Disk(str(root))
+        self.spiller = Spiller(self.store, self.pool, self.disk, 0.85, 0.7)
+        self.outs = {a: self.store.open_map_output("app", 0, a, a, PARTITIONS) for a in (1, 2)}
+        for a, out in self.outs.items():
+            for group in split(a, sorted(DATA[a].items()), SEG, cuts):
+                push(self.pool, self.store, out, group)
+        self.spill = spill
+        self.order = commit_order
 
-    def serve(self, start: int, resume: Resume | None = None) -> list[Item]:
-        items, _ = self.store.snapshot("app", 0, start, PARTITIONS, [1, 2], resume, digest=b"")
-        out = []
-        for item in items:
-            if isinstance(item, DiskChunk):
-                a, s = self.files[(item.partition, item.offset)]
-                out.append((item.partition, a, s, item.length))
-            else:
-                assert isinstance(item, Chunk)
-                a, s = _TAG.unpack_from(item.buffer.memory, 0)
-                out.append((item.partition, a, s, item.buffer.length))
-                item.buffer.release()
-            assert a == item.attempt
-        return out
+    async def ready(self) -> Copy:
+        if self.spill:
+            await self.spiller.flush([self.store.apps["app"][0]])
+        for a in self.order:
+            self.store.commit(self.outs[a])
+        return self
 
-    def settled(self) -> bool:
-        return self.pool.used == self.store.memory_segments
+    async def serve(self, resume: Resume | None = None) -> list[bytes]:
+        return await serve(
+            self.pool, self.disk, make_plan(self.store, "app", 0, 0, PARTITIONS, [1, 2], resume, digest=b"")
+        )
 
 
-def _progress(relayed: list[Item]) -> PairProgress:
-    progress = PairProgress()
-    for p, a, _, length in relayed:
-        buf = Buffer(0, memoryview(bytearray(length)), length)
-        buf.length = length
-        progress.add(Chunk(buf, p, a))
-    return progress
+def pairs(payloads: list[bytes]) -> dict[tuple[int, int], bytes]:
+    """Each pair's bytes; a pair must be one run of consecutive runs."""
+    got: dict[tuple[int, int], bytearray] = {}
+    last: tuple[int, int] | None = None
+    for attempt, p, data in (r for payload in payloads for r in unpack(payload)):
+        pair = (p, attempt)
+        if pair != last:
+            assert pair not in got, f"pair {pair} in two runs"
+            last = pair
+        got.setdefault(pair, bytearray()).extend(data)
+    return {k: bytes(v) for k, v in got.items()}
 
 
-def _pairs(stream: list[Item]) -> dict[tuple[int, int], list[int]]:
-    """Each pair's sequence numbers; a pair must be one run (§10.1) and partitions in order."""
-    runs: list[tuple[int, int]] = []
-    got: dict[tuple[int, int], list[int]] = {}
-    for p, a, s, _ in stream:
-        if not runs or runs[-1] != (p, a):
-            assert (p, a) not in runs, f"pair {(p, a)} in two runs"
-            assert not runs or runs[-1][0] <= p
-            runs.append((p, a))
-        got.setdefault((p, a), []).append(s)
-    return got
+WANT = {(p, a): d for a, parts in DATA.items() for p, d in parts.items()}
 
 
-WANT = {(p, a): [s for q, b, s in PUSHES if (q, b) == (p, a)] for p in range(PARTITIONS) for a in (1, 2)}
-
-
+@within(30)
 @pytest.mark.parametrize(
-    "copy_state",
-    [((1, 2), {}), ((2, 1), {}), ((2, 1), {0: 3, 1: 1}), ((1, 2), {0: 7, 1: 4, 2: 2})],
-    ids=["same", "commit-order", "spilled-prefix", "spilled-most"],
+    ("cuts", "order", "spill"),
+    [([], (1, 2), False), ([1, 100, 2000], (2, 1), False), ([3], (2, 1), True), ([50, 51], (1, 2), True)],
+    ids=["same", "other-cuts", "spilled", "spilled-other-cuts"],
 )
-def test_every_cut_point_resumes_to_exactly_the_rest(copy_state: tuple[tuple[int, ...], dict[int, int]]) -> None:
-    primary = Copy((1, 2), {1: 2})
-    full = primary.serve(0)
-    assert _pairs(full) == WANT
-    copy = Copy(*copy_state)
+async def test_every_cut_point_resumes_to_exactly_the_rest(
+    tmp_path: Path, cuts: list[int], order: tuple[int, ...], spill: bool
+) -> None:
+    primary = await Copy(tmp_path / "p", [], (1, 2), False).ready()
+    full = await primary.serve()
+    assert pairs(full) == WANT
+    copy = await Copy(tmp_path / "c", cuts, order, spill).ready()
     for n in range(len(full) + 1):
-        resume = _progress(full[:n]).resume()
-        rest = copy.serve(0 if resume is None else resume.partition, resume)
-        assert _pairs(full[:n] + rest) == WANT, f"cut after {n} chunks"
-        assert copy.settled()
-    assert primary.settled()
+        progress = ReadProgress()
+        for payload in full[:n]:
+            progress.add(memoryview(payload))
+        rest = await copy.serve(progress.resume())
+        assert pairs(full[:n] + rest) == WANT, f"cut after {n} payloads"
+        assert copy.pool.used == copy.store.memory_segments
+    for c in (primary, copy):
+        c.disk.close()
 
 
-def test_a_resume_point_that_does_not_fit_is_refused_before_anything_is_retained() -> None:
-    copy = Copy((1, 2), {0: 2})
-    full = copy.serve(0)
-    good = _progress(full[:3]).resume()
-    assert good is not None and good.chunks >= 1
-    bad = [
-        Resume(good.partition, good.done, good.attempt, good.chunks, good.bytes + 1),  # bytes differ
-        Resume(good.partition, good.done, good.attempt, 99, good.bytes),  # more chunks than the pair has
-        Resume(good.partition + 1, good.done, good.attempt, good.chunks, good.bytes),  # not the start
-        Resume(good.partition, (7,), good.attempt, good.chunks, good.bytes),  # an attempt not named
+async def _feed(copy: Copy, plan: Plan, sent: list[object]) -> None:
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    services: Any = SimpleNamespace(pool=copy.pool, disk=copy.disk, objects=None)
+    PlanFeed(services, plan, lambda chunk, _: sent.append(chunk), lambda: 64).start(
+        lambda: done.set_result(None), done.set_exception
+    )
+    await done
+
+
+@within(30)
+async def test_a_resume_point_that_does_not_fit_fails_before_any_data(tmp_path: Path) -> None:
+    copy = await Copy(tmp_path, [], (1, 2), False).ready()
+    good = Resume((), 2, 3, 100)
+    assert pairs(await copy.serve(good))  # fits: the rest of pair (3, 2), then attempt 1
+    refused = [
+        (Resume((), 2, 3, len(DATA[2][3]) + 1), "does not match this copy"),  # more bytes than the pair
+        (Resume((), 2, 1, 1), "does not match this copy"),  # an empty pair
+        (Resume((), 2, PARTITIONS, 0), "outside"),  # not in the range
+        (Resume((7,), 2, 3, 1), "not named by the request"),  # an attempt not named
     ]
-    for resume in bad:
+    for resume, why in refused:
         used = copy.pool.used
-        with pytest.raises(InvalidRequest):
-            copy.store.snapshot("app", 0, good.partition, PARTITIONS, [1, 2], resume, digest=b"")
+        sent: list[object] = []
+        with pytest.raises(InvalidRequest, match=why):
+            await _feed(copy, make_plan(copy.store, "app", 0, 0, PARTITIONS, [1, 2], resume, digest=b""), sent)
+        assert not sent, "nothing is served before the error"
         assert copy.pool.used == used
-    with pytest.raises(InvalidRequest, match="does not match this copy"):
-        copy.store.snapshot("app", 0, good.partition, PARTITIONS, [1, 2], bad[0], digest=b"")
-    copy.store.unregister_shuffle("app", 0)
-    assert copy.pool.used == 0
+    copy.disk.close()
 
 
-def test_resume_wire_form_round_trips() -> None:
-    for resume in (Resume(3, (1, 2), 5, 4, 1000), Resume(0)):
+@within(30)
+async def test_resume_wire_form_round_trips() -> None:
+    for resume in (Resume((1, 2), 5, 4, 1000), Resume()):
         assert Resume.from_wire(resume.to_wire()) == resume
-    assert "attempt" not in Resume(0).to_wire()
+    assert "attempt" not in Resume().to_wire()

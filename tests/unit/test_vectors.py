@@ -19,8 +19,11 @@ import pytest
 from shuffled.protocol import frames as F
 from shuffled.protocol.auth import acceptor_proof, app_token, dialer_proof, drain_challenge_proof, drain_proof
 from shuffled.protocol.codec import FrameReader, decode_all, encode
+from shuffled.protocol.compression import decompress_run
 from shuffled.protocol.credit import DEFAULT_FLOATING, ChannelCredit, FloatingPool, OutboundStream
-from shuffled.protocol.errors import ProtocolError
+from shuffled.protocol.errors import ErrorCode, InvalidRequest, ProtocolError, ShuffledError
+from shuffled.protocol.packed import Directory, check_push, directory, group_bytes, read_payload, slice_group, walk
+from shuffled.protocol.resume import Resume
 
 PROTO = Path(__file__).parents[2] / "proto"
 DOC = PROTO / "PROTOCOL.md"
@@ -33,6 +36,9 @@ INVALID: list[dict[str, Any]] = VECTORS["invalid"]
 #: what only daemons send each other (§15): the reference codec is a daemon's, so it must hold all of these too
 PEER_VALID: list[dict[str, Any]] = VECTORS["peer_vectors"]["vectors"]
 PEER_INVALID: list[dict[str, Any]] = VECTORS["peer_vectors"]["invalid"]
+PEER_REFUSED: list[dict[str, Any]] = VECTORS["peer_vectors"]["refused"]
+PACKED_VALID: list[dict[str, Any]] = VECTORS["packed"]["valid"]
+PACKED_INVALID: list[dict[str, Any]] = VECTORS["packed"]["invalid"]
 ALL_VALID = VALID + PEER_VALID
 ALL_INVALID = INVALID + PEER_INVALID
 MAX_PAYLOAD: int = VECTORS["max_payload"]
@@ -45,7 +51,7 @@ def build(fields: dict[str, Any]) -> F.Frame:
     if "role" in kwargs:
         kwargs["role"] = F.Role[kwargs["role"]]
     if "resume" in kwargs:
-        kwargs["resume"] = F.Resume.from_wire(kwargs["resume"])
+        kwargs["resume"] = Resume.from_wire(kwargs["resume"])
     if "kind" in kwargs:
         kwargs["kind"] = F.BufferKind[kwargs["kind"]]
     if "payload_hex" in kwargs:
@@ -60,7 +66,7 @@ def build(fields: dict[str, Any]) -> F.Frame:
 def feed(data: bytes, step: int = 1) -> tuple[list[F.Frame], FrameReader]:
     """Decode `data` handing the reader at most `step` bytes at a time."""
 
-    def sink(ftype: F.FrameType, stream: int, partition: int, length: int) -> tuple[memoryview, bytearray]:
+    def sink(ftype: F.FrameType, stream: int, length: int) -> tuple[memoryview, bytearray]:
         buf = bytearray(length)
         return memoryview(buf), buf
 
@@ -109,9 +115,10 @@ def test_drain_example_matches_the_spelled_out_computation() -> None:
 def test_vector_file_shape() -> None:
     assert VECTORS["protocol_version"] == F.VERSION
     assert MAX_PAYLOAD == F.DEFAULT_MAX_PAYLOAD
-    names = _ids(ALL_VALID) + _ids(DECODE_ONLY) + _ids(ALL_INVALID)
+    names = _ids(ALL_VALID) + _ids(DECODE_ONLY) + _ids(ALL_INVALID) + _ids(PEER_REFUSED)
+    names += _ids(PACKED_VALID) + _ids(PACKED_INVALID)
     assert len(names) == len(set(names)), "vector names must be unique"
-    for entry in ALL_VALID + DECODE_ONLY + ALL_INVALID:
+    for entry in ALL_VALID + DECODE_ONLY + ALL_INVALID + PEER_REFUSED:
         assert re.fullmatch(r"(?:[0-9a-f]{2})+", entry["hex"]), entry["name"]
 
 
@@ -164,6 +171,128 @@ def test_every_frame_type_has_a_vector() -> None:
     covered = {v["frame"]["type"] for v in VALID}
     missing = [t.name for t in F.FrameType if t.name not in covered]
     assert not missing, f"frame types without a golden vector: {missing}"
+
+
+# --------------------------------------------------------------------------- packed payloads (§3.3)
+
+
+def _groups_json(groups: list[Directory], payload: bytes) -> list[dict[str, Any]]:
+    return [
+        {"attempt": d.attempt, "runs": [{"partition": p, "data_hex": payload[a:b].hex()} for p, a, b in d.runs()]}
+        for d in groups
+    ]
+
+
+def _check_payload(entry: dict[str, Any], payload: bytes) -> list[Directory]:
+    """What the party that checks this frame's payloads makes of it (§7.6, §7.10)."""
+    context = entry["context"]
+    if entry["frame"] == "PUSH_DATA":
+        check_push(payload, context["attempt"], context["partitions"])
+        return [directory(payload)]
+    return read_payload(payload, context["start"], context["end"], set(context["attempts"]))
+
+
+@pytest.mark.parametrize("entry", PACKED_VALID, ids=_ids(PACKED_VALID))
+def test_packed_payloads_encode_and_read_back(entry: dict[str, Any]) -> None:
+    """Packing each payload's runs gives its bytes; checking it gives its groups; the runs give the pairs."""
+    pairs: dict[tuple[int, int], bytes] = {}
+    for payload_entry in entry["payloads"]:
+        payload = bytes.fromhex(payload_entry["hex"])
+        groups = payload_entry["groups"]
+        packed = b"".join(
+            group_bytes(g["attempt"], [(r["partition"], bytes.fromhex(r["data_hex"])) for r in g["runs"]])
+            for g in groups
+        )
+        assert packed == payload
+        parsed = _check_payload(entry, payload)
+        assert _groups_json(parsed, payload) == groups
+        for d in parsed:
+            for p, a, b in d.runs():
+                pairs[(p, d.attempt)] = pairs.get((p, d.attempt), b"") + payload[a:b]
+    assert [{"partition": p, "attempt": a, "data_hex": d.hex()} for (p, a), d in pairs.items()] == entry["pairs"]
+
+
+@pytest.mark.parametrize("entry", PACKED_INVALID, ids=_ids(PACKED_INVALID))
+def test_malformed_packed_payloads_are_refused_where_they_are_checked(entry: dict[str, Any]) -> None:
+    """A daemon refuses a PushData's group with INVALID_REQUEST on the stream, a reader a BufferResponse's
+    with PROTOCOL; the frame around it decodes (the codec does not look inside payloads)."""
+    expected = InvalidRequest if entry["detected_by"] == "daemon" else ProtocolError
+    assert {"daemon": "PUSH_DATA", "reader": "BUFFER_RESPONSE"}[entry["detected_by"]] == entry["frame"]
+    with pytest.raises(ShuffledError) as info:
+        _check_payload(entry, bytes.fromhex(entry["hex"]))
+    assert type(info.value) is expected and info.value.code == entry["code"], info.value.message
+
+
+def test_packed_vectors_cover_every_rule_at_both_layers() -> None:
+    names = {e["name"] for e in PACKED_INVALID}
+    for rule in (
+        "an empty payload",
+        "shorter than a group header",
+        "count 0",
+        "a directory cut short",
+        "runs out of order",
+        "two runs of one partition",
+        "a run of length 0",
+        "lengths past the payload",
+        "trailing bytes",
+    ):
+        assert {f"push: {rule}", f"read: {rule}"} <= names, rule
+    assert {e["code"] for e in PACKED_INVALID} == {ErrorCode.INVALID_REQUEST, ErrorCode.PROTOCOL}
+    assert any(len(e["payloads"]) == 3 for e in PACKED_VALID), "a partition spanning several buffers"
+    assert any(len(p["groups"]) > 1 for e in PACKED_VALID for p in e["payloads"]), "several groups in a payload"
+
+
+@pytest.mark.parametrize("vector", ALL_VALID + DECODE_ONLY, ids=_ids(ALL_VALID + DECODE_ONLY))
+def test_every_data_frame_vector_carries_packed_groups(vector: dict[str, Any]) -> None:
+    frame = vector["frame"]
+    payload = bytes.fromhex(frame.get("payload_hex", ""))
+    if frame["type"] == "PUSH_DATA":
+        check_push(payload, int.from_bytes(payload[:8], "big"), 1 << 24)
+    elif frame["type"] == "BUFFER_RESPONSE" and frame["kind"] == "DATA":
+        assert read_payload(payload, 0, 1 << 32, {attempt for attempt, *_ in walk(payload)})
+
+
+def test_the_worked_example_serves_part_of_a_stored_group() -> None:
+    """§14's buffer 1 is the part of attempt 7's second group in the range [3, 5): a new header, the
+    directory's slice and the data's slice."""
+    stored = group_bytes(7, [(4, b"fg"), (5, b"x")])
+    part = slice_group(memoryview(stored), 3, 5)
+    assert part is not None
+    by_name = {v["name"]: v["frame"] for v in VALID}
+    assert b"".join(bytes(p) for p in part.parts).hex() == by_name["example: buffer 1"]["payload_hex"]
+
+
+@pytest.mark.parametrize("entry", VECTORS["packed"]["compressed_runs"], ids=lambda e: e["name"])
+def test_compressed_runs_decompress_to_their_data(entry: dict[str, Any]) -> None:
+    assert bytes(decompress_run(memoryview(bytes.fromhex(entry["run_hex"])))) == bytes.fromhex(entry["data_hex"])
+
+
+# --------------------------------------------------------------------------- resume (§10.6)
+
+
+def _resumed(vector: dict[str, Any]) -> tuple[F.PartitionRequest, Resume]:
+    (request,) = decode_all(bytes.fromhex(vector["hex"]))
+    assert isinstance(request, F.PartitionRequest) and request.resume is not None
+    return request, request.resume
+
+
+def _named(request: F.PartitionRequest) -> set[int]:
+    return {a for attempts in request.locations.values() for a in attempts}
+
+
+@pytest.mark.parametrize("vector", [v for v in PEER_VALID if "resume" in v["frame"]], ids=lambda v: v["name"])
+def test_resume_vectors_fit_their_requests(vector: dict[str, Any]) -> None:
+    request, resume = _resumed(vector)
+    resume.check(request.start, request.end, _named(request))
+    assert resume.to_wire() == vector["frame"]["resume"]
+
+
+@pytest.mark.parametrize("entry", PEER_REFUSED, ids=_ids(PEER_REFUSED))
+def test_resume_points_that_do_not_fit_their_request_are_refused(entry: dict[str, Any]) -> None:
+    request, resume = _resumed(entry)
+    with pytest.raises(InvalidRequest) as info:
+        resume.check(request.start, request.end, _named(request))
+    assert info.value.code == entry["code"]
 
 
 def test_client_vectors_carry_no_daemon_only_key() -> None:

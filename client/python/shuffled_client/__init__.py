@@ -13,7 +13,7 @@ from shuffled.protocol.errors import (
     StorageError,
 )
 
-from .aio import AsyncClient, MapWriter, PartitionReader, ReadChunk
+from .aio import AsyncClient, MapWriter, PartitionReader, ReadChunk, ReadGroup
 from .sync import Client, Reader, Writer
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "PeerUnavailable",
     "QuotaExceeded",
     "ReadChunk",
+    "ReadGroup",
     "Reader",
     "ShuffledError",
     "ShuttingDown",

@@ -1,32 +1,38 @@
 """asyncio client: push map output into the local daemon and read reduce partitions.
 
 The client speaks the same frames as the daemons and reuses the daemon's codec,
-credit state machines and pool: writes are batched into pool segments per
-partition (the work per buffer, never per record), pushed under the daemon's push
-credit, and committed; reads arrive straight into the client's own pool segments
-and each chunk's buffer becomes credit again when the caller is done with it.
+credit state machines and pool. A writer collects the writes for all partitions in
+one bounded buffer; when it is full (and at commit) the bytes go out ordered by
+partition, packed into full pool segments (many partitions per segment, PROTOCOL.md
+§3.3: the work is per segment, never per record), pushed under the daemon's push
+credit, and committed. Reads arrive straight into the client's own pool segments;
+each run of a partition is one chunk, and a segment becomes credit again when
+iteration has passed its last run.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from itertools import chain, repeat
+from operator import add
+from typing import Any, TypeVar
 
-from shuffled.buffers import Buffer, Chunk, GlobalPool, LocalPool
+from shuffled.buffers import Buffer, GlobalPool, LocalPool
 from shuffled.net.channel import InputChannel
 from shuffled.net.connection import FrameConnection, endpoint_name
 from shuffled.net.once_per_turn import OncePerTurn
-from shuffled.net.streams import PushEvent, PushStream
+from shuffled.net.streams import Payload, PushEvent, PushStream
 from shuffled.protocol.auth import app_token, secret_bytes
-from shuffled.protocol.compression import OVERHEAD, check_codec, compress_in_place, decompress
+from shuffled.protocol.compression import check_codec, compress_block, decompress_run
 from shuffled.protocol.connection import ProtocolConnection, Side, release_payload
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING, ChannelCredit, FloatingPool
 from shuffled.protocol.errors import (
     ConnectionLost,
     InvalidRequest,
     MapOutputStateError,
+    ProtocolError,
     ShuffledError,
 )
 from shuffled.protocol.events import (
@@ -41,10 +47,15 @@ from shuffled.protocol.events import (
     PushCredited,
     StreamFailed,
 )
-from shuffled.protocol.frames import MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import DURABILITIES, MAX_REPLICAS, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.packed import Directory, RunPacker, read_payload
 
 #: client-side pool: enough for a few concurrent writers and readers
 DEFAULT_CLIENT_POOL = 4 << 20
+#: bytes a writer collects before it orders them by partition and pushes them
+DEFAULT_WRITER_BUFFER = 8 << 20
+
+T = TypeVar("T")
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
@@ -159,22 +170,40 @@ class AsyncClient:
         partitions: int,
         compression: str | None = None,
         replicas: int | None = None,
+        buffer_size: int = DEFAULT_WRITER_BUFFER,
+        durability: str | None = None,
     ) -> MapWriter:
         """Open one map attempt's output; waits for the daemon's first push credit.
 
-        `compression="lz4"` compresses each buffer (PROTOCOL.md §10.5); every writer and reader of the
+        `compression="lz4"` compresses each run (PROTOCOL.md §10.5); every writer and reader of the
         application must then use it. `replicas` (1..4) asks for that many copies of the output, the
         daemon's own included, so it stays readable when a daemon is lost; None leaves it to the daemon's
-        `replicas` setting (PROTOCOL.md §7.8).
+        `replicas` setting (PROTOCOL.md §7.8). `buffer_size` bounds the bytes `write` collects before they
+        go out ordered by partition: the larger, the fewer times a partition's data is cut (each flush
+        pushes every partition it holds once). `durability="object-store"` asks the daemon to upload the
+        committed output to its object store, so any daemon can serve it once this one's host is lost
+        (`"none"`: not even when the daemon's `durability` setting says so; None: as it says; §12.5).
         """
         check_codec(compression)
         check_replicas(replicas)
+        if durability is not None and durability not in DURABILITIES:
+            raise ValueError(f"durability must be one of {', '.join(DURABILITIES)} or None, got {durability!r}")
+        if buffer_size < 0:
+            raise ValueError(f"buffer_size must be at least 0, got {buffer_size}")
         self._check()
         proto = self._proto()
-        writer = MapWriter(self, proto.new_stream_id(), partitions, compression)
+        writer = MapWriter(self, proto.new_stream_id(), attempt, partitions, compression, buffer_size)
         self._writers[writer.stream.stream] = writer
         req = OpenMapOutput(
-            writer.stream.stream, app, shuffle, map_index, attempt, partitions, self._token(app), replicas
+            writer.stream.stream,
+            app,
+            shuffle,
+            map_index,
+            attempt,
+            partitions,
+            self._token(app),
+            replicas,
+            durability=durability,
         )
         proto.open_push(req, writer.stream)
         await writer._opened
@@ -379,55 +408,132 @@ class AsyncClient:
 
 
 class MapWriter:
-    """Buffers writes per partition into pool segments and pushes full ones under push credit."""
+    """One map attempt's output: writes collected in one bounded buffer, pushed ordered by partition.
 
-    def __init__(self, client: AsyncClient, stream_id: int, partitions: int, compression: str | None = None) -> None:
+    The buffer holds each partition's bytes appended in write order (one growing bytearray per partition
+    written since the last flush, so a write is a dict lookup and one copy, whatever the partition count);
+    a flush joins them in partition order and packs the result into full segments (`RunPacker`), so every
+    flush is one ascending sequence of packed groups and a partition's writes keep their order.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        stream_id: int,
+        attempt: int,
+        partitions: int,
+        compression: str | None = None,
+        buffer_size: int = DEFAULT_WRITER_BUFFER,
+    ) -> None:
         self.client = client
+        self.attempt = attempt
         self.partitions = partitions
         self.compression = compression
+        self.buffer_size = buffer_size
         #: bytes written per partition before compression (what `commit()` returns is what the daemon stores)
         self.uncompressed_lengths = [0] * partitions
-        self._room = OVERHEAD if compression else 0
         self.stream = PushStream(stream_id)
-        self._open: dict[int, Buffer] = {}
+        self._held: dict[int, bytearray] = {}
+        self._held_bytes = 0
         loop = asyncio.get_running_loop()
         self._opened: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[list[int] | None] = loop.create_future()
         self._finished = False
         self.bytes_written = 0
 
+    def write_nowait(self, partition: int, data: bytes | bytearray | memoryview) -> bool:
+        """`write` when the buffer has room (a copy of `data` goes in it); False, having done nothing, when the
+        buffer must be flushed first: then call `write`."""
+        if type(data) is not bytes or self._finished or not 0 <= partition < self.partitions:
+            data = self._accept(partition, data)  # what is wrong, or any other buffer as a view of bytes
+        n = len(data)
+        if self._held_bytes + n > self.buffer_size:
+            return False
+        held = self._held.get(partition)
+        if held is None:
+            self._held[partition] = bytearray(data)
+        else:
+            held += data
+        self._held_bytes += n
+        self.bytes_written += n
+        self.uncompressed_lengths[partition] += n
+        return True
+
     async def write(self, partition: int, data: bytes | bytearray | memoryview) -> None:
-        """Append bytes to a reduce partition (copied into pool segments, pushed when full)."""
-        if self._finished:
-            raise MapOutputStateError("write after commit or abort")
-        if not 0 <= partition < self.partitions:
-            raise InvalidRequest(f"partition {partition} outside 0..{self.partitions - 1}")
-        self._raise_if_failed()
-        view = memoryview(data).cast("B")
+        """Append bytes to a reduce partition. They are copied: `data` may be reused when this returns."""
+        if self.write_nowait(partition, data):
+            return
+        await self._flush()
+        if self.write_nowait(partition, data):
+            return
+        view = self._accept(partition, data)  # larger than the whole buffer: packed straight from `data`
         self.bytes_written += len(view)
         self.uncompressed_lengths[partition] += len(view)
-        while len(view):
-            buf = self._open.get(partition)
-            if buf is None:
-                buf = await self._take_buffer()
-                self._open[partition] = buf
-            capacity = len(buf.memory) - self._room
-            n = min(capacity - buf.length, len(view))
-            buf.memory[buf.length : buf.length + n] = view[:n]
-            buf.length += n
-            view = view[n:]
-            if buf.length == capacity:
-                del self._open[partition]
-                self._push(Chunk(buf, partition, 0))
+        await self._push_packed(RunPacker((partition,), (len(view),), view))
+
+    async def write_sorted(self, lengths: Sequence[int], data: bytes | bytearray | memoryview) -> None:
+        """Write data already grouped by partition: `lengths[p]` bytes of partition p, back to back in `data`
+        (the shape of a Spark index file; zeros for empty partitions, partitions past `len(lengths)` empty).
+
+        What `write` buffered goes out first, then `data` is packed straight into segments: no copy into the
+        buffer, and a few C-level calls per segment however many partitions. `data` may be reused when this
+        returns."""
+        self._check_open()
+        if len(lengths) > self.partitions:
+            raise InvalidRequest(f"{len(lengths)} lengths for a map output of {self.partitions} partitions")
+        view = memoryview(data).cast("B")
+        packer = RunPacker.from_lengths(lengths, view)  # ValueError: lengths that do not describe `data`
+        await self._flush()
+        if self.bytes_written:
+            self.uncompressed_lengths = list(map(add, self.uncompressed_lengths, chain(lengths, repeat(0))))
+        else:  # the first write: one C-level copy, not the sums above (20 ns a partition)
+            self.uncompressed_lengths[: len(lengths)] = lengths
+        self.bytes_written += len(view)
+        await self._push_packed(packer)
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise MapOutputStateError("write after commit or abort")
+        self._raise_if_failed()
+
+    def _accept(self, partition: int, data: bytes | bytearray | memoryview) -> memoryview:
+        """`data` as bytes to write to `partition`, or the error writing it is."""
+        self._check_open()
+        if not 0 <= partition < self.partitions:
+            raise InvalidRequest(f"partition {partition} outside 0..{self.partitions - 1}")
+        return memoryview(data).cast("B")
+
+    async def _flush(self) -> None:
+        """Push what the buffer holds: one ascending sequence of full groups."""
+        if not self._held:
+            return
+        order = sorted(self._held)
+        held = list(map(self._held.__getitem__, order))
+        lengths = list(map(len, held))
+        data = b"".join(held)
+        del held
+        self._held = {}
+        self._held_bytes = 0
+        await self._push_packed(RunPacker(order, lengths, data, ascending=True))
+
+    async def _push_packed(self, packer: RunPacker) -> None:
+        while not packer.done:
+            buf = await self._take_buffer()
+            if self.compression:
+                buf.length = packer.pack_blocks_into(buf.memory, self.attempt, compress_block)
+            else:
+                buf.length = packer.pack_into(buf.memory, self.attempt)
+            if self.stream.closed:  # the daemon failed this writer: nothing more goes out
+                buf.release()
+                self._raise_if_failed()
+                return
+            self.stream.push_data(Payload(buf))
+            self.client._wake(self.stream)
 
     async def _take_buffer(self) -> Buffer:
         pool = self.client.pool
         assert pool is not None
         got = pool.try_take(1)
-        if got is None and self._open:
-            # Out of client memory: push the fullest partial buffer to make room.
-            p = max(self._open, key=lambda k: self._open[k].length)
-            self._push(Chunk(self._open.pop(p), p, 0))
         if got is None:
             # Wait for memory, or for the daemon to fail this writer (then stop waiting).
             take = pool.take_later(1)
@@ -445,19 +551,11 @@ class MapWriter:
         buf.set_recycler(pool.give)
         return buf
 
-    def _push(self, chunk: Chunk) -> None:
-        if self.stream.closed:  # the daemon failed this writer: nothing more goes out
-            chunk.buffer.release()
-            return
-        if self.compression:
-            buf = chunk.buffer
-            buf.length = compress_in_place(buf.memory, buf.length)
-        self.stream.push_data(chunk)
-        self.client._wake(self.stream)
-
     async def commit(self) -> list[int]:
         """Push what is buffered and commit; returns bytes per reduce partition as the daemon stored them."""
-        self._finish(PushEvent.COMMIT)
+        self._finish()
+        await self._flush()
+        self._send(PushEvent.COMMIT)
         lengths = await self._done
         assert lengths is not None
         return lengths
@@ -466,17 +564,19 @@ class MapWriter:
         """Drop this map attempt's output; the daemon frees its buffers."""
         if self._finished and self._done.done():
             return
-        self._finish(PushEvent.ABORT)
+        self._finish()
+        self._held.clear()
+        self._send(PushEvent.ABORT)
         await self._done
 
-    def _finish(self, event: PushEvent) -> None:
+    def _finish(self) -> None:
         if self._finished:
             raise MapOutputStateError("map output already committed or aborted")
         self._raise_if_failed()
         self._finished = True
-        for p, buf in sorted(self._open.items()):
-            self._push(Chunk(buf, p, 0))
-        self._open.clear()
+
+    def _send(self, event: PushEvent) -> None:
+        self._raise_if_failed()
         self.stream.push_event(event)
         self.client._wake(self.stream)
 
@@ -497,9 +597,7 @@ class MapWriter:
     def _on_error(self, exc: ShuffledError) -> None:
         self._finished = True
         self.stream.shutdown()
-        for buf in self._open.values():
-            buf.release()
-        self._open.clear()
+        self._held.clear()
         for fut in (self._opened, self._done):
             if not fut.done():
                 fut.set_exception(exc)
@@ -507,53 +605,113 @@ class MapWriter:
 
 
 class ReadChunk:
-    """One chunk of a reduce partition; `data` is valid until `release()` (or the next iteration)."""
+    """One run: bytes one map attempt wrote for one reduce partition (all of them, or the next part when the
+    pair spans runs, which then come one after another). `data` is valid until `release()` or the next
+    iteration; the pool buffer it lies in is shared with the other runs of its BufferResponse."""
 
-    __slots__ = ("_buffer", "_compressed", "_data", "attempt", "partition")
+    __slots__ = ("_buffer", "_compressed", "_data", "_end", "_start", "attempt", "partition")
 
-    def __init__(self, buffer: Buffer, partition: int, attempt: int, compressed: bool = False) -> None:
+    def __init__(
+        self, buffer: Buffer, partition: int, attempt: int, start: int, end: int, compressed: bool = False
+    ) -> None:
+        buffer.retain()
         self._buffer: Buffer | None = buffer
         self.partition = partition
         self.attempt = attempt
+        self._start = start
+        self._end = end
         self._compressed = compressed
         self._data: memoryview | None = None
 
     @property
     def data(self) -> memoryview:
-        """The chunk's bytes (decompressed on first use for a compressed application; the pool buffer,
-        and so its credit, is held until `release()` either way, which keeps a reader's memory bounded)."""
+        """The run's bytes (decompressed on first use for a compressed application; the pool buffer, and so
+        its credit, is held until iteration passes its last run either way, which bounds a reader's memory)."""
         if self._buffer is None:
             raise ValueError("chunk already released")
-        if not self._compressed:
-            return self._buffer.data()
         if self._data is None:
-            self._data = decompress(self._buffer.data())
+            run = self._buffer.memory[self._start : self._end]
+            self._data = decompress_run(run) if self._compressed else run
         return self._data
 
     def release(self) -> None:
-        """Give the buffer back: it becomes credit for the daemon to send the next one."""
+        """Let go of the run; its buffer becomes credit again once every run of it is let go and passed."""
         if self._buffer is not None:
             buf, self._buffer = self._buffer, None
             self._data = None
             buf.release()
 
 
+class ReadGroup:
+    """One packed group as it arrived (PROTOCOL.md §3.3): `lengths[k]` bytes of reduce partition `partitions[k]`,
+    written by map attempt `attempt`, back to back in `data` (partitions strictly ascending, every length at
+    least 1). The tuples are the directory as parsed when the buffer was checked and `data` is a slice of the
+    received buffer, so a group costs one object whatever its run count: the view for consumers that handle
+    bytes in bulk (count, checksum, hand to numpy) rather than a run at a time. A pair (partition, attempt)
+    may continue in the next group, as its runs do. Valid until `release()` or the next iteration; the
+    buffer is shared with the other groups of its BufferResponse."""
+
+    __slots__ = ("_buffer", "_end", "_start", "attempt", "lengths", "partitions")
+
+    def __init__(self, buffer: Buffer, d: Directory) -> None:
+        buffer.retain()
+        self._buffer: Buffer | None = buffer
+        self.attempt = d.attempt
+        self.partitions = d.partitions
+        self.lengths = d.lengths
+        self._start = d.data
+        self._end = d.end
+
+    @property
+    def data(self) -> memoryview:
+        """The runs' bytes back to back: run k is the `lengths[k]` bytes after the first k runs'."""
+        if self._buffer is None:
+            raise ValueError("group already released")
+        return self._buffer.memory[self._start : self._end]
+
+    def release(self) -> None:
+        """Let go of the group; its buffer becomes credit again once every group of it is let go and passed."""
+        if self._buffer is not None:
+            buf, self._buffer = self._buffer, None
+            buf.release()
+
+
+def _runs(groups: list[Directory]) -> Iterator[tuple[int, int, int, int]]:
+    """(partition, attempt, start, end) of each run of a payload's groups, in order."""
+    for d in groups:
+        attempt = d.attempt
+        for partition, start, end in d.runs():
+            yield partition, attempt, start, end
+
+
 class PartitionReader(InputChannel):
-    """An input gate with one channel (to the local daemon), credit-controlled."""
+    """An input gate with one channel (to the local daemon), credit-controlled.
+
+    Iterate it for one chunk per run, or `groups()` for one view per packed group (the bulk read); one or the
+    other per reader."""
 
     def __init__(self, client: AsyncClient, receiver: int, req: PartitionRequest, compressed: bool = False) -> None:
         self._floating = FloatingPool(client.floating)
         super().__init__(receiver, ChannelCredit(client.exclusive, self._floating))
         self.client = client
         self.req = req
+        #: the attempts the request names: a group of any other is malformed (§7.6)
+        self._attempts = frozenset(chain.from_iterable(req.locations.values()))
         self._pool: LocalPool | None = None
-        self._queue: deque[ReadChunk] = deque()
+        self._queue: deque[tuple[Buffer, list[Directory]]] = deque()
         self._wake = asyncio.Event()
         self._error: ShuffledError | None = None
         self._ended = False
         self._started = False
-        self._current: ReadChunk | None = None
-        #: the application's writers compress their buffers (see AsyncClient.read)
+        #: the payload iteration is in, and its runs (chunks) or groups still to come
+        self._payload: Buffer | None = None
+        self._runs: Iterator[tuple[int, int, int, int]] = iter(())
+        self._groups: Iterator[Directory] = iter(())
+        #: what the caller was handed last (released when it asks for the next)
+        self._current: ReadChunk | ReadGroup | None = None
+        #: "chunks" or "groups", once the caller chose
+        self._mode = ""
+        #: the application's writers compress their runs (see AsyncClient.read)
         self.compressed = compressed
         self._announce_soon = OncePerTurn(self._announce)
         self._closed = False
@@ -583,8 +741,15 @@ class PartitionReader(InputChannel):
     def local_pool(self) -> LocalPool | None:
         return self._pool
 
-    def deliver(self, chunk: Chunk) -> None:
-        self._queue.append(ReadChunk(chunk.buffer, chunk.partition, chunk.attempt, self.compressed))
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        """The CRC checked out; now the groups' structure (§7.6): a malformed payload fails the read."""
+        try:
+            groups = read_payload(payload.data(), self.req.start, self.req.end, self._attempts)
+        except ProtocolError as exc:
+            payload.release()
+            self.on_stream_error(ProtocolError(f"read stream {self.receiver}: {exc.message}"))
+            return
+        self._queue.append((payload, groups))
         self._wake.set()
 
     def on_end(self) -> None:
@@ -611,12 +776,59 @@ class PartitionReader(InputChannel):
         self._wake.set()
 
     async def next_chunk(self) -> ReadChunk | None:
-        """The next chunk (the previous one is released), or None at the end of the partitions."""
-        if not self._started:  # checked here: awaiting a coroutine per chunk was 1 % of a reading client
-            await self._start()
+        """The next run (the previous one is released), or None at the end of the partitions."""
+        if self._mode != "chunks":
+            await self._begin("chunks")
         if self._current is not None:
             self._current.release()
             self._current = None
+        while True:
+            run = next(self._runs, None)
+            if run is not None:
+                assert self._payload is not None
+                chunk = self._current = ReadChunk(self._payload, *run, self.compressed)
+                return chunk
+            groups = await self._next_payload()
+            if groups is None:
+                return None
+            self._runs = _runs(groups)
+
+    async def next_group(self) -> ReadGroup | None:
+        """The next packed group as received (the previous one is released), or None at the end of the partitions.
+
+        The bulk read: one object per group (a 32 KiB buffer holds one or a few), never one per run. Refused for
+        a compressed application, whose runs are LZ4 blocks that decompress a run at a time: iterate chunks."""
+        if self.compressed:
+            raise ValueError("a compressed read decompresses each run on its own: iterate its chunks, not groups")
+        if self._mode != "groups":
+            await self._begin("groups")
+        if self._current is not None:
+            self._current.release()
+            self._current = None
+        while True:
+            d = next(self._groups, None)
+            if d is not None:
+                assert self._payload is not None
+                group = self._current = ReadGroup(self._payload, d)
+                return group
+            groups = await self._next_payload()
+            if groups is None:
+                return None
+            self._groups = iter(groups)
+
+    async def _begin(self, mode: str) -> None:
+        """The first step of an iteration: start the read (if `async with` did not) in this `mode`, the only one
+        this reader then takes. Called once, not per chunk: awaiting a coroutine per chunk was 1 % of a reader."""
+        if self._mode:
+            raise ValueError(f"this reader hands out {self._mode}: one kind of iteration per reader")
+        self._mode = mode
+        await self._start()
+
+    async def _next_payload(self) -> list[Directory] | None:
+        """Let go of the payload iteration passed, then the next one's groups (waiting for it), or None at the end."""
+        if self._payload is not None:
+            self._payload.release()
+            self._payload = None
         while not self._queue:
             if self._error is not None:
                 await self.aclose()
@@ -626,25 +838,21 @@ class PartitionReader(InputChannel):
                 return None
             self._wake.clear()
             await self._wake.wait()
-        self._current = self._queue.popleft()
-        return self._current
+        self._payload, groups = self._queue.popleft()
+        return groups
 
     def __aiter__(self) -> AsyncIterator[ReadChunk]:
-        return self._iterate()
+        return _steps(self.next_chunk)
 
-    async def _iterate(self) -> AsyncIterator[ReadChunk]:
-        while True:
-            chunk = await self.next_chunk()
-            if chunk is None:
-                return
-            yield chunk
+    def groups(self) -> AsyncIterator[ReadGroup]:
+        """`async for group in reader.groups()`: every packed group, in the order received (see `next_group`)."""
+        return _steps(self.next_group)
 
     async def read_all(self) -> bytes:
-        """Convenience for small partitions: every chunk's bytes, concatenated."""
-        parts = []
-        async for chunk in self:
-            parts.append(bytes(chunk.data))
-        return b"".join(parts)
+        """Convenience for small partitions: every run's bytes, concatenated (a copy per group unless compressed)."""
+        if self.compressed:
+            return b"".join([bytes(chunk.data) async for chunk in self])
+        return b"".join([bytes(group.data) async for group in self.groups()])
 
     async def __aenter__(self) -> PartitionReader:
         await self._start()
@@ -661,15 +869,29 @@ class PartitionReader(InputChannel):
         if self._current is not None:
             self._current.release()
             self._current = None
+        if self._payload is not None:
+            self._payload.release()
+            self._payload = None
+        self._runs = iter(())
+        self._groups = iter(())
         if not self._ended and self._error is None and self._started and self.client._lost is None:
             self.client._proto().cancel_read(self.receiver)
         self.client._readers.pop(self.receiver, None)
         self._ended = True
         self.release_floating()
         while self._queue:
-            self._queue.popleft().release()
+            self._queue.popleft()[0].release()
         if self._pool is not None:
             self._pool.destroy()
+
+
+async def _steps(step: Callable[[], Awaitable[T | None]]) -> AsyncIterator[T]:
+    """What `step` returns, one after the other, until it returns None (a reader's chunks or groups)."""
+    while True:
+        item = await step()
+        if item is None:
+            return
+        yield item
 
 
 def check_replicas(replicas: int | None) -> None:

@@ -8,10 +8,18 @@ based: the daemon only sends what the reader has room for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .aio import DEFAULT_CLIENT_POOL, AsyncClient, MapWriter, PartitionReader, ReadChunk
+from .aio import (
+    DEFAULT_CLIENT_POOL,
+    DEFAULT_WRITER_BUFFER,
+    AsyncClient,
+    MapWriter,
+    PartitionReader,
+    ReadChunk,
+    ReadGroup,
+)
 
 T = TypeVar("T")
 
@@ -48,9 +56,13 @@ class Client:
         partitions: int,
         compression: str | None = None,
         replicas: int | None = None,
+        buffer_size: int = DEFAULT_WRITER_BUFFER,
+        durability: str | None = None,
     ) -> Writer:
-        """See AsyncClient.open_writer for `compression` and `replicas`."""
-        aio = self._aio.open_writer(app, shuffle, map_index, attempt, partitions, compression, replicas)
+        """See AsyncClient.open_writer for `compression`, `replicas`, `buffer_size` and `durability`."""
+        aio = self._aio.open_writer(
+            app, shuffle, map_index, attempt, partitions, compression, replicas, buffer_size, durability
+        )
         return Writer(self, self._run(aio))
 
     def read(
@@ -110,7 +122,13 @@ class Writer:
         self._w = writer
 
     def write(self, partition: int, data: bytes | bytearray | memoryview) -> None:
-        self._client._run(self._w.write(partition, data))
+        """See MapWriter.write; the event loop runs only when the buffer is full."""
+        if not self._w.write_nowait(partition, data):
+            self._client._run(self._w.write(partition, data))
+
+    def write_sorted(self, lengths: Sequence[int], data: bytes | bytearray | memoryview) -> None:
+        """See MapWriter.write_sorted."""
+        self._client._run(self._w.write_sorted(lengths, data))
 
     def commit(self) -> list[int]:
         lengths: list[int] = self._client._run(self._w.commit())
@@ -121,18 +139,27 @@ class Writer:
 
 
 class Reader:
-    """Iterate chunks; a chunk's `data` is valid until the next one is requested."""
+    """Iterate chunks, one per run, or `groups()`, one per packed group; what it hands out is valid until the
+    next one is requested."""
 
     def __init__(self, client: Client, reader: PartitionReader) -> None:
         self._client = client
         self._r = reader
 
     def __iter__(self) -> Iterator[ReadChunk]:
+        return self._steps(self._r.next_chunk)
+
+    def groups(self) -> Iterator[ReadGroup]:
+        """See PartitionReader.next_group: the bulk read, one view per packed group."""
+        return self._steps(self._r.next_group)
+
+    def _steps(self, step: Callable[[], Awaitable[T | None]]) -> Iterator[T]:
+        """What `step` returns, each run on the client's loop, until it returns None."""
         while True:
-            chunk = self._client._run(self._r.next_chunk())
-            if chunk is None:
+            item: T | None = self._client._run(step())
+            if item is None:
                 return
-            yield chunk
+            yield item
 
     def read_all(self) -> bytes:
         data: bytes = self._client._run(self._r.read_all())

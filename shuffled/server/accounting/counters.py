@@ -52,6 +52,7 @@ def micros(seconds: float) -> int:
 
 @dataclass(slots=True)
 class Counters:
+    #: the `_bytes` counters count data bytes, the runs' bytes (never a packed group's header or directory)
     pushed_bytes: int = 0
     pushed_buffers: int = 0
     #: stored data queued to readers (clients or peers) from this daemon's own store
@@ -64,7 +65,7 @@ class Counters:
     read_credit_granted: int = 0
     #: seconds push sessions waited for memory with no credit left (back-pressure on pushers)
     push_wait_seconds: float = 0.0
-    #: pushed buffers (and their bytes) forwarded to replicas, one per replica
+    #: pushed buffers (and their data bytes) forwarded to replicas, one per replica
     replica_forwarded_buffers: int = 0
     replica_forwarded_bytes: int = 0
     #: pushes that opened fewer replicas than wanted and went on, or failed for want of a replica

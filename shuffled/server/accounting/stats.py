@@ -21,13 +21,16 @@ from ...ops.stats import (
     DrainStats,
     FailoverStats,
     FilesystemStats,
+    HealStats,
     ObjectStoreStats,
     PoolStats,
     ReplicationStats,
     StreamStats,
+    TierStats,
 )
 from ..storage.disk import Disk
 from ..storage.store import Store
+from ..storage.tier import ObjectTier
 from .counters import Counters, Traffic, micros
 from .shares import PushShares
 
@@ -93,16 +96,20 @@ class Reported(Protocol):
     @property
     def object_stats(self) -> ObjectStoreStats: ...
 
-    def readiness(self) -> list[str]: ...
+    @property
+    def tier(self) -> ObjectTier | None: ...
 
-    def disk_space(self) -> tuple[int, int] | None: ...
+    @property
+    def heal_stats(self) -> HealStats: ...
+
+    def readiness(self) -> list[str]: ...
 
 
 def snapshot(d: Reported, now: float) -> DaemonStats:
     """What `d` counts at monotonic time `now` (on the event loop)."""
     conns = [c for c in d.connections if c.is_open]
     counts = [c.counts(now) for c in conns]
-    fs = d.disk_space()
+    fs = d.disk.space() if d.disk is not None else None
     counters = d.counters
     pool = d.pool
     shares = d.shares
@@ -166,4 +173,6 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             resumed_reads=counters.resumed_reads,
         ),
         object_store=d.object_stats.copy(),
+        tier=d.tier.stats.copy() if d.tier is not None else TierStats(),
+        heal=d.heal_stats.copy(),
     )

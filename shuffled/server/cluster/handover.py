@@ -20,9 +20,10 @@ that fails is logged and the drain goes on. What an attempt still lacks at the e
 (`settle`): as `failed` when no other daemon holds it, which makes the hand-over *incomplete* (Spark
 recomputes that attempt if its data is needed, as without a hand-over, unless this daemon comes back on
 its data dir), as `short` when another daemon does (fewer copies than wanted, as while a daemon is
-lost; nothing is lost with this one). At most `PARALLEL` copies run at once; each has
-at most `replica-lag` chunks unsent and one batch of spilled chunks read back in pool segments (the
-memory chunks it sends are the store's own).
+lost; nothing is lost with this one). A copy pushes the attempt's pieces as they are, in push order,
+so the target holds the same pieces; at most `PARALLEL` copies run at once, each with at most
+`replica-lag` pieces unsent and one batch of spilled pieces read back in pool segments (the memory
+pieces it sends are the store's own).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...buffers import Chunk, GlobalPool
+from ...buffers import GlobalPool
 from ...config import DaemonConfig
 from ...logs import event
+from ...net.streams import Payload
 from ...ops.stats import DrainStats
 from ...protocol.errors import (
     ConnectionLost,
@@ -49,9 +51,13 @@ from ...protocol.errors import (
     TimedOut,
 )
 from ...protocol.frames import REPLICA, OpenMapOutput
+from ...protocol.packed import LengthTally, group_entries
 from ..storage.disk import Disk
-from ..storage.loader import ChunkLoader, run, take
-from ..storage.store import DiskChunk, ShuffleData, Store
+from ..storage.loader import PieceLoader, run, take
+from ..storage.objects import ObjectStore
+from ..storage.plan import lookup
+from ..storage.shuffles import MapOutput, ShuffleData
+from ..storage.store import Store
 from .membership import Membership
 from .replication import ReplicaLink, ReplicaPeer
 
@@ -59,7 +65,7 @@ log = logging.getLogger(__name__)
 
 #: copies (and `holds` calls) at once: enough to keep a few peers busy, few enough for a small pool
 PARALLEL = 4
-#: most spilled chunks read back with one preadv (back to back in one file)
+#: most spilled pieces read back with one preadv (back to back in the file)
 LOAD_BATCH = 8
 #: most of the drain's remaining time one `holds` call may take: a silent daemon must leave time to copy
 SURVEY_SHARE = 0.25
@@ -105,6 +111,9 @@ class HandOverHost(Protocol):
     def disk(self) -> Disk | None: ...
 
     @property
+    def objects(self) -> ObjectStore | None: ...
+
+    @property
     def membership(self) -> Membership: ...
 
     @property
@@ -145,11 +154,28 @@ def held(answer: dict[str, Any], data: ShuffleData, asked: list[HandOver]) -> se
     for attempt, size in zip(attempts, sizes, strict=True):
         if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt not in wanted:
             raise InvalidRequest(f"it names attempt {str(attempt)[:40]}, which it was not asked about")
-        stored = sum(data.lengths.get(attempt, {}).values())
+        out = data.committed.get(attempt)
+        stored = 0 if out is None else out.bytes
         if not isinstance(size, int) or isinstance(size, bool) or size != stored:
             raise InvalidRequest(f"it holds {str(size)[:40]} bytes of attempt {attempt}, {stored} are stored here")
         found.add(attempt)
     return found
+
+
+class Pace:
+    """At most `rate` bytes a second, a second's worth of burst: a token bucket its users wait on."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.allowance = float(rate)
+        self.at = time.monotonic()
+
+    async def take(self, n: int) -> None:
+        now = time.monotonic()
+        self.allowance = min(float(self.rate), self.allowance + (now - self.at) * self.rate) - n
+        self.at = now
+        if self.allowance < 0:
+            await asyncio.sleep(-self.allowance / self.rate)  # the pace itself, not a wait for an event
 
 
 class Drainer:
@@ -167,6 +193,8 @@ class Drainer:
         #: every committed attempt held here (`survey`), and whether the survey of their holders finished
         self.found: list[HandOver] = []
         self.surveyed = False
+        #: bounds the bytes a second copies send (healing's; a drain copies as fast as it can)
+        self.pace: Pace | None = None
 
     async def run(self, deadline: float) -> bool:
         """Hand over what lacks copies; True if that ended before `deadline`. Whatever an attempt still lacks
@@ -225,11 +253,15 @@ class Drainer:
         else:
             progress.failed += h.missing
 
+    def wanted(self, data: ShuffleData, attempt: int) -> int | None:
+        """Copies an attempt held here needs on other daemons (None: it is not surveyed): a draining daemon
+        wants its full replica count elsewhere, as it is leaving."""
+        return data.replicas.get(attempt, self.host.config.replicas)
+
     async def survey(self, deadline: float) -> list[HandOver]:
         """Every committed attempt held here, with the other daemons that hold it too (as far as they
         answered in time: copying waits for the whole survey, so one silent daemon must not hold it up)."""
         host = self.host
-        cfg = host.config
         node = host.node
         groups: dict[tuple[int, str], list[HandOver]] = {}
         shuffles = {id(d): d for s in host.store.apps.values() for d in s.values()}
@@ -237,7 +269,9 @@ class Drainer:
         for data in shuffles.values():
             for attempt in data.committed:
                 primary = data.replica_of.get(attempt, node)
-                wanted = data.replicas.get(attempt, cfg.replicas)
+                wanted = self.wanted(data, attempt)
+                if wanted is None:
+                    continue
                 group = groups.get((id(data), primary))
                 if group is None:
                     placed = host.membership.candidates(primary, data.app, data.shuffle)
@@ -328,64 +362,70 @@ class Drainer:
 
     async def copy(self, h: HandOver, target: str) -> int:
         """One replica push of the attempt to `target`, fed from the store; the bytes copied once `target`
-        acknowledged exactly the stored lengths."""
+        acknowledged exactly the bytes per partition the pieces sent hold."""
         host, data = self.host, h.data
-        stored = [data.lengths[h.attempt].get(p, 0) for p in range(data.partitions)]
-        map_index = data.committed[h.attempt]
         conn = await host.peers.get(target)
         if REPLICA not in conn.proto.features:
             raise PeerUnavailable(f"{target} does not take replica pushes")
         key = host.store.app_keys.get(data.app)
         if data.removed or key is None:
             raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed")
-        items, _ = host.store.snapshot(data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
-        pending: deque[Chunk | DiskChunk] = deque(items)
+        found = lookup(host.store, data.app, data.shuffle, 0, data.partitions, [h.attempt], digest=key)
+        assert found is not None
+        (out,) = found[1]
         link = ReplicaLink(host.config)
         req = OpenMapOutput(
             0,
             data.app,
             data.shuffle,
-            map_index,
+            out.map_index,
             h.attempt,
             data.partitions,
             replicas=h.replicas,
             replica_of=h.primary,
             app_key=key.hex(),
         )
+        sent = LengthTally()
         try:
             await link.open(conn, req)
-            await self._send(link, pending)
+            await self._send(link, out, sent)
             lengths = await link.commit()
         finally:
             link.abort()  # a no-op once committed
-            for item in pending:
-                if isinstance(item, Chunk):
-                    item.buffer.release()
+        stored = sent.lengths(data.partitions).tolist()
         if lengths != stored:
             raise CorruptData(
-                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} are stored"
+                f"{target} committed {sum(lengths)} bytes of attempt {h.attempt}, {sum(stored)} were sent"
             )
-        return sum(stored)
+        return out.bytes
 
-    async def _send(self, link: ReplicaLink, items: deque[Chunk | DiskChunk]) -> None:
-        """Every chunk in store order, one PushData each (so the copy's chunks are the primary's): memory
-        chunks as they are, spilled ones loaded back into segments of the read reserve (stored data can
-        always be read back). At most the link's lag of chunks wait unsent."""
+    async def _send(self, link: ReplicaLink, out: MapOutput, sent: LengthTally) -> None:
+        """Every piece in push order, one PushData each (so the copy's pieces are the primary's): memory
+        pieces as they are, spilled ones loaded back into segments of the read reserve (stored data can
+        always be read back). At most the link's lag of pieces wait unsent. Pieces are found by index each
+        time, as a spill may move them to disk meanwhile."""
+        data = out.shuffle
         pool = self.host.pool
-        loader = ChunkLoader(self.host.disk)
+        loader = PieceLoader(self.host.disk, self.host.objects)
+        i = 0
         try:
-            while items:
+            while i < out.pieces:
                 await link.caught_up()
-                head = items[0]
-                if isinstance(head, Chunk):
-                    items.popleft()
-                    link.send(head)
-                    continue
-                batch = run(items, LOAD_BATCH)
-                buffers = await take(pool, len(batch), pool.give)
-                for _ in buffers:
-                    items.popleft()
-                for chunk in await loader.load(batch[: len(buffers)], buffers):
-                    link.send(chunk)
+                if data.removed:
+                    raise PartitionNotFound(f"shuffle {data.app}/{data.shuffle} was removed while being copied")
+                buf = out.buffer(i)
+                if buf is not None:
+                    buf.retain()
+                    got = [buf]
+                else:
+                    batch = run(out, range(i, out.spilled), LOAD_BATCH)
+                    got = await loader.load(out, batch, await take(pool, len(batch), pool.give))
+                for buf in got:
+                    sent.add(group_entries(buf.data()))
+                    size = buf.length
+                    link.send(Payload(buf, out.crcs[i]))
+                    i += 1
+                    if self.pace is not None:
+                        await self.pace.take(size)
         finally:
             loader.close()

@@ -1,7 +1,7 @@
 """Replicated pushes (PROTOCOL.md §12.4): the primary forwards what a client pushes to other daemons.
 
 A `ReplicaLink` is one outbound push to a replica over the peer connection: a
-`PushStream` fed with chunks whose buffer references it takes over, so a forwarded
+`PushStream` fed with `Payload`s whose buffer references it takes over, so a forwarded
 buffer is the very segment the client's bytes landed in, never a copy. It is what a
 primary's session uses, and what a draining daemon copies stored attempts with.
 
@@ -29,11 +29,11 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from ...buffers import Buffer, Chunk
+from ...buffers import Buffer
 from ...config import DaemonConfig
 from ...logs import event
 from ...net.sender import Sender
-from ...net.streams import PushEvent, PushStream
+from ...net.streams import Payload, PushEvent, PushStream
 from ...protocol.connection import ProtocolConnection
 from ...protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
 from ...protocol.frames import REPLICA, OpenMapOutput
@@ -129,13 +129,15 @@ class ReplicaLink:
         conn.proto.open_push(dataclasses.replace(req, writer=writer), self.stream)
         await self._wait(self._opened, "grant credit", self.open_timeout)
 
-    def send(self, chunk: Chunk) -> None:
-        """Queue a chunk; its buffer reference is the link's from now on (released once written or dropped)."""
+    def send(self, payload: Payload) -> None:
+        """Queue a stored piece and its CRC32C; its buffer reference is the link's from now on (released once
+        written or dropped). A `Payload`, the type the stream packs: compiled (mypyc), the stream refuses any
+        other, and a piece it cannot send never reaches the replica, which then commits without it."""
         if self.done or self.conn is None:
-            chunk.buffer.release()
+            payload.buffer.release()
             return
         stream = self.stream
-        stream.push_data(chunk)
+        stream.push_data(payload)
         if not stream.scheduled:  # a scheduled stream is sent on the send loop's next turn anyway
             self.conn.sender.wake(stream)
 
@@ -285,7 +287,6 @@ class ReplicaLinks:
         )
         self.wanted = replicas - 1
         self.links: list[ReplicaLink] = []
-        self.attempt = req.attempt
         #: called with the failure of a link once the push is under way
         self.on_failure: Callable[[ShuffledError], None] | None = None
         #: called when no link is lagging any more (see `lagging`)
@@ -343,14 +344,15 @@ class ReplicaLinks:
             return None
         return link
 
-    def forward(self, buf: Buffer, partition: int, crc: int) -> None:
-        """Send a stored buffer to every replica: one more reference each, no copy."""
+    def forward(self, buf: Buffer, crc: int, data: int) -> None:
+        """Send a stored piece to every replica: one more reference each, no copy; `data` is the bytes of its
+        runs (what the counters count)."""
         for link in self.links:
             buf.retain()
-            link.send(Chunk(buf, partition, self.attempt, crc))
+            link.send(Payload(buf, crc))
         n = len(self.links)
         self.counters.replica_forwarded_buffers += n
-        self.counters.replica_forwarded_bytes += n * buf.length
+        self.counters.replica_forwarded_bytes += n * data
 
     def lagging(self) -> bool:
         """A replica is `replica-lag` chunks behind: the client gets no new credit until `on_progress`."""

@@ -25,7 +25,7 @@ from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, ne
 from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
 from ..cluster.drain import Drain
 from ..cluster.handover import AdminCalls
-from ..storage.store import ShuffleData
+from ..storage.shuffles import ShuffleData
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,12 @@ async def _ping(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
     return {}
 
 
+async def _applications(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
+    """The applications this daemon holds data of: a daemon sweeping the object store keeps their objects
+    (cluster/sweep.py)."""
+    return {"apps": sorted(host.store.apps)}
+
+
 async def _holds(host: AdminHost, args: Holds, caller: Caller) -> dict[str, Any]:
     """How a draining daemon counts the copies of its data on other daemons (cluster/handover.py)."""
     held, sizes = host.store.holds(args.app, args.shuffle, args.attempts)
@@ -286,11 +292,18 @@ async def _drain(host: AdminHost, args: DrainArgs, caller: Caller) -> dict[str, 
 
 
 async def _flush(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
-    """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it)."""
-    if host.disk is None:
-        raise InvalidRequest("this daemon has no --data-dir to flush to")
+    """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it);
+    without a data dir, make it durable in the object store."""
     shuffles = host.store.apps.get(args.app, {})
     chosen = [d for s, d in shuffles.items() if args.shuffle is None or s == args.shuffle]
+    if host.disk is None and host.tier is not None:
+        try:
+            await host.tier.uploads.persist(chosen)
+        except StorageError as exc:
+            raise StorageError("uploading to the object store failed; the data stays in memory") from exc
+        return {"flushed_bytes": 0, "durable_attempts": sum(o.durable for d in chosen for o in d.committed.values())}
+    if host.disk is None:
+        raise InvalidRequest("this daemon has no --data-dir to flush to")
     try:
         written = await host.spiller.flush(chosen)
     except StorageError as exc:
@@ -310,9 +323,13 @@ async def _remove_application(host: AdminHost, args: Scope, caller: Caller) -> d
 async def _dropped(host: AdminHost, op: str, args: Scope, dropped: tuple[int, list[ShuffleData]]) -> dict[str, Any]:
     freed, shuffles = dropped
     await host.spiller.removed(shuffles)
+    if host.tier is not None:
+        await host.tier.removed(shuffles)
     result: dict[str, Any] = {"freed_segments": freed}
     if args.propagate:
         result["peers"] = await _propagate(host, op, args.to_wire())
+        if host.tier is not None:  # every daemon told deleted its own: this takes lost nodes' objects too
+            await host.tier.delete_prefix(args.app, args.shuffle)
     return result
 
 
@@ -341,6 +358,7 @@ OPERATIONS: dict[str, Operation[Any]] = {
         Operation("stats", NoArgs.read, _stats, app_token=False),
         Operation("ping", NoArgs.read, _ping),
         Operation("holds", Holds.read, _holds, peer_only=True),
+        Operation("applications", NoArgs.read, _applications, peer_only=True, app_token=False),
         Operation("drain_challenge", Challenge.read, _drain_challenge, challenge=True),
         Operation("drain", DrainArgs.read, _drain, proof=True),
         Operation("flush", Scope.read, _flush),

@@ -80,7 +80,7 @@ class AdminService:
 
     @property
     def running(self) -> int:
-        return self.link.proto.admin_running
+        return self.link.proto.streams.admin_running
 
     # -- requests this daemon makes
 

@@ -106,7 +106,7 @@ class DaemonConnection(FrameConnection):
     def authorize_digest(self, app: str, digest: bytes) -> None:
         """The same for a token's digest (what a replica push carries)."""
         try:
-            self.daemon.store.authorize(app, digest)
+            self.daemon.store.app_keys.authorize(app, digest)
         except AuthFailed as exc:
             self.refused(app, exc)
             raise

@@ -1,6 +1,6 @@
 """Serving a client's read: one InputGate per request, relaying into one stream.
 
-The gate's local channel is a snapshot of this daemon's own chunks. Each remote
+The gate's local channel is a plan of this daemon's own pieces. Each remote
 channel is a PartitionRequest over the shared connection to the daemon holding the
 data; its buffers come from the gate's LocalPool (exclusive per channel, reserved
 when the read opens; floating shared, taken while memory is to spare) and are
@@ -11,19 +11,20 @@ never the shared connection. The backlog the client is told includes what the
 remote daemons announced they still hold, so the client's window grows with the
 whole stream rather than with the few buffers this daemon has at hand.
 
-Failover (PROTOCOL.md §10.4, §10.6): every location's progress is recorded as it is
-relayed (`PairProgress`). When the daemon holding a location fails (unreachable, lost,
+Failover (PROTOCOL.md §10.4, §10.6; the gate's `Failover`): every location's progress is recorded as it is
+relayed (`ReadProgress`: per packed group, never per run). When the daemon holding a location fails (unreachable, lost,
 silent, or without the data) the gate reopens that location on the next daemon of its
 placement candidates, resuming exactly where the relayed bytes stop, so the client
-sees neither a gap nor a repeat. Only when no copy is left does the read fail, with the
-error the location first failed with.
+sees neither a gap nor a repeat. With an object store the candidates end with it: this
+daemon adopts what the location's node made durable there (storage/adopt.py) and serves
+it from its own store. Only when no copy is left does the read fail, with the error the
+location first failed with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from typing import Protocol
 
 from ...buffers import Buffer, Chunk, LocalPool
@@ -31,19 +32,13 @@ from ...logs import event
 from ...net.channel import InputChannel
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
-from ...protocol.auth import token_digest
 from ...protocol.credit import ChannelCredit, FloatingPool
-from ...protocol.errors import (
-    AuthFailed,
-    ErrorCode,
-    InternalError,
-    LimitExceeded,
-    ShuffledError,
-)
-from ...protocol.frames import REPLICA, PartitionRequest, Resume
-from ..storage.loader import ChunkLoader, take
-from ..storage.store import DiskChunk
+from ...protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
+from ...protocol.frames import REPLICA, PartitionRequest
+from ...protocol.resume import ReadProgress
+from ..storage.plan import Plan, plan_read
 from .environment import ShuffleEnvironment
+from .plan_feed import PlanFeed
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +92,9 @@ class Peers(Protocol):
     async def get(self, addr: str) -> PeerLink: ...
 
 
+#: the last failover candidate when there is an object store: the location's node's durable objects
+OBJECT_STORE = "object-store"
+
 #: the errors a location fails over on: the copy is gone, silent, lost or bad, another may be fine
 FAILOVER_CODES = frozenset(
     {
@@ -110,41 +108,6 @@ FAILOVER_CODES = frozenset(
 )
 
 
-class PairProgress:
-    """How far a location was relayed: enough to resume it on another copy (§10.6) without a byte twice.
-
-    Updated before a chunk is relayed; a relayed chunk is queued on the client stream in order, so what
-    is counted here is exactly what the client will get.
-    """
-
-    __slots__ = ("attempt", "bytes", "chunks", "done", "partition")
-
-    def __init__(self) -> None:
-        self.partition = -1
-        #: attempts of `partition` relayed whole
-        self.done: list[int] = []
-        #: the attempt being relayed (None: nothing relayed yet)
-        self.attempt: int | None = None
-        self.chunks = 0
-        self.bytes = 0
-
-    def add(self, chunk: Chunk) -> None:
-        if chunk.partition != self.partition:
-            self.partition, self.done, self.attempt = chunk.partition, [], None
-        if chunk.attempt != self.attempt:
-            if self.attempt is not None:
-                self.done.append(self.attempt)
-            self.attempt, self.chunks, self.bytes = chunk.attempt, 0, 0
-        self.chunks += 1
-        self.bytes += chunk.buffer.length
-
-    def resume(self) -> Resume | None:
-        """The resume point, None before the first chunk (then a copy serves the request from its start)."""
-        if self.attempt is None:
-            return None
-        return Resume(self.partition, tuple(self.done), self.attempt, self.chunks, self.bytes)
-
-
 class Location:
     """One daemon's part of a read (its address and the attempts named there), followed across copies."""
 
@@ -153,7 +116,7 @@ class Location:
     def __init__(self, primary: str, attempts: list[int]) -> None:
         self.primary = primary
         self.attempts = attempts
-        self.progress = PairProgress()
+        self.progress = ReadProgress()
         #: the error the primary failed with (what the client gets when no copy is left); None until then
         self.error: ShuffledError | None = None
         #: the copies not tried yet, in placement order
@@ -184,10 +147,17 @@ class RemoteInputChannel(InputChannel):
     def announce(self) -> None:
         self.conn.announce(self)
 
-    def deliver(self, chunk: Chunk) -> None:
+    def deliver(self, payload: Buffer, crc: int) -> None:
+        """Relay a payload as it is (its CRC32C forwarded), counted first: a malformed one (PROTOCOL) fails
+        the read instead, as the client would (the relay is this stream's reader, §7.6)."""
         self._count_upstream(self.credit.backlog)
-        self.location.progress.add(chunk)
-        self.gate.relay(chunk)
+        try:
+            data = self.location.progress.add(payload.data())
+        except ProtocolError as exc:
+            payload.release()
+            self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
+            return
+        self.gate.relay(Chunk(payload, crc), data)
 
     def _count_upstream(self, backlog: int) -> None:
         out = self.gate.out
@@ -201,7 +171,7 @@ class RemoteInputChannel(InputChannel):
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self.cancel()
-        self.gate.location_failed(self.location, exc)
+        self.gate.failover.location_failed(self.location, exc)
 
     def _finish(self) -> None:
         self._count_upstream(0)
@@ -220,7 +190,7 @@ class RemoteInputChannel(InputChannel):
         if self.closed:
             return
         self._finish()
-        self.gate.location_failed(self.location, exc)
+        self.gate.failover.location_failed(self.location, exc)
 
 
 class InputGate:
@@ -255,7 +225,7 @@ class InputGate:
         self.pending = len(remote) + local_pending
         self.closed = False
         self.task: asyncio.Task[None] | None = None
-        self._failovers: set[asyncio.Task[None]] = set()
+        self.failover = Failover(self)
         #: exclusive buffer sets the pool holds that no channel has taken yet (one per remote daemon)
         self._spare = len(remote)
 
@@ -278,16 +248,16 @@ class InputGate:
                 loc = Location(addr, attempts)
                 if addr == self.node:
                     assert self.missing is not None
-                    self.location_failed(loc, self.missing)
+                    self.failover.location_failed(loc, self.missing)
                     continue
                 try:
                     peer = (await self.peers.get(addr)).reads
                 except ShuffledError as exc:
-                    self.location_failed(loc, exc)
+                    self.failover.location_failed(loc, exc)
                     continue
                 if self.closed:
                     return
-                await self._open_channel(loc, peer)
+                await self.open_channel(loc, peer)
         except ShuffledError as exc:
             self.fail(exc)
         except Exception as exc:  # a bug must fail this read, never leave the client waiting
@@ -297,7 +267,7 @@ class InputGate:
         event(log, what, logging.ERROR, exc_info=True, app=self.req.app, shuffle=self.req.shuffle)
         self.fail(InternalError(f"{what}: {exc.__class__.__name__}: {exc}"))
 
-    async def _open_channel(self, loc: Location, peer: ReadPeer) -> None:
+    async def open_channel(self, loc: Location, peer: ReadPeer) -> None:
         cfg = self.env.config
         if len(peer.channels) >= cfg.max_streams_per_connection:
             raise LimitExceeded(
@@ -324,7 +294,7 @@ class InputGate:
                 cfg.exclusive_buffers,
                 self.req.app,
                 self.req.shuffle,
-                self.req.start if resume is None else resume.partition,
+                self.req.start,  # a resumed request repeats the original range (§10.6)
                 self.req.end,
                 {"": loc.attempts},
                 self.req.token,  # the daemon holding the data checks the client's token too
@@ -332,103 +302,16 @@ class InputGate:
             ),
         )
 
-    # -- failover
-
-    def location_failed(self, loc: Location, exc: ShuffledError) -> None:
-        """A location's channel (or local channel) failed: go on from another copy if the error allows it.
-
-        Once the location failed over, any error of a copy moves on to the next candidate (a copy that
-        refuses the resume point, is bound to another token, is full...): the read then ends with the
-        location's first error, a fetch failure, so Spark recomputes instead of retrying the task. On a
-        first request only FAILOVER_CODES do: INVALID_REQUEST, say, is the client's mistake.
-        """
-        if self.closed:
-            return
-        if exc.code not in FAILOVER_CODES and loc.error is None:
-            self.fail(exc)
-            return
-        cfg = self.env.config
-        # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
-        loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
-        if loc.error is None:
-            loc.error = exc
-            loc.candidates = self.env.membership.candidates(loc.primary, self.req.app, self.req.shuffle)
-        self.env.counters.failover_tries[exc.code.name] += 1
-        event(
-            log,
-            "read failing over",
-            app=self.req.app,
-            shuffle=self.req.shuffle,
-            primary=loc.primary,
-            code=exc.code.name,
-            reason=exc.message,
-            left=len(loc.candidates),
-        )
-        task = asyncio.create_task(self._failover(loc))
-        self._failovers.add(task)
-        task.add_done_callback(self._failovers.discard)
-
-    async def _failover(self, loc: Location) -> None:
-        """Reopen `loc` on its next candidate that can serve it; without one, fail with its first error."""
-        try:
-            async with asyncio.timeout_at(loc.deadline):
-                while loc.candidates and not self.closed:
-                    node = loc.candidates.pop(0)
-                    if node == self.node:
-                        if self._read_locally(loc):
-                            return
-                        continue
-                    try:
-                        peer = (await self.peers.get(node)).reads
-                    except ShuffledError:
-                        continue
-                    if loc.progress.attempt is not None and REPLICA not in peer.features:
-                        continue  # it would not understand `resume` and resend what was relayed
-                    try:
-                        await self._open_channel(loc, peer)
-                    except ShuffledError:
-                        continue  # e.g. its connection has no stream left: the next copy may
-                    return
-        except TimeoutError:
-            pass
-        except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self.bug("failing over a read failed", exc)
-            return
-        if not self.closed:
-            assert loc.error is not None
-            self.env.counters.failover_exhausted += 1
-            self.fail(loc.error)
-
-    def _read_locally(self, loc: Location) -> bool:
-        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
-        the client's token is the one their application is bound to now (it may have had no binding here
-        when the read arrived)."""
-        resume = loc.progress.resume()
-        req = self.req
-        start = req.start if resume is None else resume.partition
-        try:
-            items, _ = self.env.store.snapshot(
-                req.app, req.shuffle, start, req.end, loc.attempts, resume, digest=token_digest(req.token)
-            )
-        except AuthFailed as exc:
-            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
-            return False
-        except ShuffledError:
-            return False
-        if resume is not None:
-            self.env.counters.resumed_reads += 1
-        self.local_channels.append(LocalInputChannel(self, loc, items))
-        return True
-
     # -- relaying
 
-    def relay(self, chunk: Chunk) -> None:
+    def relay(self, chunk: Chunk, data: int) -> None:
+        """Queue a payload for the client; `data` is the bytes of its runs (counted, as Spark counts them)."""
         if self.closed:
             chunk.buffer.release()
             return
         counters = self.env.counters
         counters.relayed_buffers += 1
-        counters.relayed_bytes += chunk.buffer.length
+        counters.relayed_bytes += data
         self.out.push_data(chunk)
         self.client.sender.wake(self.out)
 
@@ -468,82 +351,165 @@ class InputGate:
                 ch.cancel()
             for local in self.local_channels:
                 local.close()
-            for task in self._failovers:
+            for task in self.failover.tasks:
                 task.cancel()
         if self.pool is not None:
             # Buffers still queued or in flight return to the global pool when released.
             self.pool.destroy()
 
 
+class Failover:
+    """A gate's failover (see the module): a failed location reopened on the next copy that can serve it."""
+
+    def __init__(self, gate: InputGate) -> None:
+        self.gate = gate
+        #: searches for a copy under way
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def location_failed(self, loc: Location, exc: ShuffledError) -> None:
+        """A location's channel (or local channel) failed: go on from another copy if the error allows it.
+
+        Once the location failed over, any error of a copy moves on to the next candidate (a copy that
+        refuses the resume point, is bound to another token, is full...): the read then ends with the
+        location's first error, a fetch failure, so Spark recomputes instead of retrying the task. On a
+        first request only FAILOVER_CODES do: INVALID_REQUEST, say, is the client's mistake.
+        """
+        if self.gate.closed:
+            return
+        if exc.code not in FAILOVER_CODES and loc.error is None:
+            self.gate.fail(exc)
+            return
+        cfg = self.gate.env.config
+        # Each search is bounded, not the location's whole life: a copy may serve for long before it fails.
+        loc.deadline = asyncio.get_running_loop().time() + cfg.failover_timeout
+        if loc.error is None:
+            loc.error = exc
+            loc.candidates = self.gate.env.membership.candidates(loc.primary, self.gate.req.app, self.gate.req.shuffle)
+            if self.gate.env.tier is not None:
+                loc.candidates.append(OBJECT_STORE)
+        self.gate.env.counters.failover_tries[exc.code.name] += 1
+        event(
+            log,
+            "read failing over",
+            app=self.gate.req.app,
+            shuffle=self.gate.req.shuffle,
+            primary=loc.primary,
+            code=exc.code.name,
+            reason=exc.message,
+            left=len(loc.candidates),
+        )
+        task = asyncio.create_task(self._search(loc))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _search(self, loc: Location) -> None:
+        """Reopen `loc` on its next candidate that can serve it; without one, fail with its first error."""
+        try:
+            async with asyncio.timeout_at(loc.deadline):
+                while loc.candidates and not self.gate.closed:
+                    node = loc.candidates.pop(0)
+                    if node == OBJECT_STORE and await self._adopt(loc) and self._read_locally(loc):
+                        return
+                    if node == self.gate.node:
+                        if self._read_locally(loc):
+                            return
+                        continue
+                    if node == OBJECT_STORE:
+                        continue
+                    try:
+                        peer = (await self.gate.peers.get(node)).reads
+                    except ShuffledError:
+                        continue
+                    if loc.progress.resume() is not None and REPLICA not in peer.features:
+                        continue  # it would not understand `resume` and resend what was relayed
+                    try:
+                        await self.gate.open_channel(loc, peer)
+                    except ShuffledError:
+                        continue  # e.g. its connection has no stream left: the next copy may
+                    return
+        except TimeoutError:
+            pass
+        except Exception as exc:  # a bug must fail this read, never leave the client waiting
+            self.gate.bug("failing over a read failed", exc)
+            return
+        if not self.gate.closed:
+            assert loc.error is not None
+            self.gate.env.counters.failover_exhausted += 1
+            self.gate.fail(loc.error)
+
+    async def _adopt(self, loc: Location) -> bool:
+        """Adopt what the location's node made durable in the object store, unless this daemon holds its
+        attempts already; whether it may hold them now."""
+        tier = self.gate.env.tier
+        assert tier is not None
+        data = self.gate.env.store.apps.get(self.gate.req.app, {}).get(self.gate.req.shuffle)
+        if data is not None and all(a in data.committed for a in loc.attempts):
+            return True
+        try:
+            await tier.adopt(self.gate.req.app, self.gate.req.shuffle, loc.primary)
+        except ShuffledError as exc:
+            event(log, "object store not read", logging.WARNING, primary=loc.primary, reason=exc.message)
+            return False
+        return not self.gate.closed
+
+    def _read_locally(self, loc: Location) -> bool:
+        """This daemon is a candidate: serve the location from its own store if it holds the attempts and
+        the client's token is the one their application is bound to now (it may have had no binding here
+        when the read arrived)."""
+        resume = loc.progress.resume()
+        req = self.gate.req
+        try:
+            plan = plan_read(self.gate.env.store, req, loc.attempts, resume)
+        except AuthFailed as exc:
+            event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
+            return False
+        except ShuffledError:
+            return False
+        if resume is not None:
+            self.gate.env.counters.resumed_reads += 1
+        self.gate.local_channels.append(LocalInputChannel(self.gate, loc, plan))
+        return True
+
+
 class LocalInputChannel:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
-    Memory chunks are relayed as they are; spilled ones are loaded into read-reserve segments, at most a
-    channel's worth (exclusive plus floating) loaded and not yet flushed to the client. Failover is the
-    rare path: chunks are loaded one at a time.
+    Its plan's payloads are relayed like a remote channel's, with at most a channel's worth (exclusive
+    plus floating) queued on the client stream and not yet sent.
     """
 
-    __slots__ = ("closed", "gate", "items", "limit", "loaded", "loader", "location", "room", "task")
+    __slots__ = ("feed", "gate", "limit", "location")
 
-    def __init__(self, gate: InputGate, location: Location, items: list[Chunk | DiskChunk]) -> None:
+    def __init__(self, gate: InputGate, location: Location, plan: Plan) -> None:
         cfg = gate.env.config
         self.gate = gate
         self.location = location
-        self.items: deque[Chunk | DiskChunk] = deque(items)
         self.limit = cfg.exclusive_buffers + cfg.floating_buffers
-        self.loaded = 0
-        self.room = asyncio.Event()
-        self.loader = ChunkLoader(gate.env.disk)
-        self.closed = False
-        self.task = asyncio.create_task(self._run())
+        self.feed = PlanFeed(gate.env, plan, self._relay, self._budget)
+        gate.out.feeds.append(self.feed)
+        self.feed.start(self._done, self._failed)
 
-    async def _run(self) -> None:
-        gate = self.gate
-        try:
-            while self.items:
-                item = self.items[0]
-                chunk = await self._load(item) if isinstance(item, DiskChunk) else item
-                if self.closed:
-                    chunk.buffer.release()
-                    return
-                self.items.popleft()
-                self.location.progress.add(chunk)
-                gate.relay(chunk)
-        except ShuffledError as exc:
-            self.close()
-            gate.location_failed(self.location, exc)
-            return
-        except Exception as exc:  # a bug must fail this read, never leave the client waiting
-            self.close()
-            gate.bug("reading a local copy failed", exc)
-            return
-        finally:
-            self.loader.close()
-        self.closed = True
-        gate.location_done(self.location)
+    def _budget(self) -> int:
+        return self.limit - self.gate.out.queued
 
-    async def _load(self, item: DiskChunk) -> Chunk:
-        while self.loaded >= self.limit:
-            self.room.clear()
-            await self.room.wait()
-        buffers = await take(self.gate.env.pool, 1, self._recycle)
-        self.loaded += 1
-        (chunk,) = await self.loader.load([item], buffers)
-        return chunk
+    def _relay(self, chunk: Chunk, data: int) -> None:
+        self.location.progress.add(chunk.buffer.data())
+        self.gate.relay(chunk, data)
 
-    def _recycle(self, buf: Buffer) -> None:
-        self.gate.env.pool.give(buf)
-        self.loaded -= 1
-        self.room.set()
+    def _done(self) -> None:
+        self._detach()
+        self.gate.location_done(self.location)
+
+    def _failed(self, exc: ShuffledError) -> None:
+        self._detach()
+        self.gate.failover.location_failed(self.location, exc)
+
+    def _detach(self) -> None:
+        feeds = self.gate.out.feeds
+        if self.feed in feeds:
+            feeds.remove(self.feed)
 
     def close(self) -> None:
-        """The read ended or failed: give back what is not relayed (a load under way gives its own)."""
-        if self.closed:
-            return
-        self.closed = True
-        if asyncio.current_task() is not self.task:
-            self.task.cancel()
-        while self.items:
-            item = self.items.popleft()
-            if isinstance(item, Chunk):
-                item.buffer.release()
+        """The read ended or failed: stop serving (what the feed holds goes back)."""
+        self._detach()
+        self.feed.close()

@@ -90,13 +90,15 @@ class PushService:
             self.link.authorize_digest(req.app, digest)
             env.shares.check(self.push_share, req.app)
             replicas = self._replicas(req)
+            durable = self._durable(req)
             out = store.open_map_output(
                 req.app, req.shuffle, req.map_index, req.attempt, req.partitions, req.replica_of, replicas
             )
         except ShuffledError as exc:
             self.send_error(req.writer, exc)
             return
-        store.bind(req.app, digest)
+        out.wants_durable = durable
+        store.app_keys.bind(req.app, digest)
         links = ReplicaLinks(env, req, digest, replicas) if req.replica_of is None and replicas > 1 else None
         session = PushSession(self, req, out, env, links)
         self.sessions[req.writer] = session
@@ -116,6 +118,16 @@ class PushService:
     def _replicas(self, req: OpenMapOutput) -> int:
         """Copies wanted, this one included: at most one per daemon the placement knows."""
         return min(req.replicas or self.env.config.replicas, len(self.env.membership.ring()))
+
+    def _durable(self, req: OpenMapOutput) -> bool:
+        """Whether the committed output is to be uploaded to the object store (§12.5): as the writer asks,
+        else as the daemon's `durability` says. A replica push never is: its primary uploads."""
+        if req.replica_of is not None:
+            return False
+        wanted = (req.durability or self.env.config.durability) == "object-store"
+        if wanted and self.env.tier is None:
+            raise InvalidRequest("this map output asks to be durable in an object store, and this daemon has none")
+        return wanted
 
     def on_data(self, frame: PushData) -> None:
         session = self.sessions.get(frame.writer)

@@ -35,9 +35,10 @@ from ...protocol.credit import SequenceChecker
 from ...protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
 from ...protocol.frames import OpenMapOutput, PushData
 from ...protocol.integrity import checksum
+from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
-from ..storage.store import MapOutput
+from ..storage.shuffles import MapOutput
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -146,12 +147,13 @@ class PushSession:
             crc = checksum(buf.data())
             if crc != frame.crc:
                 raise CorruptData(
-                    f"PushData {frame.sequence} of writer {self.writer} (partition {frame.partition}) failed its "
-                    f"CRC32C check (got {crc:08x}, the writer sent {frame.crc or 0:08x}); the attempt is discarded"
+                    f"PushData {frame.sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
+                    f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
-            env.store.add(self.out, frame.partition, buf, crc)
+            group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)
+            env.store.add(self.out, buf, crc, group)
             if self.links is not None:
-                self.links.forward(buf, frame.partition, crc)
+                self.links.forward(buf, crc, group.data_bytes)
         except ShuffledError as exc:
             if buf.refs:
                 buf.release()
@@ -160,7 +162,7 @@ class PushSession:
         self.received += 1
         counters = self.counters
         counters.pushed_buffers += 1
-        counters.pushed_bytes += frame.length
+        counters.pushed_bytes += group.data_bytes
         env.spiller.check(self.out.shuffle.app)
         self._top_up()
 
@@ -244,16 +246,16 @@ class PushSession:
         if self.links is None:
             self._commit()
             return
-        assert self.pool is not None
+        assert self.pool is not None and self.out.runs is not None
         self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
         self.pool = None
-        self.task = asyncio.create_task(self._commit_replicated(self.links))
+        lengths = self.out.runs.lengths(self.out.shuffle.partitions).tolist()  # compared with the replicas'
+        self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
 
-    async def _commit_replicated(self, links: ReplicaLinks) -> None:
+    async def _commit_replicated(self, links: ReplicaLinks, lengths: list[int]) -> None:
         """The replicas commit first, then this copy: the client's CommitAck means all are there."""
-        out = self.out
         try:
-            copies = await links.commit([out.lengths.get(p, 0) for p in range(out.shuffle.partitions)])
+            copies = await links.commit(lengths)
         except ShuffledError as exc:
             self._replica_failed(exc)
             return
@@ -266,7 +268,9 @@ class PushSession:
         except ShuffledError as exc:
             self.fail(exc)
             return
-        env.spiller.committed(self.out.shuffle, self.out.attempt)
+        env.spiller.journals.committed(self.out.shuffle, self.out.attempt)
+        if env.tier is not None:
+            env.tier.uploads.committed(self.out)
         self._close()
         self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)

@@ -1,8 +1,8 @@
 """The reads of one connection: those it serves, and those this daemon makes over it to a peer.
 
-A served read is a snapshot of this daemon's chunks (in memory, or fed from disk)
-plus, for a client, an `InputGate` relaying what other daemons hold. The reads
-this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
+A served read is a plan of this daemon's pieces (plan.py) fed as credit allows
+(feed.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
+reads this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
 announcements are batched once per loop turn.
 """
 
@@ -19,15 +19,15 @@ from ...logs import event
 from ...net.once_per_turn import OncePerTurn
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
-from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
-from ...protocol.frames import BufferResponse, PartitionRequest, Resume
+from ...protocol.frames import BufferResponse, PartitionRequest
+from ...protocol.resume import Resume
 from ..cluster.peers import split_address
-from ..storage.store import DiskChunk
+from ..storage.plan import Plan, plan_read
 from .environment import ShuffleEnvironment
 from .input_gate import InputGate, Peers, RemoteInputChannel
-from .subpartition_reader import SubpartitionReader
+from .plan_feed import LOOKAHEAD, PlanFeed
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +112,10 @@ class ReadService:
                 split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
-            items: list[Chunk | DiskChunk] = []
-            on_disk = 0
+            plan: Plan | None = None
             if local is not None:
                 try:
-                    items, on_disk = self.env.store.snapshot(
-                        req.app, req.shuffle, req.start, req.end, local, resume, digest=token_digest(req.token)
-                    )
+                    plan = plan_read(self.env.store, req, local, resume)
                 except PartitionNotFound as exc:
                     if not self._copies_elsewhere(resume):
                         raise
@@ -131,46 +128,52 @@ class ReadService:
             return
         if resume is not None:
             self.env.counters.resumed_reads += 1
-        fed: SubpartitionReader | None = None
-        if on_disk:
-            fed = SubpartitionReader(
-                rid,
-                req.credit,
-                self._stream_ended,
-                self.env,
-                items,
-                lambda: self._local_done(rid),
-                self._failer(rid),
-            )
-            fed.sender = self.sender
-            stream: BufferResponseStream = fed
-        else:
-            stream = BufferResponseStream(rid, req.credit, self._stream_ended)
-            counters = self.env.counters
-            for chunk in items:
-                assert isinstance(chunk, Chunk)
-                stream.push_data(chunk)
-                counters.served_local_bytes += chunk.buffer.length
-            counters.served_local_buffers += len(items)
+        stream = BufferResponseStream(rid, req.credit, self._stream_ended)
         stream.opened_at = time.monotonic()
         stream.relayed = bool(remote)
         self.served[rid] = stream
         self.link.proto.accept_read(rid, stream)
+        feeding = plan is not None and bool(plan.entries)
         if remote:
-            gate = InputGate(self, stream, req, remote, self.env, self.peers, self.node, fed is not None, missing)
+            gate = InputGate(self, stream, req, remote, self.env, self.peers, self.node, feeding, missing)
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
-        elif fed is None:
+        elif not feeding:
             stream.end()
+        if plan is not None and feeding:
+            self._feed(rid, stream, plan)
         self.sender.wake(stream)
-        if fed is not None:
-            fed.pump()
+
+    def _feed(self, rid: int, stream: BufferResponseStream, plan: Plan) -> None:
+        """Serve the local part of a read: the plan's payloads queued under the reader's credit, plus a
+        few more (`LOOKAHEAD`) so that credit arriving finds data ready."""
+        counters = self.env.counters
+        sender = self.sender
+
+        def sink(chunk: Chunk, data: int) -> None:
+            counters.served_local_bytes += data
+            counters.served_local_buffers += 1
+            stream.deferred = feed.left
+            stream.push_data(chunk)
+            sender.wake(stream)
+
+        def budget() -> int:
+            return stream.credit + LOOKAHEAD - stream.queued
+
+        def done() -> None:
+            stream.deferred = 0
+            self._local_done(rid)
+
+        feed = PlanFeed(self.env, plan, sink, budget)
+        stream.deferred = feed.left
+        stream.feeds.append(feed)
+        feed.start(done, self._failer(rid))
 
     def _copies_elsewhere(self, resume: Resume | None) -> bool:
-        """A client's read of data this daemon lacks may fail over to the placement candidates (only a
-        client's: a peer asking here is itself failing over and tries the next copy)."""
-        others = self.env.membership.others()
-        return self.link.from_client and resume is None and bool(self.node) and bool(others)
+        """A client's read of data this daemon lacks may fail over to the placement candidates and the object
+        store (only a client's: a peer asking here is itself failing over and tries the next copy)."""
+        elsewhere = bool(self.env.membership.others()) or self.env.tier is not None
+        return self.link.from_client and resume is None and bool(self.node) and elsewhere
 
     def on_credit(self, rid: int) -> None:
         stream = self.served.get(rid)
@@ -186,7 +189,7 @@ class ReadService:
             stream.shutdown()
 
     def _local_done(self, rid: int) -> None:
-        """A subpartition reader queued all of the local part: the stream ends, or its gate counts one part done."""
+        """The local part is fully queued: the stream ends, or its gate counts one part done."""
         gate = self.gates.get(rid)
         if gate is not None:
             gate.channel_done()

@@ -1,19 +1,21 @@
-"""Spill files on local disk: append-only data per reduce partition and one checksummed journal per shuffle.
+"""Spill files on local disk: one append-only data file and one checksummed journal per shuffle.
 
 Layout under `--data-dir`:
 
     LOCK                               flock'ed by the one daemon using the dir (holds its pid)
     app-<id>/<shuffle>/journal         records: u32 length, u32 CRC32C of the body, msgpack map
-    app-<id>/<shuffle>/p<N>.data       chunks of reduce partition N, in spill order
+    app-<id>/<shuffle>/data            pieces (pushed packed groups) of every map attempt, in spill order
 
-The journal says what the data files mean: a header naming the shuffle (and the
-digest of the token its application is bound to), one
-record per spill (each chunk's map attempt, offset, length and CRC32C) and one per
-committed map attempt (its byte length per partition). A restarted daemon serves
-an attempt only if its commit record is intact and every byte it committed is
-described by intact chunk records inside the files; reads check each chunk's
-CRC32C. Data is written before the record describing it, so a crash between the
-two leaves only bytes nobody points at.
+The journal says what the data file means: a header naming the shuffle (and the
+digest of the token its application is bound to), one record per spill write listing
+its pieces (per map attempt: 16 bytes a piece, its length, CRC32C, first and last
+partition; they lie back to back from the record's offset) and one per committed map
+attempt (its bytes, pieces and their total length). Pieces and commits name the
+attempt and its *serial*, which tells an attempt id aborted and pushed again apart.
+A restarted daemon serves an attempt only if its commit record is intact and its
+intact piece records account for exactly its pieces, inside the file; reads check
+each piece's CRC32C. Data is written before the record describing it, so a crash
+between the two leaves only bytes nobody points at.
 
 The event loop never touches a file: every write, journal append and deletion
 runs on one writer thread, in submission order (a shuffle's deletion can never
@@ -34,9 +36,12 @@ import logging
 import os
 import shutil
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -51,7 +56,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RECORD = struct.Struct(">II")
+#: a piece in a journal record: length, CRC32C, first and last partition
+PIECE_ROW = struct.Struct(">IIII")
 JOURNAL = "journal"
+DATA = "data"
 #: held (flock) by the daemon using the data dir
 LOCK = "LOCK"
 #: most iovecs handed to one writev/preadv call (Linux IOV_MAX is 1024)
@@ -146,39 +154,129 @@ def _read_exact(fd: int, views: Sequence[memoryview], offset: int) -> None:
 
 @dataclass(slots=True, eq=False)
 class SpillFile:
-    """One reduce partition's data file; `size` counts every byte appended (also those of aborted attempts)."""
+    """One shuffle's data file; `size` counts every byte appended (also those of aborted attempts)."""
 
     path: str
     size: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class StoredObject:
+    """An object in the object store holding pieces of one shuffle (storage/object_format.py)."""
+
+    key: str
+    size: int
+    #: written by this daemon (not adopted from another node's objects)
+    own: bool = True
+
+
 @dataclass(slots=True)
 class Appended:
-    """Where appended chunks start in their data file, and the CRC32C of each as written."""
+    """Where appended pieces start in their data file, and the CRC32C of each as written."""
 
     offset: int
     crcs: list[int]
 
 
+@dataclass(slots=True)
+class LoadedAttempt:
+    """A committed attempt a journal (or a node's objects) proves: its pieces in push order, each in the data
+    file (place 0) or in an object (place k: the k-th of the shuffle's objects)."""
+
+    map_index: int
+    serial: int
+    #: bytes of its runs (what its CommitAck summed to)
+    stored: int
+    firsts: array[int] = field(default_factory=lambda: array("I"))
+    lasts: array[int] = field(default_factory=lambda: array("I"))
+    sizes: array[int] = field(default_factory=lambda: array("I"))
+    crcs: array[int] = field(default_factory=lambda: array("I"))
+    offsets: array[int] = field(default_factory=lambda: array("Q"))
+    places: array[int] = field(default_factory=lambda: array("I"))
+    #: records disagreed about its pieces (a gap, or other pieces at an index): it proves nothing
+    broken: bool = False
+
+    def add(self, offset: int, rows: bytes) -> int:
+        """Pieces of a spill record, back to back in the data file from `offset`; returns where they end."""
+        self.put(len(self.sizes), 0, offset, rows)
+        return offset + sum(_words(rows)[0::4])
+
+    def put(self, start: int, place: int, offset: int, rows: bytes) -> None:
+        """Pieces `start`.. of the attempt (PIECE_ROW each) lie back to back at `offset` of `place`: new ones
+        are appended, known ones (moved from the file to an object) only change place."""
+        words = _words(rows)
+        sizes = words[0::4]
+        offsets = array("Q", accumulate(sizes[:-1], initial=offset)) if sizes else array("Q")
+        known = len(self.sizes)
+        if start > known:
+            self.broken = True
+            return
+        overlap = min(known - start, len(sizes))
+        end = start + overlap
+        if self.sizes[start:end] != sizes[:overlap] or self.crcs[start:end] != words[1::4][:overlap]:
+            self.broken = True
+            return
+        self.places[start:end] = array("I", [place]) * overlap
+        self.offsets[start:end] = offsets[:overlap]
+        self.sizes.extend(sizes[overlap:])
+        self.crcs.extend(words[1::4][overlap:])
+        self.firsts.extend(words[2::4][overlap:])
+        self.lasts.extend(words[3::4][overlap:])
+        self.offsets.extend(offsets[overlap:])
+        self.places.extend(array("I", [place]) * (len(sizes) - overlap))
+
+    def outside(self, ends: list[int]) -> bool:
+        """A piece ends beyond where its place ends (`ends[place]`: the file's size, each object's data)."""
+        return any(o + s > ends[p] for p, o, s in zip(self.places, self.offsets, self.sizes, strict=True))
+
+    def matches(self, commit: dict[str, Any]) -> bool:
+        """Its pieces are exactly those its commit record counts (number and total length)."""
+        ok = not self.broken and len(self.sizes) == int(commit["pieces"]) and sum(self.sizes) == int(commit["size"])
+        if ok:
+            self.map_index, self.stored = int(commit["map"]), int(commit["bytes"])
+        return ok
+
+
+def _words(rows: bytes) -> array[int]:
+    """PIECE_ROW rows as u32 words (length, CRC32C, first, last per piece)."""
+    words = array("I")
+    words.frombytes(rows)
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words
+
+
 @dataclass
 class LoadedShuffle:
-    """What a journal on disk proves: the attempts that can be served and their chunks per partition."""
+    """What a journal on disk proves: the attempts that can be served and their pieces."""
 
     app: str
     shuffle: int
     partitions: int
     directory: str
-    #: attempt -> (map index, bytes per partition)
-    committed: dict[int, tuple[int, dict[int, int]]] = field(default_factory=dict)
-    #: partition -> [(attempt, offset, length, crc)] of committed attempts, in file order
-    chunks: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
-    file_sizes: dict[int, int] = field(default_factory=dict)
+    #: attempt -> its pieces
+    committed: dict[int, LoadedAttempt] = field(default_factory=dict)
+    file_size: int = 0
     #: the commits' replica marking (§12.4): replica attempt -> primary, copies wanted, where the copies are
     replica_of: dict[int, str] = field(default_factory=dict)
     replicas: dict[int, int] = field(default_factory=dict)
     copies: dict[int, tuple[str, ...]] = field(default_factory=dict)
     #: the digest of the token the application was bound to (`Store.app_keys`); None if not journaled
     app_key: bytes | None = None
+    #: the objects its pieces lie in (place k is the k-th), and the attempts made durable in them
+    objects: list[StoredObject] = field(default_factory=list)
+    durable: set[int] = field(default_factory=set)
+
+    def adopt(self, attempt: int, found: LoadedAttempt, commit: dict[str, Any], durable: bool) -> None:
+        """An attempt proved by its commit record (a journal's, or an object footer's)."""
+        self.committed[attempt] = found
+        self.replicas[attempt] = int(commit.get("r", 1))
+        if "of" in commit:
+            self.replica_of[attempt] = str(commit["of"])
+        if "copies" in commit:
+            self.copies[attempt] = tuple(str(c) for c in commit["copies"])
+        if durable:
+            self.durable.add(attempt)
 
 
 class Disk:
@@ -208,8 +306,9 @@ class Disk:
     def shuffle_dir(self, app: str, shuffle: int) -> str:
         return os.path.join(self.root, app_dir_name(app), str(shuffle))
 
-    def data_path(self, directory: str, partition: int) -> str:
-        return os.path.join(directory, f"p{partition}.data")
+    @staticmethod
+    def data_path(directory: str) -> str:
+        return os.path.join(directory, DATA)
 
     @staticmethod
     def _on(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
@@ -221,7 +320,7 @@ class Disk:
     def append(
         self, file: SpillFile, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
     ) -> asyncio.Future[Appended]:
-        """Append chunks to a data file, then the journal record that describes them.
+        """Append pieces to a data file, then the journal record that describes them.
 
         On any error the data file is cut back to where it was, so nothing half
         written is ever described (or served).
@@ -280,6 +379,14 @@ class Disk:
         except OSError:
             pass  # other shuffles of the application remain
 
+    def space(self) -> tuple[int, int] | None:
+        """(capacity, free bytes) of the data directory's file system; None if it cannot be told."""
+        try:
+            usage = shutil.disk_usage(self.root)
+        except OSError:
+            return None
+        return usage.total, usage.free
+
     def sync(self) -> asyncio.Future[None]:
         """Done when every write submitted so far is."""
         return self._on(self._writer, lambda: None)
@@ -337,8 +444,8 @@ class Disk:
             except OSError:
                 pass
         for s in loaded:
-            self.stats.files += len(s.file_sizes)
-            self.stats.used_bytes += sum(s.file_sizes.values())
+            self.stats.files += 1
+            self.stats.used_bytes += s.file_size
         return loaded
 
     def _load_shuffle(self, directory: str) -> LoadedShuffle | None:
@@ -370,44 +477,41 @@ class Disk:
         key = head.get("key")
         if isinstance(key, bytes):
             out.app_key = key
-        chunks: dict[int, list[tuple[int, int, int, int]]] = {}
-        commits: dict[int, tuple[int, dict[int, int]]] = {}
+        pieces: dict[tuple[int, int], LoadedAttempt] = {}
+        commits: dict[tuple[int, int], dict[str, Any]] = {}
+        durable: set[tuple[int, int]] = set()
         for r in records:
-            if r.get("k") == "chunks":
-                chunks.setdefault(int(r["p"]), []).extend((int(a), int(o), int(n), int(c)) for a, o, n, c in r["c"])
-            elif r.get("k") == "commit":
-                attempt = int(r["attempt"])
-                commits[attempt] = (int(r["map"]), {int(p): int(n) for p, n in r["lengths"].items()})
-                out.replicas[attempt] = int(r.get("r", 1))
-                if "of" in r:
-                    out.replica_of[attempt] = str(r["of"])
-                if "copies" in r:
-                    out.copies[attempt] = tuple(str(c) for c in r["copies"])
-        sizes: dict[int, int] = {}
-        for p in chunks:
-            try:
-                sizes[p] = os.stat(self.data_path(directory, p)).st_size
-            except FileNotFoundError:
-                sizes[p] = -1
-        # An attempt is servable only if every byte its commit names is in intact chunks inside the files.
-        for attempt, (map_index, lengths) in commits.items():
-            ok = True
-            for p, length in lengths.items():
-                mine = [(o, n) for a, o, n, _ in chunks.get(p, ()) if a == attempt]
-                if sum(n for _, n in mine) != length or any(o + n > sizes.get(p, -1) for o, n in mine):
-                    ok = False
-                    break
-            if ok:
-                out.committed[attempt] = (map_index, lengths)
-        for p, items in chunks.items():
-            kept = sorted((c for c in items if c[0] in out.committed), key=lambda c: c[1])
-            if kept:
-                out.chunks[p] = kept
-        keep = {JOURNAL} | {os.path.basename(self.data_path(directory, p)) for p in out.chunks}
+            kind = r.get("k")
+            if kind == "pieces":
+                at = int(r["o"])
+                for attempt, serial, rows in r["a"]:
+                    found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
+                    at = found.add(at, bytes(rows))
+            elif kind == "object":
+                out.objects.append(StoredObject(str(r["key"]), int(r["size"])))
+                for attempt, serial, start, offset, rows in r["a"]:
+                    found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
+                    found.put(int(start), len(out.objects), int(offset), bytes(rows))
+                durable.update((int(a), int(s)) for a, s in r.get("d", ()))
+            elif kind == "commit":
+                commits[int(r["attempt"]), int(r["serial"])] = r
+        path = self.data_path(directory)
+        try:
+            out.file_size = os.stat(path).st_size
+        except FileNotFoundError:
+            out.file_size = 0
+        # An attempt is servable only if its intact piece records account for exactly its committed pieces,
+        # each inside the file or the object holding it.
+        ends = [out.file_size, *(o.size for o in out.objects)]
+        for (attempt, serial), r in commits.items():
+            found = pieces.get((attempt, serial), LoadedAttempt(0, serial, 0))
+            if not found.matches(r) or found.outside(ends):
+                continue
+            out.adopt(attempt, found, r, (attempt, serial) in durable)
+        keep = {JOURNAL, DATA} if out.committed else set()
         for entry in os.scandir(directory):
             if entry.name not in keep:
                 _unlink(entry.path)
-        out.file_sizes = {p: sizes[p] for p in out.chunks}
         return out
 
 

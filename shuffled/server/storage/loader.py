@@ -1,12 +1,15 @@
-"""Reading spilled chunks back into pool segments: the one loader of a subpartition reader, of a read's
-local channel and of a drain's hand-over.
+"""Reading stored pieces back into pool segments: the one loader of a read's plan feed (a local read,
+a failover to this daemon's own copy or to the object store) and of a drain's or healing's copies.
 
-A batch is a run of spilled chunks that lie back to back in one file (`run`), read with one
-`preadv` into segments of the read reserve (`take`) and each checked against the CRC32C it was
-spilled with. A file that is gone (its shuffle was removed meanwhile) is PARTITION_NOT_FOUND, a read
-that fails or a checksum that differs is CORRUPT_DATA; on any failure the segments go back to their
-pool. A load cancelled while the reading thread fills its segments lets the thread finish first: a
-segment goes back only once nothing writes into it.
+A batch is a run of one attempt's pieces that lie back to back in one place (`run`): the shuffle's data
+file, read with one `preadv`, or one of its objects, read with one ranged GET; either way into segments
+of the read reserve (`take`), each checked against the CRC32C its writer sent. A file or object that is
+gone (its shuffle was removed meanwhile) is PARTITION_NOT_FOUND, a read that fails or a checksum that
+differs is CORRUPT_DATA (a fetch failure: the reader tries another copy); on any failure the segments go
+back to their pool. A load cancelled while the reading thread fills its segments lets the thread finish
+first: a segment goes back only once nothing writes into it. While a file load is under way its
+shuffle counts it (`ShuffleData.loading`), so blocks of pieces that moved to an object meanwhile are
+not punched under it.
 """
 
 from __future__ import annotations
@@ -16,21 +19,28 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ...buffers import Buffer, Chunk, GlobalPool
-from ...protocol.errors import CorruptData, PartitionNotFound
+from ...buffers import Buffer, GlobalPool
+from ...protocol.errors import CorruptData, PartitionNotFound, StorageError
+from ...protocol.integrity import checksum
 from .disk import Disk
-from .store import DiskChunk
+from .objects import ObjectNotFound, ObjectStore
+from .shuffles import FILE, MapOutput
 
 
-def run(items: Iterable[Chunk | DiskChunk], limit: int) -> list[DiskChunk]:
-    """The spilled chunks at the head of `items` that lie back to back in one file, at most `limit` of them."""
-    batch: list[DiskChunk] = []
-    for item in items:
-        if not isinstance(item, DiskChunk) or len(batch) >= limit:
+def run(out: MapOutput, indices: Iterable[int], limit: int) -> list[int]:
+    """The first of `indices` (a piece of `out` no longer in memory) and those after it that lie right behind
+    it in the same place, at most `limit` of them; an index repeated (a piece several items use) is taken
+    once."""
+    batch: list[int] = []
+    places, offsets, sizes = out.places, out.offsets, out.sizes
+    for i in indices:
+        if batch and i == batch[-1]:
+            continue
+        if len(batch) >= limit or i >= out.spilled:
             break
-        if batch and (item.path != batch[-1].path or item.offset != batch[-1].offset + batch[-1].length):
+        if batch and (i != batch[-1] + 1 or places[i] != places[i - 1] or offsets[i] != offsets[i - 1] + sizes[i - 1]):
             break
-        batch.append(item)
+        batch.append(i)
     return batch
 
 
@@ -52,38 +62,58 @@ async def take(pool: GlobalPool, want: int, recycler: Callable[[Buffer], None]) 
     return got
 
 
-class ChunkLoader:
+class PieceLoader:
     """Loads one reader's batches, keeping the file of the last one open for the next (a reader goes
     through a file front to back). `close` when done."""
 
-    __slots__ = ("_fd", "_path", "disk")
+    __slots__ = ("_fd", "_path", "disk", "objects")
 
-    def __init__(self, disk: Disk | None) -> None:
+    def __init__(self, disk: Disk | None, objects: ObjectStore | None = None) -> None:
         self.disk = disk
+        self.objects = objects
         self._fd: int | None = None
         self._path = ""
 
-    async def load(self, batch: Sequence[DiskChunk], buffers: Sequence[Buffer]) -> list[Chunk]:
-        """`batch`, a `run`, read into `buffers` (one each) and checked; the chunks now in memory."""
-        assert self.disk is not None, "only a daemon with a data dir has spilled chunks"
-        path = batch[0].path
+    async def load(self, out: MapOutput, batch: Sequence[int], buffers: Sequence[Buffer]) -> list[Buffer]:
+        """The first `len(buffers)` pieces of `batch` (a `run` of `out`'s) read into `buffers` and checked."""
+        batch = batch[: len(buffers)]
+        for buf, i in zip(buffers, batch, strict=True):
+            buf.length = out.sizes[i]
+        loaded = False
+        try:
+            if out.places[batch[0]] == FILE:
+                crcs, where = await self._from_file(out, batch, buffers)
+            else:
+                crcs, where = await self._from_object(out, batch, buffers)
+            bad = [i for i, crc in zip(batch, crcs, strict=True) if out.crcs[i] != crc]
+            if bad:
+                data = out.shuffle
+                raise CorruptData(
+                    f"stored data of map attempt {out.attempt} of {data.app}/{data.shuffle} failed its CRC32C "
+                    f"check at offset {out.offsets[bad[0]]} of {where}"
+                )
+            loaded = True
+        finally:
+            if not loaded:
+                for buf in buffers:
+                    buf.release()
+        return list(buffers)
+
+    async def _from_file(
+        self, out: MapOutput, batch: Sequence[int], buffers: Sequence[Buffer]
+    ) -> tuple[list[int], str]:
+        data = out.shuffle
+        assert self.disk is not None and data.file is not None, "only a data dir holds pieces in a file"
+        path = data.file.path
         if self._path != path:
             self.close()
         fd, self._fd = self._fd, None  # a failed read closes it
-        for buf, chunk in zip(buffers, batch, strict=True):
-            buf.length = chunk.length
-        reading = self.disk.read(fd, path, batch[0].offset, [b.data() for b in buffers])
-        loaded = False
+        data.loading += 1
+        reading = self.disk.read(fd, path, out.offsets[batch[0]], [b.data() for b in buffers])
         try:
             self._fd, crcs = await asyncio.shield(reading)
             self._path = path
-            bad = [c for c, crc in zip(batch, crcs, strict=True) if c.crc != crc]
-            if bad:
-                raise CorruptData(
-                    f"spilled data of partition {bad[0].partition} (map attempt {bad[0].attempt}) failed its "
-                    f"CRC32C check at offset {bad[0].offset} of {path}"
-                )
-            loaded = True
+            return crcs, path
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):  # the thread fills the segments until it is done
                 os.close((await reading)[0])
@@ -93,10 +123,25 @@ class ChunkLoader:
         except (OSError, EOFError) as exc:
             raise CorruptData(f"reading spilled data from {path} failed: {exc}") from None
         finally:
-            if not loaded:
-                for buf in buffers:
-                    buf.release()
-        return [Chunk(buf, c.partition, c.attempt, c.crc) for buf, c in zip(buffers, batch, strict=True)]
+            data.loading -= 1
+
+    async def _from_object(
+        self, out: MapOutput, batch: Sequence[int], buffers: Sequence[Buffer]
+    ) -> tuple[list[int], str]:
+        """One ranged GET of the run; the client copies into the segments on this thread, so a cancelled load
+        leaves nothing writing into them."""
+        data = out.shuffle
+        key = data.objects[out.places[batch[0]] - 1].key
+        if self.objects is None:
+            raise CorruptData(f"pieces of {data.app}/{data.shuffle} are in object {key}, and no object store is set")
+        views = [b.data() for b in buffers]
+        try:
+            await self.objects.read_into(key, out.offsets[batch[0]], views)
+        except ObjectNotFound:
+            raise PartitionNotFound(f"object {key} is gone (shuffle removed meanwhile?)") from None
+        except StorageError as exc:
+            raise CorruptData(f"reading stored data failed: {exc.message}") from None
+        return [checksum(v) for v in views], f"object {key}"
 
     def close(self) -> None:
         if self._fd is not None:

@@ -22,6 +22,9 @@ a PUT whose answer was lost may have stored the object. Keys are therefore writt
 of a key takes an older object of that key with it). What an abort cannot reach
 (the server down, the daemon killed) stays as an incomplete upload, which obstore cannot list: the
 bucket needs a lifecycle rule that aborts incomplete uploads (docs/operations.md).
+
+Its settings are an `ObjectStoreConfig` (object_config.py); how its requests went, counted, timed and
+explained, `Requests`' (object_requests.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,11 +44,12 @@ import obstore
 from obstore.exceptions import NotFoundError
 from obstore.store import S3Store
 
-from ...config import S3_MAX_PART, S3_MIN_PART, DaemonConfig, MiB, parse_s3_url
 from ...logs import event
 from ...ops.stats import ObjectStoreStats
 from ...protocol.errors import StorageError
 from . import credentials
+from .object_config import ObjectStoreConfig
+from .object_requests import Requests
 
 log = logging.getLogger(__name__)
 
@@ -58,76 +61,9 @@ OPERATIONS = ("put", "get", "delete", "list")
 #: the probe's object, under the prefix; random so daemons sharing a prefix do not race
 PROBE_DIR = ".probe"
 
-_S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
-_STATUS = re.compile(r"status(?: code)?: (\d{3})")
-_HTTP_KIND = re.compile(r"HttpError \{ kind: (\w+)")
-_OS_MESSAGE = re.compile(r'message: "([^"]+)"')
 
-_CREDENTIAL_CODES = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "InvalidToken",
-        "ExpiredToken",
-        "TokenRefreshRequired",
-        "AuthorizationHeaderMalformed",
-        "InvalidClientTokenId",
-    }
-)
-
-
-@dataclass(frozen=True)
-class ObjectStoreConfig:
-    """Where objects go and how long each request may take; see the `object-store-*` settings."""
-
-    url: str
-    endpoint: str | None = None
-    region: str | None = None
-    path_style: bool = False
-    #: most seconds one HTTP request may take (connecting, sending, answering)
-    timeout: float = 30.0
-    connect_timeout: float = 5.0
-    #: retries of a request that failed in a way worth retrying (5xx, dropped or refused connections)
-    retries: int = 3
-    part_size: int = 16 * MiB
-    #: parts of one object in flight at once
-    concurrency: int = 4
-
-    def __post_init__(self) -> None:
-        parse_s3_url(self.url)
-        if not S3_MIN_PART <= self.part_size <= S3_MAX_PART:
-            raise ValueError("object-store part size must be 5 MiB..5 GiB (S3's limits)")
-
-    @classmethod
-    def of(cls, config: DaemonConfig) -> ObjectStoreConfig:
-        """The daemon's `object-store-*` settings (`object-store` must be set)."""
-        assert config.object_store is not None
-        return cls(
-            config.object_store,
-            endpoint=config.object_store_endpoint,
-            region=config.object_store_region,
-            path_style=config.object_store_path_style == "on",
-            timeout=config.object_store_timeout,
-            connect_timeout=config.object_store_connect_timeout,
-            retries=config.object_store_retries,
-            part_size=config.object_store_part_size,
-        )
-
-    @property
-    def bucket(self) -> str:
-        return parse_s3_url(self.url)[0]
-
-    @property
-    def prefix(self) -> str:
-        return parse_s3_url(self.url)[1]
-
-    def request_bound(self) -> float:
-        """Most seconds one request takes, retries and their back-off included (the client stops retrying
-        after `retry_window` but lets a try that began before finish)."""
-        return self.retry_window() + self.timeout
-
-    def retry_window(self) -> float:
-        return self.timeout * (self.retries + 1)
+class ObjectNotFound(StorageError):
+    """The object asked for does not exist (deleted, or never written)."""
 
 
 @dataclass(frozen=True)
@@ -151,12 +87,11 @@ class ObjectStore:
         self.config = config
         self.stats = stats if stats is not None else ObjectStoreStats()
         self.stats.url = config.url
-        self._observe = observe
+        self.requests = Requests(config, self.stats, observe)
         #: objects this process wrote and has not deleted: key -> size
         self._held: dict[str, int] = {}
         #: uploads whose caller gave up on them (deadline, cancellation), still finishing in the client
         self._orphans: set[asyncio.Future[Any]] = set()
-        self._secrets: tuple[str, ...] = ()
         self._store: S3Store | None = None
         #: why no client could be made (no credentials); every call then fails with it
         self._unusable: str | None = None
@@ -167,8 +102,8 @@ class ObjectStore:
             self.credential_source = "none"
             return
         self.credential_source = creds.source if creds is not None else "client (web identity or container)"
-        self._secrets = creds.secrets() if creds is not None else ()
-        self._store = self._client(creds)
+        self.requests.secrets = creds.secrets() if creds is not None else ()
+        self._store = s3_client(config, creds)
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.config.url}, endpoint={self.config.endpoint}, credentials={self.credential_source})"
@@ -178,55 +113,18 @@ class ObjectStore:
         """The obstore client as this layer configured it: for measuring the layer against the client alone."""
         return self._client_or_raise("get", "")
 
-    def _client(self, creds: credentials.Credentials | None) -> S3Store:
-        cfg = self.config
-        https = cfg.endpoint is None or cfg.endpoint.startswith("https://")
-        s3: dict[str, Any] = {
-            "virtual_hosted_style_request": not cfg.path_style,
-            # as the AWS SDKs do: TLS already protects the payload; over plain HTTP its signature is the check
-            "unsigned_payload": https,
-        }
-        if cfg.endpoint is not None:
-            s3["endpoint"] = cfg.endpoint
-        if cfg.region is not None:
-            s3["region"] = cfg.region
-        if creds is not None:
-            s3["access_key_id"] = creds.access_key
-            s3["secret_access_key"] = creds.secret_key
-            if creds.token:
-                s3["session_token"] = creds.token
-        window = cfg.retry_window()
-        return S3Store(
-            cfg.bucket,
-            prefix=cfg.prefix or None,
-            config=s3,  # type: ignore[arg-type]
-            client_options={
-                "allow_http": not https,
-                "timeout": timedelta(seconds=cfg.timeout),
-                "connect_timeout": timedelta(seconds=cfg.connect_timeout),
-            },
-            retry_config={
-                "max_retries": cfg.retries,
-                "retry_timeout": timedelta(seconds=window),
-                "backoff": {
-                    "init_backoff": timedelta(milliseconds=100),
-                    "max_backoff": timedelta(seconds=min(5.0, cfg.timeout)),
-                    "base": 2,
-                },
-            },
-        )
-
     # -- the operations
 
-    async def write(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
+    async def write(self, key: str, chunks: Sequence[memoryview | bytes], *, single: bool = False) -> int:
         """Store `chunks`, in order, as object `key`; returns its size once the object is complete.
 
         The chunks are read by the client's threads without a copy until this returns (and, after a
-        deadline, until the abandoned upload ends): the caller must not change them before.
+        deadline, until the abandoned upload ends): the caller must not change them before. `single`: one
+        PUT whatever the size (an object a little over one part would otherwise cost two PUTs).
         """
         cfg = self.config
         size = sum(len(c) for c in chunks)
-        parts = max(1, math.ceil(size / cfg.part_size))
+        parts = 1 if single else max(1, math.ceil(size / cfg.part_size))
         multipart = parts > 1
         deadline = cfg.request_bound() * (math.ceil(parts / cfg.concurrency) + (2 if multipart else 0))
         store = self._client_or_raise("put", key)
@@ -247,12 +145,12 @@ class ObjectStore:
             self._abandon(key, upload)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise self._failed("put", key, started, f"did not complete within {deadline:.0f}s") from None
+            raise self.requests.failed("put", key, started, f"did not complete within {deadline:.0f}s") from None
         except Exception as exc:
-            reason = self._reason(exc)
+            reason = self.requests.reason(exc)
             await self._discard(key)  # a PUT whose answer was lost may have stored the object all the same
-            raise self._failed("put", key, started, reason) from None
-        self._done("put", started)
+            raise self.requests.failed("put", key, started, reason) from None
+        self.requests.done("put", started)
         stats = self.stats
         stats.bytes_up += size
         stats.parts += parts if multipart else 0
@@ -275,18 +173,25 @@ class ObjectStore:
                 obstore.get_range_async(store, key, start=start, length=length), self.config.request_bound()
             )
         except TimeoutError:
-            raise self._failed("get", key, started, f"no answer within {self.config.request_bound():.0f}s") from None
+            raise self.requests.failed(
+                "get", key, started, f"no answer within {self.config.request_bound():.0f}s"
+            ) from None
+        except NotFoundError:
+            self.requests.failed("get", key, started, "no such object")
+            raise ObjectNotFound(f"object store get {self.config.url}/{key}: no such object") from None
         except Exception as exc:
-            raise self._failed("get", key, started, self._reason(exc)) from None
+            raise self.requests.failed("get", key, started, self.requests.reason(exc)) from None
         view = memoryview(data)
         if len(view) != length:
             got = len(view)
-            raise self._failed("get", key, started, f"asked for {length} bytes at {start}, the object had {got}")
+            raise self.requests.failed(
+                "get", key, started, f"asked for {length} bytes at {start}, the object had {got}"
+            )
         offset = 0
         for target in targets:
             target[:] = view[offset : offset + len(target)]
             offset += len(target)
-        self._done("get", started)
+        self.requests.done("get", started)
         self.stats.bytes_down += length
         return length
 
@@ -302,8 +207,8 @@ class ObjectStore:
             except NotFoundError:
                 pass
             except Exception as exc:
-                raise self._failed("delete", page[0], started, self._reason(exc)) from None
-            self._done("delete", started)
+                raise self.requests.failed("delete", page[0], started, self.requests.reason(exc)) from None
+            self.requests.done("delete", started)
             for key in page:
                 self._forget(key)
 
@@ -314,8 +219,8 @@ class ObjectStore:
         try:
             metas = await self._bounded(obstore.list(store, prefix or None, chunk_size=PAGE).collect_async())
         except Exception as exc:
-            raise self._failed("list", prefix, started, self._reason(exc)) from None
-        self._done("list", started)
+            raise self.requests.failed("list", prefix, started, self.requests.reason(exc)) from None
+        self.requests.done("list", started)
         now = datetime.now(UTC)
         return [ObjectInfo(m["path"], m["size"], (now - m["last_modified"]).total_seconds()) for m in metas]
 
@@ -365,7 +270,7 @@ class ObjectStore:
 
     def _client_or_raise(self, op: str, key: str) -> S3Store:
         if self._store is None:
-            raise self._failed(op, key, time.monotonic(), self._unusable or "no client")
+            raise self.requests.failed(op, key, time.monotonic(), self._unusable or "no client")
         return self._store
 
     async def _bounded(self, call: Any) -> Any:
@@ -401,53 +306,42 @@ class ObjectStore:
             self.stats.objects_held -= 1
             self.stats.bytes_held -= size
 
-    def _done(self, op: str, started: float) -> None:
-        requests = self.stats.requests
-        requests[op] = requests.get(op, 0) + 1
-        if self._observe is not None:
-            self._observe(op, time.monotonic() - started)
 
-    def _failed(self, op: str, key: str, started: float, reason: str) -> StorageError:
-        self._done(op, started)
-        errors = self.stats.errors
-        errors[op] = errors.get(op, 0) + 1
-        return StorageError(f"object store {op} {self.config.url}/{key}: {self._scrub(reason)}")
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def _reason(self, exc: BaseException) -> str:
-        """What went wrong, in a line: the S3 error code or HTTP status, or the connection's trouble."""
-        text = " ".join(str(exc).split())
-        cfg = self.config
-        if isinstance(exc, TimeoutError):
-            return text or "timed out"
-        code = _S3_CODE.search(text)
-        status = _STATUS.search(text)
-        if code is not None:
-            name = code.group(1)
-            http = f"HTTP {status.group(1)} " if status else ""
-            if name in _CREDENTIAL_CODES:
-                return f"wrong credentials ({http}{name}: the store does not accept these keys)"
-            if name == "NoSuchBucket":
-                return f"no such bucket {cfg.bucket!r} ({http}{name})"
-            if name in ("AccessDenied", "AllAccessDisabled"):
-                return f"access denied ({http}{name}): these credentials may not do this in the bucket"
-            if name == "NoSuchKey":
-                return f"no such object ({http}{name})"
-            return f"the store answered {http}{name}"
-        kind = _HTTP_KIND.search(text)
-        endpoint = cfg.endpoint or f"S3 in {cfg.region or 'the default region'}"
-        if kind is not None and kind.group(1) == "Connect":
-            detail = _OS_MESSAGE.search(text)
-            return f"endpoint {endpoint} unreachable ({detail.group(1) if detail else 'cannot connect'})"
-        if kind is not None and kind.group(1) == "Timeout":
-            return f"endpoint {endpoint} did not answer within {cfg.timeout:g}s (tried {cfg.retries + 1} times)"
-        if status is not None:
-            return f"the store answered HTTP {status.group(1)}"
-        if kind is not None:
-            return f"endpoint {endpoint}: the connection failed ({kind.group(1)})"
-        first = text.split(" Debug source:")[0]
-        return first[:300] or type(exc).__name__
+def s3_client(cfg: ObjectStoreConfig, creds: credentials.Credentials | None) -> S3Store:
+    """The obstore client for this store: its bounds, retries and back-off, and these credentials (None: the
+    client finds its own)."""
+    https = cfg.endpoint is None or cfg.endpoint.startswith("https://")
+    s3: dict[str, Any] = {
+        "virtual_hosted_style_request": not cfg.path_style,
+        # as the AWS SDKs do: TLS already protects the payload; over plain HTTP its signature is the check
+        "unsigned_payload": https,
+    }
+    if cfg.endpoint is not None:
+        s3["endpoint"] = cfg.endpoint
+    if cfg.region is not None:
+        s3["region"] = cfg.region
+    if creds is not None:
+        s3["access_key_id"] = creds.access_key
+        s3["secret_access_key"] = creds.secret_key
+        if creds.token:
+            s3["session_token"] = creds.token
+    window = cfg.retry_window()
+    return S3Store(
+        cfg.bucket,
+        prefix=cfg.prefix or None,
+        config=s3,  # type: ignore[arg-type]
+        client_options={
+            "allow_http": not https,
+            "timeout": timedelta(seconds=cfg.timeout),
+            "connect_timeout": timedelta(seconds=cfg.connect_timeout),
+        },
+        retry_config={
+            "max_retries": cfg.retries,
+            "retry_timeout": timedelta(seconds=window),
+            "backoff": {
+                "init_backoff": timedelta(milliseconds=100),
+                "max_backoff": timedelta(seconds=min(5.0, cfg.timeout)),
+                "base": 2,
+            },
+        },
+    )

@@ -1,26 +1,33 @@
 """Moving stored data from the pool to disk: under memory pressure, over a quota, on request, at stop.
 
 Pressure uses marks on the share of pool segments in use. Passing the start mark
-(half way from the low watermark to the high one) starts spilling the largest
-in-memory reduce partitions in the background, pushes carry on; spilling goes on
-until what will be left once the writes under way are done is below the low
-watermark. Passing the high watermark also holds back new push credit (sessions
-wait on `admitted()`) until that projection is below the low one, or nothing more
-can be spilled. The wait is the same back-pressure a full pool applies, just
-earlier, so the disk has time to catch up.
+(half way from the low watermark to the high one) starts spilling the shuffles
+holding the most memory in the background, pushes carry on; spilling goes on until
+what will be left once the writes under way are done is below the low watermark.
+Passing the high watermark also holds back new push credit (sessions wait on
+`admitted()`) until that projection is below the low one, or nothing more can be
+spilled. The wait is the same back-pressure a full pool applies, just earlier, so
+the disk has time to catch up.
 
-One spill write takes at most `batch` of one partition's oldest in-memory chunks,
-writes them with one `writev` on the disk's writer thread, then the journal record
-describing them; only when both are done are the segments released. Up to
-`IN_FLIGHT` writes wait on the writer thread at once, so it starts the next as
-soon as one ends instead of waiting for the event loop to pick it; they are
-submitted in the order they were taken, which is then their order in the files.
-A partition has at most one write under way: if it fails, its chunks go back in
-front of the partition's memory and no later chunk of theirs is in the file
-before them. A flush waits for a partition's write under way before writing the
-rest.
+One spill write takes at most `batch` in-memory pieces of one shuffle: the oldest of
+the attempt holding the most memory, then of its other attempts in turn (so an
+attempt's pieces lie mostly together in the file and a read of it goes forward), and
+writes them with one `writev` on the disk's writer thread into the shuffle's one
+data file, then the journal record describing them; only when both are done are the
+segments released. The bytes written are the bytes stored, however many partitions
+they hold. Up to `IN_FLIGHT` writes wait on the writer thread at once, so it starts
+the next as soon as one ends instead of waiting for the event loop to pick it; they
+are submitted in the order they were taken, which is then their order in the file.
+An attempt has at most one write under way: if it fails, its pieces are still the
+first in memory and no later piece of it is in the file before them. A flush waits
+for its shuffle's writes under way before writing the rest.
 
-A failed write (ENOSPC, EFBIG, EIO) leaves the file as it was: the chunks stay in
+Without a data dir, with an object store, the writes go to objects instead (the same choice
+of pieces, one object of at least a part per write, at most `OBJECT_IN_FLIGHT` at once;
+storage/tier.py writes them): a *spill target* is where writes go, the data file
+(`FileTarget`, below) or the object store.
+
+A failed write (ENOSPC, EFBIG, EIO; an object store that fails) leaves the file as it was: the pieces stay in
 memory; map outputs that were still open and had data in the failed spill are
 aborted with STORAGE_ERROR, so their writers fail with the reason (Spark retries
 the task) and their memory comes back. Committed data keeps being served from
@@ -29,28 +36,32 @@ memory. Pressure spilling then queues no more writes and backs off for
 which only a spill could free fails at once with STORAGE_ERROR
 (`push_memory_error`) instead of waiting for credit that will not come; so does
 every such push on a daemon without a disk.
+
+The `Spiller` decides when and what to spill; the writes under way are `SpillWrites`' (spill_writes.py),
+the shuffles' journals `Journals`' (journal.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...logs import event
 from ...protocol.errors import StorageError
-from .disk import JOURNAL, Appended, Disk, SpillFile, encode_record
-from .store import Garbage, MapState, ShuffleData, Store, StoredChunk, Subpartition
+from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
+from .journal import Journals
+from .shuffles import FILE, Garbage, ShuffleData
+from .spill_writes import Placed, SpillTarget, SpillWrites, Taken
+from .store import Store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ...buffers import Buffer, GlobalPool
 
 log = logging.getLogger(__name__)
 
-#: seconds pressure spilling pauses after a failed write
-RETRY_AFTER = 1.0
 #: spill writes queued on the writer thread at once
 IN_FLIGHT = 4
 #: segments one pressure spill write takes at least and at most (1 and 4 MiB of 32 KiB segments): below,
@@ -58,17 +69,69 @@ IN_FLIGHT = 4
 MIN_BATCH, MAX_BATCH = 32, 128
 
 
-@dataclass(slots=True)
-class _Write:
-    """A spill write under way: whose, how many segments it will free, and its outcome (bytes written)."""
+class FileTarget:
+    """Spill writes into the shuffle's data file, with the journal record describing them (see the module)."""
 
-    data: ShuffleData
-    segments: int
-    done: asyncio.Future[int]
+    in_flight = IN_FLIGHT
+    where = "to disk"
+
+    def __init__(self, spiller: Spiller, disk: Disk) -> None:
+        self.spiller = spiller
+        self.disk = disk
+        self.name = disk.root
+        self.batch = max(MIN_BATCH, min(MAX_BATCH, (spiller.high - spiller.low) // IN_FLIGHT))
+
+    def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
+        disk = self.disk
+        directory = self.spiller.journals.open(data)
+        if data.file is None:
+            data.file = SpillFile(disk.data_path(directory))
+            disk.stats.files += 1
+        # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as written:
+        # memory that went bad since is then caught when the piece is read back.
+        described = [
+            [
+                out.attempt,
+                out.serial,
+                b"".join(
+                    PIECE_ROW.pack(out.sizes[i], out.crcs[i], out.firsts[i], out.lasts[i]) for i in range(start, end)
+                ),
+            ]
+            for out, start, end in taken
+        ]
+
+        def record(done: Appended) -> bytes:
+            return encode_record({"k": "pieces", "o": done.offset, "a": described})
+
+        appended = disk.append(data.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
+        return asyncio.ensure_future(_placed(appended))
+
+    def wrote(self, data: ShuffleData, written: int) -> None:
+        stats = self.disk.stats
+        self.spiller.store.placement.wrote(data, written)
+        assert data.file is not None
+        data.file.size += written
+        stats.spills += 1
+        stats.spilled_bytes += written
+        if not data.removed:  # else `removed` already settled the shuffle's disk accounting
+            stats.used_bytes += written
+
+    def failed(self) -> None:
+        self.disk.stats.errors += 1
 
 
 class Spiller:
-    def __init__(self, store: Store, pool: GlobalPool, disk: Disk | None, high: float, low: float) -> None:
+    """Spills under pressure, over a quota and on request (see the module); frees the disk afterwards."""
+
+    def __init__(
+        self,
+        store: Store,
+        pool: GlobalPool,
+        disk: Disk | None,
+        high: float,
+        low: float,
+        objects: Callable[[Spiller], SpillTarget | None] | None = None,
+    ) -> None:
         self.store = store
         self.pool = pool
         self.disk = disk
@@ -78,8 +141,14 @@ class Spiller:
         self.low = min(int(pool.total * low), self.high - 1)
         self.start = (self.low + self.high) // 2
         self.low_share = low
-        #: segments per pressure write: IN_FLIGHT of them take usage from the high watermark to the low one
-        self.batch = max(MIN_BATCH, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT))
+        self.journals = Journals(store, disk)
+        #: where writes go: the data dir, else the object store (`objects` makes its target), else nowhere
+        self.target: SpillTarget | None = (
+            FileTarget(self, disk) if disk is not None else objects(self) if objects is not None else None
+        )
+        #: segments per pressure write (for the data file: IN_FLIGHT of them take usage from the high watermark
+        #: to the low one)
+        self.batch = self.target.batch if self.target is not None else MIN_BATCH
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
         #: pushes get no new credit while set (above the high watermark, until usage without the writes under
@@ -88,39 +157,33 @@ class Spiller:
         self._resume = asyncio.Event()
         self._resume.set()
         self._task: asyncio.Task[None] | None = None
-        #: spill writes under way, one per partition at most
-        self._writing: dict[Subpartition, _Write] = {}
-        #: segments the writes under way free when done
-        self.leaving = 0
-        #: set when a write ends (the spilling task looks again)
-        self._ended = asyncio.Event()
+        #: the writes under way, and when the last one failed
+        self.writes = SpillWrites(store, self.target)
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
-        self._failed_at = -RETRY_AFTER
-        #: why the last spill failed, until one succeeds (the disk is full or broken meanwhile)
-        self.disk_error: OSError | None = None
 
     def push_memory_error(self, need: int) -> StorageError | None:
         """Why a push waiting for `need` more segments would wait for good (None: memory will come).
 
         Memory held by push windows and reads comes back by itself; memory held by stored data only when it
         is spilled or its shuffle removed, which Spark may do much later (when its driver collects the
-        shuffle). So a push waits only while stored data leaves room for it or can move to disk.
+        shuffle). So a push waits only while stored data leaves room for it or can move below memory.
         """
-        if self.disk is not None and self.disk_error is None:
+        if self.target is not None and self.writes.error is None:
             return None
         usable = self.pool.total - self.pool.reserve
         stored = self.store.memory_segments
         if usable - stored >= need:
             return None
         held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
-        if self.disk is None:
+        if self.target is None:
             return StorageError(
                 f"no memory for this push: {held} and this daemon has no data directory to spill to "
                 "(data-dir none); memory comes back when Spark removes shuffles"
             )
-        why = self.disk_error.strerror if self.disk_error is not None else None
-        return StorageError(f"no memory for this push: {held} and spilling to {self.disk.root} fails: {why}")
+        return StorageError(
+            f"no memory for this push: {held} and spilling to {self.target.name} fails: {self.writes.error}"
+        )
 
     def holding(self, app: str) -> bool:
         """True while pushes of `app` get no new memory."""
@@ -143,14 +206,9 @@ class Spiller:
     def pressure(self, on: bool) -> None:
         self.pool.spilling = on
 
-    def _backing_off(self) -> bool:
-        # time.monotonic, not the loop's clock: this runs for every pushed buffer, and finding the running
-        # loop costs a getpid() system call each time on Python 3.11
-        return time.monotonic() - self._failed_at < RETRY_AFTER
-
     def check(self, app: str | None = None) -> None:
         """After data was added: start spilling if the pool or the application's quota asks for it."""
-        if self.disk is None or self._backing_off():
+        if self.target is None or self.writes.backing_off():
             return
         changed = False
         if app is not None and app not in self._apps and self.store.over_memory_quota(app):
@@ -159,7 +217,7 @@ class Spiller:
         used = self.pool.used
         if (
             not self.pressure
-            and used - self.leaving >= self.start
+            and used - self.writes.leaving >= self.start
             and self.store.memory_segments >= self.worth_spilling
         ):
             self.pressure = changed = True
@@ -170,18 +228,19 @@ class Spiller:
             if self.pressure or self._apps:
                 self._task = asyncio.create_task(self._run())
         elif changed:  # it may be waiting for a write to end: let it look at the new state now
-            self._ended.set()
+            self.writes.ended.set()
 
     async def _run(self) -> None:
+        assert self.target is not None
         try:
             while True:
-                while len(self._writing) < IN_FLIGHT and self._spill_next():
+                while len(self.writes.under_way) < self.target.in_flight and self._spill_next():
                     pass
                 self._settle()
-                if not self._writing:
+                if not self.writes.under_way:
                     return
-                self._ended.clear()
-                await self._ended.wait()
+                self.writes.ended.clear()
+                await self.writes.ended.wait()
         except Exception:
             event(log, "spilling failed", logging.ERROR, exc_info=True)
         finally:
@@ -194,26 +253,29 @@ class Spiller:
 
     def _spill_next(self) -> bool:
         """Queue one more write if a quota or the pool asks for it; False if nothing is to be queued now."""
-        if self._backing_off():
+        if self.writes.backing_off():
             return False
         target = self._quota_target
         for app in self._apps:
             usage = self.store.usage.get(app)
-            if usage is not None and usage.segments - self._leaving(app) > target and self._spill_largest(app):
+            if usage is not None and usage.segments - self.writes.leaving_of(app) > target and self._spill_largest(app):
                 return True
-        return self.pressure and self.pool.used - self.leaving > self.low and self._spill_largest(None)
+        return self.pressure and self.pool.used - self.writes.leaving > self.low and self._spill_largest(None)
 
     def _settle(self) -> None:
         """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
         is below the mark), or for whom nothing more can be written."""
-        stuck = len(self._writing) < IN_FLIGHT  # the queueing stopped for want of chunks, not of room
+        assert self.target is not None
+        stuck = (
+            len(self.writes.under_way) < self.target.in_flight
+        )  # the queueing stopped for want of pieces, not of room
         target = self._quota_target
         for app in list(self._apps):
             usage = self.store.usage.get(app)
-            leaving = self._leaving(app)
+            leaving = self.writes.leaving_of(app)
             if usage is None or usage.segments - leaving <= target or (stuck and not leaving):
                 self._apps.pop(app).set()
-        done = self.pool.used - self.leaving <= self.low or (stuck and not self._writing)
+        done = self.pool.used - self.writes.leaving <= self.low or (stuck and not self.writes.under_way)
         if done and self.paused:
             self.paused = False
             self._resume.set()
@@ -225,208 +287,64 @@ class Spiller:
         """What an application over its memory quota is spilled down to (segments)."""
         return int(self.store.memory_quota * self.low_share)
 
-    def _leaving(self, app: str) -> int:
-        return sum(w.segments for w in self._writing.values() if w.data.app == app)
-
     def _spill_largest(self, app: str | None) -> bool:
-        """Start writing the largest partition not being written (of `app`, or of anyone); False if none."""
-        found = self.store.largest_in_memory(app, self._writing)
-        return found is not None and self._start(*found, self.batch) is not None
+        """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
+        False if none. Memory an object holds already is freed on the way, which may be all it takes."""
+        found = self.store.placement.largest_in_memory(app, self.writes.by_attempt)
+        if found is None:
+            return False
+        freed = sum(self.store.placement.release_placed(out) for out in found[1])
+        return self.writes.start(*found, self.batch) is not None or freed > 0
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
-        """Write every in-memory chunk of these shuffles to disk; returns the bytes this call wrote (a
-        background write of the same partition that it waited for counts as that write's, not here).
+        """Write every in-memory piece of these shuffles to disk; returns the bytes this call wrote (a
+        background write of the same shuffle that it waited for counts as that write's, not here).
 
-        Raises StorageError at the first write that fails (the chunks not written stay in memory).
+        Raises StorageError at the first write that fails (the pieces not written stay in memory).
         """
         total = 0
         for data in shuffles:
-            for sub in list(data.subpartitions.values()):
-                if sub.memory_segments:
-                    total += await self.spill(data, sub)
+            total += await self.spill(data)
         return total
 
-    async def spill(self, data: ShuffleData, sub: Subpartition) -> int:
-        """Spill all of one partition's in-memory chunks, after its write under way if there is one.
-        Returns the bytes this call wrote; raises StorageError if its write failed (the chunks are then in
-        memory again and their open map outputs failed).
+    async def spill(self, data: ShuffleData) -> int:
+        """Spill all of one shuffle's in-memory pieces, after its writes under way (in writes of at most a
+        batch when they go to objects). Returns the bytes this call wrote; raises StorageError if a write
+        failed (the pieces are then in memory again and their open map outputs failed).
 
-        Once the chunks are taken, the write and its bookkeeping run to the end even if
-        the caller is cancelled (a flush cut short at stop): otherwise the chunks would
+        Once the pieces are taken, the write and its bookkeeping run to the end even if
+        the caller is cancelled (a flush cut short at stop): otherwise the pieces would
         belong neither to memory nor to the file.
         """
-        while (under_way := self._writing.get(sub)) is not None:
-            await asyncio.wait([under_way.done])  # its failure is its own; the chunks are back in memory then
-        write = self._start(data, sub, None)
-        return 0 if write is None else await asyncio.shield(write)
-
-    def _start(self, data: ShuffleData, sub: Subpartition, limit: int | None) -> asyncio.Future[int] | None:
-        """Take the partition's oldest in-memory chunks and queue their write on the writer thread now (so
-        writes and a later deletion of the shuffle reach the thread in this order); None if none."""
-        if data.removed or sub in self._writing:
-            return None
-        chunks = self.store.take_for_spill(sub, limit)
-        if not chunks:
-            return None
-        # The write's own references, taken now: an abort from here on drops only the store's.
-        held = [c.buffer for c in chunks if c.buffer is not None]
-        for buf in held:
-            buf.retain()
-        try:
-            appended = self._submit(data, sub, chunks, held)
-        except BaseException:  # the writer is shut down (at stop): the chunks stay in memory
-            for buf in held:
-                buf.release()
-            self.store.unspilled(sub, chunks)
-            raise
-        done = asyncio.ensure_future(self._finish(data, sub, chunks, held, appended))
-        done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
-        self._writing[sub] = _Write(data, len(held), done)
-        self.leaving += len(held)
-        return done
-
-    def _submit(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], held: list[Buffer]
-    ) -> asyncio.Future[Appended]:
-        disk = self.disk
-        assert disk is not None
-        directory = self.open_journal(data)
-        if sub.file is None:
-            sub.file = SpillFile(disk.data_path(directory, sub.partition))
-            data.files += 1
-            disk.stats.files += 1
-        # The journal keeps the CRC32C the writer sent (checked on push), not one of the bytes as written:
-        # memory that went bad since is then caught when the chunk is read back.
-        described = [(c.attempt, c.length, c.crc) for c in chunks]
-        p = sub.partition
-
-        def record(done: Appended) -> bytes:
-            offset, entries = done.offset, []
-            for attempt, length, crc in described:
-                entries.append([attempt, offset, length, crc])
-                offset += length
-            return encode_record({"k": "chunks", "p": p, "c": entries})
-
-        return disk.append(sub.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
-
-    async def _finish(
-        self,
-        data: ShuffleData,
-        sub: Subpartition,
-        chunks: list[StoredChunk],
-        held: list[Buffer],
-        appended: asyncio.Future[Appended],
-    ) -> int:
-        disk = self.disk
-        assert disk is not None and sub.file is not None
-        try:
-            try:
-                done = await appended
-            except OSError as exc:
-                raise self._write_failed(data, sub, chunks, exc) from exc
-            finally:
-                for buf in held:
-                    buf.release()
-            changed = [c for c, crc in zip(chunks, done.crcs, strict=True) if c.crc != crc]
-            if changed:  # the journal keeps the writer's CRC32C: reading these back fails with CORRUPT_DATA
-                event(
-                    log,
-                    "memory corruption",
-                    logging.ERROR,
-                    app=data.app,
-                    shuffle=data.shuffle,
-                    partition=sub.partition,
-                    attempt=changed[0].attempt,
-                    chunks=len(changed),
-                )
-            self.disk_error = None
-            written = self.store.spilled(data, sub, chunks, done.offset)
-            sub.file.size = done.offset + written
-            disk.stats.spills += 1
-            disk.stats.spilled_bytes += written
-            if not data.removed:  # else `removed` already settled the shuffle's disk accounting
-                disk.stats.used_bytes += written
-            return written
-        finally:
-            del self._writing[sub]
-            self.leaving -= len(held)
-            self._ended.set()
-
-    def open_journal(self, data: ShuffleData) -> str:
-        """The shuffle's directory; the first call starts its journal with a header and the commits so far."""
-        disk = self.disk
-        assert disk is not None
-        if data.directory is None:
-            directory = disk.shuffle_dir(data.app, data.shuffle)
-            head: dict[str, object] = {
-                "k": "shuffle",
-                "app": data.app,
-                "shuffle": data.shuffle,
-                "partitions": data.partitions,
-            }
-            key = self.store.app_keys.get(data.app)
-            if key is not None:  # the application's binding, so a restart (and its drain) keeps it
-                head["key"] = key
-            records = [encode_record(head)]
-            records += [self._commit_record(data, a) for a in data.committed]
-            self._journal(directory, b"".join(records))  # raises if the writer is shut down (at stop)
-            data.directory = directory  # only now: later records must follow a queued header
-        return data.directory
-
-    def committed(self, data: ShuffleData, attempt: int) -> None:
-        """Journal a commit once the shuffle has files (before that, it lives in memory only)."""
-        if data.directory is not None and self.disk is not None:
-            self._journal(data.directory, self._commit_record(data, attempt))
-
-    def _commit_record(self, data: ShuffleData, attempt: int) -> bytes:
-        """The attempt's commit; with its replica marking (§12.4), so a restart knows what it holds for
-        whom: `of` the primary of a replica, `copies` where a pushed attempt's replicas are, `r` copies wanted."""
-        record = {"k": "commit", "attempt": attempt, "map": data.committed[attempt], "lengths": data.lengths[attempt]}
-        record["r"] = data.replicas.get(attempt, 1)
-        if attempt in data.replica_of:
-            record["of"] = data.replica_of[attempt]
-        if attempt in data.copies:
-            record["copies"] = list(data.copies[attempt])
-        return encode_record(record)
-
-    def _journal(self, directory: str, record: bytes) -> None:
-        assert self.disk is not None
-        self.disk.append_journal(f"{directory}/{JOURNAL}", record).add_done_callback(_log_journal_failure)
-
-    def _write_failed(
-        self, data: ShuffleData, sub: Subpartition, chunks: list[StoredChunk], exc: OSError
-    ) -> StorageError:
-        """Put the chunks back in memory and fail their open map outputs; returns the error they got."""
-        assert self.disk is not None
-        self.disk.stats.errors += 1
-        self._failed_at = time.monotonic()
-        self.disk_error = exc
-        event(
-            log,
-            "spill failed",
-            logging.WARNING,
-            app=data.app,
-            shuffle=data.shuffle,
-            partition=sub.partition,
-            reason=exc,
-        )
-        self.store.unspilled(sub, chunks)
-        reason = StorageError(f"writing map output to disk failed on this daemon: {exc.strerror or exc}")
-        for attempt in {c.attempt for c in chunks}:
-            out = data.open.get(attempt)
-            if out is not None and out.state is MapState.OPEN and out.on_failure is not None:
-                out.on_failure(reason)
-        return reason
+        limit = None if isinstance(self.target, FileTarget) else self.batch
+        total = 0
+        while True:
+            while under_way := self.writes.of(data):
+                await asyncio.wait(under_way)  # their failure is their own; the pieces are back in memory then
+            outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable]
+            for out in outs:
+                self.store.placement.release_placed(out)
+            write = self.writes.start(data, outs, limit)
+            if write is not None:
+                total += await asyncio.shield(write)
+            if write is None or limit is None:
+                if data.committed and not data.removed and self.disk is not None:
+                    self.journals.open(data)  # empty attempts too must survive a restart
+                return total
 
     async def reclaim(self) -> None:
-        """Free the disk blocks of aborted attempts' spilled chunks (a writer that vanished mid-push left
-        them; they would stay until the shuffle goes, and one client could fill the disk that way)."""
-        garbage, self.store.garbage = self.store.garbage, []
+        """Free the disk blocks of aborted attempts' spilled pieces (a writer that vanished mid-push left
+        them; they would stay until the shuffle goes, and one client could fill the disk that way) and of
+        pieces that moved to the object store. A shuffle with a load under way keeps its garbage until the
+        next call: the load may be reading a moved piece where it was."""
+        garbage, self.store.placement.garbage = self.store.placement.garbage, []
         if self.disk is None or not garbage:
             return
         files: dict[str, list[Garbage]] = {}
         for g in garbage:
-            if not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
+            if g.shuffle.loading:
+                self.store.placement.garbage.append(g)
+            elif not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
                 files.setdefault(g.path, []).append(g)
         for path, pieces in files.items():
             try:
@@ -449,22 +367,12 @@ class Spiller:
             if data.directory is not None:
                 await self.disk.remove(data.directory)
                 self.disk.stats.used_bytes -= data.disk_bytes
-                self.disk.stats.files -= data.files
+                self.disk.stats.files -= data.file is not None
 
 
-def _log_journal_failure(done: asyncio.Future[None]) -> None:
-    if not done.cancelled() and done.exception() is not None:
-        event(
-            log,
-            "journal write failed (the data it describes will not survive a restart)",
-            logging.WARNING,
-            reason=done.exception(),
-        )
-
-
-def _retrieve(done: asyncio.Future[int]) -> None:
-    if not done.cancelled():
-        done.exception()
+async def _placed(appended: asyncio.Future[Appended]) -> Placed:
+    done = await appended
+    return Placed(FILE, done.offset, done.crcs)
 
 
 def restore(store: Store, disk: Disk) -> int:
@@ -472,14 +380,13 @@ def restore(store: Store, disk: Disk) -> int:
     `Disk.load`); the number of shuffles restored."""
     loaded = disk.load()
     for shuffle in loaded:
-        files = {p: SpillFile(disk.data_path(shuffle.directory, p), size) for p, size in shuffle.file_sizes.items()}
-        store.restore(shuffle, files)
+        store.restore(shuffle, SpillFile(disk.data_path(shuffle.directory), shuffle.file_size))
         event(
             log,
             "restored",
             app=shuffle.app,
             shuffle=shuffle.shuffle,
             attempts=len(shuffle.committed),
-            bytes=sum(n for lengths in shuffle.committed.values() for n in lengths[1].values()),
+            bytes=sum(a.stored for a in shuffle.committed.values()),
         )
     return len(loaded)

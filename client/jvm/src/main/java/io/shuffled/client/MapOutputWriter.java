@@ -10,21 +10,22 @@ import java.io.IOException;
 import java.io.InterruptedIOException;
 import java.net.SocketTimeoutException;
 import java.nio.ByteBuffer;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
+import java.util.zip.CRC32C;
 
 /**
  * One map attempt's output on a push stream (PROTOCOL.md §12). Not thread-safe: one task thread uses it.
  *
- * <p>{@link #write} copies bytes into a per-partition buffer of the daemon's segment size and pushes a
- * buffer as one {@code PushData} when it is full; whole segments of a large write are pushed straight
- * from the caller's array. Partially filled buffers are capped at the client's writer buffer bytes: when
- * a partition needs a buffer beyond the cap, the fullest partial buffer is pushed early and its memory
- * reused. Each {@code PushData} takes one push credit; without credit the writer blocks until the daemon
- * grants some ({@code PushCredit}), at most the client's timeout ({@link SocketTimeoutException}).
+ * <p>{@link #write} copies bytes for any partition into one bounded buffer (the client's writer buffer
+ * bytes, see {@link PackingBuffer}). When it is full, and at commit, its bytes are ordered by partition
+ * (a partition's writes keep their order) and pushed as packed groups filled to the daemon's segment
+ * size, one {@code PushData} each, however many partitions a group holds. Writes that come in partition
+ * order need no sort and are pushed as soon as a few segments of them are buffered; their groups are full
+ * but the last and form one ascending sequence of partitions. Each
+ * {@code PushData} takes one push credit; without credit the writer blocks until the daemon grants some
+ * ({@code PushCredit}), at most the client's timeout ({@link SocketTimeoutException}).
  *
  * <p>{@link #commit()} pushes what is buffered, sends {@code CommitMapOutput} and returns the lengths of
  * {@code CommitAck}; {@link #abort()} discards the attempt. An {@code Error} on the stream fails every
@@ -34,36 +35,34 @@ public final class MapOutputWriter implements AutoCloseable {
     private final ShuffleClient client;
     private final long stream;
     private final int numPartitions;
-    private final int segmentSize;
-    private final int maxBuffers;
 
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition changed = lock.newCondition();
-    // guarded by lock (written by the reader thread)
+    // written under lock (by the reader thread)
     private long credit;
     private boolean opened;
-    private ShuffledException failure;
+    /** Volatile so that each write checks it without taking the lock. */
+    private volatile ShuffledException failure;
     private boolean done;
     private long[] lengths;
 
     // task thread only
-    private final byte[][] buffers;
-    private final int[] fill;
-    private final List<Integer> holding = new ArrayList<>();
-    private byte[] spare; // a flushed partition's buffer, reused by the next partition
+    private final PackingBuffer buffer;
+    private final byte[] prefix = new byte[FrameEncoder.PUSH_DATA_PREFIX];
+    private final CRC32C crc = new CRC32C();
     private long nextSequence;
     private long pushes;
     private long bytesWritten;
     private boolean finished;
+    /** What stopped a push half way (a timeout, an interrupt): the buffer's state is lost, so no more writes. */
+    private Exception pushFailed;
 
-    MapOutputWriter(ShuffleClient client, long stream, int numPartitions, int segmentSize, long bufferBytes) {
+    MapOutputWriter(
+            ShuffleClient client, long stream, long attempt, int numPartitions, int segmentSize, long bufferBytes) {
         this.client = client;
         this.stream = stream;
         this.numPartitions = numPartitions;
-        this.segmentSize = segmentSize;
-        this.maxBuffers = (int) Math.max(1, Math.min(numPartitions, bufferBytes / segmentSize));
-        this.buffers = new byte[numPartitions][];
-        this.fill = new int[numPartitions];
+        this.buffer = new PackingBuffer(bufferBytes, segmentSize, attempt, this::push);
     }
 
     /** The writer id (stream id) on the connection. */
@@ -89,7 +88,7 @@ public final class MapOutputWriter implements AutoCloseable {
         write(partition, data, 0, data.length);
     }
 
-    /** Appends {@code len} bytes to reduce partition {@code partition}; may block for push credit. */
+    /** Appends {@code len} bytes to reduce partition {@code partition}; may push (and block for push credit). */
     public void write(int partition, byte[] data, int off, int len) throws IOException {
         if (finished) {
             throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE, "write after commit or abort");
@@ -102,45 +101,12 @@ public final class MapOutputWriter implements AutoCloseable {
         }
         raiseIfFailed();
         bytesWritten += len;
-        while (len > 0) {
-            if (fill[partition] == 0 && len >= segmentSize) {
-                push(partition, data, off, segmentSize); // a whole segment: no copy
-                off += segmentSize;
-                len -= segmentSize;
-                continue;
-            }
-            byte[] buf = buffers[partition];
-            if (buf == null) {
-                buf = takeBuffer(partition);
-            }
-            int n = Math.min(segmentSize - fill[partition], len);
-            System.arraycopy(data, off, buf, fill[partition], n);
-            fill[partition] += n;
-            off += n;
-            len -= n;
-            if (fill[partition] == segmentSize) {
-                fill[partition] = 0;
-                push(partition, buf, 0, segmentSize);
-            }
+        try {
+            buffer.write(partition, data, off, len);
+        } catch (IOException | RuntimeException e) {
+            pushFailed = e;
+            throw e;
         }
-    }
-
-    /**
-     * Pushes what is buffered for {@code partition} now instead of at commit; for callers that write
-     * partitions one after another and are done with this one.
-     */
-    public void flush(int partition) throws IOException {
-        if (partition < 0 || partition >= numPartitions) {
-            throw new IllegalArgumentException("partition " + partition + " outside 0.." + (numPartitions - 1));
-        }
-        raiseIfFailed();
-        if (finished || buffers[partition] == null) {
-            return;
-        }
-        pushBuffered(partition);
-        spare = buffers[partition];
-        buffers[partition] = null;
-        holding.remove(Integer.valueOf(partition));
     }
 
     /** Pushes what is buffered, commits, and returns the bytes stored per reduce partition (§12). */
@@ -149,11 +115,14 @@ public final class MapOutputWriter implements AutoCloseable {
             throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE, "map output already committed or aborted");
         }
         raiseIfFailed();
-        for (int p : holding) {
-            pushBuffered(p);
+        try {
+            buffer.finish();
+        } catch (IOException | RuntimeException e) {
+            pushFailed = e;
+            throw e;
         }
         finished = true;
-        releaseBuffers();
+        buffer.release();
         client.send(FrameEncoder.encode(new Frame.CommitMapOutput(stream, pushes)));
         awaitDone("CommitAck");
         lock.lock();
@@ -173,7 +142,7 @@ public final class MapOutputWriter implements AutoCloseable {
         try {
             if (done || failure != null) {
                 finished = true;
-                releaseBuffers();
+                buffer.release();
                 return;
             }
         } finally {
@@ -183,7 +152,7 @@ public final class MapOutputWriter implements AutoCloseable {
             throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE, "map output already committed or aborted");
         }
         finished = true;
-        releaseBuffers();
+        buffer.release();
         client.send(FrameEncoder.encode(new Frame.AbortMapOutput(stream)));
         awaitDone("AbortAck");
     }
@@ -213,58 +182,15 @@ public final class MapOutputWriter implements AutoCloseable {
         } finally {
             lock.unlock();
         }
-        releaseBuffers();
+        buffer.release();
         client.forget(stream);
         client.sendQuietly(new Frame.AbortMapOutput(stream));
     }
 
     // ------------------------------------------------------------------------------------------ internals
 
-    private byte[] takeBuffer(int partition) throws IOException {
-        byte[] buf;
-        if (spare != null) {
-            buf = spare;
-            spare = null;
-        } else if (holding.size() < maxBuffers) {
-            buf = new byte[segmentSize];
-        } else {
-            // At the cap: reuse the buffer of the fullest other partition, pushing its bytes first.
-            int victim = -1;
-            for (int q : holding) {
-                if (victim < 0 || fill[q] > fill[victim]) {
-                    victim = q;
-                }
-            }
-            buf = buffers[victim];
-            pushBuffered(victim);
-            buffers[victim] = null;
-            holding.remove(Integer.valueOf(victim));
-        }
-        buffers[partition] = buf;
-        holding.add(partition);
-        return buf;
-    }
-
-    /** Pushes the partially filled buffer of {@code partition}, if it holds bytes. */
-    private void pushBuffered(int partition) throws IOException {
-        int n = fill[partition];
-        if (n > 0) {
-            fill[partition] = 0;
-            push(partition, buffers[partition], 0, n);
-        }
-    }
-
-    private void releaseBuffers() {
-        spare = null;
-        for (int q : holding) {
-            buffers[q] = null;
-            fill[q] = 0;
-        }
-        holding.clear();
-    }
-
-    /** Sends one PushData of {@code len} bytes after taking one credit (blocks for it). */
-    private void push(int partition, byte[] data, int off, int len) throws IOException {
+    /** Sends one packed group as one PushData after taking one push credit (blocks for it). */
+    private void push(byte[] head, int headLength, byte[] data, int dataLength) throws IOException {
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
         long seq;
         lock.lock();
@@ -290,10 +216,11 @@ public final class MapOutputWriter implements AutoCloseable {
         } finally {
             lock.unlock();
         }
-        ByteBuffer prefix = ByteBuffer.allocate(FrameEncoder.PUSH_DATA_PREFIX);
-        long crc = Wire.crc32c(ByteBuffer.wrap(data, off, len)); // once per buffer, checked by the daemon
-        FrameEncoder.writePushDataPrefix(prefix, stream, seq, partition, len, crc);
-        client.send(prefix.array(), data, off, len);
+        crc.reset(); // once per group, checked by the daemon
+        crc.update(head, 0, headLength);
+        crc.update(data, 0, dataLength);
+        FrameEncoder.writePushDataPrefix(ByteBuffer.wrap(prefix), stream, seq, headLength + dataLength, crc.getValue());
+        client.send(prefix, head, headLength, data, dataLength);
     }
 
     void awaitOpened() throws IOException {
@@ -337,13 +264,13 @@ public final class MapOutputWriter implements AutoCloseable {
     }
 
     private void raiseIfFailed() throws ShuffledException {
-        lock.lock();
-        try {
-            if (failure != null) {
-                throw failure;
-            }
-        } finally {
-            lock.unlock();
+        ShuffledException e = failure;
+        if (e != null) {
+            throw e;
+        }
+        if (pushFailed != null) {
+            throw new ShuffledException(ErrorCode.MAP_OUTPUT_STATE,
+                    "a push of this map output failed (" + pushFailed + "): it can only be aborted");
         }
     }
 

@@ -2,6 +2,7 @@ package io.shuffled.client;
 
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.Frame;
+import io.shuffled.client.wire.PackedGroups;
 import io.shuffled.client.wire.ProtocolException;
 import io.shuffled.client.wire.ShuffledException;
 import io.shuffled.client.wire.Wire;
@@ -10,6 +11,7 @@ import java.io.InterruptedIOException;
 import java.net.SocketTimeoutException;
 import java.nio.ByteBuffer;
 import java.util.ArrayDeque;
+import java.util.Arrays;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
@@ -17,6 +19,12 @@ import java.util.concurrent.locks.ReentrantLock;
 /**
  * One read stream (PROTOCOL.md §10) under credit-based flow control (§11). Not thread-safe: one task
  * thread calls {@link #next()}; the connection's reader thread delivers buffers.
+ *
+ * <p>Each DATA buffer holds packed groups (§7.6): {@link #next()} hands out one {@link Chunk} per run, a
+ * slice of the received buffer, and the buffer counts as consumed once {@code next()} moves past its last
+ * run. A buffer is checked on arrival: its CRC32C (a mismatch fails the stream with
+ * {@link ErrorCode#CORRUPT_DATA}), then its groups' structure, against the request's partition range and
+ * map attempts (a violation fails it with {@link ErrorCode#PROTOCOL}); either way the stream is cancelled.
  *
  * <p>Flow control follows §11.2 for a gate with one channel: the request carries the {@link #EXCLUSIVE}
  * buffers as initial credit; the {@code backlog} of each DATA buffer makes the channel take up to
@@ -48,8 +56,9 @@ public final class PartitionReader implements AutoCloseable {
     static final int ANNOUNCE_BATCH = 8;
 
     /**
-     * One chunk of a reduce partition: part of the bytes map attempt {@code attemptId} wrote for
-     * {@code partition}. {@code data} is the caller's to keep (a heap buffer, position 0).
+     * One run of a reduce partition: part of the bytes map attempt {@code attemptId} wrote for
+     * {@code partition}. {@code data} is a slice of the received heap buffer (position 0), the caller's to
+     * keep.
      */
     public record Chunk(int partition, long attemptId, ByteBuffer data) {
         /** The payload as a new array. */
@@ -65,11 +74,17 @@ public final class PartitionReader implements AutoCloseable {
     private final long stream;
     /** floating buffers this reader may take, at most {@link #FLOATING} */
     private final int floating;
+    /** the request's partition range and map attempts (sorted), which every received group must keep to */
+    private final long start;
+    private final long end;
+    private final long[] attempts;
+    /** the runs of the buffer the caller is in (task thread only) */
+    private PackedGroups.Cursor current;
 
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition changed = lock.newCondition();
     // guarded by lock
-    private final ArrayDeque<Chunk> queue = new ArrayDeque<>();
+    private final ArrayDeque<ByteBuffer> queue = new ArrayDeque<>();
     private int inUse;
     private int floatingHeld;
     private long serverCredit = EXCLUSIVE;
@@ -78,16 +93,21 @@ public final class PartitionReader implements AutoCloseable {
     private long expectedSequence;
     private int peakWindow = EXCLUSIVE;
     private boolean ended;
-    private boolean closed;
+    /** Volatile so that {@link #next()} sees a close between the runs of one buffer without the lock. */
+    private volatile boolean closed;
     private ShuffledException error;
 
-    PartitionReader(ShuffleClient client, long stream, int floating) {
+    PartitionReader(ShuffleClient client, long stream, int floating, long start, long end, long[] attempts) {
         if (floating < 0 || floating > FLOATING) {
             throw new IllegalArgumentException("floating buffers must be in 0.." + FLOATING + ", got " + floating);
         }
         this.client = client;
         this.stream = stream;
         this.floating = floating;
+        this.start = start;
+        this.end = end;
+        this.attempts = attempts.clone();
+        Arrays.sort(this.attempts);
     }
 
     /**
@@ -109,12 +129,18 @@ public final class PartitionReader implements AutoCloseable {
     }
 
     /**
-     * The next chunk, or null after END_OF_PARTITION. Moving on releases the previous chunk's buffer
+     * The next run, or null after END_OF_PARTITION. Moving past a buffer's last run releases the buffer
      * (it becomes credit). Blocks for data at most the client's timeout ({@link SocketTimeoutException}).
      *
      * @throws ShuffledException the daemon's error for this stream (with its code), or the connection's
      */
     public Chunk next() throws IOException {
+        if (current != null) {
+            if (!closed && current.next()) {
+                return chunk();
+            }
+            current = null;
+        }
         long announce;
         lock.lock();
         try {
@@ -139,7 +165,9 @@ public final class PartitionReader implements AutoCloseable {
             }
             if (!queue.isEmpty()) {
                 inUse = 1;
-                return queue.poll();
+                current = new PackedGroups.Cursor(queue.poll());
+                current.next(); // checked on arrival: it holds at least one run
+                return chunk();
             }
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
@@ -153,6 +181,10 @@ public final class PartitionReader implements AutoCloseable {
             throw e;
         }
         return null;
+    }
+
+    private Chunk chunk() {
+        return new Chunk(current.partition(), current.attempt(), current.data());
     }
 
     /** Convenience: every remaining chunk's bytes concatenated (for small partitions and tests). */
@@ -256,8 +288,10 @@ public final class PartitionReader implements AutoCloseable {
                 }
                 long announce = 0;
                 boolean gap = false;
-                // Checked before taking the lock: one CRC32C per buffer, on the reader thread (§7.6).
-                long crc = b.isEvent() || b.payload() == null ? 0 : Wire.crc32c(b.payload());
+                // Checked before taking the lock, once per buffer, on the reader thread (§7.6).
+                ByteBuffer payload = b.isEvent() ? null : b.payload();
+                long crc = payload == null ? 0 : Wire.crc32c(payload);
+                String malformed = crc == b.crc() ? structure(payload) : null;
                 lock.lock();
                 try {
                     if (closed || ended || error != null) {
@@ -267,12 +301,15 @@ public final class PartitionReader implements AutoCloseable {
                         error = new ShuffledException(ErrorCode.SEQUENCE_GAP, "read stream " + stream
                                 + ": expected sequence " + expectedSequence + ", got " + b.sequence());
                         gap = true;
-                    } else if (!b.isEvent() && b.payload() != null && crc != b.crc()) {
+                    } else if (payload != null && crc != b.crc()) {
                         error = new ShuffledException(ErrorCode.CORRUPT_DATA, "read stream " + stream + ": buffer "
-                                + b.sequence() + " of partition " + b.partition() + " (map attempt "
-                                + Long.toUnsignedString(b.attempt()) + ") failed its CRC32C check (got "
-                                + Long.toHexString(crc) + ", the writer sent " + Long.toHexString(b.crc()) + ")");
+                                + b.sequence() + " failed its CRC32C check (got " + Long.toHexString(crc)
+                                + ", the frame says " + Long.toHexString(b.crc()) + ")");
                         gap = true; // the stream ends here: cancel it at the daemon
+                    } else if (malformed != null) {
+                        error = new ShuffledException(ErrorCode.PROTOCOL,
+                                "read stream " + stream + ": buffer " + b.sequence() + ": " + malformed);
+                        gap = true;
                     } else {
                         expectedSequence = (expectedSequence + 1) & Wire.MAX_U32;
                         if (b.isEvent()) {
@@ -283,8 +320,7 @@ public final class PartitionReader implements AutoCloseable {
                                         "BufferResponse without credit on read stream " + stream);
                             }
                             serverCredit--;
-                            ByteBuffer data = b.payload() == null ? ByteBuffer.allocate(0) : b.payload().slice();
-                            queue.add(new Chunk((int) b.partition(), b.attempt(), data));
+                            queue.add(payload);
                             backlog = b.backlog();
                             while (free() < backlog + EXCLUSIVE && floatingHeld < floating) {
                                 floatingHeld++;
@@ -330,6 +366,19 @@ public final class PartitionReader implements AutoCloseable {
                 }
             }
         };
+    }
+
+    /** What is wrong with a DATA payload's packed groups, or null (a discarded payload is not looked at). */
+    private String structure(ByteBuffer payload) {
+        if (payload == null) {
+            return null;
+        }
+        try {
+            PackedGroups.check(payload, start, end, a -> Arrays.binarySearch(attempts, a) >= 0);
+            return null;
+        } catch (ProtocolException e) {
+            return e.getMessage();
+        }
     }
 
     private boolean finishedByEvent() {

@@ -19,6 +19,7 @@ import java.io.OutputStream;
 import java.net.SocketTimeoutException;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -45,7 +46,7 @@ import java.util.concurrent.TimeoutException;
 public final class ShuffleClient implements AutoCloseable {
     /** Default bound of every blocking wait. */
     public static final long DEFAULT_TIMEOUT_MILLIS = 60_000;
-    /** Default cap of one writer's partially filled per-partition buffers. */
+    /** Default size of one writer's buffer, which holds bytes for all partitions until they are pushed. */
     public static final long DEFAULT_WRITER_BUFFER_BYTES = 16L << 20;
 
     /** What an open stream does with the frames and errors for it. Called on the reader thread. */
@@ -115,8 +116,8 @@ public final class ShuffleClient implements AutoCloseable {
      *
      * @param name informational name sent in Hello (e.g. the executor id)
      * @param timeoutMillis bound of the connect, the handshake and every later blocking wait
-     * @param writerBufferBytes how many bytes of partially filled partition buffers one writer keeps
-     *     before it pushes the fullest one early
+     * @param writerBufferBytes the size of each writer's one buffer: it collects bytes for all partitions
+     *     and is pushed, ordered by partition and packed, when full (see {@link MapOutputWriter})
      */
     public static ShuffleClient connect(String address, String name, long timeoutMillis, long writerBufferBytes)
             throws IOException {
@@ -222,17 +223,28 @@ public final class ShuffleClient implements AutoCloseable {
     public MapOutputWriter openWriter(
             String app, long shuffle, long mapIndex, long attemptId, int numPartitions, int replicas)
             throws IOException {
+        return openWriter(app, shuffle, mapIndex, attemptId, numPartitions, replicas, null);
+    }
+
+    /**
+     * As above; {@code durability}: {@code "object-store"} asks the daemon to upload the committed output to
+     * its object store so any daemon can serve it once this one's host is lost, {@code "none"} not to, null
+     * leaves it to the daemon's setting (§12.5).
+     */
+    public MapOutputWriter openWriter(String app, long shuffle, long mapIndex, long attemptId, int numPartitions,
+            int replicas, String durability) throws IOException {
         check();
         if (numPartitions < 1 || numPartitions > Wire.MAX_PARTITIONS) {
             throw new IllegalArgumentException("numPartitions must be in 1.." + Wire.MAX_PARTITIONS);
         }
         long id = newStreamId();
-        MapOutputWriter writer = new MapOutputWriter(this, id, numPartitions, segmentSize, writerBufferBytes);
+        MapOutputWriter writer =
+                new MapOutputWriter(this, id, attemptId, numPartitions, segmentSize, writerBufferBytes);
         streams.put(id, writer.handler());
         try {
             send(FrameEncoder.encode(
-                    new Frame.OpenMapOutput(
-                            id, app, shuffle, mapIndex, attemptId, numPartitions, token(app), replicas)));
+                    new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions, token(app),
+                            replicas, durability)));
         } catch (IOException e) {
             streams.remove(id);
             throw e;
@@ -272,7 +284,8 @@ public final class ShuffleClient implements AutoCloseable {
             throws IOException {
         check();
         long id = newStreamId();
-        PartitionReader reader = new PartitionReader(this, id, floating);
+        long[] attempts = locations.values().stream().flatMapToLong(Arrays::stream).toArray();
+        PartitionReader reader = new PartitionReader(this, id, floating, startPartition, endPartition, attempts);
         streams.put(id, reader.handler());
         try {
             send(FrameEncoder.encode(new Frame.PartitionRequest(
@@ -404,17 +417,20 @@ public final class ShuffleClient implements AutoCloseable {
 
     /** Writes one whole frame and flushes. */
     void send(byte[] frame) throws IOException {
-        send(frame, null, 0, 0);
+        send(frame, null, 0, null, 0);
     }
 
-    /** Writes a frame prefix followed by {@code len} payload bytes, and flushes. */
-    void send(byte[] prefix, byte[] payload, int off, int len) throws IOException {
+    /** Writes a frame prefix, then its payload (the first bytes of {@code first}, then of {@code second}). */
+    void send(byte[] prefix, byte[] first, int firstLength, byte[] second, int secondLength) throws IOException {
         check();
         try {
             synchronized (writeLock) {
                 out.write(prefix);
-                if (len > 0) {
-                    out.write(payload, off, len);
+                if (firstLength > 0) {
+                    out.write(first, 0, firstLength);
+                }
+                if (secondLength > 0) {
+                    out.write(second, 0, secondLength);
                 }
                 out.flush();
             }
@@ -456,8 +472,7 @@ public final class ShuffleClient implements AutoCloseable {
         }
     }
 
-    private ByteBuffer payloadTarget(FrameType type, long stream, long partition, int length)
-            throws ProtocolException {
+    private ByteBuffer payloadTarget(FrameType type, long stream, int length) throws ProtocolException {
         if (type != FrameType.BUFFER_RESPONSE) {
             throw new ProtocolException(type + " is not sent to a client");
         }

@@ -43,6 +43,11 @@ final class DaemonClients implements AutoCloseable {
         return conf.replicas;
     }
 
+    /** {@code spark.shuffled.durability}: "object-store", "none", or null for the daemons' own setting. */
+    String durability() {
+        return conf.durability;
+    }
+
     /** The daemon a task reads through. */
     ShuffleClient forTask(String executorId, long taskAttemptId) throws IOException {
         return withDaemon(executorId, taskAttemptId, c -> c);

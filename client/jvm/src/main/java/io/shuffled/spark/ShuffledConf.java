@@ -35,7 +35,8 @@ final class ShuffledConf {
     ///
     /// Default: `60s`
     static final String TIMEOUT = "spark.shuffled.timeout";
-    /// most bytes one map task keeps in partially filled 32 KiB buffers
+    /// the one buffer in which a map task collects the bytes of all its partitions; when full, and at task
+    /// end, it is pushed ordered by partition and packed into 32 KiB segments
     ///
     /// Default: `16m`
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
@@ -60,6 +61,12 @@ final class ShuffledConf {
     ///
     /// Default: the daemons' `replicas`
     static final String REPLICAS = "spark.shuffled.replicas";
+    /// `object-store`: every map output is uploaded to the daemons' object store once committed, so a lost host
+    /// costs no recomputation even with one copy ([docs/durability.md](docs/durability.md)); `none`: not even
+    /// when the daemons' `durability` setting says so. Unset, each daemon keeps its own setting
+    ///
+    /// Default: the daemons' `durability`
+    static final String DURABILITY = "spark.shuffled.durability";
 
     static final String DEFAULT_ADDRESS = "127.0.0.1:7337";
 
@@ -82,6 +89,8 @@ final class ShuffledConf {
     final String appSecret;
     /** Copies of each map output the application asks for (§7.8); 0: unset, the daemons' own setting. */
     final int replicas;
+    /** Whether map outputs are uploaded to the object store (§12.5); null: unset, the daemons' own setting. */
+    final String durability;
 
     ShuffledConf(SparkConf conf) {
         refuse(conf, "spark.shuffle.useOldFetchProtocol",
@@ -117,6 +126,12 @@ final class ShuffledConf {
         if (conf.contains(REPLICAS) && (replicas < 1 || replicas > Wire.MAX_REPLICAS)) {
             throw new IllegalArgumentException(REPLICAS + " must be in 1.." + Wire.MAX_REPLICAS + ", got " + replicas);
         }
+        String durable = conf.get(DURABILITY, "").trim();
+        if (!durable.isEmpty() && !Wire.DURABILITIES.contains(durable)) {
+            throw new IllegalArgumentException(DURABILITY + " must be one of " + Wire.DURABILITIES + ", got '"
+                    + durable + "'");
+        }
+        durability = durable.isEmpty() ? null : durable;
     }
 
     /** {@code spark.shuffled.secret}, else the content of {@code spark.shuffled.secretFile} (read where it runs). */

@@ -47,7 +47,8 @@ public final class ShuffledShuffleManager implements LineShuffleManager {
     @SuppressWarnings("unchecked")
     public <K, V> ShuffleWriter<K, V> getWriter(
             ShuffleHandle handle, long mapId, TaskContext context, ShuffleWriteMetricsReporter metrics) {
-        return new ShuffledWriter<>((BaseShuffleHandle<K, V, Object>) handle, mapId, context, metrics, clients);
+        return new ShuffledWriter<>((BaseShuffleHandle<K, V, Object>) handle, mapId, context, metrics, clients,
+                ShuffledWriter.Executor.of(SparkEnv.get()));
     }
 
     @Override

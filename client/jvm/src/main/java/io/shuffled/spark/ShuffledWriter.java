@@ -33,25 +33,44 @@ import scala.reflect.ClassTag$;
  * {@code spark.shuffle.sort.bypassMergeThreshold}, go through Spark's own {@link ExternalSorter} first
  * (the one the built-in sort shuffle uses: combining, grouping by partition, spilling under Spark's
  * memory manager), which hands back one partition at a time. Otherwise records are serialized as they
- * arrive, one open stream per partition, as Spark's bypass-merge writer does. So the bytes stored for a (partition, attempt) pair are exactly what
- * the built-in shuffle would put in that block, and any Spark serializer reads them back.
+ * arrive, one open stream per partition, as Spark's bypass-merge writer does. So the bytes stored for a
+ * (partition, attempt) pair are exactly what the built-in shuffle would put in that block, and any Spark
+ * serializer reads them back.
  *
- * <p>On the sorted path a partition's last partial buffer is pushed when the sorter moves on, so the JVM
- * holds one partition buffer at a time; on the unsorted path each partition's buffer is pushed when full
- * (at most {@code spark.shuffled.writerBufferSize} of partial buffers in all). Either way the daemon
- * receives data while the task still runs. Commit is atomic on the
- * daemon; its per-partition byte counts go into the {@link MapStatus}, which AQE uses to coalesce
- * partitions and split skewed ones. Any failure aborts the attempt, so nothing of it is ever read.
+ * <p>Either way the serialized bytes of all partitions go into the push stream's one buffer
+ * ({@code spark.shuffled.writerBufferSize}, see {@link MapOutputWriter}), which is pushed packed by
+ * partition whenever it fills, so the daemon receives data while the task still runs, and a wide shuffle
+ * costs a few bytes of directory per block rather than a buffer per partition. The sorter's partitions come
+ * in order: they need no sort and leave as soon as a few segments are buffered, as one ascending sequence.
+ * Commit is atomic on the daemon; its per-partition byte counts go
+ * into the {@link MapStatus}, which AQE uses to coalesce partitions and split skewed ones. Any failure
+ * aborts the attempt, so nothing of it is ever read.
+ *
+ * <p>The writer is given its daemons ({@link DaemonClients}) and what it needs of its executor
+ * ({@link Executor}); it never looks them up itself.
  */
 final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
     @SuppressWarnings("unchecked")
     private static final ClassTag<Object> ANY = (ClassTag<Object>) (ClassTag<?>) ClassTag$.MODULE$.Any();
+
+    /**
+     * What the writer needs of its executor: the application, the executor (it picks the task's daemon), the
+     * host its map statuses name, Spark's limit for unsorted writing and the serializer manager.
+     */
+    record Executor(String appId, String executorId, String host, int bypassMergeThreshold,
+            SerializerManager serializers) {
+        static Executor of(SparkEnv env) {
+            return new Executor(env.conf().getAppId(), env.executorId(), env.blockManager().blockManagerId().host(),
+                    env.conf().getInt("spark.shuffle.sort.bypassMergeThreshold", 200), env.serializerManager());
+        }
+    }
 
     private final BaseShuffleHandle<K, V, C> handle;
     private final long mapId;
     private final TaskContext context;
     private final ShuffleWriteMetricsReporter metrics;
     private final DaemonClients clients;
+    private final Executor executor;
     private MapOutputWriter output;
     private MapStatus status;
     private long[] lengths = new long[0];
@@ -62,27 +81,28 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             long mapId,
             TaskContext context,
             ShuffleWriteMetricsReporter metrics,
-            DaemonClients clients) {
+            DaemonClients clients,
+            Executor executor) {
         this.handle = handle;
         this.mapId = mapId;
         this.context = context;
         this.metrics = metrics;
         this.clients = clients;
+        this.executor = executor;
     }
 
     @Override
     public void write(Iterator<Product2<K, V>> records) throws IOException {
         ShuffleDependency<K, V, C> dep = handle.dependency();
-        SparkEnv env = SparkEnv.get();
         int partitions = dep.partitioner().numPartitions();
-        String app = env.conf().getAppId();
-        ShuffleClient client = clients.withDaemon(env.executorId(), context.taskAttemptId(), c -> {
-            output = c.openWriter(app, dep.shuffleId(), context.partitionId(), mapId, partitions, clients.replicas());
+        ShuffleClient client = clients.withDaemon(executor.executorId(), context.taskAttemptId(), c -> {
+            output = c.openWriter(executor.appId(), dep.shuffleId(), context.partitionId(), mapId, partitions,
+                    clients.replicas(), clients.durability());
             return c;
         });
         long written;
-        if (!dep.mapSideCombine() && partitions <= bypassThreshold(env)) {
-            written = writeUnsorted(records, dep, env.serializerManager());
+        if (!dep.mapSideCombine() && partitions <= executor.bypassMergeThreshold()) {
+            written = writeUnsorted(records, dep);
         } else {
             ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
                     ? Checksums.<K, V, C>sorter(context, dep.aggregator(), Option.apply(dep.partitioner()),
@@ -91,7 +111,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
                             context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep);
             try {
                 sorter.insertAll(records);
-                written = writePartitions(sorter, dep, env.serializerManager());
+                written = writePartitions(sorter, dep);
             } finally {
                 sorter.stop();
             }
@@ -105,22 +125,15 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             bytes += n;
         }
         metrics.incBytesWritten(bytes);
-        String host = env.blockManager().blockManagerId().host();
-        status = Checksums.mapStatus(DaemonLocation.of(client.daemonNode(), host), lengths, mapId, dep);
-    }
-
-    /** Spark's own limit for its unsorted ("bypass merge") writer, which needs a stream per partition. */
-    private static int bypassThreshold(SparkEnv env) {
-        return env.conf().getInt("spark.shuffle.sort.bypassMergeThreshold", 200);
+        status = Checksums.mapStatus(DaemonLocation.of(client.daemonNode(), executor.host()), lengths, mapId, dep);
     }
 
     /**
      * Without map-side combine and with few partitions, records are serialized as they come, into one
-     * open stream per partition (as Spark's bypass-merge writer does with files): no sort, no copy of
-     * the records, and full buffers are pushed while the task still computes.
+     * open stream per partition (as Spark's bypass-merge writer does with files): no sort of the records;
+     * the streams' bytes meet in the push stream's buffer.
      */
-    private long writeUnsorted(Iterator<Product2<K, V>> records, ShuffleDependency<K, V, C> dep,
-            SerializerManager serializers) throws IOException {
+    private long writeUnsorted(Iterator<Product2<K, V>> records, ShuffleDependency<K, V, C> dep) throws IOException {
         SerializerInstance serializer = dep.serializer().newInstance();
         int partitions = dep.partitioner().numPartitions();
         SerializationStream[] streams = new SerializationStream[partitions];
@@ -130,7 +143,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             int partition = dep.partitioner().getPartition(record._1());
             SerializationStream stream = streams[partition];
             if (stream == null) {
-                stream = streams[partition] = serializer.serializeStream(serializers.wrapStream(
+                stream = streams[partition] = serializer.serializeStream(executor.serializers().wrapStream(
                         new ShuffleBlockId(dep.shuffleId(), mapId, partition),
                         new PartitionOutput(output, partition, metrics)));
             }
@@ -148,8 +161,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
     }
 
     /** Serializes every partition the sorter yields into the push stream; returns the records written. */
-    private long writePartitions(ExternalSorter<K, V, ?> sorter, ShuffleDependency<K, V, C> dep,
-            SerializerManager serializers) throws IOException {
+    private long writePartitions(ExternalSorter<K, V, ?> sorter, ShuffleDependency<K, V, C> dep) throws IOException {
         SerializerInstance serializer = dep.serializer().newInstance();
         PartitionOutput sink = new PartitionOutput(output, 0, metrics);
         long records = 0;
@@ -164,7 +176,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             int partition = (Integer) part._1();
             sink.partition = partition;
             SerializationStream stream = serializer.serializeStream(
-                    serializers.wrapStream(new ShuffleBlockId(dep.shuffleId(), mapId, partition), sink));
+                    executor.serializers().wrapStream(new ShuffleBlockId(dep.shuffleId(), mapId, partition), sink));
             while (it.hasNext()) {
                 Product2<K, ?> record = it.next();
                 stream.writeKey(record._1(), ANY);
@@ -172,9 +184,6 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
                 records++;
             }
             stream.close();
-            long started = System.nanoTime();
-            output.flush(partition);
-            metrics.incWriteTime(System.nanoTime() - started);
         }
         return records;
     }
@@ -190,6 +199,10 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         }
         if (output != null) {
             output.close(); // aborts unless committed: a failed attempt leaves nothing readable
+        }
+        if (success) {
+            throw new IllegalStateException(
+                    "map task attempt " + mapId + " stopped as a success, but its output was never committed");
         }
         return Option.empty();
     }
@@ -219,7 +232,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             write(new byte[] {(byte) b}, 0, 1);
         }
 
-        /** Spark's write time is the time spent handing bytes on (here: copying and pushing under credit). */
+        /** Spark's write time is the time spent handing bytes on (here: buffering, and pushing when full). */
         @Override
         public void write(byte[] b, int off, int len) throws IOException {
             long started = System.nanoTime();

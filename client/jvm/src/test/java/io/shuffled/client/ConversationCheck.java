@@ -12,8 +12,6 @@ import io.shuffled.client.wire.Wire;
 import java.io.ByteArrayOutputStream;
 import java.io.File;
 import java.io.IOException;
-import java.io.InputStream;
-import java.io.OutputStream;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -165,10 +163,14 @@ public final class ConversationCheck {
                 }
             };
             case "push-committed" -> (t, secret) -> {
-                try (ShuffleClient client = connect(t, secret)) {
+                // A writer buffer that holds just the first two writes: the third finds it full, so they are
+                // pushed as one group, and the third, which continues partition 1, as another at commit.
+                long twoRecords = 2 * (PackingBuffer.RECORD_OVERHEAD + 4);
+                try (ShuffleClient client = connect(t, secret, twoRecords)) {
                     MapOutputWriter writer = client.openWriter("app-1", 3, 0, 11, 2);
                     writer.write(0, "k1v1".getBytes(StandardCharsets.UTF_8));
-                    writer.write(1, "k2v2k3v3".getBytes(StandardCharsets.UTF_8));
+                    writer.write(1, "k2v2".getBytes(StandardCharsets.UTF_8));
+                    writer.write(1, "k3v3".getBytes(StandardCharsets.UTF_8));
                     require(Arrays.equals(writer.commit(), new long[] {4, 8}), "commit lengths");
                 }
             };
@@ -177,8 +179,13 @@ public final class ConversationCheck {
     }
 
     private static ShuffleClient connect(ReplayTransport transport, String secret) throws IOException {
+        return connect(transport, secret, 1 << 20);
+    }
+
+    private static ShuffleClient connect(ReplayTransport transport, String secret, long writerBuffer)
+            throws IOException {
         return ShuffleClient.handshake(
-                transport, "replay", "recorder", TIMEOUT_MILLIS, 1 << 20, secret, null, DIALER_NONCE);
+                transport, "replay", "recorder", TIMEOUT_MILLIS, writerBuffer, secret, null, DIALER_NONCE);
     }
 
     private static void replay(JsonNode conversation, Scenario scenario) throws Exception {
@@ -218,15 +225,17 @@ public final class ConversationCheck {
     }
 
     /** The recorded daemon: its steps, each readable once the client has written {@code due} bytes. */
-    private static final class ReplayTransport extends Transport {
+    private static final class ReplayTransport extends QueueTransport {
         private final List<byte[]> steps;
         private final List<Integer> due;
         private final ByteArrayOutputStream written = new ByteArrayOutputStream();
+        private int released;
         private boolean closed;
 
         ReplayTransport(List<byte[]> steps, List<Integer> due) {
             this.steps = steps;
             this.due = due;
+            release();
         }
 
         synchronized byte[] sent() {
@@ -234,65 +243,23 @@ public final class ConversationCheck {
         }
 
         @Override
-        InputStream input() {
-            return new InputStream() {
-                private int step;
-                private ByteBuffer current = ByteBuffer.allocate(0);
-
-                @Override
-                public int read() throws IOException {
-                    byte[] one = new byte[1];
-                    return read(one, 0, 1) < 0 ? -1 : one[0] & 0xff;
-                }
-
-                @Override
-                public int read(byte[] b, int off, int len) throws IOException {
-                    synchronized (ReplayTransport.this) {
-                        while (!current.hasRemaining()) {
-                            while (!closed && (step >= steps.size() || written.size() < due.get(step))) {
-                                try {
-                                    ReplayTransport.this.wait();
-                                } catch (InterruptedException e) {
-                                    throw new IOException(e);
-                                }
-                            }
-                            if (closed) {
-                                return -1;
-                            }
-                            current = ByteBuffer.wrap(steps.get(step++));
-                        }
-                        int n = Math.min(len, current.remaining());
-                        current.get(b, off, n);
-                        return n;
-                    }
-                }
-            };
+        synchronized void received(byte[] b, int off, int len) {
+            if (!closed) {
+                written.write(b, off, len);
+                release();
+            }
         }
 
-        @Override
-        OutputStream output() {
-            return new OutputStream() {
-                @Override
-                public void write(int b) {
-                    write(new byte[] {(byte) b}, 0, 1);
-                }
-
-                @Override
-                public void write(byte[] b, int off, int len) {
-                    synchronized (ReplayTransport.this) {
-                        if (!closed) {
-                            written.write(b, off, len);
-                            ReplayTransport.this.notifyAll();
-                        }
-                    }
-                }
-            };
+        private void release() {
+            while (released < steps.size() && written.size() >= due.get(released)) {
+                reply(steps.get(released++));
+            }
         }
 
         @Override
         public synchronized void close() {
             closed = true;
-            notifyAll();
+            super.close();
         }
     }
 }

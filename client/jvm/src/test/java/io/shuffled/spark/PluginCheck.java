@@ -6,8 +6,8 @@ import org.apache.spark.SparkConf;
 
 /**
  * Checks of the plugin's small rules that a Spark job shows only by chance: fetch wait that is made of
- * sub-millisecond waits, the Spark settings the plugin refuses at start, the range of spark.shuffled.replicas, and
- * the Spark line it was built for. Prints one line per check,
+ * sub-millisecond waits, the Spark settings the plugin refuses at start, the range of spark.shuffled.replicas,
+ * the Spark line it was built for, and a writer stopped before it committed. Prints one line per check,
  * then {@code N passed, M failed}; exits non-zero on any failure.
  */
 public final class PluginCheck {
@@ -28,8 +28,13 @@ public final class PluginCheck {
         c.replicas("2", 2);
         c.replicas("0", -1);
         c.replicas("5", -1);
+        c.durability(null, null);
+        c.durability("object-store", "object-store");
+        c.durability("none", "none");
+        c.durability("s3", "refused");
         c.sparkLineOfThisJar();
         c.otherSparkLineRefused();
+        c.writerStoppedBeforeCommit();
         System.out.println(c.passed + " passed, " + c.failures.size() + " failed");
         System.exit(c.failures.isEmpty() ? 0 : 1);
     }
@@ -90,6 +95,22 @@ public final class PluginCheck {
         verdict(ShuffledConf.REPLICAS + "=" + value + (expected == -1 ? " refused" : " is " + expected), failure);
     }
 
+    /** spark.shuffled.durability: unset is null (not sent), object-store and none are taken, anything else refused. */
+    private void durability(String value, String expected) {
+        SparkConf conf = new SparkConf(false);
+        if (value != null) {
+            conf.set(ShuffledConf.DURABILITY, value);
+        }
+        String failure;
+        try {
+            String got = new ShuffledConf(conf).durability;
+            failure = java.util.Objects.equals(got, expected) ? null : "got " + got;
+        } catch (IllegalArgumentException e) {
+            failure = "refused".equals(expected) && e.getMessage().contains(ShuffledConf.DURABILITY) ? null : e.getMessage();
+        }
+        verdict(ShuffledConf.DURABILITY + "=" + value + " is " + expected, failure);
+    }
+
     private void sparkLineOfThisJar() {
         SparkLine jar = SparkLine.ofJar();
         String failure;
@@ -101,6 +122,21 @@ public final class PluginCheck {
             failure = e.getMessage();
         }
         verdict("the jar is for the Spark it was built against (" + jar.line + ", Scala " + jar.scala + ")", failure);
+    }
+
+    /** Spark stops a writer as a success only after write() returned: without a map status that is a bug. */
+    private void writerStoppedBeforeCommit() {
+        String failure;
+        try {
+            new ShuffledWriter<>(null, 5, null, null, null, null).stop(true);
+            failure = "stop(true) returned";
+        } catch (IllegalStateException e) {
+            failure = e.getMessage().contains("never committed") ? null : "message: " + e.getMessage();
+        }
+        verdict("stop(true) of a writer that never committed throws", failure);
+        Object stopped = new ShuffledWriter<>(null, 6, null, null, null, null).stop(false);
+        verdict("stop(false) of a writer that never wrote is empty",
+                stopped.equals(scala.Option.empty()) ? null : "returned " + stopped);
     }
 
     private void otherSparkLineRefused() {

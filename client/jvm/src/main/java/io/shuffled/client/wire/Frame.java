@@ -264,26 +264,17 @@ public sealed interface Frame {
 
     /**
      * BufferResponse (0x12): a data buffer or the END_OF_PARTITION event of read stream {@code receiver}
-     * (§7.6). {@code attempt} is a u64. An event has length 0, a null payload and crc 0. {@code crc} is
-     * the CRC32C (u32) the writer computed; the receiver compares it with the payload's.
+     * (§7.6). A DATA payload is one or more packed groups ({@link PackedGroups}). An event has length 0, a
+     * null payload and crc 0. {@code crc} is the CRC32C (u32) the sender put in the frame; the receiver
+     * compares it with the payload's.
      */
-    record BufferResponse(
-            long receiver,
-            long sequence,
-            long backlog,
-            long partition,
-            BufferKind kind,
-            long attempt,
-            int length,
-            ByteBuffer payload,
-            long crc)
-            implements Frame {
+    record BufferResponse(long receiver, long sequence, long backlog, BufferKind kind, int length, ByteBuffer payload,
+            long crc) implements Frame {
         public BufferResponse {
             Wire.checkU32("crc", crc);
             Wire.checkU32("receiver", receiver);
             Wire.checkU32("sequence", sequence);
             Wire.checkU32("backlog", backlog);
-            Wire.checkU32("partition", partition);
             Objects.requireNonNull(kind, "kind");
             if (length < 0) {
                 throw new IllegalArgumentException("negative payload length");
@@ -302,24 +293,15 @@ public sealed interface Frame {
             }
         }
 
-        /** With the crc of {@code payload} (0 for an event or a discarded payload). */
-        public BufferResponse(
-                long receiver, long sequence, long backlog, long partition, BufferKind kind, long attempt, int length,
-                ByteBuffer payload) {
-            this(receiver, sequence, backlog, partition, kind, attempt, length, payload,
-                    kind == BufferKind.DATA && payload != null ? Wire.crc32c(payload) : 0);
+        /** A DATA buffer whose payload is {@code payload}'s remaining bytes, with their crc. */
+        public static BufferResponse data(long receiver, long sequence, long backlog, ByteBuffer payload) {
+            return new BufferResponse(receiver, sequence, backlog, BufferKind.DATA, payload.remaining(), payload,
+                    Wire.crc32c(payload));
         }
 
-        /** A DATA buffer whose payload is {@code payload}'s remaining bytes. */
-        public static BufferResponse data(
-                long receiver, long sequence, long backlog, long partition, long attempt, ByteBuffer payload) {
-            return new BufferResponse(
-                    receiver, sequence, backlog, partition, BufferKind.DATA, attempt, payload.remaining(), payload);
-        }
-
-        /** The END_OF_PARTITION event (partition and attempt 0, no payload). */
+        /** The END_OF_PARTITION event (no payload). */
         public static BufferResponse endOfPartition(long receiver, long sequence) {
-            return new BufferResponse(receiver, sequence, 0, 0, BufferKind.END_OF_PARTITION, 0, 0, null);
+            return new BufferResponse(receiver, sequence, 0, BufferKind.END_OF_PARTITION, 0, null, 0);
         }
 
         public boolean isEvent() {
@@ -357,27 +339,37 @@ public sealed interface Frame {
     /**
      * OpenMapOutput (0x20): opens push stream {@code writer} for one map attempt (§7.8); attempt is a u64.
      * {@code replicas}: copies wanted, 1..{@link Wire#MAX_REPLICAS}, or 0 to leave it to the daemon (the key
-     * is then absent). The daemon-only keys ({@code replica_of}, {@code app_key}) are not a client's to send.
+     * is then absent). {@code durability}: one of {@link Wire#DURABILITIES} (§12.5), or null to leave it to the
+     * daemon (absent). The daemon-only keys ({@code replica_of}, {@code app_key}) are not a client's to send.
      */
     record OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
-            String token, int replicas) implements Frame {
+            String token, int replicas, String durability) implements Frame {
         public OpenMapOutput {
             Wire.checkU32("writer", writer);
             Objects.requireNonNull(app, "app");
             if (replicas < 0 || replicas > Wire.MAX_REPLICAS) {
                 throw new IllegalArgumentException("replicas must be 1.." + Wire.MAX_REPLICAS + " (or 0: unset)");
             }
+            if (durability != null && !Wire.DURABILITIES.contains(durability)) {
+                throw new IllegalArgumentException("durability must be one of " + Wire.DURABILITIES + " (or null)");
+            }
+        }
+
+        /** With the daemon's durability setting. */
+        public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
+                String token, int replicas) {
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, replicas, null);
         }
 
         /** With the daemon's number of copies. */
         public OpenMapOutput(
                 long writer, String app, long shuffle, long mapIndex, long attempt, long partitions, String token) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, token, 0);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, 0, null);
         }
 
         /** Without an application token (§6.2), with the daemon's number of copies. */
         public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, null, 0);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, null, 0, null);
         }
 
         @Override
@@ -412,14 +404,15 @@ public sealed interface Frame {
         }
     }
 
-    /** PushData (0x22): one payload for reduce partition {@code partition} and its CRC32C (§7.10). */
-    record PushData(long writer, long sequence, long partition, int length, ByteBuffer payload, long crc)
-            implements Frame {
+    /**
+     * PushData (0x22): exactly one packed group ({@link PackedGroups}) of push stream {@code writer} and its
+     * CRC32C (§7.10).
+     */
+    record PushData(long writer, long sequence, int length, ByteBuffer payload, long crc) implements Frame {
         public PushData {
             Wire.checkU32("crc", crc);
             Wire.checkU32("writer", writer);
             Wire.checkU32("sequence", sequence);
-            Wire.checkU32("partition", partition);
             if (length < 0) {
                 throw new IllegalArgumentException("negative payload length");
             }
@@ -429,13 +422,9 @@ public sealed interface Frame {
             }
         }
 
-        /** With the crc of {@code payload} (0 for a discarded payload). */
-        public PushData(long writer, long sequence, long partition, int length, ByteBuffer payload) {
-            this(writer, sequence, partition, length, payload, payload != null ? Wire.crc32c(payload) : 0);
-        }
-
-        public PushData(long writer, long sequence, long partition, ByteBuffer payload) {
-            this(writer, sequence, partition, payload.remaining(), payload);
+        /** With {@code payload}'s remaining bytes and their crc. */
+        public PushData(long writer, long sequence, ByteBuffer payload) {
+            this(writer, sequence, payload.remaining(), payload, Wire.crc32c(payload));
         }
 
         @Override

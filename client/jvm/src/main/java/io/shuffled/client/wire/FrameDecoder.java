@@ -44,11 +44,11 @@ public final class FrameDecoder {
          *
          * @throws ProtocolException to refuse the frame (e.g. CREDIT_VIOLATION)
          */
-        ByteBuffer target(FrameType type, long stream, long partition, int length) throws ProtocolException;
+        ByteBuffer target(FrameType type, long stream, int length) throws ProtocolException;
     }
 
     /** Payloads land in new heap buffers. */
-    public static final PayloadSink HEAP = (type, stream, partition, length) -> ByteBuffer.allocate(length);
+    public static final PayloadSink HEAP = (type, stream, length) -> ByteBuffer.allocate(length);
 
     private enum State { HEADER, BODY, PAYLOAD, FAILED }
 
@@ -261,14 +261,11 @@ public final class FrameDecoder {
     private void beginPayload(Consumer<? super Frame> out) throws ProtocolException {
         ByteBuffer fixed = ByteBuffer.wrap(body, 0, bodyNeed);
         int payloadLength = length - bodyNeed;
-        long partition;
+        long sequence = Integer.toUnsignedLong(fixed.getInt());
         if (type == FrameType.BUFFER_RESPONSE) {
-            long sequence = Integer.toUnsignedLong(fixed.getInt());
             long backlog = Integer.toUnsignedLong(fixed.getInt());
-            partition = Integer.toUnsignedLong(fixed.getInt());
             int kindCode = fixed.getShort() & 0xffff;
             fixed.getShort(); // reserved: receivers ignore it (§7.6)
-            long attempt = fixed.getLong();
             long crc = Integer.toUnsignedLong(fixed.getInt());
             BufferKind kind = BufferKind.fromCode(kindCode);
             if (kind == null) {
@@ -278,25 +275,22 @@ public final class FrameDecoder {
                 if (payloadLength != 0 || crc != 0) {
                     throw new ProtocolException("BufferResponse: an event carries no payload and a zero crc");
                 }
-                out.accept(new Frame.BufferResponse(stream, sequence, backlog, partition, kind, attempt, 0, null, 0));
+                out.accept(new Frame.BufferResponse(stream, sequence, backlog, kind, 0, null, 0));
                 return;
             }
-            ByteBuffer region = target(partition, payloadLength);
-            pending = new Frame.BufferResponse(
-                    stream, sequence, backlog, partition, kind, attempt, payloadLength, region, crc);
+            ByteBuffer region = target(payloadLength);
+            pending = new Frame.BufferResponse(stream, sequence, backlog, kind, payloadLength, region, crc);
             startPayload(region, payloadLength, out);
         } else {
-            long sequence = Integer.toUnsignedLong(fixed.getInt());
-            partition = Integer.toUnsignedLong(fixed.getInt());
             long crc = Integer.toUnsignedLong(fixed.getInt());
-            ByteBuffer region = target(partition, payloadLength);
-            pending = new Frame.PushData(stream, sequence, partition, payloadLength, region, crc);
+            ByteBuffer region = target(payloadLength);
+            pending = new Frame.PushData(stream, sequence, payloadLength, region, crc);
             startPayload(region, payloadLength, out);
         }
     }
 
-    private ByteBuffer target(long partition, int payloadLength) throws ProtocolException {
-        ByteBuffer t = sink.target(type, stream, partition, payloadLength);
+    private ByteBuffer target(int payloadLength) throws ProtocolException {
+        ByteBuffer t = sink.target(type, stream, payloadLength);
         if (t == null) {
             return null;
         }
@@ -420,7 +414,8 @@ public final class FrameDecoder {
                         u64(m.get("attempt"), name + ": field 'attempt'"),
                         int64(m, "partitions", name),
                         optionalStr(m, "token", name),
-                        replicas(m, name));
+                        replicas(m, name),
+                        durability(m, name));
             }
             case ADMIN_REQUEST: {
                 Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
@@ -529,6 +524,15 @@ public final class FrameDecoder {
             throw new ProtocolException(what + ": 'replicas' must be an integer in 1.." + Wire.MAX_REPLICAS);
         }
         return (int) n;
+    }
+
+    /** OpenMapOutput's optional {@code durability} (§7.8): one of Wire.DURABILITIES, or null when absent. */
+    private static String durability(Map<String, Object> m, String what) throws ProtocolException {
+        String value = optionalStr(m, "durability", what);
+        if (value != null && !Wire.DURABILITIES.contains(value)) {
+            throw new ProtocolException(what + ": 'durability' must be one of " + Wire.DURABILITIES);
+        }
+        return value;
     }
 
     /** A u64 field: a msgpack integer in 0..2^64−1, returned as the bits of a long. */

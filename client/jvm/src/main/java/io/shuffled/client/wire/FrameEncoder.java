@@ -26,14 +26,13 @@ public final class FrameEncoder {
     public static byte[] encode(Frame frame) {
         if (frame instanceof Frame.BufferResponse b) {
             ByteBuffer out = ByteBuffer.allocate(BUFFER_RESPONSE_PREFIX + b.length());
-            writeBufferResponsePrefix(out, b.receiver(), b.sequence(), b.backlog(), b.partition(), b.kind(),
-                    b.attempt(), b.length(), b.crc());
+            writeBufferResponsePrefix(out, b.receiver(), b.sequence(), b.backlog(), b.kind(), b.length(), b.crc());
             putPayload(out, b.payload(), b.length());
             return out.array();
         }
         if (frame instanceof Frame.PushData p) {
             ByteBuffer out = ByteBuffer.allocate(PUSH_DATA_PREFIX + p.length());
-            writePushDataPrefix(out, p.writer(), p.sequence(), p.partition(), p.length(), p.crc());
+            writePushDataPrefix(out, p.writer(), p.sequence(), p.length(), p.crc());
             putPayload(out, p.payload(), p.length());
             return out.array();
         }
@@ -58,15 +57,7 @@ public final class FrameEncoder {
 
     /** Header and fixed part of a BufferResponse whose payload of {@code payloadLength} bytes follows. */
     public static void writeBufferResponsePrefix(
-            ByteBuffer out,
-            long receiver,
-            long sequence,
-            long backlog,
-            long partition,
-            BufferKind kind,
-            long attempt,
-            int payloadLength,
-            long crc) {
+            ByteBuffer out, long receiver, long sequence, long backlog, BufferKind kind, int payloadLength, long crc) {
         if (kind != BufferKind.DATA && (payloadLength != 0 || crc != 0)) {
             throw new IllegalArgumentException("an END_OF_PARTITION event carries no payload");
         }
@@ -76,10 +67,8 @@ public final class FrameEncoder {
         writeHeader(out, FrameType.BUFFER_RESPONSE, receiver, (long) Wire.BUFFER_RESPONSE_FIXED + payloadLength);
         out.putInt((int) Wire.checkU32("sequence", sequence))
                 .putInt((int) Wire.checkU32("backlog", backlog))
-                .putInt((int) Wire.checkU32("partition", partition))
                 .putShort((short) kind.code())
                 .putShort((short) 0)
-                .putLong(attempt)
                 .putInt((int) Wire.checkU32("crc", crc));
     }
 
@@ -87,15 +76,12 @@ public final class FrameEncoder {
      * Header and fixed part of a PushData whose payload of {@code payloadLength} bytes follows, with the
      * payload's CRC32C ({@link Wire#crc32c}).
      */
-    public static void writePushDataPrefix(
-            ByteBuffer out, long writer, long sequence, long partition, int payloadLength, long crc) {
+    public static void writePushDataPrefix(ByteBuffer out, long writer, long sequence, int payloadLength, long crc) {
         if (payloadLength < 0) {
             throw new IllegalArgumentException("negative payload length");
         }
         writeHeader(out, FrameType.PUSH_DATA, writer, (long) Wire.PUSH_DATA_FIXED + payloadLength);
-        out.putInt((int) Wire.checkU32("sequence", sequence))
-                .putInt((int) Wire.checkU32("partition", partition))
-                .putInt((int) Wire.checkU32("crc", crc));
+        out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("crc", crc));
     }
 
     private static void putPayload(ByteBuffer out, ByteBuffer payload, int length) {
@@ -174,7 +160,8 @@ public final class FrameEncoder {
         }
         if (frame instanceof Frame.OpenMapOutput m) {
             MsgPack.Writer w = new MsgPack.Writer(96);
-            w.writeMapHeader(5 + (m.token() == null ? 0 : 1) + (m.replicas() == 0 ? 0 : 1));
+            w.writeMapHeader(
+                    5 + (m.token() == null ? 0 : 1) + (m.replicas() == 0 ? 0 : 1) + (m.durability() == null ? 0 : 1));
             w.writeString("app").writeString(m.app());
             w.writeString("shuffle").writeSigned(m.shuffle());
             w.writeString("map_index").writeSigned(m.mapIndex());
@@ -185,6 +172,9 @@ public final class FrameEncoder {
             }
             if (m.replicas() != 0) {
                 w.writeString("replicas").writeSigned(m.replicas());
+            }
+            if (m.durability() != null) {
+                w.writeString("durability").writeString(m.durability());
             }
             return w.toByteArray();
         }

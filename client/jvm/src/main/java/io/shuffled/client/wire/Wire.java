@@ -3,7 +3,7 @@ package io.shuffled.client.wire;
 import java.nio.ByteBuffer;
 
 /**
- * Fixed numbers of the shuffled wire protocol, version 2 (proto/PROTOCOL.md).
+ * Fixed numbers of the shuffled wire protocol, version 3 (proto/PROTOCOL.md).
  *
  * <p>All binary integers on the wire are big-endian and unsigned. This codec keeps u32 values in a
  * {@code long} (0..{@link #MAX_U32}) and u64 values in a {@code long} read as unsigned
@@ -15,7 +15,7 @@ public final class Wire {
     /** {@code SHFD}, body offset 0 of Hello and HelloAck (§7.1). */
     public static final int MAGIC = 0x53484644;
     /** The one protocol version this codec speaks (§6). */
-    public static final int VERSION = 2;
+    public static final int VERSION = 3;
 
     /** length u32, type u8, flags u8, reserved u16, stream u32 (§4). */
     public static final int HEADER_SIZE = 12;
@@ -23,10 +23,14 @@ public final class Wire {
     public static final int HELLO_FIXED = 8;
     /** code u16 (§7.2). */
     public static final int ERROR_FIXED = 2;
-    /** sequence, backlog, partition (u32 each), kind u16, reserved u16, attempt u64, crc u32 (§7.6). */
-    public static final int BUFFER_RESPONSE_FIXED = 28;
-    /** sequence u32, partition u32, crc u32 (§7.10). */
-    public static final int PUSH_DATA_FIXED = 12;
+    /** sequence u32, backlog u32, kind u16, reserved u16, crc u32 (§7.6). */
+    public static final int BUFFER_RESPONSE_FIXED = 16;
+    /** sequence u32, crc u32 (§7.10). */
+    public static final int PUSH_DATA_FIXED = 8;
+    /** A packed group's attempt u64 and run count u32, before its directory (§3.3). */
+    public static final int GROUP_HEADER = 12;
+    /** One directory entry of a packed group: partition u32, length u32 (§3.3). */
+    public static final int GROUP_RUN = 8;
 
     /** Largest body of any frame except BufferResponse and PushData (§9). */
     public static final int MAX_CONTROL_BODY = 8 << 20;
@@ -40,6 +44,9 @@ public final class Wire {
     public static final int MAX_STREAMS_PER_CONNECTION = 65536;
     /** Largest partition count of a shuffle (§9). */
     public static final long MAX_PARTITIONS = 1L << 24;
+    /** What an OpenMapOutput may ask of its committed output ({@code durability}, §7.8, §12.5). */
+    public static final java.util.List<String> DURABILITIES = java.util.List.of("none", "object-store");
+
     /** Most copies of one map output an OpenMapOutput may ask for ({@code replicas}, §7.8). */
     public static final int MAX_REPLICAS = 4;
 

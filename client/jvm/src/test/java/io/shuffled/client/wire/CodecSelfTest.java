@@ -1,5 +1,9 @@
 package io.shuffled.client.wire;
 
+import static io.shuffled.client.Checks.require;
+
+import io.shuffled.client.Checks;
+import io.shuffled.client.Checks.Body;
 import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
@@ -18,8 +22,7 @@ import java.util.Map;
 public final class CodecSelfTest {
     private static final HexFormat HEX = HexFormat.of();
 
-    private int passed;
-    private int failed;
+    private final Checks checks = new Checks();
 
     public static void main(String[] args) {
         CodecSelfTest t = new CodecSelfTest();
@@ -29,31 +32,11 @@ public final class CodecSelfTest {
         t.fuzz();
         t.encoder();
         t.constants();
-        System.out.println(t.passed + " passed, " + t.failed + " failed");
-        System.exit(t.failed == 0 ? 0 : 1);
-    }
-
-    // ------------------------------------------------------------------------------------------ harness
-
-    private interface Body {
-        void run() throws Exception;
+        t.checks.exit();
     }
 
     private void check(String name, Body body) {
-        try {
-            body.run();
-            passed++;
-            System.out.println("ok   " + name);
-        } catch (Throwable e) {
-            failed++;
-            System.out.println("FAIL " + name + ": " + (e instanceof AssertionError ? e.getMessage() : e.toString()));
-        }
-    }
-
-    private static void require(boolean condition, String message) {
-        if (!condition) {
-            throw new AssertionError(message);
-        }
+        checks.check(name, body);
     }
 
     private static void equal(Object got, Object expected) {
@@ -312,7 +295,7 @@ public final class CodecSelfTest {
             }
         });
         check("decoder: setMaxPayload raises and lowers the data limit", () -> {
-            byte[] f = FrameEncoder.encode(new Frame.PushData(1, 0, 0, ByteBuffer.allocate(40000)));
+            byte[] f = FrameEncoder.encode(new Frame.PushData(1, 0, ByteBuffer.allocate(40000)));
             FrameDecoder d = new FrameDecoder();
             d.setMaxPayload(65536);
             equal(d.feed(ByteBuffer.wrap(f)).size(), 1);
@@ -327,24 +310,23 @@ public final class CodecSelfTest {
         check("decoder: payloads land in the sink's buffer; null discards but keeps the length", () -> {
             ByteBuffer pool = ByteBuffer.allocateDirect(64);
             List<String> calls = new ArrayList<>();
-            FrameDecoder d = new FrameDecoder((type, stream, partition, length) -> {
-                calls.add(type + "/" + stream + "/" + partition + "/" + length);
+            FrameDecoder d = new FrameDecoder((type, stream, length) -> {
+                calls.add(type + "/" + stream + "/" + length);
                 if (stream == 2) {
                     return null;
                 }
                 return pool.duplicate().position(10).limit(10 + length);
             }, 1000);
-            byte[] data = FrameEncoder.encode(Frame.BufferResponse.data(1, 0, 3, 7, -1L, ByteBuffer.wrap(
-                    "hello".getBytes())));
-            byte[] dropped = FrameEncoder.encode(new Frame.PushData(2, 0, 4, ByteBuffer.wrap(new byte[] {9, 9})));
+            byte[] data = FrameEncoder.encode(Frame.BufferResponse.data(1, 0, 3, ByteBuffer.wrap("hello".getBytes())));
+            byte[] dropped = FrameEncoder.encode(new Frame.PushData(2, 0, ByteBuffer.wrap(new byte[] {9, 9})));
             byte[] both = ByteBuffer.allocate(data.length + dropped.length).put(data).put(dropped).array();
             List<Frame> out = new ArrayList<>();
             for (byte b : both) {
                 d.feed(ByteBuffer.wrap(new byte[] {b}), out::add);
             }
-            equal(calls, List.of("BUFFER_RESPONSE/1/7/5", "PUSH_DATA/2/4/2"));
+            equal(calls, List.of("BUFFER_RESPONSE/1/5", "PUSH_DATA/2/2"));
             Frame.BufferResponse br = (Frame.BufferResponse) out.get(0);
-            equal(br.attempt(), -1L);
+            equal(br.backlog(), 3L);
             equal(br.payload(), ByteBuffer.wrap("hello".getBytes()));
             byte[] inPool = new byte[5];
             pool.duplicate().position(10).get(inPool);
@@ -353,11 +335,11 @@ public final class CodecSelfTest {
             require(pd.payload() == null && pd.length() == 2, "discarded payload: " + pd);
         });
         check("decoder: a sink's CREDIT_VIOLATION refuses the frame", () -> {
-            FrameDecoder d = new FrameDecoder((type, stream, partition, length) -> {
+            FrameDecoder d = new FrameDecoder((type, stream, length) -> {
                 throw new ProtocolException(ErrorCode.CREDIT_VIOLATION, "no credit");
             }, 1000);
             try {
-                d.feed(ByteBuffer.wrap(FrameEncoder.encode(new Frame.PushData(1, 0, 0, ByteBuffer.allocate(1)))));
+                d.feed(ByteBuffer.wrap(FrameEncoder.encode(new Frame.PushData(1, 0, ByteBuffer.allocate(1)))));
                 throw new AssertionError("accepted");
             } catch (ProtocolException e) {
                 equal(e.code(), ErrorCode.CREDIT_VIOLATION);
@@ -450,7 +432,7 @@ public final class CodecSelfTest {
             refusedFrame(frame(FrameType.PARTITION_REQUEST, 1, prefixed(m)), ErrorCode.PROTOCOL, "locations array");
         });
         check("decoder: end of input inside a payload is a broken connection", () -> {
-            byte[] f = FrameEncoder.encode(new Frame.PushData(1, 0, 0, ByteBuffer.allocate(10)));
+            byte[] f = FrameEncoder.encode(new Frame.PushData(1, 0, ByteBuffer.allocate(10)));
             FrameDecoder d = new FrameDecoder();
             d.feed(f, 0, f.length - 1);
             require(d.hasPartialFrame(), "no partial frame");
@@ -532,13 +514,13 @@ public final class CodecSelfTest {
                 new Frame.PartitionRequest(1, 0, "app", 2, 0, 9, Map.of("", new long[] {-1L, 0L}, "h:1",
                         new long[] {300})),
                 new Frame.AddCredit(1, 0xFFFF_FFFFL),
-                Frame.BufferResponse.data(1, 0, 0, 0, 0, ByteBuffer.allocate(0)),
-                Frame.BufferResponse.data(1, 1, 2, 3, 4, ByteBuffer.wrap(new byte[] {5, 6, 7})),
+                Frame.BufferResponse.data(1, 0, 0, ByteBuffer.allocate(0)),
+                Frame.BufferResponse.data(1, 1, 2, ByteBuffer.wrap(new byte[] {5, 6, 7})),
                 Frame.BufferResponse.endOfPartition(1, 1),
                 new Frame.CancelPartitionRequest(1),
                 new Frame.OpenMapOutput(2, "app", 0, 0, -2L, 1 << 24),
                 new Frame.PushCredit(2, 1),
-                new Frame.PushData(2, 0, 0, ByteBuffer.wrap(new byte[] {1})),
+                new Frame.PushData(2, 0, ByteBuffer.wrap(new byte[] {1})),
                 new Frame.CommitMapOutput(2, 1),
                 new Frame.CommitAck(2, new long[] {1, -1L}),
                 new Frame.AbortMapOutput(3),
@@ -564,9 +546,10 @@ public final class CodecSelfTest {
                 () -> new Frame.AddCredit(-1, 1),
                 () -> new Frame.CommitMapOutput(1, 1L << 32),
                 () -> new Frame.ErrorResponse(0, 70000, ""),
-                () -> new Frame.BufferResponse(1, 0, 0, 0, BufferKind.END_OF_PARTITION, 0, 1, ByteBuffer.allocate(1)),
-                () -> new Frame.PushData(1, 0, 0, 3, ByteBuffer.allocate(2)),
-                () -> FrameEncoder.encode(new Frame.PushData(1, 0, 0, 3, null)),
+                () -> new Frame.BufferResponse(1, 0, 0, BufferKind.END_OF_PARTITION, 1, ByteBuffer.allocate(1), 0),
+                () -> new Frame.BufferResponse(1, 0, 0, BufferKind.END_OF_PARTITION, 0, null, 5),
+                () -> new Frame.PushData(1, 0, 3, ByteBuffer.allocate(2), 0),
+                () -> FrameEncoder.encode(new Frame.PushData(1, 0, 3, null, 0)),
                 () -> FrameEncoder.encode(new Frame.AdminResponse(1, Map.of("x", "y".repeat(Wire.MAX_CONTROL_BODY)))),
             };
             for (int i = 0; i < bad.length; i++) {
@@ -580,16 +563,16 @@ public final class CodecSelfTest {
         });
         check("encoder: prefix writers match whole-frame encoding; payload position untouched", () -> {
             ByteBuffer payload = ByteBuffer.wrap("abcdef".getBytes()).position(2);
-            Frame.BufferResponse b = Frame.BufferResponse.data(3, 4, 5, 6, 1L << 63, payload);
+            Frame.BufferResponse b = Frame.BufferResponse.data(3, 4, 5, payload);
             byte[] whole = FrameEncoder.encode(b);
             equal(payload.position(), 2);
             ByteBuffer prefix = ByteBuffer.allocate(FrameEncoder.BUFFER_RESPONSE_PREFIX);
-            FrameEncoder.writeBufferResponsePrefix(prefix, 3, 4, 5, 6, BufferKind.DATA, 1L << 63, 4, Wire.crc32c(payload));
+            FrameEncoder.writeBufferResponsePrefix(prefix, 3, 4, 5, BufferKind.DATA, 4, Wire.crc32c(payload));
             require(Arrays.equals(Arrays.copyOf(whole, prefix.capacity()), prefix.array()), "BufferResponse prefix");
             equal(new String(whole, prefix.capacity(), 4), "cdef");
             ByteBuffer p2 = ByteBuffer.allocate(FrameEncoder.PUSH_DATA_PREFIX);
-            FrameEncoder.writePushDataPrefix(p2, 9, 0xFFFF_FFFFL, 2, 4, Wire.crc32c(ByteBuffer.wrap(new byte[4])));
-            byte[] whole2 = FrameEncoder.encode(new Frame.PushData(9, 0xFFFF_FFFFL, 2, ByteBuffer.wrap(new byte[4])));
+            FrameEncoder.writePushDataPrefix(p2, 9, 0xFFFF_FFFFL, 4, Wire.crc32c(ByteBuffer.wrap(new byte[4])));
+            byte[] whole2 = FrameEncoder.encode(new Frame.PushData(9, 0xFFFF_FFFFL, ByteBuffer.wrap(new byte[4])));
             require(Arrays.equals(Arrays.copyOf(whole2, p2.capacity()), p2.array()), "PushData prefix");
         });
         check("encoder: round trip of every frame type through the decoder", () -> {

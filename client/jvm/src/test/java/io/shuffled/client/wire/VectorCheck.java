@@ -267,11 +267,11 @@ public final class VectorCheck {
         FIELDS.put("PARTITION_REQUEST", List.of("receiver", "credit", "app", "shuffle", "start", "end", "locations"));
         FIELDS.put("ADD_CREDIT", List.of("receiver", "credit"));
         FIELDS.put("BUFFER_RESPONSE",
-                List.of("receiver", "sequence", "backlog", "partition", "kind", "attempt", "payload_hex", "crc"));
+                List.of("receiver", "sequence", "backlog", "kind", "payload_hex", "crc"));
         FIELDS.put("CANCEL_PARTITION_REQUEST", List.of("receiver"));
         FIELDS.put("OPEN_MAP_OUTPUT", List.of("writer", "app", "shuffle", "map_index", "attempt", "partitions"));
         FIELDS.put("PUSH_CREDIT", List.of("writer", "credit"));
-        FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "partition", "payload_hex", "crc"));
+        FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "payload_hex", "crc"));
         FIELDS.put("COMMIT_MAP_OUTPUT", List.of("writer", "pushes"));
         FIELDS.put("COMMIT_ACK", List.of("writer", "lengths"));
         FIELDS.put("ABORT_MAP_OUTPUT", List.of("writer"));
@@ -292,6 +292,8 @@ public final class VectorCheck {
         present.remove("token");
         int replicas = f.has("replicas") ? (int) i64(f, "replicas") : 0; // optional key (§7.8)
         present.remove("replicas");
+        String durability = f.has("durability") ? text(f, "durability") : null; // optional key (§7.8)
+        present.remove("durability");
         require(present.equals(new TreeSet<>(fields)), type + " has fields " + present + ", expected " + fields);
         switch (type) {
             case "HELLO":
@@ -323,22 +325,21 @@ public final class VectorCheck {
             case "BUFFER_RESPONSE": {
                 BufferKind kind = BufferKind.valueOf(text(f, "kind"));
                 byte[] payload = HEX.parseHex(text(f, "payload_hex"));
-                return new Frame.BufferResponse(u32(f, "receiver"), u32(f, "sequence"), u32(f, "backlog"),
-                        u32(f, "partition"), kind, u64(f.get("attempt"), "attempt"), payload.length,
-                        kind == BufferKind.DATA ? ByteBuffer.wrap(payload) : null, u32(f, "crc"));
+                return new Frame.BufferResponse(u32(f, "receiver"), u32(f, "sequence"), u32(f, "backlog"), kind,
+                        payload.length, kind == BufferKind.DATA ? ByteBuffer.wrap(payload) : null, u32(f, "crc"));
             }
             case "CANCEL_PARTITION_REQUEST":
                 return new Frame.CancelPartitionRequest(u32(f, "receiver"));
             case "OPEN_MAP_OUTPUT":
                 return new Frame.OpenMapOutput(u32(f, "writer"), text(f, "app"), i64(f, "shuffle"),
                         i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"), token,
-                        replicas);
+                        replicas, durability);
             case "PUSH_CREDIT":
                 return new Frame.PushCredit(u32(f, "writer"), u32(f, "credit"));
             case "PUSH_DATA":
                 byte[] pushed = HEX.parseHex(text(f, "payload_hex"));
-                return new Frame.PushData(u32(f, "writer"), u32(f, "sequence"), u32(f, "partition"), pushed.length,
-                        ByteBuffer.wrap(pushed), u32(f, "crc"));
+                return new Frame.PushData(u32(f, "writer"), u32(f, "sequence"), pushed.length, ByteBuffer.wrap(pushed),
+                        u32(f, "crc"));
             case "COMMIT_MAP_OUTPUT":
                 return new Frame.CommitMapOutput(u32(f, "writer"), u32(f, "pushes"));
             case "COMMIT_ACK": {

@@ -1,0 +1,193 @@
+"""Frames in, events out, for one end of a connection once its handshake is done (connection.py): each
+stream's lifecycle as the other side drives it, checked against the stream table. Frames for a stream
+that ended are dropped (their payloads released), as the spec says; a stream beyond the limits, or a push
+frame for no open push, is refused on its own stream while the connection lives on; frames that break the
+rules are a `ProtocolError` for the whole connection. AddCredit and PushCredit go straight to the
+stream's `OutboundStream` (credit.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .codec import encode_error_from
+from .errors import CreditViolation, LimitExceeded, ProtocolError, ShuffledError, UnknownStream, error_from_code
+from .events import (
+    Aborted,
+    AbortRequested,
+    AdminAnswered,
+    AdminRequested,
+    BufferArrived,
+    CloseRequested,
+    CommitRequested,
+    Committed,
+    ConnectionFailed,
+    CreditAdded,
+    Event,
+    PushCredited,
+    PushDataArrived,
+    PushOpened,
+    ReadCancelled,
+    ReadRequested,
+    StreamFailed,
+    StreamRefused,
+)
+from .frames import (
+    REPLICA,
+    AbortAck,
+    AbortMapOutput,
+    AddCredit,
+    AdminRequest,
+    AdminResponse,
+    BufferKind,
+    BufferResponse,
+    CancelPartitionRequest,
+    Close,
+    CommitAck,
+    CommitMapOutput,
+    ErrorResponse,
+    Frame,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    PushData,
+    Role,
+)
+from .handshake import Handshake
+from .streams import Kind, StreamTable, release_payload
+
+
+class Inbound:
+    """What the other side's frames mean on an open connection (see the module)."""
+
+    def __init__(self, handshake: Handshake, streams: StreamTable, send: Callable[[bytes], None]) -> None:
+        self.handshake = handshake
+        self.streams = streams
+        self.send = send
+
+    def on_frame(self, frame: Frame) -> Event | None:
+        """The event a frame makes once the connection is open, if any; raises ProtocolError for a frame
+        that breaks the rules."""
+        # The data frames first, without the match below: they are nearly every frame a connection carries.
+        if type(frame) is BufferResponse:
+            return self._on_buffer(frame)
+        daemon = self.handshake.role is Role.DAEMON
+        if type(frame) is PushData and daemon:
+            return self._on_push_data(frame)
+        match frame:
+            case PushCredit() | CommitAck() | AbortAck() if (
+                self.handshake.role is Role.DAEMON and REPLICA not in self.handshake.features
+            ):
+                raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
+            case PushCredit(writer, credit):
+                return self._on_push_credit(writer, credit)
+            case CommitAck(writer, lengths):
+                return Committed(writer, lengths) if self.streams.take(self.streams.own, writer, Kind.PUSH) else None
+            case AbortAck(writer):
+                return Aborted(writer) if self.streams.take(self.streams.own, writer, Kind.PUSH) else None
+            case AdminResponse(request, result):
+                return (
+                    AdminAnswered(request, result) if self.streams.take(self.streams.own, request, Kind.ADMIN) else None
+                )
+            case ErrorResponse(stream, code, message):
+                exc = error_from_code(code, message)
+                if stream == 0:
+                    return ConnectionFailed(exc)
+                return StreamFailed(stream, exc) if self.streams.own.pop(stream, None) is not None else None
+            case Close():
+                return CloseRequested()
+        if not daemon:
+            raise ProtocolError(f"{type(frame).__name__} is not expected by a client")
+        return self._on_request(frame)
+
+    def _on_request(self, frame: Frame) -> Event | None:
+        match frame:
+            case PartitionRequest():
+                return self._open_theirs(frame.receiver, Kind.READ) or ReadRequested(frame)
+            case AddCredit(receiver, credit):
+                stream = self.streams.theirs.get(receiver)
+                if stream is None or stream.kind is not Kind.READ:
+                    return None  # the read ended or was cancelled while the credit was on its way
+                if stream.outbound is not None:
+                    stream.outbound.add_credit(credit)
+                return CreditAdded(receiver, credit)
+            case CancelPartitionRequest(receiver):
+                return ReadCancelled(receiver) if self.streams.take(self.streams.theirs, receiver, Kind.READ) else None
+            case OpenMapOutput():
+                if self.handshake.peer_role is not Role.CLIENT and (
+                    REPLICA not in self.handshake.features or frame.replica_of is None
+                ):
+                    raise ProtocolError("only clients push map output, and daemons that agreed on replica pushes")
+                return self._open_theirs(frame.writer, Kind.PUSH) or PushOpened(frame)
+            case PushData():
+                return self._on_push_data(frame)
+            case CommitMapOutput(writer, pushes):
+                return self._unknown_push(writer) or CommitRequested(writer, pushes)
+            case AbortMapOutput(writer):
+                return self._unknown_push(writer) or AbortRequested(writer)
+            case AdminRequest(request):
+                limit = self.streams.limits.admin
+                if self.streams.admin_running >= limit:
+                    return self._refuse(
+                        request,
+                        LimitExceeded(f"max-admin-per-connection ({limit}) admin requests are already in progress"),
+                    )
+                self.streams.admin_running += 1
+                return AdminRequested(frame)
+        raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
+
+    def _refuse(self, sid: int, exc: ShuffledError) -> StreamRefused:
+        if self.handshake.is_open:
+            self.send(encode_error_from(sid, exc))
+        return StreamRefused(sid, exc)
+
+    def _open_theirs(self, sid: int, kind: Kind) -> StreamRefused | None:
+        refused = self.streams.open_theirs(sid, kind)
+        return None if refused is None else self._refuse(sid, refused)
+
+    def _unknown_push(self, writer: int) -> StreamRefused | None:
+        """None for one of their open pushes; else the refusal sent (UNKNOWN_STREAM, the connection lives on)."""
+        stream = self.streams.theirs.get(writer)
+        if stream is not None and stream.kind is Kind.PUSH:
+            return None
+        if writer == 0:
+            raise ProtocolError("stream id 0 is reserved for the connection")
+        return self._refuse(writer, UnknownStream(f"no open map output for writer {writer}"))
+
+    def _on_push_data(self, frame: PushData) -> Event:
+        refused = self._unknown_push(frame.writer)
+        if refused is not None:
+            release_payload(frame)
+            return refused
+        _check_landed(frame.payload, frame.writer)
+        return PushDataArrived(frame)
+
+    def _on_buffer(self, frame: BufferResponse) -> Event | None:
+        stream = self.streams.own.get(frame.receiver)
+        if stream is None or stream.kind is not Kind.READ:
+            release_payload(frame)  # the read was cancelled while this arrived
+            return None
+        if frame.kind is BufferKind.DATA:
+            _check_landed(frame.payload, frame.receiver)
+        else:
+            del self.streams.own[frame.receiver]
+        return BufferArrived(frame)
+
+    def _on_push_credit(self, writer: int, credit: int) -> Event | None:
+        stream = self.streams.own.get(writer)
+        if stream is None or stream.kind is not Kind.PUSH:
+            return None
+        if stream.outbound is not None:
+            stream.outbound.add_credit(credit)
+        return PushCredited(writer, credit)
+
+
+def _check_landed(payload: object, stream: int) -> None:
+    """A data frame whose stream was opened by a frame of the same read had nowhere to land.
+
+    Frames of one read are decoded before any is handled, so a PushData right
+    behind its OpenMapOutput found no target, hence no credit, when its bytes
+    arrived: that is data sent before credit was granted.
+    """
+    if payload is None:
+        raise CreditViolation(f"stream {stream}: data frame sent before credit was granted")

@@ -1,0 +1,114 @@
+"""Moves from the data dir (tier.py): with the data dir over `disk-quota`, or an application over
+`app-disk-quota`, the oldest pieces of the shuffle holding the most disk move to objects, until the disk
+is down to `DISK_LOW` of the quota; their blocks are punched once no load of that shuffle is under way
+(`Spiller.reclaim`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ...config import DaemonConfig
+from ...logs import event
+from ...protocol.errors import CorruptData, StorageError
+from .object_writer import ObjectWriter, Pieces
+from .shuffles import FILE, MapOutput, ShuffleData
+
+log = logging.getLogger(__name__)
+
+#: a disk over its quota is brought down to this share of it, so moves do not start again at once
+DISK_LOW = 0.9
+
+
+class DiskMover:
+    """Spilled pieces moved to objects when the data dir is over its quota (see the module)."""
+
+    def __init__(self, writer: ObjectWriter, config: DaemonConfig) -> None:
+        self.writer = writer
+        self.store, self.disk = writer.store, writer.disk
+        self.config = config
+        self.stats = writer.stats
+        self._mover: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        if self._mover is not None:
+            self._mover.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._mover
+
+    def relieve_disk(self) -> None:
+        """With the data dir over `disk-quota` (or an application over `app-disk-quota`), start moving its
+        oldest pieces to objects unless that is under way."""
+        if self.disk is None or (self._mover is not None and not self._mover.done()):
+            return
+        if self._over_disk() > 0:
+            self._mover = asyncio.create_task(self._move())
+
+    def _over_disk(self) -> int:
+        """Bytes to move: down to DISK_LOW of the daemon's quota, or of an application's."""
+        assert self.disk is not None
+        cfg = self.config
+        over = 0
+        live = self._live_disk_bytes()
+        if cfg.disk_quota and live > cfg.disk_quota:
+            over = live - int(cfg.disk_quota * DISK_LOW)
+        if cfg.app_disk_quota:
+            for usage in self.store.usage.values():
+                if usage.disk_bytes > cfg.app_disk_quota:
+                    over = max(over, usage.disk_bytes - int(cfg.app_disk_quota * DISK_LOW))
+        return over
+
+    def _live_disk_bytes(self) -> int:
+        """Spill file bytes not yet given back, less those moved already (punched soon)."""
+        assert self.disk is not None
+        return self.disk.stats.used_bytes - sum(g.length for g in self.store.placement.garbage)
+
+    async def _move(self) -> None:
+        try:
+            over = self._over_disk()
+            while over > 0:
+                found = self._most_disk()
+                if found is None:
+                    return
+                data, pieces = found
+                outs = [out for out, _ in pieces]
+                self.writer.claimed.update(outs)
+                try:
+                    place = await self.writer.write(data, pieces, [], "moved")
+                finally:
+                    self.writer.claimed.difference_update(outs)
+                if place is not None:
+                    self.writer.placed(pieces, place)
+                over -= sum(out.sizes[i] for out, indices in pieces for i in indices)
+        except (StorageError, CorruptData) as exc:
+            self.stats.write_errors += 1
+            event(log, "moving spilled data to the object store failed", logging.WARNING, reason=exc.message)
+        except Exception:
+            event(log, "moving spilled data to the object store failed", logging.ERROR, exc_info=True)
+
+    def _most_disk(self) -> tuple[ShuffleData, list[Pieces]] | None:
+        """The oldest pieces in the data file (by offset) of the committed attempts of the shuffle holding the
+        most disk, up to an object's worth."""
+        shuffles = [d for s in self.store.apps.values() for d in s.values() if d.file is not None and not d.removed]
+        for data in sorted(shuffles, key=lambda d: d.disk_bytes, reverse=True):
+            found: list[tuple[int, MapOutput, int]] = [
+                (out.offsets[i], out, i)
+                for out in data.committed.values()
+                if out not in self.writer.claimed
+                for i in range(out.placed)
+                if out.places[i] == FILE
+            ]
+            if not found:
+                continue
+            found.sort(key=lambda f: f[0])
+            chosen: dict[MapOutput, list[int]] = {}
+            size = 0
+            for _, out, i in found:
+                if size + out.sizes[i] > self.writer.most and chosen:
+                    break
+                chosen.setdefault(out, []).append(i)
+                size += out.sizes[i]
+            return data, [(out, sorted(indices)) for out, indices in chosen.items()]
+        return None

@@ -1,0 +1,153 @@
+"""The object-store tier: pieces written into objects below memory and the data dir (architecture.md, "The
+object-store tier").
+
+Every object the tier writes is pieces of one shuffle, back to back, and a footer that indexes them
+(object_format.py): pieces in memory are handed to the client as they are (their segments referenced
+until the upload ends, never copied), pieces in the data file are read back first (outside the pool,
+at most one object's worth per write). An object holds at least a part (`object-store-part-size`,
+unless a flush or a stop writes what is left) and less than two, sent as one PUT: at most 64 PUTs per
+GiB with 16 MiB parts. Keys start from the clock, so no life of a daemon repeats one.
+
+It writes for three reasons, and counts each (`TierStats`):
+
+- **spill** (no data dir): the spiller's writes go to an object instead of a file (`ObjectTarget`);
+- **move** (a data dir over `disk-quota` or an application over `app-disk-quota`): the oldest pieces
+  of the shuffle holding the most disk move to an object; their blocks are punched once no load of
+  that shuffle is under way (`Spiller.reclaim`);
+- **durable uploads** (`durability = object-store`): committed attempts that asked for it are queued
+  per shuffle; a shuffle's queue is uploaded once its pieces not yet in an object fill a part, or
+  `object-store-durable-delay` after its last commit. An object carries the commit records of the
+  attempts whose last pieces it holds, and only once it is complete are those attempts *durable*
+  (stats, the journal). A failed upload changes nothing and is tried again after a back-off that
+  doubles up to `RETRY_MAX`.
+
+While an upload holds an attempt's pieces, the spiller leaves them (its `taken` says so), and pieces in
+memory that an object holds stay in memory until the spiller wants their room: freeing them then needs
+no write. A write whose shuffle was removed meanwhile deletes its object instead of keeping it.
+
+The tier is its parts: the `ObjectWriter` (object_writer.py) writes each object, for the spiller's
+`ObjectTarget` (here), the `DiskMover` (disk_moves.py) and the `DurableUploads` (durable.py); the
+`Adopter` (adopt.py) serves other nodes' objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ...buffers import Buffer
+from ...config import DaemonConfig
+from ...logs import event
+from ...ops.stats import TierStats
+from ...protocol.errors import StorageError
+from .adopt import Adopter
+from .disk import Disk
+from .disk_moves import DiskMover
+from .durable import DurableUploads
+from .object_format import app_prefix, shuffle_prefix
+from .object_writer import ObjectWriter, Pieces
+from .objects import ObjectStore
+from .shuffles import MapOutput, ShuffleData
+from .spill_writes import Placed, Taken
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+#: spill writes to objects at once (each one part of stored data: two keep the link busy while one ends)
+OBJECT_IN_FLIGHT = 2
+
+
+class ObjectTier:
+    """The daemon's object-store tier (see the module). `start` it once the daemon listens, `close` at stop."""
+
+    def __init__(
+        self,
+        store: Store,
+        objects: ObjectStore,
+        disk: Disk | None,
+        config: DaemonConfig,
+        stats: TierStats | None = None,
+    ) -> None:
+        self.store = store
+        self.objects = objects
+        self.stats = stats if stats is not None else TierStats()
+        self.writer = ObjectWriter(store, objects, disk, self.stats)
+        self.uploads = DurableUploads(self.writer, config)
+        self.mover = DiskMover(self.writer, config)
+        #: serves other nodes' (and its own earlier life's) data from their objects
+        self.adopter = Adopter(store, objects, self.stats)
+
+    def start(self, node: str) -> None:
+        self.writer.node = self.adopter.node = node
+        self.uploads.start()
+
+    async def close(self) -> None:
+        await self.uploads.close()
+        await self.mover.close()
+
+    async def adopt(self, app: str, shuffle: int, node: str) -> int:
+        """Serve what `node`'s objects of the shuffle prove from here (adopt.py); the attempts adopted."""
+        return await self.adopter.adopt(app, shuffle, node)
+
+    def spill_target(self, batch: int) -> ObjectTarget:
+        """Where the spiller writes without a data dir: objects."""
+        return ObjectTarget(self, batch)
+
+    async def removed(self, shuffles: list[ShuffleData], adopted: bool = True) -> None:
+        """Dropped shuffles: forget their queued uploads and delete their objects (those this daemon wrote,
+        and with `adopted` those it adopted from other nodes). A write still under way deletes its own
+        object when it ends. A delete that fails is logged: the sweep finds what it left."""
+        keys = []
+        for data in shuffles:
+            self.uploads.forget(data)
+            keys += [o.key for o in data.objects if adopted or o.own]
+            for out in data.committed.values():
+                if out.durable:
+                    self.stats.durable_attempts -= 1
+        await self.writer.delete(keys)
+
+    async def delete_prefix(self, app: str, shuffle: int | None = None) -> None:
+        """Delete every node's objects of an application or one shuffle of it (the daemon the driver told:
+        lost nodes' objects go too)."""
+        prefix = app_prefix(app) if shuffle is None else shuffle_prefix(app, shuffle)
+        try:
+            self.stats.deleted_objects += await self.objects.delete_prefix(prefix)
+        except StorageError as exc:
+            event(log, "deleting objects failed", logging.WARNING, prefix=prefix, reason=exc.message)
+
+
+class ObjectTarget:
+    """The spiller's writes into objects, without a data dir (spill_writes.py's `SpillTarget`)."""
+
+    in_flight = OBJECT_IN_FLIGHT
+    where = "to the object store"
+
+    def __init__(self, tier: ObjectTier, batch: int) -> None:
+        self.tier = tier
+        self.name = tier.objects.config.url
+        self.batch = batch
+
+    def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
+        tier = self.tier
+        pieces = [(out, list(range(start, end))) for out, start, end in taken]
+        commits = tier.uploads.complete_commits(data, {out: end for out, _, end in taken})
+        tier.writer.claimed.update(commits)
+        return asyncio.ensure_future(self._write(data, pieces, commits))
+
+    async def _write(self, data: ShuffleData, pieces: list[Pieces], commits: list[MapOutput]) -> Placed:
+        tier = self.tier
+        try:
+            place = await tier.writer.write(data, pieces, commits, "spilled")
+        except BaseException:
+            tier.writer.claimed.difference_update(commits)
+            raise
+        if place is None:  # removed meanwhile: the spiller leaves garbage nowhere, the object is gone
+            tier.writer.claimed.difference_update(commits)
+            return Placed(0, 0)
+        return Placed(place, 0, None, lambda: tier.uploads.made_durable(data, commits))
+
+    def wrote(self, data: ShuffleData, written: int) -> None:
+        """Counted by the tier's write."""
+
+    def failed(self) -> None:
+        self.tier.stats.write_errors += 1
