@@ -22,6 +22,7 @@ from tests.spark_support import (
     needs_spark,
     plugin_conf,
     restart,
+    serialized_map_outputs,
     spark_daemons,
     stage_data,
     store_emptied,
@@ -140,17 +141,12 @@ def test_daemon_killed_before_reduce_is_recomputed(
         daemons[1] = restart(victim, daemons)
 
 
-def _serialized_map_outputs(spark: Any) -> int:
-    """Map outputs this JVM (driver and local executors) wrote by the plugin's serialized path."""
-    return int(spark.sparkContext._jvm.io.shuffled.spark.SerializedSortWriter.mapOutputs())
-
-
 def test_wide_sql_shuffle_is_sorted_serialized(spark: Any, builtin: dict[str, Any]) -> None:
     """Spark SQL's rows can be relocated once serialized, so a shuffle wider than the bypass threshold skips
     Spark's object sorter: every map task of the job writes by the serialized path, with exact results."""
-    before = _serialized_map_outputs(spark)
+    before = serialized_map_outputs(spark)
     assert spark_jobs.wide_aqe_coalesce(spark) == builtin["wide_aqe_coalesce"]
-    assert _serialized_map_outputs(spark) - before >= 4  # the map tasks of spark_jobs.facts
+    assert serialized_map_outputs(spark) - before >= 4  # the map tasks of spark_jobs.facts
 
 
 def test_wide_shuffle_without_relocation_uses_the_sorter(spark: Any) -> None:
@@ -161,9 +157,9 @@ def test_wide_shuffle_without_relocation_uses_the_sorter(spark: Any) -> None:
     jvm = spark.sparkContext._jvm
     pairs = [(i * 7919 % 20_011, i) for i in range(2_000)]
     jpairs = spark.sparkContext._jsc.parallelizePairs([jvm.scala.Tuple2(k, v) for k, v in pairs], 4)
-    before = _serialized_map_outputs(spark)
+    before = serialized_map_outputs(spark)
     parts = jpairs.partitionBy(jvm.org.apache.spark.HashPartitioner(210)).glom().collect()
-    assert _serialized_map_outputs(spark) == before
+    assert serialized_map_outputs(spark) == before
     got = [[(t._1(), t._2()) for t in part] for part in parts]
     assert len(got) == 210
     assert sorted(p for part in got for p in part) == sorted(pairs)

@@ -13,7 +13,7 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
-from tests.spark_support import needs_spark, plugin_conf, spark_daemons
+from tests.spark_support import needs_spark, plugin_conf, serialized_map_outputs, spark_daemons
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -39,27 +39,23 @@ def spark(request: pytest.FixtureRequest, plugin_jar: Path, daemons: list[Daemon
     session.stop()
 
 
-def _serialized_map_outputs(spark: Any) -> int:
-    return int(spark.sparkContext._jvm.io.shuffled.spark.SerializedSortWriter.mapOutputs())
-
-
 @pytest.mark.parametrize("name", ["wide_aqe_coalesce", "wide_aqe_skew_join"])
 def test_wide_sql_jobs_in_many_fills_match_builtin(spark: Any, builtin: dict[str, Any], name: str) -> None:
     if name == "wide_aqe_skew_join" and spark.conf.get("spark.io.compression.codec") == "zstd":
         # its assertion on AQE's plan needs the skewed block many times the median block; here a fill holds
         # a record or so per partition, and a zstd frame's own bytes per record flatten that ratio
         pytest.skip("AQE's skew split depends on block sizes that one-record zstd frames inflate")
-    before = _serialized_map_outputs(spark)
+    before = serialized_map_outputs(spark)
     assert spark_jobs.JOBS[name](spark) == builtin[name]
-    assert _serialized_map_outputs(spark) > before
+    assert serialized_map_outputs(spark) > before
 
 
 def test_wide_kryo_rdd_shuffle_in_many_fills_is_exact(spark: Any) -> None:
     """PySpark's RDD shuffles are of (long, bytes) pairs, for which Spark picks Kryo, which relocates records,
     so they take the serialized path too; every record lands once, in the partition its key hashes to."""
     pairs = [(i * 7919 % 20_011, i) for i in range(40_000)]
-    before = _serialized_map_outputs(spark)
+    before = serialized_map_outputs(spark)
     parts = spark.sparkContext.parallelize(pairs, 4).partitionBy(210).glom().collect()
-    assert _serialized_map_outputs(spark) - before >= 4
+    assert serialized_map_outputs(spark) - before >= 4
     assert sorted(p for part in parts for p in part) == sorted(pairs)
     assert all(k % 210 == n for n, part in enumerate(parts) for k, _ in part)  # an int hashes to itself
