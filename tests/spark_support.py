@@ -75,6 +75,11 @@ def stage_data(spark: Any) -> list[Any]:
     return [stages.apply(i) for i in range(stages.size())]
 
 
+def serialized_map_outputs(spark: Any) -> int:
+    """Map outputs this JVM (the driver and its local executors) wrote by the plugin's serialized path."""
+    return int(spark.sparkContext._jvm.io.shuffled.spark.SerializedSortWriter.mapOutputs())
+
+
 def _numbers(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """Every number in a stats tree, keyed by its dotted path ("disk.spills")."""
     out: dict[str, float] = {}

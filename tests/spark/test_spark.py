@@ -22,6 +22,7 @@ from tests.spark_support import (
     needs_spark,
     plugin_conf,
     restart,
+    serialized_map_outputs,
     spark_daemons,
     stage_data,
     store_emptied,
@@ -138,3 +139,28 @@ def test_daemon_killed_before_reduce_is_recomputed(
         assert any(s.attemptId() > 0 for s in retried), "no stage was resubmitted after the fetch failure"
     finally:
         daemons[1] = restart(victim, daemons)
+
+
+def test_wide_sql_shuffle_is_sorted_serialized(spark: Any, builtin: dict[str, Any]) -> None:
+    """Spark SQL's rows can be relocated once serialized, so a shuffle wider than the bypass threshold skips
+    Spark's object sorter: every map task of the job writes by the serialized path, with exact results."""
+    before = serialized_map_outputs(spark)
+    assert spark_jobs.wide_aqe_coalesce(spark) == builtin["wide_aqe_coalesce"]
+    assert serialized_map_outputs(spark) - before >= 4  # the map tasks of spark_jobs.facts
+
+
+def test_wide_shuffle_without_relocation_uses_the_sorter(spark: Any) -> None:
+    """Java serialization cannot relocate records, so a wide shuffle of it keeps Spark's sorter, and every
+    record lands whole in the partition its key hashes to. (PySpark's own RDD shuffles are of (long, bytes)
+    pairs, for which Spark picks Kryo; pairs made in the JVM through the Java API have no class tags, so
+    they get the session's serializer, Java's.)"""
+    jvm = spark.sparkContext._jvm
+    pairs = [(i * 7919 % 20_011, i) for i in range(2_000)]
+    jpairs = spark.sparkContext._jsc.parallelizePairs([jvm.scala.Tuple2(k, v) for k, v in pairs], 4)
+    before = serialized_map_outputs(spark)
+    parts = jpairs.partitionBy(jvm.org.apache.spark.HashPartitioner(210)).glom().collect()
+    assert serialized_map_outputs(spark) == before
+    got = [[(t._1(), t._2()) for t in part] for part in parts]
+    assert len(got) == 210
+    assert sorted(p for part in got for p in part) == sorted(pairs)
+    assert all(k % 210 == n for n, part in enumerate(got) for k, _ in part)  # an Integer hashes to itself

@@ -43,6 +43,11 @@ final class DaemonClients implements AutoCloseable {
         return conf.replicas;
     }
 
+    /** {@code spark.shuffled.writerBufferSize}: a map task's push buffer, and its serialized records' bound. */
+    long writerBufferBytes() {
+        return conf.writerBufferBytes;
+    }
+
     /** {@code spark.shuffled.durability}: "object-store", "none", or null for the daemons' own setting. */
     String durability() {
         return conf.durability;

@@ -36,7 +36,8 @@ final class ShuffledConf {
     /// Default: `60s`
     static final String TIMEOUT = "spark.shuffled.timeout";
     /// the one buffer in which a map task collects the bytes of all its partitions; when full, and at task
-    /// end, it is pushed ordered by partition and packed into 32 KiB segments
+    /// end, it is pushed ordered by partition and packed into 32 KiB segments. A wide shuffle written
+    /// serialized (SQL rows, Kryo) also sorts its records in fills of this size
     ///
     /// Default: `16m`
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";

@@ -6,8 +6,10 @@ import io.shuffled.spark.compat.Checksums;
 import java.io.IOException;
 import java.io.OutputStream;
 import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
+import org.apache.spark.io.CompressionCodec$;
 import org.apache.spark.scheduler.MapStatus;
 import org.apache.spark.serializer.SerializationStream;
 import org.apache.spark.serializer.SerializerInstance;
@@ -29,11 +31,13 @@ import scala.reflect.ClassTag$;
  *
  * <p>Each reduce partition is written as one serialization stream, wrapped by Spark's
  * {@link SerializerManager} (compression and encryption as configured), into the map attempt's push
- * stream. Records that need map-side combine, or a shuffle with more partitions than Spark's
- * {@code spark.shuffle.sort.bypassMergeThreshold}, go through Spark's own {@link ExternalSorter} first
- * (the one the built-in sort shuffle uses: combining, grouping by partition, spilling under Spark's
- * memory manager), which hands back one partition at a time. Otherwise records are serialized as they
- * arrive, one open stream per partition, as Spark's bypass-merge writer does. So the bytes stored for a
+ * stream. With no map-side combine and at most Spark's {@code spark.shuffle.sort.bypassMergeThreshold}
+ * partitions, records are serialized as they arrive, one open stream per partition, as Spark's bypass-merge
+ * writer does. Wider shuffles without map-side combine whose serializer can relocate serialized records (Spark
+ * SQL's rows, Kryo), under a codec whose streams concatenate and without IO encryption, are serialized at
+ * once and sorted as bytes ({@link SerializedSortWriter}). Everything else goes through Spark's own
+ * {@link ExternalSorter} first (the one the built-in sort shuffle uses: combining, grouping by partition,
+ * spilling under Spark's memory manager), which hands back one partition at a time. So the bytes stored for a
  * (partition, attempt) pair are exactly what the built-in shuffle would put in that block, and any Spark
  * serializer reads them back.
  *
@@ -58,10 +62,23 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
      * host its map statuses name, Spark's limit for unsorted writing and the serializer manager.
      */
     record Executor(String appId, String executorId, String host, int bypassMergeThreshold,
-            SerializerManager serializers) {
+            SerializerManager serializers, boolean streamsConcatenate) {
         static Executor of(SparkEnv env) {
-            return new Executor(env.conf().getAppId(), env.executorId(), env.blockManager().blockManagerId().host(),
-                    env.conf().getInt("spark.shuffle.sort.bypassMergeThreshold", 200), env.serializerManager());
+            SparkConf conf = env.conf();
+            return new Executor(conf.getAppId(), env.executorId(), env.blockManager().blockManagerId().host(),
+                    conf.getInt("spark.shuffle.sort.bypassMergeThreshold", 200), env.serializerManager(),
+                    streamsConcatenate(conf, env.serializerManager()));
+        }
+
+        /**
+         * Whether a block may hold several of the wrapped streams back to back: no IO encryption (each
+         * encrypted stream starts with its own IV), and shuffle compression off or a codec that reads
+         * concatenated streams as one.
+         */
+        private static boolean streamsConcatenate(SparkConf conf, SerializerManager serializers) {
+            return !serializers.encryptionEnabled() && (!conf.getBoolean("spark.shuffle.compress", true)
+                    || CompressionCodec$.MODULE$.supportsConcatenationOfSerializedStreams(
+                            CompressionCodec$.MODULE$.createCodec(conf)));
         }
     }
 
@@ -103,6 +120,9 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         long written;
         if (!dep.mapSideCombine() && partitions <= executor.bypassMergeThreshold()) {
             written = writeUnsorted(records, dep);
+        } else if (SerializedSortWriter.applies(dep, executor.streamsConcatenate())) {
+            written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
+                    new PartitionOutput(output, 0, metrics), clients.writerBufferBytes()).write(records);
         } else {
             ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
                     ? Checksums.<K, V, C>sorter(context, dep.aggregator(), Option.apply(dep.partitioner()),
@@ -216,7 +236,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
      * The bytes of the partition being serialized, handed to the push stream. Closing the serialization
      * stream closes this too; that must not end the push stream, which spans every partition.
      */
-    private static final class PartitionOutput extends OutputStream {
+    static final class PartitionOutput extends OutputStream {
         private final MapOutputWriter output;
         private final ShuffleWriteMetricsReporter metrics;
         int partition;
