@@ -28,24 +28,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import obstore
-
-from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.objects import ObjectStore
 from shuffled_client import AsyncClient
 from tests.seaweedfs import SeaweedFS, weed_binary
 
 from . import star_schema
 from .common import Context, CpuMeter, Goal, MiB, ScenarioResult, Skip, median, mib_per_s, require
+from .objectstore import CONCURRENCY, OBJECT, PART, plain_upload
 from .spark import plugin_jar, run_session
 
-PART = 16 * MiB
 #: a map output's size, and writers at once
 ATTEMPT = 16 * MiB
 WRITERS = 2
 PARTITIONS = 64
-OBJECT = 32 * MiB
-CONCURRENCY = 4
 SPILL_POOL = 64 * MiB
 #: sales rows of the full star-schema session (override with SHUFFLED_BENCH_OBJTIER_ROWS)
 ROWS_VARIABLE = "SHUFFLED_BENCH_OBJTIER_ROWS"
@@ -130,7 +125,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             await _spill(ctx, result, server, nbytes)
             await _session(ctx, result, server)
         left = await ObjectStore(
-            ObjectStoreConfig(server.url(""), endpoint=server.endpoint, region="us-east-1", path_style=True),
+            server.store_config(""),
             environ=server.admin.env(),
         ).list_objects()
         require(not [o for o in left if not o.key.startswith("plain/")], f"objects left: {left[:5]}")
@@ -144,35 +139,13 @@ async def _uploads(ctx: Context, result: ScenarioResult, server: SeaweedFS, nbyt
         c = await AsyncClient.connect(d.addr)
         await _probed(c)
         plain_store = ObjectStore(
-            ObjectStoreConfig(
-                server.url("plain"),
-                endpoint=server.endpoint,
-                region="us-east-1",
-                path_style=True,
-                part_size=PART,
-                concurrency=CONCURRENCY,
-            ),
+            server.store_config("plain", part_size=PART, concurrency=CONCURRENCY),
             environ=server.admin.env(),
         )
         raw = plain_store.client
         source = memoryview(b"".join(_data(i, MiB) for i in range(nbytes // MiB)))
         keys = [f"o{i}" for i in range(nbytes // OBJECT)]
         cpu = CpuMeter({"daemon": d.pid, "weed": server.proc.pid if server.proc else None})
-
-        async def plain() -> None:
-            await asyncio.gather(
-                *(
-                    obstore.put_async(
-                        raw,
-                        k,
-                        source[i * OBJECT : (i + 1) * OBJECT],
-                        use_multipart=True,
-                        chunk_size=PART,
-                        max_concurrency=CONCURRENCY,
-                    )
-                    for i, k in enumerate(keys)
-                )
-            )
 
         rates: dict[str, list[float]] = {"tier": [], "plain": []}
         puts: list[float] = []
@@ -186,7 +159,7 @@ async def _uploads(ctx: Context, result: ScenarioResult, server: SeaweedFS, nbyt
             tier_s = time.perf_counter() - t0
             moved = server.request_counts().get("PUT", 0.0) - before
             t0 = time.perf_counter()
-            await plain()
+            await plain_upload(raw, keys, source)
             plain_s = time.perf_counter() - t0
             await plain_store.delete(keys)
             await c.unregister_shuffle(APP, shuffle)

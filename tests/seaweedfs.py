@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 import pytest
 
+from shuffled.server.storage.object_config import ObjectStoreConfig
+
 #: ports a `weed server` listens on (each gets a gRPC port of its own too)
 _SERVICES = ("master", "volume", "filer", "s3")
 START_TIMEOUT = 30.0
@@ -110,6 +112,19 @@ class SeaweedFS:
 
     def url(self, prefix: str, bucket: str | None = None) -> str:
         return f"s3://{bucket or self.bucket}/{prefix}"
+
+    def store_config(
+        self, prefix: str, bucket: str | None = None, endpoint: str | None = None, **settings: Any
+    ) -> ObjectStoreConfig:
+        """The object-store settings of a daemon or client using this server (path-style, as SeaweedFS
+        answers); `endpoint` replaces the server's, e.g. with a fault proxy in front of it."""
+        return ObjectStoreConfig(
+            self.url(prefix, bucket),
+            endpoint=endpoint or self.endpoint,
+            region="us-east-1",
+            path_style=True,
+            **settings,
+        )
 
     def _argv(self) -> list[str]:
         weed = weed_binary()

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.objects import ObjectStore
 from shuffled_client import AsyncClient, PartitionNotFound, ShuffledError, StorageError
 from tests.aio import within
@@ -80,10 +79,7 @@ class Tier:
         return d
 
     def store(self) -> ObjectStore:
-        config = ObjectStoreConfig(
-            self.s3.url(self.prefix), endpoint=self.s3.endpoint, region="us-east-1", path_style=True
-        )
-        return ObjectStore(config, environ=self.s3.admin.env())
+        return ObjectStore(self.s3.store_config(self.prefix), environ=self.s3.admin.env())
 
     async def objects(self) -> list[str]:
         return [o.key for o in await self.store().list_objects()]

@@ -22,7 +22,6 @@ import pytest
 import pytest_asyncio
 
 from shuffled.protocol.errors import StorageError
-from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.objects import ObjectStore
 from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
@@ -45,14 +44,7 @@ def _store(
     bucket: str | None = None,
     **settings: float,
 ) -> ObjectStore:
-    config = ObjectStoreConfig(
-        server.url(prefix, bucket),
-        endpoint=endpoint or server.endpoint,
-        region="us-east-1",
-        path_style=True,
-        part_size=int(settings.pop("part_size", PART)),
-        **settings,  # type: ignore[arg-type]
-    )
+    config = server.store_config(prefix, bucket, endpoint, part_size=int(settings.pop("part_size", PART)), **settings)
     return ObjectStore(config, environ=environ if environ is not None else server.admin.env())
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.objects import ObjectStore
 from tests import spark_jobs
 from tests.aio import run
@@ -87,8 +86,7 @@ def master(hosts: Hosts) -> Iterator[str]:
 
 
 def _objects(s3: SeaweedFS) -> list[str]:
-    config = ObjectStoreConfig(s3.url(PREFIX), endpoint=s3.endpoint, region="us-east-1", path_style=True)
-    return [o.key for o in run(ObjectStore(config, environ=s3.admin.env()).list_objects(), 30)]
+    return [o.key for o in run(ObjectStore(s3.store_config(PREFIX), environ=s3.admin.env()).list_objects(), 30)]
 
 
 @pytest.fixture(scope="module")
