@@ -605,11 +605,13 @@ class DaemonConfig:
         "kv", "log line format: logfmt `key=value` pairs or one JSON object per line", choices=("kv", "json")
     )
 
-    def data_directory(self) -> str | None:
+    def data_directory(self, bound_port: int | None = None) -> str | None:
         """The directory `data-dir` names (None: memory only).
 
         `auto` gives every daemon address its own directory, so daemons sharing a host never share one, and a
-        daemon restarted on the same address finds its data again.
+        daemon restarted on the same address finds its data again. The address is the one it listens on:
+        with port 0 the caller passes the port it bound (`bound_port`), or every such daemon would share
+        `HOST-0`.
         """
         if self.data_dir == DATA_DIR_NONE:
             return None
@@ -619,7 +621,7 @@ class DaemonConfig:
             root = SYSTEM_STATE_ROOT
         else:
             root = os.path.join(os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "shuffled")
-        name = self.advertise or f"{self.host}:{self.port}"
+        name = self.advertise or f"{self.host}:{self.port if bound_port is None else bound_port}"
         return os.path.join(root, re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-"))
 
     def peer_addresses(self) -> list[str]:

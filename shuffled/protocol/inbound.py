@@ -70,11 +70,15 @@ class Inbound:
         that breaks the rules."""
         # The data frames first, without the match below: they are nearly every frame a connection carries.
         if type(frame) is BufferResponse:
+            if self.handshake.peer_role is Role.CLIENT:
+                raise ProtocolError("BufferResponse is not expected from a client")
             return self._on_buffer(frame)
         daemon = self.handshake.role is Role.DAEMON
         if type(frame) is PushData and daemon:
             return self._on_push_data(frame)
         match frame:
+            case AdminResponse() if self.handshake.peer_role is Role.CLIENT:
+                raise ProtocolError("AdminResponse is not expected from a client")
             case PushCredit() | CommitAck() | AbortAck() if (
                 self.handshake.role is Role.DAEMON and REPLICA not in self.handshake.features
             ):

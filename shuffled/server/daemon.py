@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from typing import Any
 
@@ -50,6 +51,24 @@ log = logging.getLogger(__name__)
 ANSWER_WAIT = 1.0
 
 
+def _port_zero(config: DaemonConfig) -> bool:
+    """The daemon picks its port, and no advertised address names it."""
+    return config.port == 0 and not config.advertise
+
+
+def _ephemeral_socket(host: str) -> socket.socket:
+    """A socket bound to a port the kernel picks on `host`, for `create_server(sock=...)` to listen on."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         config.validate()
@@ -60,11 +79,16 @@ class Daemon:
         reserve = max(int(segments * config.read_reserve), 3 * config.exclusive_buffers)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
+        #: with data-dir auto and port 0 the port is bound now: the directory is named after it
+        auto_port = config.data_dir == DATA_DIR_AUTO and _port_zero(config)
+        self._listener = _ephemeral_socket(config.host) if auto_port else None
         #: where spill files live (None: memory only)
-        self.data_dir = config.data_directory()
+        self.data_dir = config.data_directory(self._listener.getsockname()[1] if self._listener else None)
         try:
             self.disk = Disk(self.data_dir) if self.data_dir else None
         except OSError as exc:
+            if self._listener is not None:
+                self._listener.close()
             auto = config.data_dir == DATA_DIR_AUTO
             how = " (data-dir auto: set --data-dir DIR, or none for memory only)" if auto else ""
             raise OSError(f"data dir {self.data_dir}{how} is not usable: {exc}") from exc
@@ -162,7 +186,10 @@ class Daemon:
         cfg = self.config
         # Before listening: no request may see a half-restored store.
         restored = restore(self.store, self.disk) if self.disk else 0
-        server = await loop.create_server(lambda: DaemonConnection(self), cfg.host, cfg.port, reuse_address=True)
+        if self._listener is not None:
+            server = await loop.create_server(lambda: DaemonConnection(self), sock=self._listener)
+        else:
+            server = await loop.create_server(lambda: DaemonConnection(self), cfg.host, cfg.port, reuse_address=True)
         self._servers.append(server)
         port = server.sockets[0].getsockname()[1]
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host

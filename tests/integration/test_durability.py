@@ -541,6 +541,35 @@ async def test_by_default_a_full_pool_spills_to_the_daemons_own_data_dir(
         shutil.rmtree(where, ignore_errors=True)
 
 
+@within(60)
+async def test_data_dir_auto_with_port_0_names_the_directory_after_the_bound_port(
+    stop_later: Callable[[DaemonProcess], DaemonProcess],
+) -> None:
+    """Two daemons on one host that each pick their port get directories of their own, named after the
+    port they listen on: the second does not refuse to start ("another daemon uses this data dir"), and a
+    later one would not restore what an earlier one on another port committed."""
+    host = "127.0.0.1"
+    daemons = [stop_later(start_daemon(host, 0, "16M", ["--data-dir", "auto"])) for _ in range(2)]
+    wheres = []
+    for d in daemons:
+        port = int(d.addr.rsplit(":", 1)[1])
+        where = Path(str(DaemonConfig(host=host, port=port).data_directory()))
+        assert any(f"data_dir={where} " in line for line in d.log if "msg=ready" in line), d.log
+        wheres.append(where)
+    try:
+        assert wheres[0] != wheres[1]
+        for d in daemons:  # each serves from its own directory
+            c = await AsyncClient.connect(d.addr)
+            await push(c, 1, 1, [64 * KiB])
+            await c.flush(APP)
+            assert await read_by_attempt(c, 1, 0, 1, {"": [1]}) == expected([1], [64 * KiB])
+            await c.remove_application(APP)
+            await c.close()
+    finally:
+        for where in wheres:
+            shutil.rmtree(where, ignore_errors=True)
+
+
 async def _fill_until_refused(c: AsyncClient, shuffle: int, most: int) -> tuple[StorageError, list[int]]:
     """Push and commit 1 MiB map outputs until a push is refused; the refusal and the attempts committed."""
     committed: list[int] = []

@@ -19,7 +19,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shuffled.protocol.codec import encode, encode_commit_ack, encode_push_data
+from shuffled.protocol.codec import (
+    encode,
+    encode_admin_response,
+    encode_buffer_response,
+    encode_commit_ack,
+    encode_push_data,
+)
 from shuffled.protocol.connection import Kind, Limits, ProtocolConnection, Side
 from shuffled.protocol.credit import OutboundStream
 from shuffled.protocol.errors import (
@@ -296,6 +302,27 @@ def test_a_daemon_is_never_sent_answers_to_pushes() -> None:
     _open(pair)
     with pytest.raises(ProtocolError, match="CommitAck is not expected by a daemon"):
         pair.acceptor.receive_data(encode_commit_ack(1, [3]))
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [encode_buffer_response(1, 0, 0, BufferKind.DATA, b"x"), encode_admin_response(1, {})],
+    ids=["BufferResponse", "AdminResponse"],
+)
+def test_a_daemon_is_never_sent_answers_by_a_client(frame: bytes) -> None:
+    """PROTOCOL.md §7: these go daemon to client or daemon to daemon; from a client they are fatal, not ignored."""
+    pair = _pair()
+    _open(pair)
+    with pytest.raises(ProtocolError, match="is not expected from a client") as info:
+        pair.acceptor.receive_data(frame)
+    assert info.value.code == ErrorCode.PROTOCOL
+
+
+def test_a_peer_daemon_may_answer_a_daemon() -> None:
+    """The same frames from a peer daemon are answers to its own streams (here none is open: dropped)."""
+    pair = _peers([], [])
+    assert pair.acceptor.receive_data(encode_admin_response(1, {})) == []
+    assert pair.acceptor.receive_data(encode_buffer_response(1, 0, 0, BufferKind.DATA, b"x")) == []
 
 
 def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:
