@@ -521,6 +521,14 @@ class DaemonConfig:
         unit="partitions",
         metavar="N",
     )
+    max_unsent_per_connection: int = setting(
+        32 * MiB,
+        "bytes of answers (CommitAck, AdminResponse, errors) and data one connection may have queued unsent; a "
+        "connection whose other side stops reading is closed with LIMIT_EXCEEDED when its next answer would pass "
+        "this (data beyond the write watermarks waits anyway; a CommitAck is at most 8 MiB)",
+        unit="bytes",
+        parse=parse_size,
+    )
     max_admin_per_connection: int = setting(
         64, "admin requests one connection may have in progress at once", unit="requests", metavar="N"
     )
@@ -667,6 +675,11 @@ class DaemonConfig:
         need(1 <= self.push_min <= self.push_window, f"push-window must be >= {self.push_min}")
         need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
         need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
+        need(
+            self.max_unsent_per_connection >= 2 * MAX_CONTROL_BODY + self.high_watermark,
+            f"max-unsent-per-connection must hold two of the largest answers (8 MiB) beyond the high watermark "
+            f"({2 * MAX_CONTROL_BODY + self.high_watermark} bytes)",
+        )
         need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
         need(self.stall_timeout > 0, "stall-timeout must be > 0")
         need(0.0 <= self.ready_disk_free < 1.0, "ready-disk-free must be in [0, 1)")

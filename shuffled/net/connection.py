@@ -16,7 +16,7 @@ import socket
 from typing import cast
 
 from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import InternalError, ShuffledError
+from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
 from ..protocol.events import Event
 from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
 
@@ -40,10 +40,12 @@ class FrameConnection(asyncio.BufferedProtocol):
         proto: ProtocolConnection,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
+        unsent_limit: int = 0,
     ) -> None:
         self.proto = proto
         self._high = high
         self._low = low
+        self._unsent_limit = unsent_limit
         self.transport: asyncio.Transport | None = None
         self._sender: Sender | None = None
         self.peer = "?"
@@ -67,7 +69,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = endpoint_name(transport.get_extra_info("peername"))
-        self._sender = Sender(self.transport, self._high, self._low)
+        self._sender = Sender(self.transport, self._high, self._low, self._unsent_limit, self._unsent_over)
         self.proto.send = self._sender.send_control
         self.on_made()
 
@@ -109,6 +111,15 @@ class FrameConnection(asyncio.BufferedProtocol):
         finally:
             if not self.lost.done():
                 self.lost.set_result(self.close_reason)
+
+    def _unsent_over(self, unsent: int) -> None:
+        """The other side does not read what it asked for: answering more would queue memory without bound."""
+        self.fail(
+            LimitExceeded(
+                f"{unsent} bytes would be queued unsent on this connection, more than max-unsent-per-connection "
+                f"({self._unsent_limit}): the other side does not read its answers"
+            )
+        )
 
     def pause_writing(self) -> None:
         self.sender.pause_writing()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ..buffers import Buffer
@@ -69,10 +70,18 @@ class Sender:
         transport: asyncio.WriteTransport,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
+        unsent_limit: int = 0,
+        over_limit: Callable[[int], None] | None = None,
     ) -> None:
         self.transport = transport
         self.high = high
         self.low = low
+        #: most bytes queued unsent (the transport's and the control frames'); 0: no bound. Data stops at the
+        #: high watermark by itself, answers do not: a control frame past the bound is not queued, and
+        #: `over_limit` is told the bytes it would have made (it fails the connection)
+        self.unsent_limit = unsent_limit
+        self.over_limit = over_limit
+        self._control_bytes = 0
         transport.set_write_buffer_limits(high=high, low=low)
         self.scheduler: SendScheduler[Any] = SendScheduler()
         self._control: list[bytes] = []
@@ -96,8 +105,20 @@ class Sender:
     def send_control(self, frame: bytes) -> None:
         if self.closed:
             return
+        if self.unsent_limit:
+            unsent = self.unsent() + len(frame)
+            if unsent > self.unsent_limit:
+                assert self.over_limit is not None
+                self.over_limit(unsent)
+                return
         self._control.append(frame)
+        self._control_bytes += len(frame)
         self._schedule()
+
+    def unsent(self) -> int:
+        """Bytes queued and not yet taken by the kernel: the transport's and the control frames not yet handed
+        to it."""
+        return self.transport.get_write_buffer_size() + self._control_bytes
 
     def wake(self, stream: Outbound) -> None:
         if self.closed:
@@ -137,12 +158,14 @@ class Sender:
         if self._control and not self.closed and not self.transport.is_closing():
             control, self._control = self._control, []
             self.transport.writelines(control)
-            self._written += sum(len(c) for c in control)
+            self._written += self._control_bytes
+            self._control_bytes = 0
 
     def stop(self) -> None:
         """Send nothing more; what the transport holds stays lent until `close`."""
         self.closed = True
         self._control.clear()
+        self._control_bytes = 0
 
     def close(self) -> None:
         """Connection is gone: everything lent to the transport comes back."""
@@ -150,6 +173,7 @@ class Sender:
         while self._inflight:
             self._inflight.popleft()[1].release()
         self._control.clear()
+        self._control_bytes = 0
 
     @property
     def inflight(self) -> int:

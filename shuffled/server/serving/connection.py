@@ -52,7 +52,9 @@ class DaemonConnection(FrameConnection):
         proto = pc.ProtocolConnection(
             side, Role.DAEMON, secret=secret, limits=limits, max_payload=cfg.segment_size, who=f"daemon {dialed}"
         )
-        super().__init__(proto, high=cfg.high_watermark, low=cfg.low_watermark)
+        super().__init__(
+            proto, high=cfg.high_watermark, low=cfg.low_watermark, unsent_limit=cfg.max_unsent_per_connection
+        )
         self.daemon = daemon
         #: the peer's address when this daemon dialled it
         self.dialed = dialed
