@@ -105,6 +105,9 @@ class GlobalPool:
         self.floating_ceiling = count - 2 * reserve
         #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
         self.floating = 0
+        #: segments local pools hold as push credit not yet used (`LocalPool.promise`): a writer keeps them for
+        #: as long as it likes, so they are not memory that comes back by itself
+        self.promised = 0
         #: set while stored data is being spilled to make room (the spiller's pressure): memory is wanted
         self.spilling = False
 
@@ -290,7 +293,7 @@ class LocalPool:
         self.issued = 0
         #: floating buffers this pool holds beyond its share (counted in the global pool's `floating`)
         self.extra = 0
-        #: held segments already promised to a peer (push credit): never taken back
+        #: held segments already promised to a peer (push credit): never taken back (`promise`)
         self.promised = 0
         self.destroyed = False
         self.add_segments(segments)
@@ -314,12 +317,18 @@ class LocalPool:
         while len(self._held) > self.promised and self.size > max(self.target, self.min):
             self.owner.give(self._held.pop())
 
+    def promise(self, n: int) -> None:
+        """n more held segments are promised to a peer as push credit (counted in the global pool's too)."""
+        self.promised += n
+        self.owner.promised += n
+
     def request(self) -> Buffer | None:
         """A buffer now, or None (never waits)."""
         if self._held:
             buf = self._held.pop()
             if self.promised:
                 self.promised -= 1
+                self.owner.promised -= 1
         elif not self.destroyed and self.size < self.target:
             got = self.owner.try_take(1, self.use_reserve)
             if got is None:
@@ -416,6 +425,8 @@ class LocalPool:
         self.destroyed = True
         self.owner.floating -= self.extra
         self.extra = 0
+        self.owner.promised -= self.promised
+        self.promised = 0
         while self._held:
             self.owner.give(self._held.pop())
         self.owner._drop_pool(self)

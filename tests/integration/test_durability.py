@@ -605,6 +605,42 @@ async def test_without_a_data_dir_a_push_into_a_pool_full_of_stored_data_fails_a
     await c.close()
 
 
+@within(60)
+async def test_without_a_data_dir_idle_push_credit_does_not_starve_another_application(
+    stop_later: Callable[[DaemonProcess], DaemonProcess],
+) -> None:
+    """data-dir none: one tenant keeps a map output open with its credit unused while its other pushes fill
+    memory. Another application's push then fails at once with STORAGE_ERROR naming the idle credit, instead
+    of waiting, with no error, until the first tenant's connection ends (PROTOCOL.md §9: a writer is never
+    left waiting for a floor that cannot come)."""
+    d = stop_later(daemon(None, pool="8M"))
+    hog = await AsyncClient.connect(d.addr)
+    idle = await hog.open_writer("hog", 9, 0, 1, 2)
+
+    async def outstanding() -> int:
+        return int((await hog.stats())["credit"]["push_outstanding"])
+
+    await wait_until(outstanding, lambda n: n > 0, 10, "the idle writer holds push credit")
+    for attempt in range(1, 300):  # one segment each, until the memory left is the idle writer's credit
+        try:
+            await push(hog, 1, attempt, [16 * KiB])
+        except StorageError:
+            break
+    else:
+        raise AssertionError("an 8 MiB pool took 300 segments")
+    victim = await AsyncClient.connect(d.addr)
+    with pytest.raises(StorageError, match="push credit they have not used") as refused:
+        await asyncio.wait_for(push(victim, 1, 1, [100], app="victim"), 10)
+    assert not refused.value.fetch_failure
+    await idle.abort()
+    await hog.remove_application(APP)
+    await push(victim, 2, 1, [64 * KiB, 64 * KiB], app="victim")  # room again once the tenant lets go
+    await victim.remove_application("victim")
+    assert (await pool_settled(victim))["pool"]["used"] == 0
+    await hog.close()
+    await victim.close()
+
+
 @within(90)
 async def test_a_full_disk_behind_a_full_pool_fails_pushes_at_once(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]

@@ -132,6 +132,25 @@ async def test_local_pool_returns_excess_when_target_shrinks() -> None:
 
 
 @within(30)
+async def test_push_credit_promised_is_counted_in_the_global_pool_until_used_or_destroyed() -> None:
+    """The global pool knows how much memory writers hold as unused credit (what a memory-only daemon
+    must not count as memory that comes back by itself)."""
+    pool = GlobalPool(16 * SEG, SEG)
+    a = await asyncio.wait_for(pool.create_local_pool(4, 4), TIMEOUT)
+    b = await asyncio.wait_for(pool.create_local_pool(2, 2), TIMEOUT)
+    a.promise(4)
+    b.promise(2)
+    assert pool.promised == 6
+    used = a.request()
+    assert used is not None and a.promised == 3 and pool.promised == 5  # pushed: no longer idle credit
+    b.destroy()
+    assert pool.promised == 3
+    used.release()
+    a.destroy()
+    assert pool.promised == 0 and pool.free == 16
+
+
+@within(30)
 async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
     """A read gate's floating buffers: held only while more than twice the read reserve is free (they
     must not take what pushes wait for), given back at once when the credit is dropped (or on recycle

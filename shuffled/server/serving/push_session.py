@@ -181,7 +181,7 @@ class PushSession:
             if self.held_back:
                 return  # the links call again once no replica lags
         if new > 0:
-            pool.promised += new
+            pool.promise(new)
             self.counters.push_credit_granted += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit

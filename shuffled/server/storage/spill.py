@@ -165,17 +165,22 @@ class Spiller:
     def push_memory_error(self, need: int) -> StorageError | None:
         """Why a push waiting for `need` more segments would wait for good (None: memory will come).
 
-        Memory held by push windows and reads comes back by itself; memory held by stored data only when it
-        is spilled or its shuffle removed, which Spark may do much later (when its driver collects the
-        shuffle). So a push waits only while stored data leaves room for it or can move below memory.
+        Memory held by reads comes back by itself, and so does a push window's until it is promised; memory
+        held by stored data only when it is spilled or its shuffle removed, which Spark may do much later
+        (when its driver collects the shuffle), and push credit granted and not yet used only when its writer
+        pushes (then it is stored data) or ends, which an idle writer may never do. So a push waits only while
+        stored data and other writers' credit leave room for it, or stored data can move below memory.
         """
         if self.target is not None and self.writes.error is None:
             return None
         usable = self.pool.total - self.pool.reserve
         stored = self.store.memory_segments
-        if usable - stored >= need:
+        idle = self.pool.promised
+        if usable - stored - idle >= need:
             return None
         held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
+        if idle:
+            held += f" and other writers hold {idle} more as push credit they have not used"
         if self.target is None:
             return StorageError(
                 f"no memory for this push: {held} and this daemon has no data directory to spill to "
