@@ -382,6 +382,26 @@ async def test_a_read_failing_over_checks_the_token_where_it_is_served(pair: lis
 
 
 @within(TIMEOUT)
+async def test_a_read_with_the_wrong_token_is_refused_before_any_dial(pair: list[DaemonProcess]) -> None:
+    """app-9 is bound on the relaying daemon; another tenant's read of it naming a location elsewhere is
+    AUTH_FAILED at once, and the daemon dials nothing (it used to dial and answer PEER_UNAVAILABLE: a fetch
+    failure, with the dial as the tenant's lever)."""
+
+    a, _ = pair
+    port = int(a.addr.rsplit(":", 1)[1])
+    owner = await _connect(a, app_secret="owner-of-app-9")
+    await _push(owner, "app-9", 1, [100, 100])
+    async with silent_daemon("127.0.0.7", port) as (dialled, _drop):
+        tenant = await _connect(a, app_secret="tenant")
+        with pytest.raises(AuthFailed, match="belongs to other credentials"):
+            await _read(tenant, "app-9", {f"127.0.0.7:{port}": [1]})
+        assert not dialled.is_set()
+    await owner.remove_application("app-9")
+    for c in (tenant, owner):
+        await c.close()
+
+
+@within(TIMEOUT)
 async def test_a_tenant_filling_a_replica_link_takes_no_copies_of_others(secrets: list[str]) -> None:
     """With two copies every push to p opens a replica push to r over one peer link.
     One tenant opens as many map outputs on p as its share there allows and leaves them open; their

@@ -1,7 +1,7 @@
 """The reads of one connection: those it serves, and those this daemon makes over it to a peer.
 
 A served read is a plan of this daemon's pieces (plan.py) fed as credit allows
-(feed.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
+(plan_feed.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
 reads this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
 announcements are batched once per loop turn.
 """
@@ -19,6 +19,7 @@ from ...logs import event
 from ...net.once_per_turn import OncePerTurn
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
+from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ...protocol.frames import BufferResponse, PartitionRequest
@@ -104,6 +105,9 @@ class ReadService:
         resume = req.resume
         missing: ShuffledError | None = None
         try:
+            # The token first: a read of an application bound to other credentials does no work at all (no
+            # plan, no dial of the daemons it names), whatever it asks for.
+            self.env.store.app_keys.authorize(req.app, token_digest(req.token))
             if remote and not self.link.from_client:
                 raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
             if resume is not None and (remote or local is None):
