@@ -340,6 +340,13 @@ class DaemonConfig:
         "reachable daemon holds that are older than app-ttl (what crashed daemons left; 0: never)",
         unit="s",
     )
+    object_store_lease: float = setting(
+        600.0,
+        "a daemon with an object store renews a lease object there every quarter of this; another daemon's sweep "
+        "takes a daemon that does not answer for gone (and deletes the objects it wrote of applications nobody "
+        "holds) only once neither its lease nor any of its objects is newer than this. The same on every daemon",
+        unit="s",
+    )
     durability: str = setting(
         "none",
         "`object-store`: every committed map output is uploaded to the object store in the background, so any "
@@ -461,7 +468,12 @@ class DaemonConfig:
     high_watermark: int = 1 * MiB
     low_watermark: int = 256 << 10
     connect_timeout: float = 10.0
-    admin_timeout: float = 30.0
+    admin_timeout: float = setting(
+        30.0,
+        "how long a daemon waits for another daemon's answer to an admin request (a propagated drop, the sweep's "
+        "`applications`, the drain's `holds`); no answer in time is no answer, never a 'no'",
+        unit="s",
+    )
     secret_file: str | None = setting(
         None,
         "file holding the cluster's shared secret (trailing whitespace ignored): clients must "
@@ -680,6 +692,7 @@ class DaemonConfig:
             f"max-unsent-per-connection must hold two of the largest answers (8 MiB) beyond the high watermark "
             f"({2 * MAX_CONTROL_BODY + self.high_watermark} bytes)",
         )
+        need(self.admin_timeout > 0, "admin-timeout must be > 0 seconds")
         need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
         need(self.stall_timeout > 0, "stall-timeout must be > 0")
         need(0.0 <= self.ready_disk_free < 1.0, "ready-disk-free must be in [0, 1)")
@@ -731,6 +744,11 @@ class DaemonConfig:
         )
         need(self.object_store_durable_delay >= 0, "object-store-durable-delay must be >= 0 seconds")
         need(self.object_store_sweep >= 0, "object-store-sweep must be >= 0 seconds (0: never)")
+        need(
+            self.object_store_lease > 2 * max(self.peer_timeout, self.admin_timeout),
+            "object-store-lease must be more than twice peer-timeout and admin-timeout: a daemon only slow to "
+            "answer must never look gone",
+        )
         need(self.disk_quota >= 0, "disk-quota must be >= 0 (0: no cap)")
         need(self.heal_interval >= 0, "heal-interval must be >= 0 seconds (0: never)")
         need(self.heal_bandwidth > 0, "heal-bandwidth must be > 0 bytes a second")

@@ -457,11 +457,28 @@ def _object_store(s: DaemonStats) -> Iterator[Metric]:
     yield _labelled(
         CounterMetricFamily(
             "shuffled_tier_deleted_objects",
-            "Objects deleted, by how: with their shuffle or application (dropped), or by the sweep (swept)",
+            "Objects deleted, by how: with their shuffle or application (dropped); by the sweep, as held by no "
+            "daemon that answered, its writer among them (released), as written by a daemon whose lease expired "
+            "(expired), or as a probe cut short (probe)",
             labels=["how"],
         ),
-        {"dropped": tier.deleted_objects, "swept": tier.swept_objects},
+        {
+            "dropped": tier.deleted_objects,
+            "released": tier.swept_released,
+            "expired": tier.swept_expired,
+            "probe": tier.swept_probes,
+        },
     )
+    yield _labelled(
+        CounterMetricFamily(
+            "shuffled_tier_kept_objects",
+            "Objects a deletion left, by why: a drop on request found them written for other credentials "
+            "(owner), or the sweep found their application may be held by a daemon that did not answer (unknown)",
+            labels=["why"],
+        ),
+        {"owner": tier.kept_objects, "unknown": tier.sweep_kept_objects},
+    )
+    yield _counter("shuffled_tier_sweeps", "Rounds of the object store sweep", tier.sweeps)
     heal = s.heal
     yield _counter(
         "shuffled_heal_rounds", "Rounds of checking that replicated map outputs have their copies", heal.rounds

@@ -256,9 +256,21 @@ class TierStats:
     #: listings of a node's objects that found them
     adopted_attempts: int = 0
     adoptions: int = 0
-    #: objects deleted with their shuffle or application, and by the sweep
+    #: objects deleted with their shuffle or application; and those a drop on request left because they were
+    #: written for other credentials (or their footer does not say for which)
     deleted_objects: int = 0
+    kept_objects: int = 0
+    #: objects the sweep deleted (all, then by why: held by no daemon that answered, the writer among them;
+    #: their writer's lease expired; probes cut short), its rounds, and the objects it kept because a daemon
+    #: that may hold their application did not answer
     swept_objects: int = 0
+    swept_released: int = 0
+    swept_expired: int = 0
+    swept_probes: int = 0
+    sweeps: int = 0
+    sweep_kept_objects: int = 0
+    #: leases written (storage/lease.py: one PUT each)
+    leases_written: int = 0
 
     def copy(self) -> TierStats:
         return dataclasses.replace(self)

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from shuffled.server.storage.lease import lease_node
+from shuffled.server.storage.object_format import node_dir
 from shuffled.server.storage.objects import ObjectStore
 from shuffled_client import AsyncClient, PartitionNotFound, ShuffledError, StorageError
 from tests.aio import within
@@ -32,6 +34,8 @@ from tests.units import MiB
 
 APP = "app-tier"
 PART = "5M"
+#: a lease short enough for a test to see one expire (it must be more than twice both timeouts)
+SHORT_LEASE = ("--object-store-lease", "4", "--peer-timeout", "1.5", "--admin-timeout", "1.5")
 
 s3 = seaweedfs_fixture()
 
@@ -82,6 +86,10 @@ class Tier:
         return ObjectStore(self.s3.store_config(self.prefix), environ=self.s3.admin.env())
 
     async def objects(self) -> list[str]:
+        """The keys of the data objects (not the daemons' leases)."""
+        return [k for k in await self.keys() if lease_node(k) is None]
+
+    async def keys(self) -> list[str]:
         return [o.key for o in await self.store().list_objects()]
 
 
@@ -91,7 +99,12 @@ async def tier(s3: SeaweedFS) -> AsyncIterator[Tier]:
     yield t
     for d in t.daemons:
         d.stop()
-    assert await t.objects() == [], "objects left under the test's prefix"
+    left = await t.keys()
+    assert [k for k in left if lease_node(k) is None] == [], "objects left under the test's prefix"
+    # A daemon that stopped cleanly deleted its lease; a killed one's stays until it expires.
+    stopped_cleanly = {node_dir(d.addr) for d in t.daemons if d.proc.returncode == 0}
+    assert not [k for k in left if lease_node(k) in stopped_cleanly], left
+    await t.store().delete(left)
     assert s3.incomplete_uploads() == []
 
 
@@ -151,14 +164,14 @@ async def test_a_daemon_without_a_data_dir_spills_to_objects_and_reads_them_back
     spilled = s["tier"]
     assert spilled["spilled_objects"] >= 4 and s["disk"]["spills"] == 0, spilled
     assert spilled["spilled_bytes"] >= spilled["spilled_objects"] * 4 * MiB, "objects smaller than a part"
-    assert s["object_store"]["requests"]["put"] <= spilled["spilled_objects"] + 1  # the probe's
+    assert s["object_store"]["requests"]["put"] <= spilled["spilled_objects"] + 1 + spilled["leases_written"]  # probe
     await check(ca, 1, {"": list(range(1, 9))}, sizes)
     await check(cb, 1, {a.addr: list(range(1, 9))}, sizes)
     peak = max(peak, rss(a.pid))
     assert peak < a.pool_size + 120 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
     await cb.unregister_shuffle(APP, 1)
     settled = await pool_settled(ca)
-    assert settled["pool"]["used"] == 0 and settled["object_store"]["objects_held"] == 0
+    assert settled["pool"]["used"] == 0 and settled["object_store"]["objects_held"] == 1  # its lease
     assert await tier.objects() == []
     await ca.close()
     await cb.close()
@@ -239,6 +252,107 @@ async def test_a_durable_commit_survives_its_daemon_killed(
     await cb.remove_application(APP)
     assert await tier.objects() == []
     await cb.close()
+
+
+@within(180)
+async def test_only_the_owners_token_deletes_an_applications_objects(
+    tier: Tier, tmp_path: Path, stopped: Callable[[DaemonProcess], None]
+) -> None:
+    """An application pushes through a daemon without a data dir, so its spilled and its durable pieces are in
+    objects. Another application's token, or none, sent to the other daemon as a propagated removal or
+    unregistration deletes none of them (the peer refuses, and the objects' footers name their owner), while
+    that daemon lives and after it is killed; the owner's own removal through the other daemon deletes every
+    one, the lost daemon's too."""
+
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    port = free_port(hosts)
+    extra = ("--peers", ",".join(f"{h}:{port}" for h in hosts), *secret_flags(tmp_path, "cluster"))
+    x, y = (tier.start(h, port, pool="16M", extra=extra) for h in hosts)
+
+    async def connect(d: DaemonProcess, app_secret: str | None) -> AsyncClient:
+        return await AsyncClient.connect(d.addr, secret="cluster", app_secret=app_secret)
+
+    owner = await connect(x, "owner")
+    durable_sizes, spilled_sizes = [3 * MiB, 1 * MiB], [8 * MiB] * 3
+    for attempt in (1, 2):
+        await push(owner, 1, attempt, durable_sizes, durability="object-store")
+    for attempt in (3, 4):
+        await push(owner, 2, attempt, spilled_sizes)
+    s = await durable(owner, 2)
+    assert s["tier"]["spilled_objects"] >= 1, s["tier"]
+    held = sorted(await tier.objects())
+
+    async def intrude(d: DaemonProcess) -> None:
+        for secret in ("intruder", None):
+            c = await connect(d, secret)
+            for result in (await c.unregister_shuffle(APP, 1), await c.remove_application(APP)):
+                assert all(answer != "ok" for answer in result.get("peers", {}).values()), result
+            await c.close()
+        assert sorted(await tier.objects()) == held
+
+    await intrude(y)
+    await check(owner, 1, {"": [1, 2]}, durable_sizes)
+    await check(owner, 2, {"": [3, 4]}, spilled_sizes)
+    await owner.close()
+    stopped(x)
+    await intrude(y)  # the daemon that could refuse is gone: the footers still say whose the objects are
+    c = await connect(y, "owner")
+    assert (await c.stats())["tier"]["kept_objects"] >= 2 * len(held)
+    result = await c.remove_application(APP)
+    assert list(result["peers"].values()) != ["ok"], result  # the lost daemon did not answer ...
+    assert await tier.objects() == []  # ... and its objects went all the same, on the owner's word
+    await c.close()
+
+
+@within(180)
+async def test_a_daemon_stopped_longer_than_the_timeouts_keeps_its_objects(tier: Tier) -> None:
+    """A live application on a daemon without a data dir holds durable and spilled objects older than the
+    application TTL (3 s); the daemon is stopped (SIGSTOP) for several sweeps of the other daemon, each of
+    which asks it and gets no answer within the admin timeout (2 s). Its lease is still good, so the sweep
+    keeps every object (it used to take the silence for "holds nothing" and delete them all), and once the
+    daemon resumes it reads all of them back."""
+
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    port = free_port(hosts)
+    peers = ",".join(f"{h}:{port}" for h in hosts)
+    flags = (
+        "--peers",
+        peers,
+        "--app-ttl",
+        "3",
+        "--object-store-sweep",
+        "1",
+        "--admin-timeout",
+        "2",
+        "--peer-timeout",
+        "2",
+    )
+    x, y = (tier.start(h, port, pool="16M", extra=flags) for h in hosts)
+    cx = await AsyncClient.connect(x.addr)
+    durable_sizes, spilled_sizes = [2 * MiB, 2 * MiB], [8 * MiB] * 3
+    await push(cx, 1, 1, durable_sizes, durability="object-store")
+    for attempt in (2, 3):
+        await push(cx, 2, attempt, spilled_sizes)
+    busy = await cx.open_writer(APP, 3, 9, 9, 1)  # an open push: the application is live on x
+    await durable(cx, 1)
+    held = sorted(await tier.objects())
+    cy = await AsyncClient.connect(y.addr)
+    await wait_until(cy.stats, lambda s: s["tier"]["sweep_kept_objects"] >= len(held), 30, "objects past the TTL")
+    x.proc.send_signal(signal.SIGSTOP)
+    try:
+        sweeps = (await cy.stats())["tier"]["sweeps"]
+        await wait_until(cy.stats, lambda s: s["tier"]["sweeps"] >= sweeps + 4, 60, "four sweeps while x is stopped")
+        assert sum("applications not answered" in line for line in y.log) >= 3
+        assert sorted(await tier.objects()) == held
+        assert (await cy.stats())["tier"]["swept_objects"] == 0
+    finally:
+        x.proc.send_signal(signal.SIGCONT)
+    await check(cx, 1, {"": [1]}, durable_sizes)
+    await check(cx, 2, {"": [2, 3]}, spilled_sizes)
+    await busy.abort()
+    await cx.remove_application(APP)
+    for c in (cx, cy):
+        await c.close()
 
 
 @within(180)
@@ -342,13 +456,15 @@ async def test_the_sweep_deletes_what_a_crashed_daemon_left(
     tier: Tier, stopped: Callable[[DaemonProcess], None]
 ) -> None:
     """A daemon killed (-9) leaves objects of an application no daemon holds any more: another daemon's sweep
-    (every second, application TTL 2 s) deletes them, and keeps the objects of an application it holds."""
+    (every second, application TTL 2 s) deletes them once the killed daemon's lease expired (4 s), saying
+    why, and keeps the objects of an application it holds; then the dead daemon's lease goes too."""
 
     hosts = ["127.0.0.1", "127.0.0.2"]
     port = free_port(hosts)
     peers = ",".join(f"{h}:{port}" for h in hosts)
-    a = tier.start(hosts[0], port, extra=("--peers", peers))
-    b = tier.start(hosts[1], port, extra=("--peers", peers, "--object-store-sweep", "1", "--app-ttl", "2"))
+    short = ("--peers", peers, *SHORT_LEASE)
+    a = tier.start(hosts[0], port, extra=short)
+    b = tier.start(hosts[1], port, extra=(*short, "--object-store-sweep", "1", "--app-ttl", "2"))
     ca, cb = await AsyncClient.connect(a.addr), await AsyncClient.connect(b.addr)
     sizes = [2 * MiB] * 4
     await push(ca, 1, 1, sizes, durability="object-store")
@@ -361,7 +477,9 @@ async def test_the_sweep_deletes_what_a_crashed_daemon_left(
     busy = await cb.open_writer(kept, 1, 2, 2, 1)  # an open push: the application does not expire on b
     await ca.close()
     stopped(a)
-    await wait_until(cb.stats, lambda s: s["tier"]["swept_objects"] >= 1, 30, "the crashed daemon's objects swept")
+    await wait_until(cb.stats, lambda s: s["tier"]["swept_expired"] >= 1, 30, "the crashed daemon's objects swept")
+    assert any("lease expired" in line and "object store swept" in line for line in b.log)
+    await wait_until(tier.keys, lambda keys: not any(lease_node(k) == node_dir(a.addr) for k in keys))
     left = await tier.objects()
     assert left and all(k.startswith("app-app-kept/") for k in left), left
     await busy.abort()

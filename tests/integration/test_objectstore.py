@@ -280,30 +280,6 @@ async def test_a_slow_or_silent_server_times_out(s3: SeaweedFS, fault: str) -> N
 
 
 @within(60)
-async def test_the_sweep_deletes_by_prefix_and_age(store: ObjectStore) -> None:
-    """Objects a crashed daemon left under its prefix are deleted once older than the sweep's age; newer
-    ones and other prefixes are kept. (S3 times are whole seconds, hence the margins.)"""
-
-    await store.write("crashed/a", [b"a" * 100])
-    await store.write("crashed/b", [b"b" * 100])
-    await store.write("alive/c", [b"c" * 100])
-
-    async def oldest() -> float:
-        return min(o.age for o in await store.list_objects("crashed/"))
-
-    deadline = time.monotonic() + 20
-    while await oldest() <= 3.5:  # waits for the store's clock, polling: nothing else would say when
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.2)
-    await store.write("crashed/new", [b"n" * 100])
-    assert await store.sweep("crashed/", 3600) == []
-    swept = await store.sweep("crashed/", 2.5)
-    assert sorted(o.key for o in swept) == ["crashed/a", "crashed/b"]
-    assert sorted(o.key for o in await store.list_objects()) == ["alive/c", "crashed/new"]
-    await store.delete(["alive/c", "crashed/new"])
-
-
-@within(60)
 async def test_credentials_from_the_shared_files_and_the_environment_first(s3: SeaweedFS, tmp_path: Path) -> None:
     """A profile in the shared credentials file (AWS_PROFILE), or in the config file as `[profile NAME]`,
     is used when the environment has no keys; keys in the environment win over the files."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from shuffled.server.storage.lease import lease_node
 from shuffled.server.storage.objects import ObjectStore
 from tests import spark_jobs
 from tests.aio import run
@@ -86,7 +87,9 @@ def master(hosts: Hosts) -> Iterator[str]:
 
 
 def _objects(s3: SeaweedFS) -> list[str]:
-    return [o.key for o in run(ObjectStore(s3.store_config(PREFIX), environ=s3.admin.env()).list_objects(), 30)]
+    """The data objects under the prefix (not the running daemons' leases)."""
+    listed = run(ObjectStore(s3.store_config(PREFIX), environ=s3.admin.env()).list_objects(), 30)
+    return [o.key for o in listed if lease_node(o.key) is None]
 
 
 @pytest.fixture(scope="module")

@@ -1,32 +1,71 @@
 """The sweep: objects that no daemon will delete are found and deleted (architecture.md, "Cleanup").
 
-A daemon deletes the objects of a shuffle or an application when it is told to drop it, and the daemon
-the driver told deletes every node's; what is left after that was written by daemons that crashed or
-were lost before, for applications whose driver never cleaned up or whose daemons all went. Every
-`object-store-sweep` each daemon lists the whole prefix and deletes the objects of applications that
-it does not hold, that no other daemon it can reach holds (admin `applications`), and that are older
-than `app-ttl`; and probe objects older than that (a probe cut short by a crash). A daemon that cannot
-be reached counts as holding nothing: it cannot serve what it holds either, and an application idle
-for the TTL would have expired on it. A live daemon's objects of an application it holds are never
-deleted this way. Sweeps of several daemons may meet: deleting is idempotent.
+A daemon deletes the objects of a shuffle or an application when it is told to drop it (by the owner's
+token) or when the application expires on it; what is left after that was written by daemons that
+crashed or were lost, for applications whose driver never cleaned up. Every `object-store-sweep` each
+daemon lists the whole prefix and deletes such objects, but only what is positively dead:
+
+- the object is older than `app-ttl`, and this daemon does not hold its application;
+- every other daemon it knows was asked (admin `applications`) and either answered without that
+  application, or is *gone*: neither its lease nor any object it wrote is younger than
+  `object-store-lease` (storage/lease.py). A daemon that did not answer and is not gone (stopped,
+  slow, partitioned, mid-restart) may hold it: its objects stay. Age alone is not death;
+- and the daemon that wrote the object answered so (it is one of those asked, or this daemon), or is gone.
+
+Every deletion is logged and counted with its reason; what was kept for want of an answer is counted too.
+Probe objects older than `app-ttl` (a probe cut short by a crash) go, and leases of daemons gone with
+nothing left of them. Sweeps of several daemons may meet: deleting is idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from ...logs import event
 from ...protocol.errors import ShuffledError, StorageError
 from ..storage.disk import app_dir_name
-from ..storage.object_format import parse_key
+from ..storage.lease import last_signs, lease_node
+from ..storage.object_format import node_dir, parse_key
 from ..storage.objects import PROBE_DIR, ObjectInfo
 from ..storage.tier import ObjectTier
 from .handover import HandOverHost
 
 log = logging.getLogger(__name__)
+
+#: what an asked daemon said: the application directories it holds, or None (no answer)
+Answers = Mapping[str, frozenset[str] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why a group of objects may go (`kind`: released or expired), or why it stays (`kind` None)."""
+
+    kind: str | None
+    reason: str
+
+
+def verdict(app_dir: str, writer: str, me: str, answers: Answers, silent: Mapping[str, float], lease: float) -> Verdict:
+    """Whether the objects of `app_dir` that node directory `writer` wrote are positively dead (see the
+    module): `me` is this daemon's node directory (its answer is "not held": the caller checked),
+    `answers` every other known daemon's, `silent` how long each node has been silent in the store."""
+
+    def gone(node: str) -> bool:
+        return silent.get(node, 0.0) > lease
+
+    for node, held in answers.items():
+        if held is not None and app_dir in held:
+            return Verdict(None, f"daemon {node} holds it")
+    unsure = sorted(node for node, held in answers.items() if held is None and not gone(node))
+    if unsure:
+        return Verdict(None, f"no answer from {', '.join(unsure)}, whose lease is still good")
+    if writer == me or answers.get(writer) is not None:
+        return Verdict("released", "no daemon holds it: its writer and every other daemon said so")
+    if gone(writer):
+        return Verdict("expired", f"its writer's lease expired {silent[writer]:.0f} s ago and no daemon holds it")
+    return Verdict(None, "its writer is no daemon known here, and its lease is still good")
 
 
 class Sweeper:
@@ -61,44 +100,101 @@ class Sweeper:
 
     async def sweep(self) -> int:
         """One sweep (see the module); the objects deleted. Raises StorageError when listing fails."""
-        age = self.host.config.app_ttl
+        cfg = self.host.config
+        self.tier.stats.sweeps += 1
+        listed = await self.tier.objects.list_objects()
         held = {app_dir_name(app) for app in self.host.store.apps}
-        stale: dict[str, list[ObjectInfo]] = {}
-        for info in await self.tier.objects.list_objects():
-            if info.age <= age:
-                continue
+        writers: dict[str, str] = {}
+        stale: dict[tuple[str, str], list[ObjectInfo]] = {}
+        probes: list[ObjectInfo] = []
+        for info in listed:
             parts = parse_key(info.key)
-            if parts is not None and parts.app_dir not in held:
-                stale.setdefault(parts.app_dir, []).append(info)
-            elif parts is None and info.key.startswith(f"{PROBE_DIR}/"):
-                stale.setdefault("", []).append(info)
-        if not stale:
-            return 0
-        held_elsewhere = await self._held_elsewhere()
-        doomed = [info for app_dir, infos in stale.items() if app_dir not in held_elsewhere for info in infos]
-        if doomed:
-            await self.tier.objects.delete([info.key for info in doomed])
-            self.tier.stats.swept_objects += len(doomed)
-            event(log, "object store swept", objects=len(doomed), bytes=sum(i.size for i in doomed))
-        return len(doomed)
+            if parts is not None:
+                writers[info.key] = parts.node_dir
+                if info.age > cfg.app_ttl and parts.app_dir not in held:
+                    stale.setdefault((parts.app_dir, parts.node_dir), []).append(info)
+            elif info.key.startswith(f"{PROBE_DIR}/") and info.age > cfg.app_ttl:
+                probes.append(info)
+        silent = last_signs(listed, writers)
+        doomed = await self._doomed(stale, silent)
+        if probes:
+            doomed.append(("probe", "a probe cut short", probes))
+        for kind, reason, infos in doomed:
+            await self.tier.objects.delete([i.key for i in infos])
+            self._count(kind, len(infos))
+            event(log, "object store swept", objects=len(infos), bytes=sum(i.size for i in infos), reason=reason)
+        deleted = {i.key for _, _, infos in doomed for i in infos}
+        await self._forget_gone(listed, silent, writers, deleted)
+        return len(deleted)
 
-    async def _held_elsewhere(self) -> set[str]:
-        """The application directories the other daemons that answer hold."""
+    def _count(self, kind: str, objects: int) -> None:
+        stats = self.tier.stats
+        stats.swept_objects += objects
+        if kind == "released":
+            stats.swept_released += objects
+        elif kind == "expired":
+            stats.swept_expired += objects
+        else:
+            stats.swept_probes += objects
+
+    async def _doomed(
+        self, stale: dict[tuple[str, str], list[ObjectInfo]], silent: Mapping[str, float]
+    ) -> list[tuple[str, str, list[ObjectInfo]]]:
+        """The groups of stale objects that may go, with why; the others are counted as kept."""
+        if not stale:
+            return []
+        answers = await self._ask()
+        me, lease = node_dir(self.host.node), self.host.config.object_store_lease
+        doomed = []
+        for (app_dir, writer), infos in stale.items():
+            found = verdict(app_dir, writer, me, answers, silent, lease)
+            if found.kind is None:
+                self.tier.stats.sweep_kept_objects += len(infos)
+                event(
+                    log,
+                    "object store sweep kept",
+                    app_dir=app_dir,
+                    writer=writer,
+                    objects=len(infos),
+                    reason=found.reason,
+                )
+                continue
+            doomed.append((found.kind, f"{app_dir} written by {writer}: {found.reason}", infos))
+        return doomed
+
+    async def _ask(self) -> dict[str, frozenset[str] | None]:
+        """Every other daemon's answer to `applications` (by node directory): the application directories
+        it holds, or None when it did not answer within `admin-timeout`."""
         host = self.host
         timeout = host.config.admin_timeout
 
-        async def ask(addr: str) -> Any:
+        async def ask(addr: str) -> frozenset[str] | None:
             try:
                 conn = await host.peers.get(addr)
-                return await conn.admin.request("applications", {}, timeout)
+                answer = await conn.admin.request("applications", {}, timeout)
             except (ShuffledError, TimeoutError, ConnectionError) as exc:
                 event(log, "applications not answered", peer=addr, reason=str(exc) or "timed out")
                 return None
-
-        answers = await asyncio.gather(*(ask(a) for a in host.membership.others()))
-        held: set[str] = set()
-        for answer in answers:
             apps = answer.get("apps") if isinstance(answer, dict) else None
-            if isinstance(apps, list):
-                held.update(app_dir_name(a) for a in apps if isinstance(a, str))
-        return held
+            if not isinstance(apps, list) or not all(isinstance(a, str) for a in apps):
+                event(log, "applications not answered", logging.WARNING, peer=addr, reason="not a list of names")
+                return None
+            return frozenset(app_dir_name(a) for a in apps)
+
+        others = host.membership.others()
+        answers = await asyncio.gather(*(ask(a) for a in others))
+        return {node_dir(addr): held for addr, held in zip(others, answers, strict=True)}
+
+    async def _forget_gone(
+        self, listed: list[ObjectInfo], silent: Mapping[str, float], writers: dict[str, str], deleted: set[str]
+    ) -> None:
+        """Delete the leases of daemons gone with no object of theirs left: a daemon that comes back
+        writes a new one."""
+        left = {writers[i.key] for i in listed if i.key in writers and i.key not in deleted}
+        lease = self.host.config.object_store_lease
+        old = [
+            i.key
+            for i in listed
+            if (node := lease_node(i.key)) is not None and node not in left and silent.get(node, 0.0) > lease
+        ]
+        await self.tier.objects.delete(old)

@@ -21,7 +21,14 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ...logs import event
 from ...ops.stats import DaemonStats
-from ...protocol.auth import check_nonce, drain_challenge_proof, drain_proof, new_nonce, proof_matches
+from ...protocol.auth import (
+    check_nonce,
+    drain_challenge_proof,
+    drain_proof,
+    new_nonce,
+    proof_matches,
+    token_digest,
+)
 from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
 from ..cluster.drain import Drain
 from ..cluster.handover import AdminCalls
@@ -328,8 +335,9 @@ async def _dropped(host: AdminHost, op: str, args: Scope, dropped: tuple[int, li
     result: dict[str, Any] = {"freed_segments": freed}
     if args.propagate:
         result["peers"] = await _propagate(host, op, args.to_wire())
-        if host.tier is not None:  # every daemon told deleted its own: this takes lost nodes' objects too
-            await host.tier.delete_prefix(args.app, args.shuffle)
+        if host.tier is not None:  # every daemon told deleted its own: this takes lost nodes' objects too,
+            # those whose footers say they were written for this request's token (whatever the peers said)
+            await host.tier.delete_owned(args.app, args.shuffle, token_digest(args.token))
     return result
 
 

@@ -8,6 +8,17 @@ import hmac
 from ...protocol.errors import AuthFailed
 
 
+def is_owner(owner: bytes | None, digest: bytes) -> bool:
+    """Whether a request whose token has `digest` (`token_digest`) speaks for the application that data was
+    written for, `owner` being the digest that data is bound to (None: nobody knows whose it is).
+
+    The one answer every path that reads or deletes on request gives: a read or drop here (`AppKeys`), a
+    propagated drop deleting other nodes' objects (their footers carry their owner). Unknown ownership is
+    no one's: such data goes only with its own lifecycle (expiry, the sweep), never on request.
+    """
+    return owner is not None and hmac.compare_digest(owner, digest)
+
+
 class AppKeys:
     """Application -> digest of the token it is bound to (b"": bound to requests without one)."""
 
@@ -31,9 +42,9 @@ class AppKeys:
         itself. A digest is what a replica push can carry: the store keeps no token.
         """
         bound = self._keys.get(app)
-        if bound is None:
+        if bound is None:  # nothing of it here to read or drop
             return
-        if not hmac.compare_digest(bound, digest):
+        if not is_owner(bound, digest):
             why = "carries no token" if not digest else "carries a different token"
             raise AuthFailed(
                 f"application {app} belongs to other credentials: this request {why} (a different app secret?)"

@@ -20,6 +20,7 @@ import logging
 
 from ...logs import event
 from ...ops.stats import TierStats
+from .access import is_owner
 from .disk import LoadedShuffle, StoredObject
 from .object_format import FOOTER_GUESS, Footer, decode_footer, footer_span, node_prefix, prove
 from .objects import ObjectInfo, ObjectStore
@@ -55,15 +56,9 @@ class Adopter:
         self.stats.adoptions += 1
         if not listed:
             return 0
-        limit = asyncio.Semaphore(FOOTER_READS)
-
-        async def read(info: ObjectInfo) -> Footer | None:
-            async with limit:
-                return await self._footer(info)
-
         found = [
             (info, footer)
-            for info, footer in zip(listed, await asyncio.gather(*(read(i) for i in listed)), strict=True)
+            for info, footer in zip(listed, await read_footers(self.objects, listed), strict=True)
             if footer is not None and (footer.app, footer.shuffle, footer.node) == (app, shuffle, node)
         ]
         if not found:
@@ -71,7 +66,7 @@ class Adopter:
         digests = {footer.key for _, footer in found}
         bound = self.store.app_keys.get(app)
         digest = found[0][1].key
-        if len(digests) != 1 or digest is None or (bound is not None and bound != digest):
+        if len(digests) != 1 or digest is None or (bound is not None and not is_owner(digest, bound)):
             event(
                 log,
                 "objects not adopted",
@@ -105,17 +100,29 @@ class Adopter:
         event(log, "adopted from the object store", app=app, shuffle=shuffle, node=node, attempts=len(new))
         return len(new)
 
-    async def _footer(self, info: ObjectInfo) -> Footer | None:
-        """The object's footer, read from its end; None (logged) for an object that is not one of ours."""
-        want = min(info.size, FOOTER_GUESS)
-        tail = bytearray(want)
-        await self.objects.read_into(info.key, info.size - want, [memoryview(tail)])
-        try:
-            span = footer_span(tail, info.size)
-            if span > want:
-                tail = bytearray(span)
-                await self.objects.read_into(info.key, info.size - span, [memoryview(tail)])
-            return decode_footer(tail, info.size)
-        except ValueError as exc:
-            event(log, "object not understood", logging.WARNING, key=info.key, reason=str(exc))
-            return None
+
+async def read_footers(objects: ObjectStore, listed: list[ObjectInfo]) -> list[Footer | None]:
+    """The footers of these objects, `FOOTER_READS` at a time; None (logged) for one that is not ours."""
+    limit = asyncio.Semaphore(FOOTER_READS)
+
+    async def read(info: ObjectInfo) -> Footer | None:
+        async with limit:
+            return await _footer(objects, info)
+
+    return list(await asyncio.gather(*(read(i) for i in listed)))
+
+
+async def _footer(objects: ObjectStore, info: ObjectInfo) -> Footer | None:
+    """The object's footer, read from its end; None (logged) for an object that is not one of ours."""
+    want = min(info.size, FOOTER_GUESS)
+    tail = bytearray(want)
+    await objects.read_into(info.key, info.size - want, [memoryview(tail)])
+    try:
+        span = footer_span(tail, info.size)
+        if span > want:
+            tail = bytearray(span)
+            await objects.read_into(info.key, info.size - span, [memoryview(tail)])
+        return decode_footer(tail, info.size)
+    except ValueError as exc:
+        event(log, "object not understood", logging.WARNING, key=info.key, reason=str(exc))
+        return None

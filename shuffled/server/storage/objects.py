@@ -230,15 +230,6 @@ class ObjectStore:
         await self.delete([o.key for o in found])
         return len(found)
 
-    async def sweep(self, prefix: str, older_than: float) -> list[ObjectInfo]:
-        """Delete the objects under `prefix` last written more than `older_than` seconds ago: what a daemon
-        that crashed left behind (a live daemon's objects are younger, or known to it). Returns them."""
-        stale = [o for o in await self.list_objects(prefix) if o.age > older_than]
-        await self.delete([o.key for o in stale])
-        if stale:
-            event(log, "object store swept", prefix=prefix, objects=len(stale), bytes=sum(o.size for o in stale))
-        return stale
-
     async def probe(self) -> str | None:
         """Write, read back and delete a small object under the prefix: None when all of that worked, else
         why not (the first step that failed). Takes at most three requests' bounds."""

@@ -40,10 +40,12 @@ from ...config import DaemonConfig
 from ...logs import event
 from ...ops.stats import TierStats
 from ...protocol.errors import StorageError
-from .adopt import Adopter
+from .access import is_owner
+from .adopt import Adopter, read_footers
 from .disk import Disk
 from .disk_moves import DiskMover
 from .durable import DurableUploads
+from .lease import Lease
 from .object_format import app_prefix, shuffle_prefix
 from .object_writer import ObjectWriter, Pieces
 from .objects import ObjectStore
@@ -76,14 +78,18 @@ class ObjectTier:
         self.mover = DiskMover(self.writer, config)
         #: serves other nodes' (and its own earlier life's) data from their objects
         self.adopter = Adopter(store, objects, self.stats)
+        #: this daemon's proof of life for the other daemons' sweeps
+        self.lease = Lease(objects, config.object_store_lease, self.stats)
 
     def start(self, node: str) -> None:
         self.writer.node = self.adopter.node = node
         self.uploads.start()
+        self.lease.start(node)
 
     async def close(self) -> None:
         await self.uploads.close()
         await self.mover.close()
+        await self.lease.close()
 
     async def adopt(self, app: str, shuffle: int, node: str) -> int:
         """Serve what `node`'s objects of the shuffle prove from here (adopt.py); the attempts adopted."""
@@ -106,14 +112,36 @@ class ObjectTier:
                     self.stats.durable_attempts -= 1
         await self.writer.delete(keys)
 
-    async def delete_prefix(self, app: str, shuffle: int | None = None) -> None:
-        """Delete every node's objects of an application or one shuffle of it (the daemon the driver told:
-        lost nodes' objects go too)."""
+    async def delete_owned(self, app: str, shuffle: int | None, digest: bytes) -> None:
+        """Delete every node's objects of an application or one shuffle of it that its owner's token (`digest`)
+        speaks for: what the daemon the driver told does after the drop went round, so lost nodes' objects go
+        too. Each object's footer names the digest its application was bound to where it was written; one
+        written for other credentials, for none, or whose footer cannot be read stays (`is_owner`: deleting
+        is an owner's act), counted and logged, for its own lifecycle (the sweep)."""
         prefix = app_prefix(app) if shuffle is None else shuffle_prefix(app, shuffle)
         try:
-            self.stats.deleted_objects += await self.objects.delete_prefix(prefix)
+            listed = await self.objects.list_objects(prefix)
+            footers = await read_footers(self.objects, listed)
+            doomed = [
+                info.key
+                for info, footer in zip(listed, footers, strict=True)
+                if footer is not None and footer.app == app and is_owner(footer.key, digest)
+            ]
+            await self.objects.delete(doomed)
         except StorageError as exc:
             event(log, "deleting objects failed", logging.WARNING, prefix=prefix, reason=exc.message)
+            return
+        self.stats.deleted_objects += len(doomed)
+        if len(doomed) < len(listed):
+            self.stats.kept_objects += len(listed) - len(doomed)
+            event(
+                log,
+                "objects kept",
+                logging.WARNING,
+                prefix=prefix,
+                objects=len(listed) - len(doomed),
+                reason="written for other credentials than this request's (or their footer does not say)",
+            )
 
 
 class ObjectTarget:
