@@ -51,14 +51,15 @@ log = logging.getLogger(__name__)
 ANSWER_WAIT = 1.0
 
 
-def _port_zero(config: DaemonConfig) -> bool:
-    """The daemon picks its port, and no advertised address names it."""
-    return config.port == 0 and not config.advertise
-
-
-def _ephemeral_socket(host: str) -> socket.socket:
-    """A socket bound to a port the kernel picks on `host`, for `create_server(sock=...)` to listen on."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+def _auto_listener(config: DaemonConfig) -> socket.socket | None:
+    """With data-dir auto, port 0 and no advertised address, a socket bound now to a port the kernel picks,
+    for `create_server(sock=...)`: the data dir is named after the address listened on, so the port must
+    be known before the directory is."""
+    if config.data_dir != DATA_DIR_AUTO or config.port != 0 or config.advertise:
+        return None
+    family, kind, proto, _, addr = socket.getaddrinfo(config.host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -79,9 +80,7 @@ class Daemon:
         reserve = max(int(segments * config.read_reserve), 3 * config.exclusive_buffers)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self.store = Store(config.segment_size, config.app_memory_quota, config.app_disk_quota)
-        #: with data-dir auto and port 0 the port is bound now: the directory is named after it
-        auto_port = config.data_dir == DATA_DIR_AUTO and _port_zero(config)
-        self._listener = _ephemeral_socket(config.host) if auto_port else None
+        self._listener = _auto_listener(config)
         #: where spill files live (None: memory only)
         self.data_dir = config.data_directory(self._listener.getsockname()[1] if self._listener else None)
         try:
