@@ -229,7 +229,7 @@ class Generator:
             return codec.encode_add_credit(self._sid() or 1, r.randrange(1, 9))
         if pick < 0.86:
             return codec.encode_cancel(self._sid() or 1)
-        if pick < 0.9:
+        if pick < 0.9 and self.role is Role.DAEMON:  # from a client, a BufferResponse is fatal (§7): an ending
             if r.random() < 0.5:
                 return codec.encode_buffer_response(
                     self._sid() or 1, r.randrange(4), 0, BufferKind.END_OF_PARTITION, b""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.errors import ErrorCode, SequenceGap
+from shuffled.protocol.errors import ErrorCode, MapOutputStateError, SequenceGap
 from shuffled.protocol.frames import (
     BufferKind,
     CancelPartitionRequest,
@@ -26,7 +26,7 @@ from shuffled.protocol.frames import (
 from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.aio import within
-from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled
+from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled, wait_until
 from tests.integration.test_bad_input import Raw
 
 SEG = 32 << 10
@@ -176,3 +176,27 @@ async def test_cancel_while_a_relayed_payload_is_half_in_frees_it(small: Cluster
         await _settled_empty(d)
         # A fatal error would have closed the peer connection (the old bug); it is still open.
         assert not raw.reader.at_eof()
+
+
+@within(60)
+async def test_a_replicated_push_whose_shuffle_was_dropped_meanwhile_fails_its_commit_clearly() -> None:
+    """Unregistering a shuffle aborts its open map outputs; the commit of a replicated one then got an
+    INTERNAL error (an assertion) and cost its whole connection, where an unreplicated one gets
+    MAP_OUTPUT_STATE on its stream. Found by the live fuzzer."""
+    with Cluster(2, "16M", ["--replicas", "2"]) as cluster:
+        c = await AsyncClient.connect(cluster.daemons[0].addr)
+        w = await c.open_writer("dropped", 1, 0, 1, 2)  # it pushes nothing: its commit counts 0 pushes
+
+        async def credit() -> int:
+            return int((await c.stats())["credit"]["push_outstanding"])
+
+        await wait_until(credit, lambda n: n > 0, 20, "the writer's window granted (its replica opened)")
+        await c.unregister_shuffle("dropped", 1, propagate=False)
+        with pytest.raises(MapOutputStateError, match="aborted"):
+            await w.commit()
+        assert (await c.stats())["errors"].get("INTERNAL", 0) == 0
+        other = await c.open_writer("dropped", 2, 0, 1, 1)  # the connection lives on
+        await other.write(0, b"y")
+        assert await other.commit() == [1]
+        await c.remove_application("dropped")
+        await c.close()

@@ -277,7 +277,8 @@ class DaemonConnection(FrameConnection):
                 self.count_error(exc)
             case events.ConnectionFailed(exc):
                 if not self.ready.done():
-                    self.count_error(exc)
+                    if self.dialed is not None:  # a dial refused; what a stranger sends is not this daemon's error
+                        self.count_error(exc)
                     if isinstance(exc, AuthFailed):  # the other side found our proof (or its lack) wrong
                         self._log_auth_failed(f"the other side says: {exc.message[:200]}")
                     self.ready.set_exception(exc)

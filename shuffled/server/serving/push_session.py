@@ -38,7 +38,7 @@ from ...protocol.integrity import checksum
 from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
-from ..storage.shuffles import MapOutput
+from ..storage.shuffles import MapOutput, MapState
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -243,8 +243,8 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
-        if self.links is None:
-            self._commit()
+        if self.links is None or self.out.state is not MapState.OPEN:
+            self._commit()  # the store refuses one no longer open (its shuffle was dropped meanwhile), saying why
             return
         assert self.pool is not None and self.out.runs is not None
         self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
