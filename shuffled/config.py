@@ -535,11 +535,23 @@ class DaemonConfig:
     )
     max_unsent_per_connection: int = setting(
         32 * MiB,
-        "bytes of answers (CommitAck, AdminResponse, errors) and data one connection may have queued unsent; a "
-        "connection whose other side stops reading is closed with LIMIT_EXCEEDED when its next answer would pass "
-        "this (data beyond the write watermarks waits anyway; a CommitAck is at most 8 MiB)",
+        "bytes of answers (CommitAck, AdminResponse, errors) one connection may have queued unsent; beyond it its "
+        "next requests wait, in order, until the other side reads (data stops at the write watermarks anyway)",
         unit="bytes",
         parse=parse_size,
+    )
+    max_unsent: int = setting(
+        256 * MiB,
+        "bytes of answers all connections together may have queued unsent; beyond it requests that may answer "
+        "at length wait until some connection's other side reads",
+        unit="bytes",
+        parse=parse_size,
+    )
+    unsent_timeout: float = setting(
+        60.0,
+        "a connection holding answers unsent beyond the high watermark, none of which its other side reads for "
+        "this long, is closed with LIMIT_EXCEEDED (its memory, and the shared budget, come back)",
+        unit="s",
     )
     max_admin_per_connection: int = setting(
         64, "admin requests one connection may have in progress at once", unit="requests", metavar="N"
@@ -688,10 +700,11 @@ class DaemonConfig:
         need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
         need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")
         need(
-            self.max_unsent_per_connection >= 2 * MAX_CONTROL_BODY + self.high_watermark,
-            f"max-unsent-per-connection must hold two of the largest answers (8 MiB) beyond the high watermark "
-            f"({2 * MAX_CONTROL_BODY + self.high_watermark} bytes)",
+            self.max_unsent_per_connection >= MAX_CONTROL_BODY,
+            f"max-unsent-per-connection must hold the largest answer ({MAX_CONTROL_BODY} bytes)",
         )
+        need(self.max_unsent >= self.max_unsent_per_connection, "max-unsent must be >= max-unsent-per-connection")
+        need(self.unsent_timeout > 0, "unsent-timeout must be > 0 seconds")
         need(self.admin_timeout > 0, "admin-timeout must be > 0 seconds")
         need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
         need(self.stall_timeout > 0, "stall-timeout must be > 0")

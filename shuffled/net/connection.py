@@ -16,7 +16,7 @@ import socket
 from typing import cast
 
 from ..protocol.connection import ProtocolConnection
-from ..protocol.errors import InternalError, LimitExceeded, ShuffledError
+from ..protocol.errors import InternalError, ShuffledError
 from ..protocol.events import Event
 from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
 
@@ -40,12 +40,10 @@ class FrameConnection(asyncio.BufferedProtocol):
         proto: ProtocolConnection,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
-        unsent_limit: int = 0,
     ) -> None:
         self.proto = proto
         self._high = high
         self._low = low
-        self._unsent_limit = unsent_limit
         self.transport: asyncio.Transport | None = None
         self._sender: Sender | None = None
         self.peer = "?"
@@ -69,7 +67,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = endpoint_name(transport.get_extra_info("peername"))
-        self._sender = Sender(self.transport, self._high, self._low, self._unsent_limit, self._unsent_over)
+        self._sender = Sender(self.transport, self._high, self._low)
         self.proto.send = self._sender.send_control
         self.on_made()
 
@@ -112,20 +110,12 @@ class FrameConnection(asyncio.BufferedProtocol):
             if not self.lost.done():
                 self.lost.set_result(self.close_reason)
 
-    def _unsent_over(self, unsent: int) -> None:
-        """The other side does not read what it asked for: answering more would queue memory without bound."""
-        self.fail(
-            LimitExceeded(
-                f"{unsent} bytes would be queued unsent on this connection, more than max-unsent-per-connection "
-                f"({self._unsent_limit}): the other side does not read its answers"
-            )
-        )
-
     def pause_writing(self) -> None:
         self.sender.pause_writing()
 
     def resume_writing(self) -> None:
         self.sender.resume_writing()
+        self.on_drained()
 
     # -- for subclasses
 
@@ -139,7 +129,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         Closing with unread input makes the kernel reset the connection, which can
         destroy the error frame before the peer reads it. So the write side is
         shut down after the error, further input is dropped, and the socket closes
-        when the peer closes too or after `FAIL_LINGER` seconds.
+        when the peer closes too or after `FAIL_LINGER` seconds (then with whatever is still unsent dropped).
         """
         if not self.is_open:  # closing already, or failed before (input is then being discarded)
             return
@@ -160,7 +150,8 @@ class FrameConnection(asyncio.BufferedProtocol):
             return
         self._discard = memoryview(bytearray(64 << 10))
         self.on_failed()
-        asyncio.get_running_loop().call_later(FAIL_LINGER, transport.close)
+        # Then gone for good: closing would wait for what is unsent, which a party that does not read keeps.
+        asyncio.get_running_loop().call_later(FAIL_LINGER, transport.abort)
 
     def close(self, reason: str = "closed") -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -169,6 +160,9 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     def on_made(self) -> None:
         pass
+
+    def on_drained(self) -> None:
+        """The transport fell below its low watermark: what waited for the other side to read may go on."""
 
     def on_failed(self) -> None:
         """A fatal error was sent; release what the connection holds without waiting for the close."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from ..buffers import Buffer
@@ -70,22 +69,19 @@ class Sender:
         transport: asyncio.WriteTransport,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
-        unsent_limit: int = 0,
-        over_limit: Callable[[int], None] | None = None,
     ) -> None:
         self.transport = transport
         self.high = high
         self.low = low
-        #: most bytes queued unsent (the transport's and the control frames'); 0: no bound. Data stops at the
-        #: high watermark by itself, answers do not: a control frame past the bound is not queued, and
-        #: `over_limit` is told the bytes it would have made (it fails the connection)
-        self.unsent_limit = unsent_limit
-        self.over_limit = over_limit
-        self._control_bytes = 0
         transport.set_write_buffer_limits(high=high, low=low)
         self.scheduler: SendScheduler[Any] = SendScheduler()
         self._control: list[bytes] = []
+        #: bytes of the control frames queued for this loop turn
+        self._control_bytes = 0
         self._inflight: deque[tuple[int, Buffer]] = deque()
+        #: (end position, bytes) of control frames handed to the transport and maybe not yet taken by the kernel
+        self._control_lent: deque[tuple[int, int]] = deque()
+        self._control_lent_bytes = 0
         self._written = 0
         self.paused = False
         self._draining = False
@@ -105,20 +101,21 @@ class Sender:
     def send_control(self, frame: bytes) -> None:
         if self.closed:
             return
-        if self.unsent_limit:
-            unsent = self.unsent() + len(frame)
-            if unsent > self.unsent_limit:
-                assert self.over_limit is not None
-                self.over_limit(unsent)
-                return
         self._control.append(frame)
         self._control_bytes += len(frame)
         self._schedule()
 
-    def unsent(self) -> int:
-        """Bytes queued and not yet taken by the kernel: the transport's and the control frames not yet handed
-        to it."""
-        return self.transport.get_write_buffer_size() + self._control_bytes
+    def control_unsent(self) -> int:
+        """Bytes of control frames not yet taken by the kernel (at most that: a frame counts until its last
+        byte left). Unlike data, which is pool memory lent to the transport, these are copies the connection
+        holds: what a party that does not read can make a daemon queue."""
+        self._reap()
+        return self._control_bytes + self._control_lent_bytes
+
+    @property
+    def flushed(self) -> int:
+        """Bytes the kernel has taken so far: a party that reads makes it grow."""
+        return self._written - self.transport.get_write_buffer_size()
 
     def wake(self, stream: Outbound) -> None:
         if self.closed:
@@ -159,6 +156,8 @@ class Sender:
             control, self._control = self._control, []
             self.transport.writelines(control)
             self._written += self._control_bytes
+            self._control_lent.append((self._written, self._control_bytes))
+            self._control_lent_bytes += self._control_bytes
             self._control_bytes = 0
 
     def stop(self) -> None:
@@ -174,6 +173,8 @@ class Sender:
             self._inflight.popleft()[1].release()
         self._control.clear()
         self._control_bytes = 0
+        self._control_lent.clear()
+        self._control_lent_bytes = 0
 
     @property
     def inflight(self) -> int:
@@ -236,9 +237,12 @@ class Sender:
         self._reap()
 
     def _reap(self) -> None:
-        if not self._inflight:
+        if not self._inflight and not self._control_lent:
             return
         flushed = self._written - self.transport.get_write_buffer_size()
         inflight = self._inflight
         while inflight and inflight[0][0] <= flushed:
             inflight.popleft()[1].release()
+        lent = self._control_lent
+        while lent and lent[0][0] <= flushed:
+            self._control_lent_bytes -= lent.popleft()[1]

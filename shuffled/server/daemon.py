@@ -35,6 +35,7 @@ from .cluster.sweep import Sweeper
 from .housekeeping import Housekeeping
 from .serving.admin_ops import Caller, Operation
 from .serving.admission import Trust
+from .serving.backlog import UnsentBudget
 from .serving.connection import DaemonConnection
 from .storage.disk import Disk
 from .storage.object_config import ObjectStoreConfig
@@ -122,6 +123,7 @@ class Daemon:
             self.pool.set_floating_budget(self.spiller.start - 1)
         self.peers: PeerManager[DaemonConnection] = PeerManager(self)
         self.connections: set[DaemonConnection] = set()
+        self.unsent = UnsentBudget(config, self.connections)  # answers queued unsent (serving/backlog.py)
         self.background: set[asyncio.Task[Any]] = set()
         #: every daemon this one knows of (`peers`, `peers-dns`), itself included
         self.membership = Membership(config, config.advertise or "")
@@ -218,7 +220,7 @@ class Daemon:
         if self.sweeper is not None:
             self.sweeper.start()
         self.housekeeping.start()
-        self._watchdog = asyncio.create_task(watch(self.connections, self.config))
+        self._watchdog = asyncio.create_task(watch(self.connections, self.config, self.unsent.drained))
         self.started = True
         if (mismatch := cfg.zone_mismatch(self.node)) is not None:
             event(

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
+
+import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.frames import CommitMapOutput, Hello, HelloAck, OpenMapOutput, Role
+from shuffled.protocol.frames import CommitMapOutput, Hello, HelloAck, OpenMapOutput, PushCredit, Role
 from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.aio import within
-from tests.cluster import Cluster, rss, start_daemon, wait_until
+from tests.cluster import Cluster, DaemonProcess, rss, start_daemon, wait_until
 from tests.integration.test_bad_input import _still_serving
 from tests.integration.test_packed_reads import push_groups
 from tests.units import MiB
@@ -22,49 +25,107 @@ APP = "hostile"
 WIDE = 1_000_000
 
 
-def _unread_commits(addr: str, outputs: int) -> socket.socket:
-    """A client that commits `outputs` empty map outputs of `WIDE` partitions in one send and never reads
-    an answer (the handshake's aside): 2.7 KB of requests for 8 MB of answers each."""
+def _unread_commits(addr: str, outputs: int, shuffle: int = 1) -> socket.socket:
+    """A client that opens `outputs` map outputs of `WIDE` partitions, reads their push credit, then commits
+    them all, empty, in one send, and never reads again: 2.7 KB of requests for 8 MB of answers each."""
     host, port = addr.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    got = bytearray()
+
+    def frames(n: int) -> list[Any]:
+        """The next n frames."""
+        while True:
+            decoded: list[Any] = []
+            at = 0
+            while len(got) - at >= 12 and len(got) - at >= 12 + int.from_bytes(got[at : at + 4], "big"):
+                end = at + 12 + int.from_bytes(got[at : at + 4], "big")
+                decoded.append(codec.decode_all(bytes(got[at:end]))[0])
+                at = end
+                if len(decoded) == n:
+                    del got[:at]
+                    return decoded
+            got.extend(sock.recv(65536))
+
     sock.sendall(codec.encode(Hello(Role.CLIENT)))
-    got = b""
-    while len(got) < 12 or len(got) < 12 + int.from_bytes(got[:4], "big"):
-        got += sock.recv(65536)
-    assert isinstance(codec.decode_all(got)[0], HelloAck)
-    requests = b"".join(codec.encode(OpenMapOutput(w, APP, 1, w, w, WIDE)) for w in range(1, outputs + 1))
-    requests += b"".join(codec.encode(CommitMapOutput(w, 0)) for w in range(1, outputs + 1))
-    sock.sendall(requests)
+    assert isinstance(frames(1)[0], HelloAck)
+    sock.sendall(b"".join(codec.encode(OpenMapOutput(w, APP, shuffle, w, w, WIDE)) for w in range(1, outputs + 1)))
+    credits = frames(outputs)
+    assert all(isinstance(f, PushCredit) for f in credits), credits
+    sock.sendall(b"".join(codec.encode(CommitMapOutput(w, 0)) for w in range(1, outputs + 1)))
     return sock
 
 
+def _cut_off(d: DaemonProcess) -> int:
+    return sum("connection closed" in line and "unsent-timeout" in line for line in d.log)
+
+
 @within(90)
-async def test_a_client_that_never_reads_its_commit_acks_is_cut_off_not_buffered() -> None:
-    """32 CommitAcks of 8 MB nobody reads: the daemon queues at most `max-unsent-per-connection` of them,
-    then closes that connection with LIMIT_EXCEEDED (it grew by 288 MiB before the bound)."""
-    d = start_daemon("127.0.0.1", 0, "16M")
+async def test_a_client_that_never_reads_its_commit_acks_is_held_back_then_cut_off() -> None:
+    """32 CommitAcks of 8 MB nobody reads: the daemon answers until `max-unsent-per-connection` is unsent,
+    holds the other commits back, and closes the connection once none of it was read for `unsent-timeout`
+    (the daemon grew by 288 MiB before the bound)."""
+    d = start_daemon("127.0.0.1", 0, "16M", ["--unsent-timeout", "3"])
     try:
         before = peak = rss(d.pid)
-        watcher = await AsyncClient.connect(d.addr)
         sock = await asyncio.to_thread(_unread_commits, d.addr, 32)
-
-        def cut_off() -> bool:
-            return any("max-unsent-per-connection" in line and "connection closed" in line for line in d.log)
 
         async def sample() -> bool:
             nonlocal peak
             peak = max(peak, rss(d.pid))
-            return cut_off() or (await watcher.stats())["store"]["commits"] == 32
+            return _cut_off(d) > 0
 
-        await wait_until(sample, bool, 60, "the connection closed, or every commit answered")
+        await wait_until(sample, bool, 60, "the connection closed for its unread answers")
         assert peak - before < 100 * MiB, f"RSS grew by {(peak - before) / MiB:.0f} MiB"
-        assert cut_off(), "the connection that does not read was not closed for it"
         sock.close()
-        await watcher.close()
         await _still_serving(d.addr)
     finally:
         d.stop()
+
+
+@within(120)
+async def test_many_connections_that_never_read_share_one_bound() -> None:
+    """Twelve such clients, each committing three, together hold at most `max-unsent` (16 MiB here) and what
+    one connection's read asked for beyond it (they grew a daemon by 312 MiB); each is closed once unread
+    for `unsent-timeout`, and the next ones are served as the memory comes back."""
+    flags = ["--max-unsent-per-connection", "16M", "--max-unsent", "16M", "--unsent-timeout", "4"]
+    d = start_daemon("127.0.0.1", 0, "16M", flags)
+    try:
+        before = peak = rss(d.pid)
+        socks = [await asyncio.to_thread(_unread_commits, d.addr, 3, shuffle) for shuffle in range(12)]
+
+        async def sample() -> int:
+            nonlocal peak
+            peak = max(peak, rss(d.pid))
+            return _cut_off(d)
+
+        await wait_until(sample, lambda n: n >= 8, 60, "the connections holding answers closed")
+        assert peak - before < 100 * MiB, f"RSS grew by {(peak - before) / MiB:.0f} MiB"
+        for sock in socks:
+            sock.close()
+        await _still_serving(d.addr)
+    finally:
+        d.stop()
+
+
+@within(120)
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_clients_that_read_get_every_answer_however_many_at_once(replicas: int) -> None:
+    """A client that reads, committing 24 map outputs of 200,000 partitions at once on one connection (38 MB
+    of CommitAcks, over an 8 MiB bound), gets every one: the commits beyond the bound wait for the answers
+    before them to be read, they are not refused; with two copies the replica's answers on the peer link
+    wait the same way, and the link lives on (a hard bound cut both)."""
+    flags = ["--max-unsent-per-connection", "8M", "--replicas", str(replicas)]
+    with Cluster(2, "64M", flags) as cluster:
+        c = await AsyncClient.connect(cluster.daemons[0].addr)
+        writers = [await c.open_writer(APP, 1, m, m, 200_000) for m in range(24)]
+        for m, w in enumerate(writers):
+            await w.write(m % 7, b"x" * 100)
+        lengths = await asyncio.gather(*(w.commit() for w in writers))
+        assert [sum(n) for n in lengths] == [100] * 24
+        assert (await c.stats())["errors"].get("LIMIT_EXCEEDED", 0) == 0
+        await c.remove_application(APP)
+        await c.close()
 
 
 def _group(attempt: int, runs: int) -> bytes:

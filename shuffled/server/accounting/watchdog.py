@@ -1,4 +1,5 @@
-"""Deadlines on connections: the handshake, idle connections, and peer daemons that stop answering.
+"""Deadlines on connections: the handshake, idle connections, peer daemons that stop answering, and parties
+that stop reading their answers (`unsent-timeout`).
 
 TCP alone does not notice a peer that is still connected but silent: a host that
 vanished without a reset is found by keepalive probes only after minutes, and a
@@ -20,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Protocol
 
 from ...config import DaemonConfig
 from ...logs import event
-from ...protocol.errors import ShuffledError, TimedOut
+from ...net.sender import Sender
+from ...protocol.errors import LimitExceeded, ShuffledError, TimedOut
 from ...protocol.frames import Role
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,9 @@ class Liveness:
     pinged: bool = False
     #: streams or requests waited on the peer when last looked at
     depended: bool = False
+    #: bytes the kernel had taken of what was sent, and since when it has taken none while answers wait
+    flushed_seen: int = 0
+    unread_since: float = 0.0
 
     @classmethod
     def starting(cls, now: float) -> Liveness:
@@ -73,6 +78,9 @@ class Watched(Protocol):
     def bytes_received(self) -> int: ...
 
     @property
+    def sender(self) -> Sender: ...
+
+    @property
     def ready(self) -> asyncio.Future[None]: ...
 
     def fail(self, exc: ShuffledError) -> None: ...
@@ -86,12 +94,13 @@ class Watched(Protocol):
 
 def tick_interval(cfg: DaemonConfig) -> float:
     """A fifth of the smallest bound, between 50 ms and 1 s: a timeout fires at most 20% late."""
-    bounds = [t for t in (cfg.handshake_timeout, cfg.idle_timeout, cfg.peer_timeout) if t > 0]
+    bounds = [t for t in (cfg.handshake_timeout, cfg.idle_timeout, cfg.peer_timeout, cfg.unsent_timeout) if t > 0]
     return min(1.0, max(0.05, min(bounds) / 5))
 
 
-async def watch(connections: Set[Watched], cfg: DaemonConfig) -> None:
-    """Check the deadlines of every connection in `connections` (the daemon's live set) until cancelled."""
+async def watch(connections: Set[Watched], cfg: DaemonConfig, tick: Callable[[], None] = lambda: None) -> None:
+    """Check the deadlines of every connection in `connections` (the daemon's live set) until cancelled; then
+    `tick` (what waits for answers to drain looks again)."""
     loop = asyncio.get_running_loop()
     interval = tick_interval(cfg)
     while True:
@@ -102,6 +111,7 @@ async def watch(connections: Set[Watched], cfg: DaemonConfig) -> None:
                 check(conn, now, cfg)
             except Exception:  # a bug here must not stop the deadlines of every other connection
                 event(log, "checking deadlines failed", logging.ERROR, exc_info=True, peer=conn.peer)
+        tick()
 
 
 def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
@@ -120,6 +130,9 @@ def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
                 )
             )
         return
+    _check_unread(conn, now, cfg)
+    if not conn.is_open:
+        return
     if conn.role is Role.DAEMON and cfg.peer_timeout:
         depends = conn.depends_on_peer()
         if depends and not live.depended:
@@ -131,6 +144,28 @@ def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
     silent = now - live.silent_since
     if cfg.idle_timeout and silent >= cfg.idle_timeout and not conn.has_streams():
         conn.fail(TimedOut(f"connection idle for {silent:.1f} s (idle-timeout {cfg.idle_timeout:g} s)"))
+
+
+def _check_unread(conn: Watched, now: float, cfg: DaemonConfig) -> None:
+    """A connection holding answers unsent whose other side has read none of its bytes for `unsent-timeout` is
+    closed: it is not reading, and what it holds counts against every connection's budget (serving/backlog.py).
+    A slow reader keeps reading; a reader that stops with only data unsent holds pool memory its credit
+    bounds, not copies, and is left alone."""
+    live, sender = conn.liveness, conn.sender
+    flushed = sender.flushed
+    if flushed != live.flushed_seen or not sender.control_unsent():
+        live.flushed_seen, live.unread_since = flushed, now
+        return
+    stuck = now - live.unread_since
+    if stuck >= cfg.unsent_timeout:
+        unsent = sender.control_unsent()
+        event(log, "answers not read", logging.WARNING, peer=conn.peer, unsent_bytes=unsent, stuck_s=round(stuck, 1))
+        conn.fail(
+            LimitExceeded(
+                f"{unsent} bytes of answers unread for {stuck:.0f} s (unsent-timeout {cfg.unsent_timeout:g} s): "
+                "the other side does not read its socket"
+            )
+        )
 
 
 def _check_peer(conn: Watched, silent: float, bound: float) -> None:

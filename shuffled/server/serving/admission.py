@@ -11,6 +11,8 @@ the daemon's answers to the protocol connection's `HelloReceived` and
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import socket
 import ssl
@@ -19,12 +21,15 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
 from ...config import PEER_SECRET_ENV, SECRET_ENV, ConfigError, DaemonConfig
+from ...logs import event
 from ...net.tls import peer_contexts
 from ...protocol.auth import read_secret_file, secret_bytes
 from ...protocol.connection import ProtocolConnection
-from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError
+from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError, ShuffledError
 from ...protocol.frames import REPLICA, Role
 from .context import DaemonContext
+
+log = logging.getLogger(__name__)
 
 
 class Candidate(Protocol):
@@ -60,10 +65,19 @@ class Joining(Candidate, Protocol):
     @property
     def tls(self) -> bool: ...
 
+    @property
+    def ready(self) -> asyncio.Future[None]: ...
+
     def opened(self, role: Role) -> None:
         """Accepted: streams may open (HelloAck is sent after this)."""
 
     def tune(self, user_timeout: float) -> None: ...
+
+    def count_error(self, exc: ShuffledError) -> None: ...
+
+    def log_auth_failed(self, reason: str) -> None: ...
+
+    def close(self, reason: str = "closed") -> None: ...
 
 
 class Trust(NamedTuple):
@@ -203,3 +217,22 @@ def accept(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, 
     conn.opened(role)
     features = {"features": [REPLICA]} if role is Role.DAEMON else {}
     conn.proto.accept({"node": host.node, "segment_size": cfg.segment_size, **features})
+
+
+def dialled(conn: Joining, info: dict[str, Any]) -> None:
+    """This daemon's dial is through the handshake (HelloAck): the connection is ready."""
+    if info.get("node") not in (None, conn.dialed):
+        event(log, "peer name differs", logging.WARNING, dialed=conn.dialed, says=info.get("node"))
+    conn.ready.set_result(None)
+
+
+def refused(conn: Joining, exc: ShuffledError) -> None:
+    """The other side ended the handshake with an error: a dial of this daemon's refused (counted), or a
+    stranger going away (what it sends is not this daemon's error)."""
+    if conn.dialed is not None:
+        conn.count_error(exc)
+    if isinstance(exc, AuthFailed):  # the other side found our proof (or its lack) wrong
+        conn.log_auth_failed(f"the other side says: {exc.message[:200]}")
+    conn.ready.set_exception(exc)
+    conn.ready.exception()  # retrieved: a dialer's caller sees it through the peer manager
+    conn.close(f"handshake refused: {exc.message[:200]}")

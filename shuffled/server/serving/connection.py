@@ -36,6 +36,7 @@ from ..accounting.watchdog import Liveness, tune_socket
 from ..cluster.replication import ReplicaService
 from . import admission
 from .admin_service import AdminService
+from .backlog import REQUESTS, Backlog
 from .context import DaemonContext
 from .push_service import PushService
 from .read_service import ReadService
@@ -52,9 +53,7 @@ class DaemonConnection(FrameConnection):
         proto = pc.ProtocolConnection(
             side, Role.DAEMON, secret=secret, limits=limits, max_payload=cfg.segment_size, who=f"daemon {dialed}"
         )
-        super().__init__(
-            proto, high=cfg.high_watermark, low=cfg.low_watermark, unsent_limit=cfg.max_unsent_per_connection
-        )
+        super().__init__(proto, high=cfg.high_watermark, low=cfg.low_watermark)
         self.daemon = daemon
         #: the peer's address when this daemon dialled it
         self.dialed = dialed
@@ -76,6 +75,8 @@ class DaemonConnection(FrameConnection):
         #: the nonces of the last `drain_challenge` answered on this connection (see admin_service.Caller)
         self.drain_challenge: tuple[str, str] | None = None
         self.liveness = Liveness.starting(asyncio.get_running_loop().time())
+        #: requests waiting for answers to be read (serving/backlog.py)
+        self.backlog = Backlog(self, daemon.unsent, self._handle)
 
     # -- what the services see
 
@@ -151,13 +152,14 @@ class DaemonConnection(FrameConnection):
             )
         self._release_all()
         self.daemon.counters.fold(self)
+        self.daemon.unsent.drained()  # what it held unsent is gone
 
     def on_failed(self) -> None:
         self._release_all()
 
     def fail(self, exc: ShuffledError) -> None:
         if isinstance(exc, AuthFailed) and not self.ready.done():
-            self._log_auth_failed(exc.message)
+            self.log_auth_failed(exc.message)
             self.ready.set_exception(exc)
             self.ready.exception()  # retrieved: the dialer's caller sees it through the peer manager
         if self.is_open:
@@ -172,7 +174,7 @@ class DaemonConnection(FrameConnection):
             self.sender.flush_control()
         self.fail(ShuttingDown("the daemon is stopping; use another daemon"))
 
-    def _log_auth_failed(self, reason: str) -> None:
+    def log_auth_failed(self, reason: str) -> None:
         event(log, "authentication failed", logging.WARNING, peer=self.peer, node=self.node, reason=reason)
 
     def _release_all(self) -> None:
@@ -180,6 +182,7 @@ class DaemonConnection(FrameConnection):
         lost: ShuffledError = ConnectionLost(f"connection to {self.node or self.peer} lost: {self.close_reason}")
         if isinstance(self.failure, TimedOut):
             lost = TimedOut(self.failure.message)
+        self.backlog.release()
         self.reads.release(lost)
         self.pushes.release()
         self.replicas.release(lost)
@@ -243,6 +246,14 @@ class DaemonConnection(FrameConnection):
     # -- events
 
     def handle_event(self, ev: events.Event) -> None:
+        if isinstance(ev, REQUESTS) and self.backlog.holds(ev):
+            return
+        self._handle(ev)
+
+    def on_drained(self) -> None:
+        self.daemon.unsent.drained()
+
+    def _handle(self, ev: events.Event) -> None:
         match ev:
             case events.BufferArrived(frame):
                 self.reads.on_buffer(frame)
@@ -275,17 +286,10 @@ class DaemonConnection(FrameConnection):
                     self.admin.on_failed(stream, exc)
             case events.StreamRefused(_, exc):
                 self.count_error(exc)
+            case events.ConnectionFailed(exc) if not self.ready.done():
+                admission.refused(self, exc)
             case events.ConnectionFailed(exc):
-                if not self.ready.done():
-                    if self.dialed is not None:  # a dial refused; what a stranger sends is not this daemon's error
-                        self.count_error(exc)
-                    if isinstance(exc, AuthFailed):  # the other side found our proof (or its lack) wrong
-                        self._log_auth_failed(f"the other side says: {exc.message[:200]}")
-                    self.ready.set_exception(exc)
-                    self.ready.exception()  # retrieved: a dialer's caller sees it through the peer manager
-                    self.close(f"handshake refused: {exc.message[:200]}")
-                else:
-                    self.close(f"peer reported {exc.code.name}: {exc.message}")
+                self.close(f"peer reported {exc.code.name}: {exc.message}")
             case events.CloseRequested():
                 self.close("peer sent Close")
             case events.HelloReceived(role, info):
@@ -293,9 +297,7 @@ class DaemonConnection(FrameConnection):
             case events.Authenticated(role, info):
                 admission.accept(self, self.daemon, role, info)
             case events.HandshakeDone(info):
-                if info.get("node") not in (None, self.dialed):
-                    event(log, "peer name differs", logging.WARNING, dialed=self.dialed, says=info.get("node"))
-                self.ready.set_result(None)
+                admission.dialled(self, info)
 
     def opened(self, role: Role) -> None:
         self.role = role

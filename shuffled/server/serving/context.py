@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from ..cluster.drain import Drain
 from ..cluster.peers import PeerConnection, PeerManager
 from .admin_ops import Caller, Operation
+from .backlog import UnsentBudget
 from .environment import ShuffleEnvironment
 
 C = TypeVar("C", bound=PeerConnection)
@@ -45,5 +46,8 @@ class DaemonContext(ShuffleEnvironment, Protocol[C]):
 
     @property
     def background(self) -> set[asyncio.Task[Any]]: ...
+
+    @property
+    def unsent(self) -> UnsentBudget: ...
 
     async def admin(self, op: Operation[Any], args: dict[str, Any], caller: Caller) -> dict[str, Any]: ...
