@@ -547,6 +547,12 @@ class DaemonConfig:
         unit="bytes",
         parse=parse_size,
     )
+    push_wait_timeout: float = setting(
+        120.0,
+        "a push waiting this long for memory (held by reads or by other writers, or by stored data that cannot "
+        "spill) fails with STORAGE_ERROR saying who holds it",
+        unit="s",
+    )
     unsent_timeout: float = setting(
         60.0,
         "a connection holding answers unsent beyond the high watermark, none of which its other side reads for "
@@ -705,6 +711,7 @@ class DaemonConfig:
         )
         need(self.max_unsent >= self.max_unsent_per_connection, "max-unsent must be >= max-unsent-per-connection")
         need(self.unsent_timeout > 0, "unsent-timeout must be > 0 seconds")
+        need(self.push_wait_timeout > 0, "push-wait-timeout must be > 0 seconds")
         need(self.admin_timeout > 0, "admin-timeout must be > 0 seconds")
         need(self.drain_timeout >= 0, "drain-timeout must be >= 0")
         need(self.stall_timeout > 0, "stall-timeout must be > 0")

@@ -47,9 +47,17 @@ from .codec import (
     encode_push_credit,
 )
 from .credit import OutboundStream
-from .errors import ShuffledError
+from .errors import LimitExceeded, ShuffledError
 from .events import Event
-from .frames import DEFAULT_MAX_PAYLOAD, MAX_HANDSHAKE_BODY, OpenMapOutput, PartitionRequest, Role
+from .frames import (
+    DEFAULT_MAX_PAYLOAD,
+    HEADER,
+    MAX_CONTROL_BODY,
+    MAX_HANDSHAKE_BODY,
+    OpenMapOutput,
+    PartitionRequest,
+    Role,
+)
 from .handshake import Handshake, Phase, Side
 from .inbound import Inbound
 from .streams import Kind, Limits, Stream, StreamTable, Target, release_payload
@@ -251,9 +259,16 @@ class ProtocolConnection:
         self.streams.take(self.streams.theirs, writer, Kind.PUSH)
 
     def answer_admin(self, request: int, result: dict[str, Any]) -> None:
+        """Answer one of their admin requests; an answer over the control body limit would be a fatal error
+        for the other side (§9), so it gets LIMIT_EXCEEDED on the request instead."""
         self.streams.admin_running -= 1
         if self.is_open:
-            self.send(encode_admin_response(request, result))
+            frame = encode_admin_response(request, result)
+            if len(frame) - HEADER.size > MAX_CONTROL_BODY:
+                frame = encode_error_from(
+                    request, LimitExceeded(f"the answer is {len(frame) - HEADER.size} bytes, over the frame limit")
+                )
+            self.send(frame)
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         """End one of their streams with an error (it leaves the table; they may reuse its id)."""

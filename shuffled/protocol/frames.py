@@ -51,6 +51,8 @@ U32 = struct.Struct(">I")
 #: header and a u32 body in one pack (AddCredit, PushCredit, CommitMapOutput)
 U32_FRAME = struct.Struct(">IBBHII")
 ERROR_FIXED = struct.Struct(">H")
+#: the longest application id a map output may be opened for, in bytes of UTF-8 (PROTOCOL.md §9)
+MAX_APP_ID = 255
 #: the CommitAck's u64 lengths are big-endian on the wire, native in an array
 _SWAP = sys.byteorder == "little"
 

@@ -97,6 +97,8 @@ class Inbound:
                 exc = error_from_code(code, message)
                 if stream == 0:
                     return ConnectionFailed(exc)
+                if self.handshake.peer_role is Role.CLIENT:  # an Error on a stream goes from its server to its
+                    raise ProtocolError("Error on a stream is not expected from a client")  # opener (§7)
                 return StreamFailed(stream, exc) if self.streams.own.pop(stream, None) is not None else None
             case Close():
                 return CloseRequested()
@@ -110,12 +112,17 @@ class Inbound:
                 return self._open_theirs(frame.receiver, Kind.READ) or ReadRequested(frame)
             case AddCredit(receiver, credit):
                 stream = self.streams.theirs.get(receiver)
-                if stream is None or stream.kind is not Kind.READ:
+                if stream is None:
                     return None  # the read ended or was cancelled while the credit was on its way
+                if stream.kind is not Kind.READ:
+                    raise ProtocolError(f"AddCredit names stream {receiver}, which is not a read")
                 if stream.outbound is not None:
                     stream.outbound.add_credit(credit)
                 return CreditAdded(receiver, credit)
             case CancelPartitionRequest(receiver):
+                stream = self.streams.theirs.get(receiver)
+                if stream is not None and stream.kind is not Kind.READ:
+                    raise ProtocolError(f"CancelPartitionRequest names stream {receiver}, which is not a read")
                 return ReadCancelled(receiver) if self.streams.take(self.streams.theirs, receiver, Kind.READ) else None
             case OpenMapOutput():
                 if self.handshake.peer_role is not Role.CLIENT and (

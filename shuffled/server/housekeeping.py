@@ -1,7 +1,8 @@
 """The daemon's housekeeping, once a `HOUSEKEEPING_INTERVAL`: expire applications whose driver vanished
-(`app-ttl`), flush idle shuffles (`flush-after`), spill what the pool or a quota asks for and retry a
-failed disk, move spilled data over the disk quota to the object store, free the disk of aborted
-attempts' pieces, check the object store again, and look at push sessions waiting for memory.
+(`app-ttl`) and drop those left holding nothing (every map output of theirs aborted), flush idle shuffles
+(`flush-after`), spill what the pool or a quota asks for and retry a failed disk, move spilled data over
+the disk quota to the object store, free the disk of aborted attempts' pieces, check the object store
+again, and look at push sessions waiting for memory.
 """
 
 from __future__ import annotations
@@ -69,15 +70,18 @@ class Housekeeping:
         cfg = self.config
         self.membership.refresh_soon()
         now = time.monotonic()
+        expired = []
         if cfg.app_ttl:
             for app, usage in list(self.store.usage.items()):
                 busy = any(d.open for d in self.store.apps.get(app, {}).values())
                 if not busy and now - usage.last_active > cfg.app_ttl:
                     event(log, "application expired", app=app, idle_seconds=round(now - usage.last_active))
-                    dropped = self.store.remove_application(app)[1]
-                    await self.spiller.removed(dropped)
-                    if self.tier is not None:  # other nodes' objects it adopted stay for their own cleanup
-                        await self.tier.removed(dropped, adopted=False)
+                    expired.append(app)
+        for app in [*expired, *self.store.empty_applications()]:
+            dropped = self.store.remove_application(app)[1]
+            await self.spiller.removed(dropped)
+            if self.tier is not None:  # other nodes' objects it adopted stay for their own cleanup
+                await self.tier.removed(dropped, adopted=False)
         if cfg.flush_after and self.spiller.disk is not None:
             idle = [
                 d

@@ -11,12 +11,20 @@ from typing import Any
 import pytest
 
 from shuffled.protocol import codec
-from shuffled.protocol.frames import CommitMapOutput, Hello, HelloAck, OpenMapOutput, PushCredit, Role
+from shuffled.protocol.frames import (
+    CommitMapOutput,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PartitionRequest,
+    PushCredit,
+    Role,
+)
 from shuffled.protocol.packed import group_bytes
-from shuffled_client import AsyncClient
+from shuffled_client import AsyncClient, InvalidRequest, StorageError
 from tests.aio import within
-from tests.cluster import Cluster, DaemonProcess, rss, start_daemon, wait_until
-from tests.integration.test_bad_input import _still_serving
+from tests.cluster import Cluster, DaemonProcess, pool_settled, rss, start_daemon, wait_until
+from tests.integration.test_bad_input import Raw, _still_serving
 from tests.integration.test_packed_reads import push_groups
 from tests.units import MiB
 
@@ -165,3 +173,56 @@ async def test_relaying_groups_of_many_run_counts_does_not_grow_a_cache_per_coun
         await reader.remove_application(APP)
         await reader.close()
         await pusher.close()
+
+
+@within(90)
+async def test_a_writer_gets_memory_or_an_error_however_long_reads_hold_it() -> None:
+    """A tenant's relayed reads that it never consumes (credit 0) hold the relaying daemon's memory; another
+    application's push there waited with no error for as long as that connection stayed. It gets
+    STORAGE_ERROR after `push-wait-timeout`, saying who holds the memory."""
+    with Cluster(2, "16M", ["--data-dir", "none", "--push-wait-timeout", "2"]) as cluster:
+        x, y = cluster.daemons
+        owner = await AsyncClient.connect(x.addr)
+        w = await owner.open_writer("hog", 1, 0, 1, 1)
+        await w.write(0, b"h" * 200_000)
+        await w.commit()
+        raw = await Raw.open(y.addr)
+        await raw.hello()
+        for i in range(300):  # each read's exclusive buffers; their data never asked for
+            await raw.send(codec.encode(PartitionRequest(2 * i + 1, 0, "hog", 1, 0, 1, {x.addr: [1]})))
+        watcher = await AsyncClient.connect(y.addr)
+
+        async def free() -> int:
+            return int((await watcher.stats())["pool"]["free"])
+
+        await wait_until(free, lambda n: n == 0, 30, "the reads holding the whole pool")
+        victim = await AsyncClient.connect(y.addr)
+        with pytest.raises(StorageError, match=r"push-wait-timeout.*held by reads"):
+            vw = await victim.open_writer("victim", 1, 0, 1, 1)
+            await vw.write(0, b"v" * MiB)
+            await vw.commit()
+        raw.writer.close()
+        await pool_settled(watcher)
+        await owner.remove_application("hog")
+        for c in (owner, watcher, victim):
+            await c.close()
+
+
+@within(60)
+async def test_applications_left_holding_nothing_are_dropped() -> None:
+    """Map outputs opened under many application ids, none committed, and the connection gone: the ids and
+    their usage went only with `app-ttl` (24 h), 128 MiB for 128 ids of 1 MiB. They go at once now, and an
+    id longer than 255 bytes is refused."""
+    d = start_daemon("127.0.0.1", 0, "16M")
+    try:
+        c = await AsyncClient.connect(d.addr)
+        with pytest.raises(InvalidRequest, match="1 to 255 bytes"):
+            await c.open_writer("x" * 256, 1, 0, 1, 1)
+        writers = [await c.open_writer(f"left-{i}", 1, 0, 1, 1) for i in range(20)]
+        assert (await c.stats())["store"]["applications"] == 20
+        for w in writers:
+            await w.abort()
+        await wait_until(c.stats, lambda s: s["store"]["applications"] == 0, 10, "the empty applications dropped")
+        await c.close()
+    finally:
+        d.stop()

@@ -21,9 +21,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shuffled.protocol.codec import (
     encode,
+    encode_add_credit,
     encode_admin_response,
     encode_buffer_response,
+    encode_cancel,
     encode_commit_ack,
+    encode_error,
     encode_push_data,
 )
 from shuffled.protocol.connection import Kind, Limits, ProtocolConnection, Side
@@ -323,6 +326,28 @@ def test_a_peer_daemon_may_answer_a_daemon() -> None:
     pair = _peers([], [])
     assert pair.acceptor.receive_data(encode_admin_response(1, {})) == []
     assert pair.acceptor.receive_data(encode_buffer_response(1, 0, 0, BufferKind.DATA, b"x")) == []
+
+
+def test_an_error_on_a_stream_from_a_client_is_fatal() -> None:
+    """A client serves no stream, so an Error on one (only a stream's server sends it, §7) breaks the rules."""
+    pair = _pair()
+    _open(pair)
+    with pytest.raises(ProtocolError, match="Error on a stream is not expected from a client"):
+        pair.acceptor.receive_data(encode_error(1, ErrorCode.INTERNAL, "x"))
+
+
+@pytest.mark.parametrize("frame", [encode_add_credit(1, 2), encode_cancel(1)], ids=["AddCredit", "Cancel"])
+def test_read_frames_naming_a_push_stream_are_fatal(frame: bytes) -> None:
+    """AddCredit and CancelPartitionRequest for a stream that ended are dropped; naming an open push is wrong."""
+    pair = _pair()
+    _open(pair)
+    pair.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
+    pair.deliver(DIALER)
+    with pytest.raises(ProtocolError, match="which is not a read"):
+        pair.acceptor.receive_data(frame)
+    ended = _pair()
+    _open(ended)
+    assert ended.acceptor.receive_data(frame) == []  # a stream that ended (or was never opened): dropped
 
 
 def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ...logs import event
 from ...protocol.errors import ShuffledError, StorageError
 from ..storage.disk import app_dir_name
-from ..storage.lease import last_signs, lease_node
+from ..storage.lease import Silence, lease_node, silences
 from ..storage.object_format import node_dir, parse_key
 from ..storage.objects import PROBE_DIR, ObjectInfo
 from ..storage.tier import ObjectTier
@@ -47,13 +47,17 @@ class Verdict:
     reason: str
 
 
-def verdict(app_dir: str, writer: str, me: str, answers: Answers, silent: Mapping[str, float], lease: float) -> Verdict:
+def verdict(
+    app_dir: str, writer: str, me: str, answers: Answers, silent: Mapping[str, Silence], lease: float
+) -> Verdict:
     """Whether the objects of `app_dir` that node directory `writer` wrote are positively dead (see the
     module): `me` is this daemon's node directory (its answer is "not held": the caller checked),
-    `answers` every other known daemon's, `silent` how long each node has been silent in the store."""
+    `answers` every other known daemon's, `silent` each node's `Silence` in the store, `lease` this
+    daemon's lease period (a node is gone only past its own period and this one)."""
 
     def gone(node: str) -> bool:
-        return silent.get(node, 0.0) > lease
+        silence = silent.get(node)
+        return silence is not None and silence.gone(lease)
 
     for node, held in answers.items():
         if held is not None and app_dir in held:
@@ -64,7 +68,10 @@ def verdict(app_dir: str, writer: str, me: str, answers: Answers, silent: Mappin
     if writer == me or answers.get(writer) is not None:
         return Verdict("released", "no daemon holds it: its writer and every other daemon said so")
     if gone(writer):
-        return Verdict("expired", f"its writer's lease expired {silent[writer]:.0f} s ago and no daemon holds it")
+        seconds = silent[writer].seconds
+        return Verdict(
+            "expired", f"its writer has been silent {seconds:.0f} s, past its lease; no daemon that answered holds it"
+        )
     return Verdict(None, "its writer is no daemon known here, and its lease is still good")
 
 
@@ -101,6 +108,8 @@ class Sweeper:
     async def sweep(self) -> int:
         """One sweep (see the module); the objects deleted. Raises StorageError when listing fails."""
         cfg = self.host.config
+        if not self.tier.restored:  # what it holds is not known yet: it would take its own objects for garbage
+            return 0
         self.tier.stats.sweeps += 1
         listed = await self.tier.objects.list_objects()
         held = {app_dir_name(app) for app in self.host.store.apps}
@@ -115,7 +124,7 @@ class Sweeper:
                     stale.setdefault((parts.app_dir, parts.node_dir), []).append(info)
             elif info.key.startswith(f"{PROBE_DIR}/") and info.age > cfg.app_ttl:
                 probes.append(info)
-        silent = last_signs(listed, writers)
+        silent = silences(listed, writers)
         doomed = await self._doomed(stale, silent)
         if probes:
             doomed.append(("probe", "a probe cut short", probes))
@@ -138,7 +147,7 @@ class Sweeper:
             stats.swept_probes += objects
 
     async def _doomed(
-        self, stale: dict[tuple[str, str], list[ObjectInfo]], silent: Mapping[str, float]
+        self, stale: dict[tuple[str, str], list[ObjectInfo]], silent: Mapping[str, Silence]
     ) -> list[tuple[str, str, list[ObjectInfo]]]:
         """The groups of stale objects that may go, with why; the others are counted as kept."""
         if not stale:
@@ -179,6 +188,9 @@ class Sweeper:
             if not isinstance(apps, list) or not all(isinstance(a, str) for a in apps):
                 event(log, "applications not answered", logging.WARNING, peer=addr, reason="not a list of names")
                 return None
+            if answer.get("restoring"):  # it cannot say yet what it does not hold
+                event(log, "applications not answered", peer=addr, reason="still restoring its objects")
+                return None
             return frozenset(app_dir_name(a) for a in apps)
 
         others = host.membership.others()
@@ -186,7 +198,7 @@ class Sweeper:
         return {node_dir(addr): held for addr, held in zip(others, answers, strict=True)}
 
     async def _forget_gone(
-        self, listed: list[ObjectInfo], silent: Mapping[str, float], writers: dict[str, str], deleted: set[str]
+        self, listed: list[ObjectInfo], silent: Mapping[str, Silence], writers: dict[str, str], deleted: set[str]
     ) -> None:
         """Delete the leases of daemons gone with no object of theirs left: a daemon that comes back
         writes a new one."""
@@ -195,6 +207,6 @@ class Sweeper:
         old = [
             i.key
             for i in listed
-            if (node := lease_node(i.key)) is not None and node not in left and silent.get(node, 0.0) > lease
+            if (node := lease_node(i.key)) is not None and node not in left and silent[node].gone(lease)
         ]
         await self.tier.objects.delete(old)

@@ -242,8 +242,10 @@ async def _ping(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
 
 async def _applications(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
     """The applications this daemon holds data of: a daemon sweeping the object store keeps their objects
-    (cluster/sweep.py)."""
-    return {"apps": sorted(host.store.apps)}
+    (cluster/sweep.py). While it is still restoring what its own objects prove it says so, and that answer
+    counts as none."""
+    restoring = host.tier is not None and not host.tier.restored
+    return {"apps": sorted(host.store.apps), "restoring": restoring}
 
 
 async def _holds(host: AdminHost, args: Holds, caller: Caller) -> dict[str, Any]:

@@ -32,13 +32,21 @@ from ...logs import event
 from ...net.once_per_turn import OncePerTurn
 from ...protocol.connection import ProtocolConnection
 from ...protocol.credit import SequenceChecker
-from ...protocol.errors import CorruptData, CreditViolation, MapOutputStateError, PeerUnavailable, ShuffledError
+from ...protocol.errors import (
+    CorruptData,
+    CreditViolation,
+    MapOutputStateError,
+    PeerUnavailable,
+    ShuffledError,
+    StorageError,
+)
 from ...protocol.frames import OpenMapOutput, PushData
 from ...protocol.integrity import checksum
 from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
 from ..storage.shuffles import MapOutput, MapState
+from ..storage.spill import memory_held
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -212,9 +220,15 @@ class PushSession:
         return error is not None
 
     def check_wait(self) -> None:
-        """A wait that began while memory could still come: end it if that is no longer so."""
-        if self.waiting_since is not None and not self.closed:
-            self._hopeless()
+        """A wait that began while memory could still come: end it if that is no longer so, or once it took
+        `push-wait-timeout` (memory that reads or other windows hold comes back only as their parties go on,
+        which a party may never do: every writer gets memory or an error)."""
+        if self.waiting_since is None or self.closed or self._hopeless():
+            return
+        waited, env = time.monotonic() - self.waiting_since, self.env
+        if waited >= env.config.push_wait_timeout:
+            held = memory_held(env.pool, env.store)
+            self.fail(StorageError(f"no memory for this push after {waited:.0f} s (push-wait-timeout): {held}"))
 
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0

@@ -395,3 +395,13 @@ def restore(store: Store, disk: Disk) -> int:
             bytes=sum(a.stored for a in shuffle.committed.values()),
         )
     return len(loaded)
+
+
+def memory_held(pool: GlobalPool, store: Store) -> str:
+    """Who holds the pool's memory, for an error that says why a push got none."""
+    stored, promised = store.memory_segments, pool.promised
+    others = max(0, pool.used - stored - promised)
+    return (
+        f"of {pool.total} segments, {stored} hold stored data, {promised} are push credit writers have not "
+        f"used, {others} are held by reads and push windows, {pool.free} are free ({pool.reserve} kept for reads)"
+    )

@@ -22,6 +22,7 @@ from ...protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
+from ...protocol.frames import MAX_APP_ID
 from ...protocol.packed import PushedGroup
 from .access import AppKeys
 from .disk import LoadedShuffle, SpillFile
@@ -70,8 +71,8 @@ class Store:
         replica_of: str | None = None,
         replicas: int = 1,
     ) -> MapOutput:
-        if not app:
-            raise InvalidRequest("application id must not be empty")
+        if not app or len(app.encode()) > MAX_APP_ID:
+            raise InvalidRequest(f"application id must be 1 to {MAX_APP_ID} bytes of UTF-8")
         if not 0 < partitions <= MAX_PARTITIONS:
             raise InvalidRequest(f"partition count {partitions} outside 1..{MAX_PARTITIONS}")
         if partitions > self.max_partitions:
@@ -255,6 +256,11 @@ class Store:
             del self.apps[app]
             self.usage.pop(app, None)
         return freed, [data]
+
+    def empty_applications(self) -> list[str]:
+        """Applications holding nothing: every map output opened for them was aborted (their client gone, say).
+        Kept, each would cost its id and usage until `app-ttl`, and one tenant could leave any number."""
+        return [app for app, shuffles in self.apps.items() if not any(d.open or d.committed for d in shuffles.values())]
 
     def remove_application(self, app: str) -> tuple[int, list[ShuffleData]]:
         shuffles = self.apps.pop(app, {})

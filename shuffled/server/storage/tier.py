@@ -44,11 +44,11 @@ from .access import is_owner
 from .adopt import Adopter, read_footers
 from .disk import Disk
 from .disk_moves import DiskMover
-from .durable import DurableUploads
+from .durable import RETRY_FIRST, RETRY_MAX, DurableUploads
 from .lease import Lease
-from .object_format import app_prefix, shuffle_prefix
+from .object_format import app_prefix, node_dir, parse_key, shuffle_prefix
 from .object_writer import ObjectWriter, Pieces
-from .objects import ObjectStore
+from .objects import ObjectInfo, ObjectStore
 from .shuffles import MapOutput, ShuffleData
 from .spill_writes import Placed, Taken
 from .store import Store
@@ -80,16 +80,57 @@ class ObjectTier:
         self.adopter = Adopter(store, objects, self.stats)
         #: this daemon's proof of life for the other daemons' sweeps
         self.lease = Lease(objects, config.object_store_lease, self.stats)
+        self._restoring: asyncio.Task[None] | None = None
 
     def start(self, node: str) -> None:
         self.writer.node = self.adopter.node = node
         self.uploads.start()
         self.lease.start(node)
+        self._restoring = asyncio.create_task(self._restore_own())
+
+    @property
+    def restored(self) -> bool:
+        """This daemon holds every attempt its own objects prove: until then it cannot say what it does not
+        hold (the admin `applications` says it is still restoring, and no sweep takes it at its word)."""
+        return self._restoring is not None and self._restoring.done()
+
+    async def _restore_own(self) -> None:
+        """Adopt what objects written under this daemon's name prove and its store does not know: those of an
+        earlier life without a data dir, or with another. Tried again after a failure until it went through."""
+        delay = RETRY_FIRST
+        while True:
+            try:
+                adopted = await self.restore_own()
+            except StorageError as exc:
+                event(log, "restoring own objects failed", logging.WARNING, reason=exc.message, retry_s=delay)
+                await asyncio.sleep(delay)  # a back-off before trying the store again, not a wait for an event
+                delay = min(2 * delay, RETRY_MAX)
+                continue
+            if adopted:
+                event(log, "restored own objects", attempts=adopted)
+            return
+
+    async def restore_own(self) -> int:
+        """One pass of `_restore_own`: the attempts adopted."""
+        me = node_dir(self.writer.node)
+        known = {o.key for shuffles in self.store.apps.values() for d in shuffles.values() for o in d.objects}
+        first: dict[tuple[str, int], ObjectInfo] = {}
+        for info in await self.objects.list_objects():
+            parts = parse_key(info.key)
+            if parts is not None and parts.node_dir == me and info.key not in known:
+                first.setdefault((parts.app_dir, parts.shuffle), info)
+        adopted = 0
+        for (_, shuffle), footer in zip(first, await read_footers(self.objects, list(first.values())), strict=True):
+            if footer is not None:
+                adopted += await self.adopt(footer.app, shuffle, self.writer.node)
+        return adopted
 
     async def close(self) -> None:
+        if self._restoring is not None:
+            self._restoring.cancel()
         await self.uploads.close()
         await self.mover.close()
-        await self.lease.close()
+        self.lease.stop()
 
     async def adopt(self, app: str, shuffle: int, node: str) -> int:
         """Serve what `node`'s objects of the shuffle prove from here (adopt.py); the attempts adopted."""
