@@ -105,9 +105,10 @@ class GlobalPool:
         self.floating_ceiling = count - 2 * reserve
         #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
         self.floating = 0
-        #: segments local pools hold as push credit not yet used (`LocalPool.promise`): a writer keeps them for
-        #: as long as it likes, so they are not memory that comes back by itself
+        #: segments local pools hold as push credit not yet used (`LocalPool.promise`), in all and by holder: a
+        #: writer keeps them for as long as it likes, so they are not memory that comes back by itself
         self.promised = 0
+        self.promised_by: dict[str, int] = {}
         #: set while stored data is being spilled to make room (the spiller's pressure): memory is wanted
         self.spilling = False
 
@@ -234,15 +235,18 @@ class GlobalPool:
                 keep.append((n, use_reserve, fut))
         self._waiters = keep
 
-    async def create_local_pool(self, minimum: int, maximum: int, use_reserve: bool = False) -> LocalPool:
-        """A new local pool holding its `minimum` segments (waits for them).
+    async def create_local_pool(
+        self, minimum: int, maximum: int, use_reserve: bool = False, holder: str = ""
+    ) -> LocalPool:
+        """A new local pool holding its `minimum` segments (waits for them); `holder` names whose credit it
+        promises (an application's).
 
         The pool joins the redistribution first, so pools holding more than their
         new share give the excess back before this one asks for its minimum.
         """
         if not 0 <= minimum <= maximum:
             raise ValueError("local pool needs 0 <= min <= max")
-        pool = LocalPool(self, minimum, maximum, use_reserve, [])
+        pool = LocalPool(self, minimum, maximum, use_reserve, [], holder)
         self._pools.add(pool)
         self._min_total += minimum
         if maximum > minimum:
@@ -282,9 +286,16 @@ class LocalPool:
     """One consumer's segments: `min` guaranteed, up to `target` (<= max) when memory allows."""
 
     def __init__(
-        self, owner: GlobalPool, minimum: int, maximum: int, use_reserve: bool, segments: list[Buffer]
+        self,
+        owner: GlobalPool,
+        minimum: int,
+        maximum: int,
+        use_reserve: bool,
+        segments: list[Buffer],
+        holder: str = "",
     ) -> None:
         self.owner = owner
+        self.holder = holder
         self.min = minimum
         self.max = maximum
         self.target = minimum
@@ -320,7 +331,16 @@ class LocalPool:
     def promise(self, n: int) -> None:
         """n more held segments are promised to a peer as push credit (counted in the global pool's too)."""
         self.promised += n
-        self.owner.promised += n
+        self._count_promised(n)
+
+    def _count_promised(self, n: int) -> None:
+        owner = self.owner
+        owner.promised += n
+        left = owner.promised_by.get(self.holder, 0) + n
+        if left:
+            owner.promised_by[self.holder] = left
+        else:
+            del owner.promised_by[self.holder]
 
     def request(self) -> Buffer | None:
         """A buffer now, or None (never waits)."""
@@ -328,7 +348,7 @@ class LocalPool:
             buf = self._held.pop()
             if self.promised:
                 self.promised -= 1
-                self.owner.promised -= 1
+                self._count_promised(-1)
         elif not self.destroyed and self.size < self.target:
             got = self.owner.try_take(1, self.use_reserve)
             if got is None:
@@ -425,8 +445,9 @@ class LocalPool:
         self.destroyed = True
         self.owner.floating -= self.extra
         self.extra = 0
-        self.owner.promised -= self.promised
-        self.promised = 0
+        if self.promised:
+            self._count_promised(-self.promised)
+            self.promised = 0
         while self._held:
             self.owner.give(self._held.pop())
         self.owner._drop_pool(self)

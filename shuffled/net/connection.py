@@ -18,7 +18,7 @@ from typing import cast
 from ..protocol.connection import ProtocolConnection
 from ..protocol.errors import InternalError, ShuffledError
 from ..protocol.events import Event
-from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender
+from .sender import DEFAULT_HIGH_WATERMARK, DEFAULT_LOW_WATERMARK, Sender, UnsentTally
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,12 @@ class FrameConnection(asyncio.BufferedProtocol):
         proto: ProtocolConnection,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
+        tally: UnsentTally | None = None,
     ) -> None:
         self.proto = proto
         self._high = high
         self._low = low
+        self._tally = tally
         self.transport: asyncio.Transport | None = None
         self._sender: Sender | None = None
         self.peer = "?"
@@ -67,7 +69,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = endpoint_name(transport.get_extra_info("peername"))
-        self._sender = Sender(self.transport, self._high, self._low)
+        self._sender = Sender(self.transport, self._high, self._low, self._tally)
         self.proto.send = self._sender.send_control
         self.on_made()
 

@@ -63,14 +63,27 @@ class Outbound(OutboundStream[Any]):
             self.discard(item)
 
 
+class UnsentTally:
+    """Bytes of control frames not yet taken by the kernel over many senders (a daemon's connections): kept
+    up to date as frames are queued and reaped, so a bound over all of them costs nothing to look at. It
+    may run high (a sender reaps when it looks), never low."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class Sender:
     def __init__(
         self,
         transport: asyncio.WriteTransport,
         high: int = DEFAULT_HIGH_WATERMARK,
         low: int = DEFAULT_LOW_WATERMARK,
+        tally: UnsentTally | None = None,
     ) -> None:
         self.transport = transport
+        self.tally = tally if tally is not None else UnsentTally()
         self.high = high
         self.low = low
         transport.set_write_buffer_limits(high=high, low=low)
@@ -103,6 +116,7 @@ class Sender:
             return
         self._control.append(frame)
         self._control_bytes += len(frame)
+        self.tally.bytes += len(frame)
         self._schedule()
 
     def control_unsent(self) -> int:
@@ -164,6 +178,7 @@ class Sender:
         """Send nothing more; what the transport holds stays lent until `close`."""
         self.closed = True
         self._control.clear()
+        self.tally.bytes -= self._control_bytes
         self._control_bytes = 0
 
     def close(self) -> None:
@@ -172,6 +187,7 @@ class Sender:
         while self._inflight:
             self._inflight.popleft()[1].release()
         self._control.clear()
+        self.tally.bytes -= self._control_bytes + self._control_lent_bytes
         self._control_bytes = 0
         self._control_lent.clear()
         self._control_lent_bytes = 0
@@ -245,4 +261,6 @@ class Sender:
             inflight.popleft()[1].release()
         lent = self._control_lent
         while lent and lent[0][0] <= flushed:
-            self._control_lent_bytes -= lent.popleft()[1]
+            n = lent.popleft()[1]
+            self._control_lent_bytes -= n
+            self.tally.bytes -= n

@@ -145,16 +145,19 @@ class Generator:
     #: this connection proved a secret (`member`): `drain` is among its admin operations
     _next_id: int = 1
     _writers: list[int] = field(default_factory=list)
+    _reads: list[int] = field(default_factory=list)
     #: a nonce this fuzzer says Hello with again and again, and the daemon's nonce of an earlier challenge
     #: answered with it: a proof for that challenge, replayed, must not pass a new one
     _replay_nonce: str = field(default_factory=new_nonce)
     _old_challenge: str | None = None
     proven: bool = False
 
-    def _sid(self, own: float = 0.7) -> int:
-        """A stream this connection opened (with probability `own`), or any id."""
-        if self._writers and self.rng.random() < own:
-            return self.rng.choice(self._writers)
+    def _sid(self, own: float = 0.7, reads: bool = False) -> int:
+        """A stream this connection opened (with probability `own`: a push, or a read with `reads`), or any id
+        (AddCredit or a cancel naming an open push is fatal: a read frame for a push stream)."""
+        opened = self._reads if reads else self._writers
+        if opened and self.rng.random() < own:
+            return self.rng.choice(opened)
         if self.rng.random() < 0.001:
             return 0  # reserved: fatal
         return self.rng.choice([1, 2, 7, 0xFFFFFFFF, self.rng.randrange(1, 1 << 32)])
@@ -194,6 +197,7 @@ class Generator:
             end = max(0, start + r.randrange(-1, 4))
             resume = self._resume(start) if r.random() < 0.25 else None
             req = PartitionRequest(self._new(), r.randrange(5), app, shuffle, start, end, {where: attempts})
+            self._reads.append(req.receiver)
             if resume is None:
                 return codec.encode(req)
             # The resume point goes out as a map of any shape: the codec writes only a well-formed Resume.
@@ -226,9 +230,9 @@ class Generator:
         if pick < 0.74:
             return codec.encode_abort(self._sid())
         if pick < 0.8:
-            return codec.encode_add_credit(self._sid() or 1, r.randrange(1, 9))
+            return codec.encode_add_credit(self._sid(reads=True) or 1, r.randrange(1, 9))
         if pick < 0.86:
-            return codec.encode_cancel(self._sid() or 1)
+            return codec.encode_cancel(self._sid(reads=True) or 1)
         if pick < 0.9 and self.role is Role.DAEMON:  # from a client, a BufferResponse is fatal (§7): an ending
             if r.random() < 0.5:
                 return codec.encode_buffer_response(
@@ -311,7 +315,7 @@ class Generator:
     def connection(self, frames: int) -> tuple[bytes, int]:
         """One connection's bytes and its frame count: Hello (sometimes broken), valid frames, a bad ending."""
         r = self.rng
-        self._next_id, self._writers = 1, []
+        self._next_id, self._writers, self._reads = 1, [], []
         self.role, self.proven = Role.CLIENT, False
         hello = codec.encode(Hello(Role.CLIENT, info={"name": "fuzz"}))
         if r.random() < 0.03:
@@ -335,7 +339,7 @@ class Generator:
         secret): a tenant (a client) or, one time in three, a peer daemon naming itself by an address of
         PEER_HOSTS. Its frames follow its AuthResponse without waiting for HelloAck."""
         r = self.rng
-        self._next_id, self._writers = 1, []
+        self._next_id, self._writers, self._reads = 1, [], []
         self.role = Role.DAEMON if r.random() < 0.33 else Role.CLIENT
         self.proven = True
         nonce = new_nonce()
@@ -354,7 +358,7 @@ class Generator:
     def stranger(self, frames: int) -> Plan:
         """A connection from a party that cannot prove the secret of the role it claims."""
         r = self.rng
-        self._next_id, self._writers = 1, []
+        self._next_id, self._writers, self._reads = 1, [], []
         pick = r.random()
         if pick < 0.1:  # the plain generator: Hellos without a nonce, broken Hellos
             data, n = self.connection(frames)

@@ -241,6 +241,10 @@ async def test_a_malformed_group_after_good_ones_drops_the_whole_attempt_memory_
 
     d = one.daemons[0]
     c = await AsyncClient.connect(d.addr)
+    kept = await c.open_writer("m-app", 2, 0, 1, 1)  # another shuffle: the application is not left empty
+    await kept.write(0, b"kept")
+    await kept.commit()
+    await c.flush("m-app", 2)  # on disk: the pool holds nothing of it
     start = await c.stats()
     before, commits = start["disk"]["reclaimed_bytes"], start["store"]["commits"]
     raw = await Raw.open(d.addr)

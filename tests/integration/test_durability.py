@@ -690,13 +690,13 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
 async def test_an_application_cannot_share_a_long_ids_spill_directory(
     tmp_path: Path, stop_later: Callable[[DaemonProcess], DaemonProcess]
 ) -> None:
-    """An application whose id is a 300-character id's shortened directory name (its first 100 characters,
+    """An application whose id is a 230-character id's shortened directory name (its first 100 characters,
     '-' and a SHA-256) gets a directory of its own: sharing it, removing its own shuffle would delete the
     other application's spill files."""
 
     d = stop_later(daemon(tmp_path / "data"))
     c = await AsyncClient.connect(d.addr)
-    victim = "v" * 300
+    victim = "v" * 230
     squatter = victim[:100] + "-" + hashlib.sha256(victim.encode()).hexdigest()
     sizes = [200 * KiB, 100 * KiB]
     for app in (victim, squatter):

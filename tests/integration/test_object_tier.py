@@ -285,7 +285,7 @@ async def test_only_the_owners_token_deletes_an_applications_objects(
             for result in (await c.unregister_shuffle(APP, 1), await c.remove_application(APP)):
                 assert all(answer != "ok" for answer in result.get("peers", {}).values()), result
             await c.close()
-        assert sorted(await tier.objects()) == held
+        assert set(held) <= set(await tier.objects())  # nothing deleted (a spill under way may add one)
 
     await intrude(y)
     await check(owner, 1, {"": [1, 2]}, durable_sizes)
@@ -339,7 +339,7 @@ async def test_a_daemon_stopped_longer_than_the_timeouts_keeps_its_objects(tier:
     try:
         await _sweeps(cy, 4)
         assert sum("applications not answered" in line for line in y.log) >= 3
-        assert sorted(await tier.objects()) == held
+        assert set(held) <= set(await tier.objects())  # nothing deleted (a spill under way may add one)
         assert (await cy.stats())["tier"]["swept_objects"] == 0
     finally:
         x.proc.send_signal(signal.SIGCONT)
@@ -519,7 +519,7 @@ async def test_the_sweep_deletes_what_a_crashed_daemon_left(
     await ca.close()
     stopped(a)
     await wait_until(cb.stats, lambda s: s["tier"]["swept_expired"] >= 1, 30, "the crashed daemon's objects swept")
-    assert any("lease expired" in line and "object store swept" in line for line in b.log)
+    assert any("past its lease" in line and "object store swept" in line for line in b.log)
     await wait_until(tier.keys, lambda keys: not any(lease_node(k) == node_dir(a.addr) for k in keys))
     left = await tier.objects()
     assert left and all(k.startswith("app-app-kept/") for k in left), left

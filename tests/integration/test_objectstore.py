@@ -22,6 +22,8 @@ import pytest
 import pytest_asyncio
 
 from shuffled.protocol.errors import StorageError
+from shuffled.server.storage.lease import lease_node
+from shuffled.server.storage.object_format import node_dir
 from shuffled.server.storage.objects import ObjectStore
 from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
@@ -369,7 +371,8 @@ def test_a_daemon_is_ready_only_once_its_object_store_works(s3: SeaweedFS) -> No
 
 
 def test_no_probe_object_is_left_behind(s3: SeaweedFS) -> None:
-    """The probes of the daemons above (and of a daemon started now) delete what they wrote."""
+    """The probes of the daemons above (and of a daemon started now) delete what they wrote: what is left is
+    the daemon's lease, which stays to expire."""
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     d = _daemon(s3, s3.url(prefix), s3.admin.env())
     try:
@@ -377,10 +380,11 @@ def test_no_probe_object_is_left_behind(s3: SeaweedFS) -> None:
     finally:
         d.stop()
 
-    async def listing() -> Sequence[object]:
-        return await _store(s3, prefix).list_objects()
+    async def listing() -> Sequence[str]:
+        return [o.key for o in await _store(s3, prefix).list_objects()]
 
-    assert run(listing(), 30) == []
+    left = run(listing(), 30)
+    assert [lease_node(k) for k in left] == [node_dir(d.addr)], left
 
 
 def test_a_daemon_becomes_ready_when_its_store_comes_right(s3: SeaweedFS) -> None:

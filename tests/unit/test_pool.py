@@ -136,18 +136,18 @@ async def test_push_credit_promised_is_counted_in_the_global_pool_until_used_or_
     """The global pool knows how much memory writers hold as unused credit (what a memory-only daemon
     must not count as memory that comes back by itself)."""
     pool = GlobalPool(16 * SEG, SEG)
-    a = await asyncio.wait_for(pool.create_local_pool(4, 4), TIMEOUT)
-    b = await asyncio.wait_for(pool.create_local_pool(2, 2), TIMEOUT)
+    a = await asyncio.wait_for(pool.create_local_pool(4, 4, holder="app-a"), TIMEOUT)
+    b = await asyncio.wait_for(pool.create_local_pool(2, 2, holder="app-b"), TIMEOUT)
     a.promise(4)
     b.promise(2)
-    assert pool.promised == 6
+    assert pool.promised == 6 and pool.promised_by == {"app-a": 4, "app-b": 2}
     used = a.request()
     assert used is not None and a.promised == 3 and pool.promised == 5  # pushed: no longer idle credit
     b.destroy()
-    assert pool.promised == 3
+    assert pool.promised == 3 and pool.promised_by == {"app-a": 3}
     used.release()
     a.destroy()
-    assert pool.promised == 0 and pool.free == 16
+    assert pool.promised == 0 and pool.promised_by == {} and pool.free == 16
 
 
 @within(30)

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from ...config import DaemonConfig
 from ...net.once_per_turn import OncePerTurn
-from ...net.sender import Sender
+from ...net.sender import Sender, UnsentTally
 from ...protocol import events
 from ...protocol.errors import LimitExceeded, ShuffledError
 
@@ -59,13 +59,19 @@ class UnsentBudget:
         self.per_connection = config.max_unsent_per_connection
         self.total = config.max_unsent
         self.connections = connections
+        #: every connection's control bytes unsent, those failing too: until its transport is gone, what a
+        #: connection holds is still held
+        self.tally = UnsentTally()
         self.waiting: set[Backlog] = set()
 
     def over(self, conn: Answering) -> bool:
         if conn.sender.control_unsent() > self.per_connection:
             return True
-        # every connection, those failing too: until their transport is gone, what they hold is still held
-        return sum(c.sender.control_unsent() for c in self.connections) > self.total
+        if self.tally.bytes <= self.total:
+            return False
+        for c in self.connections:  # the tally may run high until a sender reaps: look closer
+            c.sender.control_unsent()
+        return self.tally.bytes > self.total
 
     def drained(self) -> None:
         """Some answers left (or a connection closed): the waiting backlogs go on as far as there is room."""

@@ -53,7 +53,7 @@ class DaemonConnection(FrameConnection):
         proto = pc.ProtocolConnection(
             side, Role.DAEMON, secret=secret, limits=limits, max_payload=cfg.segment_size, who=f"daemon {dialed}"
         )
-        super().__init__(proto, high=cfg.high_watermark, low=cfg.low_watermark)
+        super().__init__(proto, high=cfg.high_watermark, low=cfg.low_watermark, tally=daemon.unsent.tally)
         self.daemon = daemon
         #: the peer's address when this daemon dialled it
         self.dialed = dialed

@@ -123,7 +123,7 @@ class PushSession:
             if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
                 self.links = None
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
-        pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window)
+        pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window, holder=self.out.shuffle.app)
         self._stop_waiting()
         if self.closed:
             pool.destroy()
@@ -214,7 +214,7 @@ class PushSession:
     def _hopeless(self) -> bool:
         """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
         need = 1 if self.pool is not None else self.env.config.push_min
-        error = self.env.spiller.push_memory_error(need)
+        error = self.env.spiller.push_memory_error(need, self.out.shuffle.app)
         if error is not None:
             self.fail(error)
         return error is not None

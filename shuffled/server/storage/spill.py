@@ -162,25 +162,27 @@ class Spiller:
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
 
-    def push_memory_error(self, need: int) -> StorageError | None:
+    def push_memory_error(self, need: int, app: str) -> StorageError | None:
         """Why a push waiting for `need` more segments would wait for good (None: memory will come).
 
         Memory held by reads comes back by itself, and so does a push window's until it is promised; memory
         held by stored data only when it is spilled or its shuffle removed, which Spark may do much later
         (when its driver collects the shuffle), and push credit granted and not yet used only when its writer
-        pushes (then it is stored data) or ends, which an idle writer may never do. So a push waits only while
-        stored data and other writers' credit leave room for it, or stored data can move below memory.
+        pushes (then it is stored data) or ends, which an idle writer may never do. So a push of `app` waits
+        only while stored data and other applications' credit leave room for it (its own application's
+        writers going on is back-pressure; another's idle credit would starve it), or stored data can move
+        below memory.
         """
         if self.target is not None and self.writes.error is None:
             return None
         usable = self.pool.total - self.pool.reserve
         stored = self.store.memory_segments
-        idle = self.pool.promised
+        idle = self.pool.promised - self.pool.promised_by.get(app, 0)
         if usable - stored - idle >= need:
             return None
         held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
         if idle:
-            held += f" and other writers hold {idle} more as push credit they have not used"
+            held += f" and other applications' writers hold {idle} more as push credit they have not used"
         if self.target is None:
             return StorageError(
                 f"no memory for this push: {held} and this daemon has no data directory to spill to "
