@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in SCENARIOS if n in args.names] if args.names else list(SCENARIOS)
 
     atexit.register(stop_all)  # last resort; the normal paths stop every child themselves
-    reaper.current()  # and should this process be killed, its watcher removes what the run left
+    if reaper.supported():
+        reaper.current()  # and should this process be killed, its watcher removes what the run left
     args.out.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix="shuffled-bench-"))
     if args.minutes is not None and args.minutes <= 0:

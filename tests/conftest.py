@@ -29,9 +29,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The session's run (tests/reaper.py) from the start, so that every process the tests start carries its
     mark and nothing the session makes outlives it, even if it is killed; what killed sessions before it
     left is removed first."""
-    if Path("/proc/self/environ").exists():
-        from tests import reaper
+    from tests import reaper
 
+    if reaper.supported():
         reaper.current()
 
 

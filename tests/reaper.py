@@ -2,7 +2,7 @@
 however it ends: also when it is killed with SIGKILL, and no `finally` of its own runs.
 
 A run has an owner, the process that started it (the pytest session, `python -m benchmarks`), named by its
-pid and start time (`Owner`, so a reused pid is not mistaken for it). What the owner leaves behind is found
+pid and start time (`owner_of`, so that a reused pid is not mistaken for it). What the owner leaves behind is found
 two ways:
 
 - processes: the owner puts ``SHUFFLED_OWNER_<owner>=1`` in its own environment, so every process it starts,
@@ -78,7 +78,16 @@ def alive(owner: str) -> bool:
 
 
 def _ip(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
+    """`ip ARGV`; without iproute2 (no namespaces or links can have been made) an empty answer."""
+    try:
+        return subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(["ip", *argv], 127, "", "ip: not installed")
+
+
+def supported() -> bool:
+    """Whether runs can be watched here: Linux's /proc names processes' start times and environments."""
+    return Path("/proc/self/environ").exists()
 
 
 # --------------------------------------------------------------------------- processes
