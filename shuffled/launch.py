@@ -103,9 +103,11 @@ class DaemonProcess:
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> DaemonProcess:
         """Blocks until the ready line; a daemon that exits or stays silent is killed and reported."""
         if not self._done.wait(timeout) or not self.ready_line or self.proc.poll() is not None:
+            code = self.proc.poll()
+            why = f"exited with code {code}" if code is not None else f"logged no ready line within {timeout:.0f}s"
             self.proc.kill()
             self.proc.wait(STOP_TIMEOUT)
-            raise RuntimeError(f"daemon on {self.host}:{self.port} did not start:\n{''.join(self.log)}")
+            raise RuntimeError(f"daemon on {self.host}:{self.port} {why}:\n{''.join(self.log)}")
         return self
 
     def ready_field(self, name: str) -> str:

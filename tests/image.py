@@ -249,10 +249,15 @@ class Container:
             return False
 
     def wait_ready(self, timeout: float = 60) -> None:
+        """Until the daemon in it answers; else an error with the container's state and log."""
+
         def ready_or_gone() -> bool:
             return self.state("Running") != "true" or self.answers()
 
-        poll_until(ready_or_gone, timeout, f"container {self.name} answers at {self.addr}")
+        try:
+            poll_until(ready_or_gone, timeout, f"container {self.name} answers at {self.addr}")
+        except AssertionError as exc:
+            raise PodmanError(f"{exc} (state {self.state('Status')}); its log:\n{self.logs()[-4000:]}") from None
         if self.state("Running") != "true":
             raise PodmanError(f"container {self.name} exited ({self.state('ExitCode')}):\n{self.logs()}")
 
