@@ -493,6 +493,8 @@ class Context:
         self.repeats = 1 if quick else 5
         #: wall-clock cap for one scenario, enforced around its coroutine
         self.time_limit = 45.0 if quick else 900.0
+        #: what every scenario's time limit is multiplied by (`--limits`): the limits suit an idle machine
+        self.limit_scale = 1.0
         self.scenario = ""
         #: the running scenario's own cap (its (QUICK_)TIME_LIMIT, else time_limit): waits inside it that
         #: need the whole of it (a Spark session on a loaded machine) use this, not the default

@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: on a new machine: the Spark scenarios start JVMs, two standalone clusters on three namespace hosts among
 #: them, and objtier's uploads alone took 196 s); the scenarios' own limits fire first
 TIMEOUT = 1500
+#: the scenarios' limits suit an idle 2-core machine; at a load of 10-13 scale, hosts and soak each went past
+#: theirs (90, 300 and 180 s) by a few seconds, while the plumbing this test checks worked
+LIMITS = 2
 
 
 @pytest.mark.slow
@@ -29,7 +32,7 @@ TIMEOUT = 1500
 def test_quick_benchmarks_run_and_write_results(tmp_path: Path) -> None:
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+            [sys.executable, "-m", "benchmarks", "--quick", "--limits", str(LIMITS), "--out", str(tmp_path)],
             cwd=REPO,
             capture_output=True,
             text=True,
