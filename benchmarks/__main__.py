@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
+from tests import reaper
+
 from . import (
     bare,
     hol,
@@ -101,7 +103,7 @@ async def _run_one(ctx: Context, name: str, results: list[ScenarioResult]) -> No
     ctx.progress("start")
     t0 = time.monotonic()
     # A scenario that starts JVMs may need longer than the defaults; it says so in (QUICK_)TIME_LIMIT.
-    seconds = getattr(module, "QUICK_TIME_LIMIT" if ctx.quick else "TIME_LIMIT", ctx.time_limit)
+    seconds = getattr(module, "QUICK_TIME_LIMIT" if ctx.quick else "TIME_LIMIT", ctx.time_limit) * ctx.limit_scale
     ctx.scenario_limit = seconds
     limit = asyncio.timeout(seconds)
     profiler = cProfile.Profile() if ctx.profile else None
@@ -164,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run daemons (and this process's client side) under cProfile; writes <scenario>-<who>.prof to --out",
     )
     parser.add_argument("--minutes", type=float, default=None, help="how long the soak runs (default 10)")
+    parser.add_argument(
+        "--limits",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="multiply every scenario's time limit (default 1: an idle machine; a busy one needs 2 or 3)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENARIOS]
@@ -172,11 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in SCENARIOS if n in args.names] if args.names else list(SCENARIOS)
 
     atexit.register(stop_all)  # last resort; the normal paths stop every child themselves
+    if reaper.supported():
+        reaper.current()  # and should this process be killed, its watcher removes what the run left
     args.out.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix="shuffled-bench-"))
     if args.minutes is not None and args.minutes <= 0:
         parser.error("--minutes must be positive")
     ctx = Context(args.quick, args.out, tmp_dir, profile=args.profile, minutes=args.minutes)
+    ctx.limit_scale = args.limits
     t0 = time.monotonic()
     load = MachineLoad()
     progress(f"running {', '.join(names)} ({'quick' if args.quick else 'full'}), results in {args.out}")

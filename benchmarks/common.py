@@ -9,7 +9,9 @@ Safety rules every scenario gets from here rather than re-implementing:
   two "hosts") or a Unix socket in a private temporary directory;
 - every child process is registered the moment it starts and is stopped with
   SIGTERM, then SIGKILL, when its scenario ends, when the run ends, on error and
-  at interpreter exit; on Linux it also gets SIGTERM if this process dies;
+  at interpreter exit; it leads a process group of its own and gets SIGTERM if
+  this process dies (`shuffled.children`), and whatever a run leaves when it is
+  killed (processes, namespaces, links) goes with it (tests/reaper.py);
 - every loop is bounded in count and in time (`bounded`), every wait has a timeout.
 """
 
@@ -17,15 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import math
 import os
 import platform
 import queue
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -37,8 +36,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from shuffled import children
 from shuffled.config import DaemonConfig
 from shuffled.launch import DaemonProcess, stop_process
 from shuffled_client import AsyncClient
@@ -46,6 +46,7 @@ from shuffled_client.aio import PartitionReader
 
 KiB = 1 << 10
 MiB = 1 << 20
+T = TypeVar("T")
 
 #: the daemon's defaults, read from its own config so sizing here follows it
 DAEMON_DEFAULTS = DaemonConfig()
@@ -237,30 +238,6 @@ class ScenarioResult:
 _LIVE: set[ManagedProcess | DaemonProcess] = set()
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux), or None.
-
-    Covers the case no `finally` can: this process killed by SIGKILL (e.g. a test
-    timeout), which would otherwise leave daemons running.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-    return preexec
-
-
-_PREEXEC = _parent_death_signal()
-
-
 #: the directory holding the `benchmarks` package, so helpers import it whatever the working directory
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -291,14 +268,13 @@ class ManagedProcess:
         self._ready = threading.Event()
         self._tail: deque[str] = deque(maxlen=60)
         self._lines: queue.Queue[str | None] = queue.Queue()
-        self.proc = subprocess.Popen(
+        self.proc: subprocess.Popen[str] = children.spawn(
             argv,
             stdin=subprocess.PIPE if commands else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=_child_env(),
-            preexec_fn=_PREEXEC,  # only calls prctl, see _parent_death_signal
         )
         _LIVE.add(self)
         for stream_name in ("stdout", "stderr"):
@@ -330,10 +306,11 @@ class ManagedProcess:
         return "\n".join(self._tail)
 
     async def wait_ready(self, timeout: float = READY_TIMEOUT) -> re.Match[str]:
-        await asyncio.to_thread(self._ready.wait, timeout)
+        waited = await asyncio.to_thread(self._ready.wait, timeout)
         if self.ready_match is None:
             self.stop()
-            raise RuntimeError(f"{self.name} did not become ready within {timeout:.0f}s:\n{self.tail()}")
+            why = f"exited with code {self.proc.returncode}" if waited else f"was not ready within {timeout:.0f}s"
+            raise RuntimeError(f"{self.name} {why}:\n{self.tail()}")
         return self.ready_match
 
     async def next_line(self, timeout: float) -> str:
@@ -380,6 +357,32 @@ def stop_all() -> None:
         p = _LIVE.pop()
         with contextlib.suppress(Exception):
             p.stop()
+
+
+async def in_thread(work: Callable[[], T], on_cancel: Callable[[], None] = lambda: None) -> T:
+    """``work()`` in a worker thread (it blocks: starting JVMs, a Spark job), awaited. A thread cannot be
+    interrupted: if the caller is cancelled (the scenario's time limit, SIGINT), ``on_cancel()`` asks the work
+    to end and the thread is waited for before the cancellation goes on, so that nothing it starts afterwards
+    outlives the scenario, nor keeps the run from exiting (its executor is joined at the end)."""
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        on_cancel()
+        with contextlib.suppress(Exception):
+            await running
+        raise
+
+
+@contextlib.asynccontextmanager
+async def entered_in_thread(manager: contextlib.AbstractContextManager[T]) -> AsyncIterator[T]:
+    """A blocking context manager (simulated hosts, a Spark cluster) entered and exited in worker threads, and
+    exited also when the caller was cancelled while it was still being entered (`in_thread`)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            yield await in_thread(lambda: stack.enter_context(manager))
+        finally:
+            await asyncio.to_thread(stack.pop_all().close)
 
 
 def rss(pid: int) -> int:
@@ -490,6 +493,8 @@ class Context:
         self.repeats = 1 if quick else 5
         #: wall-clock cap for one scenario, enforced around its coroutine
         self.time_limit = 45.0 if quick else 900.0
+        #: what every scenario's time limit is multiplied by (`--limits`): the limits suit an idle machine
+        self.limit_scale = 1.0
         self.scenario = ""
         #: the running scenario's own cap (its (QUICK_)TIME_LIMIT, else time_limit): waits inside it that
         #: need the whole of it (a Spark session on a loaded machine) use this, not the default
@@ -542,9 +547,7 @@ class Context:
                 if self.profile:  # stats written when the daemon stops (SIGTERM makes it exit normally)
                     python += ["-m", "cProfile", "-o", str(self.out_dir / f"{self.scenario}-{host}.prof")]
                 size = f"{round_up_mib(pool) // MiB}M"
-                d = DaemonProcess(
-                    host, port, size, [*flags, *extra], interpreter=python, env=_child_env(), preexec=_PREEXEC
-                )
+                d = DaemonProcess(host, port, size, [*flags, *extra], interpreter=python, env=_child_env())
                 _LIVE.add(d)
                 started.append(d)
                 await asyncio.to_thread(d.wait_ready)

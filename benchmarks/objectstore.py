@@ -25,7 +25,7 @@ from obstore.store import S3Store
 from shuffled.server.storage.objects import ObjectStore
 from tests.seaweedfs import SeaweedFS, weed_binary
 
-from .common import Context, CpuMeter, Goal, MiB, ScenarioResult, Skip, bounded, median, mib_per_s, require
+from .common import Context, CpuMeter, Goal, MiB, ScenarioResult, Skip, bounded, in_thread, median, mib_per_s, require
 
 SEGMENT = 32 << 10
 OBJECT = 32 * MiB
@@ -79,7 +79,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     view = memoryview(pool)
     server = SeaweedFS(ctx.tmp_dir / "seaweedfs")
     try:
-        await asyncio.to_thread(server.start)
+        await in_thread(server.start)  # if cancelled meanwhile, the `finally` below still finds it started
         cfg = server.store_config("bench", part_size=PART, concurrency=CONCURRENCY)
         layer = ObjectStore(cfg, environ=server.admin.env())
         raw = layer.client  # the same client, configured the same way

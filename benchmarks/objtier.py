@@ -33,7 +33,7 @@ from shuffled_client import AsyncClient
 from tests.seaweedfs import SeaweedFS, weed_binary
 
 from . import star_schema
-from .common import Context, CpuMeter, Goal, MiB, ScenarioResult, Skip, median, mib_per_s, require
+from .common import Context, CpuMeter, Goal, MiB, ScenarioResult, Skip, in_thread, median, mib_per_s, require
 from .objectstore import CONCURRENCY, OBJECT, PART, plain_upload
 from .spark import plugin_jar, run_session
 
@@ -118,7 +118,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(1024 * MiB, 128 * MiB)
     server = SeaweedFS(ctx.tmp_dir / "seaweedfs")
     try:
-        await asyncio.to_thread(server.start)
+        await in_thread(server.start)  # if cancelled meanwhile, the `finally` below still finds it started
         with _credentials(server):
             await _uploads(ctx, result, server, nbytes)
             await _when(ctx, result, server, nbytes)

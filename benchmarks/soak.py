@@ -24,7 +24,7 @@ from typing import Any
 from tests.host_faults import PEER_TIMEOUT_S, HostDaemons, Outcome, acceptable, keyed_sums, run_with_fault
 from tests.hosts import DAEMON_PORT, GBIT_10, Hosts, netns_unavailable
 
-from .common import Context, Goal, MiB, Plot, ScenarioResult, Skip
+from .common import Context, Goal, MiB, Plot, ScenarioResult, Skip, in_thread
 from .spark import plugin_jar
 
 POOL = "16M"
@@ -76,10 +76,24 @@ class UsageSampler:
                 self._point(f"host {i + 1} pool used", used / MiB)
 
 
-def _session(hosts: Hosts, master: str, jar: str, daemons: HostDaemons) -> Any:
-    from tests import spark_jobs
+class _Cancel:
+    """What the scenario's cancellation (its time limit, SIGINT) does to the soak's thread: no job after the
+    running one, which is cancelled (Spark's jobs cannot be interrupted otherwise)."""
 
-    return spark_jobs.session(
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.spark: Any = None
+
+    def __call__(self) -> None:
+        self.requested.set()
+        if self.spark is not None:
+            self.spark.sparkContext.cancelAllJobs()
+
+
+def _session(hosts: Hosts, master: str, jar: str, daemons: HostDaemons) -> Any:
+    from tests import spark_standalone
+
+    return spark_standalone.session(
         master,
         {
             "spark.jars": jar,
@@ -95,7 +109,7 @@ def _session(hosts: Hosts, master: str, jar: str, daemons: HostDaemons) -> Any:
     )
 
 
-def _soak(jar: str, seconds: float, max_jobs: int, sizes: list[int], seed: int) -> dict[str, Any]:
+def _soak(jar: str, seconds: float, max_jobs: int, sizes: list[int], seed: int, cancel: _Cancel) -> dict[str, Any]:
     from tests.cluster import poll_until
     from tests.spark_support import daemon_stats, store_emptied
 
@@ -104,10 +118,10 @@ def _soak(jar: str, seconds: float, max_jobs: int, sizes: list[int], seed: int) 
     with Hosts(3, GBIT_10) as hosts:
         daemons = HostDaemons(hosts, POOL)
         with hosts.spark_cluster() as master, UsageSampler(daemons) as usage:
-            spark = _session(hosts, master, jar, daemons)
+            spark = cancel.spark = _session(hosts, master, jar, daemons)
             deadline = time.monotonic() + seconds
             try:
-                while report["jobs"] < max_jobs and time.monotonic() < deadline:
+                while report["jobs"] < max_jobs and time.monotonic() < deadline and not cancel.requested.is_set():
                     kind = FAULTS[report["jobs"] % len(FAULTS)] if max_jobs <= len(FAULTS) else rng.choice(FAULTS)
                     host = rng.randrange(3)
                     job, expected = keyed_sums(spark, rng.choice(sizes))
@@ -148,7 +162,9 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     seed = random.randrange(1 << 30)
     ctx.progress(f"{minutes:g} minutes, seed {seed}")
     sizes = ctx.pick([200_000, 600_000, 1_500_000], [100_000])
-    report = await asyncio.to_thread(_soak, jar, minutes * 60, ctx.pick(1 << 30, QUICK_JOBS), sizes, seed)
+    cancel = _Cancel()
+    jobs = ctx.pick(1 << 30, QUICK_JOBS)
+    report = await in_thread(lambda: _soak(jar, minutes * 60, jobs, sizes, seed, cancel), cancel)
     result.add("jobs run", report["jobs"], "jobs")
     result.add("faults injected", sum(n for f, n in report["faults"].items() if f != "none"), "faults")
     result.add("wrong results", len(report["wrong"]), "jobs", goal=Goal("value", "<=", 0))

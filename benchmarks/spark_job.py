@@ -86,6 +86,20 @@ def _drop_shuffles(spark: SparkSession) -> None:
         cleaner.doCleanupShuffle(shuffle_id, True)
 
 
+#: how long a session on a cluster may wait for its executors (JVMs its workers start; slow on a busy machine)
+EXECUTORS_TIMEOUT = 150.0
+
+
+def _wait_for_executors(spark: SparkSession, want: int) -> None:
+    """Until the cluster runs `want` executors for the session: a cluster that gives it none fails here, saying
+    so, instead of leaving the first query pending until the caller's time limit."""
+    deadline = time.monotonic() + EXECUTORS_TIMEOUT
+    while (have := spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1) < want:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{have} of {want} executors registered within {EXECUTORS_TIMEOUT:.0f}s")
+        time.sleep(0.2)  # polling the driver's executor list: Spark offers nothing to block on
+
+
 def run(
     mode: str,
     rows: int,
@@ -96,6 +110,7 @@ def run(
     keep_shuffles: bool,
     master: str = "local[2]",
     settings: dict[str, str] | None = None,
+    executors: int = 0,
 ) -> dict[str, Any]:
     conf: dict[str, str | int | float | bool | None] = {
         "spark.ui.enabled": "false",
@@ -112,6 +127,7 @@ def run(
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, Any] = {"mode": mode, "queries": {}}
     try:
+        _wait_for_executors(spark, executors)
         for name in queries:
             query = ALL_QUERIES[name]
             before = _shuffle_write_bytes(spark)
@@ -140,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", default=",".join(QUERIES), help="which queries, comma-separated")
     parser.add_argument("--keep-shuffles", action="store_true", help="do not drop each query's shuffles after it")
     parser.add_argument("--master", default="local[2]", help="Spark master URL")
+    parser.add_argument("--executors", type=int, default=0, help="wait for this many executors before the queries")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (last wins)")
     args = parser.parse_args(argv)
     if any("=" not in c for c in args.conf):
@@ -151,7 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown queries {', '.join(sorted(unknown))}; choose from {', '.join(ALL_QUERIES)}")
     out = run(
-        args.mode, args.rows, args.partitions, addresses, args.jar, queries, args.keep_shuffles, args.master, settings
+        args.mode,
+        args.rows,
+        args.partitions,
+        addresses,
+        args.jar,
+        queries,
+        args.keep_shuffles,
+        args.master,
+        settings,
+        args.executors,
     )
     print(json.dumps(out), flush=True)
     return 0

@@ -221,8 +221,8 @@ class DaemonConfig:
         "directory for spill files and their journals (created if missing): the pool is a cache in front of it, "
         "so a full pool spills instead of stopping pushes, and committed data survives a restart. `auto`: "
         f"`{SYSTEM_STATE_ROOT}/HOST-PORT` as root, else `$XDG_STATE_HOME/shuffled/HOST-PORT` "
-        "(`~/.local/state/...`); `none`: memory only, and a push that finds the pool full of stored data fails "
-        "at once with STORAGE_ERROR",
+        "(`~/.local/state/...`); `none`: no files: with an `object-store` spills go to objects, without one memory "
+        "only, and a push that finds the pool full of stored data fails at once with STORAGE_ERROR",
         parse=_parse_data_dir,
         metavar="DIR|auto|none",
     )

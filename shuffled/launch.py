@@ -1,7 +1,8 @@
 """Starting `shuffled serve` as a child process and stopping it again.
 
 One launcher for `shuffled demo`, the tests and the benchmarks, so all of them start a daemon the same
-way, learn its addresses from the same ready line and never leave one running. Kept import-light: it
+way, learn its addresses from the same ready line and never leave one running (`shuffled.children`: a
+process group of its own, and a death signal when its starter dies). Kept import-light: it
 runs in the process that starts daemons (the demo, a test run), not in the daemon, so it needs none of
 the server's asyncio code.
 """
@@ -9,7 +10,6 @@ the server's asyncio code.
 from __future__ import annotations
 
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -17,10 +17,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 
+from . import children
+from .children import STOP_TIMEOUT as STOP_TIMEOUT
 from .config import parse_size
 
 READY_TIMEOUT = 30.0
-STOP_TIMEOUT = 10.0
 
 #: the daemon's ready line as `--log-format kv` or `json` writes it
 _READY = re.compile(r' msg=ready |"msg": "ready"')
@@ -46,13 +47,7 @@ def free_port(hosts: list[str]) -> int:
 
 def stop_process(proc: subprocess.Popen[str], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM (a daemon drains and exits), then SIGKILL after `timeout`; safe to call again."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+    children.stop(proc, timeout)
 
 
 class DaemonProcess:
@@ -84,14 +79,14 @@ class DaemonProcess:
         self.log: list[str] = []
         self.ready_line = ""
         self._done = threading.Event()
-        self.proc = subprocess.Popen(
+        self.proc: subprocess.Popen[str] = children.spawn(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-            preexec_fn=preexec,
+            preexec=preexec,
         )
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -108,9 +103,11 @@ class DaemonProcess:
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> DaemonProcess:
         """Blocks until the ready line; a daemon that exits or stays silent is killed and reported."""
         if not self._done.wait(timeout) or not self.ready_line or self.proc.poll() is not None:
+            code = self.proc.poll()
+            why = f"exited with code {code}" if code is not None else f"logged no ready line within {timeout:.0f}s"
             self.proc.kill()
             self.proc.wait(STOP_TIMEOUT)
-            raise RuntimeError(f"daemon on {self.host}:{self.port} did not start:\n{''.join(self.log)}")
+            raise RuntimeError(f"daemon on {self.host}:{self.port} {why}:\n{''.join(self.log)}")
         return self
 
     def ready_field(self, name: str) -> str:

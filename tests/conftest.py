@@ -1,9 +1,11 @@
 """Session-wide fixtures: the Spark plugin jar, the built-in shuffle's results for tests/spark_jobs.py, and the
-shuffled image; and the rules for async tests: each runs on uvloop and has a deadline (tests/aio.py)."""
+shuffled image; the rules for async tests: each runs on uvloop and has a deadline (tests/aio.py); and the
+session's reaper (tests/reaper.py)."""
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,11 +15,52 @@ import uvloop
 
 from tests.aio import deadline_of
 
+#: how long the session's end waits for what it stopped last to be gone before it counts it as left behind
+LEFT_BEHIND_WAIT = 10.0
+
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]]:
     """Every async test and async fixture runs on a uvloop loop, as `shuffled serve` does (uvloop.run), so
     daemons started in this process run on the loop they run on in production."""
     return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The session's run (tests/reaper.py) from the start, so that every process the tests start carries its
+    mark and nothing the session makes outlives it, even if it is killed; what killed sessions before it
+    left is removed first."""
+    from tests import reaper
+
+    if reaper.supported():
+        reaper.current()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails the session if anything it started is still there at its end (every fixture torn down): the reaper
+    would remove it when the session exits, but it is a leak in a harness, and a killed run would leave it."""
+    from tests import reaper
+
+    run = reaper.made()
+    if run is None:
+        return
+    _stop_spark_gateway()
+    left = run.left_behind(LEFT_BEHIND_WAIT)
+    if left:
+        print(f"\nthe session left these behind ({LEFT_BEHIND_WAIT:.0f} s after its end):", *left, sep="\n  ")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _stop_spark_gateway() -> None:
+    """PySpark's JVM (one per process, started by the first session, kept for the next) ends when its standard
+    input closes; the only process of the session that is meant to live until the session's end."""
+    pyspark = sys.modules.get("pyspark")
+    gateway = getattr(getattr(pyspark, "SparkContext", None), "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if gateway is not None and proc is not None and proc.poll() is None:
+        gateway.shutdown()
+        proc.stdin.close()
+        proc.wait(60)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -18,7 +18,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,20 +271,32 @@ def run_with_fault(job: Any, daemons: HostDaemons, fault: Fault) -> Outcome:
             if fault.moment == "reread":
                 fault.inject()
             running = pool.submit(lambda: sorted(job.collect()))
-            if fault.moment == "mid_map":
-                poll_until(lambda: running.done() or daemons.commits() > commits, 120, "map output committed")
-                fault.inject()
             try:
-                poll_until(lambda: fault.happened() or running.done(), 60, f"{fault.name}: took effect")
-            finally:
-                fault.repair()
-            try:
-                return Outcome(running.result(timeout=300), "")
-            except Exception as exc:  # the job failed: the caller checks that the message names the cause
-                return Outcome(None, str(exc))
+                return _judge(job, daemons, fault, running, commits)
+            except BaseException:
+                job.context.cancelAllJobs()  # the job ends, so leaving the pool does not wait for it for ever
+                raise
     finally:
         fault.happened()
         fault.restore()
+
+
+def _judge(job: Any, daemons: HostDaemons, fault: Fault, running: Future[list[Any]], commits: int) -> Outcome:
+    """The fault injected into the running job (mid-map: once a map output is committed), repaired once it took
+    effect; the job's outcome."""
+    if fault.moment == "mid_map":
+        poll_until(lambda: running.done() or daemons.commits() > commits, 120, "map output committed")
+        fault.inject()
+    try:
+        poll_until(lambda: fault.happened() or running.done(), 60, f"{fault.name}: took effect")
+    finally:
+        fault.repair()
+    try:
+        return Outcome(running.result(timeout=300), "")
+    except FutureTimeout:
+        raise AssertionError(f"the job did not end within 300 s of the fault ({fault.name})") from None
+    except Exception as exc:  # the job failed: the caller checks that the message names the cause
+        return Outcome(None, str(exc))
 
 
 def acceptable(outcome: Outcome, expected: list[Any], fault: Fault) -> bool:

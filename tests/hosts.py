@@ -8,9 +8,12 @@ listens on every address of its namespace, so executors on that host reach it as
 the host's address. Master and driver stay in the root namespace, on the bridge's address.
 
 Links are shaped on both ends of each veth: ``netem`` (rate and delay) where the kernel has it, else
-``tbf`` (rate only; the delay is then not emulated, and `Hosts.shaping` says so). Names carry a tag
-unique to the run, so parallel runs cannot collide, and everything is removed on exit, also after a
-failure. Creating namespaces needs root and ``ip``; `netns_unavailable` says why not, for skips.
+``tbf`` (rate only; the delay is then not emulated, and `Hosts.shaping` says so). Names carry a tag that no
+namespace, link or other run uses, and the /24 is one that no other run holds and no address or route of the
+machine overlaps (both handed out by tests/reaper.py), so parallel runs, what an earlier run left and the
+host's own networks cannot collide. Everything is removed on exit, also after a failure, and by the run's
+reaper should the process be killed. Creating namespaces needs root and ``ip``; `netns_unavailable` says why
+not, for skips.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shuffled.launch import DaemonProcess
+from tests import reaper
 
 DAEMON_PORT = 7337
 
@@ -110,9 +114,10 @@ class Hosts:
     def __init__(self, n: int = 3, profile: LinkProfile = GBIT_1) -> None:
         self.n = n
         self.profile = profile
-        self.tag = f"{os.getpid() % 100_000}{os.urandom(1).hex()}"
-        subnet = int.from_bytes(os.urandom(2), "big") % 512  # 198.18.0.0/15 holds 512 /24s
-        self.prefix = f"198.{18 + subnet // 256}.{subnet % 256}"
+        self.run = reaper.current()
+        self.tag = self.run.tag()
+        self.subnet = self.run.subnet()
+        self.prefix = str(self.subnet.network_address).rpartition(".")[0]
         self.bridge = f"shbr{self.tag}"
         self.gateway = f"{self.prefix}.1"
         self.hosts: list[Host] = []
@@ -131,6 +136,7 @@ class Hosts:
         self.close()
 
     def _create(self) -> None:
+        self.run.add("link", self.bridge)
         _must("ip", "link", "add", self.bridge, "type", "bridge")
         _must("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _must("ip", "link", "set", self.bridge, "up")
@@ -138,6 +144,8 @@ class Hosts:
             host = Host(i, f"shf{self.tag}h{i}", f"{self.prefix}.{10 + i}", f"sh{self.tag}o{i}")
             self.hosts.append(host)
             inner = f"sh{self.tag}i{i}"
+            self.run.add("netns", host.netns)
+            self.run.add("link", host.outer)
             _must("ip", "netns", "add", host.netns)
             _must("ip", "link", "add", host.outer, "type", "veth", "peer", "name", inner)
             _must("ip", "link", "set", inner, "netns", host.netns)
@@ -232,7 +240,11 @@ class Hosts:
                     os.kill(int(pid), signal.SIGKILL)
             _run("ip", "link", "del", host.outer)
             _run("ip", "netns", "del", host.netns)
+            self.run.remove("link", host.outer)
+            self.run.remove("netns", host.netns)
         _run("ip", "link", "del", self.bridge)
+        self.run.remove("link", self.bridge)
+        self.run.remove("subnet", str(self.subnet))
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def leftovers(self) -> list[str]:

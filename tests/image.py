@@ -13,9 +13,10 @@ PyPI); the containers only what the tests own: no network and a Unix socket in a
 network namespace of tests/hosts.py, or an internal podman network on a bridge and subnet of the run's own
 (`podman kube play` cannot put a pod into a namespace).
 
-Everything a run creates in podman carries the label `shuffled-test=<pid>` and is removed by the test that
-made it; what a killed run left behind is removed by the next build. `unavailable` says why podman cannot
-run here (tests skip with it; `.ci/run` installs the tools).
+Everything a run creates in podman carries the label `shuffled-test=<owner>` (tests/reaper.py names the run's
+owner) and is removed by the test that made it; should the run be killed, its reaper removes the containers,
+pods and networks of that label, and the next build removes what runs of older trees left (their label is
+their pid). `unavailable` says why podman cannot run here (tests skip with it; `.ci/run` installs the tools).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from shuffled_client import Client, ShuffledError
+from tests import reaper
 from tests.cluster import poll_until
 from tests.spark_lines import LineEnv
 
@@ -84,6 +86,8 @@ class Podman:
             "--network-config-dir", str(self.network_dir),
         ]  # fmt: skip
         self.env = {**os.environ, "CONTAINERS_CONF": str(CONF / "containers.conf")}
+        # what the run makes in this storage is the run's to remove, should it be killed
+        reaper.current().add("podman", self.argv(), self.env["CONTAINERS_CONF"])
 
     def argv(self, *args: str) -> list[str]:
         return ["podman", *self.flags, *args]
@@ -117,7 +121,7 @@ class Image:
 
     def copy_out(self, path: str, dest: Path) -> Path:
         """``path`` of the image, copied to ``dest`` on the host."""
-        container = self.podman("create", self.name).stdout.strip()
+        container = self.podman("create", "--label", run_label(), self.name).stdout.strip()
         try:
             self.podman("cp", f"{container}:{path}", str(dest))
         finally:
@@ -133,9 +137,12 @@ class Image:
         return self.podman("run", "--rm", "--network", "none", "--entrypoint", "python3", self.name, "-c", code).stdout
 
 
-#: the label on everything a test run creates in podman, with the run's process id
-LABEL = "shuffled-test"
-RUN_LABEL = f"{LABEL}={os.getpid()}"
+#: the label on everything a test run creates in podman, with the run's owner (tests/reaper.py)
+LABEL = reaper.LABEL
+
+
+def run_label() -> str:
+    return reaper.current().label
 
 
 def remove_leftovers(podman: Podman) -> None:
@@ -147,13 +154,18 @@ def remove_leftovers(podman: Podman) -> None:
         (["network", "ls"], "{{.Name}}", ["network", "rm", "--force"]),
     ):
         found = podman(*listing, "--filter", f"label={LABEL}", "--format", f'{name} {{{{index .Labels "{LABEL}"}}}}')
-        for thing, pid in (line.split() for line in found.stdout.splitlines() if line.strip()):
-            if not Path(f"/proc/{pid}").is_dir():
+        for thing, owner in (line.split() for line in found.stdout.splitlines() if line.strip()):
+            if not _alive(owner):
                 podman(*removing, thing, check=False)
     tags = podman("images", "--format", "{{.Repository}} {{.Tag}}").stdout.split("\n")
     for repository, pid in (line.split() for line in tags if line.startswith(f"{IMAGES} ")):
         if not Path(f"/proc/{pid}").is_dir():
             podman("untag", f"{repository}:{pid}", f"{repository}:{pid}", check=False)
+
+
+def _alive(owner: str) -> bool:
+    """Whether the run of a label is still going: its owner (or, labelled by older trees, its pid) is alive."""
+    return reaper.alive(owner) if "_" in owner else Path(f"/proc/{owner}").is_dir()
 
 
 def build(lines: dict[str, LineEnv], scratch: Path) -> Image:
@@ -216,7 +228,7 @@ class Container:
     @classmethod
     def run(cls, image: Image, name: str, addr: str, options: list[str], flags: list[str] | None = None) -> Container:
         """Starts it with these podman ``options`` and ``shuffled serve`` ``flags``; returns once it answers."""
-        image.podman("run", "--detach", "--name", name, "--label", RUN_LABEL, *options, image.name, *(flags or []))
+        image.podman("run", "--detach", "--name", name, "--label", run_label(), *options, image.name, *(flags or []))
         container = cls(image.podman, name, addr)
         container.wait_ready()
         return container
@@ -237,10 +249,15 @@ class Container:
             return False
 
     def wait_ready(self, timeout: float = 60) -> None:
+        """Until the daemon in it answers; else an error with the container's state and log."""
+
         def ready_or_gone() -> bool:
             return self.state("Running") != "true" or self.answers()
 
-        poll_until(ready_or_gone, timeout, f"container {self.name} answers at {self.addr}")
+        try:
+            poll_until(ready_or_gone, timeout, f"container {self.name} answers at {self.addr}")
+        except AssertionError as exc:
+            raise PodmanError(f"{exc} (state {self.state('Status')}); its log:\n{self.logs()[-4000:]}") from None
         if self.state("Running") != "true":
             raise PodmanError(f"container {self.name} exited ({self.state('ExitCode')}):\n{self.logs()}")
 

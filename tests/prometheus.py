@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
+from shuffled import children
 from tests.cluster import free_port, http_get
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -71,16 +72,11 @@ def prometheus_server(tmp_path: Path, target: str) -> Iterator[str]:
     ]  # fmt: skip
     log_path = tmp_path / "prometheus.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = children.spawn(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield api
         except BaseException:
             print(log_path.read_text(), file=sys.stderr)
             raise
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            children.stop(proc, 30)

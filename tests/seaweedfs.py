@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import pytest
 
+from shuffled import children
 from shuffled.server.storage.object_config import ObjectStoreConfig
 
 #: ports a `weed server` listens on (each gets a gRPC port of its own too)
@@ -181,9 +182,7 @@ class SeaweedFS:
         (self.root / "s3.json").write_text(json.dumps({"identities": identities}))
         env = {**os.environ, "GOMEMLIMIT": "256MiB"}
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
-            )
+            self.proc = children.spawn(self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         try:
             self._wait_ready(time.monotonic() + timeout)
         except BaseException:

@@ -15,10 +15,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: the wheels this test run built, by form (compiled or not): built once, as building the compiled one takes
+#: one to two minutes, and the tests only install them
+_BUILT: dict[bool, Path] = {}
+
+
 def build_wheel(work: Path, compiled: bool) -> Path:
     """The wheel `pip wheel` builds (in its isolated build environment) from a copy of the tracked files under
     `work`: setuptools' build/ in the tree would otherwise leave the tree dirty and could carry files the
-    tree no longer has into the wheel."""
+    tree no longer has into the wheel. Once per run and form: a later call gets the same file (under the
+    first caller's `work`, which pytest keeps until the run ends)."""
+    if compiled not in _BUILT:
+        _BUILT[compiled] = _build_wheel(work, compiled)
+    return _BUILT[compiled]
+
+
+def _build_wheel(work: Path, compiled: bool) -> Path:
     source = work / "source"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
     for name in tracked.stdout.decode().split("\0"):

@@ -246,13 +246,19 @@ class Daemon:
             segments=self.pool.total,
             segment_size=cfg.segment_size,
             read_reserve=self.pool.reserve,
-            data_dir=self.disk.root if self.disk else "none (memory only: a full pool fails pushes)",
+            data_dir=self.disk.root if self.disk else self._without_data_dir(),
             peer_tls_port=cfg.peer_tls_port or None,
             restored_shuffles=restored,
             peers=len(self.membership.others()),
             http=self.ops.address if self.ops else None,
             object_store=repr(self.objects) if self.objects else None,
         )
+
+    def _without_data_dir(self) -> str:
+        """What `data-dir none` means for this daemon, for its ready line: an object store takes the spills."""
+        if self.spiller.target is not None:
+            return "none (spills go to the object store)"
+        return "none (memory only: a full pool fails pushes)"
 
     def readiness(self) -> list[str]:
         """Why this daemon should not get new pushes now (empty: ready)."""

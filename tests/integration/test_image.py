@@ -28,9 +28,10 @@ import pytest
 from shuffled import spark_jar
 from shuffled.config import DaemonConfig
 from shuffled_client import Client
+from tests import reaper
 from tests.cluster import http_get, payload, poll_until
 from tests.hosts import Host, hosts_for_tests
-from tests.image import LABEL, RUN_LABEL, Container, Image, Podman, compiled_modules, daemon_dir
+from tests.image import LABEL, Container, Image, Podman, PodmanError, compiled_modules, daemon_dir
 from tests.jvm import needs_jdk
 from tests.prometheus import prometheus_server, query, scrapes
 from tests.units import MiB
@@ -201,16 +202,31 @@ def _played(pod: dict[str, Any], ip: str, image: str) -> dict[str, Any]:
 
 class PodNetwork:
     """An internal podman network (no route out, no NAT) on a bridge and a /24 of 198.18.0.0/15 of its own;
-    the host has the gateway address, so the test reaches pods at their IPs as a kubelet does."""
+    the host has the gateway address, so the test reaches pods at their IPs as a kubelet does. The run's
+    reaper (tests/reaper.py) hands out the subnet (no run holds it, no address or route of the host overlaps
+    it) and the name; a subnet podman still refuses as in use (by a network of another podman storage) is
+    kept aside and the next one tried."""
+
+    TRIES = 5
 
     def __init__(self, podman: Podman) -> None:
         self.podman = podman
-        tag = f"{os.getpid() % 100_000}{os.urandom(1).hex()}"
-        index = int.from_bytes(os.urandom(2), "big") % 512  # 198.18.0.0/15 holds 512 /24s
-        self.prefix = f"198.{18 + index // 256}.{index % 256}"
+        self.run = reaper.current()
+        tag = self.run.tag()
         self.name, self.bridge = f"shuffled-test-{tag}", f"shpod{tag}"
-        subnet = f"{self.prefix}.0/24"
-        podman("network", "create", "--internal", "--disable-dns", "--subnet", subnet, "--label", RUN_LABEL, self.name)
+        self.run.add("link", self.bridge)
+        self.subnets: list[str] = []
+        for _ in range(self.TRIES):
+            self.subnets.append(str(self.run.subnet()))
+            create = ["network", "create", "--internal", "--disable-dns", "--subnet", self.subnets[-1]]
+            done = podman(*create, "--label", self.run.label, self.name, check=False)
+            if done.returncode == 0:
+                break
+            if "already used" not in done.stderr:
+                raise PodmanError(f"podman network create: {done.stderr.strip()}")
+        else:
+            raise PodmanError(f"podman refused {self.TRIES} subnets as already used: {', '.join(self.subnets)}")
+        self.prefix = self.subnets[-1].rpartition(".")[0]
         # podman 4.3 cannot name the bridge (--interface-name came in 4.4): its network file is given one, so
         # that the bridge cannot be another podman's podman0 or podman1.
         path = podman.network_dir / f"{self.name}.json"
@@ -225,6 +241,9 @@ class PodNetwork:
     def remove(self) -> None:
         self.podman("network", "rm", "--force", self.name, check=False)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+        self.run.remove("link", self.bridge)
+        for subnet in self.subnets:
+            self.run.remove("subnet", subnet)
 
 
 @dataclass
@@ -265,7 +284,7 @@ def pod(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Play
     ip = f"{network.prefix}.10"
     played = _played(template, ip, image.name)
     played["metadata"]["name"] = network.name
-    played["metadata"]["labels"][LABEL] = RUN_LABEL.partition("=")[2]
+    played["metadata"]["labels"][LABEL] = network.run.owner
     path = tmp_path_factory.mktemp("pod") / "pod.yaml"
     path.write_text(yaml.safe_dump(played))
     try:

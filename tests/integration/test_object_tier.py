@@ -145,12 +145,13 @@ async def durable(client: AsyncClient, n: int) -> dict[str, Any]:
 async def test_a_daemon_without_a_data_dir_spills_to_objects_and_reads_them_back(tier: Tier) -> None:
     """Six times a 16 MiB pool through a daemon with no data dir: its spills go to objects of at least a part
     each (at most one PUT per part of data), RSS stays near the pool, every byte reads back, locally and
-    relayed by a second daemon; unregistering deletes every object."""
+    relayed by a second daemon; unregistering deletes every object. Its ready line says where spills go."""
 
     hosts = ["127.0.0.1", "127.0.0.2"]
     port = free_port(hosts)
     peers = ("--peers", ",".join(f"{h}:{port}" for h in hosts))
     a, b = (tier.start(h, port, extra=peers) for h in hosts)
+    assert 'data_dir="none (spills go to the object store)"' in a.ready_line, a.ready_line
     ca, cb = await AsyncClient.connect(a.addr), await AsyncClient.connect(b.addr)
     sizes = [2 * MiB] * 6
     peak = 0

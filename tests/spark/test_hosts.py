@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests import spark_jobs
+from tests import spark_jobs, spark_standalone
 from tests.cluster import DaemonProcess, poll_until
 from tests.host_faults import (
     REPLICATED,
@@ -74,7 +74,7 @@ def master(hosts: Hosts) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def builtin_over_hosts(hosts: Hosts, master: str, plugin_jar: Path, builtin: dict[str, Any]) -> dict[str, Any]:
     """The jobs through Spark's own shuffle over the same hosts and links."""
-    spark = spark_jobs.session(master, hosts.spark_conf(plugin_jar))
+    spark = spark_standalone.session(master, hosts.spark_conf(plugin_jar))
     try:
         return {name: spark_jobs.JOBS[name](spark) for name in HOST_JOBS}
     finally:
@@ -86,7 +86,7 @@ def spark(
     hosts: Hosts, master: str, plugin_jar: Path, daemons: list[DaemonProcess], builtin_over_hosts: dict[str, Any]
 ) -> Iterator[Any]:
     conf = hosts.spark_conf(plugin_jar, admin=daemons[0].addr)
-    session = spark_jobs.session(master, conf)
+    session = spark_standalone.session(master, conf)
     yield session
     session.stop()
     for d in daemons:

@@ -19,7 +19,7 @@ import pytest
 
 from shuffled.server.storage.lease import lease_node
 from shuffled.server.storage.objects import ObjectStore
-from tests import spark_jobs
+from tests import spark_jobs, spark_standalone
 from tests.aio import run
 from tests.cluster import DaemonProcess, poll_until
 from tests.host_faults import HostDaemons, keyed_sums, resubmitted, stage_attempts, total
@@ -96,7 +96,7 @@ def _objects(s3: SeaweedFS) -> list[str]:
 def spark(hosts: Hosts, master: str, plugin_jar: Path, daemons: list[DaemonProcess], s3: SeaweedFS) -> Iterator[Any]:
     conf = hosts.spark_conf(plugin_jar, admin=daemons[0].addr)
     conf["spark.shuffled.durability"] = "object-store"
-    session = spark_jobs.session(master, conf)
+    session = spark_standalone.session(master, conf)
     yield session
     session.stop()
     for d in daemons:

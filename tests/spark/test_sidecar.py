@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from shuffled import spark_jar
-from tests import spark_jobs
+from tests import spark_jobs, spark_standalone
 from tests.cluster import poll_until
 from tests.host_faults import PEER_TIMEOUT_S, keyed_sums, resubmitted, settled, stage_attempts, total
 from tests.hosts import Hosts, hosts_for_tests
@@ -113,7 +113,7 @@ def host_containers(image: Image, hosts: Hosts) -> Iterator[list[Container]]:
 @pytest.fixture(scope="module")
 def spark_on_hosts(hosts: Hosts, image_jar: Path, host_containers: list[Container]) -> Iterator[Any]:
     with hosts.spark_cluster() as master:
-        session = spark_jobs.session(master, hosts.spark_conf(image_jar, admin=host_containers[0].addr))
+        session = spark_standalone.session(master, hosts.spark_conf(image_jar, admin=host_containers[0].addr))
         yield session
         session.stop()
 

@@ -90,6 +90,7 @@ def _json_lines(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
+@pytest.mark.full  # a minute and more per line: run by .ci/run after the default run
 def test_job_matrix_on_the_line_matches_its_builtin_shuffle(
     line_env: LineEnv, daemon: list[DaemonProcess], tmp_path: Path
 ) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests import spark_jobs
+from tests import spark_jobs, spark_standalone
 from tests.cluster import DaemonProcess, poll_until
 from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons, stage_data
 
@@ -50,7 +50,7 @@ def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess
                 "spark.shuffled.writerBufferSize": "64k",
             }
         )
-        session = spark_jobs.session(url, conf)
+        session = spark_standalone.session(url, conf)
         try:
             yield session
         finally:

@@ -4,7 +4,10 @@ version, and the text describes behaviour rather than pointing at issue numbers.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +138,51 @@ def test_every_repository_path_named_exists() -> None:
         if not (ROOT / name).exists() and not name.startswith(GENERATED)
     }
     assert not missing, f"no such path in the repository: {sorted(missing)}"
+
+
+#: a file named in prose by a path that does not start at the repository's root, or by its name alone
+#: (`serving/plan_feed.py`, `plan_feed.py`); ``.service`` is left out: `spark.shuffle.service` is a setting
+_RELATIVE = re.compile(r"(?<![\w./:@$-])(\w[\w.-]*(?:/[\w.-]+)*\.(?:py|java|md|ya?ml|toml|json|proto|conf))(?![\w/-])")
+#: what the benchmarks write (benchmarks/results/), named by its file name
+GENERATED_NAMES = ("results.json",)
+
+
+def _prose(path: Path) -> str:
+    """The text people read: Markdown whole; in code, docstrings and comments (not strings a test writes to a
+    file of its own in a temporary directory)."""
+    text = path.read_text(errors="replace")
+    if path.suffix == ".md":
+        return text
+    if path.suffix == ".java":
+        return "\n".join(re.findall(r"^\s*(?://+|/?\*+)(.*)$", text, re.MULTILINE))
+    if path.suffix != ".py":
+        return ""
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = [ast.get_docstring(n, clean=False) or "" for n in ast.walk(ast.parse(text)) if isinstance(n, nodes)]
+    comments = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    return "\n".join(docs + comments)
+
+
+def _repository_files() -> set[str]:
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in ROOT.rglob("*")
+        if path.is_file() and not any(part in SKIPPED or part.startswith(".") for part in path.relative_to(ROOT).parts)
+    }
+
+
+def test_every_file_named_from_elsewhere_exists() -> None:
+    """A file named in docs, docstrings or comments by a shorter path (`serving/plan_feed.py`, relative to a
+    package) or by its name alone (`plan_feed.py`) is the end of some file's path in the repository: a renamed
+    or removed module leaves no reference behind in prose, where the rooted-path check does not look."""
+    files = _repository_files()
+    names = {f.rpartition("/")[2] for f in files}
+    missing = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _text_files()
+        for name in _RELATIVE.findall(_prose(path))
+        if name not in GENERATED_NAMES
+        and not name.startswith(GENERATED)
+        and not (any(f == name or f.endswith(f"/{name}") for f in files) if "/" in name else name in names)
+    }
+    assert not missing, f"no such file in the repository: {sorted(missing)}"

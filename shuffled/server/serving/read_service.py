@@ -1,6 +1,6 @@
 """The reads of one connection: those it serves, and those this daemon makes over it to a peer.
 
-A served read is a plan of this daemon's pieces (plan.py) fed as credit allows
+A served read is a plan of this daemon's pieces (storage/plan.py) fed as credit allows
 (plan_feed.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
 reads this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
 announcements are batched once per loop turn.
