@@ -71,6 +71,19 @@ def _auto_listener(config: DaemonConfig) -> socket.socket | None:
     return sock
 
 
+def _open_disk(config: DaemonConfig, data_dir: str | None, listener: socket.socket | None) -> Disk | None:
+    """The data dir's `Disk` (None: memory only); OSError saying which directory and why it is not usable."""
+    try:
+        return Disk(data_dir) if data_dir else None
+    except OSError as exc:
+        if listener is not None:
+            listener.close()
+        how = (
+            " (data-dir auto: set --data-dir DIR, or none for memory only)" if config.data_dir == DATA_DIR_AUTO else ""
+        )
+        raise OSError(f"data dir {data_dir}{how} is not usable: {exc}") from exc
+
+
 class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         config.validate()
@@ -84,14 +97,7 @@ class Daemon:
         self._listener = _auto_listener(config)
         #: where spill files live (None: memory only)
         self.data_dir = config.data_directory(self._listener.getsockname()[1] if self._listener else None)
-        try:
-            self.disk = Disk(self.data_dir) if self.data_dir else None
-        except OSError as exc:
-            if self._listener is not None:
-                self._listener.close()
-            auto = config.data_dir == DATA_DIR_AUTO
-            how = " (data-dir auto: set --data-dir DIR, or none for memory only)" if auto else ""
-            raise OSError(f"data dir {self.data_dir}{how} is not usable: {exc}") from exc
+        self.disk = _open_disk(config, self.data_dir, self._listener)
         self.store.max_partitions = config.max_partitions
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)
