@@ -75,9 +75,15 @@ def stage_data(spark: Any) -> list[Any]:
     return [stages.apply(i) for i in range(stages.size())]
 
 
+def writer_paths(spark: Any) -> dict[str, int]:
+    """Map outputs this JVM (the driver and its local executors) wrote by each of the plugin writer's paths."""
+    counts = spark.sparkContext._jvm.io.shuffled.spark.Paths.mapOutputs()
+    return dict(zip(("unsorted", "serialized", "sorted"), (int(c) for c in counts), strict=True))
+
+
 def serialized_map_outputs(spark: Any) -> int:
     """Map outputs this JVM (the driver and its local executors) wrote by the plugin's serialized path."""
-    return int(spark.sparkContext._jvm.io.shuffled.spark.SerializedSortWriter.mapOutputs())
+    return writer_paths(spark)["serialized"]
 
 
 def _numbers(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
