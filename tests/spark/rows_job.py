@@ -15,7 +15,7 @@ One session per configuration, each choosing different paths for the same jobs (
 
 A JVM RDD's ``distinct`` in each takes the map-side combine (the sorter with an aggregator; PySpark's own
 ``reduceByKey`` combines in Python). Each session reports
-its jobs' results, how many map outputs each writer path wrote (``Paths``, executors in this JVM:
+its jobs' results, how many map outputs each writer path wrote (``Counts``, executors in this JVM:
 ``local[2]``), and whether the driver's shuffle manager is a ``SortShuffleManager`` (what Spark SQL checks).
 The tests jar is on the driver's class path from the first session on (the codec is loaded there).
 """
@@ -77,7 +77,7 @@ def _plugin(spark: SparkSession) -> Any:
 
 
 def paths(spark: SparkSession) -> list[int]:
-    return [int(n) for n in _plugin(spark).Paths.mapOutputs()]
+    return [int(n) for n in _plugin(spark).Counts.mapOutputs()]
 
 
 def sort_manager(spark: SparkSession) -> bool:

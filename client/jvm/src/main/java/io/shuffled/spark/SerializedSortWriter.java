@@ -99,7 +99,7 @@ public final class SerializedSortWriter<K, V> {
         }
         stream.close();
         writeFill();
-        Paths.SERIALIZED.incrementAndGet();
+        Counts.SERIALIZED.incrementAndGet();
         return count;
     }
 

@@ -121,7 +121,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         long written;
         if (!dep.mapSideCombine() && partitions <= executor.bypassMergeThreshold()) {
             written = writeUnsorted(records, dep);
-            Paths.UNSORTED.incrementAndGet();
+            Counts.UNSORTED.incrementAndGet();
         } else if (SerializedSortWriter.applies(dep, executor.streamsConcatenate())) {
             written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
                     new PartitionOutput(output, 0, metrics), clients.writerBufferBytes()).write(records);
@@ -137,7 +137,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             } finally {
                 sorter.stop();
             }
-            Paths.SORTED.incrementAndGet();
+            Counts.SORTED.incrementAndGet();
         }
         long started = System.nanoTime();
         lengths = output.commit();
