@@ -27,7 +27,6 @@ import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from itertools import accumulate, compress, islice, repeat
 from operator import lt
 from types import FunctionType
@@ -59,18 +58,26 @@ def _lengths_only(n: int) -> struct.Struct:
     return struct.Struct(">" + "4xI" * n)
 
 
-@dataclass(frozen=True, slots=True)
 class Directory:
-    """One group of a payload as parsed: its attempt, its runs, and where its parts lie in the payload."""
+    """One group of a payload as parsed: its attempt, its runs, and where its parts lie in the payload.
 
-    attempt: int
-    partitions: tuple[int, ...]
-    lengths: tuple[int, ...]
-    #: offset of the group's header in its payload
-    start: int
-    #: offset of the group's first data byte, and one past its last
-    data: int
-    end: int
+    A plain class, made once per group a reader receives: a frozen dataclass sets each field through
+    `object.__setattr__`, five times the cost (1.6 against 0.3 µs), which a 32 KiB buffer of one run pays
+    on the relayed read's critical path."""
+
+    __slots__ = ("attempt", "data", "end", "lengths", "partitions", "start")
+
+    def __init__(
+        self, attempt: int, partitions: tuple[int, ...], lengths: tuple[int, ...], start: int, data: int, end: int
+    ) -> None:
+        self.attempt = attempt
+        self.partitions = partitions
+        self.lengths = lengths
+        #: offset of the group's header in its payload
+        self.start = start
+        #: offset of the group's first data byte, and one past its last
+        self.data = data
+        self.end = end
 
     @property
     def first(self) -> int:
@@ -88,6 +95,15 @@ class Directory:
         """(partition, first byte, end byte) of each run, offsets in the payload."""
         bounds = tuple(accumulate(self.lengths, initial=self.data))
         return zip(self.partitions, bounds[:-1], bounds[1:], strict=True)
+
+    def add_runs(self, out: list[tuple[int, int, int, int]]) -> None:
+        """Append (partition, attempt, first byte, end byte) of each run to `out`: a reader's chunks, made in
+        C-level calls (one tuple a run, the group's one-run case without the bounds)."""
+        if len(self.lengths) == 1:
+            out.append((self.partitions[0], self.attempt, self.data, self.end))
+            return
+        bounds = tuple(accumulate(self.lengths, initial=self.data))
+        out.extend(zip(self.partitions, repeat(self.attempt), bounds[:-1], bounds[1:]))
 
     def run_length(self, partition: int) -> int:
         """Bytes of `partition` in this group (0 if it has no run here)."""
@@ -243,11 +259,13 @@ def data_bytes(group: BytesLike) -> int:
     return len(group) - HEADER_SIZE - RUN_SIZE * n
 
 
-def walk(payload: BytesLike) -> Iterator[tuple[int, int, int, int, int, int]]:
+def walk(payload: BytesLike) -> list[tuple[int, int, int, int, int, int]]:
     """(attempt, runs, first partition, last partition, last run's length, bytes of its runs) of each group of a
-    payload, without unpacking what that does not need (a relay's progress, resume.py). A group is yielded once
-    its bounds are known to lie inside the payload; ProtocolError where they do not."""
+    payload, without unpacking what that does not need (a relay's progress, resume.py): a list, not a generator
+    (a relay walks every payload it relays), a group of one run in two struct calls. ProtocolError where a
+    group's bounds do not lie inside the payload."""
     size = len(payload)
+    out: list[tuple[int, int, int, int, int, int]] = []
     offset = 0
     while offset < size:
         if size - offset < HEADER_SIZE:
@@ -256,13 +274,17 @@ def walk(payload: BytesLike) -> Iterator[tuple[int, int, int, int, int, int]]:
         data = offset + HEADER_SIZE + RUN_SIZE * n
         if n == 0 or data > size:
             raise ProtocolError(f"packed group at byte {offset} has a count of {n} that its payload cannot hold")
-        end = data + sum(_lengths_only(n).unpack_from(payload, offset + HEADER_SIZE))
+        last, length = RUN.unpack_from(payload, data - RUN_SIZE)
+        if n == 1:
+            first, end = last, data + length
+        else:
+            first = RUN.unpack_from(payload, offset + HEADER_SIZE)[0]
+            end = data + sum(_lengths_only(n).unpack_from(payload, offset + HEADER_SIZE))
         if end > size:
             raise ProtocolError(f"packed group at byte {offset} ends at byte {end}, past its payload's {size}")
-        first, _ = RUN.unpack_from(payload, offset + HEADER_SIZE)
-        last, length = RUN.unpack_from(payload, data - RUN_SIZE)
-        yield attempt, n, first, last, length, end - data
+        out.append((attempt, n, first, last, length, end - data))
         offset = end
+    return out
 
 
 def group_bytes(attempt: int, runs: Iterable[tuple[int, BytesLike]]) -> bytes:
