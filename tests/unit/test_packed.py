@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from itertools import pairwise
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -286,6 +287,17 @@ def test_both_run_checks_agree_on_any_directory(runs: list[tuple[int, int]]) -> 
         ascending = all(a[0] < b[0] for a, b in pairwise(case))
         expected = sum(n for _, n in case) if ascending and all(n for _, n in case) else -1
         assert packed._sum_loop(entries) == packed._sum_calls(entries) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(outputs, st.lists(st.integers(HEADER_SIZE + 9, 320), min_size=1, max_size=6))
+def test_both_ways_of_fitting_runs_pack_the_same_groups(data: list[bytes], caps: list[int]) -> None:
+    """The packer's plain loop over the template (what the mypyc-compiled build fits runs with) and its bisect
+    over the run ends (pure Python) make the same groups, byte for byte."""
+    with patch.object(packed, "_NATIVE", True):
+        looped = pack(3, data, caps)
+        assert RunPacker.from_lengths([1], b"x")._ends is None, "the packer did not take the loop"
+    assert looped == pack(3, data, caps)
 
 
 # --------------------------------------------------------------------------- serving parts of groups
