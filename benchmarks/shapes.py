@@ -6,7 +6,7 @@ Per width, a session per shuffle, each a process of its own (`benchmarks.spark_j
 AQE on (Spark's defaults: it coalesces the many small reduce partitions into ranges and splits skewed ones),
 broadcast joins off, the four queries in one session with no shuffle cleaned up: first the built-in shuffle,
 then the plugin with one daemon on its defaults. Every query's result must be identical in both; the table
-reports shuffled/built-in session time per width (the goal: at most 0.8) and per query. With
+reports session time through shuffled over the built-in one per width (the goal: at most 0.8) and per query. With
 ``SHUFFLED_BENCH_SHAPES_BEFORE_JAR`` naming another plugin jar (an older build), a third session per width runs
 it against the same daemon build, for a before/after of the plugin in one run; ``SHUFFLED_BENCH_SHAPES_WIDTHS``
 (comma-separated) and ``SHUFFLED_BENCH_SHAPES_ROWS`` choose other widths and sizes.
