@@ -38,6 +38,10 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     "shuffled/protocol/codec.py",
     "shuffled/protocol/connection.py",
+    "shuffled/protocol/handshake.py",
+    "shuffled/protocol/inbound.py",
+    "shuffled/protocol/streams.py",
+    "shuffled/protocol/resume.py",
     "shuffled/protocol/events.py",
     "shuffled/protocol/packed.py",
     "shuffled/protocol/credit.py",

@@ -38,10 +38,12 @@ from . import (
     push,
     scale,
     scale_wide,
+    shapes,
     soak,
     spark,
     spill,
     star_wide,
+    streaming,
     wide,
 )
 from .common import (
@@ -77,6 +79,8 @@ SCENARIOS: dict[str, ModuleType] = {
     "spark": spark,
     "scale": scale,
     "star_wide": star_wide,
+    "shapes": shapes,
+    "streaming": streaming,
     "hosts": hosts,
     "soak": soak,
 }

@@ -211,6 +211,8 @@ class ScenarioResult:
     metrics: list[Metric] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
+    #: details a scenario keeps in results.json beside its metrics (the `shapes` breakdown)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def add(
         self,

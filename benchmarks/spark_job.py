@@ -18,12 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from py4j.java_gateway import JavaClass
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from shuffled import spark_jar
+from tests.spark_jobs import shuffle_reads
 
-from . import star_schema
+from . import sql_shapes, star_schema
 
 
 def _facts(spark: SparkSession, rows: int) -> DataFrame:
@@ -61,11 +64,26 @@ def window_rank(spark: SparkSession, rows: int) -> DataFrame:
 QUERIES: dict[str, Callable[[SparkSession, int], DataFrame]] = {
     q.__name__: q for q in (join_then_aggregate, wide_aggregate, self_join, window_rank)
 }
-#: what --queries may name: these and the star-schema session's
-ALL_QUERIES = {**QUERIES, **star_schema.QUERIES}
+#: what --queries may name: these, the star-schema session's and the four shuffle-heavy shapes
+ALL_QUERIES = {**QUERIES, **star_schema.QUERIES, **sql_shapes.QUERIES}
+
+#: per stage, Spark's metrics summed by `--breakdown` (times: run and fetch wait in ms, CPU and write in ns)
+STAGE_METRICS = (
+    "numTasks",
+    "executorRunTime",
+    "executorCpuTime",
+    "shuffleFetchWaitTime",
+    "shuffleRemoteBlocksFetched",
+    "shuffleLocalBlocksFetched",
+    "shuffleReadBytes",
+    "shuffleReadRecords",
+    "shuffleWriteBytes",
+    "shuffleWriteTime",
+)
 
 
-def _shuffle_write_bytes(spark: SparkSession) -> int:
+def _stages(spark: SparkSession) -> list[Any]:
+    """Every stage of the session so far (Spark's status store, StageData through py4j)."""
     sc = spark.sparkContext
     gateway = sc._gateway
     assert gateway is not None, "the session's JVM gateway is gone"
@@ -76,7 +94,62 @@ def _shuffle_write_bytes(spark: SparkSession) -> int:
             None, False, False, gateway.new_array(gateway.jvm.double, 0), gateway.jvm.java.util.Collections.emptyList()
         )
     )
-    return int(sum(stages.apply(i).shuffleWriteBytes() for i in range(stages.size())))
+    return [stages.apply(i) for i in range(stages.size())]
+
+
+def _shuffle_write_bytes(spark: SparkSession) -> int:
+    return int(sum(stage.shuffleWriteBytes() for stage in _stages(spark)))
+
+
+def _stage_sums(stages: list[Any]) -> dict[str, dict[str, int]]:
+    """Spark's metrics of `stages` summed, split into the stages that read a shuffle ("reduce": reduce
+    tasks, which may write the next shuffle too) and those that only write one ("map")."""
+    out: dict[str, dict[str, int]] = {"map": dict.fromkeys(STAGE_METRICS, 0), "reduce": dict.fromkeys(STAGE_METRICS, 0)}
+    for stage in stages:
+        side = out["reduce" if stage.shuffleReadBytes() > 0 else "map"]
+        for metric in STAGE_METRICS:
+            side[metric] += int(getattr(stage, metric)())
+    return out
+
+
+def _plugin_counts(spark: SparkSession) -> dict[str, int] | None:
+    """The plugin's counts in this JVM (local masters: the executors' too): io.shuffled.spark.Counts; None for
+    a plugin jar built before it counted (a before/after run)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "the session's JVM gateway is gone"
+    counts = jvm.io.shuffled.spark.Counts
+    if not isinstance(counts, JavaClass):
+        return None
+    names = "unsorted serialized sorted pair_blocks batch_blocks reads streams buffers buffer_bytes runs".split()
+    values = [*counts.mapOutputs(), *counts.blocks(), *counts.reads()]
+    try:  # a jar of the run before this one counted no writer waits
+        names += ["open_nanos", "commit_nanos"]
+        values += [*counts.writerWaits()]
+    except Py4JError:
+        names = names[:-2]
+    return {name: int(v) for name, v in zip(names, values, strict=True)}
+
+
+def _aqe_reads(df: DataFrame) -> dict[str, int]:
+    """How AQE read the query's shuffles: the partition specs of its final plan, by kind (a coalesced range of
+    reduce partitions, a part of a skewed one, ...)."""
+    kinds: dict[str, int] = {}
+    for _, specs in shuffle_reads(df):
+        for spec in specs:
+            kind = str(spec.getClass().getSimpleName())
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def _breakdown(spark: SparkSession, df: DataFrame, seen: int, counts: dict[str, int] | None) -> dict[str, Any]:
+    """Where a query's time went: its stages' metrics (stage ids above `seen`), its AQE reads and, through the
+    plugin, the plugin's counts since `counts`."""
+    out: dict[str, Any] = {"stages": _stage_sums([s for s in _stages(spark) if s.stageId() > seen])}
+    out["aqe_reads"] = _aqe_reads(df)
+    now = _plugin_counts(spark) if counts is not None else None
+    if counts is not None and now is not None:
+        out["plugin"] = {k: now[k] - counts[k] for k in now}
+    return out
 
 
 def _drop_shuffles(spark: SparkSession) -> None:
@@ -111,6 +184,7 @@ def run(
     master: str = "local[2]",
     settings: dict[str, str] | None = None,
     executors: int = 0,
+    breakdown: bool = False,
 ) -> dict[str, Any]:
     conf: dict[str, str | int | float | bool | None] = {
         "spark.ui.enabled": "false",
@@ -129,16 +203,20 @@ def run(
     try:
         _wait_for_executors(spark, executors)
         for name in queries:
-            query = ALL_QUERIES[name]
             before = _shuffle_write_bytes(spark)
+            seen = max((s.stageId() for s in _stages(spark)), default=-1) if breakdown else -1
+            counts = _plugin_counts(spark) if breakdown and mode == "plugin" else None
+            df = ALL_QUERIES[name](spark, rows)
             t0 = time.perf_counter()
-            result = [tuple(r) for r in query(spark, rows).collect()]
+            result = [tuple(r) for r in df.collect()]
             seconds = time.perf_counter() - t0
             out["queries"][name] = {
                 "seconds": seconds,
                 "shuffle_bytes": _shuffle_write_bytes(spark) - before,
                 "result": hashlib.sha256(repr(sorted(result, key=repr)).encode()).hexdigest(),
             }
+            if breakdown:
+                out["queries"][name]["breakdown"] = _breakdown(spark, df, seen, counts)
             if not keep_shuffles:
                 _drop_shuffles(spark)
     finally:
@@ -158,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]", help="Spark master URL")
     parser.add_argument("--executors", type=int, default=0, help="wait for this many executors before the queries")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (last wins)")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="per query: its stages' metrics, AQE's reads and the plugin's counts"
+    )
     args = parser.parse_args(argv)
     if any("=" not in c for c in args.conf):
         parser.error("--conf takes KEY=VALUE")
@@ -178,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         args.master,
         settings,
         args.executors,
+        args.breakdown,
     )
     print(json.dumps(out), flush=True)
     return 0

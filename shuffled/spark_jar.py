@@ -54,11 +54,11 @@ def _build_dir() -> Path:
 BUILD_DIR = _build_dir()
 #: the version layer each supported Spark line compiles with: one folder per difference
 LINES: dict[str, tuple[str, ...]] = {
-    "3.5": ("checksums-none", "manager-plain"),
-    "4.0": ("checksums-none", "manager-plain"),
-    "4.1": ("checksums-rows", "manager-plain"),  # row-based shuffle checksums
-    "4.2": ("checksums-rows", "manager-plain"),
-    "4.3": ("checksums-rows", "manager-blocking"),  # BlockingShuffleManager
+    "3.5": ("checksums-none",),
+    "4.0": ("checksums-none",),
+    "4.1": ("checksums-rows",),  # row-based shuffle checksums
+    "4.2": ("checksums-rows",),
+    "4.3": ("checksums-rows",),
 }
 #: where the build writes the Spark line (and the sources' digest) into the jar; SparkLine.java reads it
 LINE_RESOURCE = "io/shuffled/spark/line.properties"

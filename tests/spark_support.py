@@ -75,9 +75,21 @@ def stage_data(spark: Any) -> list[Any]:
     return [stages.apply(i) for i in range(stages.size())]
 
 
+def writer_paths(spark: Any) -> dict[str, int]:
+    """Map outputs this JVM (the driver and its local executors) wrote by each of the plugin writer's paths."""
+    counts = spark.sparkContext._jvm.io.shuffled.spark.Counts.mapOutputs()
+    return dict(zip(("unsorted", "serialized", "sorted"), (int(c) for c in counts), strict=True))
+
+
+def read_blocks(spark: Any) -> dict[str, int]:
+    """Blocks this JVM's reduce tasks read as one (partition, attempt) pair and as all of an attempt's pairs."""
+    counts = spark.sparkContext._jvm.io.shuffled.spark.Counts.blocks()
+    return dict(zip(("pair", "batch"), (int(c) for c in counts), strict=True))
+
+
 def serialized_map_outputs(spark: Any) -> int:
     """Map outputs this JVM (the driver and its local executors) wrote by the plugin's serialized path."""
-    return int(spark.sparkContext._jvm.io.shuffled.spark.SerializedSortWriter.mapOutputs())
+    return writer_paths(spark)["serialized"]
 
 
 def _numbers(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:

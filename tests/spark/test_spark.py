@@ -21,6 +21,7 @@ from tests.spark_support import (
     job_traffic,
     needs_spark,
     plugin_conf,
+    read_blocks,
     restart,
     serialized_map_outputs,
     spark_daemons,
@@ -143,10 +144,22 @@ def test_daemon_killed_before_reduce_is_recomputed(
 
 def test_wide_sql_shuffle_is_sorted_serialized(spark: Any, builtin: dict[str, Any]) -> None:
     """Spark SQL's rows can be relocated once serialized, so a shuffle wider than the bypass threshold skips
-    Spark's object sorter: every map task of the job writes by the serialized path, with exact results."""
-    before = serialized_map_outputs(spark)
+    Spark's object sorter: every map task of the job writes by the serialized path, with exact results. AQE
+    reads the 2,000 partitions as a few coalesced ranges, each attempt's pairs in a range as one block (what
+    Spark's own reader fetches as one batch), never a block per pair."""
+    before, blocks = serialized_map_outputs(spark), read_blocks(spark)
     assert spark_jobs.wide_aqe_coalesce(spark) == builtin["wide_aqe_coalesce"]
     assert serialized_map_outputs(spark) - before >= 4  # the map tasks of spark_jobs.facts
+    after = read_blocks(spark)
+    assert after["batch"] > blocks["batch"] and after["pair"] == blocks["pair"], (blocks, after)
+
+
+def test_skew_split_reads_take_a_block_per_pair(spark: Any, builtin: dict[str, Any]) -> None:
+    """A skewed partition's split reads are of one partition each (a range of map outputs): no batch, as in
+    Spark's reader."""
+    blocks = read_blocks(spark)
+    assert spark_jobs.wide_aqe_skew_join(spark) == builtin["wide_aqe_skew_join"]
+    assert read_blocks(spark)["pair"] > blocks["pair"]
 
 
 def test_wide_shuffle_without_relocation_uses_the_sorter(spark: Any) -> None:

@@ -143,9 +143,8 @@ def _start_session(python: Path, jar: Path) -> subprocess.CompletedProcess[str]:
 
 def test_a_jar_of_another_line_is_refused_at_start(line_env: LineEnv, plugin_jar: Path) -> None:
     """This line's jar in the installed Spark, and the installed line's jar in this line's Spark: neither
-    session starts. The plugin names both versions and the jar to build; only a jar whose shuffle manager
-    extends an interface that this Spark lacks (4.3's BlockingShuffleManager) is refused by the JVM before
-    any plugin code runs, with an error that names that interface."""
+    session starts, and the plugin names both versions and the jar to build (its shuffle manager extends
+    SortShuffleManager, which every line has, so the check runs before anything that differs is touched)."""
     installed = spark_jar.find_spark()
     line = spark_jar.find_spark(line_env.spark_home)
 
@@ -158,7 +157,4 @@ def test_a_jar_of_another_line_is_refused_at_start(line_env: LineEnv, plugin_jar
 
     in_line = _start_session(line_env.python, plugin_jar)
     assert in_line.returncode != 0
-    if "manager-blocking" in spark_jar.LINES[installed.line] and "manager-blocking" not in spark_jar.LINES[line.line]:
-        assert "ClassNotFoundException: org.apache.spark.shuffle.BlockingShuffleManager" in in_line.stderr
-    else:
-        assert f"this plugin jar was built for Spark {installed.line}" in in_line.stderr, in_line.stderr[-3000:]
+    assert f"this plugin jar was built for Spark {installed.line}" in in_line.stderr, in_line.stderr[-3000:]

@@ -96,6 +96,10 @@ public final class PartitionReader implements AutoCloseable {
     /** Volatile so that {@link #next()} sees a close between the runs of one buffer without the lock. */
     private volatile boolean closed;
     private ShuffledException error;
+    /** What the caller took: DATA buffers, their payload bytes, runs (only the reading thread counts). */
+    private long buffersTaken;
+    private long bytesTaken;
+    private long runsTaken;
 
     PartitionReader(ShuffleClient client, long stream, int floating, long start, long end, long[] attempts) {
         if (floating < 0 || floating > FLOATING) {
@@ -121,6 +125,14 @@ public final class PartitionReader implements AutoCloseable {
         } finally {
             lock.unlock();
         }
+    }
+
+    /**
+     * What this reader handed over so far: {DATA buffers, their payload bytes (packed groups with their
+     * directories), runs}. For the caller's reading thread (the Spark plugin's read breakdown).
+     */
+    public long[] taken() {
+        return new long[] {buffersTaken, bytesTaken, runsTaken};
     }
 
     /** The receiver id (stream id) on the connection. */
@@ -165,7 +177,10 @@ public final class PartitionReader implements AutoCloseable {
             }
             if (!queue.isEmpty()) {
                 inUse = 1;
-                current = new PackedGroups.Cursor(queue.poll());
+                ByteBuffer payload = queue.poll();
+                buffersTaken++;
+                bytesTaken += payload.remaining();
+                current = new PackedGroups.Cursor(payload);
                 current.next(); // checked on arrival: it holds at least one run
                 return chunk();
             }
@@ -184,6 +199,7 @@ public final class PartitionReader implements AutoCloseable {
     }
 
     private Chunk chunk() {
+        runsTaken++;
         return new Chunk(current.partition(), current.attempt(), current.data());
     }
 

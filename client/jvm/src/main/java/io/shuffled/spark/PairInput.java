@@ -10,13 +10,17 @@ import java.util.HashSet;
 import java.util.Set;
 
 /**
- * One read stream seen as a sequence of (partition, attempt) pairs, each an {@link InputStream} over
- * exactly the bytes that attempt wrote for that partition: one Spark shuffle block.
+ * One read stream seen as a sequence of blocks, each an {@link InputStream} over exactly the bytes of one
+ * (partition, attempt) pair: one Spark shuffle block. Or, {@code batched}, over the bytes of all of one
+ * attempt's pairs in the read's range, one after the other: what Spark's own reader fetches as one
+ * {@code ShuffleBlockBatchId} when a coalesced read may (its blocks' compressed streams and serialized records
+ * concatenate), read through one decompressing and one deserializing stream instead of one per pair.
  *
  * <p>This relies on PROTOCOL.md §10.1: on a stream whose request names a single location, the chunks
- * of one pair arrive together, in order. Chunks are consumed in place (no reassembly), so memory stays
- * at the stream's credit. A pair that shows up again after it ended would mean the daemon broke that
- * rule; it fails the read with {@link ErrorCode#PROTOCOL} rather than returning a block in pieces.
+ * of one pair arrive together, in order, and one attempt's pairs together, in ascending partition order.
+ * Chunks are consumed in place (no reassembly), so memory stays at the stream's credit. A block that shows
+ * up again after it ended would mean the daemon broke that rule; it fails the read with
+ * {@link ErrorCode#PROTOCOL} rather than returning a block in pieces.
  */
 final class PairInput extends InputStream {
     /** Bytes and chunks taken from the stream, for the task's read metrics. */
@@ -26,6 +30,8 @@ final class PairInput extends InputStream {
 
     private final PartitionReader reader;
     private final Listener listener;
+    /** Whether a block is all of an attempt's pairs (else one pair). */
+    private final boolean batched;
     private final Set<Long> finished = new HashSet<>();
     private PartitionReader.Chunk pending;
     private ByteBuffer current;
@@ -35,13 +41,14 @@ final class PairInput extends InputStream {
     private boolean ended;
     private IOException failure;
 
-    PairInput(PartitionReader reader, Listener listener) {
+    PairInput(PartitionReader reader, Listener listener, boolean batched) {
         this.reader = reader;
         this.listener = listener;
+        this.batched = batched;
     }
 
-    /** Moves to the next pair (skipping what is left of this one); false at the end of the stream. */
-    boolean nextPair() throws IOException {
+    /** Moves to the next block (skipping what is left of this one); false at the end of the stream. */
+    boolean nextBlock() throws IOException {
         while (inPair) {
             current = null;
             fill(); // drop the rest of the current pair
@@ -52,9 +59,10 @@ final class PairInput extends InputStream {
         }
         partition = pending.partition();
         attempt = pending.attemptId();
-        if (!finished.add(((long) partition << 40) ^ attempt)) {
+        if (!finished.add(batched ? attempt : ((long) partition << 40) ^ attempt)) {
             throw new ShuffledException(ErrorCode.PROTOCOL, "chunks of partition " + partition + " of map attempt "
-                    + attempt + " arrived after another pair's; the daemon must send each pair's chunks together");
+                    + attempt + " arrived after another " + (batched ? "attempt's" : "pair's")
+                    + "; the daemon must send each pair's chunks, and each attempt's pairs, together");
         }
         current = pending.data();
         pending = null;
@@ -69,6 +77,7 @@ final class PairInput extends InputStream {
         }
     }
 
+    /** The block's (first) partition. */
     int partition() {
         return partition;
     }
@@ -108,11 +117,11 @@ final class PairInput extends InputStream {
         // the stream carries more pairs; PartitionReader is closed by its owner
     }
 
-    /** Makes sure bytes of the current pair are at hand; false at the end of the pair. */
+    /** Makes sure bytes of the current block are at hand; false at the end of the block. */
     private boolean fill() throws IOException {
         while (inPair && (current == null || !current.hasRemaining())) {
             PartitionReader.Chunk next = ended ? null : take();
-            if (next == null || next.partition() != partition || next.attemptId() != attempt) {
+            if (next == null || next.attemptId() != attempt || (!batched && next.partition() != partition)) {
                 pending = next;
                 inPair = false;
                 current = null;

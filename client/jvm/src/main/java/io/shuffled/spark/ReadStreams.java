@@ -51,31 +51,32 @@ final class ReadStreams implements AutoCloseable {
     }
 
     /**
-     * The pairs of location {@code index} (locations are started in order), with its first chunk (or its
-     * end) at hand, so that a refusal shows here rather than after the caller took bytes.
+     * The blocks of location {@code index} (locations are started in order; {@code batched}: see
+     * {@link PairInput}), with its first chunk (or its end) at hand, so that a refusal shows here rather than
+     * after the caller took bytes.
      */
-    PairInput start(int index, PairInput.Listener listener) throws IOException {
+    PairInput start(int index, boolean batched, PairInput.Listener listener) throws IOException {
         if (client == null) {
             client = clients.forTask(executorId, taskAttemptId);
         }
         try {
-            return first(index, listener);
+            return first(index, listener, batched);
         } catch (ShuffledException e) {
             if (e.code() != ErrorCode.SHUTTING_DOWN) {
                 throw e;
             }
             return clients.withDaemon(executorId, taskAttemptId, c -> {
                 client = c;
-                return first(index, listener);
+                return first(index, listener, batched);
             });
         }
     }
 
-    private PairInput first(int index, PairInput.Listener listener) throws IOException {
+    private PairInput first(int index, PairInput.Listener listener, boolean batched) throws IOException {
         while (streams.size() < Math.min(locations, index + 1 + OPEN_AHEAD)) {
             streams.add(opener.open(client, streams.size()));
         }
-        PairInput input = new PairInput(streams.get(index), listener);
+        PairInput input = new PairInput(streams.get(index), listener, batched);
         try {
             input.peek();
         } catch (IOException e) {
@@ -89,6 +90,7 @@ final class ReadStreams implements AutoCloseable {
         List<PartitionReader> rest = streams.subList(from, streams.size());
         for (PartitionReader r : rest) {
             r.close();
+            Counts.streamDone(r.taken());
         }
         rest.clear();
     }

@@ -4,7 +4,6 @@ import io.shuffled.spark.compat.Checksums;
 import java.io.IOException;
 import java.io.OutputStream;
 import java.util.Arrays;
-import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.Partitioner;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.serializer.SerializationStream;
@@ -42,7 +41,6 @@ public final class SerializedSortWriter<K, V> {
 
     @SuppressWarnings("unchecked")
     private static final ClassTag<Object> ANY = (ClassTag<Object>) (ClassTag<?>) ClassTag$.MODULE$.Any();
-    private static final AtomicLong MAP_OUTPUTS = new AtomicLong();
 
     private final ShuffleDependency<K, V, ?> dep;
     private final long mapId;
@@ -75,11 +73,6 @@ public final class SerializedSortWriter<K, V> {
         return streamsConcatenate && !dep.mapSideCombine() && dep.serializer().supportsRelocationOfSerializedObjects();
     }
 
-    /** How many map outputs this JVM has written by this path (the Spark tests check it is taken). */
-    public static long mapOutputs() {
-        return MAP_OUTPUTS.get();
-    }
-
     /** Writes every record into the push stream through {@link #sink}; returns how many. */
     long write(Iterator<? extends Product2<K, V>> input) throws IOException {
         SerializationStream stream = dep.serializer().newInstance().serializeStream(bytes);
@@ -106,7 +99,7 @@ public final class SerializedSortWriter<K, V> {
         }
         stream.close();
         writeFill();
-        MAP_OUTPUTS.incrementAndGet();
+        Counts.SERIALIZED.incrementAndGet();
         return count;
     }
 

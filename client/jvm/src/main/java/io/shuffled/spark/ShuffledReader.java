@@ -24,6 +24,7 @@ import org.apache.spark.shuffle.BaseShuffleHandle;
 import org.apache.spark.shuffle.FetchFailedException;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.shuffle.sort.SortShuffleManager;
 import org.apache.spark.storage.BlockId;
 import org.apache.spark.storage.BlockManagerId;
 import org.apache.spark.storage.ShuffleBlockBatchId;
@@ -46,7 +47,10 @@ import scala.math.Ordering;
  * ({@link DaemonLocation}). One read stream is opened per daemon, a few ahead of the one being read
  * (so the next daemons already send under their initial credit), and they are consumed one after
  * another. Each (partition, attempt) pair is
- * one block, deserialized as the built-in reader does, and Spark's {@code Aggregator} and
+ * one block, deserialized as the built-in reader does, or, where Spark's own reader fetches an attempt's
+ * consecutive blocks as one batch (a coalesced range of Spark SQL, whose compressed streams and rows
+ * concatenate), all of an attempt's pairs are one block, read through one decompressing and one
+ * deserializing stream. Spark's {@code Aggregator} and
  * {@link ExternalSorter} then combine and sort the records as the built-in reader does.
  *
  * <p>A read error that means lost shuffle data (the daemon has no such output, it or its peer is down,
@@ -144,6 +148,8 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private final SerializerInstance serializer;
         private final SerializerManager serializers;
         private final ReadStreams streams;
+        /** Whether an attempt's pairs are read as one block (see {@link PairInput}): when Spark's reader would. */
+        private final boolean batched;
         private int index = -1;
         private PairInput input;
         private DeserializationStream block;
@@ -161,6 +167,10 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
             this.serializers = env.serializerManager();
             this.streams = new ReadStreams(clients, env.executorId(), context.taskAttemptId(), locations.size(),
                     this::open);
+            Counts.READS.incrementAndGet();
+            this.batched = SortShuffleManager.canUseBatchFetch(start, end, context)
+                    && dep.serializer().supportsRelocationOfSerializedObjects()
+                    && ShuffledWriter.Executor.streamsConcatenate(env.conf(), serializers);
         }
 
         @Override
@@ -196,19 +206,22 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private boolean advance() throws IOException {
             while (blockRecords == null || !blockRecords.hasNext()) {
                 closeBlock();
-                if (input == null || !input.nextPair()) {
+                if (input == null || !input.nextBlock()) {
                     if (!nextLocation()) {
                         finish();
                         return false;
                     }
                     continue;
                 }
+                (batched ? Counts.BATCH_BLOCKS : Counts.PAIR_BLOCKS).incrementAndGet();
                 if (local) {
                     metrics.incLocalBlocksFetched(1);
                 } else {
                     metrics.incRemoteBlocksFetched(1);
                 }
-                BlockId id = new ShuffleBlockId(dep.shuffleId(), input.attempt(), input.partition());
+                BlockId id = batched
+                        ? new ShuffleBlockBatchId(dep.shuffleId(), input.attempt(), input.partition(), end)
+                        : new ShuffleBlockId(dep.shuffleId(), input.attempt(), input.partition());
                 block = serializer.deserializeStream(serializers.wrapStream(id, input));
                 blockRecords = block.asKeyValueIterator();
             }
@@ -222,7 +235,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 return false;
             }
             int at = index;
-            input = streams.start(at, (bytes, waitNanos) -> {
+            input = streams.start(at, batched, (bytes, waitNanos) -> {
                 if (isLocal(at)) {
                     metrics.incLocalBytesRead(bytes);
                 } else {

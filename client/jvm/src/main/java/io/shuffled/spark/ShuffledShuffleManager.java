@@ -1,6 +1,6 @@
 package io.shuffled.spark;
 
-import io.shuffled.spark.compat.LineShuffleManager;
+import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
@@ -8,12 +8,13 @@ import org.apache.spark.TaskContext;
 import org.apache.spark.network.buffer.ManagedBuffer;
 import org.apache.spark.network.shuffle.MergedBlockMeta;
 import org.apache.spark.shuffle.BaseShuffleHandle;
-import org.apache.spark.shuffle.ShuffleBlockResolver;
+import org.apache.spark.shuffle.IndexShuffleBlockResolver;
 import org.apache.spark.shuffle.ShuffleHandle;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
 import org.apache.spark.shuffle.ShuffleWriter;
+import org.apache.spark.shuffle.sort.SortShuffleManager;
 import org.apache.spark.storage.BlockId;
 import org.apache.spark.storage.ShuffleMergedBlockId;
 import scala.Option;
@@ -23,18 +24,29 @@ import scala.collection.immutable.Seq;
  * Spark's entry point ({@code spark.shuffle.manager=io.shuffled.spark.ShuffledShuffleManager}): map tasks
  * push into the shuffled daemon next to their executor, reduce tasks read through it.
  *
+ * <p>It extends Spark's {@link SortShuffleManager} and overrides everything that manager does, for one
+ * reason: Spark SQL copies every row before a shuffle ({@code ShuffleExchangeExec.needToCopyObjectsBeforeShuffle})
+ * unless the shuffle manager is a {@code SortShuffleManager}, whose writers serialize each row before the next
+ * arrives (its rows are mutable and reused). Every path of {@link ShuffledWriter} does that too, or copies
+ * the rows it must keep ({@link RowCopies}), so the copy is only cost. The parent's constructor does what it
+ * does in every Spark application that uses the built-in shuffle (an {@link IndexShuffleBlockResolver} and a
+ * map of task ids, nothing on disk); nothing of the parent runs afterwards.
+ *
  * <p>Executors keep no shuffle files, so {@link #unregisterShuffle} has nothing to delete locally; the
  * daemons' copies are freed by the driver ({@link ShuffledDriverComponents}, enabled with
  * {@code spark.shuffle.sort.io.plugin.class=io.shuffled.spark.ShuffledDataIO}).
  */
-public final class ShuffledShuffleManager implements LineShuffleManager {
+public final class ShuffledShuffleManager extends SortShuffleManager {
     private final DaemonClients clients;
+    private final NoLocalBlocks blocks;
 
     /** The constructor Spark looks for first ({@code ShuffleManager.create}). */
     public ShuffledShuffleManager(SparkConf conf, boolean isDriver) {
+        super(conf);
         SparkLine.ofJar().check(org.apache.spark.package$.MODULE$.SPARK_VERSION(),
                 scala.util.Properties$.MODULE$.versionNumberString());
         ShuffledConf settings = new ShuffledConf(conf);
+        this.blocks = new NoLocalBlocks(conf);
         this.clients = new DaemonClients(settings, isDriver ? "spark-driver" : "spark-executor");
     }
 
@@ -65,8 +77,8 @@ public final class ShuffledShuffleManager implements LineShuffleManager {
     }
 
     @Override
-    public ShuffleBlockResolver shuffleBlockResolver() {
-        return NoLocalBlocks.INSTANCE;
+    public IndexShuffleBlockResolver shuffleBlockResolver() {
+        return blocks;
     }
 
     @Override
@@ -76,10 +88,14 @@ public final class ShuffledShuffleManager implements LineShuffleManager {
 
     /**
      * Executors serve no shuffle blocks: map output lives in the daemons, and map statuses name daemons,
-     * never executors, so Spark's block transfer never asks for one. If something does, say why.
+     * never executors, so Spark's block transfer never asks for one. If something does, say why. (An
+     * {@link IndexShuffleBlockResolver} because the parent declares its resolver as one; it holds no files,
+     * so block migration at decommissioning finds none to move.)
      */
-    private static final class NoLocalBlocks implements ShuffleBlockResolver {
-        static final NoLocalBlocks INSTANCE = new NoLocalBlocks();
+    private static final class NoLocalBlocks extends IndexShuffleBlockResolver {
+        NoLocalBlocks(SparkConf conf) {
+            super(conf, null, new ConcurrentHashMap<>());
+        }
 
         private static UnsupportedOperationException refuse(Object block) {
             return new UnsupportedOperationException("shuffle block " + block + " is held by a shuffled daemon, "
@@ -99,11 +115,6 @@ public final class ShuffledShuffleManager implements LineShuffleManager {
         @Override
         public MergedBlockMeta getMergedBlockMeta(ShuffleMergedBlockId blockId, Option<String[]> dirs) {
             throw refuse(blockId);
-        }
-
-        @Override
-        public void stop() {
-            // nothing held
         }
     }
 }

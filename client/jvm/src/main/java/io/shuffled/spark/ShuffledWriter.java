@@ -37,7 +37,8 @@ import scala.reflect.ClassTag$;
  * SQL's rows, Kryo), under a codec whose streams concatenate and without IO encryption, are serialized at
  * once and sorted as bytes ({@link SerializedSortWriter}). Everything else goes through Spark's own
  * {@link ExternalSorter} first (the one the built-in sort shuffle uses: combining, grouping by partition,
- * spilling under Spark's memory manager), which hands back one partition at a time. So the bytes stored for a
+ * spilling under Spark's memory manager; Spark SQL's rows are copied for it, {@link RowCopies}), which hands back
+ * one partition at a time. So the bytes stored for a
  * (partition, attempt) pair are exactly what the built-in shuffle would put in that block, and any Spark
  * serializer reads them back.
  *
@@ -75,7 +76,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
          * encrypted stream starts with its own IV), and shuffle compression off or a codec that reads
          * concatenated streams as one.
          */
-        private static boolean streamsConcatenate(SparkConf conf, SerializerManager serializers) {
+        static boolean streamsConcatenate(SparkConf conf, SerializerManager serializers) {
             return !serializers.encryptionEnabled() && (!conf.getBoolean("spark.shuffle.compress", true)
                     || CompressionCodec$.MODULE$.supportsConcatenationOfSerializedStreams(
                             CompressionCodec$.MODULE$.createCodec(conf)));
@@ -120,6 +121,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         long written;
         if (!dep.mapSideCombine() && partitions <= executor.bypassMergeThreshold()) {
             written = writeUnsorted(records, dep);
+            Counts.UNSORTED.incrementAndGet();
         } else if (SerializedSortWriter.applies(dep, executor.streamsConcatenate())) {
             written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
                     new PartitionOutput(output, 0, metrics), clients.writerBufferBytes()).write(records);
@@ -130,11 +132,12 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
                     : Checksums.<K, V, V>sorter(
                             context, Option.empty(), Option.apply(dep.partitioner()), Option.empty(), dep);
             try {
-                sorter.insertAll(records);
+                sorter.insertAll(RowCopies.of(records)); // the sorter keeps records: Spark SQL's rows are reused
                 written = writePartitions(sorter, dep);
             } finally {
                 sorter.stop();
             }
+            Counts.SORTED.incrementAndGet();
         }
         long started = System.nanoTime();
         lengths = output.commit();

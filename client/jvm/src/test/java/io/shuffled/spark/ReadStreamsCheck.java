@@ -40,8 +40,8 @@ public final class ReadStreamsCheck {
                 })) {
             byte[] buf = new byte[65536];
             for (int i = 0; i < attempts.length; i++) {
-                PairInput input = streams.start(i, (bytes, waitNanos) -> taken[0] += bytes);
-                while (input.nextPair()) {
+                PairInput input = streams.start(i, false, (bytes, waitNanos) -> taken[0] += bytes);
+                while (input.nextBlock()) {
                     CRC32 crc = new CRC32();
                     long total = 0;
                     for (int n = input.read(buf, 0, buf.length); n > 0; n = input.read(buf, 0, buf.length)) {

@@ -1,0 +1,143 @@
+"""`shapes`: the four shuffle-heavy SQL shapes of a TPC-DS-like session (benchmarks/sql_shapes.py) at 200,
+2,000 and 10,000 shuffle partitions, through Spark's built-in shuffle and through one daemon, in the same run;
+at the widest width, where each reduce task's time goes.
+
+Per width, a session per shuffle, each a process of its own (`benchmarks.spark_job --breakdown`), local[2],
+AQE on (Spark's defaults: it coalesces the many small reduce partitions into ranges and splits skewed ones),
+broadcast joins off, the four queries in one session with no shuffle cleaned up: first the built-in shuffle,
+then the plugin with one daemon on its defaults. Every query's result must be identical in both; the table
+reports session time through shuffled over the built-in one per width (the goal: at most 0.8) and per query. With
+``SHUFFLED_BENCH_SHAPES_BEFORE_JAR`` naming another plugin jar (an older build), a third session per width runs
+it against the same daemon build, for a before/after of the plugin in one run; ``SHUFFLED_BENCH_SHAPES_WIDTHS``
+(comma-separated) and ``SHUFFLED_BENCH_SHAPES_ROWS`` choose other widths and sizes.
+
+The breakdown (notes, and ``breakdown`` in results.json) puts the two shuffles' reduce stages side by side:
+Spark's metrics (tasks, run and CPU time, fetch wait, blocks fetched: the built-in reader fetches an attempt's
+consecutive blocks as one batch in a coalesced read), and for the plugin its own counts (read streams, each one
+request to the daemon, per reduce task; DATA buffers per stream, bytes and runs per buffer; blocks read as
+batches and as pairs) and the daemon's CPU per read stream (planning and feeding a range: the daemon does
+little else in these sessions, besides taking the pushes); how AQE read each shuffle (coalesced ranges, parts
+of skewed partitions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from . import sql_shapes
+from .common import Context, Goal, Plot, ScenarioResult, cpu_seconds, require
+from .scale import default_pool, session_seconds
+from .spark import plugin_jar, run_session
+
+#: fact-table rows of a full run (override with SHUFFLED_BENCH_SHAPES_ROWS)
+ROWS_VARIABLE = "SHUFFLED_BENCH_SHAPES_ROWS"
+#: another plugin jar to run as a third session per width (before/after in one run)
+BEFORE_JAR_VARIABLE = "SHUFFLED_BENCH_SHAPES_BEFORE_JAR"
+#: the widths of a full run, comma-separated (default: WIDTHS)
+WIDTHS_VARIABLE = "SHUFFLED_BENCH_SHAPES_WIDTHS"
+WIDTHS = [200, 2_000, 10_000]
+QUICK_WIDTHS = [2_000]
+QUICK_QUERIES = ["full_outer_distinct"]
+#: the issue's goal: shuffled at most 0.8 of the built-in shuffle's time at every width
+GOAL = Goal("ratio", "<=", 0.8)
+#: six to nine sessions of four heavy queries on 2 cores
+TIME_LIMIT = 5400.0
+QUICK_TIME_LIMIT = 150.0
+BUILTIN, SHUFFLED, BEFORE = "built-in", "shuffled", "shuffled before"
+
+
+async def _plugin(ctx: Context, rows: int, jar: str, queries: str, extra: tuple[str, ...]) -> dict[str, Any]:
+    """A session through one daemon on its defaults; its JSON line gains the daemon's CPU seconds."""
+    async with ctx.daemons(default_pool()) as (daemon,):
+        before = cpu_seconds(daemon.pid)
+        out = await run_session(ctx, "plugin", rows, daemon.addr, jar, queries, extra)
+        out["daemon_cpu"] = cpu_seconds(daemon.pid) - before
+    return out
+
+
+def _reduce(query: dict[str, Any]) -> dict[str, int]:
+    stages: dict[str, int] = query["breakdown"]["stages"]["reduce"]
+    return stages
+
+
+def breakdown_notes(width: int, runs: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per query and shuffle: where its reduce stages' time went (see the module)."""
+    notes = []
+    plugin = runs[SHUFFLED]
+    streams_total = sum(q["breakdown"]["plugin"]["streams"] for q in plugin["queries"].values()) or 1
+    daemon_ms = 1000 * plugin["daemon_cpu"] / streams_total
+    for name in plugin["queries"]:
+        for setup, run in runs.items():
+            q = run["queries"][name]
+            r = _reduce(q)
+            blocks = (r["shuffleRemoteBlocksFetched"] + r["shuffleLocalBlocksFetched"]) / (r["numTasks"] or 1)
+            line = (
+                f"{width:,} partitions, {name}, {setup}: {q['seconds']:.1f}s; reduce stages {r['numTasks']} tasks, "
+                f"run {r['executorRunTime'] / 1e3:.1f}s, CPU {r['executorCpuTime'] / 1e9:.1f}s, fetch wait "
+                f"{r['shuffleFetchWaitTime'] / 1e3:.2f}s, blocks {blocks:,.0f} per task"
+            )
+            if "plugin" in q["breakdown"]:
+                p = q["breakdown"]["plugin"]
+                streams, buffers = p["streams"] or 1, p["buffers"] or 1
+                line += (
+                    f"; {p['streams'] / (p['reads'] or 1):.1f} requests per reduce task, {p['buffers'] / streams:.1f} "
+                    f"buffers per request, {p['buffer_bytes'] / buffers / 1024:.1f} KiB and {p['runs'] / buffers:.1f} "
+                    f"runs per buffer, blocks {p['batch_blocks']:,} batched / {p['pair_blocks']:,} pairs"
+                )
+            aqe = q["breakdown"]["aqe_reads"]
+            line += "; AQE reads " + (", ".join(f"{n} {k}" for k, n in sorted(aqe.items())) or "none")
+            notes.append(line)
+    notes.append(f"{width:,} partitions: the daemon's CPU per read stream (plan, feed): {daemon_ms:.2f} ms")
+    return notes
+
+
+async def run(ctx: Context, result: ScenarioResult) -> None:
+    jar = await asyncio.to_thread(plugin_jar)
+    before_jar = os.environ.get(BEFORE_JAR_VARIABLE, "")
+    rows = ctx.pick(int(os.environ.get(ROWS_VARIABLE, 2_000_000)), 50_000)
+    queries = ",".join(ctx.pick(sql_shapes.QUERIES, QUICK_QUERIES))
+    chosen = os.environ.get(WIDTHS_VARIABLE, "")
+    widths = ctx.pick([int(w) for w in chosen.split(",")] if chosen else WIDTHS, QUICK_WIDTHS)
+    times = Plot("shapes", "Shuffle-heavy SQL shapes by shuffle partitions", "", "session seconds")
+    breakdown: dict[str, Any] = {}
+    for width in widths:
+        extra = ("--keep-shuffles", "--breakdown", "--partitions", str(width))
+        runs = {BUILTIN: await run_session(ctx, "builtin", rows, "", jar, queries, extra)}
+        runs[SHUFFLED] = await _plugin(ctx, rows, jar, queries, extra)
+        if before_jar:
+            runs[BEFORE] = await _plugin(ctx, rows, before_jar, queries, extra)
+        for q in runs[BUILTIN]["queries"]:
+            digests = {r["queries"][q]["result"] for r in runs.values()}
+            require(len(digests) == 1, f"{width} partitions, {q}: results differ between the shuffles")
+        base = session_seconds(runs[BUILTIN])
+        for setup in (s for s in runs if s != BUILTIN):
+            result.add(
+                f"{width:,} partitions: session, {setup}",
+                session_seconds(runs[setup]),
+                "s",
+                baseline_name=BUILTIN,
+                baseline=base,
+                goal=GOAL if setup == SHUFFLED else None,
+            )
+            for q, v in runs[setup]["queries"].items():
+                result.add(
+                    f"{width:,} partitions: {q}, {setup}",
+                    v["seconds"],
+                    "s",
+                    baseline_name=BUILTIN,
+                    baseline=runs[BUILTIN]["queries"][q]["seconds"],
+                )
+        for setup, r in runs.items():
+            times.bars[f"{width:,}: {setup}"] = session_seconds(r)
+        ctx.progress(", ".join(f"{s} {session_seconds(r):.1f}s" for s, r in runs.items()) + f" at {width:,}")
+        breakdown[str(width)] = {s: {q: v.get("breakdown") for q, v in r["queries"].items()} for s, r in runs.items()}
+        if width == widths[-1]:
+            result.notes.extend(breakdown_notes(width, runs))
+    result.notes.append(
+        f"{rows:,} rows per fact table, queries {queries}, AQE on, no shuffle cleaned up, one daemon on its defaults; "
+        "results identical at every width"
+    )
+    result.plots.append(times)
+    result.extra["breakdown"] = breakdown
