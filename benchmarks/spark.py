@@ -57,7 +57,12 @@ async def run_session(
     argv += ["--addresses", addresses, "--jar", jar, *extra] + (["--queries", queries] if queries else [])
     if ctx.quick:  # its numbers are not read, only that it runs: start and finish the JVMs sooner
         argv += [f"--conf=spark.{side}.extraJavaOptions={SHORT_RUN_JVM}" for side in ("driver", "executor")]
-    job = ManagedProcess(f"spark {mode}", argv, r"^\{")
+    return await json_job(ctx, f"spark {mode}", argv)
+
+
+async def json_job(ctx: Context, name: str, argv: list[str]) -> dict[str, Any]:
+    """A job process's results: the JSON object it prints on a line of its own before it exits."""
+    job = ManagedProcess(name, argv, r"^\{")
     try:
         line = await job.wait_ready(timeout=ctx.scenario_limit)
         await job.wait_exit(60)

@@ -12,14 +12,13 @@ queries' sinks must end with the same rows.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from typing import Any
 
-from .common import Context, Goal, ManagedProcess, Plot, ScenarioResult, percentile, require
+from .common import Context, Goal, Plot, ScenarioResult, percentile, require
 from .scale import default_pool
-from .spark import plugin_jar
+from .spark import json_job, plugin_jar
 
 #: micro-batches of a full run (override with SHUFFLED_BENCH_STREAMING_BATCHES: a batch of 200 partitions of
 #: state takes seconds on 2 shared cores, so 1,000 take hours per session)
@@ -47,14 +46,7 @@ async def _session(ctx: Context, mode: str, batches: int, rows: int, jar: str, a
     argv = [sys.executable, "-m", "benchmarks.streaming_job", "--mode", mode, "--batches", str(batches)]
     argv += ["--rows-per-batch", str(rows), "--jar", jar, "--address", address, "--checkpoints", checkpoints]
     argv += ["--partitions", str(ctx.pick(PARTITIONS, QUICK_PARTITIONS))]
-    job = ManagedProcess(f"streaming {mode}", argv, r"^\{")
-    try:
-        line = await job.wait_ready(timeout=ctx.scenario_limit)
-        await job.wait_exit(60)
-    finally:
-        job.stop()
-    result: dict[str, Any] = json.loads(line.string)
-    return result
+    return await json_job(ctx, f"streaming {mode}", argv)
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
