@@ -30,8 +30,12 @@ from tests.spark_support import needs_spark
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
-#: the installed line first: a line whose pyspark cannot be installed is skipped, not the whole test
-LINES = [spark_lines.installed_line(), *spark_lines.OTHER_LINES]
+#: the installed line first: a line whose pyspark cannot be installed is skipped, not the whole test; the
+#: other lines (a minute and a half each) are part of the `full` matrix, as their job matrices are
+LINES = [
+    spark_lines.installed_line(),
+    *(pytest.param(line, marks=pytest.mark.full) for line in spark_lines.OTHER_LINES),
+]
 
 
 @pytest.fixture(scope="module")
