@@ -81,6 +81,12 @@ def breakdown_notes(width: int, runs: dict[str, dict[str, Any]]) -> list[str]:
             if "plugin" in q["breakdown"]:
                 p = q["breakdown"]["plugin"]
                 streams, buffers = p["streams"] or 1, p["buffers"] or 1
+                if "open_nanos" in p:
+                    outputs = (p["unsorted"] + p["serialized"] + p["sorted"]) or 1
+                    line += (
+                        f"; per map output {p['open_nanos'] / outputs / 1e6:.1f} ms to open (the daemon's first "
+                        f"credit), {p['commit_nanos'] / outputs / 1e6:.1f} ms to commit"
+                    )
                 line += (
                     f"; {p['streams'] / (p['reads'] or 1):.1f} requests per reduce task, {p['buffers'] / streams:.1f} "
                     f"buffers per request, {p['buffer_bytes'] / buffers / 1024:.1f} KiB and {p['runs'] / buffers:.1f} "

@@ -5,8 +5,8 @@ import java.util.concurrent.atomic.AtomicLong;
 /**
  * What this JVM's shuffle writers and readers did, by path: the Spark tests read these to check which path a
  * job took (whether each record was serialized at once or kept by Spark's sorter; whether a coalesced read
- * took an attempt's pairs as one block), and the `shapes` benchmark to break a reduce stage's work down
- * (requests, buffers and their bytes, runs and blocks per reduce task).
+ * took an attempt's pairs as one block), and the `shapes` benchmark to break a stage's work down (time to open
+ * and commit map outputs; requests, buffers and their bytes, runs and blocks per reduce task).
  */
 public final class Counts {
     /** Map outputs written with one open serialization stream per partition (few partitions, no combine). */
@@ -15,6 +15,9 @@ public final class Counts {
     static final AtomicLong SERIALIZED = new AtomicLong();
     /** Map outputs written through Spark's {@code ExternalSorter} (combine, IO encryption, opaque codecs). */
     static final AtomicLong SORTED = new AtomicLong();
+    /** Time map tasks spent opening their map output (until the daemon's first credit) and committing it. */
+    static final AtomicLong OPEN_NANOS = new AtomicLong();
+    static final AtomicLong COMMIT_NANOS = new AtomicLong();
     /** Blocks read as one (partition, attempt) pair each. */
     static final AtomicLong PAIR_BLOCKS = new AtomicLong();
     /** Blocks read as all of an attempt's pairs in a range ({@link PairInput}, batched). */
@@ -31,6 +34,11 @@ public final class Counts {
     /** {unsorted, serialized, sorted} map outputs so far. */
     public static long[] mapOutputs() {
         return new long[] {UNSORTED.get(), SERIALIZED.get(), SORTED.get()};
+    }
+
+    /** {nanoseconds opening map outputs, nanoseconds committing them} so far. */
+    public static long[] writerWaits() {
+        return new long[] {OPEN_NANOS.get(), COMMIT_NANOS.get()};
     }
 
     /** {pair, batch} blocks read so far. */

@@ -113,11 +113,13 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
     public void write(Iterator<Product2<K, V>> records) throws IOException {
         ShuffleDependency<K, V, C> dep = handle.dependency();
         int partitions = dep.partitioner().numPartitions();
+        long opening = System.nanoTime();
         ShuffleClient client = clients.withDaemon(executor.executorId(), context.taskAttemptId(), c -> {
             output = c.openWriter(executor.appId(), dep.shuffleId(), context.partitionId(), mapId, partitions,
                     clients.replicas(), clients.durability());
             return c;
         });
+        Counts.OPEN_NANOS.addAndGet(System.nanoTime() - opening);
         long written;
         if (!dep.mapSideCombine() && partitions <= executor.bypassMergeThreshold()) {
             written = writeUnsorted(records, dep);
@@ -141,7 +143,9 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         }
         long started = System.nanoTime();
         lengths = output.commit();
-        metrics.incWriteTime(System.nanoTime() - started);
+        long committing = System.nanoTime() - started;
+        metrics.incWriteTime(committing);
+        Counts.COMMIT_NANOS.addAndGet(committing);
         metrics.incRecordsWritten(written);
         long bytes = 0;
         for (long n : lengths) {
