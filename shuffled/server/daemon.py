@@ -1,6 +1,8 @@
-"""The daemon, the composition root: one buffer pool, one store, the disk behind it, the spiller,
-the push shares, membership and peers, the drain, and listeners for clients and peers. What each
-part does lives in its room: storage/, serving/, cluster/ and accounting/.
+"""The daemon, the composition root: one buffer pool, storage (storage/manager.py: memory, the data dir
+and the object store behind one door), the push shares, membership and peers, the drain, healing and
+the sweep, and listeners for clients and peers; each part is given the parts it uses, and connections
+the `ShuffleEnvironment` bundle of them. What each part does lives in its room: storage/, serving/,
+cluster/ and accounting/.
 
 `stats()` is the one snapshot of everything the daemon counts (a `DaemonStats`, see
 accounting/stats.py): the metrics endpoint turns it into Prometheus metrics, and its wire form is
