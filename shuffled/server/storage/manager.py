@@ -31,6 +31,7 @@ from .lifecycle import Lifecycle
 from .object_config import ObjectStoreConfig
 from .objects import ObjectInfo, ObjectStore
 from .probe import ObjectStoreProbe
+from .shuffles import ShuffleData
 from .spill import Spiller, memory_held, restore
 from .spill_writes import SpillWrites
 from .store import Store
@@ -197,22 +198,21 @@ class StorageManager:
     def has_object_store(self) -> bool:
         return self.tier is not None
 
-    async def adopt(self, app: str, shuffle: int, node: str, attempts: list[int]) -> bool:
+    async def adopt(self, app: str, shuffle: int, node: str, attempts: list[int]) -> None:
         """Serve what `node`'s objects of the shuffle prove from here (adopt.py), unless these attempts are held
-        here already; whether they may be now. Raises StorageError when the store cannot be read."""
-        data = self.store.apps.get(app, {}).get(shuffle)
+        here already. Raises StorageError when the store cannot be read."""
+        data = self._shuffle(app, shuffle)
         if data is not None and all(a in data.committed for a in attempts):
-            return True
+            return
         assert self.tier is not None
         await self.tier.adopt(app, shuffle, node)
-        return True
 
     # -- what the cluster asks
 
     def holds(self, app: str, shuffle: int, attempts: list[int]) -> tuple[list[int], list[int]]:
         """Which of these attempts are committed here, and the bytes each holds (admin `holds`: a drain or
         healing deciding what still needs a copy elsewhere)."""
-        data = self.store.apps.get(app, {}).get(shuffle)
+        data = self._shuffle(app, shuffle)
         if data is None:
             return [], []
         held = [a for a in attempts if a in data.committed]
@@ -230,13 +230,13 @@ class StorageManager:
 
     def committed_bytes(self, app: str, shuffle: int, attempt: int) -> int | None:
         """The bytes of a committed attempt held here; None when it is not (any more)."""
-        data = self.store.apps.get(app, {}).get(shuffle)
+        data = self._shuffle(app, shuffle)
         out = data.committed.get(attempt) if data is not None else None
         return out.bytes if out is not None else None
 
     def under_replicated(self, app: str, shuffle: int, attempts: int) -> None:
         """Healing found `attempts` of the shuffle lacking copies this daemon is to make (stats, the alert)."""
-        data = self.store.apps.get(app, {}).get(shuffle)
+        data = self._shuffle(app, shuffle)
         if data is not None:
             data.under_replicated = attempts
 
@@ -247,6 +247,9 @@ class StorageManager:
     def restoring(self) -> bool:
         """Until it holds what its own objects prove, this daemon cannot say what it does not hold."""
         return self.tier is not None and not self.tier.restored
+
+    def _shuffle(self, app: str, shuffle: int) -> ShuffleData | None:
+        return self.store.apps.get(app, {}).get(shuffle)
 
     # -- the rest of the data's life (lifecycle.py)
 
