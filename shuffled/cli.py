@@ -170,8 +170,7 @@ def metrics_reference() -> str:
             try:
                 return daemon.stats()
             finally:
-                if daemon.disk is not None:
-                    daemon.disk.close()
+                daemon.storage.release()
 
     return render_markdown(asyncio.run(snapshot()))
 

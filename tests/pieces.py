@@ -1,5 +1,5 @@
 """Packed groups for tests that drive the daemon's store in-process: packing a writer's data into pieces
-as clients do (any split), pushing them into a `Store`, and reading a plan back through a `PlanFeed`."""
+as clients do (any split), pushing them into a `Store`, and reading a plan back through a `ReadView`."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from types import SimpleNamespace
-from typing import Any
 
 from hypothesis import strategies as st
 
 from shuffled.buffers import Chunk, GlobalPool
 from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import HEADER_SIZE, RUN_SIZE, check_push, directory, group_bytes
-from shuffled.server.serving.plan_feed import PlanFeed
+from shuffled.server.serving.view_reader import ViewReader
 from shuffled.server.storage.disk import Disk
+from shuffled.server.storage.loader import PieceLoader
 from shuffled.server.storage.plan import Plan
 from shuffled.server.storage.shuffles import MapOutput
 from shuffled.server.storage.store import Store
+from shuffled.server.storage.view import ReadView
 
 Run = tuple[int, bytes]
 Pair = tuple[int, int]  # partition, attempt
@@ -95,14 +95,20 @@ def push(pool: GlobalPool, store: Store, out: MapOutput, group: bytes) -> None:
 
 
 async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float = 10) -> list[bytes]:
-    """Every payload a plan's feed makes, in order, each checked against its CRC32C (its segment then goes
-    back), that it fits a segment, and that the bytes the feed says it holds (what the traffic counters
+    """Every payload a plan's view makes, in order, each checked against its CRC32C (its segment then goes
+    back), that it fits a segment, and that the bytes the view says it holds (what the traffic counters
     count) are exactly those of its runs."""
-    services: Any = SimpleNamespace(pool=pool, disk=disk, objects=None)
     got: list[tuple[Chunk, int]] = []
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    feed = PlanFeed(services, plan, lambda chunk, data: got.append((chunk, data)), lambda: 1 << 20)
-    feed.start(lambda: done.set_result(None), done.set_exception)
+    view = ReadView(plan, pool, PieceLoader(disk))
+    sink = ViewReader(
+        view,
+        lambda chunk, data: got.append((chunk, data)),
+        lambda: 1 << 20,
+        lambda: done.set_result(None),
+        done.set_exception,
+    )
+    sink.start()
     try:
         await asyncio.wait_for(done, timeout)
     finally:

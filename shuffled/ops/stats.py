@@ -275,6 +275,19 @@ class TierStats:
     def copy(self) -> TierStats:
         return dataclasses.replace(self)
 
+    def swept(self, kind: str, objects: int) -> None:
+        """A sweep deleted `objects` for this reason (`released`, `expired`, `probe`); `lease`: leases of daemons
+        gone with nothing of theirs left, which are not counted."""
+        if kind == "lease":
+            return
+        self.swept_objects += objects
+        if kind == "released":
+            self.swept_released += objects
+        elif kind == "expired":
+            self.swept_expired += objects
+        else:
+            self.swept_probes += objects
+
 
 @dataclass(slots=True)
 class HealStats:

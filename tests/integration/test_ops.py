@@ -485,7 +485,7 @@ async def test_admin_stats_wire_form_is_unchanged_and_the_snapshot_is_typed(memo
         assert snapshot.connections.clients == 1 and snapshot.errors == {"PARTITION_NOT_FOUND": 1}
         assert snapshot.pool.used + snapshot.pool.free == snapshot.pool.total == wire["pool"]["total"]
         assert (snapshot.filesystem is None) == memory_only
-        assert wire["store"] == dataclasses.asdict(daemon.store.stats())
+        assert wire["store"] == dataclasses.asdict(daemon.storage.stats()[0])
     finally:
         await daemon.stop()
 

@@ -9,6 +9,8 @@ of them, every admin call on it would be refused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -49,13 +51,25 @@ class Link:
 
 
 async def _answer(operation: Any, op: str = "flush", args: dict[str, Any] | None = None) -> tuple[Link, ErrorResponse]:
+    """The answer to admin `op` with `args`, the registry's `op` doing what `operation` does once its
+    arguments were read."""
     link = Link()
+    args = args or {}
     background: set[asyncio.Task[Any]] = set()
-    service = AdminService(link, operation, background)
-    (requested,) = link.proto.receive_data(encode(AdminRequest(7, op, args or {})))
-    assert isinstance(requested, AdminRequested) and link.proto.streams.admin_running == 1
-    service.on_request(requested.request)
-    await asyncio.wait(background, timeout=TIMEOUT)
+    env: Any = SimpleNamespace(background=background, metrics=SimpleNamespace(observe_admin=lambda *_: None))
+    caller: Any = link
+    service = AdminService(caller, env)
+    known = OPERATIONS.get(op)
+    if known is not None:
+        OPERATIONS[op] = dataclasses.replace(known, run=lambda _host, _value, by: operation(known, args, by))
+    try:
+        (requested,) = link.proto.receive_data(encode(AdminRequest(7, op, args)))
+        assert isinstance(requested, AdminRequested) and link.proto.streams.admin_running == 1
+        service.on_request(requested.request)
+        await asyncio.wait(background, timeout=TIMEOUT)
+    finally:
+        if known is not None:
+            OPERATIONS[op] = known
     (answer,) = decode_all(link.proto.data_to_send())
     assert isinstance(answer, ErrorResponse) and answer.stream == 7
     return link, answer
@@ -66,7 +80,7 @@ async def test_an_operation_that_crashes_is_an_internal_error_and_frees_its_slot
     async def crash(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
-    link, answer = await _answer(crash)
+    link, answer = await _answer(crash, "flush", {"app": "a"})
     assert answer.code == ErrorCode.INTERNAL and "RuntimeError: a bug" in answer.message
     assert link.proto.streams.admin_running == 0 and [e.code for e in link.errors] == [ErrorCode.INTERNAL]
 
@@ -76,7 +90,7 @@ async def test_an_operation_cancelled_at_shutdown_says_so_and_frees_its_slot() -
     async def stopped(op: Operation[Any], args: dict[str, Any], caller: Any) -> dict[str, Any]:
         raise asyncio.CancelledError
 
-    link, answer = await _answer(stopped)
+    link, answer = await _answer(stopped, "flush", {"app": "a"})
     assert answer.code == ErrorCode.SHUTTING_DOWN and link.proto.streams.admin_running == 0
 
 

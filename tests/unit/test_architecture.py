@@ -204,6 +204,31 @@ def test_packages_import_only_what_lies_below_them() -> None:
     assert not wrong, "imports against the layers (tests/unit/test_architecture.py LAYERS):\n" + "\n".join(wrong)
 
 
+#: What of storage the rest of the daemon may import: its door (manager.py: open, read, drop, flush, ...), the
+#: handles the door gives out (a push's writer, a read's view), and plain helpers that hold no stored state
+#: (the data dir's opening and its directory names, object keys and leases, which the sweep reads). The
+#: store, the shuffles and their map outputs are storage's own: a module that cannot import them cannot
+#: reach into their dicts and arrays, so what commit, drop, flush and persist do stays written once.
+STORAGE_DOOR = {
+    f"{STORAGE}.{name}" for name in ("manager", "writer", "view", "disk", "lease", "object_format", "objects")
+}
+
+
+def test_the_rest_of_the_daemon_uses_storage_only_through_its_door() -> None:
+    """Outside storage/, the daemon imports only STORAGE_DOOR of it."""
+    graph = import_graph()
+    inside = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("shuffled.") and unit(module) != STORAGE
+        for target in targets
+        if unit(target) == STORAGE and target not in STORAGE_DOOR
+    )
+    assert not inside, "storage reached past its door (tests/unit/test_architecture.py STORAGE_DOOR):\n" + "\n".join(
+        inside
+    )
+
+
 #: The house rule: no class over about 250 lines (one that grows past it does several things: split it into
 #: parts named from the domain, as the store, the tier, the spiller and the protocol connection were).
 #: Checked at 260, so a docstring line more does not fail a build.

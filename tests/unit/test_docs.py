@@ -141,7 +141,7 @@ def test_every_repository_path_named_exists() -> None:
 
 
 #: a file named in prose by a path that does not start at the repository's root, or by its name alone
-#: (`serving/plan_feed.py`, `plan_feed.py`); ``.service`` is left out: `spark.shuffle.service` is a setting
+#: (`serving/view_reader.py`, `view_reader.py`); ``.service`` is left out: `spark.shuffle.service` is a setting
 _RELATIVE = re.compile(r"(?<![\w./:@$-])(\w[\w.-]*(?:/[\w.-]+)*\.(?:py|java|md|ya?ml|toml|json|proto|conf))(?![\w/-])")
 #: what the benchmarks write (benchmarks/results/), named by its file name
 GENERATED_NAMES = ("results.json",)
@@ -172,8 +172,8 @@ def _repository_files() -> set[str]:
 
 
 def test_every_file_named_from_elsewhere_exists() -> None:
-    """A file named in docs, docstrings or comments by a shorter path (`serving/plan_feed.py`, relative to a
-    package) or by its name alone (`plan_feed.py`) is the end of some file's path in the repository: a renamed
+    """A file named in docs, docstrings or comments by a shorter path (`serving/view_reader.py`, relative to a
+    package) or by its name alone (`view_reader.py`) is the end of some file's path in the repository: a renamed
     or removed module leaves no reference behind in prose, where the rooted-path check does not look."""
     files = _repository_files()
     names = {f.rpartition("/")[2] for f in files}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,9 +14,10 @@ import pytest
 from shuffled.buffers import GlobalPool
 from shuffled.config import DaemonConfig
 from shuffled.ops.stats import DrainStats
-from shuffled.server.cluster.handover import Drainer, HandOver
+from shuffled.server.cluster.handover import HandOver
 from shuffled.server.cluster.membership import Membership
-from shuffled.server.storage.store import Store
+from shuffled.server.cluster.survey import Copies
+from shuffled.server.storage.manager import open_storage
 from tests.aio import within
 from tests.pieces import pack, push
 
@@ -28,33 +28,30 @@ SIZES = {1: 300, 2: 700}
 
 
 class Peer:
-    """A peer daemon's connection as the drainer uses it: `admin.request` answers `holds` with `answer`."""
+    """A peer daemon's connection as the hand-over uses it: `admin_call` answers `holds` with `answer`."""
 
     def __init__(self, answer: dict[str, Any]) -> None:
         self.answer = answer
-        self.admin = self
 
-    async def request(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def admin_call(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         assert op == "holds"
         return self.answer
 
 
-def _host(answers: dict[str, dict[str, Any]]) -> tuple[Any, GlobalPool]:
+def _hand_over(answers: dict[str, dict[str, Any]]) -> HandOver:
     cfg = DaemonConfig(peers=[ME, LIAR, HONEST], replicas=1)
     pool = GlobalPool(16 * SEGMENT, SEGMENT)
-    store = Store(SEGMENT)
+    storage = open_storage(cfg, pool, None)
+    store = storage.store
     for attempt, size in SIZES.items():
         out = store.open_map_output("app", 1, 0, attempt, 1)
         push(pool, store, out, pack(attempt, [(0, b"x" * size)]))
         store.commit(out)
 
-    async def get(addr: str) -> Peer:
+    async def get(addr: str) -> Any:
         return Peer(answers[addr])
 
-    host = SimpleNamespace(
-        config=cfg, node=ME, store=store, membership=Membership(cfg, ME), peers=SimpleNamespace(get=get)
-    )
-    return host, pool
+    return HandOver(cfg, storage, Membership(cfg, ME), get, DrainStats())
 
 
 @within(10)
@@ -73,11 +70,10 @@ async def test_a_holds_answer_counts_only_as_far_as_it_checks_out(
     lie: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     honest = {"attempts": [1], "bytes": [SIZES[1]]}
-    host, _ = _host({LIAR: lie, HONEST: honest})
-    drainer = Drainer(host, DrainStats())
+    drainer = _hand_over({LIAR: lie, HONEST: honest})
     copied: list[tuple[int, set[str]]] = []
 
-    async def hand_over(h: HandOver) -> None:
+    async def hand_over(h: Copies) -> None:
         copied.append((h.attempt, set(h.holders)))
         drainer.settle(h)
 

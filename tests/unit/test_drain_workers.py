@@ -1,5 +1,5 @@
 """A bug in one hand-over worker ends the hand-over: the other workers are cancelled, the bug is logged
-with its traceback, and the drain goes on to stop the daemon (Drainer.run returns instead of raising)."""
+with its traceback, and the drain goes on to stop the daemon (HandOver.run returns instead of raising)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,34 @@ import asyncio
 import logging
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from shuffled.ops.stats import DrainStats
-from shuffled.server.cluster.handover import PARALLEL, Drainer, HandOver
+from shuffled.server.cluster.handover import PARALLEL, HandOver
+from shuffled.server.cluster.survey import Copies
+from shuffled.server.storage.manager import HeldAttempt
 from tests.aio import within
 
 
 @within(10)
 async def test_a_bug_in_one_worker_cancels_the_others_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    drainer = Drainer(SimpleNamespace(), DrainStats())
-    todo = [HandOver(SimpleNamespace(), a, "p:1", 2, ["q:1"]) for a in range(PARALLEL)]  # type: ignore[arg-type]
+    parts: Any = SimpleNamespace()
+    drainer = HandOver(parts, parts, parts, parts, DrainStats())
+    todo = [Copies(HeldAttempt("app", 0, 1, a, a, None, 2, 1), "p:1", 2, ["q:1"]) for a in range(PARALLEL)]
     waiting: list[asyncio.Future[None]] = []
 
-    async def survey(deadline: float) -> list[HandOver]:
+    async def survey(deadline: float) -> list[Copies]:
         return todo
 
-    async def hand_over(h: HandOver) -> None:
+    async def hand_over(h: Copies) -> None:
         if h.attempt == PARALLEL - 1:  # the others are already waiting
             raise KeyError("a bug")
         waiting.append(asyncio.get_running_loop().create_future())
         await waiting[-1]
 
-    drainer.survey = survey  # type: ignore[method-assign]
+    drainer.survey.run = survey  # type: ignore[method-assign]
     drainer.hand_over = hand_over  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="shuffled.server.cluster.handover"):
         assert await drainer.run(time.monotonic() + 60) is False

@@ -9,6 +9,7 @@ segment is back in the global pool when the read is over.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -33,7 +34,8 @@ from shuffled.protocol.frames import REPLICA, PartitionRequest
 from shuffled.protocol.resume import Resume
 from shuffled.server.accounting.counters import Counters
 from shuffled.server.cluster.membership import Membership
-from shuffled.server.serving.input_gate import InputGate, RemoteInputChannel
+from shuffled.server.serving.input_gate import InputGate, LocalInputChannel, RemoteInputChannel
+from shuffled.server.storage.manager import open_storage
 from shuffled.server.storage.store import Store
 from tests.aio import within
 from tests.pieces import pack, push, unpack
@@ -85,7 +87,7 @@ class FakeOut:
     ended: bool = False
     upstream: int = 0
     chunks: list[Chunk] = field(default_factory=list)
-    #: the plan feeds queueing on it (a failover to this daemon's own copy), and what waits unsent: nothing
+    #: the view readers queueing on it (a failover to this daemon's own copy), and what waits unsent: nothing
     feeds: list[Any] = field(default_factory=list)
     queued: int = 0
 
@@ -111,19 +113,18 @@ class FakeClient:
 
 
 async def _gate(
-    links: dict[str, FakeReads], shuffle: int = SHUFFLE, store: Store | None = None, token: str | None = None
+    links: dict[str, FakeReads],
+    shuffle: int = SHUFFLE,
+    stored: Callable[[Store], None] = lambda _: None,
+    token: str | None = None,
 ) -> tuple[InputGate, FakeClient, FakeOut, GlobalPool]:
+    """A gate of this daemon (`ME`, memory only, holding what `stored` puts in its store) reading `shuffle`."""
     cfg = DaemonConfig(peers=[ME, PRIMARY, OTHER], exclusive_buffers=2, floating_buffers=4)
     pool = GlobalPool(64 * SEGMENT, SEGMENT, reserve=32)
+    storage = open_storage(cfg, pool, None)
+    stored(storage.store)
     services = SimpleNamespace(
-        config=cfg,
-        pool=pool,
-        store=store or Store(SEGMENT),
-        counters=Counters(),
-        disk=None,
-        objects=None,
-        tier=None,
-        membership=Membership(cfg, ME),
+        config=cfg, pool=pool, storage=storage, counters=Counters(), membership=Membership(cfg, ME)
     )
     client, out = FakeClient(), FakeOut()
     req = PartitionRequest(1, 8, "app", shuffle, 0, 4, {PRIMARY: [7]}, token)
@@ -146,6 +147,22 @@ def _relay(ch: RemoteInputChannel, partition: int, attempt: int, n: int) -> None
         buf.memory[: len(group)] = group
         buf.length = len(group)
         ch.deliver(buf, 0)
+
+
+async def _served(local: LocalInputChannel) -> None:
+    """Returns once the local channel's reader has served its whole view."""
+    reader = local.reader
+    if reader.view.finished:
+        return
+    served: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done = reader.done
+
+    def finished() -> None:
+        done()
+        served.set_result(None)
+
+    reader.done = finished
+    await served
 
 
 def _end(gate: InputGate, out: FakeOut, pool: GlobalPool) -> None:
@@ -240,23 +257,27 @@ async def test_a_failover_to_this_daemons_own_copy_serves_only_the_token_it_is_b
     here, the copy here was pushed with another token meanwhile, so the failover to it is refused and the
     read ends with the primary's error; with the owner's token the copy is served."""
 
-    store = Store(SEGMENT)
-    store.app_keys.bind("app", token_digest("owner"))
     buffers = GlobalPool(8 * SEGMENT, SEGMENT)
-    out = store.open_map_output("app", 1, 0, 7, 4)
-    push(buffers, store, out, pack(7, [(2, b"x" * 100)]))
-    store.commit(out)
+    stores: list[Store] = []
+
+    def stored(store: Store) -> None:
+        stores.append(store)
+        store.app_keys.bind("app", token_digest("owner"))
+        out = store.open_map_output("app", 1, 0, 7, 4)
+        push(buffers, store, out, pack(7, [(2, b"x" * 100)]))
+        store.commit(out)
+
     for token, served in (("tenant", False), (None, False), ("owner", True)):
-        gate, client, out_stream, pool = await _gate({}, shuffle=1, store=store, token=token)  # ME first
+        gate, client, out_stream, pool = await _gate({}, shuffle=1, stored=stored, token=token)  # ME first
         await _failed_over(gate)
         if served:
             (local,) = gate.local_channels
-            assert local.feed.task is not None
-            await asyncio.wait_for(local.feed.task, 10)
+            await asyncio.wait_for(_served(local), 10)
             assert not client.errors and [unpack(c.buffer.data()) for c in out_stream.chunks] == [[(7, 2, b"x" * 100)]]
         else:
             assert not gate.local_channels and not out_stream.chunks
             assert [e.code for e in client.errors] == [ErrorCode.PEER_UNAVAILABLE]
         _end(gate, out_stream, pool)
-    store.remove_application("app")
+    for store in stores:
+        store.remove_application("app")
     assert buffers.free == buffers.total

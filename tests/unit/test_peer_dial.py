@@ -48,7 +48,7 @@ class Host:
 @within(10)
 async def test_a_failed_dial_is_not_repeated_within_the_peer_timeout() -> None:
     host = Host(DaemonConfig(peer_timeout=0.2))
-    peers: PeerManager[Conn] = PeerManager(host)
+    peers: PeerManager[Conn] = PeerManager(host.config, host.membership, host.secret, host.dial_peer)
     with pytest.raises(PeerUnavailable, match="refused"):
         await peers.get(DEAD)
     with pytest.raises(PeerUnavailable, match="not dialled again yet"):
@@ -74,7 +74,7 @@ async def test_with_authentication_a_daemon_dials_on_other_ports_only_the_daemon
 
     host = Host(DaemonConfig(peers=["127.0.0.8:7001"], peers_dns="shuffled-peers:7002"), secret=b"s")
     host.membership.resolved = ["127.0.0.9:7002"]
-    peers: PeerManager[Conn] = PeerManager(host)
+    peers: PeerManager[Conn] = PeerManager(host.config, host.membership, host.secret, host.dial_peer)
     for known in ("127.0.0.8:7001", "127.0.0.9:7002", "127.0.0.10:7000"):  # the last: the daemon's own port
         with pytest.raises(PeerUnavailable, match="refused"):
             await peers.get(known)

@@ -4,7 +4,7 @@ memory, from disk and after a restart; a read resumed at any point completes exa
 Hypothesis makes the map outputs (empty partitions, a partition spanning many groups, a writer that
 flushed several times so its pieces form several ascending sequences), pushes them interleaved into a
 real `Store`, spills at random points through the real `Spiller` into a real data dir, and reads ranges
-through the real `PlanFeed`. Every read must serve each (partition, attempt) pair whole and in push
+through the real `ReadView`. Every read must serve each (partition, attempt) pair whole and in push
 order as consecutive runs, one attempt's pairs together in ascending partition order (PROTOCOL.md
 §10.1), frames of at most a segment whose CRC32C holds; and every segment must come
 back once the shuffle is dropped.
@@ -78,8 +78,7 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
 
     async def body(root: str) -> None:
         pool = GlobalPool(512 * SEG, SEG)
-        store = Store(SEG)
-        store.can_spill = True
+        store = Store(SEG, can_spill=True)
         disk = Disk(root)
         spiller = Spiller(store, pool, disk, 0.85, 0.7)
         mouts = {o.attempt: store.open_map_output(APP, 0, o.attempt, o.attempt, partitions) for o in outs}
@@ -89,7 +88,8 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
                 if at == step:
                     data = store.apps[APP][0]
                     if limit:
-                        spiller.writes.start(data, list(mouts.values()), limit)
+                        assert spiller.target is not None
+                        spiller.writes.start(spiller.target, data, list(mouts.values()), limit)
                     else:
                         await spiller.spill(data)
             if step < len(order):

@@ -45,8 +45,8 @@ class Transport:
 
 def _link(sender: Sender) -> ReplicaLink:
     link = ReplicaLink(DaemonConfig(replica_lag=LAG))
-    proto = SimpleNamespace(features=frozenset([REPLICA]))
-    conn: Any = SimpleNamespace(node="replica", proto=proto, sender=sender, replicas=ReplicaService())
+    proto: Any = SimpleNamespace(features=frozenset([REPLICA]))
+    conn: Any = SimpleNamespace(node="replica", proto=proto, sender=sender, replicas=ReplicaService(proto))
     link.conn = conn
     link.stream.stream = 1
     return link
@@ -108,14 +108,14 @@ async def test_a_link_whose_credit_arrives_with_the_cancel_of_its_opening_is_abo
     the peer link lived. Now the cancel goes through and the replica is told to abort the push."""
 
     sent: list[str] = []
-    proto = SimpleNamespace(
+    proto: Any = SimpleNamespace(
         features=frozenset([REPLICA]),
         new_stream_id=lambda: 1,
         open_push=lambda req, stream: sent.append("open"),
         abort_push=lambda writer: sent.append("abort"),
     )
     sender = SimpleNamespace(wake=lambda stream: None)
-    conn: Any = SimpleNamespace(node="replica", proto=proto, sender=sender, replicas=ReplicaService())
+    conn: Any = SimpleNamespace(node="replica", proto=proto, sender=sender, replicas=ReplicaService(proto))
     link = ReplicaLink(DaemonConfig())
     opening = asyncio.create_task(link.open(conn, OpenMapOutput(0, "app", 1, 0, 1, 1, replica_of="primary")))
     await until(lambda: sent == ["open"])

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.errors import InvalidRequest
 from shuffled.protocol.resume import ReadProgress, Resume
-from shuffled.server.serving.plan_feed import PlanFeed
+from shuffled.server.serving.view_reader import ViewReader
 from shuffled.server.storage.disk import Disk
+from shuffled.server.storage.loader import PieceLoader
 from shuffled.server.storage.plan import Plan, make_plan
 from shuffled.server.storage.spill import Spiller
 from shuffled.server.storage.store import Store
+from shuffled.server.storage.view import ReadView
 from tests.aio import within
 from tests.pieces import push, serve, split, unpack
 
@@ -36,8 +36,7 @@ DATA = {a: {p: bytes([a, p]) * n for p, n in enumerate([700 * a, 0, 5, 3 * SEG /
 class Copy:
     def __init__(self, root: Path, cuts: list[int], commit_order: tuple[int, ...], spill: bool) -> None:
         self.pool = GlobalPool(64 * SEG, SEG)
-        self.store = Store(SEG)
-        self.store.can_spill = True
+        self.store = Store(SEG, can_spill=True)
         self.disk = Disk(str(root))
         self.spiller = Spiller(self.store, self.pool, self.disk, 0.85, 0.7)
         self.outs = {a: self.store.open_map_output("app", 0, a, a, PARTITIONS) for a in (1, 2)}
@@ -102,10 +101,10 @@ async def test_every_cut_point_resumes_to_exactly_the_rest(
 
 async def _feed(copy: Copy, plan: Plan, sent: list[object]) -> None:
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    services: Any = SimpleNamespace(pool=copy.pool, disk=copy.disk, objects=None)
-    PlanFeed(services, plan, lambda chunk, _: sent.append(chunk), lambda: 64).start(
-        lambda: done.set_result(None), done.set_exception
-    )
+    view = ReadView(plan, copy.pool, PieceLoader(copy.disk))
+    ViewReader(
+        view, lambda chunk, _: sent.append(chunk), lambda: 64, lambda: done.set_result(None), done.set_exception
+    ).start()
     await done
 
 

@@ -29,8 +29,7 @@ PIECE = 100
 
 def _setup(tmp_path: Path) -> tuple[GlobalPool, Store, Disk, Spiller]:
     pool = GlobalPool(64 * SEGMENT, SEGMENT)
-    store = Store(SEGMENT)
-    store.can_spill = True
+    store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     return pool, store, disk, Spiller(store, pool, disk, 0.85, 0.7)
 
@@ -192,8 +191,7 @@ async def test_pressure_keeps_several_writes_queued_and_each_attempt_in_push_ord
     and no segment is lost."""
 
     pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
-    store = Store(SEGMENT)
-    store.can_spill = True
+    store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     spiller = Spiller(store, pool, disk, 0.85, 0.5)
     outs = _fill(pool, store, 6, 3, spiller.high)
@@ -229,8 +227,7 @@ async def test_pushes_resume_while_the_memory_they_need_is_being_written(tmp_pat
     not when they are done."""
 
     pool = GlobalPool(256 * SEGMENT, SEGMENT)
-    store = Store(SEGMENT)
-    store.can_spill = True
+    store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     spiller = Spiller(store, pool, disk, 0.85, 0.8)
     _fill(pool, store, 2, 4, spiller.high)
@@ -256,8 +253,7 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_attempts(tmp_pa
     (the disk is failing), pushes are let go, and every segment comes back."""
 
     pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
-    store = Store(SEGMENT)
-    store.can_spill = True
+    store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     spiller = Spiller(store, pool, disk, 0.85, 0.5)
     outs = _fill(pool, store, 8, 2, spiller.high)

@@ -6,18 +6,16 @@ responsibility rule picks exactly one holder among the survivors."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.config import DaemonConfig
-from shuffled.server.cluster.handover import HandOver
-from shuffled.server.cluster.healing import HealingRound
+from shuffled.server.cluster.healing import responsible
 from shuffled.server.cluster.membership import Membership
+from shuffled.server.cluster.survey import Copies
 from shuffled.server.storage.disk import SpillFile, StoredObject
 from shuffled.server.storage.durable import _Queue
+from shuffled.server.storage.manager import HeldAttempt
 from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.object_format import FOOTER_GUESS
 from shuffled.server.storage.objects import ObjectStore
@@ -82,26 +80,20 @@ def test_an_upload_fills_an_object_to_a_part_and_cuts_what_does_not_fit() -> Non
     assert pieces[0][0] is small[1], "an attempt being spilled is left for later"
 
 
-def _round(node: str, peers: list[str]) -> HealingRound:
-    cfg = DaemonConfig(peers=peers)
-    host: Any = SimpleNamespace(config=cfg, node=node, membership=Membership(cfg, node))
-    return HealingRound(host, SimpleNamespace())  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("lost", ["h0:1", "h1:1", "h2:1", "h3:1"])
 def test_exactly_one_survivor_heals_an_attempt(lost: str) -> None:
     """Every daemon but `lost` holds the attempt or not as placement put it; exactly one of the holders left
     finds itself responsible (the first in placement order), whoever was lost."""
     peers = ["h0:1", "h1:1", "h2:1", "h3:1"]
-    data: Any = SimpleNamespace(app="app", shuffle=3)
+    held = HeldAttempt("app", 3, 1, 1, 0, None, 2, 100)
     primary = "h0:1"
     placed = Membership(DaemonConfig(peers=peers), primary).candidates(primary, "app", 3)
     holders = {primary, placed[0]} - {lost}
-    responsible = []
+    found = []
     for node in sorted(holders):
         others = holders - {node}
-        h = HandOver(data, 1, primary, 1, [c for c in placed if c != node], holders=set(others))
-        if _round(node, peers).responsible(h):
-            responsible.append(node)
-    assert len(responsible) == 1, responsible
-    assert responsible[0] == next(d for d in [primary, *placed] if d in holders)
+        h = Copies(held, primary, 1, [c for c in placed if c != node], holders=set(others))
+        if responsible(node, Membership(DaemonConfig(peers=peers), node), h):
+            found.append(node)
+    assert len(found) == 1, found
+    assert found[0] == next(d for d in [primary, *placed] if d in holders)

@@ -17,20 +17,15 @@ from ...ops.stats import (
     ConnectionStats,
     CreditStats,
     DaemonStats,
-    DiskStats,
     DrainStats,
     FailoverStats,
-    FilesystemStats,
     HealStats,
     ObjectStoreStats,
     PoolStats,
     ReplicationStats,
     StreamStats,
-    TierStats,
 )
-from ..storage.disk import Disk
-from ..storage.store import Store
-from ..storage.tier import ObjectTier
+from ..storage.manager import StorageManager
 from .counters import Counters, Traffic, micros
 from .shares import PushShares
 
@@ -73,10 +68,7 @@ class Reported(Protocol):
     def pool(self) -> GlobalPool: ...
 
     @property
-    def store(self) -> Store: ...
-
-    @property
-    def disk(self) -> Disk | None: ...
+    def storage(self) -> StorageManager: ...
 
     @property
     def counters(self) -> Counters: ...
@@ -97,9 +89,6 @@ class Reported(Protocol):
     def object_stats(self) -> ObjectStoreStats: ...
 
     @property
-    def tier(self) -> ObjectTier | None: ...
-
-    @property
     def heal_stats(self) -> HealStats: ...
 
     def readiness(self) -> list[str]: ...
@@ -109,7 +98,7 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
     """What `d` counts at monotonic time `now` (on the event loop)."""
     conns = [c for c in d.connections if c.is_open]
     counts = [c.counts(now) for c in conns]
-    fs = d.disk.space() if d.disk is not None else None
+    store, disk, fs, tier = d.storage.stats()
     counters = d.counters
     pool = d.pool
     shares = d.shares
@@ -128,8 +117,8 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             waiting=pool.waiting,
             floating=pool.floating,
         ),
-        store=d.store.stats(),
-        disk=d.disk.stats.copy() if d.disk is not None else DiskStats(),
+        store=store,
+        disk=disk,
         connections=ConnectionStats(
             clients=sum(1 for n in counts if n.role == "client"),
             peers=sum(1 for n in counts if n.role == "peer"),
@@ -156,7 +145,7 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             push_wait_us=micros(counters.push_wait_seconds + sum(n.push_wait_seconds for n in counts)),
         ),
         errors=dict(counters.errors),
-        filesystem=FilesystemStats(capacity_bytes=fs[0], free_bytes=fs[1]) if fs else None,
+        filesystem=fs,
         replication=ReplicationStats(
             forwarded_buffers=counters.replica_forwarded_buffers,
             forwarded_bytes=counters.replica_forwarded_bytes,
@@ -173,6 +162,6 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             resumed_reads=counters.resumed_reads,
         ),
         object_store=d.object_stats.copy(),
-        tier=d.tier.stats.copy() if d.tier is not None else TierStats(),
+        tier=tier,
         heal=d.heal_stats.copy(),
     )

@@ -15,13 +15,12 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from ...logs import event
 from ...ops.stats import DrainStats
-from .handover import Drainer, HandOverHost
 
 log = logging.getLogger(__name__)
 
@@ -39,42 +38,21 @@ class DrainPhase(StrEnum):
     DONE = "done"
 
 
-class OpenPushes(Protocol):
-    """A connection's pushes, as the drain waits for them (its `PushService`)."""
-
-    @property
-    def sessions(self) -> Mapping[int, object]: ...
-
-
-class ServedReads(Protocol):
-    """A connection's reads, as the drain waits for them (its `ReadService`)."""
-
-    @property
-    def served(self) -> Mapping[int, object]: ...
-
-
-class Drained(Protocol):
-    """A connection, as the drain waits for its work (the daemon's connections are these)."""
-
-    @property
-    def pushes(self) -> OpenPushes: ...
-
-    @property
-    def reads(self) -> ServedReads: ...
-
-
-class DrainHost(HandOverHost, Protocol):
-    """The daemon, as its drain sees it: what the hand-over needs, and the connections whose work it waits for."""
-
-    @property
-    def connections(self) -> Collection[Drained]: ...
+#: the work a drain waits for, over the daemon's connections: (map outputs being pushed, reads being served)
+Work = Callable[[], tuple[int, int]]
+#: the reads being served now, as a test of whether every one of them has ended since
+OpenReads = Callable[[], Callable[[], bool]]
+#: the hand-over (handover.py): counts into the drain's stats, True if it ended by the deadline
+HandOverRun = Callable[[DrainStats, float], Awaitable[bool]]
 
 
 class Drain:
     """The daemon's drain: `start` it (a second call gets the running one), follow it in `stats`."""
 
-    def __init__(self, host: DrainHost) -> None:
-        self.host = host
+    def __init__(self, work: Work, open_reads: OpenReads, hand_over: HandOverRun) -> None:
+        self.work = work
+        self.open_reads = open_reads
+        self.hand_over = hand_over
         #: the phase and what the hand-over did (stats `drain`)
         self.stats = DrainStats(state=DrainPhase.SERVING.value)
         self.task: asyncio.Task[bool] | None = None
@@ -110,8 +88,7 @@ class Drain:
 
     def busy(self) -> tuple[int, int]:
         """Work a drain waits for: (open pushes, reads served or relayed)."""
-        conns = list(self.host.connections)
-        return sum(len(c.pushes.sessions) for c in conns), sum(len(c.reads.served) for c in conns)
+        return self.work()
 
     async def _run(self, timeout: float, handoff: bool) -> bool:
         deadline = time.monotonic() + timeout
@@ -120,11 +97,9 @@ class Drain:
         done = await self._wait_until(lambda: self.busy()[0] == 0, deadline)
         if handoff:
             self._enter(DrainPhase.COPYING)
-            done = await Drainer(self.host, self.stats).run(deadline) and done
+            done = await self.hand_over(self.stats, deadline) and done
         self._enter(DrainPhase.CLOSING)
-        served = [c.reads.served for c in self.host.connections]
-        open_reads = [(reads, rid, s) for reads in served for rid, s in reads.items()]
-        done = await self._wait_until(lambda: all(d.get(r) is not s for d, r, s in open_reads), deadline) and done
+        done = await self._wait_until(self.open_reads(), deadline) and done
         self._enter(DrainPhase.DONE)
         progress = self.stats
         progress.timed_out = not done

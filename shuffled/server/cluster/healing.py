@@ -22,10 +22,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from ...config import DaemonConfig
 from ...logs import event
-from ...ops.stats import DrainStats, HealStats
-from ..storage.shuffles import ShuffleData
-from .handover import Drainer, HandOver, HandOverHost, Pace
+from ...ops.stats import HealStats
+from ..storage.manager import HeldAttempt, StorageManager
+from .copier import Copier, Pace
+from .membership import Membership
+from .replication import Connect
+from .survey import Copies, Survey
 
 log = logging.getLogger(__name__)
 
@@ -33,36 +37,43 @@ log = logging.getLogger(__name__)
 SURVEY_SHARE = 0.5
 
 
-class HealingRound(Drainer):
-    """One round (see the module): a drainer that wants each replicated attempt's other copies, not all of
-    them, and copies only what this daemon is responsible for."""
+def wanted(held: HeldAttempt) -> int | None:
+    """Copies a replicated attempt should have on other daemons; None for one that wants no other copy."""
+    return held.replicas - 1 if held.replicas > 1 else None
 
-    def wanted(self, data: ShuffleData, attempt: int) -> int | None:
-        replicas = data.replicas.get(attempt, 1)
-        return replicas - 1 if replicas > 1 else None
 
-    def responsible(self, h: HandOver) -> bool:
-        """This daemon is the first in placement order (the primary, then its candidates) that holds `h`."""
-        node = self.host.node
-        order = [h.primary, *self.host.membership.candidates(h.primary, h.data.app, h.data.shuffle)]
-        return next((d for d in order if d == node or d in h.holders), node) == node
+def responsible(node: str, membership: Membership, h: Copies) -> bool:
+    """`node` is the first in placement order (the primary, then its candidates) that holds `h`."""
+    order = [h.primary, *membership.candidates(h.primary, h.held.app, h.held.shuffle)]
+    return next((d for d in order if d == node or d in h.holders), node) == node
 
 
 class Healing:
     """The daemon's healing: `start` it once the daemon listens; `stop` at shutdown."""
 
-    def __init__(self, host: HandOverHost, stats: HealStats, active: Callable[[], bool] = lambda: True) -> None:
-        self.host = host
+    def __init__(
+        self,
+        config: DaemonConfig,
+        storage: StorageManager,
+        membership: Membership,
+        connect: Connect,
+        stats: HealStats,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.membership = membership
+        self.connect = connect
         self.stats = stats
         #: rounds run only while this says so (not while the daemon drains: the drain copies then)
         self.active = active
-        self.pace = Pace(host.config.heal_bandwidth)
+        self.pace = Pace(config.heal_bandwidth)
         self._task: asyncio.Task[None] | None = None
         #: when a round first found a copy missing, until one finds none
         self._since: float | None = None
 
     def start(self) -> None:
-        if self.host.config.heal_interval > 0:
+        if self.config.heal_interval > 0:
             self._task = asyncio.create_task(self._loop())
 
     def stop(self) -> None:
@@ -70,7 +81,7 @@ class Healing:
             self._task.cancel()
 
     async def _loop(self) -> None:
-        interval = self.host.config.heal_interval
+        interval = self.config.heal_interval
         while True:
             await asyncio.sleep(interval)  # the round's period, not a wait for an event
             if not self.active():
@@ -82,33 +93,38 @@ class Healing:
 
     async def round(self, deadline: float) -> int:
         """Survey (until `deadline` at most), then copy what lacks a copy; the copies still missing after."""
-        store = self.host.store
-        if not any(r > 1 for s in store.apps.values() for d in s.values() for r in d.replicas.values()):
+        if not any(wanted(h) for h in self.storage.committed_attempts()):
             return 0
         stats = self.stats
         stats.rounds += 1
-        drainer = HealingRound(self.host, DrainStats())
-        drainer.pace = self.pace
-        found = await drainer.survey(deadline)
-        todo = [h for h in found if h.missing and drainer.responsible(h)]
+        survey = Survey(self.config, self.storage, self.membership, self.connect, wanted)
+        copier = Copier(self.config, self.storage, self.connect, survey.unavailable, self.pace)
+        found = await survey.run(deadline)
+        node = self.membership.node
+        todo = [h for h in found if h.missing and responsible(node, self.membership, h)]
         missing = sum(h.missing for h in todo)
         if todo and self._since is None:
             self._since = time.monotonic()
             event(log, "healing", attempts=len(todo), copies=missing)
         for h in todo:
             before = h.missing
-            await drainer.hand_over(h)
+            await copier.replenish(h)
             made = before - h.missing
-            out = h.data.committed.get(h.attempt)
             stats.copied += made
-            stats.copied_bytes += made * (out.bytes if out is not None else 0)
+            stats.copied_bytes += made * (self._bytes(h.held) or 0)
             stats.failed += h.missing
-        left = Counter(id(h.data) for h in todo if h.missing and not h.data.removed)
-        for data in {id(h.data): h.data for h in found}.values():
-            data.under_replicated = left[id(data)]
-        stats.missing = sum(h.missing for h in todo if not h.data.removed)
+        gone = {(h.held.app, h.held.shuffle) for h in todo if self._bytes(h.held) is None}
+        left = Counter(
+            (h.held.app, h.held.shuffle) for h in todo if h.missing and (h.held.app, h.held.shuffle) not in gone
+        )
+        for app, shuffle in {(h.held.app, h.held.shuffle) for h in found}:
+            self.storage.under_replicated(app, shuffle, left[app, shuffle])
+        stats.missing = sum(h.missing for h in todo if (h.held.app, h.held.shuffle) not in gone)
         if stats.missing == 0 and self._since is not None:
             stats.last_heal_us = int((time.monotonic() - self._since) * 1e6)
             event(log, "healed", seconds=round(time.monotonic() - self._since, 3), copied=stats.copied)
             self._since = None
         return stats.missing
+
+    def _bytes(self, held: HeldAttempt) -> int | None:
+        return self.storage.committed_bytes(held.app, held.shuffle, held.attempt)

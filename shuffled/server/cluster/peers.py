@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
 from ...config import DaemonConfig
@@ -40,27 +41,6 @@ class PeerConnection(Protocol):
 
 
 C = TypeVar("C", bound=PeerConnection)
-C_co = TypeVar("C_co", bound=PeerConnection, covariant=True)
-
-
-class PeerHost(Protocol[C_co]):
-    """The daemon, as its PeerManager sees it: who it is, whom it may dial, and how to dial."""
-
-    @property
-    def node(self) -> str: ...
-
-    @property
-    def config(self) -> DaemonConfig: ...
-
-    @property
-    def secret(self) -> bytes | None: ...
-
-    @property
-    def membership(self) -> Membership: ...
-
-    async def dial_peer(self, addr: str, host: str, port: int) -> C_co:
-        """A connection to daemon `addr` at `host`:`port` once its handshake is done."""
-        ...
 
 
 def split_address(addr: str) -> tuple[str, int]:
@@ -89,8 +69,20 @@ def _valid_host(host: str) -> bool:
 
 
 class PeerManager(Generic[C]):
-    def __init__(self, daemon: PeerHost[C]) -> None:
-        self.daemon = daemon
+    """The daemon's connections to other daemons (see the module): `dial` makes one to daemon `addr` at
+    `host`:`port` once its handshake is done; `secret` is set when authentication is on."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        membership: Membership,
+        secret: bytes | None,
+        dial: Callable[[str, str, int], Awaitable[C]],
+    ) -> None:
+        self.config = config
+        self.membership = membership
+        self.secret = secret
+        self.dial = dial
         self.conns: dict[str, C] = {}
         self._dialing: dict[str, asyncio.Task[C]] = {}
         self._arrival: dict[str, asyncio.Future[C]] = {}
@@ -100,7 +92,7 @@ class PeerManager(Generic[C]):
         self._unreachable: dict[str, tuple[float, PeerUnavailable]] = {}
 
     async def get(self, addr: str) -> C:
-        if addr == self.daemon.node:
+        if addr == self.membership.node:
             raise InvalidRequest("a daemon does not connect to itself")
         conn = self.conns.get(addr)
         if conn is not None and conn.is_open:
@@ -120,18 +112,18 @@ class PeerManager(Generic[C]):
         try:
             return await self._connect(addr)
         except PeerUnavailable as exc:
-            cfg = self.daemon.config
+            cfg = self.config
             pause = cfg.peer_timeout or cfg.connect_timeout
             self._unreachable[addr] = (asyncio.get_running_loop().time() + pause, exc)
             raise
 
     async def _connect(self, addr: str) -> C:
-        cfg = self.daemon.config
+        cfg = self.config
         loop = asyncio.get_running_loop()
         try:
             host, port = split_address(addr)
             try:
-                conn = await self.daemon.dial_peer(addr, host, port)
+                conn = await self.dial(addr, host, port)
             except DuplicateConnection:
                 # The peer dialled us too and its connection wins: use it once it is here.
                 won = self.conns.get(addr)
@@ -154,10 +146,10 @@ class PeerManager(Generic[C]):
     def accept(self, node: str, conn: C) -> None:
         """An inbound Hello from daemon `node`; raises DuplicateConnection if ours wins."""
         existing = self.conns.get(node)
-        if node > self.daemon.node and (
+        if node > self.membership.node and (
             node in self._dialing or (existing is not None and existing.is_open and existing.dialed is not None)
         ):
-            raise DuplicateConnection(f"{self.daemon.node} already dials {node}; use that connection")
+            raise DuplicateConnection(f"{self.membership.node} already dials {node}; use that connection")
         self._register(node, conn)
 
     def _check_dialable(self, addr: str) -> None:
@@ -165,11 +157,11 @@ class PeerManager(Generic[C]):
         bytes sent to an internal service): only to the daemons it knows of (`--peers`, `--peers-dns`), to
         daemons that connected to it, and to its own port on other hosts (every daemon of a cluster normally
         listens on the same one)."""
-        daemon = self.daemon
-        if daemon.secret is None or daemon.membership.knows(addr) or addr in self.known:
+        node = self.membership.node
+        if self.secret is None or self.membership.knows(addr) or addr in self.known:
             return
         _, port = split_address(addr)
-        own = split_address(daemon.node)[1] if daemon.node else daemon.config.port
+        own = split_address(node)[1] if node else self.config.port
         if port != own:
             raise PeerUnavailable(
                 f"{addr} is not a known daemon: with authentication on, this daemon relays only to its peers "

@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from ...buffers import Buffer
 from ...config import DaemonConfig
@@ -39,13 +39,16 @@ from ...protocol.errors import AuthFailed, PeerUnavailable, ShuffledError
 from ...protocol.frames import REPLICA, OpenMapOutput
 from ..accounting.counters import Counters
 from .membership import Membership
+from .peers import PeerConnection
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class ReplicaPeer(Protocol):
-    """A connection to another daemon, as a replica push sees it (a `DaemonConnection`)."""
+class PeerLink(PeerConnection, Protocol):
+    """A connection to another daemon as the cluster uses it (the daemon's connections are these): replica
+    pushes over it (`replicas`, this module) and admin calls on it (a survey's `holds`, a sweep's
+    `applications`, a propagated drop)."""
 
     @property
     def node(self) -> str: ...
@@ -59,31 +62,13 @@ class ReplicaPeer(Protocol):
     @property
     def replicas(self) -> ReplicaService: ...
 
-
-class Peers(Protocol):
-    """The daemon's peer connections (its `PeerManager`)."""
-
-    async def get(self, addr: str) -> ReplicaPeer: ...
+    async def admin_call(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Ask the other daemon admin `op`; its answer, or its error raised (TimeoutError past `timeout`)."""
+        ...
 
 
-class ReplicaHost(Protocol):
-    """The daemon, as a client push's replicas see it: its settings and counters, who it is, where
-    copies go and how to reach them."""
-
-    @property
-    def config(self) -> DaemonConfig: ...
-
-    @property
-    def counters(self) -> Counters: ...
-
-    @property
-    def membership(self) -> Membership: ...
-
-    @property
-    def node(self) -> str: ...
-
-    @property
-    def peers(self) -> Peers: ...
+#: a connection to another daemon, once there is one (the daemon's peer manager's `get`)
+Connect = Callable[[str], Awaitable[PeerLink]]
 
 
 class ReplicaLink:
@@ -99,7 +84,7 @@ class ReplicaLink:
         self.open_timeout = config.connect_timeout
         self.commit_timeout = config.peer_timeout or None
         self.node = ""
-        self.conn: ReplicaPeer | None = None
+        self.conn: PeerLink | None = None
         #: its `on_progress` is `_sent` only while the link lags (see `lagging`)
         self.stream = PushStream(0, forward_crc=True)
         loop = asyncio.get_running_loop()
@@ -114,7 +99,7 @@ class ReplicaLink:
         self.failure: ShuffledError | None = None
         self.done = False
 
-    async def open(self, conn: ReplicaPeer, req: OpenMapOutput) -> None:
+    async def open(self, conn: PeerLink, req: OpenMapOutput) -> None:
         """Open the push `req` (its `writer` is chosen here) on `conn`; returns at the replica's first credit,
         raises its Error, or PeerUnavailable when the peer does not take replica pushes or on a timeout (the
         link is then aborted)."""
@@ -123,10 +108,7 @@ class ReplicaLink:
             self.done = True
             raise PeerUnavailable(f"daemon {conn.node} does not take replica pushes (no '{REPLICA}' feature)")
         self.conn = conn
-        writer = conn.proto.new_stream_id()
-        self.stream.stream = writer
-        conn.replicas.outgoing[writer] = self
-        conn.proto.open_push(dataclasses.replace(req, writer=writer), self.stream)
+        conn.replicas.open(self, req)
         await self._wait(self._opened, "grant credit", self.open_timeout)
 
     def send(self, payload: Payload) -> None:
@@ -172,8 +154,7 @@ class ReplicaLink:
         self._wake_waiters()
         self.stream.shutdown()
         if self.conn is not None:
-            self.conn.replicas.outgoing.pop(self.stream.stream, None)
-            self.conn.proto.abort_push(self.stream.stream)
+            self.conn.replicas.abort(self)
 
     # -- what the connection reports (`ReplicaService`)
 
@@ -241,10 +222,24 @@ class ReplicaLink:
 
 
 class ReplicaService:
-    """A peer connection's outbound replica pushes, by writer id."""
+    """A peer connection's outbound replica pushes, by writer id: it opens them, and only it forgets them."""
 
-    def __init__(self) -> None:
+    def __init__(self, proto: ProtocolConnection) -> None:
+        self.proto = proto
         self.outgoing: dict[int, ReplicaLink] = {}
+
+    def open(self, link: ReplicaLink, req: OpenMapOutput) -> None:
+        """Open `link`'s push `req` under a writer id chosen here."""
+        writer = link.stream.stream = self.proto.new_stream_id()
+        self.outgoing[writer] = link
+        self.proto.open_push(dataclasses.replace(req, writer=writer), link.stream)
+
+    def abort(self, link: ReplicaLink) -> None:
+        """`link` gives its push up: nothing more is reported to it, the replica is told."""
+        writer = link.stream.stream
+        if self.outgoing.get(writer) is link:
+            del self.outgoing[writer]
+        self.proto.abort_push(writer)
 
     def on_credit(self, writer: int) -> None:
         link = self.outgoing.get(writer)
@@ -278,12 +273,23 @@ class ReplicaService:
 class ReplicaLinks:
     """The replica pushes of one client push (its `PushSession`'s)."""
 
-    def __init__(self, host: ReplicaHost, req: OpenMapOutput, app_key: bytes, replicas: int) -> None:
-        self.host = host
-        self.counters = host.counters
+    def __init__(
+        self,
+        config: DaemonConfig,
+        counters: Counters,
+        membership: Membership,
+        connect: Connect,
+        req: OpenMapOutput,
+        app_key: bytes,
+        replicas: int,
+    ) -> None:
+        self.config = config
+        self.counters = counters
+        self.membership = membership
+        self.connect = connect
         #: the replica pushes' OpenMapOutput, `writer` chosen per link
         self.req = dataclasses.replace(
-            req, writer=0, token=None, replicas=replicas, replica_of=host.node, app_key=app_key.hex()
+            req, writer=0, token=None, replicas=replicas, replica_of=membership.node, app_key=app_key.hex()
         )
         self.wanted = replicas - 1
         self.links: list[ReplicaLink] = []
@@ -301,8 +307,8 @@ class ReplicaLinks:
         reached, lacks the feature, refuses or does not answer in time is skipped. Raises AUTH_FAILED (the
         client's push must fail with it) and, when fewer than wanted opened and `replica-shortfall` is
         `fail`, PEER_UNAVAILABLE; degrades (counted) otherwise."""
-        host, cfg, req = self.host, self.host.config, self.req
-        for node in host.membership.candidates(host.node, req.app, req.shuffle):
+        cfg, req = self.config, self.req
+        for node in self.membership.candidates(self.membership.node, req.app, req.shuffle):
             if len(self.links) >= self.wanted:
                 break
             link = await self._open_on(node)
@@ -330,11 +336,11 @@ class ReplicaLinks:
 
     async def _open_on(self, node: str) -> ReplicaLink | None:
         try:
-            conn = await self.host.peers.get(node)
+            conn = await self.connect(node)
         except ShuffledError as exc:
             event(log, "replica skipped", node=node, reason=exc.message)
             return None
-        link = ReplicaLink(self.host.config)
+        link = ReplicaLink(self.config)
         try:
             await link.open(conn, self.req)
         except AuthFailed:

@@ -24,14 +24,16 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ...config import DaemonConfig
 from ...logs import event
 from ...protocol.errors import ShuffledError, StorageError
 from ..storage.disk import app_dir_name
 from ..storage.lease import Silence, lease_node, silences
+from ..storage.manager import StorageManager
 from ..storage.object_format import node_dir, parse_key
 from ..storage.objects import PROBE_DIR, ObjectInfo
-from ..storage.tier import ObjectTier
-from .handover import HandOverHost
+from .membership import Membership
+from .replication import Connect
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +80,23 @@ def verdict(
 class Sweeper:
     """The daemon's sweep: `start` it once the daemon listens (with an object store), `stop` at shutdown."""
 
-    def __init__(self, host: HandOverHost, tier: ObjectTier, active: Callable[[], bool] = lambda: True) -> None:
-        self.host = host
-        self.tier = tier
+    def __init__(
+        self,
+        config: DaemonConfig,
+        storage: StorageManager,
+        membership: Membership,
+        connect: Connect,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.membership = membership
+        self.connect = connect
         self.active = active
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        cfg = self.host.config
+        cfg = self.config
         if cfg.object_store_sweep > 0 and cfg.app_ttl > 0:
             self._task = asyncio.create_task(self._loop(cfg.object_store_sweep))
 
@@ -107,12 +118,11 @@ class Sweeper:
 
     async def sweep(self) -> int:
         """One sweep (see the module); the objects deleted. Raises StorageError when listing fails."""
-        cfg = self.host.config
-        if not self.tier.restored:  # what it holds is not known yet: it would take its own objects for garbage
+        cfg = self.config
+        if self.storage.restoring:  # what it holds is not known yet: it would take its own objects for garbage
             return 0
-        self.tier.stats.sweeps += 1
-        listed = await self.tier.objects.list_objects()
-        held = {app_dir_name(app) for app in self.host.store.apps}
+        listed = await self.storage.listing()
+        held = {app_dir_name(app) for app in self.storage.applications()}
         writers: dict[str, str] = {}
         stale: dict[tuple[str, str], list[ObjectInfo]] = {}
         probes: list[ObjectInfo] = []
@@ -129,22 +139,11 @@ class Sweeper:
         if probes:
             doomed.append(("probe", "a probe cut short", probes))
         for kind, reason, infos in doomed:
-            await self.tier.objects.delete([i.key for i in infos])
-            self._count(kind, len(infos))
+            await self.storage.swept(kind, [i.key for i in infos])
             event(log, "object store swept", objects=len(infos), bytes=sum(i.size for i in infos), reason=reason)
         deleted = {i.key for _, _, infos in doomed for i in infos}
         await self._forget_gone(listed, silent, writers, deleted)
         return len(deleted)
-
-    def _count(self, kind: str, objects: int) -> None:
-        stats = self.tier.stats
-        stats.swept_objects += objects
-        if kind == "released":
-            stats.swept_released += objects
-        elif kind == "expired":
-            stats.swept_expired += objects
-        else:
-            stats.swept_probes += objects
 
     async def _doomed(
         self, stale: dict[tuple[str, str], list[ObjectInfo]], silent: Mapping[str, Silence]
@@ -153,12 +152,12 @@ class Sweeper:
         if not stale:
             return []
         answers = await self._ask()
-        me, lease = node_dir(self.host.node), self.host.config.object_store_lease
+        me, lease = node_dir(self.membership.node), self.config.object_store_lease
         doomed = []
         for (app_dir, writer), infos in stale.items():
             found = verdict(app_dir, writer, me, answers, silent, lease)
             if found.kind is None:
-                self.tier.stats.sweep_kept_objects += len(infos)
+                self.storage.sweep_kept(len(infos))
                 event(
                     log,
                     "object store sweep kept",
@@ -174,13 +173,12 @@ class Sweeper:
     async def _ask(self) -> dict[str, frozenset[str] | None]:
         """Every other daemon's answer to `applications` (by node directory): the application directories
         it holds, or None when it did not answer within `admin-timeout`."""
-        host = self.host
-        timeout = host.config.admin_timeout
+        timeout = self.config.admin_timeout
 
         async def ask(addr: str) -> frozenset[str] | None:
             try:
-                conn = await host.peers.get(addr)
-                answer = await conn.admin.request("applications", {}, timeout)
+                conn = await self.connect(addr)
+                answer = await conn.admin_call("applications", {}, timeout)
             except (ShuffledError, TimeoutError, ConnectionError) as exc:
                 event(log, "applications not answered", peer=addr, reason=str(exc) or "timed out")
                 return None
@@ -193,7 +191,7 @@ class Sweeper:
                 return None
             return frozenset(app_dir_name(a) for a in apps)
 
-        others = host.membership.others()
+        others = self.membership.others()
         answers = await asyncio.gather(*(ask(a) for a in others))
         return {node_dir(addr): held for addr, held in zip(others, answers, strict=True)}
 
@@ -203,10 +201,10 @@ class Sweeper:
         """Delete the leases of daemons gone with no object of theirs left: a daemon that comes back
         writes a new one."""
         left = {writers[i.key] for i in listed if i.key in writers and i.key not in deleted}
-        lease = self.host.config.object_store_lease
+        lease = self.config.object_store_lease
         old = [
             i.key
             for i in listed
             if (node := lease_node(i.key)) is not None and node not in left and silent[node].gone(lease)
         ]
-        await self.tier.objects.delete(old)
+        await self.storage.swept("lease", old)

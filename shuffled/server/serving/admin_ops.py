@@ -8,19 +8,18 @@ reads no application's data). `drain_challenge` is answered only by a daemon wit
 of its own, and `drain` must then carry a proof made with it over the last challenge answered on
 its connection and over its arguments, good for one try. Then the arguments are read into the
 operation's typed value (INVALID_REQUEST saying what is wrong), and the operation runs with the
-daemon's parts (`AdminHost`) and the connection it came over (`Caller`).
+daemon's parts (the `ShuffleEnvironment`) and the connection it came over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ...logs import event
-from ...ops.stats import DaemonStats
 from ...protocol.auth import (
     check_nonce,
     drain_challenge_proof,
@@ -29,66 +28,18 @@ from ...protocol.auth import (
     proof_matches,
     token_digest,
 )
-from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError, StorageError
-from ..cluster.drain import Drain
-from ..cluster.handover import AdminCalls
-from ..storage.shuffles import ShuffleData
+from ...protocol.errors import AuthFailed, InvalidRequest, ShuffledError
+from ..cluster.replication import PeerLink
 from .environment import ShuffleEnvironment
+from .link import DaemonLink
 
 log = logging.getLogger(__name__)
 
 A = TypeVar("A")
 
 
-class Caller(Protocol):
-    """The connection a request came over, as its operation sees it (a `DaemonConnection`)."""
-
-    #: the other side's address as this daemon sees it (`endpoint_name`)
-    peer: str
-    #: (the caller's nonce, this daemon's) of the last `drain_challenge` answered on this connection; the
-    #: next `drain` on it uses them up (PROTOCOL.md §13)
-    drain_challenge: tuple[str, str] | None
-
-
-class AdminPeer(Protocol):
-    """A connection to another daemon, as a propagated operation uses it (a `DaemonConnection`)."""
-
-    @property
-    def admin(self) -> AdminCalls: ...
-
-
-class AdminPeers(Protocol):
-    """The daemon's peer connections (its `PeerManager`)."""
-
-    @property
-    def conns(self) -> Mapping[str, object]: ...
-
-    async def get(self, addr: str) -> AdminPeer: ...
-
-
-class AdminHost(ShuffleEnvironment, Protocol):
-    """The daemon, as its admin operations see it: its parts, who it is and whom it trusts, its drain
-    and its peers."""
-
-    @property
-    def node(self) -> str: ...
-
-    @property
-    def start_time(self) -> float: ...
-
-    @property
-    def secret(self) -> bytes | None: ...
-
-    @property
-    def drain_secret(self) -> bytes | None: ...
-
-    @property
-    def drain(self) -> Drain: ...
-
-    @property
-    def peers(self) -> AdminPeers: ...
-
-    def stats(self) -> DaemonStats: ...
+#: the daemon's parts, as the admin operations use them; any connection type will do
+Host = ShuffleEnvironment[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +49,7 @@ class Operation(Generic[A]):
     name: str
     #: (operation name, wire arguments) -> the typed arguments, or InvalidRequest
     read: Callable[[str, dict[str, Any]], A]
-    run: Callable[[AdminHost, A, Caller], Awaitable[dict[str, Any]]]
+    run: Callable[[Host, A, DaemonLink], Awaitable[dict[str, Any]]]
     #: asked by peer daemons only, never by clients
     peer_only: bool = False
     #: an `app` it names must come with that application's token
@@ -109,7 +60,7 @@ class Operation(Generic[A]):
     #: on its connection and over its arguments (`drain`)
     proof: bool = False
 
-    async def call(self, host: AdminHost, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    async def call(self, host: Host, args: dict[str, Any], caller: DaemonLink) -> dict[str, Any]:
         """Run with `args` as they came over `caller` (the asker passed the admin service's checks)."""
         secret = drain_secret(host) if self.challenge or self.proof else None
         if self.challenge and secret is None:
@@ -231,38 +182,38 @@ class Challenge:
 # -- what they do
 
 
-async def _stats(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
+async def _stats(host: Host, _: NoArgs, caller: DaemonLink) -> dict[str, Any]:
     return host.stats().to_wire()
 
 
-async def _ping(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
-    """A peer checking that this daemon still answers (see accounting/watchdog.py)."""
+async def _ping(host: Host, _: NoArgs, caller: DaemonLink) -> dict[str, Any]:
+    """A peer checking that this daemon still answers (see serving/watchdog.py)."""
     return {}
 
 
-async def _applications(host: AdminHost, _: NoArgs, caller: Caller) -> dict[str, Any]:
+async def _applications(host: Host, _: NoArgs, caller: DaemonLink) -> dict[str, Any]:
     """The applications this daemon holds data of: a daemon sweeping the object store keeps their objects
     (cluster/sweep.py). While it is still restoring what its own objects prove it says so, and that answer
     counts as none."""
-    restoring = host.tier is not None and not host.tier.restored
-    return {"apps": sorted(host.store.apps), "restoring": restoring}
+    return {"apps": host.storage.applications(), "restoring": host.storage.restoring}
 
 
-async def _holds(host: AdminHost, args: Holds, caller: Caller) -> dict[str, Any]:
+async def _holds(host: Host, args: Holds, caller: DaemonLink) -> dict[str, Any]:
     """How a draining daemon counts the copies of its data on other daemons (cluster/handover.py)."""
-    held, sizes = host.store.holds(args.app, args.shuffle, args.attempts)
+    held, sizes = host.storage.holds(args.app, args.shuffle, args.attempts)
     return {"attempts": held, "bytes": sizes}
 
 
-def drain_secret(host: AdminHost) -> bytes | None:
+def drain_secret(host: Host) -> bytes | None:
     """What `drain` is proved with: the peer secret; None with authentication off. With authentication on,
     only peer-secret holders may stop a daemon: applications have the cluster secret, not that one."""
-    if host.drain_secret is None and host.secret is not None:
+    trust = host.trust
+    if trust.drain_secret is None and trust.secret is not None:
         raise AuthFailed(
             "drain needs a proof made with the peer secret, and this daemon has none of its own (peer TLS "
             "stands in for it): set peer-secret-file, or stop it with SIGTERM"
         )
-    return host.drain_secret
+    return trust.drain_secret
 
 
 def check_drain_proof(secret: bytes, challenge: tuple[str, str] | None, args: DrainArgs, proof: object) -> None:
@@ -276,11 +227,11 @@ def check_drain_proof(secret: bytes, challenge: tuple[str, str] | None, args: Dr
         )
 
 
-async def _drain_challenge(host: AdminHost, args: Challenge, caller: Caller) -> dict[str, Any]:
+async def _drain_challenge(host: Host, args: Challenge, caller: DaemonLink) -> dict[str, Any]:
     """Prove the peer secret over the caller's fresh nonce (and name the address the caller is seen at)
     before it sends a proof of its own, with a nonce of this daemon's that the next `drain` on this
     connection must be proved over (PROTOCOL.md §13)."""
-    secret = host.drain_secret
+    secret = host.trust.drain_secret
     assert secret is not None  # Operation.call checked
     ours = new_nonce()
     caller.drain_challenge = (args.nonce, ours)
@@ -288,7 +239,7 @@ async def _drain_challenge(host: AdminHost, args: Challenge, caller: Caller) -> 
     return {"nonce": ours, "node": host.node, "client": caller.peer, "proof": proof}
 
 
-async def _drain(host: AdminHost, args: DrainArgs, caller: Caller) -> dict[str, Any]:
+async def _drain(host: Host, args: DrainArgs, caller: DaemonLink) -> dict[str, Any]:
     """Answered at once, the drain goes on after (stats `drain` shows it); with `wait`, answered once it
     has ended, with how it ended (how `shuffled drain --wait` learns whether the hand-over left anything)."""
     seconds = host.config.drain_timeout if args.timeout is None else args.timeout
@@ -300,57 +251,41 @@ async def _drain(host: AdminHost, args: DrainArgs, caller: Caller) -> dict[str, 
     return {"state": host.drain.stats.state}
 
 
-async def _flush(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
+async def _flush(host: Host, args: Scope, caller: DaemonLink) -> dict[str, Any]:
     """Write a finished map stage's data to disk so the next stage gets the memory (and a restart keeps it);
-    without a data dir, make it durable in the object store."""
-    shuffles = host.store.apps.get(args.app, {})
-    chosen = [d for s, d in shuffles.items() if args.shuffle is None or s == args.shuffle]
-    if host.disk is None and host.tier is not None:
-        try:
-            await host.tier.uploads.persist(chosen)
-        except StorageError as exc:
-            raise StorageError("uploading to the object store failed; the data stays in memory") from exc
-        return {"flushed_bytes": 0, "durable_attempts": sum(o.durable for d in chosen for o in d.committed.values())}
-    if host.disk is None:
-        raise InvalidRequest("this daemon has no --data-dir to flush to")
-    try:
-        written = await host.spiller.flush(chosen)
-    except StorageError as exc:
-        raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
-    return {"flushed_bytes": written}
+    without a data dir, make it durable in the object store (storage/lifecycle.py)."""
+    return await host.storage.flush(args.app, args.shuffle)
 
 
-async def _unregister_shuffle(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
+async def _unregister_shuffle(host: Host, args: Scope, caller: DaemonLink) -> dict[str, Any]:
     assert args.shuffle is not None  # read_shuffle() checked
-    return await _dropped(host, "unregister_shuffle", args, host.store.unregister_shuffle(args.app, args.shuffle))
+    return await _dropped(host, "unregister_shuffle", args, await host.storage.drop(args.app, args.shuffle))
 
 
-async def _remove_application(host: AdminHost, args: Scope, caller: Caller) -> dict[str, Any]:
-    return await _dropped(host, "remove_application", args, host.store.remove_application(args.app))
+async def _remove_application(host: Host, args: Scope, caller: DaemonLink) -> dict[str, Any]:
+    return await _dropped(host, "remove_application", args, await host.storage.drop(args.app))
 
 
-async def _dropped(host: AdminHost, op: str, args: Scope, dropped: tuple[int, list[ShuffleData]]) -> dict[str, Any]:
-    freed, shuffles = dropped
-    await host.spiller.removed(shuffles)
-    if host.tier is not None:
-        await host.tier.removed(shuffles)
+async def _dropped(host: Host, op: str, args: Scope, freed: int) -> dict[str, Any]:
+    """The drop here is done (its token was checked: `authorize`); with `propagate`, every other daemon is
+    told, then every node's objects that this request's token owns are deleted (storage/lifecycle.py)."""
     result: dict[str, Any] = {"freed_segments": freed}
     if args.propagate:
         result["peers"] = await _propagate(host, op, args.to_wire())
-        if host.tier is not None:  # every daemon told deleted its own: this takes lost nodes' objects too,
-            # those whose footers say they were written for this request's token (whatever the peers said)
-            await host.tier.delete_owned(args.app, args.shuffle, token_digest(args.token))
+        # Every daemon told deleted its own: this takes lost nodes' objects too, those whose footers say they
+        # were written for this request's token (whatever the peers said).
+        await host.storage.delete_owned(args.app, args.shuffle, token_digest(args.token))
     return result
 
 
-async def _propagate(host: AdminHost, op: str, args: dict[str, Any]) -> dict[str, str]:
+async def _propagate(host: Host, op: str, args: dict[str, Any]) -> dict[str, str]:
     """Tell every known daemon; a daemon that cannot be reached is reported, not fatal."""
     targets = (set(host.membership.others()) | set(host.peers.conns)) - {host.node}
 
     async def one(addr: str) -> str:
         try:
-            conn = await host.peers.get(addr)
-            await conn.admin.request(op, args, host.config.admin_timeout)
+            conn: PeerLink = await host.peers.get(addr)
+            await conn.admin_call(op, args, host.config.admin_timeout)
             return "ok"
         except ShuffledError as exc:
             return f"{exc.code.name}: {exc.message}"

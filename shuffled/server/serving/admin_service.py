@@ -5,48 +5,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+import time
+from typing import Any
 
 from ...logs import event
-from ...protocol.connection import ProtocolConnection
 from ...protocol.errors import InternalError, InvalidRequest, ShuffledError, ShuttingDown
 from ...protocol.frames import AdminRequest
-from .admin_ops import OPERATIONS, Caller, Operation
+from .admin_ops import OPERATIONS, Host
+from .link import DaemonLink
 
 log = logging.getLogger(__name__)
 
-#: what carries an admin operation out with the request's arguments and its connection (the daemon's `admin`)
-Run = Callable[[Operation[Any], dict[str, Any], Caller], Awaitable[dict[str, Any]]]
-
-
-class Link(Caller, Protocol):
-    """The connection the service works over (a `DaemonConnection`)."""
-
-    @property
-    def proto(self) -> ProtocolConnection: ...
-
-    @property
-    def from_client(self) -> bool: ...
-
-    def count_error(self, exc: ShuffledError) -> None: ...
-
-    def authorize(self, app: str, token: object) -> None: ...
-
 
 class AdminService:
-    def __init__(self, link: Link, run: Run, background: set[asyncio.Task[Any]]) -> None:
+    """The admin calls of one connection (see the module): run with the daemon's parts, `env`, and timed."""
+
+    def __init__(self, link: DaemonLink, env: Host) -> None:
         self.link = link
-        self.run = run
-        self.background = background
+        self.env = env
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
     # -- requests the other side makes
 
     def on_request(self, req: AdminRequest) -> None:
         task = asyncio.create_task(self._run(req))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        background = self.env.background
+        background.add(task)
+        task.add_done_callback(background.discard)
 
     async def _run(self, req: AdminRequest) -> None:
         """Every request gets an answer or an error, whatever happens: an unanswered one would hold one
@@ -61,7 +46,9 @@ class AdminService:
                     raise InvalidRequest(f"admin {req.op} is asked by peer daemons only")
             elif op.app_token and isinstance(app, str):
                 self.link.authorize(app, req.args.get("token"))
-            result = await self.run(op, req.args, self.link)
+            started = time.monotonic()
+            result = await op.call(self.env, req.args, self.link)
+            self.env.metrics.observe_admin(op.name, time.monotonic() - started)
         except ShuffledError as exc:
             self._fail(req, exc)
             return

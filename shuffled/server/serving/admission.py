@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
-import ssl
 import struct
 from collections.abc import Iterable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from ...config import PEER_SECRET_ENV, SECRET_ENV, ConfigError, DaemonConfig
+from ...config import DaemonConfig
 from ...logs import event
-from ...net.tls import peer_contexts
-from ...protocol.auth import read_secret_file, secret_bytes
 from ...protocol.connection import ProtocolConnection
 from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError, ShuffledError
 from ...protocol.frames import REPLICA, Role
-from .context import DaemonContext
+from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -78,55 +74,6 @@ class Joining(Candidate, Protocol):
     def log_auth_failed(self, reason: str) -> None: ...
 
     def close(self, reason: str = "closed") -> None: ...
-
-
-class Trust(NamedTuple):
-    """Whom the daemon trusts and how each side proves itself; a secret of None: authentication is off."""
-
-    #: the cluster secret every client proves on connect
-    secret: bytes | None
-    #: what a peer daemon proves: a secret applications do not have (with peer TLS, whose certificates
-    #: prove a daemon, the cluster secret will do)
-    peer_secret: bytes | None
-    #: what the admin `drain` must be proved with: the peer secret as configured, never the cluster
-    #: secret standing in for it (every application has that one)
-    drain_secret: bytes | None
-    #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
-    peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None
-
-    @classmethod
-    def load(cls, config: DaemonConfig) -> Trust:
-        """The secrets (from their files or the environment) and certificates the settings name."""
-        secret = _secret("secret-file", config.secret_file, SECRET_ENV)
-        drain_secret = _secret("peer-secret-file", config.peer_secret_file, PEER_SECRET_ENV)
-        peer_secret = secret if drain_secret is None and config.peer_tls_port else drain_secret
-        if secret is not None and peer_secret is None:
-            raise ConfigError(
-                "secret-file is set but peer daemons would prove only that secret, which every application "
-                "has, so a client could pass for a daemon: set peer-secret-file (a secret only daemons have) "
-                "or peer TLS"
-            )
-        peer_tls = None
-        if config.peer_tls_port:
-            assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca  # validate() checked
-            try:
-                peer_tls = peer_contexts(config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"peer TLS certificates: {exc}") from None
-        return cls(secret, peer_secret, drain_secret, peer_tls)
-
-
-def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
-    """A secret from its file setting or its environment variable (one of them, not both)."""
-    from_env = os.environ.get(env)
-    if secret_file and from_env is not None:
-        raise ConfigError(f"both {name} and {env} are set: use one")
-    try:
-        if secret_file:
-            return read_secret_file(secret_file)
-        return secret_bytes(from_env) if from_env is not None else None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{name} {secret_file}: {exc}" if secret_file else f"{env}: {exc}") from None
 
 
 def unix_peer(sock: Any) -> str:
@@ -191,15 +138,15 @@ def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> No
         )
 
 
-def answer_hello(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, Any]) -> None:
+def answer_hello(conn: Joining, host: ShuffleEnvironment[Any], role: Role, info: dict[str, Any]) -> None:
     """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
     cfg = host.config
     check_connection_limit(cfg, conn.host, role, host.connections)
     if role is Role.DAEMON:
         conn.node = peer_node(info)
-    check_port(cfg, host.peer_tls is not None, conn.tls, role)
+    check_port(cfg, host.trust.peer_tls is not None, conn.tls, role)
     # A daemon proves the peer secret, which no application has: its role is never taken on its word.
-    secret = host.peer_secret if role is Role.DAEMON else host.secret
+    secret = host.trust.peer_secret if role is Role.DAEMON else host.trust.secret
     if secret is None:
         accept(conn, host, role, info)
         return
@@ -207,7 +154,7 @@ def answer_hello(conn: Joining, host: DaemonContext[Any], role: Role, info: dict
     conn.proto.challenge(secret)
 
 
-def accept(conn: Joining, host: DaemonContext[Any], role: Role, info: dict[str, Any]) -> None:
+def accept(conn: Joining, host: ShuffleEnvironment[Any], role: Role, info: dict[str, Any]) -> None:
     """A peer daemon joins only with our segment size and unless our own dial to it wins."""
     cfg = host.config
     if role is Role.DAEMON:

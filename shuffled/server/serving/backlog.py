@@ -12,20 +12,20 @@ The connection goes on reading meanwhile, and data, credit and answers to this d
 on being handled: two daemons each waiting for the other to read can therefore never stop each other's
 peer link. What waits is bounded (`MAX_WAITING` requests, beyond which the connection is
 LIMIT_EXCEEDED), and so is the time a connection may keep answers unread (`unsent-timeout`,
-accounting/watchdog.py).
+watchdog.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Set
-from typing import Protocol
 
 from ...config import DaemonConfig
 from ...net.once_per_turn import OncePerTurn
-from ...net.sender import Sender, UnsentTally
+from ...net.sender import UnsentTally
 from ...protocol import events
-from ...protocol.errors import LimitExceeded, ShuffledError
+from ...protocol.errors import LimitExceeded
+from .link import DaemonLink
 
 #: events that ask for an answer, in the order the other side sent them
 REQUESTS = (
@@ -40,22 +40,10 @@ REQUESTS = (
 MAX_WAITING = 1 << 16
 
 
-class Answering(Protocol):
-    """A connection as its backlog sees it (a `DaemonConnection`)."""
-
-    @property
-    def sender(self) -> Sender: ...
-
-    @property
-    def is_open(self) -> bool: ...
-
-    def fail(self, exc: ShuffledError) -> None: ...
-
-
 class UnsentBudget:
     """The daemon's bound on answers queued unsent, and the backlogs waiting for room."""
 
-    def __init__(self, config: DaemonConfig, connections: Set[Answering]) -> None:
+    def __init__(self, config: DaemonConfig, connections: Set[DaemonLink]) -> None:
         self.per_connection = config.max_unsent_per_connection
         self.total = config.max_unsent
         self.connections = connections
@@ -64,7 +52,7 @@ class UnsentBudget:
         self.tally = UnsentTally()
         self.waiting: set[Backlog] = set()
 
-    def over(self, conn: Answering) -> bool:
+    def over(self, conn: DaemonLink) -> bool:
         if conn.sender.control_unsent() > self.per_connection:
             return True
         if self.tally.bytes <= self.total:
@@ -82,7 +70,7 @@ class UnsentBudget:
 class Backlog:
     """One connection's requests waiting for its answers (or all connections' answers) to drain."""
 
-    def __init__(self, conn: Answering, budget: UnsentBudget, handle: Callable[[events.Event], None]) -> None:
+    def __init__(self, conn: DaemonLink, budget: UnsentBudget, handle: Callable[[events.Event], None]) -> None:
         self.conn = conn
         self.budget = budget
         self.handle = handle

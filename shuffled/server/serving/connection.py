@@ -1,5 +1,5 @@
-"""One connection of the daemon, a local client or a peer daemon: the asyncio shell around its
-`ProtocolConnection`.
+"""One connection of the daemon, a local client or a peer daemon: its link (link.py) and the services
+that run over it.
 
 The protocol connection turns bytes into events and keeps the stream table; this
 shell hands each event to the service that owns it (reads, pushes, admin calls),
@@ -11,171 +11,83 @@ and the ones it makes are kept apart (see `ReadService`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from ...logs import event
-from ...net.connection import FrameConnection
 from ...net.sender import Outbound
 from ...ops.stats import ConnectionCounts
-from ...protocol import connection as pc
 from ...protocol import events
-from ...protocol.auth import token_digest
-from ...protocol.errors import (
-    AuthFailed,
-    ConnectionLost,
-    InvalidRequest,
-    LimitExceeded,
-    ShuffledError,
-    ShuttingDown,
-    TimedOut,
-)
+from ...protocol.errors import ConnectionLost, LimitExceeded, ShuffledError, TimedOut
 from ...protocol.frames import REPLICA, Role
-from ..accounting.watchdog import Liveness, tune_socket
 from ..cluster.replication import ReplicaService
 from . import admission
 from .admin_service import AdminService
 from .backlog import REQUESTS, Backlog
-from .context import DaemonContext
+from .environment import ShuffleEnvironment
+from .link import DaemonLink
 from .push_service import PushService
 from .read_service import ReadService
 
 log = logging.getLogger(__name__)
 
 
-class DaemonConnection(FrameConnection):
-    def __init__(self, daemon: DaemonContext[DaemonConnection], dialed: str | None = None, tls: bool = False) -> None:
-        cfg = daemon.config
-        limits = pc.Limits(cfg.max_streams_per_connection, cfg.max_pushes_per_connection, cfg.max_admin_per_connection)
-        side = pc.Side.DIALER if dialed is not None else pc.Side.ACCEPTOR
-        secret = daemon.peer_secret if dialed is not None else None
-        proto = pc.ProtocolConnection(
-            side, Role.DAEMON, secret=secret, limits=limits, max_payload=cfg.segment_size, who=f"daemon {dialed}"
+class DaemonConnection(DaemonLink):
+    """A connection with the services that run over it (see the module); `env` is the daemon's parts."""
+
+    def __init__(self, env: ShuffleEnvironment[DaemonConnection], dialed: str | None = None, tls: bool = False) -> None:
+        super().__init__(
+            env.config, env.counters, env.storage, env.drain, env.unsent.tally, env.trust.peer_secret, dialed, tls
         )
-        super().__init__(proto, high=cfg.high_watermark, low=cfg.low_watermark, tally=daemon.unsent.tally)
-        self.daemon = daemon
-        #: the peer's address when this daemon dialled it
-        self.dialed = dialed
-        #: over the peer TLS port (either direction)
-        self.tls = tls
-        #: what the other side is, once the handshake said so
-        self.role: Role | None = None
-        self.node = dialed or ""
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.reads = ReadService(self, daemon.node, daemon, daemon.peers)
-        self.pushes = PushService(self, daemon)
+        self.env = env
+        self.reads = ReadService(self, env.node, env, env.peers)
+        self.pushes = PushService(self, env)
         #: replica pushes this daemon makes to the other side
-        self.replicas = ReplicaService()
-        self.admin = AdminService(self, daemon.admin, daemon.background)
-        #: the peer's IP address ("unix pid N" for a Unix socket): connection limits count per address
-        self.host = "?"
-        #: the first fatal error (a TimedOut one is what dependent streams fail with)
-        self.failure: ShuffledError | None = None
-        #: the nonces of the last `drain_challenge` answered on this connection (see admin_service.Caller)
-        self.drain_challenge: tuple[str, str] | None = None
-        self.liveness = Liveness.starting(asyncio.get_running_loop().time())
+        self.replicas = ReplicaService(self.proto)
+        self.admin = AdminService(self, env)
         #: requests waiting for answers to be read (serving/backlog.py)
-        self.backlog = Backlog(self, daemon.unsent, self._handle)
+        self.backlog = Backlog(self, env.unsent, self._handle)
 
-    # -- what the services see
-
-    @property
-    def draining(self) -> bool:
-        return self.daemon.drain.draining
-
-    @property
-    def closing(self) -> bool:
-        return self.daemon.drain.closing
-
-    @property
-    def from_client(self) -> bool:
-        return self.role is Role.CLIENT
-
-    def count_error(self, exc: ShuffledError) -> None:
-        self.daemon.counters.errors[exc.code.name] += 1
-
-    def send_error(self, stream: int, exc: ShuffledError) -> None:
-        """End one of the other side's streams with an error (counted by code for the metrics)."""
-        self.count_error(exc)
-        self.proto.send_error(stream, exc)
-
-    def authorize(self, app: str, token: object) -> None:
-        """Per-application isolation: AUTH_FAILED unless the request's token is the application's."""
-        if token is not None and not isinstance(token, str):
-            raise InvalidRequest("'token' must be a string")
-        self.authorize_digest(app, token_digest(token))
-
-    def authorize_digest(self, app: str, digest: bytes) -> None:
-        """The same for a token's digest (what a replica push carries)."""
-        try:
-            self.daemon.store.app_keys.authorize(app, digest)
-        except AuthFailed as exc:
-            self.refused(app, exc)
-            raise
-
-    def refused(self, app: str, exc: AuthFailed) -> None:
-        """Log a request about `app` refused for its token (reads are checked where they are served: the
-        store's `snapshot`)."""
-        event(log, "request refused", logging.WARNING, peer=self.peer, node=self.node, app=app, reason=exc.message)
+    async def admin_call(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Ask the other daemon admin `op`; its answer, or its error raised (TimeoutError past `timeout`)."""
+        return await self.admin.request(op, args, timeout)
 
     # -- lifecycle
 
     def on_made(self) -> None:
-        self.daemon.connections.add(self)
+        self.env.connections.add(self)
         assert self.transport is not None
         peer = self.transport.get_extra_info("peername")
         sock = self.transport.get_extra_info("socket")
         self.host = str(peer[0]) if isinstance(peer, tuple) else admission.unix_peer(sock)
-        self.tune(self.daemon.config.peer_timeout if self.dialed is not None else 0.0)
+        self.tune(self.env.config.peer_timeout if self.dialed is not None else 0.0)
         if self.dialed is None:
             try:
-                admission.check_handshakes(self.daemon.config, self, self.daemon.connections)
+                admission.check_handshakes(self.env.config, self, self.env.connections)
             except LimitExceeded as exc:
                 self.fail(exc)
             return
         self.role = Role.DAEMON
-        self.proto.start(
-            {"node": self.daemon.node, "segment_size": self.daemon.config.segment_size, "features": [REPLICA]}
-        )
+        self.proto.start({"node": self.env.node, "segment_size": self.env.config.segment_size, "features": [REPLICA]})
 
     def on_lost(self) -> None:
-        self.daemon.connections.discard(self)
+        self.env.connections.discard(self)
         if not self.ready.done():
             self.ready.set_exception(ConnectionError(self.close_reason))
             self.ready.exception()  # retrieved: a failed dial is reported by its caller
         if self.role is Role.DAEMON and self.node:
-            self.daemon.peers.lost(self.node, self)
+            self.env.peers.lost(self.node, self)
         if self.role is not None:
             event(
                 log, "connection closed", peer=self.peer, role=self.role_label, node=self.node, reason=self.close_reason
             )
         self._release_all()
-        self.daemon.counters.fold(self)
-        self.daemon.unsent.drained()  # what it held unsent is gone
+        self.env.counters.fold(self)
+        self.env.unsent.drained()  # what it held unsent is gone
 
     def on_failed(self) -> None:
         self._release_all()
-
-    def fail(self, exc: ShuffledError) -> None:
-        if isinstance(exc, AuthFailed) and not self.ready.done():
-            self.log_auth_failed(exc.message)
-            self.ready.set_exception(exc)
-            self.ready.exception()  # retrieved: the dialer's caller sees it through the peer manager
-        if self.is_open:
-            self.count_error(exc)
-            self.failure = exc
-        super().fail(exc)
-
-    def stopping(self) -> None:
-        """The daemon stops: the answers already made go out, then SHUTTING_DOWN on stream 0, so a client
-        retries elsewhere instead of taking the closed connection for a lost daemon (a fetch failure)."""
-        if self.is_open:
-            self.sender.flush_control()
-        self.fail(ShuttingDown("the daemon is stopping; use another daemon"))
-
-    def log_auth_failed(self, reason: str) -> None:
-        event(log, "authentication failed", logging.WARNING, peer=self.peer, node=self.node, reason=reason)
 
     def _release_all(self) -> None:
         """Fail consumers, close served streams, abort pushes: nothing may outlive the connection."""
@@ -187,21 +99,6 @@ class DaemonConnection(FrameConnection):
         self.pushes.release()
         self.replicas.release(lost)
         self.admin.release(lost)
-
-    @property
-    def role_label(self) -> str | None:
-        """'client' or 'peer' once the handshake said which (the metrics label)."""
-        if self.role is None:
-            return None
-        return "peer" if self.role is Role.DAEMON else "client"
-
-    @property
-    def handshaking(self) -> bool:
-        return self.is_open and not self.ready.done()
-
-    def tune(self, user_timeout: float) -> None:
-        assert self.transport is not None
-        tune_socket(self.transport.get_extra_info("socket"), self.daemon.config.tcp_keepalive, user_timeout)
 
     def counts(self, now: float) -> ConnectionCounts:
         """What this connection's reads and pushes are doing at monotonic time `now` (for the stats)."""
@@ -251,7 +148,7 @@ class DaemonConnection(FrameConnection):
         self._handle(ev)
 
     def on_drained(self) -> None:
-        self.daemon.unsent.drained()
+        self.env.unsent.drained()
 
     def _handle(self, ev: events.Event) -> None:
         match ev:
@@ -293,14 +190,8 @@ class DaemonConnection(FrameConnection):
             case events.CloseRequested():
                 self.close("peer sent Close")
             case events.HelloReceived(role, info):
-                admission.answer_hello(self, self.daemon, role, info)
+                admission.answer_hello(self, self.env, role, info)
             case events.Authenticated(role, info):
-                admission.accept(self, self.daemon, role, info)
+                admission.accept(self, self.env, role, info)
             case events.HandshakeDone(info):
                 admission.dialled(self, info)
-
-    def opened(self, role: Role) -> None:
-        self.role = role
-        self.ready.set_result(None)
-        self.daemon.counters.opened[self.role_label or "client"] += 1
-        event(log, "connection open", peer=self.peer, role=self.role_label, node=self.node)

@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...buffers import Buffer, Chunk, LocalPool
 from ...logs import event
 from ...net.channel import InputChannel
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
+from ...protocol.auth import token_digest
 from ...protocol.credit import ChannelCredit, FloatingPool
 from ...protocol.errors import AuthFailed, ErrorCode, InternalError, LimitExceeded, ProtocolError, ShuffledError
 from ...protocol.frames import REPLICA, PartitionRequest
 from ...protocol.resume import ReadProgress
-from ..storage.plan import Plan, plan_read
+from ..storage.view import ReadView
 from .environment import ShuffleEnvironment
-from .plan_feed import PlanFeed
+from .view_reader import ViewReader
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class InputGate:
         out: BufferResponseStream,
         req: PartitionRequest,
         remote: dict[str, list[int]],
-        env: ShuffleEnvironment,
+        env: ShuffleEnvironment[Any],
         peers: Peers,
         node: str,
         local_pending: bool = False,
@@ -385,7 +386,7 @@ class Failover:
         if loc.error is None:
             loc.error = exc
             loc.candidates = self.gate.env.membership.candidates(loc.primary, self.gate.req.app, self.gate.req.shuffle)
-            if self.gate.env.tier is not None:
+            if self.gate.env.storage.has_object_store:
                 loc.candidates.append(OBJECT_STORE)
         self.gate.env.counters.failover_tries[exc.code.name] += 1
         event(
@@ -440,13 +441,9 @@ class Failover:
     async def _adopt(self, loc: Location) -> bool:
         """Adopt what the location's node made durable in the object store, unless this daemon holds its
         attempts already; whether it may hold them now."""
-        tier = self.gate.env.tier
-        assert tier is not None
-        data = self.gate.env.store.apps.get(self.gate.req.app, {}).get(self.gate.req.shuffle)
-        if data is not None and all(a in data.committed for a in loc.attempts):
-            return True
+        req = self.gate.req
         try:
-            await tier.adopt(self.gate.req.app, self.gate.req.shuffle, loc.primary)
+            await self.gate.env.storage.adopt(req.app, req.shuffle, loc.primary, loc.attempts)
         except ShuffledError as exc:
             event(log, "object store not read", logging.WARNING, primary=loc.primary, reason=exc.message)
             return False
@@ -459,7 +456,9 @@ class Failover:
         resume = loc.progress.resume()
         req = self.gate.req
         try:
-            plan = plan_read(self.gate.env.store, req, loc.attempts, resume)
+            view = self.gate.env.storage.read(
+                req.app, req.shuffle, req.start, req.end, loc.attempts, resume, token_digest(req.token)
+            )
         except AuthFailed as exc:
             event(log, "request refused", logging.WARNING, app=req.app, primary=loc.primary, reason=exc.message)
             return False
@@ -467,29 +466,29 @@ class Failover:
             return False
         if resume is not None:
             self.gate.env.counters.resumed_reads += 1
-        self.gate.local_channels.append(LocalInputChannel(self.gate, loc, plan))
+        self.gate.local_channels.append(LocalInputChannel(self.gate, loc, view))
         return True
 
 
 class LocalInputChannel:
     """A failed location served from this daemon's own copy, from where the relayed bytes stop.
 
-    Its plan's payloads are relayed like a remote channel's, with at most a channel's worth (exclusive
+    Its view's payloads are relayed like a remote channel's, with at most a channel's worth (exclusive
     plus floating) queued on the client stream and not yet sent.
     """
 
-    __slots__ = ("feed", "gate", "limit", "location")
+    __slots__ = ("gate", "limit", "location", "reader")
 
-    def __init__(self, gate: InputGate, location: Location, plan: Plan) -> None:
+    def __init__(self, gate: InputGate, location: Location, view: ReadView) -> None:
         cfg = gate.env.config
         self.gate = gate
         self.location = location
         self.limit = cfg.exclusive_buffers + cfg.floating_buffers
-        self.feed = PlanFeed(gate.env, plan, self._relay, self._budget)
-        gate.out.feeds.append(self.feed)
-        self.feed.start(self._done, self._failed)
+        self.reader = ViewReader(view, self._relay, self._room, self._done, self._failed)
+        gate.out.feeds.append(self.reader)
+        self.reader.start()
 
-    def _budget(self) -> int:
+    def _room(self) -> int:
         return self.limit - self.gate.out.queued
 
     def _relay(self, chunk: Chunk, data: int) -> None:
@@ -506,10 +505,10 @@ class LocalInputChannel:
 
     def _detach(self) -> None:
         feeds = self.gate.out.feeds
-        if self.feed in feeds:
-            feeds.remove(self.feed)
+        if self.reader in feeds:
+            feeds.remove(self.reader)
 
     def close(self) -> None:
-        """The read ended or failed: stop serving (what the feed holds goes back)."""
+        """The read ended or failed: stop serving (what the view holds goes back)."""
         self._detach()
-        self.feed.close()
+        self.reader.close()

@@ -10,14 +10,14 @@ token, and are stored as ordinary map outputs marked with their primary.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
 from ...protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError, ShuttingDown
 from ...protocol.frames import OpenMapOutput, PushData
 from ..accounting.shares import Share
-from ..cluster.replication import ReplicaHost, ReplicaLinks
+from ..cluster.replication import ReplicaLinks
 from .environment import ShuffleEnvironment
 from .push_session import PushSession
 
@@ -42,12 +42,8 @@ class Link(Protocol):
     def authorize_digest(self, app: str, digest: bytes) -> None: ...
 
 
-class PushHost(ShuffleEnvironment, ReplicaHost, Protocol):
-    """The daemon, as the pushes it takes see it: the shuffle environment, who it is and its peers."""
-
-
 class PushService:
-    def __init__(self, link: Link, env: PushHost) -> None:
+    def __init__(self, link: Link, env: ShuffleEnvironment[Any]) -> None:
         self.link = link
         self.env = env
         self.sessions: dict[int, PushSession] = {}
@@ -84,23 +80,31 @@ class PushService:
             self.send_error(req.writer, ShuttingDown("the daemon is shutting down; retry with another daemon"))
             return
         env = self.env
-        store = env.store
         try:
             digest = self._app_key(req)
             self.link.authorize_digest(req.app, digest)
             env.shares.check(self.push_share, req.app)
             replicas = self._replicas(req)
-            durable = self._durable(req)
-            out = store.open_map_output(
-                req.app, req.shuffle, req.map_index, req.attempt, req.partitions, req.replica_of, replicas
+            writer = env.storage.open(
+                req.app,
+                req.shuffle,
+                req.map_index,
+                req.attempt,
+                req.partitions,
+                digest=digest,
+                replica_of=req.replica_of,
+                replicas=replicas,
+                durable=self._durable(req),
             )
         except ShuffledError as exc:
             self.send_error(req.writer, exc)
             return
-        out.wants_durable = durable
-        store.app_keys.bind(req.app, digest)
-        links = ReplicaLinks(env, req, digest, replicas) if req.replica_of is None and replicas > 1 else None
-        session = PushSession(self, req, out, env, links)
+        links = (
+            ReplicaLinks(env.config, env.counters, env.membership, env.peers.get, req, digest, replicas)
+            if req.replica_of is None and replicas > 1
+            else None
+        )
+        session = PushSession(self, req, writer, env, links)
         self.sessions[req.writer] = session
         self.link.proto.accept_push(req.writer, session.target)
         session.task = asyncio.create_task(session.start())
@@ -121,13 +125,11 @@ class PushService:
 
     def _durable(self, req: OpenMapOutput) -> bool:
         """Whether the committed output is to be uploaded to the object store (§12.5): as the writer asks,
-        else as the daemon's `durability` says. A replica push never is: its primary uploads."""
+        else as the daemon's `durability` says (a daemon without an object store refuses it). A replica push
+        never is: its primary uploads."""
         if req.replica_of is not None:
             return False
-        wanted = (req.durability or self.env.config.durability) == "object-store"
-        if wanted and self.env.tier is None:
-            raise InvalidRequest("this map output asks to be durable in an object store, and this daemon has none")
-        return wanted
+        return (req.durability or self.env.config.durability) == "object-store"
 
     def on_data(self, frame: PushData) -> None:
         session = self.sessions.get(frame.writer)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...buffers import Buffer, LocalPool
 from ...logs import event
@@ -45,8 +45,7 @@ from ...protocol.integrity import checksum
 from ...protocol.packed import check_push
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
-from ..storage.shuffles import MapOutput, MapState
-from ..storage.spill import memory_held
+from ..storage.writer import MapOutputWriter
 from .environment import ShuffleEnvironment
 
 log = logging.getLogger(__name__)
@@ -74,8 +73,8 @@ class PushSession:
         self,
         conn: PushConnection,
         req: OpenMapOutput,
-        out: MapOutput,
-        env: ShuffleEnvironment,
+        out: MapOutputWriter,
+        env: ShuffleEnvironment[Any],
         links: ReplicaLinks | None = None,
     ) -> None:
         self.conn = conn
@@ -94,7 +93,7 @@ class PushSession:
         out.on_failure = self.fail
         #: the floor of this map output's window is reserved in its shares (see accounting/shares.py) until `_close`
         self.shares = env.shares
-        self.app_share = self.shares.reserve(conn.push_share, out.shuffle.app)
+        self.app_share = self.shares.reserve(conn.push_share, out.app)
         #: segments beyond the floor charged to those shares
         self._extras = 0
         self._waiting: asyncio.Task[None] | None = None
@@ -123,7 +122,7 @@ class PushSession:
             if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
                 self.links = None
         self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
-        pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window, holder=self.out.shuffle.app)
+        pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window, holder=self.out.app)
         self._stop_waiting()
         if self.closed:
             pool.destroy()
@@ -158,8 +157,8 @@ class PushSession:
                     f"PushData {frame.sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
                     f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
                 )
-            group = check_push(buf.data(), self.out.attempt, self.out.shuffle.partitions)
-            env.store.add(self.out, buf, crc, group)
+            group = check_push(buf.data(), self.out.attempt, self.out.partitions)
+            self.out.add(buf, crc, group)
             if self.links is not None:
                 self.links.forward(buf, crc, group.data_bytes)
         except ShuffledError as exc:
@@ -171,7 +170,6 @@ class PushSession:
         counters = self.counters
         counters.pushed_buffers += 1
         counters.pushed_bytes += group.data_bytes
-        env.spiller.check(self.out.shuffle.app)
         self._top_up()
 
     def _top_up(self) -> None:
@@ -179,7 +177,7 @@ class PushSession:
         pool = self.pool
         if pool is None or self.closed:
             return
-        spilling = self.env.spiller.holding(self.out.shuffle.app)
+        spilling = self.out.holding()
         self._charge()  # pushed data left the window since
         while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
             self._charge()
@@ -214,7 +212,7 @@ class PushSession:
     def _hopeless(self) -> bool:
         """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
         need = 1 if self.pool is not None else self.env.config.push_min
-        error = self.env.spiller.push_memory_error(need, self.out.shuffle.app)
+        error = self.out.memory_error(need)
         if error is not None:
             self.fail(error)
         return error is not None
@@ -227,7 +225,7 @@ class PushSession:
             return
         waited, env = time.monotonic() - self.waiting_since, self.env
         if waited >= env.config.push_wait_timeout:
-            held = memory_held(env.pool, env.store)
+            held = env.storage.memory_held()
             self.fail(StorageError(f"no memory for this push after {waited:.0f} s (push-wait-timeout): {held}"))
 
     def _announce(self) -> None:
@@ -238,7 +236,7 @@ class PushSession:
     async def _wait_for_memory(self) -> None:
         assert self.pool is not None
         try:
-            await self.env.spiller.admitted(self.out.shuffle.app)
+            await self.out.admitted()
             await self.pool.grow_wait()
         finally:
             self._waiting = None
@@ -257,13 +255,13 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
-        if self.links is None or self.out.state is not MapState.OPEN:
-            self._commit()  # the store refuses one no longer open (its shuffle was dropped meanwhile), saying why
+        if self.links is None or not self.out.writable:
+            self._commit()  # storage refuses one no longer open (its shuffle was dropped meanwhile), saying why
             return
-        assert self.pool is not None and self.out.runs is not None
+        assert self.pool is not None
         self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
         self.pool = None
-        lengths = self.out.runs.lengths(self.out.shuffle.partitions).tolist()  # compared with the replicas'
+        lengths = self.out.pushed()  # compared with the replicas'
         self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
 
     async def _commit_replicated(self, links: ReplicaLinks, lengths: list[int]) -> None:
@@ -276,21 +274,17 @@ class PushSession:
         self._commit(copies)
 
     def _commit(self, copies: tuple[str, ...] = ()) -> None:
-        env = self.env
         try:
-            lengths = env.store.commit(self.out, copies)
+            lengths = self.out.commit(copies)
         except ShuffledError as exc:
             self.fail(exc)
             return
-        env.spiller.journals.committed(self.out.shuffle, self.out.attempt)
-        if env.tier is not None:
-            env.tier.uploads.committed(self.out)
         self._close()
         self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)
 
     def abort(self) -> None:
-        self.env.store.abort(self.out)
+        self.out.abort()
         self._close()
         self.conn.proto.ack_abort(self.writer)
 
@@ -303,18 +297,18 @@ class PushSession:
         if self.closed:
             return
         event(log, "push failed", writer=self.writer, code=exc.code.name, reason=exc.message)
-        self.env.store.abort(self.out)
+        self.out.abort()
         self._close()
         self.conn.send_error(self.writer, exc)
 
     def drop(self) -> None:
         """The client vanished: abort, free everything."""
-        self.env.store.abort(self.out)
+        self.out.abort()
         self._close()
 
     def _close(self) -> None:
         if not self.closed:
-            self.shares.release(self.conn.push_share, self.out.shuffle.app, self.app_share, self._extras)
+            self.shares.release(self.conn.push_share, self.out.app, self.app_share, self._extras)
             self._extras = 0
             self.conn.closed(self.writer)
         self.closed = True

@@ -1,7 +1,7 @@
 """The reads of one connection: those it serves, and those this daemon makes over it to a peer.
 
-A served read is a plan of this daemon's pieces (storage/plan.py) fed as credit allows
-(plan_feed.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
+A served read is a view of this daemon's stored data (storage/view.py) pulled as credit allows
+(view_reader.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
 reads this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
 announcements are batched once per loop turn.
 """
@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...buffers import Chunk
 from ...logs import event
@@ -25,10 +25,10 @@ from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, Sh
 from ...protocol.frames import BufferResponse, PartitionRequest
 from ...protocol.resume import Resume
 from ..cluster.peers import split_address
-from ..storage.plan import Plan, plan_read
+from ..storage.view import ReadView
 from .environment import ShuffleEnvironment
 from .input_gate import InputGate, Peers, RemoteInputChannel
-from .plan_feed import LOOKAHEAD, PlanFeed
+from .view_reader import LOOKAHEAD, ViewReader
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Link(Protocol):
 
 
 class ReadService:
-    def __init__(self, link: Link, node: str, env: ShuffleEnvironment, peers: Peers) -> None:
+    def __init__(self, link: Link, node: str, env: ShuffleEnvironment[Any], peers: Peers) -> None:
         self.link = link
         self.node = node
         self.env = env
@@ -107,7 +107,8 @@ class ReadService:
         try:
             # The token first: a read of an application bound to other credentials does no work at all (no
             # plan, no dial of the daemons it names), whatever it asks for.
-            self.env.store.app_keys.authorize(req.app, token_digest(req.token))
+            digest = token_digest(req.token)
+            self.env.storage.authorize(req.app, digest)
             if remote and not self.link.from_client:
                 raise InvalidRequest("a peer daemon may only ask for data held by the daemon it asks")
             if resume is not None and (remote or local is None):
@@ -116,10 +117,10 @@ class ReadService:
                 split_address(addr)
             if req.start > req.end:
                 raise InvalidRequest(f"partition range [{req.start}, {req.end}) is empty or reversed")
-            plan: Plan | None = None
+            view: ReadView | None = None
             if local is not None:
                 try:
-                    plan = plan_read(self.env.store, req, local, resume)
+                    view = self.env.storage.read(req.app, req.shuffle, req.start, req.end, local, resume, digest)
                 except PartitionNotFound as exc:
                     if not self._copies_elsewhere(resume):
                         raise
@@ -137,46 +138,46 @@ class ReadService:
         stream.relayed = bool(remote)
         self.served[rid] = stream
         self.link.proto.accept_read(rid, stream)
-        feeding = plan is not None and bool(plan.entries)
+        feeding = view is not None and not view.empty
         if remote:
             gate = InputGate(self, stream, req, remote, self.env, self.peers, self.node, feeding, missing)
             self.gates[rid] = gate
             gate.task = asyncio.create_task(gate.open())
         elif not feeding:
             stream.end()
-        if plan is not None and feeding:
-            self._feed(rid, stream, plan)
+        if view is not None and feeding:
+            self._feed(rid, stream, view)
         self.sender.wake(stream)
 
-    def _feed(self, rid: int, stream: BufferResponseStream, plan: Plan) -> None:
-        """Serve the local part of a read: the plan's payloads queued under the reader's credit, plus a
-        few more (`LOOKAHEAD`) so that credit arriving finds data ready."""
+    def _feed(self, rid: int, stream: BufferResponseStream, view: ReadView) -> None:
+        """Serve the local part of a read: the view's payloads queued under the reader's credit, plus a few
+        more (`LOOKAHEAD`) so that credit arriving finds data ready."""
         counters = self.env.counters
         sender = self.sender
 
         def sink(chunk: Chunk, data: int) -> None:
             counters.served_local_bytes += data
             counters.served_local_buffers += 1
-            stream.deferred = feed.left
+            stream.deferred = view.backlog
             stream.push_data(chunk)
             sender.wake(stream)
 
-        def budget() -> int:
+        def room() -> int:
             return stream.credit + LOOKAHEAD - stream.queued
 
         def done() -> None:
             stream.deferred = 0
             self._local_done(rid)
 
-        feed = PlanFeed(self.env, plan, sink, budget)
-        stream.deferred = feed.left
-        stream.feeds.append(feed)
-        feed.start(done, self._failer(rid))
+        reader = ViewReader(view, sink, room, done, self._failer(rid))
+        stream.deferred = view.backlog
+        stream.feeds.append(reader)
+        reader.start()
 
     def _copies_elsewhere(self, resume: Resume | None) -> bool:
         """A client's read of data this daemon lacks may fail over to the placement candidates and the object
         store (only a client's: a peer asking here is itself failing over and tries the next copy)."""
-        elsewhere = bool(self.env.membership.others()) or self.env.tier is not None
+        elsewhere = bool(self.env.membership.others()) or self.env.storage.has_object_store
         return self.link.from_client and resume is None and bool(self.node) and elsewhere
 
     def on_credit(self, rid: int) -> None:

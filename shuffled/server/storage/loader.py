@@ -1,5 +1,6 @@
-"""Reading stored pieces back into pool segments: the one loader of a read's plan feed (a local read,
-a failover to this daemon's own copy or to the object store) and of a drain's or healing's copies.
+"""Reading stored pieces back: the one loader, into pool segments for a read's view (view.py: a local read,
+a failover to this daemon's own copy or to the object store, a drain's or healing's copies), and into
+memory of a tier write's own for an upload of pieces from the data file (`read_back`).
 
 A batch is a run of one attempt's pieces that lie back to back in one place (`run`): the shuffle's data
 file, read with one `preadv`, or one of its objects, read with one ranged GET; either way into segments
@@ -24,7 +25,7 @@ from ...protocol.errors import CorruptData, PartitionNotFound, StorageError
 from ...protocol.integrity import checksum
 from .disk import Disk
 from .objects import ObjectNotFound, ObjectStore
-from .shuffles import FILE, MapOutput
+from .shuffles import FILE, MapOutput, ShuffleData
 
 
 def run(out: MapOutput, indices: Iterable[int], limit: int) -> list[int]:
@@ -148,3 +149,21 @@ class PieceLoader:
             os.close(self._fd)
             self._fd = None
         self._path = ""
+
+
+async def read_back(disk: Disk, data: ShuffleData, offset: int, views: list[memoryview], crcs: list[int]) -> None:
+    """Pieces lying back to back in the shuffle's data file from `offset`, read into `views` (memory of a tier
+    write's own, not the pool's: at most an object's worth, for as long as its upload takes) and checked
+    against `crcs`, while the shuffle counts the load (its blocks are not punched under it). Raises
+    StorageError when the read fails (the upload is tried again) and CorruptData for a piece that changed."""
+    assert data.file is not None
+    data.loading += 1
+    try:
+        fd, got = await disk.read(None, data.file.path, offset, views)
+        os.close(fd)
+    except (OSError, EOFError) as exc:
+        raise StorageError(f"reading spilled data of {data.app}/{data.shuffle} back failed: {exc}") from None
+    finally:
+        data.loading -= 1
+    if got != crcs:
+        raise CorruptData(f"spilled data of {data.app}/{data.shuffle} failed its CRC32C check on its way up")

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Container
 
 from ...buffers import Buffer
 from ...logs import event
 from ...ops.stats import TierStats
-from ...protocol.errors import CorruptData, StorageError
+from ...protocol.errors import StorageError
 from .disk import PIECE_ROW, Disk, StoredObject
+from .loader import read_back
 from .object_format import FOOTER_GUESS, Entry, Footer, object_key
 from .objects import ObjectStore
 from .shuffles import FILE, MapOutput, ShuffleData, commit_fields
@@ -33,7 +33,15 @@ Pieces = tuple[MapOutput, list[int]]
 class ObjectWriter:
     """Writes the tier's objects (see the module)."""
 
-    def __init__(self, store: Store, objects: ObjectStore, disk: Disk | None, stats: TierStats) -> None:
+    def __init__(
+        self,
+        store: Store,
+        objects: ObjectStore,
+        disk: Disk | None,
+        stats: TierStats,
+        journal: Callable[[ShuffleData, dict[str, object]], None] | None = None,
+        busy: Container[MapOutput] = (),
+    ) -> None:
         self.store = store
         self.objects = objects
         self.disk = disk
@@ -44,9 +52,9 @@ class ObjectWriter:
         #: this daemon's name (set once it listens): objects are written under it
         self.node = ""
         #: appends a record to a shuffle's journal (the spiller's, with a data dir)
-        self.journal: Callable[[ShuffleData, dict[str, object]], None] = _no_journal
+        self.journal = journal if journal is not None else _no_journal
         #: attempts the spiller is writing (their pieces are not taken)
-        self.busy: Container[MapOutput] = ()
+        self.busy = busy
         #: attempts a tier write under way holds: their pieces (an upload, a move) or their commit record
         self.claimed: set[MapOutput] = set()
         self._sequence = itertools.count(time.time_ns())
@@ -119,27 +127,15 @@ class ObjectWriter:
     async def _read_back(
         self, data: ShuffleData, offset: int, slots: list[tuple[int, int, int]], chunks: list[memoryview]
     ) -> None:
-        """Read pieces lying back to back in the shuffle's file from `offset` into memory of their own (not
-        the pool's: at most an object's worth, for as long as its upload takes), as `chunks[slot]`, and check
-        each against its CRC32C."""
-        assert self.disk is not None and data.file is not None
+        """Read pieces lying back to back in the shuffle's file from `offset` into memory of their own (the
+        loader's `read_back`), as `chunks[slot]`."""
+        assert self.disk is not None
         room = memoryview(bytearray(sum(size for _, size, _ in slots)))
-        views = []
         at = 0
         for slot, size, _ in slots:
             chunks[slot] = room[at : at + size]
-            views.append(chunks[slot])
             at += size
-        data.loading += 1
-        try:
-            fd, crcs = await self.disk.read(None, data.file.path, offset, views)
-            os.close(fd)
-        except (OSError, EOFError) as exc:
-            raise StorageError(f"reading spilled data of {data.app}/{data.shuffle} back failed: {exc}") from None
-        finally:
-            data.loading -= 1
-        if crcs != [crc for _, _, crc in slots]:
-            raise CorruptData(f"spilled data of {data.app}/{data.shuffle} failed its CRC32C check on its way up")
+        await read_back(self.disk, data, offset, [chunks[slot] for slot, _, _ in slots], [crc for *_, crc in slots])
 
     def placed(self, pieces: list[Pieces], place: int) -> None:
         """Written pieces are in object `place`, back to back in this order (attempts dropped meanwhile aside)."""

@@ -27,9 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...protocol.auth import token_digest
 from ...protocol.errors import InvalidRequest, PartitionNotFound
-from ...protocol.frames import PartitionRequest
 from ...protocol.resume import Resume
 from .shuffles import MapOutput, ShuffleData
 from .store import Store
@@ -143,11 +141,6 @@ def make_plan(
         return Plan(data, [])
     outs.sort(key=_placed)
     return Plan(data, [*first, *(Entry(o, start, end) for o in outs)])
-
-
-def plan_read(store: Store, req: PartitionRequest, attempts: list[int], resume: Resume | None) -> Plan:
-    """The plan of a request's range of these attempts, for the holder of the request's token."""
-    return make_plan(store, req.app, req.shuffle, req.start, req.end, attempts, resume, digest=token_digest(req.token))
 
 
 def items(entry: Entry) -> Iterator[Item]:

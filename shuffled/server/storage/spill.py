@@ -56,8 +56,6 @@ from .spill_writes import Placed, SpillTarget, SpillWrites, Taken
 from .store import Store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ...buffers import Buffer, GlobalPool
 
 log = logging.getLogger(__name__)
@@ -75,15 +73,16 @@ class FileTarget:
     in_flight = IN_FLIGHT
     where = "to disk"
 
-    def __init__(self, spiller: Spiller, disk: Disk) -> None:
-        self.spiller = spiller
+    def __init__(self, store: Store, journals: Journals, disk: Disk, batch: int) -> None:
+        self.store = store
+        self.journals = journals
         self.disk = disk
         self.name = disk.root
-        self.batch = max(MIN_BATCH, min(MAX_BATCH, (spiller.high - spiller.low) // IN_FLIGHT))
+        self.batch = batch
 
     def submit(self, data: ShuffleData, taken: list[Taken], held: list[Buffer]) -> asyncio.Future[Placed]:
         disk = self.disk
-        directory = self.spiller.journals.open(data)
+        directory = self.journals.open(data)
         if data.file is None:
             data.file = SpillFile(disk.data_path(directory))
             disk.stats.files += 1
@@ -108,7 +107,7 @@ class FileTarget:
 
     def wrote(self, data: ShuffleData, written: int) -> None:
         stats = self.disk.stats
-        self.spiller.store.placement.wrote(data, written)
+        self.store.placement.wrote(data, written)
         assert data.file is not None
         data.file.size += written
         stats.spills += 1
@@ -130,7 +129,10 @@ class Spiller:
         disk: Disk | None,
         high: float,
         low: float,
-        objects: Callable[[Spiller], SpillTarget | None] | None = None,
+        *,
+        journals: Journals | None = None,
+        writes: SpillWrites | None = None,
+        objects: SpillTarget | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -141,13 +143,14 @@ class Spiller:
         self.low = min(int(pool.total * low), self.high - 1)
         self.start = (self.low + self.high) // 2
         self.low_share = low
-        self.journals = Journals(store, disk)
-        #: where writes go: the data dir, else the object store (`objects` makes its target), else nowhere
+        self.journals = journals if journals is not None else Journals(store, disk)
+        #: where writes go: the data dir (IN_FLIGHT batches span the watermarks), else `objects`, else nowhere
         self.target: SpillTarget | None = (
-            FileTarget(self, disk) if disk is not None else objects(self) if objects is not None else None
+            FileTarget(store, self.journals, disk, max(MIN_BATCH, min(MAX_BATCH, (self.high - self.low) // IN_FLIGHT)))
+            if disk is not None
+            else objects
         )
-        #: segments per pressure write (for the data file: IN_FLIGHT of them take usage from the high watermark
-        #: to the low one)
+        #: segments per pressure write
         self.batch = self.target.batch if self.target is not None else MIN_BATCH
         #: below this many stored segments, memory is held by push windows and reads: spilling cannot help
         self.worth_spilling = max(1, pool.total // 16)
@@ -158,7 +161,7 @@ class Spiller:
         self._resume.set()
         self._task: asyncio.Task[None] | None = None
         #: the writes under way, and when the last one failed
-        self.writes = SpillWrites(store, self.target)
+        self.writes = writes if writes is not None else SpillWrites(store)
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
 
@@ -301,7 +304,8 @@ class Spiller:
         if found is None:
             return False
         freed = sum(self.store.placement.release_placed(out) for out in found[1])
-        return self.writes.start(*found, self.batch) is not None or freed > 0
+        assert self.target is not None
+        return self.writes.start(self.target, *found, self.batch) is not None or freed > 0
 
     async def flush(self, shuffles: list[ShuffleData]) -> int:
         """Write every in-memory piece of these shuffles to disk; returns the bytes this call wrote (a
@@ -331,7 +335,7 @@ class Spiller:
             outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable]
             for out in outs:
                 self.store.placement.release_placed(out)
-            write = self.writes.start(data, outs, limit)
+            write = self.writes.start(self.target, data, outs, limit) if self.target is not None else None
             if write is not None:
                 total += await asyncio.shield(write)
             if write is None or limit is None:

@@ -76,9 +76,8 @@ class _Write:
 class SpillWrites:
     """The writes under way to one spill target (see the module)."""
 
-    def __init__(self, store: Store, target: SpillTarget | None) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.target = target
         #: spill writes under way, by the attempts they write (one write per attempt at most)
         self.by_attempt: dict[MapOutput, _Write] = {}
         self.under_way: set[_Write] = set()
@@ -104,11 +103,13 @@ class SpillWrites:
         """The shuffle's writes under way."""
         return [w.done for w in self.under_way if w.data is data]
 
-    def start(self, data: ShuffleData, outs: list[MapOutput], limit: int | None) -> asyncio.Future[int] | None:
+    def start(
+        self, target: SpillTarget, data: ShuffleData, outs: list[MapOutput], limit: int | None
+    ) -> asyncio.Future[int] | None:
         """Take the oldest in-memory pieces of these attempts in turn (at most `limit` in all) and queue
-        their write on the target now (so writes and a later deletion of the shuffle reach the writer
+        their write on `target` now (so writes and a later deletion of the shuffle reach the writer
         thread in this order); None if there are none."""
-        if data.removed or self.target is None:
+        if data.removed:
             return None
         taken: list[Taken] = []
         count = 0
@@ -128,14 +129,14 @@ class SpillWrites:
         for buf in held:
             buf.retain()
         try:
-            placed = self.target.submit(data, taken, held)
+            placed = target.submit(data, taken, held)
         except BaseException:  # the writer is shut down (at stop): the pieces stay in memory
             for buf in held:
                 buf.release()
             for out, start, _ in taken:
                 self.store.placement.unspilled(out, start)
             raise
-        done = asyncio.ensure_future(self._finish(data, taken, held, placed))
+        done = asyncio.ensure_future(self._finish(target, data, taken, held, placed))
         done.add_done_callback(_retrieve)  # a pressure write's failure is logged; nobody awaits it
         write = _Write(data, len(held), done)
         for out, _, _ in taken:
@@ -145,15 +146,18 @@ class SpillWrites:
         return done
 
     async def _finish(
-        self, data: ShuffleData, taken: list[Taken], held: list[Buffer], placing: asyncio.Future[Placed]
+        self,
+        target: SpillTarget,
+        data: ShuffleData,
+        taken: list[Taken],
+        held: list[Buffer],
+        placing: asyncio.Future[Placed],
     ) -> int:
-        target = self.target
-        assert target is not None
         try:
             try:
                 placed = await placing
             except (OSError, ShuffledError) as exc:
-                raise self._write_failed(data, taken, exc) from exc
+                raise self._write_failed(target, data, taken, exc) from exc
             finally:
                 for buf in held:
                     buf.release()
@@ -189,15 +193,16 @@ class SpillWrites:
                 pieces=len(changed),
             )
 
-    def _write_failed(self, data: ShuffleData, taken: list[Taken], exc: OSError | ShuffledError) -> StorageError:
+    def _write_failed(
+        self, target: SpillTarget, data: ShuffleData, taken: list[Taken], exc: OSError | ShuffledError
+    ) -> StorageError:
         """Leave the pieces in memory and fail their open map outputs; returns the error they got."""
-        assert self.target is not None
-        self.target.failed()
+        target.failed()
         self.failed_at = time.monotonic()
         why = exc.message if isinstance(exc, ShuffledError) else exc.strerror or str(exc)
         self.error = why
         event(log, "spill failed", logging.WARNING, app=data.app, shuffle=data.shuffle, reason=why)
-        reason = StorageError(f"writing map output {self.target.where} failed on this daemon: {why}")
+        reason = StorageError(f"writing map output {target.where} failed on this daemon: {why}")
         for out, start, _ in taken:
             self.store.placement.unspilled(out, start)
         for out, _, _ in taken:

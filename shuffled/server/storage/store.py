@@ -33,19 +33,28 @@ from .shuffles import FILE, MAX_PARTITIONS, AppUsage, MapOutput, MapState, Shuff
 class Store:
     """What the daemon holds (see the module)."""
 
-    def __init__(self, segment_size: int = 32 << 10, memory_quota: int = 0, disk_quota: int = 0) -> None:
+    def __init__(
+        self,
+        segment_size: int = 32 << 10,
+        memory_quota: int = 0,
+        disk_quota: int = 0,
+        *,
+        max_partitions: int = MAX_PARTITIONS,
+        can_spill: bool = False,
+        moves_disk: bool = False,
+    ) -> None:
         self.apps: dict[str, dict[int, ShuffleData]] = {}
         self.usage: dict[str, AppUsage] = {}
         self.segment_size = segment_size
         #: per application, in segments and bytes; 0 = no cap
         self.memory_quota = memory_quota // segment_size
         self.disk_quota = disk_quota
-        #: spill is possible (a data dir or an object store is set): the memory quota spills instead of refusing
-        self.can_spill = False
-        #: spill files can move to the object store: the disk quota moves them instead of refusing pushes
-        self.moves_disk = False
         #: most reduce partitions a shuffle may declare here (a daemon setting, at most MAX_PARTITIONS)
-        self.max_partitions = MAX_PARTITIONS
+        self.max_partitions = max_partitions
+        #: spill is possible (a data dir or an object store is set): the memory quota spills instead of refusing
+        self.can_spill = can_spill
+        #: spill files can move to the object store: the disk quota moves them instead of refusing pushes
+        self.moves_disk = moves_disk
         #: pool segments all stored pieces hold (what spilling can free), and their bytes
         self.memory_segments = 0
         self.memory_bytes = 0
@@ -169,15 +178,6 @@ class Store:
         data.mark(out, copies)
         data.last_commit = data.usage.last_active = time.monotonic()
         return runs.lengths(data.partitions)
-
-    def holds(self, app: str, shuffle: int, attempts: list[int]) -> tuple[list[int], list[int]]:
-        """Which of these attempts are committed here, and the bytes each holds (for a drain deciding what
-        still needs a copy elsewhere)."""
-        data = self.apps.get(app, {}).get(shuffle)
-        if data is None:
-            return [], []
-        held = [a for a in attempts if a in data.committed]
-        return held, [data.committed[a].bytes for a in held]
 
     def abort(self, out: MapOutput) -> None:
         if out.state is not MapState.OPEN:

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Container
 
-from ...buffers import Buffer
+from ...buffers import Buffer, GlobalPool
 from ...config import DaemonConfig
 from ...logs import event
 from ...ops.stats import TierStats
@@ -69,11 +70,15 @@ class ObjectTier:
         disk: Disk | None,
         config: DaemonConfig,
         stats: TierStats | None = None,
+        *,
+        journal: Callable[[ShuffleData, dict[str, object]], None] | None = None,
+        busy: Container[MapOutput] = (),
     ) -> None:
         self.store = store
         self.objects = objects
         self.stats = stats if stats is not None else TierStats()
-        self.writer = ObjectWriter(store, objects, disk, self.stats)
+        #: `journal` appends a record to a shuffle's journal (with a data dir); `busy`: attempts the spiller writes
+        self.writer = ObjectWriter(store, objects, disk, self.stats, journal, busy)
         self.uploads = DurableUploads(self.writer, config)
         self.mover = DiskMover(self.writer, config)
         #: serves other nodes' (and its own earlier life's) data from their objects
@@ -136,9 +141,14 @@ class ObjectTier:
         """Serve what `node`'s objects of the shuffle prove from here (adopt.py); the attempts adopted."""
         return await self.adopter.adopt(app, shuffle, node)
 
-    def spill_target(self, batch: int) -> ObjectTarget:
-        """Where the spiller writes without a data dir: objects."""
-        return ObjectTarget(self, batch)
+    def spill_target(self, pool: GlobalPool) -> ObjectTarget:
+        """Where the spiller writes without a data dir: objects, one of at least a part per write (fewer
+        segments only in pools too small to hold three such writes). A piece fills its segment only nearly
+        (a group's header, a writer's last group), so a write takes a sixteenth more segments than a part
+        holds: objects of whole parts keep spills within 64 PUTs per GiB."""
+        usable = pool.total - pool.reserve
+        part = self.writer.part // pool.segment_size
+        return ObjectTarget(self, max(1, min(part + part // 16, usable // 3)))
 
     async def removed(self, shuffles: list[ShuffleData], adopted: bool = True) -> None:
         """Dropped shuffles: forget their queued uploads and delete their objects (those this daemon wrote,

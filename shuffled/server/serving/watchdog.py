@@ -20,76 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable, Set
-from dataclasses import dataclass
-from typing import Protocol
 
 from ...config import DaemonConfig
 from ...logs import event
-from ...net.sender import Sender
-from ...protocol.errors import LimitExceeded, ShuffledError, TimedOut
+from ...protocol.errors import LimitExceeded, TimedOut
 from ...protocol.frames import Role
+from .link import DaemonLink
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Liveness:
-    """The deadline state the watchdog keeps for one connection."""
-
-    made_at: float
-    #: since when nothing arrived (or since when something waits on a silent peer)
-    silent_since: float
-    #: bytes received when last looked at
-    rx_seen: int = 0
-    pinged: bool = False
-    #: streams or requests waited on the peer when last looked at
-    depended: bool = False
-    #: bytes the kernel had taken of what was sent, and since when it has taken none while answers wait
-    flushed_seen: int = 0
-    unread_since: float = 0.0
-
-    @classmethod
-    def starting(cls, now: float) -> Liveness:
-        return cls(now, now)
-
-
-class Watched(Protocol):
-    """A connection as the watchdog sees it: what it received, its handshake, and its `Liveness`
-    (the daemon's connections are these)."""
-
-    @property
-    def liveness(self) -> Liveness: ...
-
-    @property
-    def peer(self) -> str: ...
-
-    @property
-    def node(self) -> str: ...
-
-    @property
-    def role(self) -> Role | None: ...
-
-    @property
-    def is_open(self) -> bool: ...
-
-    @property
-    def bytes_received(self) -> int: ...
-
-    @property
-    def sender(self) -> Sender: ...
-
-    @property
-    def ready(self) -> asyncio.Future[None]: ...
-
-    def fail(self, exc: ShuffledError) -> None: ...
-
-    def depends_on_peer(self) -> bool: ...
-
-    def has_streams(self) -> bool: ...
-
-    def ping(self) -> None: ...
 
 
 def tick_interval(cfg: DaemonConfig) -> float:
@@ -98,7 +37,7 @@ def tick_interval(cfg: DaemonConfig) -> float:
     return min(1.0, max(0.05, min(bounds) / 5))
 
 
-async def watch(connections: Set[Watched], cfg: DaemonConfig, tick: Callable[[], None] = lambda: None) -> None:
+async def watch(connections: Set[DaemonLink], cfg: DaemonConfig, tick: Callable[[], None] = lambda: None) -> None:
     """Check the deadlines of every connection in `connections` (the daemon's live set) until cancelled; then
     `tick` (what waits for answers to drain looks again)."""
     loop = asyncio.get_running_loop()
@@ -114,7 +53,7 @@ async def watch(connections: Set[Watched], cfg: DaemonConfig, tick: Callable[[],
         tick()
 
 
-def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
+def check(conn: DaemonLink, now: float, cfg: DaemonConfig) -> None:
     if not conn.is_open:
         return
     live = conn.liveness
@@ -146,9 +85,9 @@ def check(conn: Watched, now: float, cfg: DaemonConfig) -> None:
         conn.fail(TimedOut(f"connection idle for {silent:.1f} s (idle-timeout {cfg.idle_timeout:g} s)"))
 
 
-def _check_unread(conn: Watched, now: float, cfg: DaemonConfig) -> None:
+def _check_unread(conn: DaemonLink, now: float, cfg: DaemonConfig) -> None:
     """A connection holding answers unsent whose other side has read none of its bytes for `unsent-timeout` is
-    closed: it is not reading, and what it holds counts against every connection's budget (serving/backlog.py).
+    closed: it is not reading, and what it holds counts against every connection's budget (backlog.py).
     A slow reader keeps reading; a reader that stops with only data unsent holds pool memory its credit
     bounds, not copies, and is left alone."""
     live, sender = conn.liveness, conn.sender
@@ -168,29 +107,10 @@ def _check_unread(conn: Watched, now: float, cfg: DaemonConfig) -> None:
         )
 
 
-def _check_peer(conn: Watched, silent: float, bound: float) -> None:
+def _check_peer(conn: DaemonLink, silent: float, bound: float) -> None:
     if silent >= bound:
         event(log, "peer timed out", logging.WARNING, node=conn.node, silent_s=round(silent, 1), bound_s=bound)
         conn.fail(TimedOut(f"daemon {conn.node} sent nothing for {silent:.1f} s (peer-timeout {bound:g} s)"))
     elif silent >= bound / 3 and not conn.liveness.pinged:
         conn.liveness.pinged = True
         conn.ping()
-
-
-def tune_socket(sock: socket.socket | None, keepalive: float, user_timeout: float) -> None:
-    """TCP keepalive (idle, then 3 probes a third of it apart) and, for peers, TCP_USER_TIMEOUT.
-
-    TCP_USER_TIMEOUT makes the kernel drop a connection whose sent data stays
-    unacknowledged that long: a peer host that vanished mid-transfer is then a
-    closed connection even before the watchdog's own bound.
-    """
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    if keepalive:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        idle = max(1, int(keepalive))
-        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 3)), ("TCP_KEEPCNT", 3)):
-            if hasattr(socket, name):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    if user_timeout and hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout * 1000))
