@@ -23,7 +23,8 @@ from tests.jvm import SUMMARY, needs_jdk
 ROOT = Path(__file__).parents[2]
 VECTORS_FILE = ROOT / "proto" / "vectors" / "frames.json"
 CONVERSATIONS_FILE = ROOT / "proto" / "vectors" / "conversations.json"
-JAVA_TIMEOUT = 60
+#: a check takes seconds alone; a 2-core machine busy with Spark sessions has made one take over a minute
+JAVA_TIMEOUT = 240
 
 
 @pytest.fixture(scope="module")
