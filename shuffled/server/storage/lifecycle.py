@@ -8,9 +8,11 @@ the spiller writes to disk and deletes files, the tier uploads and deletes objec
   its memory is given back now (segments readers still hold go when they let go), its spill files are
   deleted after any spill of theirs still being written, and its objects: on request those this daemon
   wrote and those it adopted; on expiry only those it wrote (adopted ones are another node's, left to their
-  own lifecycle). Deleting is an owner's act: a request's token is checked before it gets here (`is_owner`,
-  access.py), and other nodes' objects are deleted only where their footers name the requester's token
-  (`delete_owned`). Nothing here deletes on the word of a peer that did not answer.
+  own lifecycle). What was dropped is remembered (departures.py), so that its owner's later read fails
+  with the reason instead of reading as empty. Deleting is an owner's act: a request's token is checked
+  before it gets here (`is_owner`, access.py), and other nodes' objects are deleted only where their
+  footers name the requester's token (`delete_owned`). Nothing here deletes on the word of a peer that
+  did not answer.
 - **flush** (a finished map stage, the admin `flush`, a shuffle idle for `flush-after`): with a data dir its
   pieces in memory are written to disk (the memory goes to the next stage, a restart keeps them); without
   one but with an object store its committed attempts are made durable there; with neither there is
@@ -27,6 +29,7 @@ from array import array
 from ...config import DaemonConfig
 from ...logs import event
 from ...protocol.errors import InvalidRequest, StorageError
+from .departures import Departures
 from .disk import Disk
 from .shuffles import MapOutput, ShuffleData
 from .spill import Spiller
@@ -47,6 +50,7 @@ class Lifecycle:
         self.spiller = spiller
         self.tier = tier
         self.disk = disk
+        self.departures = Departures()
 
     def commit(self, out: MapOutput, copies: tuple[str, ...]) -> array[int]:
         """Make the attempt readable (`copies`: the daemons that committed its replicas first); its bytes per
@@ -57,10 +61,12 @@ class Lifecycle:
             self.tier.uploads.committed(out)
         return lengths
 
-    async def drop(self, app: str, shuffle: int | None, adopted: bool = True) -> int:
-        """Drop the application, or one shuffle of it; the segments freed (now, or when readers let go).
-        `adopted`: delete the objects adopted from other nodes too (a request by the data's owner), not only
-        those this daemon wrote."""
+    async def drop(self, app: str, shuffle: int | None, reason: str | None, adopted: bool = True) -> int:
+        """Drop the application, or one shuffle of it, for `reason` (what a later read of it is told; None:
+        nothing of it was ever readable); the segments freed (now, or when readers let go). `adopted`: delete
+        the objects adopted from other nodes too (a request by the data's owner), not only those it wrote."""
+        if reason is not None:
+            self.departures.left(app, shuffle, reason, self.store.app_keys.get(app))
         if shuffle is None:
             freed, dropped = self.store.remove_application(app)
         else:
@@ -127,8 +133,11 @@ class Lifecycle:
         the pool or a quota asks for and retry a failed disk, move spilled data over the disk quota to the
         object store, and give back the disk of aborted attempts' pieces."""
         cfg = self.config
-        for app in [*self._expired(now), *self.store.empty_applications()]:
-            await self.drop(app, None, adopted=False)  # other nodes' objects it adopted stay for their own cleanup
+        # other nodes' objects it adopted stay for their own cleanup
+        for app in self._expired(now):
+            await self.drop(app, None, "removed when its application expired (idle for app-ttl)", adopted=False)
+        for app in self.store.empty_applications():  # nothing of it was readable: no record either
+            await self.drop(app, None, None, adopted=False)
         if cfg.flush_after and self.disk is not None:
             idle = [d for d in self._shuffles() if d.segments and not d.open and now - d.last_commit > cfg.flush_after]
             with contextlib.suppress(StorageError):  # the spiller logged it; the next round tries again

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ...buffers import GlobalPool
 from ...config import DaemonConfig
 from ...ops.stats import DiskStats, FilesystemStats, ObjectStoreStats, StoreStats, TierStats
-from ...protocol.errors import InvalidRequest
+from ...protocol.errors import InvalidRequest, PartitionNotFound
 from ...protocol.resume import Resume
 from .disk import Disk
 from .journal import Journals
@@ -171,6 +171,7 @@ class StorageManager:
         if durable and self.tier is None:
             raise InvalidRequest("this map output asks to be durable in an object store, and this daemon has none")
         out = self.store.open_map_output(app, shuffle, map_index, attempt, partitions, replica_of, replicas)
+        self.lifecycle.departures.returned(app, shuffle)
         out.wants_durable = durable
         self.store.app_keys.bind(app, digest)
         return MapOutputWriter(out, self.spiller, self.lifecycle)
@@ -186,12 +187,14 @@ class StorageManager:
     ) -> ReadView:
         """A view of partitions [start, end) of these committed attempts for the holder of a token with
         `digest` (plan.py's `lookup` checks it); raises what the read fails with."""
+        self._refuse_gone(app, shuffle, digest)
         return read_view(
             self.store, self.pool, self.disk, self.objects, app, shuffle, start, end, attempts, resume, digest
         )
 
     def pieces(self, app: str, shuffle: int, attempt: int, digest: bytes) -> ReadView:
         """A view of one committed attempt's pieces whole, in push order (a copy for another daemon)."""
+        self._refuse_gone(app, shuffle, digest)
         return copy_view(self.store, self.pool, self.disk, self.objects, app, shuffle, attempt, digest)
 
     @property
@@ -251,11 +254,20 @@ class StorageManager:
     def _shuffle(self, app: str, shuffle: int) -> ShuffleData | None:
         return self.store.apps.get(app, {}).get(shuffle)
 
+    def _refuse_gone(self, app: str, shuffle: int, digest: bytes) -> None:
+        """A read of a shuffle dropped here fails with why, never reads as empty (departures.py)."""
+        if self._shuffle(app, shuffle) is None:
+            self.store.app_keys.authorize(app, digest)
+            why = self.lifecycle.departures.why(app, shuffle, digest)
+            if why is not None:
+                raise PartitionNotFound(f"shuffle {app}/{shuffle} was {why} on this daemon")
+
     # -- the rest of the data's life (lifecycle.py)
 
     async def drop(self, app: str, shuffle: int | None = None) -> int:
         """Drop an application's data, or one shuffle of it, on its owner's request; the segments freed."""
-        return await self.lifecycle.drop(app, shuffle)
+        reason = "removed with its application" if shuffle is None else "unregistered"
+        return await self.lifecycle.drop(app, shuffle, reason)
 
     async def delete_owned(self, app: str, shuffle: int | None, digest: bytes) -> None:
         """After a drop went round the daemons: every node's objects of it that the owner's token speaks for."""
