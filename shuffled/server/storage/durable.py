@@ -34,6 +34,9 @@ class _Queue:
     attempts: list[MapOutput] = field(default_factory=list)
     #: loop time from which it is uploaded (a part's worth is there, or the delay passed)
     due: float = 0.0
+    #: loop time at which its map stage counts as ended (`object-store-durable-delay` after the last commit):
+    #: from then on what is left goes up however small, before then only a part's worth at a time
+    idle_at: float = 0.0
     #: seconds to wait after the next failure
     backoff: float = RETRY_FIRST
 
@@ -99,16 +102,29 @@ class DurableUploads:
         queue.attempts.append(out)
         self.stats.pending_attempts += 1
         now = asyncio.get_running_loop().time()
-        queue.due = (
-            now
-            if self._pending_bytes(queue) >= self.writer.part
-            else max(queue.due, now + self.config.object_store_durable_delay)
-        )
+        queue.idle_at = now + self.config.object_store_durable_delay
+        queue.due = now if self._ready_bytes(queue) >= self.writer.part else max(queue.due, queue.idle_at)
         self._count_pending()
         self._wake.set()
 
     def _pending_bytes(self, queue: _Queue) -> int:
         return sum(o.unplaced_bytes() for o in queue.attempts if not o.dead)
+
+    def _ready_bytes(self, queue: _Queue) -> int:
+        """What the next upload of the queue could take now: not the bytes of uploads or spills under way,
+        which counted as a part's worth would send an attempt committed meanwhile off alone, a small object."""
+        writer = self.writer
+        return sum(
+            o.unplaced_bytes()
+            for o in queue.attempts
+            if not o.dead and o not in writer.claimed and o not in writer.busy
+        )
+
+    def _worth_an_object(self, queue: _Queue, now: float) -> bool:
+        """Whether to start an upload of the queue now: a part's worth is ready, or its stage has ended. Not
+        whatever is left after the uploads started: objects under a part cost PUTs (at most 64 per GiB at
+        16 MiB parts, configuration.md)."""
+        return now >= queue.idle_at or self._ready_bytes(queue) >= self.writer.part
 
     def _count_pending(self) -> None:
         self.stats.pending_bytes = sum(self._pending_bytes(q) for q in self._queues.values())
@@ -119,9 +135,15 @@ class DurableUploads:
             try:
                 self._wake.clear()
                 now = loop.time()
-                for data in [d for d, q in self._queues.items() if q.due <= now]:
-                    while len(self._uploads) < UPLOADS_IN_FLIGHT and self.start_upload(data) is not None:
+                for data, queue in [(d, q) for d, q in self._queues.items() if q.due <= now]:
+                    while (
+                        len(self._uploads) < UPLOADS_IN_FLIGHT
+                        and self._worth_an_object(queue, now)
+                        and self.start_upload(data) is not None
+                    ):
                         pass
+                    if queue.due <= now and not self._worth_an_object(queue, now):
+                        queue.due = queue.idle_at  # the rest waits for more commits or the stage's end
                 later = [q.due for q in self._queues.values() if q.due > now]
                 wait = None if len(self._uploads) >= UPLOADS_IN_FLIGHT or not later else min(later) - now
                 with contextlib.suppress(TimeoutError):
@@ -197,7 +219,7 @@ class DurableUploads:
         for out, _ in pieces:
             out.taken = out.placed
         self.made_durable(data, commits if place is not None else [])
-        if data in self._queues and self._pending_bytes(queue) >= self.writer.part:
+        if data in self._queues and self._ready_bytes(queue) >= self.writer.part:
             queue.due = asyncio.get_running_loop().time()
         return True
 
