@@ -541,7 +541,7 @@ class DaemonConfig:
         parse=parse_size,
     )
     max_unsent: int = setting(
-        256 * MiB,
+        64 * MiB,
         "bytes of answers all connections together may have queued unsent; beyond it requests that may answer "
         "at length wait until some connection's other side reads",
         unit="bytes",

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol, get_args
 
 import msgpack
 
-from .errors import ProtocolError, UnsupportedVersion
+from .errors import InvalidRequest, ProtocolError, UnsupportedVersion
 from .resume import Resume
 
 MAGIC = b"SHFD"
@@ -51,10 +51,18 @@ U32 = struct.Struct(">I")
 #: header and a u32 body in one pack (AddCredit, PushCredit, CommitMapOutput)
 U32_FRAME = struct.Struct(">IBBHII")
 ERROR_FIXED = struct.Struct(">H")
-#: the longest application id a map output may be opened for, in bytes of UTF-8 (PROTOCOL.md §9)
+#: the longest application id a map output may be opened for or a read name, in bytes of UTF-8 (PROTOCOL.md §9)
 MAX_APP_ID = 255
 #: the CommitAck's u64 lengths are big-endian on the wire, native in an array
 _SWAP = sys.byteorder == "little"
+
+
+def check_app_id(app: str) -> None:
+    """Refuse an application id no map output can have been opened for, without echoing it: an answer that
+    repeats a client's 60 KB id is 60 KB a client that does not read makes the daemon queue."""
+    if not app or len(app.encode()) > MAX_APP_ID:
+        raise InvalidRequest(f"application id must be 1 to {MAX_APP_ID} bytes of UTF-8")
+
 
 #: Largest control-frame body (PartitionRequest with many map attempts is the big one).
 MAX_CONTROL_BODY = 8 << 20

@@ -226,3 +226,20 @@ async def test_applications_left_holding_nothing_are_dropped() -> None:
         await c.close()
     finally:
         d.stop()
+
+
+@within(60)
+async def test_a_read_naming_an_overlong_application_id_is_refused_without_echoing_it() -> None:
+    """3,000 reads naming a 60,000-byte application id, never read, grew a daemon by 162 MiB: each answer
+    repeated the id. A read's id is held to the 255 bytes a push's is, and the refusal does not repeat it."""
+    d = start_daemon("127.0.0.1", 0, "16M", ["--data-dir", "none"])
+    try:
+        c = await AsyncClient.connect(d.addr)
+        with pytest.raises(InvalidRequest, match="application id must be 1 to 255 bytes") as refused:
+            async with c.read("x" * 60_000, 1, 0, 1, {"": [1]}) as reader:
+                await reader.read_all()
+        assert len(str(refused.value)) < 200
+        await c.close()
+        await _still_serving(d.addr)
+    finally:
+        d.stop()

@@ -22,7 +22,7 @@ from ...net.streams import BufferResponseStream
 from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
-from ...protocol.frames import BufferResponse, PartitionRequest
+from ...protocol.frames import BufferResponse, PartitionRequest, check_app_id
 from ...protocol.resume import Resume
 from ..cluster.peers import split_address
 from ..storage.view import ReadView
@@ -107,6 +107,7 @@ class ReadService:
         try:
             # The token first: a read of an application bound to other credentials does no work at all (no
             # plan, no dial of the daemons it names), whatever it asks for.
+            check_app_id(req.app)
             digest = token_digest(req.token)
             self.env.storage.authorize(req.app, digest)
             if remote and not self.link.from_client:

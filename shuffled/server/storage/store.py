@@ -22,7 +22,7 @@ from ...protocol.errors import (
     QuotaExceeded,
     ShuffledError,
 )
-from ...protocol.frames import MAX_APP_ID
+from ...protocol.frames import check_app_id
 from ...protocol.packed import PushedGroup
 from .access import AppKeys
 from .disk import LoadedShuffle, SpillFile
@@ -80,8 +80,7 @@ class Store:
         replica_of: str | None = None,
         replicas: int = 1,
     ) -> MapOutput:
-        if not app or len(app.encode()) > MAX_APP_ID:
-            raise InvalidRequest(f"application id must be 1 to {MAX_APP_ID} bytes of UTF-8")
+        check_app_id(app)
         if not 0 < partitions <= MAX_PARTITIONS:
             raise InvalidRequest(f"partition count {partitions} outside 1..{MAX_PARTITIONS}")
         if partitions > self.max_partitions:
