@@ -22,6 +22,7 @@ from .children import STOP_TIMEOUT as STOP_TIMEOUT
 from .config import parse_size
 
 READY_TIMEOUT = 30.0
+LOGGED_TIMEOUT = 30.0
 
 #: the daemon's ready line as `--log-format kv` or `json` writes it
 _READY = re.compile(r' msg=ready |"msg": "ready"')
@@ -79,6 +80,8 @@ class DaemonProcess:
         self.log: list[str] = []
         self.ready_line = ""
         self._done = threading.Event()
+        self._lines = threading.Condition()
+        self._ended = False  # stderr read to its end
         self.proc: subprocess.Popen[str] = children.spawn(
             argv,
             stdin=subprocess.DEVNULL,
@@ -94,11 +97,16 @@ class DaemonProcess:
         """Reads stderr to its end, so a chatty daemon never blocks on a full pipe."""
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            self.log.append(line)
+            with self._lines:
+                self.log.append(line)
+                self._lines.notify_all()
             if not self.ready_line and _READY.search(line):
                 self.ready_line = line
                 self._done.set()
         self._done.set()  # stderr closed, the daemon has ended: a waiter still waiting learns it never got ready
+        with self._lines:
+            self._ended = True
+            self._lines.notify_all()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> DaemonProcess:
         """Blocks until the ready line; a daemon that exits or stays silent is killed and reported."""
@@ -109,6 +117,20 @@ class DaemonProcess:
             self.proc.wait(STOP_TIMEOUT)
             raise RuntimeError(f"daemon on {self.host}:{self.port} {why}:\n{''.join(self.log)}")
         return self
+
+    def logged(self, *texts: str, timeout: float = LOGGED_TIMEOUT) -> str:
+        """The first line holding all the texts, waited for (blocking): the daemon logs an event after it acts,
+        and its stderr is read by another thread, so a caller that has seen the act may be ahead of the line."""
+
+        def found() -> str | None:
+            return next((line for line in self.log if all(text in line for text in texts)), None)
+
+        with self._lines:
+            line = self._lines.wait_for(lambda: found() or self._ended, timeout)
+        if not isinstance(line, str):
+            tail = "".join(self.log[-20:])
+            raise AssertionError(f"daemon on {self.host}:{self.port} logged no line with {texts!r}:\n{tail}")
+        return line
 
     def ready_field(self, name: str) -> str:
         """A field of the ready line ("" if absent or null), in either log format."""

@@ -135,7 +135,7 @@ async def test_java_client_authenticates_and_keeps_applications_apart(jars: tupl
     try:
         proc = await asyncio.to_thread(_client_check, jars, d.addr, "auth", "jvm-cluster-secret")
         assert _assert_clean(proc) >= 10
-        assert any('msg="authentication failed"' in line for line in d.log)
+        await asyncio.to_thread(d.logged, 'msg="authentication failed"')
     finally:
         d.stop()
 

@@ -44,7 +44,7 @@ from shuffled.protocol.frames import (
 from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient, MapWriter
 from tests.aio import within
-from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
+from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon
 from tests.integration.test_bad_input import Raw
 
 SECRET = "s3cret-of-the-cluster"
@@ -82,12 +82,7 @@ def _logged(d: DaemonProcess, *texts: str) -> bool:
 
 
 async def _wait_logged(d: DaemonProcess, *texts: str) -> None:
-    """The daemon's stderr is read by a thread: wait for a line with every text to arrive."""
-
-    async def probe() -> bool:
-        return _logged(d, *texts)
-
-    await wait_until(probe, bool, what=f"log line with {texts!r}")
+    await asyncio.to_thread(d.logged, *texts)
 
 
 async def _connect(d: DaemonProcess, app_secret: str | None = None) -> AsyncClient:

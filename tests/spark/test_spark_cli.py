@@ -111,7 +111,7 @@ def test_wrong_secret_fails_fast_and_the_right_one_runs(
         with pytest.raises(Py4JJavaError, match=r"shuffled: authentication with .* failed: .*the secrets differ"):
             spark_jobs.session("local[2]", {**conf, "spark.shuffled.secret": "not-the-secret"})
         assert time.monotonic() - started < 60
-        assert any('msg="authentication failed"' in line for line in d.log)
+        d.logged('msg="authentication failed"')
         right = {**conf, "spark.shuffled.secret": "the-cluster-secret", "spark.shuffled.appSecret": "app-secret"}
         spark = spark_jobs.session("local[2]", right)
         try:
