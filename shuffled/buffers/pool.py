@@ -14,7 +14,22 @@ let the next writer overwrite bytes still on their way out).
 
 When the pool is empty, requests wait on a future: that wait is back-pressure.
 A `reserve` of segments is kept for readers, so stored data can never take the
-memory that reading it back (and so freeing it) needs.
+memory that reading it back (and so freeing it) needs. It is also all readers
+get (besides floating buffers): a read holds its memory for as long as its
+client takes to consume it, which a client may never do, so memory that
+pushes were promised can never be held by reads. Four classes take memory,
+each waiting in its own line:
+
+- `PUSH`: anything but the part of the reserve readers do not hold;
+- `FRAME` (a frame of a read served here): up to the whole reserve;
+- `LOAD` (pieces read back from disk or the object store): never the reserve's
+  last eighth, which is the frames': loaded pieces go out through frames, and
+  a frame goes back as soon as its reader took it, so frames always come;
+- `EXCLUSIVE` (a read gate's exclusive buffers): as loads, and never the
+  reserve's last quarter. They wait for peers' frames to fill them, and the
+  peers' frames and loads come out of the peers' reserves: two daemons whose
+  reserves were all exclusive buffers waiting for each other would stop each
+  other.
 
 Floating buffers (a read's extra credit beyond its exclusive buffers) only speed
 a read up, so they get memory nobody else needs to make progress: never the
@@ -31,13 +46,15 @@ import mmap
 from collections.abc import Callable
 
 Recycler = Callable[["Buffer"], None]
+#: who asks for memory (see the module): the rule it gets memory by, and the line it waits in
+PUSH, FRAME, LOAD, EXCLUSIVE = 0, 1, 2, 3
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: scratch bytes after each segment (a multiple of 64, so segments stay cache-line aligned)
 SLACK = 64
 
 
 class Buffer:
-    __slots__ = ("_recycler", "index", "length", "memory", "refs", "room")
+    __slots__ = ("_recycler", "index", "length", "memory", "reader", "refs", "room")
 
     def __init__(self, index: int, room: memoryview, size: int) -> None:
         self.index = index
@@ -46,6 +63,8 @@ class Buffer:
         self.memory = room[:size]
         self.length = 0
         self.refs = 0
+        #: taken by a reader (counted in `GlobalPool.reading` until it comes back)
+        self.reader = False
         self._recycler: Recycler | None = None
 
     def data(self) -> memoryview:
@@ -79,7 +98,12 @@ class PoolExhausted(Exception):
 
 
 class GlobalPool:
-    def __init__(self, size_bytes: int, segment_size: int = 32 << 10, reserve: int = 0) -> None:
+    def __init__(
+        self, size_bytes: int, segment_size: int = 32 << 10, reserve: int = 0, reads_in_reserve: bool = True
+    ) -> None:
+        """`reads_in_reserve`: readers hold the reserve only (see the module): a daemon's, whose readers are
+        other parties; a client's own reads may take any memory its writers do not (its writers still
+        leave the reserve to them)."""
         if segment_size < 4096 or segment_size % 4096:
             raise ValueError("segment size must be a positive multiple of 4096 bytes")
         count = size_bytes // segment_size
@@ -97,7 +121,7 @@ class GlobalPool:
         view = memoryview(self._mmap)
         self._buffers = [Buffer(i, view[i * stride : (i + 1) * stride], segment_size) for i in range(count)]
         self._free: list[Buffer] = list(reversed(self._buffers))
-        self._waiters: list[tuple[int, bool, asyncio.Future[list[Buffer]]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[list[Buffer]]]] = []
         self._pools: set[LocalPool] = set()
         self._flexible: set[LocalPool] = set()
         self._min_total = 0
@@ -111,6 +135,16 @@ class GlobalPool:
         self.promised_by: dict[str, int] = {}
         #: set while stored data is being spilled to make room (the spiller's pressure): memory is wanted
         self.spilling = False
+        #: segments readers hold (`Buffer.reader`): never more than the reserve, whose rest pushes leave free
+        self.reading = 0
+        #: of those, read gates' exclusive buffers (their pools' minimums), and the most they may be
+        self.exclusive = 0
+        self.reads_in_reserve = reads_in_reserve
+        loads = reserve - reserve // 8
+        readers = (reserve, loads, loads) if reads_in_reserve else (count, count, count)
+        #: per class, the most segments readers may hold with this one's request (pushes: the most it can get)
+        self._caps = (count - reserve, *readers)
+        self.exclusive_limit = reserve - reserve // 4 if reads_in_reserve else count
 
     def set_floating_budget(self, ceiling: int) -> None:
         """Let floating buffers fill the pool up to `ceiling` used segments (kept clear of the read reserve).
@@ -139,14 +173,33 @@ class GlobalPool:
     def local_pools(self) -> int:
         return len(self._pools)
 
-    def _fits(self, n: int, use_reserve: bool) -> bool:
-        return len(self._free) - n >= (0 if use_reserve else self.reserve)
+    @property
+    def push_room(self) -> int:
+        """Segments pushes may still take: what is free less the part of the reserve readers do not hold
+        (less all of it if readers may hold more)."""
+        kept = self.reserve - self.reading if self.reads_in_reserve else self.reserve
+        return len(self._free) - kept
 
-    def try_take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer] | None:
-        """n segments now, all or nothing; use_reserve lets readers dip into the read reserve."""
-        if not self._fits(n, use_reserve):
-            return None
-        return self._pop(n)
+    def _fits(self, n: int, klass: int) -> bool:
+        if klass == PUSH:
+            return self.push_room >= n
+        if self.reading + n > self._caps[klass] or len(self._free) < n:
+            return False
+        return klass != EXCLUSIVE or self.exclusive + n <= self.exclusive_limit
+
+    def try_take(self, n: int = 1, klass: int = PUSH) -> list[Buffer] | None:
+        """n segments now for a taker of this class (see the module), all or nothing."""
+        return self._grant(n, klass) if self._fits(n, klass) else None
+
+    def _grant(self, n: int, klass: int) -> list[Buffer]:
+        out = self._pop(n)
+        if klass != PUSH:
+            self.reading += n
+            for b in out:
+                b.reader = True
+            if klass == EXCLUSIVE:
+                self.exclusive += n
+        return out
 
     def try_take_spare(self, n: int = 1) -> list[Buffer]:
         """Up to n segments for a read's floating buffers, within the floating budget (see the module):
@@ -154,7 +207,7 @@ class GlobalPool:
         memory that pushes (and other reads' exclusive buffers) wait for."""
         if self.wanted:
             return []
-        n = min(n, self.floating_ceiling - self.used)
+        n = min(n, self.floating_ceiling - self.used, self.push_room)
         if n <= 0:
             return []
         self.floating += n
@@ -179,81 +232,88 @@ class GlobalPool:
         return sum(1 for _, _, fut in self._waiters if not fut.done())
 
     @property
-    def free_for_readers(self) -> int:
-        """Segments a reader may take now without taking what a waiting request can use: readers waiting
-        for the reserve come first, pushes (which never use the reserve) keep what is free above it."""
-        if any(use_reserve and not fut.done() for _, use_reserve, fut in self._waiters):
+    def free_for_loads(self) -> int:
+        """Segments a load may take now without taking what a waiting load can use (loads waiting come
+        first; pushes have memory of their own)."""
+        if any(klass == LOAD and not fut.done() for _, klass, fut in self._waiters):
             return 0
-        return min(len(self._free), self.reserve) if self._waiters else len(self._free)
+        return max(0, min(len(self._free), self._caps[LOAD] - self.reading))
 
-    def take_later(self, n: int = 1, use_reserve: bool = False) -> asyncio.Future[list[Buffer]]:
+    def take_later(self, n: int = 1, klass: int = PUSH) -> asyncio.Future[list[Buffer]]:
         """A future for n segments, registered now; cancel it to withdraw the request."""
-        limit = self.total if use_reserve else self.total - self.reserve
+        limit = min(self._caps[klass], self.exclusive_limit) if klass == EXCLUSIVE else self._caps[klass]
         if n > limit:
             raise PoolExhausted(f"{n} segments requested, the pool can give at most {limit}")
         fut: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
-        got = self.try_take(n, use_reserve)
+        got = self.try_take(n, klass)
         if got is not None:
             fut.set_result(got)
         else:
-            self._waiters.append((n, use_reserve, fut))
+            self._waiters.append((n, klass, fut))
         return fut
 
-    async def take(self, n: int = 1, use_reserve: bool = False) -> list[Buffer]:
+    async def take(self, n: int = 1, klass: int = PUSH) -> list[Buffer]:
         """n segments, waiting (never spinning) until they are free."""
-        fut = self.take_later(n, use_reserve)
+        fut = self.take_later(n, klass)
         try:
             return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                for b in fut.result():
-                    self.give(b)
+                self._give_back(fut.result(), klass)
             raise
+
+    def _give_back(self, segments: list[Buffer], klass: int) -> None:
+        """Undo a grant of this class."""
+        if klass == EXCLUSIVE:
+            self.exclusive -= len(segments)
+        for b in segments:
+            self.give(b)
 
     def give(self, buffer: Buffer) -> None:
         """Return a segment (the recycler of buffers owned by nobody else)."""
         buffer.refs = 0
         buffer.length = 0
+        if buffer.reader:
+            buffer.reader = False
+            self.reading -= 1
         self._free.append(buffer)
         if self._waiters:
             self._serve_waiters()
 
     def _serve_waiters(self) -> None:
-        # First come, first served within each class (readers that may use the
-        # reserve, and everyone else), so small requests cannot starve a large
-        # one; the classes are independent, so a waiting pusher never blocks a
-        # reader. Cancelled waiters are dropped here.
+        # First come, first served within each class (see the module), so small
+        # requests cannot starve a large one; the classes are independent, so a
+        # waiting pusher never blocks a reader, nor a waiting gate a frame.
+        # Cancelled waiters are dropped here.
         keep = []
-        blocked = {False: False, True: False}
-        for n, use_reserve, fut in self._waiters:
+        blocked = [False, False, False, False]
+        for n, klass, fut in self._waiters:
             if fut.done():
                 continue
-            if not blocked[use_reserve] and self._fits(n, use_reserve):
-                fut.set_result(self._pop(n))
+            if not blocked[klass] and self._fits(n, klass):
+                fut.set_result(self._grant(n, klass))
             else:
-                blocked[use_reserve] = True
-                keep.append((n, use_reserve, fut))
+                blocked[klass] = True
+                keep.append((n, klass, fut))
         self._waiters = keep
 
-    async def create_local_pool(
-        self, minimum: int, maximum: int, use_reserve: bool = False, holder: str = ""
-    ) -> LocalPool:
+    async def create_local_pool(self, minimum: int, maximum: int, gate: bool = False, holder: str = "") -> LocalPool:
         """A new local pool holding its `minimum` segments (waits for them); `holder` names whose credit it
-        promises (an application's).
+        promises (an application's); `gate`: a read gate's, whose minimum is its exclusive buffers.
 
         The pool joins the redistribution first, so pools holding more than their
         new share give the excess back before this one asks for its minimum.
         """
         if not 0 <= minimum <= maximum:
             raise ValueError("local pool needs 0 <= min <= max")
-        pool = LocalPool(self, minimum, maximum, use_reserve, [], holder)
+        pool = LocalPool(self, minimum, maximum, gate, [], holder)
         self._pools.add(pool)
         self._min_total += minimum
         if maximum > minimum:
             self._flexible.add(pool)
         self.redistribute()
         try:
-            segments = await self.take(minimum, use_reserve) if minimum else []
+            segments = await self.take(minimum, EXCLUSIVE if gate else PUSH) if minimum else []
         except BaseException:
             self._drop_pool(pool)
             raise
@@ -290,7 +350,7 @@ class LocalPool:
         owner: GlobalPool,
         minimum: int,
         maximum: int,
-        use_reserve: bool,
+        gate: bool,
         segments: list[Buffer],
         holder: str = "",
     ) -> None:
@@ -299,7 +359,9 @@ class LocalPool:
         self.min = minimum
         self.max = maximum
         self.target = minimum
-        self.use_reserve = use_reserve
+        self.gate = gate
+        #: the class its segments beyond the minimum are taken as (a gate's: as loads, see the module)
+        self._grows = LOAD if gate else PUSH
         self._held: list[Buffer] = []
         self.issued = 0
         #: floating buffers this pool holds beyond its share (counted in the global pool's `floating`)
@@ -350,7 +412,7 @@ class LocalPool:
                 self.promised -= 1
                 self._count_promised(-1)
         elif not self.destroyed and self.size < self.target:
-            got = self.owner.try_take(1, self.use_reserve)
+            got = self.owner.try_take(1, self._grows)
             if got is None:
                 return None
             buf = got[0]
@@ -365,10 +427,9 @@ class LocalPool:
     async def add_exclusive(self, n: int) -> None:
         """Guarantee n segments more (waits for them): a read that reopens a channel on another daemon
         needs new exclusive buffers while the failed channel's may still be on their way to the client."""
-        got = await self.owner.take(n, self.use_reserve)
+        got = await self.owner.take(n, EXCLUSIVE)
         if self.destroyed:
-            for b in got:
-                self.owner.give(b)
+            self.owner._give_back(got, EXCLUSIVE)
             return
         self.add_segments(got)
         self.min += n
@@ -380,7 +441,7 @@ class LocalPool:
         """Take one more segment from the global pool into this pool, if allowed and free."""
         if self.destroyed or self.size >= self.target:
             return False
-        got = self.owner.try_take(1, self.use_reserve)
+        got = self.owner.try_take(1, self._grows)
         if got is None:
             return False
         got[0].refs = 0
@@ -389,7 +450,7 @@ class LocalPool:
 
     async def grow_wait(self) -> None:
         """Wait until the global pool gives this pool one more segment."""
-        (buf,) = await self.owner.take(1, self.use_reserve)
+        (buf,) = await self.owner.take(1, self._grows)
         if self.destroyed:
             self.owner.give(buf)
             return
@@ -448,6 +509,11 @@ class LocalPool:
         if self.promised:
             self._count_promised(-self.promised)
             self.promised = 0
+        owner = self.owner
+        if self.gate:
+            owner.exclusive -= self.min
         while self._held:
-            self.owner.give(self._held.pop())
-        self.owner._drop_pool(self)
+            owner.give(self._held.pop())
+        owner._drop_pool(self)
+        if owner._waiters:  # what it holds may all be out, but its exclusive share is free now
+            owner._serve_waiters()

@@ -86,9 +86,9 @@ class Daemon:
         config.validate()
         self.config = config
         segments = config.pool_size // config.segment_size
-        # The exclusive buffers of at least one read from three daemons must always fit in the reserve
-        # (floating buffers come from memory outside it, while there is some).
-        reserve = max(int(segments * config.read_reserve), 3 * config.exclusive_buffers)
+        # The exclusive buffers of at least one read from three daemons must always fit in the three quarters
+        # of the reserve they may hold (floating buffers come from memory outside it, while there is some).
+        reserve = max(int(segments * config.read_reserve), 4 * config.exclusive_buffers)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         self._listener = _auto_listener(config)
         #: where spill files live (None: memory only)
@@ -278,7 +278,7 @@ class Daemon:
         if self.drain.draining:
             reasons.append("draining: shutting down")
         pool = self.pool
-        if pool.free <= pool.reserve:
+        if pool.push_room <= 0:
             reasons.append(f"pool exhausted: {pool.used} of {pool.total} segments used, the rest is the read reserve")
         return reasons + self.storage.readiness(self.config.ready_disk_free)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shuffled.buffers import GlobalPool
+from shuffled.buffers import FRAME, LOAD, GlobalPool
 from shuffled.protocol.errors import CorruptData, PartitionNotFound
 from shuffled.protocol.integrity import checksum
 from shuffled.server.storage.disk import Disk, SpillFile
@@ -137,12 +137,12 @@ async def test_a_cancelled_load_gives_its_segments_back_once_the_thread_is_done(
 async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
     """Short of memory, a batch takes the one segment free instead of waiting for all it wanted; when it
     had to wait, it takes what the wait freed, not only the one it waited for."""
-    pool = GlobalPool(8 * SEG, SEG, reserve=2)
-    held = pool.try_take(7, use_reserve=True)
+    pool = GlobalPool(16 * SEG, SEG, reserve=8)  # loads may hold 7 segments, frames the last one too
+    held = pool.try_take(6, FRAME)
     assert held is not None
     got = await asyncio.wait_for(take(pool, 4, pool.give), TIMEOUT)
     assert len(got) == 1, "a batch must not wait for memory that is not free"
-    assert pool.free == 0
+    assert pool.free_for_loads == 0 and pool.free == 9, "readers hold the reserve less a frame's, pushes the rest"
     later = asyncio.ensure_future(take(pool, 4, pool.give))
     await until(lambda: pool.waiting == 1)  # the batch runs up to its wait
     assert not later.done()
@@ -150,10 +150,10 @@ async def test_batch_takes_what_is_free_when_memory_is_taken() -> None:
         pool.give(buf)
     refilled = await asyncio.wait_for(later, TIMEOUT)
     assert len(refilled) == 4, "after the wait the batch takes what memory freed meanwhile"
-    assert pool.free == 1
+    assert pool.free_for_loads == 1
     for buf in [*got, *refilled]:
         pool.give(buf)
-    assert pool.free == 6
+    assert pool.reading == 1 and pool.free == 15
 
 
 @within(30)
@@ -162,19 +162,20 @@ async def test_a_waiting_push_leaves_the_reserve_to_a_batch() -> None:
     to one segment (a cold read under push back-pressure would pay a thread hand-off per segment); a
     waiting reader does keep what is free."""
     pool = GlobalPool(32 * SEG, SEG, reserve=8)
-    held = pool.try_take(26, use_reserve=True)  # 6 free, all inside the reserve
-    assert held is not None
+    pushed = pool.try_take(24)  # all push memory
+    held = pool.try_take(2, FRAME)
+    assert pushed is not None and held is not None and pool.free == 6
     push = pool.take_later(4)
     assert not push.done() and pool.waiting == 1
     got = await asyncio.wait_for(take(pool, 16, pool.give), TIMEOUT)
-    assert len(got) == 6, "the free reserve is the reads' while only pushes wait"
-    reader = pool.take_later(1, use_reserve=True)
+    assert len(got) == 5, "the free reserve (less the frames' last eighth) is the loads' while only pushes wait"
+    reader = pool.take_later(1, LOAD)
     pool.give(got.pop())
     assert reader.done(), "a waiting reader is served first"
     pool.give(got.pop())
     rest = await asyncio.wait_for(take(pool, 16, pool.give), TIMEOUT)
     assert len(rest) == 1, "what is free inside the reserve, not a wait for all 16"
     push.cancel()
-    for buf in [*got, *rest, *held, *reader.result()]:
+    for buf in [*got, *rest, *held, *pushed, *reader.result()]:
         pool.give(buf)
     assert pool.free == 32 and pool.floating == 0

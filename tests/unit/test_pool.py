@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shuffled.buffers import GlobalPool, PoolExhausted
+from shuffled.buffers import FRAME, GlobalPool, PoolExhausted
 from tests.aio import within
 
 SEG = 4096
@@ -28,7 +28,7 @@ def test_pool_never_grows_and_reserve_is_kept_for_readers() -> None:
     got = pool.try_take(6)
     assert got is not None and pool.free == 2
     assert pool.try_take(1) is None
-    assert pool.try_take(2, use_reserve=True) is not None
+    assert pool.try_take(2, FRAME) is not None
     assert pool.free == 0 and pool.total == 8
 
 
@@ -62,7 +62,7 @@ async def test_reader_is_not_blocked_behind_a_waiting_pusher() -> None:
     pool = GlobalPool(4 * SEG, SEG, reserve=1)
     held = pool.try_take(3) or []
     pusher = pool.take_later(1)  # needs free > reserve: waits
-    reader = pool.take_later(1, use_reserve=True)
+    reader = pool.take_later(1, FRAME)
     got = await asyncio.wait_for(reader, TIMEOUT)
     assert len(got) == 1 and not pusher.done() and pool.waiting == 1
     for b in held:
@@ -156,7 +156,7 @@ async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
     must not take what pushes wait for), given back at once when the credit is dropped (or on recycle
     if the segment is in use)."""
     pool = GlobalPool(10 * SEG, SEG, reserve=2)
-    gate = await asyncio.wait_for(pool.create_local_pool(2, 2, use_reserve=True), TIMEOUT)
+    gate = await asyncio.wait_for(pool.create_local_pool(2, 2, gate=True), TIMEOUT)
     assert pool.free == 8
     assert gate.hold_extra() and gate.hold_extra() and gate.hold_extra() and gate.hold_extra()
     assert gate.size == 6 and pool.free == 4
@@ -190,7 +190,7 @@ async def test_floating_budget_follows_the_spill_watermark() -> None:
     pool = GlobalPool(100 * SEG, SEG, reserve=12)
     stored = pool.try_take(78)  # stored data between the watermarks (70 % and 85 %)
     assert stored is not None
-    gate = await asyncio.wait_for(pool.create_local_pool(2, 2, use_reserve=True), TIMEOUT)
+    gate = await asyncio.wait_for(pool.create_local_pool(2, 2, gate=True), TIMEOUT)
     assert not gate.hold_extra(), "the default budget leaves twice the reserve free (used must stay below 76)"
     pool.set_floating_budget(85)
     held = gate.hold_extra(64)  # a channel asks for its whole backlog at once and gets what the budget allows
@@ -202,7 +202,7 @@ async def test_floating_budget_follows_the_spill_watermark() -> None:
     assert gate.hold_extra(64) == 3, "the ceiling is kept clear of the read reserve"
     assert pool.free == pool.reserve + 1
     gate.drop_extra(2)
-    waiter = pool.take_later(pool.free - pool.reserve + 1)  # a push that must wait for memory
+    waiter = pool.take_later(pool.push_room + 1)  # a push that must wait for memory
     assert not waiter.done() and not gate.hold_extra(), "no floating buffer while someone waits for memory"
     waiter.cancel()
     gate.drop_extra(1)  # a segment comes back: the withdrawn wait no longer counts

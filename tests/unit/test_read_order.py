@@ -77,7 +77,7 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
     partitions, outs, order, ranges, cut, spills = scenario
 
     async def body(root: str) -> None:
-        pool = GlobalPool(512 * SEG, SEG)
+        pool = GlobalPool(512 * SEG, SEG, reserve=64)
         store = Store(SEG, can_spill=True)
         disk = Disk(root)
         spiller = Spiller(store, pool, disk, 0.85, 0.7)

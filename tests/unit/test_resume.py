@@ -35,7 +35,7 @@ DATA = {a: {p: bytes([a, p]) * n for p, n in enumerate([700 * a, 0, 5, 3 * SEG /
 
 class Copy:
     def __init__(self, root: Path, cuts: list[int], commit_order: tuple[int, ...], spill: bool) -> None:
-        self.pool = GlobalPool(64 * SEG, SEG)
+        self.pool = GlobalPool(64 * SEG, SEG, reserve=24)  # `serve` keeps every payload to the end
         self.store = Store(SEG, can_spill=True)
         self.disk = Disk(str(root))
         self.spiller = Spiller(self.store, self.pool, self.disk, 0.85, 0.7)

@@ -28,7 +28,7 @@ PIECE = 100
 
 
 def _setup(tmp_path: Path) -> tuple[GlobalPool, Store, Disk, Spiller]:
-    pool = GlobalPool(64 * SEGMENT, SEGMENT)
+    pool = GlobalPool(64 * SEGMENT, SEGMENT, reserve=8)
     store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     return pool, store, disk, Spiller(store, pool, disk, 0.85, 0.7)
@@ -190,7 +190,7 @@ async def test_pressure_keeps_several_writes_queued_and_each_attempt_in_push_ord
     writing an attempt another one writes; once they are done every attempt reads back in push order
     and no segment is lost."""
 
-    pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
+    pool = GlobalPool(1024 * SEGMENT, SEGMENT, reserve=8)  # room between the watermarks for IN_FLIGHT batches
     store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     spiller = Spiller(store, pool, disk, 0.85, 0.5)
@@ -226,7 +226,7 @@ async def test_pushes_resume_while_the_memory_they_need_is_being_written(tmp_pat
     """Push credit comes back as soon as the writes under way will bring usage below the low watermark,
     not when they are done."""
 
-    pool = GlobalPool(256 * SEGMENT, SEGMENT)
+    pool = GlobalPool(256 * SEGMENT, SEGMENT, reserve=8)
     store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     spiller = Spiller(store, pool, disk, 0.85, 0.8)
@@ -252,7 +252,7 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_attempts(tmp_pa
     attempts, and fails the open map outputs that had data in it; the others land, no more are queued
     (the disk is failing), pushes are let go, and every segment comes back."""
 
-    pool = GlobalPool(1024 * SEGMENT, SEGMENT)  # room between the watermarks for IN_FLIGHT batches
+    pool = GlobalPool(1024 * SEGMENT, SEGMENT, reserve=8)  # room between the watermarks for IN_FLIGHT batches
     store = Store(SEGMENT, can_spill=True)
     disk = Disk(str(tmp_path))
     spiller = Spiller(store, pool, disk, 0.85, 0.5)

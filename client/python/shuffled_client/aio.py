@@ -370,9 +370,10 @@ class AsyncClient:
         segments = max(self._pool_size // self.segment_size, 16)
         # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take:
         # eight readers' worth, but at most a quarter of the pool, so that floating buffers (taken
-        # while more than twice the reserve is free) stay possible with large segments too.
+        # while more than twice the reserve is free) stay possible with large segments too. The
+        # application's own reads are not held to the reserve (the daemon's are: see GlobalPool).
         reserve = min(segments // 4, 8 * self.exclusive)
-        self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve=reserve)
+        self.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve, reads_in_reserve=False)
         self._proto().reader.set_max_payload(self.segment_size)
         assert self._ready is not None
         if not self._ready.done():
@@ -724,7 +725,7 @@ class PartitionReader(InputChannel):
         self._started = True
         pool = self.client.pool
         assert pool is not None
-        self._pool = await pool.create_local_pool(self.client.exclusive, self.client.exclusive, use_reserve=True)
+        self._pool = await pool.create_local_pool(self.client.exclusive, self.client.exclusive, gate=True)
         self._floating.memory = self._pool
         if self.client._lost is not None:  # lost while this waited for memory: nothing would ever arrive
             self._error = self.client._lost

@@ -235,12 +235,13 @@ class InputGate:
         cfg = env.config
         try:
             size = len(self.remote) * cfg.exclusive_buffers
-            if size > env.pool.reserve:
+            if size > env.pool.exclusive_limit:
                 raise LimitExceeded(
-                    f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the read "
-                    f"reserve of {env.pool.reserve}; use a larger --pool-size or fewer --exclusive-buffers"
+                    f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the "
+                    f"{env.pool.exclusive_limit} of the read reserve reads may hold as such; use a larger "
+                    "--pool-size or fewer --exclusive-buffers"
                 )
-            self.pool = await env.pool.create_local_pool(size, size, use_reserve=True)
+            self.pool = await env.pool.create_local_pool(size, size, gate=True)
             if self.closed:
                 self.pool.destroy()
                 return

@@ -20,7 +20,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ...buffers import Buffer, GlobalPool
+from ...buffers import LOAD, Buffer, GlobalPool
 from ...protocol.errors import CorruptData, PartitionNotFound, StorageError
 from ...protocol.integrity import checksum
 from .disk import Disk
@@ -46,18 +46,18 @@ def run(out: MapOutput, indices: Iterable[int], limit: int) -> list[int]:
 
 
 async def take(pool: GlobalPool, want: int, recycler: Callable[[Buffer], None]) -> list[Buffer]:
-    """Up to `want` segments of the read reserve, counted when they are taken: whatever is free then (a
-    reader's credit may exceed what a small or busy pool can give at once), else one, waited for in turn
-    (the reserve guarantees it in time), plus what the wait left free. Never more than is free, so a batch
-    does not wait for memory it cannot get; what requests already waiting can use stays theirs
-    (`free_for_readers`: a waiting push leaves the reserve to reads)."""
-    now = min(want, pool.free_for_readers)
-    got = pool.try_take(now, use_reserve=True) if now else None
+    """Up to `want` segments of the read reserve, counted when they are taken: whatever loads may take then
+    (a reader's credit may exceed what a small or busy pool can give at once), else one, waited for in turn
+    (the reserve guarantees it in time), plus what the wait left. Never more than that, so a batch does not
+    wait for memory it cannot get; what loads already waiting can use stays theirs (`free_for_loads`; pushes
+    have memory of their own)."""
+    now = min(want, pool.free_for_loads)
+    got = pool.try_take(now, LOAD) if now else None
     if got is None:
-        got = await pool.take(1, use_reserve=True)
-        more = min(want - 1, pool.free_for_readers)
+        got = await pool.take(1, LOAD)
+        more = min(want - 1, pool.free_for_loads)
         if more:
-            got += pool.try_take(more, use_reserve=True) or []
+            got += pool.try_take(more, LOAD) or []
     for buf in got:
         buf.set_recycler(recycler)
     return got

@@ -33,7 +33,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 
-from ...buffers import Buffer, Chunk, GlobalPool
+from ...buffers import FRAME, Buffer, Chunk, GlobalPool
 from ...logs import event
 from ...protocol.errors import InternalError, InvalidRequest, PartitionNotFound, ShuffledError
 from ...protocol.integrity import checksum
@@ -241,7 +241,7 @@ class ReadView:
 
     def _take_frame(self) -> Buffer | None:
         """A segment of the read reserve for a new frame; None while one is waited for (`busy`)."""
-        got = [self._spare] if self._spare is not None else self.pool.try_take(1, use_reserve=True)
+        got = [self._spare] if self._spare is not None else self.pool.try_take(1, FRAME)
         self._spare = None
         if got is None:
             self._wait(self._frame_memory())
@@ -251,7 +251,7 @@ class ReadView:
         return got[0]
 
     async def _frame_memory(self) -> None:
-        (self._spare,) = await self.pool.take(1, use_reserve=True)
+        (self._spare,) = await self.pool.take(1, FRAME)
 
     def _load(self, room: int) -> None:
         """Load the piece the next item needs and those after it that lie right behind it, as far as `room`
