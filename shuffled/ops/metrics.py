@@ -161,7 +161,8 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _gauge("shuffled_pool_segments", "Segments in the buffer pool (fixed at start)", pool.total)
     yield _gauge("shuffled_pool_used_segments", "Pool segments in use", pool.used)
     yield _gauge("shuffled_pool_free_segments", "Pool segments free", pool.free)
-    yield _gauge("shuffled_pool_reserved_segments", "Free segments kept for reading back stored data", pool.reserve)
+    yield _gauge("shuffled_pool_reserved_segments", "Segments kept for reads: pushes never take them", pool.reserve)
+    yield _gauge("shuffled_pool_reading_segments", "Segments of the read reserve reads hold", pool.reading)
     yield _gauge(
         "shuffled_pool_local_pools", "Local pools (one per push stream and per relayed read)", pool.local_pools
     )

@@ -30,7 +30,7 @@ class PoolStats:
     total: int
     free: int
     used: int
-    #: free segments kept for reading back stored data
+    #: segments kept for reads (frames, loads, exclusive buffers): pushes never take them
     reserve: int
     #: one per push stream and per relayed read
     local_pools: int
@@ -38,6 +38,8 @@ class PoolStats:
     waiting: int
     #: floating buffers reads hold beyond their exclusive ones
     floating: int = 0
+    #: segments of the reserve reads hold (never more than the reserve)
+    reading: int = 0
 
 
 @dataclass(frozen=True, slots=True)

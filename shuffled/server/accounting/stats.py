@@ -116,6 +116,7 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             local_pools=pool.local_pools,
             waiting=pool.waiting,
             floating=pool.floating,
+            reading=pool.reading,
         ),
         store=store,
         disk=disk,
