@@ -5,6 +5,7 @@ what the client asked for) and the daemon keeps serving everyone else."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from shuffled.protocol import codec
 from shuffled.protocol.frames import (
+    AdminRequest,
     CommitMapOutput,
     Hello,
     HelloAck,
@@ -85,6 +87,44 @@ async def test_a_client_that_never_reads_its_commit_acks_is_held_back_then_cut_o
 
         await wait_until(sample, bool, 60, "the connection closed for its unread answers")
         assert peak - before < 100 * MiB, f"RSS grew by {(peak - before) / MiB:.0f} MiB"
+        sock.close()
+        await _still_serving(d.addr)
+    finally:
+        d.stop()
+
+
+def _send_until_refused(sock: socket.socket, frames: list[bytes]) -> None:
+    """Send the frames (stopping if the daemon resets the connection: after a fatal error it reads on
+    only to drop what comes, for a while)."""
+    with contextlib.suppress(OSError):
+        for frame in frames:
+            sock.sendall(frame)
+
+
+@within(90)
+async def test_requests_held_back_for_unread_answers_are_bounded_in_bytes() -> None:
+    """A client whose answers wait unread has its next requests held back, in order; they were bounded only
+    by count (65,536), so 64 MB of admin requests of 256 KB each, held back, would have grown the daemon
+    by about 500 MiB. It is cut off with LIMIT_EXCEEDED once 4 MiB of them wait, the daemon keeps its
+    RSS within 100 MiB, and it serves everyone else."""
+    flags = ["--max-unsent-per-connection", "16M", "--unsent-timeout", "60"]
+    d = start_daemon("127.0.0.1", 0, "16M", flags)
+    try:
+        before = peak = rss(d.pid)
+        sock = await asyncio.to_thread(_unread_commits, d.addr, 4)
+        pad = {"pad": "x" * 256_000}
+        frames = [codec.encode(AdminRequest(2 * i + 1, "stats", pad)) for i in range(256)]
+        sending = asyncio.ensure_future(asyncio.to_thread(_send_until_refused, sock, frames))
+
+        async def sample() -> bool:
+            nonlocal peak
+            peak = max(peak, rss(d.pid))
+            return sending.done()
+
+        await wait_until(sample, bool, 60, "the requests sent or refused")
+        assert peak - before < 100 * MiB, f"RSS grew by {(peak - before) / MiB:.0f} MiB"
+        line = await asyncio.to_thread(d.logged, "connection closed", "bytes of requests wait")
+        assert "LIMIT_EXCEEDED" in line, line
         sock.close()
         await _still_serving(d.addr)
     finally:

@@ -10,9 +10,10 @@ later one of the connection wait, in order, in its `Backlog`, and are handled as
 connection's transport falling below its low watermark, or closing; and at least every watchdog tick).
 The connection goes on reading meanwhile, and data, credit and answers to this daemon's own requests go
 on being handled: two daemons each waiting for the other to read can therefore never stop each other's
-peer link. What waits is bounded (`MAX_WAITING` requests, beyond which the connection is
-LIMIT_EXCEEDED), and so is the time a connection may keep answers unread (`unsent-timeout`,
-watchdog.py).
+peer link. What waits is bounded in bytes (as sent; decoded, a request takes 6 to 10 times that): a
+connection whose waiting requests pass `MAX_WAITING_BYTES`, or that has the most waiting when all
+connections' pass `MAX_WAITING_TOTAL`, is LIMIT_EXCEEDED. So is the time a connection may keep answers
+unread (`unsent-timeout`, watchdog.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Set
 from ...config import DaemonConfig
 from ...net.once_per_turn import OncePerTurn
 from ...net.sender import UnsentTally
-from ...protocol import events
+from ...protocol import codec, events
 from ...protocol.errors import LimitExceeded
 from .link import DaemonLink
 
@@ -36,8 +37,20 @@ REQUESTS = (
     events.AbortRequested,
     events.AdminRequested,
 )
-#: requests one connection may have waiting: more than its streams and admin requests could ever need
-MAX_WAITING = 1 << 16
+#: bytes of requests one connection may have waiting, and all of them together (see the module): far more
+#: than the reads, commits and admin requests a party that reads its answers has in flight
+MAX_WAITING_BYTES = 4 << 20
+MAX_WAITING_TOTAL = 8 << 20
+#: what a request without a body counts as (its event and its place in the line)
+MIN_REQUEST_BYTES = 64
+
+
+def request_bytes(ev: events.Event) -> int:
+    """What a waiting request counts as: its frame's size, re-encoded (only requests that wait pay that)."""
+    match ev:
+        case events.ReadRequested(request) | events.PushOpened(request) | events.AdminRequested(request):
+            return max(MIN_REQUEST_BYTES, len(codec.encode(request)))
+    return MIN_REQUEST_BYTES
 
 
 class UnsentBudget:
@@ -51,6 +64,8 @@ class UnsentBudget:
         #: connection holds is still held
         self.tally = UnsentTally()
         self.waiting: set[Backlog] = set()
+        #: bytes of the requests all backlogs hold
+        self.waiting_bytes = 0
 
     def over(self, conn: DaemonLink) -> bool:
         if conn.sender.control_unsent() > self.per_connection:
@@ -74,32 +89,52 @@ class Backlog:
         self.conn = conn
         self.budget = budget
         self.handle = handle
-        self._waiting: deque[events.Event] = deque()
+        self._waiting: deque[tuple[events.Event, int]] = deque()
+        #: bytes of the requests waiting (`request_bytes`)
+        self.bytes = 0
         #: a first look once this turn's answers went to the transport (the kernel may take them all, and
         #: then no `resume_writing` would come); later ones on each drain and each watchdog tick
         self._soon = OncePerTurn(self.resume)
 
     def holds(self, ev: events.Event) -> bool:
         """Whether the request `ev` waits (then it is handled later, in order); False: handle it now."""
-        if not self._waiting and not self.budget.over(self.conn):
+        budget = self.budget
+        if not self._waiting and not budget.over(self.conn):
             return False
-        if len(self._waiting) >= MAX_WAITING:
-            self.conn.fail(LimitExceeded(f"{MAX_WAITING} requests wait for their answers to be read; no more"))
-            return True
         if not self._waiting:
-            self.budget.waiting.add(self)
+            budget.waiting.add(self)
             self._soon()
-        self._waiting.append(ev)
+        size = request_bytes(ev)
+        self._waiting.append((ev, size))
+        self.bytes += size
+        budget.waiting_bytes += size
+        if self.bytes > MAX_WAITING_BYTES:
+            self.conn.fail(
+                LimitExceeded(f"{self.bytes} bytes of requests wait for their answers to be read; no more")
+            )
+        elif budget.waiting_bytes > MAX_WAITING_TOTAL:
+            most = max(budget.waiting, key=lambda b: b.bytes)
+            most.conn.fail(
+                LimitExceeded(
+                    f"{most.bytes} bytes of requests wait for their answers to be read, the most of all "
+                    f"connections, which hold {budget.waiting_bytes}; no more"
+                )
+            )
         return True
 
     def resume(self) -> None:
         waiting = self._waiting
         while waiting and self.conn.is_open and not self.budget.over(self.conn):
-            self.handle(waiting.popleft())
+            ev, size = waiting.popleft()
+            self.bytes -= size
+            self.budget.waiting_bytes -= size
+            self.handle(ev)
         if not waiting or not self.conn.is_open:
             self.release()
 
     def release(self) -> None:
         """The connection is gone: nothing waits any more (requests carry no payload)."""
         self._waiting.clear()
+        self.budget.waiting_bytes -= self.bytes
+        self.bytes = 0
         self.budget.waiting.discard(self)
