@@ -313,4 +313,5 @@ class Daemon:
 
     def stats(self) -> DaemonStats:
         """One snapshot of everything this daemon counts (`to_wire()` is the admin `stats` answer)."""
-        return snapshot(self, time.monotonic())
+        drain = self.drain
+        return snapshot(self, time.monotonic(), len(self.membership.others()), drain.stats, drain.draining)

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ...net.sender import Outbound, Sender
-from ...ops.stats import TrafficStats
+from ...ops.stats import ConnectionCounts, TrafficStats
 
 ROLES = ("client", "peer")
 
 
 class Traffic(Protocol):
-    """What the counters read of a connection (the daemon's connections are these)."""
+    """A connection as the counters and the stats snapshot read it (the daemon's connections are these)."""
 
     @property
     def role_label(self) -> str | None: ...
@@ -35,7 +35,12 @@ class Traffic(Protocol):
     @property
     def bytes_received(self) -> int: ...
 
+    @property
+    def is_open(self) -> bool: ...
+
     def served_streams(self) -> Iterable[Outbound]: ...
+
+    def counts(self, now: float) -> ConnectionCounts: ...
 
 
 def _per_role() -> dict[str, int]:

@@ -13,7 +13,6 @@ from typing import Protocol
 
 from ...buffers import GlobalPool
 from ...ops.stats import (
-    ConnectionCounts,
     ConnectionStats,
     CreditStats,
     DaemonStats,
@@ -28,31 +27,6 @@ from ...ops.stats import (
 from ..storage.manager import StorageManager
 from .counters import Counters, Traffic, micros
 from .shares import PushShares
-
-
-class Counted(Traffic, Protocol):
-    """A connection, as the snapshot reads it (the daemon's connections are these)."""
-
-    @property
-    def is_open(self) -> bool: ...
-
-    def counts(self, now: float) -> ConnectionCounts: ...
-
-
-class Ring(Protocol):
-    """The daemons this one knows of (its `Membership`)."""
-
-    def others(self) -> list[str]: ...
-
-
-class DrainState(Protocol):
-    """The daemon's drain (cluster/drain.py)."""
-
-    @property
-    def stats(self) -> DrainStats: ...
-
-    @property
-    def draining(self) -> bool: ...
 
 
 class Reported(Protocol):
@@ -77,13 +51,7 @@ class Reported(Protocol):
     def shares(self) -> PushShares: ...
 
     @property
-    def membership(self) -> Ring: ...
-
-    @property
-    def drain(self) -> DrainState: ...
-
-    @property
-    def connections(self) -> Collection[Counted]: ...
+    def connections(self) -> Collection[Traffic]: ...
 
     @property
     def object_stats(self) -> ObjectStoreStats: ...
@@ -94,8 +62,9 @@ class Reported(Protocol):
     def readiness(self) -> list[str]: ...
 
 
-def snapshot(d: Reported, now: float) -> DaemonStats:
-    """What `d` counts at monotonic time `now` (on the event loop)."""
+def snapshot(d: Reported, now: float, peers: int, drain: DrainStats, draining: bool) -> DaemonStats:
+    """What `d` counts at monotonic time `now` (on the event loop); what the cluster layer above knows
+    (the other daemons, the drain) is handed in."""
     conns = [c for c in d.connections if c.is_open]
     counts = [c.counts(now) for c in conns]
     store, disk, fs, tier = d.storage.stats()
@@ -105,7 +74,7 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
     return DaemonStats(
         node=d.node,
         start_time=int(d.start_time),
-        draining=d.drain.draining,
+        draining=draining,
         ready=not d.readiness(),
         pool=PoolStats(
             segment_size=pool.segment_size,
@@ -153,9 +122,9 @@ def snapshot(d: Reported, now: float) -> DaemonStats:
             degraded=counters.replication_degraded,
             failed=counters.replication_failed,
             held_back=sum(n.held_back for n in counts),
-            peers=len(d.membership.others()),
+            peers=peers,
         ),
-        drain=d.drain.stats.copy(),
+        drain=drain.copy(),
         failover=FailoverStats(
             tries=dict(counters.failover_tries),
             recovered=counters.failover_recovered,

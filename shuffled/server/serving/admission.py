@@ -11,69 +11,20 @@ the daemon's answers to the protocol connection's `HelloReceived` and
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import struct
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from ...config import DaemonConfig
 from ...logs import event
-from ...protocol.connection import ProtocolConnection
 from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError, ShuffledError
 from ...protocol.frames import REPLICA, Role
 from .environment import ShuffleEnvironment
+from .link import DaemonLink
 
 log = logging.getLogger(__name__)
-
-
-class Candidate(Protocol):
-    """A connection as admission sees it (the daemon's connections are these)."""
-
-    @property
-    def host(self) -> str: ...
-
-    @property
-    def role(self) -> Role | None: ...
-
-    @property
-    def dialed(self) -> str | None: ...
-
-    @property
-    def is_open(self) -> bool: ...
-
-    @property
-    def handshaking(self) -> bool: ...
-
-
-class Joining(Candidate, Protocol):
-    """A connection in its handshake, as the daemon answers it (the daemon's connections are these)."""
-
-    node: str
-
-    @property
-    def proto(self) -> ProtocolConnection: ...
-
-    @property
-    def peer(self) -> str: ...
-
-    @property
-    def tls(self) -> bool: ...
-
-    @property
-    def ready(self) -> asyncio.Future[None]: ...
-
-    def opened(self, role: Role) -> None:
-        """Accepted: streams may open (HelloAck is sent after this)."""
-
-    def tune(self, user_timeout: float) -> None: ...
-
-    def count_error(self, exc: ShuffledError) -> None: ...
-
-    def log_auth_failed(self, reason: str) -> None: ...
-
-    def close(self, reason: str = "closed") -> None: ...
 
 
 def unix_peer(sock: Any) -> str:
@@ -86,7 +37,7 @@ def unix_peer(sock: Any) -> str:
     return f"unix pid {pid}"
 
 
-def check_handshakes(cfg: DaemonConfig, new: Candidate, conns: Iterable[Candidate]) -> None:
+def check_handshakes(cfg: DaemonConfig, new: DaemonLink, conns: Iterable[DaemonLink]) -> None:
     """Refuse a connection while too many others, from its address or from all, are still in their
     handshake: before authentication nobody is known, so only counting bounds what strangers hold."""
     pending = [c for c in conns if c is not new and c.dialed is None and c.handshaking]
@@ -103,7 +54,7 @@ def check_handshakes(cfg: DaemonConfig, new: Candidate, conns: Iterable[Candidat
         )
 
 
-def check_connection_limit(cfg: DaemonConfig, host: str, role: Role, conns: Iterable[Candidate]) -> None:
+def check_connection_limit(cfg: DaemonConfig, host: str, role: Role, conns: Iterable[DaemonLink]) -> None:
     """Refuse one more client (or peer) connection from an address that already has its maximum."""
     peer = role is Role.DAEMON
     limit = cfg.max_connections_per_peer if peer else cfg.max_connections_per_client
@@ -138,7 +89,7 @@ def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> No
         )
 
 
-def answer_hello(conn: Joining, host: ShuffleEnvironment[Any], role: Role, info: dict[str, Any]) -> None:
+def answer_hello(conn: DaemonLink, host: ShuffleEnvironment[Any], role: Role, info: dict[str, Any]) -> None:
     """Check the Hello; with a secret, challenge the dialer before anything is created for it."""
     cfg = host.config
     check_connection_limit(cfg, conn.host, role, host.connections)
@@ -154,7 +105,7 @@ def answer_hello(conn: Joining, host: ShuffleEnvironment[Any], role: Role, info:
     conn.proto.challenge(secret)
 
 
-def accept(conn: Joining, host: ShuffleEnvironment[Any], role: Role, info: dict[str, Any]) -> None:
+def accept(conn: DaemonLink, host: ShuffleEnvironment[Any], role: Role, info: dict[str, Any]) -> None:
     """A peer daemon joins only with our segment size and unless our own dial to it wins."""
     cfg = host.config
     if role is Role.DAEMON:
@@ -166,14 +117,14 @@ def accept(conn: Joining, host: ShuffleEnvironment[Any], role: Role, info: dict[
     conn.proto.accept({"node": host.node, "segment_size": cfg.segment_size, **features})
 
 
-def dialled(conn: Joining, info: dict[str, Any]) -> None:
+def dialled(conn: DaemonLink, info: dict[str, Any]) -> None:
     """This daemon's dial is through the handshake (HelloAck): the connection is ready."""
     if info.get("node") not in (None, conn.dialed):
         event(log, "peer name differs", logging.WARNING, dialed=conn.dialed, says=info.get("node"))
     conn.ready.set_result(None)
 
 
-def refused(conn: Joining, exc: ShuffledError) -> None:
+def refused(conn: DaemonLink, exc: ShuffledError) -> None:
     """The other side ended the handshake with an error: a dial of this daemon's refused (counted), or a
     stranger going away (what it sends is not this daemon's error)."""
     if conn.dialed is not None:

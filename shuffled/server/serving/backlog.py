@@ -109,9 +109,7 @@ class Backlog:
         self.bytes += size
         budget.waiting_bytes += size
         if self.bytes > MAX_WAITING_BYTES:
-            self.conn.fail(
-                LimitExceeded(f"{self.bytes} bytes of requests wait for their answers to be read; no more")
-            )
+            self.conn.fail(LimitExceeded(f"{self.bytes} bytes of requests wait for their answers to be read; no more"))
         elif budget.waiting_bytes > MAX_WAITING_TOTAL:
             most = max(budget.waiting, key=lambda b: b.bytes)
             most.conn.fail(

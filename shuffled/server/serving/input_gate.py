@@ -80,8 +80,8 @@ class ReadPeer(Protocol):
     def announce(self, ch: RemoteInputChannel) -> None: ...
 
 
-class PeerLink(Protocol):
-    """A connection to another daemon (the daemon's connections are these)."""
+class ReadLink(Protocol):
+    """A connection to another daemon, as a gate reads over it (the daemon's connections are these)."""
 
     @property
     def reads(self) -> ReadPeer: ...
@@ -90,7 +90,7 @@ class PeerLink(Protocol):
 class Peers(Protocol):
     """Where a gate gets the connection to another daemon (the daemon's PeerManager)."""
 
-    async def get(self, addr: str) -> PeerLink: ...
+    async def get(self, addr: str) -> ReadLink: ...
 
 
 #: the last failover candidate when there is an object store: the location's node's durable objects

@@ -10,7 +10,7 @@ token, and are stored as ordinary map outputs marked with their primary.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any
 
 from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
@@ -19,31 +19,12 @@ from ...protocol.frames import OpenMapOutput, PushData
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
 from .environment import ShuffleEnvironment
+from .link import DaemonLink
 from .push_session import PushSession
 
 
-class Link(Protocol):
-    """The connection the service works over (a `DaemonConnection`)."""
-
-    @property
-    def proto(self) -> ProtocolConnection: ...
-
-    @property
-    def is_open(self) -> bool: ...
-
-    @property
-    def draining(self) -> bool: ...
-
-    @property
-    def from_client(self) -> bool: ...
-
-    def send_error(self, stream: int, exc: ShuffledError) -> None: ...
-
-    def authorize_digest(self, app: str, digest: bytes) -> None: ...
-
-
 class PushService:
-    def __init__(self, link: Link, env: ShuffleEnvironment[Any]) -> None:
+    def __init__(self, link: DaemonLink, env: ShuffleEnvironment[Any]) -> None:
         self.link = link
         self.env = env
         self.sessions: dict[int, PushSession] = {}

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ...buffers import Chunk
 from ...logs import event
@@ -20,7 +20,7 @@ from ...net.once_per_turn import OncePerTurn
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
 from ...protocol.auth import token_digest
-from ...protocol.connection import ProtocolConnection, release_payload
+from ...protocol.connection import release_payload
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ...protocol.frames import BufferResponse, PartitionRequest, check_app_id
 from ...protocol.resume import Resume
@@ -28,36 +28,14 @@ from ..cluster.peers import split_address
 from ..storage.view import ReadView
 from .environment import ShuffleEnvironment
 from .input_gate import InputGate, Peers, RemoteInputChannel
+from .link import DaemonLink
 from .view_reader import LOOKAHEAD, ViewReader
 
 log = logging.getLogger(__name__)
 
 
-class Link(Protocol):
-    """The connection the service works over (a `DaemonConnection`)."""
-
-    @property
-    def proto(self) -> ProtocolConnection: ...
-
-    @property
-    def sender(self) -> Sender: ...
-
-    @property
-    def is_open(self) -> bool: ...
-
-    @property
-    def from_client(self) -> bool: ...
-
-    @property
-    def closing(self) -> bool: ...
-
-    def send_error(self, stream: int, exc: ShuffledError) -> None: ...
-
-    def refused(self, app: str, exc: AuthFailed) -> None: ...
-
-
 class ReadService:
-    def __init__(self, link: Link, node: str, env: ShuffleEnvironment[Any], peers: Peers) -> None:
+    def __init__(self, link: DaemonLink, node: str, env: ShuffleEnvironment[Any], peers: Peers) -> None:
         self.link = link
         self.node = node
         self.env = env
