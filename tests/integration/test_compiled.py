@@ -17,7 +17,8 @@ from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster
 from tests.image import compiled_modules
-from tests.integration.test_durability import expected, push, read_by_attempt
+from tests.integration.test_durability import expected, read_by_attempt
+from tests.shuffles import push
 from tests.units import KiB
 from tests.wheel import Installed, build_wheel, install_into
 
@@ -48,9 +49,9 @@ async def test_compiled_daemons_replicate_a_push_and_hand_it_over_on_a_drain(com
         addrs = [d.addr for d in cluster.daemons]
         x, y = candidates(addrs, {}, d0.addr, APP, 1)
         c0, cx, cy = [await AsyncClient.connect(a) for a in (d0.addr, x, y)]
-        await push(c0, 1, 1, SIZES, app=APP)  # the commit waits for the replica's, of the same lengths
+        await push(c0, APP, 1, 1, SIZES)  # the commit waits for the replica's, of the same lengths
         await c0.flush(APP, 1)  # attempt 1 is copied from disk, attempt 2 from memory
-        await push(c0, 1, 2, SIZES, app=APP)
+        await push(c0, APP, 1, 2, SIZES)
         s0, sx = await c0.stats(), await cx.stats()
         assert s0["replication"]["forwarded_bytes"] == 2 * sum(SIZES), s0["replication"]
         assert sx["store"]["replica_attempts"] == 2, sx["store"]

@@ -21,7 +21,8 @@ from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
-from tests.integration.test_durability import expected, push, read_by_attempt
+from tests.integration.test_durability import expected, read_by_attempt
+from tests.shuffles import push
 from tests.units import KiB, MiB
 
 APP = "app-drain"
@@ -58,11 +59,11 @@ async def test_replicas_1_every_attempt_is_copied_then_served_by_its_candidate_a
         d0, d1 = cluster.daemons
         assert candidates([d0.addr, d1.addr], {}, d0.addr, APP, 1) == [d1.addr]
         c0 = await AsyncClient.connect(d0.addr)
-        await push(c0, 1, 1, SIZES, app=APP)
-        await push(c0, 1, 2, SIZES, app=APP)
+        await push(c0, APP, 1, 1, SIZES)
+        await push(c0, APP, 1, 2, SIZES)
         await c0.flush(APP, 1)  # attempts 1 and 2 are read back from disk for the copy
-        await push(c0, 1, 3, SIZES, app=APP)  # attempt 3 is copied from memory
-        await push(c0, 2, 9, SIZES[:1], app=APP)
+        await push(c0, APP, 1, 3, SIZES)  # attempt 3 is copied from memory
+        await push(c0, APP, 2, 9, SIZES[:1])
         before = await chunks(c0, 1, [1, 2, 3])
         assert await c0.drain() == {"state": "pushes"}
         assert await exited(d0) == 0
@@ -99,10 +100,10 @@ async def test_replicas_2_only_what_lacks_copies_elsewhere_is_copied_on_sigterm(
         (p,) = [a for a in (x, y) if candidates(addrs, {}, a, APP, 1)[0] == d0.addr]
         (q,) = [a for a in (x, y) if a != p]  # the primary p's other candidate
         clients = {addr: await AsyncClient.connect(addr) for addr in addrs}
-        await push(clients[d0.addr], 1, 1, SIZES, app=APP)  # on d0 and x
-        await push(clients[y], 1, 1, SIZES, app=APP)  # and on y (its replicas refuse: they hold it)
-        await push(clients[d0.addr], 1, 2, SIZES, app=APP)  # on d0 and x: one copy to y
-        await push(clients[p], 1, 3, SIZES, app=APP)  # on p and, as its replica, d0: one copy to q
+        await push(clients[d0.addr], APP, 1, 1, SIZES)  # on d0 and x
+        await push(clients[y], APP, 1, 1, SIZES)  # and on y (its replicas refuse: they hold it)
+        await push(clients[d0.addr], APP, 1, 2, SIZES)  # on d0 and x: one copy to y
+        await push(clients[p], APP, 1, 3, SIZES)  # on p and, as its replica, d0: one copy to q
         before = {a: (await clients[a].stats())["store"] for a in (x, y)}
         with pytest.raises(InvalidRequest, match="peer daemons only"):
             await clients[x]._admin_call("holds", {"app": APP, "shuffle": 1, "attempts": [1]})
@@ -145,7 +146,7 @@ async def test_a_refused_copy_goes_to_the_next_candidate_or_is_counted_and_the_d
         by_addr = {d.addr: d for d in cluster.daemons}
         c0, cx, cy = [await AsyncClient.connect(a) for a in (d0.addr, x, y)]
         for attempt in range(1, 9):
-            await push(c0, 1, attempt, SIZES, app=APP)
+            await push(c0, APP, 1, attempt, SIZES)
         held = await cx.open_writer("other-app", 5, 0, 1, 1)  # keeps x draining, refusing pushes
         await held.write(0, b"x" * 100)
         by_addr[x].proc.send_signal(signal.SIGTERM)
@@ -262,7 +263,7 @@ async def test_a_restarted_daemon_hands_data_over_under_the_token_its_applicatio
     with Cluster(2, extra=["--replicas", "1"]) as cluster:
         d0, d1 = cluster.daemons
         c0 = await AsyncClient.connect(d0.addr, app_secret="one")
-        await push(c0, 1, 1, SIZES, app=APP)
+        await push(c0, APP, 1, 1, SIZES)
         await c0.flush(APP, 1)
         await c0.close()
         d0.stop()
@@ -293,8 +294,8 @@ async def test_a_silent_peer_does_not_keep_the_drain_from_copying_to_a_healthy_o
         ring = [d.addr for d in cluster.daemons]
         shuffle = next(s for s in range(1, 50) if candidates(ring, {}, d0.addr, APP, s) == [healthy.addr, silent.addr])
         c0, cs = await AsyncClient.connect(d0.addr), await AsyncClient.connect(silent.addr)
-        await push(c0, shuffle, 1, SIZES, app=APP)
-        await push(cs, 99, 7, SIZES[:1], app=APP)
+        await push(c0, APP, shuffle, 1, SIZES)
+        await push(cs, APP, 99, 7, SIZES[:1])
         await read_by_attempt(c0, 99, 0, 1, {silent.addr: [7]}, app=APP)  # d0 now has a link to it
         silent.proc.send_signal(signal.SIGSTOP)
         try:
@@ -324,7 +325,7 @@ async def test_with_a_daemon_lost_copies_it_cannot_place_are_short_not_failed() 
         addrs = [d.addr for d in cluster.daemons]
         x, y = candidates(addrs, {}, d0.addr, APP, 1)
         async with await AsyncClient.connect(d0.addr) as c0:
-            await push(c0, 1, 1, SIZES, app=APP)  # on d0 and, as its replica, x
+            await push(c0, APP, 1, 1, SIZES)  # on d0 and, as its replica, x
         lost = next(d for d in cluster.daemons if d.addr == y)
         lost.proc.kill()
         await asyncio.to_thread(lost.proc.wait)

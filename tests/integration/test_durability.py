@@ -31,6 +31,7 @@ from shuffled_client import (
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, rss, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
+from tests.shuffles import push
 from tests.units import KiB, MiB
 
 APP = "app-durable"
@@ -59,18 +60,6 @@ def stop_later() -> Iterator[Callable[[DaemonProcess], DaemonProcess]]:
 def files_under(root: Path) -> list[str]:
     """Every file below `root` except the daemons' LOCK files."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != "LOCK")
-
-
-async def push(
-    client: AsyncClient, shuffle: int, attempt: int, sizes: list[int], app: str = APP, map_index: int | None = None
-) -> None:
-    index = attempt % 1000 if map_index is None else map_index
-    w = await client.open_writer(app, shuffle, index, attempt, len(sizes))
-    for p, size in enumerate(sizes):
-        data = payload(attempt, p, size)
-        for i in range(0, size, MiB):
-            await w.write(p, data[i : i + MiB])
-    assert await w.commit() == sizes
 
 
 async def read_by_attempt(
@@ -104,7 +93,7 @@ async def test_twenty_times_the_pool_spills_with_bounded_rss_and_reads_back_byte
     async def pusher(mine: list[int]) -> None:
         nonlocal peak
         for a in mine:
-            await push(c, 1, a, sizes)
+            await push(c, APP, 1, a, sizes)
             peak = max(peak, rss(d.pid))
 
     await asyncio.gather(pusher(attempts[::2]), pusher(attempts[1::2]))
@@ -154,7 +143,7 @@ async def test_pushes_reads_and_unregisters_overlapping_while_spilling(
 
     for k in range(1, 7):
         await asyncio.gather(
-            push(c, k, 1, sizes),
+            push(c, APP, k, 1, sizes),
             check(k - 1) if k > 1 else nothing(),
             c.unregister_shuffle(APP, k - 2) if k > 2 else nothing(),
         )
@@ -178,7 +167,7 @@ async def test_one_map_output_eight_times_a_tiny_pool(
 
     d = stop_later(daemon(tmp_path / "data", pool="2M"))
     c = await AsyncClient.connect(d.addr)
-    await push(c, 1, 1, [16 * MiB, 1])
+    await push(c, APP, 1, 1, [16 * MiB, 1])
     assert await read_by_attempt(c, 1, 0, 2, {"": [1]}) == expected([1], [16 * MiB, 1])
     assert (await c.stats())["disk"]["spills"] > 0
     await c.close()
@@ -199,9 +188,9 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
     a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
     sizes = [300 * KiB, 0, 700 * KiB, 1 * MiB + 5]
     for client, base in ((a, 10), (b, 20)):
-        await push(client, 2, base + 1, sizes)
+        await push(client, APP, 2, base + 1, sizes)
         assert (await client.flush(APP, 2))["flushed_bytes"] >= sum(sizes)
-        await push(client, 2, base + 2, sizes)  # stays in memory
+        await push(client, APP, 2, base + 2, sizes)  # stays in memory
         # Split attempt: what has landed when the flush runs goes to disk, the rest stays in memory.
         before = (await client.stats())["store"]["stored_segments"]
         w = await client.open_writer(APP, 2, 3, base + 3, len(sizes), buffer_size=0)  # each write pushed at once
@@ -218,7 +207,7 @@ async def test_mixed_memory_and_disk_reads_are_byte_exact_locally_and_through_a_
             await w.write(p, payload(base + 3, p, n)[n // 2 :])
         assert await w.commit() == sizes
         # A second attempt of the first one's map index: stored beside it, never named by the readers.
-        await push(client, 2, base + 4, sizes, map_index=(base + 1) % 1000)
+        await push(client, APP, 2, base + 4, sizes, map_index=(base + 1) % 1000)
     want = expected([11, 12, 13, 21, 22, 23], sizes)
     relayed = await read_by_attempt(b, 2, 0, 4, {"": [21, 22, 23], da.addr: [11, 12, 13]})
     assert relayed == want
@@ -242,7 +231,7 @@ async def test_unregister_during_a_read_of_spilled_data(
     d = stop_later(daemon(tmp_path / "data"))
     c = await AsyncClient.connect(d.addr)
     sizes = [4 * MiB, 64 * KiB]
-    await push(c, 9, 1, sizes)
+    await push(c, APP, 9, 1, sizes)
     await c.flush(APP, 9)
     reader = c.read(APP, 9, 0, 2, {"": [1]})
     first = await reader.next_chunk()  # held: the daemon can load at most the reader's credit ahead
@@ -305,7 +294,7 @@ async def test_ttl_and_start_remove_what_nobody_can_serve(
     assert files_under(data) == ["not-ours.txt"]
     (data / "not-ours.txt").unlink()
     c = await AsyncClient.connect(d.addr)
-    await push(c, 1, 1, [256 * KiB] * 2, app="idle-app")
+    await push(c, "idle-app", 1, 1, [256 * KiB] * 2)
     await c.flush("idle-app")
     assert files_under(data) != []
 
@@ -314,7 +303,7 @@ async def test_ttl_and_start_remove_what_nobody_can_serve(
         await read_by_attempt(c, 1, 0, 2, {"": [2]}, app="busy-app")
         return await c.stats()
 
-    await push(c, 1, 2, [64 * KiB] * 2, app="busy-app")
+    await push(c, "busy-app", 1, 2, [64 * KiB] * 2)
     s = await wait_until(
         busy,
         lambda s: s["store"]["applications"] == 1 and s["disk"]["files"] == 0,
@@ -333,9 +322,9 @@ async def _restart_case(tmp_path: Path, stop_later: Callable[[DaemonProcess], Da
     sizes = [600 * KiB, 1 * MiB, 0, 333 * KiB]
     d = stop_later(daemon(data))
     c = await AsyncClient.connect(d.addr)
-    await push(c, 5, 1, sizes)
+    await push(c, APP, 5, 1, sizes)
     await c.flush(APP, 5)  # attempt 1 on disk
-    await push(c, 5, 2, sizes)  # attempt 2 committed, in memory
+    await push(c, APP, 5, 2, sizes)  # attempt 2 committed, in memory
     w = await c.open_writer(APP, 5, 3, 3, len(sizes))  # attempt 3 never committed
     await w.write(0, payload(3, 0, 100 * KiB))
     await wait_until(c.stats, lambda s: s["streams"]["pushing"] == 1, what="attempt 3 open")
@@ -358,7 +347,7 @@ async def _restart_case(tmp_path: Path, stop_later: Callable[[DaemonProcess], Da
     s = await c2.stats()
     assert s["store"]["commits"] == 0 and s["disk"]["used_bytes"] > 0
     # A new attempt after the restart lands next to the restored ones.
-    await push(c2, 5, 4, sizes)
+    await push(c2, APP, 5, 4, sizes)
     assert await read_by_attempt(c2, 5, 0, 4, {"": [*survivors, 4]}) == expected([*survivors, 4], sizes)
     await c2.close()
     d2.stop()
@@ -399,10 +388,10 @@ async def test_corrupt_spill_data_and_a_torn_journal(
     sizes = [200 * KiB, 200 * KiB]
     d = stop_later(daemon(data))
     c = await AsyncClient.connect(d.addr)
-    await push(c, 6, 1, sizes)
-    await push(c, 6, 2, sizes)
+    await push(c, APP, 6, 1, sizes)
+    await push(c, APP, 6, 2, sizes)
     await c.flush(APP, 6)
-    await push(c, 6, 3, sizes)
+    await push(c, APP, 6, 3, sizes)
     await c.flush(APP, 6)
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait(10)
@@ -440,9 +429,9 @@ async def test_quotas_refuse_the_pusher_of_that_application_only(
     for d, over in ((mem, 4 * MiB), (disk, 8 * MiB)):
         c = await AsyncClient.connect(d.addr)
         with pytest.raises(QuotaExceeded) as info:
-            await push(c, 1, 1, [over], app="greedy")
+            await push(c, "greedy", 1, 1, [over])
         assert not info.value.fetch_failure and "quota" in info.value.message
-        await push(c, 1, 1, [1 * MiB], app="modest")
+        await push(c, "modest", 1, 1, [1 * MiB])
         s = await c.stats()
         assert s["store"]["commits"] == 1
         await c.remove_application("greedy")
@@ -486,15 +475,15 @@ async def test_full_disk_aborts_the_map_output_and_never_serves_partial_data(
     async def body(data: Path, preexec: Callable[[], None] | None) -> None:
         d = stop_later(daemon(data, extra=["--app-ttl", "0"], preexec=preexec))
         c = await AsyncClient.connect(d.addr)
-        await push(c, 1, 1, [2 * MiB, 1 * MiB])
+        await push(c, APP, 1, 1, [2 * MiB, 1 * MiB])
         await c.flush(APP, 1)
         with pytest.raises(StorageError) as info:
-            await push(c, 1, 2, [20 * MiB, 20 * MiB])
+            await push(c, APP, 1, 2, [20 * MiB, 20 * MiB])
         assert not info.value.fetch_failure and "disk" in info.value.message
         assert await read_by_attempt(c, 1, 0, 2, {"": [1]}) == expected([1], [2 * MiB, 1 * MiB])
         s = await pool_settled(c)
         assert s["store"]["aborts"] >= 1
-        await push(c, 1, 3, [1 * MiB, 1 * MiB])  # small enough for memory: still taken
+        await push(c, APP, 1, 3, [1 * MiB, 1 * MiB])  # small enough for memory: still taken
         await c.close()
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait(10)
@@ -530,7 +519,7 @@ async def test_by_default_a_full_pool_spills_to_the_daemons_own_data_dir(
         assert any(f"data_dir={where} " in line for line in d.log if "msg=ready" in line), d.log
         c = await AsyncClient.connect(d.addr)
         for attempt in (1, 2):
-            await push(c, 1, attempt, [16 * MiB, 16 * MiB])
+            await push(c, APP, 1, attempt, [16 * MiB, 16 * MiB])
         assert (await c.stats())["disk"]["spills"] > 0
         got = await read_by_attempt(c, 1, 0, 2, {"": [1, 2]})
         assert got == expected([1, 2], [16 * MiB, 16 * MiB])
@@ -560,7 +549,7 @@ async def test_data_dir_auto_with_port_0_names_the_directory_after_the_bound_por
         assert wheres[0] != wheres[1]
         for d in daemons:  # each serves from its own directory
             c = await AsyncClient.connect(d.addr)
-            await push(c, 1, 1, [64 * KiB])
+            await push(c, APP, 1, 1, [64 * KiB])
             await c.flush(APP)
             assert await read_by_attempt(c, 1, 0, 1, {"": [1]}) == expected([1], [64 * KiB])
             await c.remove_application(APP)
@@ -575,7 +564,7 @@ async def _fill_until_refused(c: AsyncClient, shuffle: int, most: int) -> tuple[
     committed: list[int] = []
     for attempt in range(1, most + 1):
         try:
-            await push(c, shuffle, attempt, [512 * KiB, 512 * KiB])
+            await push(c, APP, shuffle, attempt, [512 * KiB, 512 * KiB])
         except StorageError as exc:
             return exc, committed
         committed.append(attempt)
@@ -599,7 +588,7 @@ async def test_without_a_data_dir_a_push_into_a_pool_full_of_stored_data_fails_a
     assert (await c.stats())["errors"]["STORAGE_ERROR"] >= 1
     assert await read_by_attempt(c, 1, 0, 2, {"": committed}) == expected(committed, [512 * KiB] * 2)
     await c.unregister_shuffle(APP, 1)
-    await push(c, 2, 1, [512 * KiB, 512 * KiB])
+    await push(c, APP, 2, 1, [512 * KiB, 512 * KiB])
     await c.remove_application(APP)
     assert (await pool_settled(c))["pool"]["used"] == 0
     await c.close()
@@ -623,18 +612,18 @@ async def test_without_a_data_dir_idle_push_credit_does_not_starve_another_appli
     await wait_until(outstanding, lambda n: n > 0, 10, "the idle writer holds push credit")
     for attempt in range(1, 300):  # one segment each, until the memory left is the idle writer's credit
         try:
-            await push(hog, 1, attempt, [16 * KiB])
+            await push(hog, APP, 1, attempt, [16 * KiB])
         except StorageError:
             break
     else:
         raise AssertionError("an 8 MiB pool took 300 segments")
     victim = await AsyncClient.connect(d.addr)
     with pytest.raises(StorageError, match="push credit they have not used") as refused:
-        await asyncio.wait_for(push(victim, 1, 1, [100], app="victim"), 10)
+        await asyncio.wait_for(push(victim, "victim", 1, 1, [100]), 10)
     assert not refused.value.fetch_failure
     await idle.abort()
     await hog.remove_application(APP)
-    await push(victim, 2, 1, [64 * KiB, 64 * KiB], app="victim")  # room again once the tenant lets go
+    await push(victim, "victim", 2, 1, [64 * KiB, 64 * KiB])  # room again once the tenant lets go
     await victim.remove_application("victim")
     assert (await pool_settled(victim))["pool"]["used"] == 0
     await hog.close()
@@ -678,8 +667,8 @@ async def test_flush_after_writes_idle_committed_shuffles_to_disk(
     d = stop_later(daemon(tmp_path / "data", extra=["--flush-after", "0.5"]))
     c = await AsyncClient.connect(d.addr)
     sizes = [1 * MiB, 512 * KiB]
-    await push(c, 8, 1, sizes)
-    await push(c, 8, 2, sizes)
+    await push(c, APP, 8, 1, sizes)
+    await push(c, APP, 8, 2, sizes)
     s = await wait_until(c.stats, lambda s: s["store"]["stored_segments"] == 0, what="idle shuffle flushed")
     assert s["disk"]["used_bytes"] >= 2 * sum(sizes) and s["pool"]["used"] == 0  # the groups, directories too
     assert await read_by_attempt(c, 8, 0, 2, {"": [1, 2]}) == expected([1, 2], sizes)
@@ -700,7 +689,7 @@ async def test_an_application_cannot_share_a_long_ids_spill_directory(
     squatter = victim[:100] + "-" + hashlib.sha256(victim.encode()).hexdigest()
     sizes = [200 * KiB, 100 * KiB]
     for app in (victim, squatter):
-        await push(c, 3, 1, sizes, app=app)
+        await push(c, app, 3, 1, sizes)
         await c.flush(app)
     await c.unregister_shuffle(squatter, 3)
     assert await read_by_attempt(c, 3, 0, 2, {"": [1]}, app=victim) == expected([1], sizes)
@@ -719,7 +708,7 @@ async def test_an_aborted_map_output_gives_its_spilled_bytes_back(
     data_dir = tmp_path / "data"
     d = stop_later(daemon(data_dir, pool="8M"))
     c = await AsyncClient.connect(d.addr)
-    await push(c, 4, 1, [256 * KiB, 256 * KiB])
+    await push(c, APP, 4, 1, [256 * KiB, 256 * KiB])
     await c.flush(APP)
     kept = (await c.stats())["disk"]["used_bytes"]
     hog = await AsyncClient.connect(d.addr)

@@ -13,6 +13,7 @@ from shuffled.config import DaemonConfig
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, rss, wait_until
+from tests.shuffles import push
 from tests.units import MiB
 
 APP = "app-flow"
@@ -20,15 +21,6 @@ DEFAULTS = DaemonConfig()
 
 
 pair = cluster_fixture(2, pool_size="64M")
-
-
-async def _push_partitions(client: AsyncClient, shuffle: int, attempt: int, sizes: list[int]) -> None:
-    w = await client.open_writer(APP, shuffle, 0, attempt, len(sizes))
-    for p, size in enumerate(sizes):
-        data = payload(attempt, p, size)
-        for i in range(0, size, 1 * MiB):
-            await w.write(p, data[i : i + MiB])
-    assert await w.commit() == sizes
 
 
 async def _read(client: AsyncClient, shuffle: int, p: int, loc: dict[str, list[int]]) -> bytes:
@@ -44,7 +36,7 @@ async def test_stalled_reader_does_not_block_others_on_the_shared_connection(pai
     da, db = pair.daemons
     a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
     sizes = [24 * MiB] + [1 * MiB] * 32
-    await _push_partitions(a, 10, 1, sizes)
+    await push(a, APP, 10, 1, sizes)
     loc = {da.addr: [1]}
 
     stalled = b.read(APP, 10, 0, 1, loc)
@@ -77,7 +69,7 @@ async def test_relayed_read_announces_the_whole_backlog_to_the_client(pair: Clus
 
     da, db = pair.daemons
     a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
-    await _push_partitions(a, 11, 1, [4 * MiB])  # 128 buffers, all queued at A at once
+    await push(a, APP, 11, 1, [4 * MiB])  # 128 buffers, all queued at A at once
     async with b.read(APP, 11, 0, 1, {da.addr: [1]}) as reader:
         first = await reader.next_chunk()
         assert first is not None
@@ -115,7 +107,7 @@ async def test_memory_stays_bounded_moving_ten_times_the_pool(pair: Cluster) -> 
     moved = 0
     for r in range(rounds):
         shuffle = 100 + r
-        await _push_partitions(a, shuffle, r, [per_round // 4] * 4)
+        await push(a, APP, shuffle, r, [per_round // 4] * 4)
 
         async def slow_read(p: int, shuffle: int = shuffle, r: int = r) -> int:
             n = 0
@@ -192,7 +184,7 @@ async def test_client_killed_mid_push_and_mid_read_leaks_nothing(pair: Cluster) 
     assert s["store"]["open_map_outputs"] == 0 and s["pool"]["used"] == 0
 
     # Mid-read through B of data held by A: B's gate and A's served stream go away.
-    await _push_partitions(a, 21, 5, [16 * MiB])
+    await push(a, APP, 21, 5, [16 * MiB])
     await _run_and_kill(_CHILD_READ, [db.addr, da.addr], "reading")
     await pool_settled(b)
     s = await pool_settled(a)
@@ -218,13 +210,13 @@ async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluste
     # 1545 of B's 2048 segments (75.4 %): more than the old rule allowed floating buffers at (twice the
     # read reserve free, so below 75 %), and below where background spilling starts (half way from the
     # low watermark to the high one, 77.5 %), which would take stored data back under 70 %.
-    await _push_partitions(b, 30, 1, [309 * DEFAULTS.segment_size] * 5)
+    await push(b, APP, 30, 1, [309 * DEFAULTS.segment_size] * 5)
     loaded = await pool_settled(b)
     total, reserve = loaded["pool"]["total"], loaded["pool"]["reserve"]
     stored = loaded["store"]["stored_segments"]
     start = (DEFAULTS.spill_low + DEFAULTS.spill_high) / 2
     assert total - 2 * reserve < stored < start * total and loaded["disk"]["spills"] == 0, loaded
-    await _push_partitions(a, 31, 1, [4 * MiB])  # 128 buffers queued at A at once: a large backlog
+    await push(a, APP, 31, 1, [4 * MiB])  # 128 buffers queued at A at once: a large backlog
 
     reader = b.read(APP, 31, 0, 1, {da.addr: [1]})
     first = await reader.next_chunk()  # then the client stops consuming: B's gate fills up
@@ -235,7 +227,7 @@ async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluste
     assert held["disk"]["spills"] == 0, held
     assert held["pool"]["floating"] <= DEFAULTS.floating_buffers, held
 
-    await asyncio.wait_for(_push_partitions(b, 32, 1, [8 * MiB]), 30)  # pushes still make progress
+    await asyncio.wait_for(push(b, APP, 32, 1, [8 * MiB]), 30)  # pushes still make progress
     rest = bytearray(first.data)
     while (chunk := await reader.next_chunk()) is not None:
         rest += chunk.data

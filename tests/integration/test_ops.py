@@ -29,6 +29,7 @@ from tests.cluster import (
     start_daemon,
     wait_until,
 )
+from tests.shuffles import push
 from tests.units import KiB
 
 SEGMENT = 32 * KiB
@@ -43,13 +44,6 @@ async def _scrape(d: DaemonProcess) -> dict[str, float]:
     return metric_samples(body)
 
 
-async def _push(client: AsyncClient, app: str, shuffle: int, attempt: int, sizes: list[int]) -> None:
-    w = await client.open_writer(app, shuffle, 0, attempt, len(sizes))
-    for p, size in enumerate(sizes):
-        await w.write(p, payload(attempt, p, size))
-    assert await w.commit() == sizes
-
-
 @within(60)
 async def test_metrics_count_bytes_pushed_served_and_relayed(pair: Cluster) -> None:
     """Counters match exactly what a push, a local read and a relayed read moved."""
@@ -58,8 +52,8 @@ async def test_metrics_count_bytes_pushed_served_and_relayed(pair: Cluster) -> N
     a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
     before_a, before_b = await _scrape(da), await _scrape(db)
     sizes = [100 * KiB, 40 * KiB, 3 * SEGMENT]
-    await _push(a, "m-app", 1, 1, sizes)
-    await _push(b, "m-app", 1, 2, sizes)
+    await push(a, "m-app", 1, 1, sizes)
+    await push(b, "m-app", 1, 2, sizes)
     async with a.read("m-app", 1, 0, 3, {"": [1], db.addr: [2]}) as reader:
         got = await reader.read_all()
     assert len(got) == 2 * sum(sizes)
@@ -178,7 +172,7 @@ async def test_readyz_follows_the_pool_and_the_drain() -> None:
         assert await ready() == (200, "ready\n")
         pool = (await c.stats())["pool"]
         window = 16  # push-window: what one open map output may hold
-        await _push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"] - window) * SEGMENT])
+        await push(c, "r-app", 0, 1, [(pool["total"] - pool["reserve"] - window) * SEGMENT])
         hog = await c.open_writer("r-app", 3, 0, 4, 1)  # its credit takes the rest: only the reserve is free
         _, text = await wait_until(ready, lambda r: r[0] == 503, what="not ready when the pool is full")
         assert "pool exhausted" in text
@@ -213,7 +207,7 @@ async def test_sigterm_refuses_new_pushes_and_finishes_open_work() -> None:
     try:
         pusher, reader_client, late = [await AsyncClient.connect(d.addr) for _ in range(3)]
         sizes = [2 << 20, 1 << 20]
-        await _push(reader_client, "s-app", 0, 1, sizes)
+        await push(reader_client, "s-app", 0, 1, sizes)
         w = await pusher.open_writer("s-app", 0, 1, 2, 2)
         await w.write(0, payload(2, 0, 100 * KiB))
         reader = reader_client.read("s-app", 0, 0, 2, {"": [1]})
@@ -288,7 +282,7 @@ async def test_json_logs_have_one_line_per_connection_event_and_none_per_buffer(
 
     try:
         c = await AsyncClient.connect(d.addr)
-        await _push(c, "j-app", 0, 1, [200 * SEGMENT])  # 200 buffers
+        await push(c, "j-app", 0, 1, [200 * SEGMENT])  # 200 buffers
         await c.close()
         await wait_until(
             lambda: asyncio.sleep(0, list(d.log)),
@@ -355,7 +349,7 @@ WIRE_STATS = {
     "draining": "bool",
     "ready": "bool",
     "pool": dict.fromkeys(
-        ("segment_size", "total", "free", "used", "reserve", "local_pools", "waiting", "floating"), "int"
+        ("segment_size", "total", "free", "used", "reserve", "local_pools", "waiting", "floating", "reading"), "int"
     ),
     "store": dict.fromkeys(
         (

@@ -21,21 +21,13 @@ from shuffled_client.aio import MapWriter
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
+from tests.shuffles import push
 from tests.units import MiB
 
 APP = "app-replica"
 REPLICATED = ["--replicas", "2"]
 
 pair = cluster_fixture(2, pool_size="64M", extra=REPLICATED)
-
-
-async def push(client: AsyncClient, shuffle: int, attempt: int, sizes: list[int], app: str = APP) -> None:
-    w = await client.open_writer(app, shuffle, 0, attempt, len(sizes))
-    for p, size in enumerate(sizes):
-        data = payload(attempt, p, size)
-        for i in range(0, size, MiB):
-            await w.write(p, data[i : i + MiB])
-    assert await w.commit() == sizes
 
 
 async def read_local(client: AsyncClient, shuffle: int, partitions: int, attempts: list[int]) -> list[bytes]:
@@ -61,7 +53,7 @@ async def test_a_push_is_committed_on_both_daemons_with_identical_bytes(pair: Cl
     da, db = pair.daemons
     a, b = await AsyncClient.connect(da.addr), await AsyncClient.connect(db.addr)
     sizes = [3 * MiB, 0, 100_000, 5 * MiB + 17]
-    await push(a, 1, 7, sizes)
+    await push(a, APP, 1, 7, sizes)
     sa, sb = await a.stats(), await b.stats()
     assert sb["store"]["replica_attempts"] == 1 and sb["store"]["replica_bytes"] == sum(sizes), sb["store"]
     assert sa["store"]["replica_attempts"] == 0 and sa["store"]["under_replicated"] == 0, sa["store"]
@@ -86,14 +78,14 @@ async def test_the_replica_refuses_a_push_whose_app_key_is_not_the_applications(
     a1 = await AsyncClient.connect(da.addr, app_secret="one")
     b1 = await AsyncClient.connect(db.addr, app_secret="one")
     b2 = await AsyncClient.connect(db.addr, app_secret="two")
-    await push(a1, 2, 1, [MiB], app="keyed")  # bound to "one" on both daemons
+    await push(a1, "keyed", 2, 1, [MiB])  # bound to "one" on both daemons
     await b1.remove_application("keyed", propagate=False)  # only B forgets it
     commits = [(await c.stats())["store"]["commits"] for c in (a1, b1)]
     with pytest.raises(AuthFailed):
-        await push(b2, 2, 2, [MiB], app="keyed")  # B binds "two"; A still holds "keyed" for "one"
+        await push(b2, "keyed", 2, 2, [MiB])  # B binds "two"; A still holds "keyed" for "one"
     assert [(await c.stats())["store"]["commits"] for c in (a1, b1)] == commits
     await b2.remove_application("keyed", propagate=False)
-    await push(b1, 3, 3, [2 * MiB], app="keyed")  # "one" again: replicated to A
+    await push(b1, "keyed", 3, 3, [2 * MiB])  # "one" again: replicated to A
     assert (await a1.stats())["store"]["replica_attempts"] == 1
     await a1.remove_application("keyed")  # propagated: B's data and A's replica go
     for c in (a1, b1):
@@ -130,7 +122,7 @@ async def test_a_replica_push_without_app_key_is_refused_and_binds_nothing(pair:
     assert isinstance(err, ErrorResponse) and (err.stream, err.code) == (1, ErrorCode.INVALID_REQUEST), err
     raw.writer.close()
     keyed = await AsyncClient.connect(da.addr, app_secret="one")
-    await push(keyed, 1, 1, [MiB], app="unbound")  # still unbound: it binds to "one"
+    await push(keyed, "unbound", 1, 1, [MiB])  # still unbound: it binds to "one"
     await keyed.remove_application("unbound")
     await keyed.close()
 
@@ -216,7 +208,7 @@ async def test_replica_down_restarted_or_killed(trio: Cluster) -> None:
     first, second = (next(d for d in trio.daemons if d.addr == node) for node in order)
     first.stop()
     a = await AsyncClient.connect(d0.addr)
-    await push(a, shuffle, 1, [2 * MiB, MiB])
+    await push(a, APP, shuffle, 1, [2 * MiB, MiB])
     held = sum((2 * MiB, MiB))
 
     # The copy went to the second candidate; restarted, it still knows it holds a replica.
@@ -241,7 +233,7 @@ async def test_replica_down_restarted_or_killed(trio: Cluster) -> None:
     assert s["replication"]["failed"] == 1, s["replication"]
 
     # No candidate left: the push goes on with this copy only, counted.
-    await push(a, shuffle, 3, [MiB, 0])
+    await push(a, APP, shuffle, 3, [MiB, 0])
     s = await a.stats()
     assert s["replication"]["degraded"] == 1 and s["store"]["under_replicated"] == 1, s
 
@@ -281,7 +273,7 @@ async def test_a_replica_back_after_its_primary_was_lost_serves_the_reads(trio: 
     relay = next(d for d in trio.daemons if d not in (primary, replica))
     sizes = [MiB, 2 * MiB]
     async with await AsyncClient.connect(primary.addr) as a:
-        await push(a, shuffle, 1, sizes)
+        await push(a, APP, shuffle, 1, sizes)
     await asyncio.to_thread(replica.stop)
     primary.proc.kill()
     await asyncio.to_thread(primary.proc.wait)
@@ -309,7 +301,7 @@ async def test_without_a_replica_the_push_fails_with_replica_shortfall_fail() ->
     try:
         a = await AsyncClient.connect(d.addr)
         with pytest.raises(PeerUnavailable, match="replica-shortfall"):
-            await push(a, 6, 1, [MiB])
+            await push(a, APP, 6, 1, [MiB])
         s = await pool_settled(a)
         assert s["store"]["commits"] == 0 and s["replication"]["failed"] == 1, s
         await a.close()
@@ -325,7 +317,7 @@ async def test_daemons_replicating_to_each_other_with_full_pools_spill_rather_th
     with Cluster(2, pool_size="16M", extra=REPLICATED) as cluster:
         clients = [await AsyncClient.connect(d.addr) for d in cluster.daemons]
         size = 12 * MiB
-        pushes = [push(c, 9, 10 * i + k, [size, size // 3]) for i, c in enumerate(clients) for k in range(2)]
+        pushes = [push(c, APP, 9, 10 * i + k, [size, size // 3]) for i, c in enumerate(clients) for k in range(2)]
         await asyncio.gather(*pushes)
         for c in clients:
             s = await c.stats()

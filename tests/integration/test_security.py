@@ -46,6 +46,7 @@ from shuffled_client import AsyncClient, MapWriter
 from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon
 from tests.integration.test_bad_input import Raw
+from tests.shuffles import push, read_range
 
 SECRET = "s3cret-of-the-cluster"
 #: what only daemons know; every application knows SECRET
@@ -89,18 +90,6 @@ async def _connect(d: DaemonProcess, app_secret: str | None = None) -> AsyncClie
     return await AsyncClient.connect(d.addr, secret=SECRET, app_secret=app_secret, timeout=10)
 
 
-async def _push(c: AsyncClient, app: str, attempt: int, sizes: list[int]) -> None:
-    w = await c.open_writer(app, 1, 0, attempt, len(sizes))
-    for p, n in enumerate(sizes):
-        await w.write(p, payload(attempt, p, n))
-    assert await w.commit() == sizes
-
-
-async def _read(c: AsyncClient, app: str, locations: dict[str, list[int]], end: int = 2) -> bytes:
-    async with c.read(app, 1, 0, end, locations) as reader:
-        return await reader.read_all()
-
-
 async def _challenged(addr: str, role: Role, info: dict[str, Any]) -> tuple[Raw, AuthChallenge]:
     """A raw connection that sent Hello (with `info`) and got the daemon's AuthChallenge."""
     raw = await Raw.open(addr)
@@ -119,8 +108,8 @@ def _state(stats: dict[str, Any]) -> tuple[Any, ...]:
 async def test_right_secret_works_and_wrong_or_missing_ones_are_refused(pair: list[DaemonProcess]) -> None:
     d = pair[0]
     c = await _connect(d)
-    await _push(c, "auth-app", 1, [100, 50_000])
-    assert await _read(c, "auth-app", {"": [1]}) == payload(1, 0, 100) + payload(1, 1, 50_000)
+    await push(c, "auth-app", 1, 1, [100, 50_000])
+    assert await read_range(c, "auth-app", 1, 0, 2, {"": [1]}) == payload(1, 0, 100) + payload(1, 1, 50_000)
     before = _state(await c.stats())
     with pytest.raises(AuthFailed, match="secrets differ"):
         await AsyncClient.connect(d.addr, secret="not the secret", timeout=10)
@@ -130,7 +119,7 @@ async def test_right_secret_works_and_wrong_or_missing_ones_are_refused(pair: li
     assert _logged(d, 'msg="authentication failed"')
     assert _state(await c.stats()) == before
     # the connection that did authenticate is unaffected
-    assert await _read(c, "auth-app", {"": [1]}, end=1) == payload(1, 0, 100)
+    assert await read_range(c, "auth-app", 1, 0, 1, {"": [1]}) == payload(1, 0, 100)
     await c.remove_application("auth-app")
     await c.close()
 
@@ -229,9 +218,9 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
 
     a, b = pair
     ca, cb = await _connect(a), await _connect(b)
-    await _push(ca, "peer-app", 2, [10, 70_000])
+    await push(ca, "peer-app", 1, 2, [10, 70_000])
     expected = payload(2, 0, 10) + payload(2, 1, 70_000)
-    assert await _read(cb, "peer-app", {a.addr: [2]}) == expected
+    assert await read_range(cb, "peer-app", 1, 0, 2, {a.addr: [2]}) == expected
 
     wrong = tmp_path / "wrong"
     wrong.write_text("another peer secret")
@@ -245,7 +234,7 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
         cr = await _connect(rogue)
         before = _state(await cb.stats())
         with pytest.raises(PeerUnavailable, match="secrets differ"):
-            await _read(cr, "peer-app", {b.addr: [2]})
+            await read_range(cr, "peer-app", 1, 0, 2, {b.addr: [2]})
         await _wait_logged(b, "authentication failed")
         assert _state(await cb.stats()) == before
         await cr.close()
@@ -259,7 +248,7 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
     assert isinstance(err, ErrorResponse) and err.code == ErrorCode.AUTH_FAILED, err
     assert await raw.closed()
     assert not any("superseded" in line for line in b.log + a.log)
-    assert await _read(cb, "peer-app", {a.addr: [2]}) == expected
+    assert await read_range(cb, "peer-app", 1, 0, 2, {a.addr: [2]}) == expected
     await ca.remove_application("peer-app")
     for c in (ca, cb):
         await c.close()
@@ -269,14 +258,14 @@ async def test_peers_prove_the_peer_secret_which_clients_do_not_have(
 async def test_an_application_is_kept_from_other_application_secrets(pair: list[DaemonProcess]) -> None:
     a, b = pair
     owner = await _connect(b, app_secret="secret-of-app-1")
-    await _push(owner, "app-1", 3, [500, 40_000])
+    await push(owner, "app-1", 1, 3, [500, 40_000])
     expected = payload(3, 0, 500) + payload(3, 1, 40_000)
     other = await _connect(b, app_secret="secret-of-app-2")
     nobody = await _connect(b)
     relay = await _connect(a, app_secret="secret-of-app-2")
     for c in (other, nobody):
         with pytest.raises(AuthFailed, match="belongs to other credentials"):
-            await _read(c, "app-1", {"": [3]})
+            await read_range(c, "app-1", 1, 0, 2, {"": [3]})
         with pytest.raises(AuthFailed):
             await c.unregister_shuffle("app-1", 1, propagate=False)
         with pytest.raises(AuthFailed):
@@ -284,15 +273,15 @@ async def test_an_application_is_kept_from_other_application_secrets(pair: list[
         with pytest.raises(AuthFailed):
             await c.open_writer("app-1", 1, 1, 4, 2)
     with pytest.raises(AuthFailed):  # a relaying daemon forwards the token; the data's daemon checks it
-        await _read(relay, "app-1", {b.addr: [3]})
+        await read_range(relay, "app-1", 1, 0, 2, {b.addr: [3]})
     await _wait_logged(b, 'msg="request refused"')
     # Nothing was removed, the refused connections still work for their own application.
-    assert await _read(owner, "app-1", {"": [3]}) == expected
-    await _push(other, "app-2", 5, [7, 7])
-    assert await _read(owner, "app-1", {"": [3]}) == expected
+    assert await read_range(owner, "app-1", 1, 0, 2, {"": [3]}) == expected
+    await push(other, "app-2", 1, 5, [7, 7])
+    assert await read_range(owner, "app-1", 1, 0, 2, {"": [3]}) == expected
     # The owner reads through the other daemon too, and removes its application everywhere.
     relay_owner = await _connect(a, app_secret="secret-of-app-1")
-    assert await _read(relay_owner, "app-1", {b.addr: [3]}) == expected
+    assert await read_range(relay_owner, "app-1", 1, 0, 2, {b.addr: [3]}) == expected
     result = await owner.remove_application("app-1")
     assert result["freed_segments"] > 0 and result["peers"] == {a.addr: "ok"}
     await other.remove_application("app-2")
@@ -309,14 +298,14 @@ async def test_a_tenant_without_the_token_gets_nothing_through_a_peer(pair: list
 
     a, b = pair
     owner = await _connect(b, app_secret="secret-of-app-7")
-    await _push(owner, "app-7", 2, [300, 9_000])
+    await push(owner, "app-7", 1, 2, [300, 9_000])
     expected = payload(2, 0, 300) + payload(2, 1, 9_000)
     tenant = await _connect(a)  # the cluster secret only
     with pytest.raises(AuthFailed, match="belongs to other credentials"):
-        await _read(tenant, "app-7", {b.addr: [2]})
+        await read_range(tenant, "app-7", 1, 0, 2, {b.addr: [2]})
     result = await tenant.remove_application("app-7")
     assert "AUTH_FAILED" in str(result["peers"][b.addr]), result
-    assert await _read(owner, "app-7", {"": [2]}) == expected
+    assert await read_range(owner, "app-7", 1, 0, 2, {"": [2]}) == expected
     await owner.remove_application("app-7")
     for c in (owner, tenant):
         await c.close()
@@ -357,11 +346,11 @@ async def test_a_read_failing_over_checks_the_token_where_it_is_served(pair: lis
     port = int(a.addr.rsplit(":", 1)[1])
     async with silent_daemon("127.0.0.6", port) as (dialled, drop):
         tenant = await _connect(a, app_secret="tenant")
-        reading = asyncio.create_task(_read(tenant, "app-8", {f"127.0.0.6:{port}": [1]}))
+        reading = asyncio.create_task(read_range(tenant, "app-8", 1, 0, 2, {f"127.0.0.6:{port}": [1]}))
         await asyncio.wait_for(dialled.wait(), TIMEOUT)
         owners = [await _connect(d, app_secret="owner") for d in (a, b)]
         for owner in owners:  # every candidate holds a copy
-            await _push(owner, "app-8", 1, [400, 30_000])
+            await push(owner, "app-8", 1, 1, [400, 30_000])
         drop()
         with pytest.raises(ShuffledError) as err:
             await reading
@@ -369,7 +358,7 @@ async def test_a_read_failing_over_checks_the_token_where_it_is_served(pair: lis
     for d in (a, b):  # the relaying daemon refused its own copy, its peer the resumed read
         await _wait_logged(d, 'msg="request refused"', "app=app-8")
     expected = payload(1, 0, 400) + payload(1, 1, 30_000)
-    assert await _read(owners[0], "app-8", {"": [1]}) == expected
+    assert await read_range(owners[0], "app-8", 1, 0, 2, {"": [1]}) == expected
     await owners[0].remove_application("app-8")
     for c in (tenant, *owners):
         await pool_settled(c)
@@ -385,11 +374,11 @@ async def test_a_read_with_the_wrong_token_is_refused_before_any_dial(pair: list
     a, _ = pair
     port = int(a.addr.rsplit(":", 1)[1])
     owner = await _connect(a, app_secret="owner-of-app-9")
-    await _push(owner, "app-9", 1, [100, 100])
+    await push(owner, "app-9", 1, 1, [100, 100])
     async with silent_daemon("127.0.0.7", port) as (dialled, _drop):
         tenant = await _connect(a, app_secret="tenant")
         with pytest.raises(AuthFailed, match="belongs to other credentials"):
-            await _read(tenant, "app-9", {f"127.0.0.7:{port}": [1]})
+            await read_range(tenant, "app-9", 1, 0, 2, {f"127.0.0.7:{port}": [1]})
         assert not dialled.is_set()
     await owner.remove_application("app-9")
     for c in (tenant, owner):
@@ -414,13 +403,13 @@ async def test_a_tenant_filling_a_replica_link_takes_no_copies_of_others(secrets
         async with await AsyncClient.connect(p.addr, secret=SECRET) as cp:
             assert (await cp.stats())["replication"]["degraded"] == 0  # every one of them has its copy
         victim = await _connect(p, app_secret="victim")
-        await _push(victim, "victim-app", 1, [5_000, 70_000])
+        await push(victim, "victim-app", 1, 1, [5_000, 70_000])
         async with await AsyncClient.connect(p.addr, secret=SECRET) as cp:
             assert (await cp.stats())["replication"]["degraded"] == 0
         reader = await _connect(r, app_secret="victim")
         assert (await reader.stats())["store"]["replica_attempts"] == 1
         expected = payload(1, 0, 5_000) + payload(1, 1, 70_000)
-        assert await _read(reader, "victim-app", {"": [1]}) == expected
+        assert await read_range(reader, "victim-app", 1, 0, 2, {"": [1]}) == expected
         for w in held:
             await w.abort()
         await victim.remove_application("victim-app")
@@ -502,10 +491,10 @@ async def test_a_client_cannot_make_a_daemon_connect_anywhere(pair: list[DaemonP
     port = server.sockets[0].getsockname()[1]
     c = await _connect(a)
     with pytest.raises(PeerUnavailable, match="is not a known daemon"):
-        await _read(c, "dial-app", {f"127.0.0.5:{port}": [1]})
+        await read_range(c, "dial-app", 1, 0, 2, {f"127.0.0.5:{port}": [1]})
     cb = await _connect(b)
-    await _push(cb, "dial-app", 1, [10, 10])
-    assert await _read(c, "dial-app", {b.addr: [1]}) == payload(1, 0, 10) + payload(1, 1, 10)
+    await push(cb, "dial-app", 1, 1, [10, 10])
+    assert await read_range(c, "dial-app", 1, 0, 2, {b.addr: [1]}) == payload(1, 0, 10) + payload(1, 1, 10)
     assert not connected.is_set()
     server.close()
     await cb.remove_application("dial-app")
@@ -578,12 +567,12 @@ async def test_a_flipped_byte_on_arrival_fails_the_read_with_corrupt_data(relay_
     async with corrupting_peer() as peer:
         direct = await AsyncClient.connect(peer, timeout=10)
         with pytest.raises(CorruptData, match="CRC32C"):
-            await _read(direct, "c-app", {"": [1]})
+            await read_range(direct, "c-app", 1, 0, 2, {"": [1]})
         d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "16M", ["--relay-check", relay_check])
         try:
             c = await AsyncClient.connect(d.addr, timeout=10)
             with pytest.raises(CorruptData, match="CRC32C"):
-                await _read(c, "c-app", {peer: [1]})
+                await read_range(c, "c-app", 1, 0, 2, {peer: [1]})
             s = await pool_settled(c)
             assert s["pool"]["used"] == 0 and (s["errors"].get("CORRUPT_DATA", 0) >= 1) == relay_finds, s
             await c.close()
