@@ -46,6 +46,32 @@ def spark_daemons(hosts: list[str], pool_size: str = "128M") -> Iterator[list[Da
         yield cluster.daemons
 
 
+def daemons_fixture(hosts: list[str], pool_size: str = "128M") -> Any:
+    """A module-scoped fixture of `spark_daemons`, named by the module's assignment
+    (``daemons = daemons_fixture(["127.0.0.2"])``)."""
+
+    @pytest.fixture(scope="module")
+    def running() -> Iterator[list[DaemonProcess]]:
+        with spark_daemons(hosts, pool_size) as ds:
+            yield ds
+
+    return running
+
+
+def session_fixture(master: str, daemon_choice: str, conf: dict[str, str] | None = None) -> Any:
+    """A module-scoped fixture of a Spark session through the plugin and the module's `daemons` (with
+    `conf` on top), named by the module's assignment; made after `builtin` (the built-in shuffle's
+    results, from a session of its own), since one Python process holds one session at a time."""
+
+    @pytest.fixture(scope="module")
+    def session(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
+        spark = spark_jobs.session(master, {**plugin_conf(plugin_jar, daemons, daemon_choice), **(conf or {})})
+        yield spark
+        spark.stop()
+
+    return session
+
+
 def restart(daemon: DaemonProcess, peers: list[DaemonProcess]) -> DaemonProcess:
     """A new daemon process on the same address, as systemd or Kubernetes would start after a crash."""
     if daemon.proc.poll() is None:

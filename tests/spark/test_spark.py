@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,13 +17,13 @@ from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
 from tests.spark_support import (
     daemon_stats,
+    daemons_fixture,
     job_traffic,
     needs_spark,
-    plugin_conf,
     read_blocks,
     restart,
     serialized_map_outputs,
-    spark_daemons,
+    session_fixture,
     stage_data,
     store_emptied,
 )
@@ -32,17 +31,9 @@ from tests.spark_support import (
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.2", "127.0.0.3"]) as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.2", "127.0.0.3"])
 
-
-@pytest.fixture(scope="module")
-def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
-    session = spark_jobs.session("local[2,4]", plugin_conf(plugin_jar, daemons, "task"))
-    yield session
-    session.stop()
+spark = session_fixture("local[2,4]", "task")
 
 
 @pytest.mark.parametrize("name", list(spark_jobs.JOBS))

@@ -9,7 +9,6 @@ bypass threshold) and on the unsorted one. On a line without these checksums the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from shuffled import spark_jar
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
-from tests.spark_support import needs_spark, plugin_conf, spark_daemons
+from tests.spark_support import daemons_fixture, needs_spark, plugin_conf
 
 pytestmark = [needs_spark, pytest.mark.timeout(300)]
 
@@ -32,10 +31,7 @@ def _has_row_checksums() -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.20"]) as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.20"])
 
 
 @pytest.mark.skipif(not _has_row_checksums(), reason="this Spark line has no row-based shuffle checksums")

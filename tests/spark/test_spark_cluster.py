@@ -9,47 +9,44 @@ end, which must free both daemons.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
-from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons, store_emptied
+from tests.spark_support import (
+    daemon_stats,
+    daemons_fixture,
+    job_traffic,
+    needs_spark,
+    session_fixture,
+    store_emptied,
+)
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
 IDLE_TIMEOUT_S = 2
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.4", "127.0.0.5"]) as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.4", "127.0.0.5"])
 
-
-@pytest.fixture(scope="module")
-def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
-    conf = plugin_conf(plugin_jar, daemons, "executor")
-    conf.update(
-        {
-            "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
-            # Shuffle blocks encrypted by Spark: the daemons store and relay ciphertext.
-            "spark.io.encryption.enabled": "true",
-            "spark.dynamicAllocation.enabled": "true",
-            "spark.shuffle.service.enabled": "false",
-            "spark.dynamicAllocation.shuffleTracking.enabled": "false",
-            "spark.dynamicAllocation.minExecutors": "0",
-            "spark.dynamicAllocation.initialExecutors": "2",
-            "spark.dynamicAllocation.maxExecutors": "2",
-            "spark.dynamicAllocation.executorIdleTimeout": f"{IDLE_TIMEOUT_S}s",
-        }
-    )
-    session = spark_jobs.session("local-cluster[2,1,1024]", conf)
-    yield session
-    session.stop()
+spark = session_fixture(
+    "local-cluster[2,1,1024]",
+    "executor",
+    {
+        "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+        # Shuffle blocks encrypted by Spark: the daemons store and relay ciphertext.
+        "spark.io.encryption.enabled": "true",
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.shuffle.service.enabled": "false",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "false",
+        "spark.dynamicAllocation.minExecutors": "0",
+        "spark.dynamicAllocation.initialExecutors": "2",
+        "spark.dynamicAllocation.maxExecutors": "2",
+        "spark.dynamicAllocation.executorIdleTimeout": f"{IDLE_TIMEOUT_S}s",
+    },
+)
 
 
 @pytest.mark.parametrize("name", ["groupby_agg", "join_sort_merge", "window", "rdd_reduce_by_key", "rdd_sort_by_key"])

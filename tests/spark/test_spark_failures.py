@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,14 @@ from shuffled import spark_jar
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
 from tests.jvm import SUMMARY
-from tests.spark_support import needs_spark, plugin_conf, restart, spark_daemons, stage_data
+from tests.spark_support import (
+    daemons_fixture,
+    needs_spark,
+    plugin_conf,
+    restart,
+    session_fixture,
+    stage_data,
+)
 
 pytestmark = [needs_spark, pytest.mark.timeout(300)]
 
@@ -33,19 +40,9 @@ PLUGIN_TIMEOUT_S = 4
 FAILURE_WAIT_S = 60  # a fetch failure must show up well within this (timeout + task start-up)
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.14"]) as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.14"])
 
-
-@pytest.fixture(scope="module")
-def spark(builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
-    conf = plugin_conf(plugin_jar, daemons, "task")
-    conf["spark.shuffled.timeout"] = f"{PLUGIN_TIMEOUT_S}s"
-    session = spark_jobs.session("local[2,4]", conf)
-    yield session
-    session.stop()
+spark = session_fixture("local[2,4]", "task", {"spark.shuffled.timeout": f"{PLUGIN_TIMEOUT_S}s"})
 
 
 def fetch_failures(spark: Any) -> list[str]:

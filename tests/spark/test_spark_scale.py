@@ -21,7 +21,7 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
-from tests.spark_support import job_traffic, needs_spark, plugin_conf, spark_daemons
+from tests.spark_support import daemons_fixture, job_traffic, needs_spark, plugin_conf
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -38,10 +38,7 @@ def builtin_scale(plugin_jar: Path) -> dict[str, Any]:
         spark.stop()
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.12", "127.0.0.13"], pool_size=f"{POOL_MIB}M") as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.12", "127.0.0.13"], pool_size=f"{POOL_MIB}M")
 
 
 @pytest.fixture(scope="module")

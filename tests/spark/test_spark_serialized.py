@@ -13,7 +13,7 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
-from tests.spark_support import needs_spark, plugin_conf, serialized_map_outputs, spark_daemons
+from tests.spark_support import daemons_fixture, needs_spark, plugin_conf, serialized_map_outputs
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -21,10 +21,7 @@ pytestmark = [needs_spark, pytest.mark.timeout(600)]
 FILL = "16k"
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.21"]) as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.21"])
 
 
 @pytest.fixture(scope="module", params=["lz4", "zstd"])

@@ -15,7 +15,14 @@ import pytest
 
 from tests import spark_jobs, spark_standalone
 from tests.cluster import DaemonProcess, poll_until
-from tests.spark_support import daemon_stats, job_traffic, needs_spark, plugin_conf, spark_daemons, stage_data
+from tests.spark_support import (
+    daemon_stats,
+    daemons_fixture,
+    job_traffic,
+    needs_spark,
+    plugin_conf,
+    stage_data,
+)
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -24,10 +31,7 @@ ROWS = 20_000
 STALL_AFTER = 8_000  # of the straggler's 10,000 rows: most of its output is pushed before it stalls
 
 
-@pytest.fixture(scope="module")
-def daemons() -> Iterator[list[DaemonProcess]]:
-    with spark_daemons(["127.0.0.7", "127.0.0.8"]) as ds:
-        yield ds
+daemons = daemons_fixture(["127.0.0.7", "127.0.0.8"])
 
 
 @pytest.fixture(scope="module")
