@@ -124,11 +124,13 @@ def store_pool(nbytes: int, partitions: int = 1) -> int:
 
 
 def relay_pool(readers: int) -> int:
-    """A pool for the daemon that relays: room for every concurrent read gate's exclusive and floating
-    segments at once, up to `MAX_WINDOW_POOL` (floating ones are only taken while memory is to spare, so
-    beyond that readers share less of it, as they would on a busy daemon)."""
+    """A pool for the daemon that relays: room for every concurrent read gate's exclusive segments in the
+    part of the read reserve they may hold (three quarters of it), and for their floating ones up to
+    `MAX_WINDOW_POOL` (floating ones are only taken while memory is to spare, so beyond that readers share
+    less of it, as they would on a busy daemon)."""
     want = readers * SEGMENTS_PER_READER * SEGMENT * 1.25
-    floor = readers * DAEMON_DEFAULTS.exclusive_buffers * SEGMENT * 2
+    exclusive = readers * DAEMON_DEFAULTS.exclusive_buffers * SEGMENT
+    floor = exclusive / (DAEMON_DEFAULTS.read_reserve * 3 / 4) * 1.05
     return max(DEFAULT_DAEMON_POOL, round_up_mib(max(min(want, MAX_WINDOW_POOL), floor)))
 
 

@@ -463,8 +463,14 @@ class DaemonConfig:
         unit="buffers",
         metavar="N",
     )
-    #: share of the pool kept for reading so stored data can always be read back
-    read_reserve: float = 0.125
+    read_reserve: float = setting(
+        0.125,
+        "share of the pool kept for reads (stored data can always be read back), and all that reads hold "
+        "besides floating buffers: frames, loads from disk and the exclusive buffers of relayed reads "
+        "(exclusive-buffers per remote daemon per read, in at most three quarters of it); raise it on a "
+        "daemon that relays many reads at once (spill-high must stay at most 1 less it)",
+        unit="ratio",
+    )
     high_watermark: int = 1 * MiB
     low_watermark: int = 256 << 10
     connect_timeout: float = 10.0
