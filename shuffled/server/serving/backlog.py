@@ -39,8 +39,8 @@ REQUESTS = (
 )
 #: bytes of requests one connection may have waiting, and all of them together (see the module): far more
 #: than the reads, commits and admin requests a party that reads its answers has in flight
-MAX_WAITING_BYTES = 4 << 20
-MAX_WAITING_TOTAL = 8 << 20
+MAX_WAITING_BYTES = 2 << 20
+MAX_WAITING_TOTAL = 4 << 20
 #: what a request without a body counts as (its event and its place in the line)
 MIN_REQUEST_BYTES = 64
 
