@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from shuffled.buffers import FRAME, GlobalPool, PoolExhausted
+from shuffled.buffers import FRAME, LOAD, GlobalPool, PoolExhausted
 from tests.aio import within
+from tests.turns import until
 
 SEG = 4096
 TIMEOUT = 10
@@ -212,3 +213,30 @@ async def test_floating_budget_follows_the_spill_watermark() -> None:
     pool.spilling = False
     gate.destroy()
     assert pool.floating == 0 and pool.used == 77 and pool.local_pools == 0
+
+
+@within(30)
+async def test_reads_hold_the_reserve_only_each_kind_in_its_own_line() -> None:
+    """However much is free, reads hold the reserve only: loads leave frames its last eighth and read gates'
+    exclusive buffers its last quarter; pushes may have what reads hold of it (they keep free only the
+    rest), and a gate waiting for exclusive buffers holds up no frame."""
+    pool = GlobalPool(64 * SEG, SEG, reserve=16)  # loads: up to 14, exclusive buffers: up to 12
+    gate = await asyncio.wait_for(pool.create_local_pool(12, 12, gate=True), TIMEOUT)
+    assert pool.exclusive == pool.reading == 12
+    second = asyncio.ensure_future(pool.create_local_pool(2, 2, gate=True))
+    await until(lambda: pool.waiting == 1)  # three quarters of the reserve are exclusive buffers already
+    loads = pool.try_take(2, LOAD)
+    assert loads is not None and pool.try_take(1, LOAD) is None, "loads leave frames the last eighth"
+    frames = pool.try_take(2, FRAME)
+    assert frames is not None and pool.try_take(1, FRAME) is None, "frames fill the reserve, no more"
+    assert pool.free == 48 and pool.push_room == 48, "the reserve is all held: pushes have the rest"
+    pushed = pool.try_take(48)
+    assert pushed is not None and pool.free == 0
+    pool.give(frames.pop())
+    assert pool.push_room == 0 and pool.try_take(1) is None, "pushes keep free what reads do not hold"
+    assert not second.done()
+    gate.destroy()
+    assert (await asyncio.wait_for(second, TIMEOUT)).size == 2 and pool.exclusive == 2
+    for buf in [*loads, *frames, *pushed]:
+        pool.give(buf)
+    assert pool.reading == 2 and pool.free == 62
