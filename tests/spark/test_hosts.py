@@ -72,18 +72,8 @@ def master(hosts: Hosts) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def builtin_over_hosts(hosts: Hosts, master: str, plugin_jar: Path, builtin: dict[str, Any]) -> dict[str, Any]:
-    """The jobs through Spark's own shuffle over the same hosts and links."""
-    spark = spark_standalone.session(master, hosts.spark_conf(plugin_jar))
-    try:
-        return {name: spark_jobs.JOBS[name](spark) for name in HOST_JOBS}
-    finally:
-        spark.stop()
-
-
-@pytest.fixture(scope="module")
 def spark(
-    hosts: Hosts, master: str, plugin_jar: Path, daemons: list[DaemonProcess], builtin_over_hosts: dict[str, Any]
+    hosts: Hosts, master: str, plugin_jar: Path, daemons: list[DaemonProcess], builtin: dict[str, Any]
 ) -> Iterator[Any]:
     conf = hosts.spark_conf(plugin_jar, admin=daemons[0].addr)
     session = spark_standalone.session(master, conf)
@@ -97,10 +87,10 @@ def spark(
 
 @pytest.mark.parametrize("name", HOST_JOBS)
 def test_jobs_over_hosts_match_the_builtin_shuffle(
-    spark: Any, builtin_over_hosts: dict[str, Any], daemons: list[DaemonProcess], name: str
+    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess], name: str
 ) -> None:
     with job_traffic(spark, daemons) as traffic:
-        assert spark_jobs.JOBS[name](spark) == builtin_over_hosts[name]
+        assert spark_jobs.JOBS[name](spark) == builtin[name]  # the built-in shuffle's, in a local session
     assert sum(1 for d in traffic.daemon_deltas if d["store"]["committed_bytes"] > 0) >= 2, "one host did all"
 
 

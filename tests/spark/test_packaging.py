@@ -3,8 +3,9 @@ virtual environment, run from outside the source tree. It carries the version of
 license files, the type-hint markers (py.typed) and the plugin's Java sources, so
 `shuffled demo --spark` builds the jar for the installed pyspark (into the user's cache, since
 site-packages may not be writable) and runs a PySpark job through two daemons; also with Spark 3.5.
-The first wheel is built with the hot path compiled (SHUFFLED_COMPILE=1, setup.py), the second
-pure Python, so both forms run a real job; the rest of the suite runs the pure-Python tree."""
+The first wheel is built with the hot path compiled (SHUFFLED_COMPILE=1, setup.py), the second (with Spark
+3.5, in the `full` matrix) pure Python, so both forms run a real job; the rest of the suite runs the
+pure-Python tree."""
 
 from __future__ import annotations
 
@@ -49,7 +50,11 @@ def _venv_seeing_these_packages(venv: Path) -> Path:
     return python
 
 
-@pytest.mark.parametrize(("pyspark", "compiled"), [("installed", True), ("pyspark>=3.5,<3.6", False)])
+@pytest.mark.parametrize(
+    ("pyspark", "compiled"),
+    # Spark 3.5 (a pyspark to install: a minute) is another line, so it is part of the `full` matrix
+    [("installed", True), pytest.param("pyspark>=3.5,<3.6", False, marks=pytest.mark.full)],
+)
 def test_a_wheel_installed_elsewhere_runs_the_spark_demo(tmp_path: Path, pyspark: str, compiled: bool) -> None:
     """With the pyspark the test suite runs on (the newest line), and with Spark 3.5 installed beside it."""
     wheel = build_wheel(tmp_path, compiled)
