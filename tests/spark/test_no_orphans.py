@@ -104,7 +104,18 @@ def test_a_benchmark_run_killed_mid_session_leaves_nothing(tmp_path: Path) -> No
 
 
 def test_a_spark_test_session_killed_mid_job_leaves_nothing() -> None:
-    argv = [sys.executable, "-m", "pytest", "tests/spark/held_session.py", "-s", "-q", "-p", "no:cacheprovider"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/spark/held_session.py",
+        "-s",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "0",
+    ]
     child = Child(argv)
     child.wait_for("holding", MID_RUN_TIMEOUT)  # its session has its executors
     _until(child.running("pyspark.daemon"), MID_RUN_TIMEOUT, "a task's Python worker runs")
