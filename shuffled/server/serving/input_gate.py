@@ -239,7 +239,7 @@ class InputGate:
                 raise LimitExceeded(
                     f"a read from {len(self.remote)} daemons needs {size} exclusive buffers, more than the "
                     f"{env.pool.exclusive_limit} of the read reserve reads may hold as such; use a larger "
-                    "--pool-size or fewer --exclusive-buffers"
+                    "--pool-size or --read-reserve, or fewer --exclusive-buffers"
                 )
             self.pool = await env.pool.create_local_pool(size, size, gate=True)
             if self.closed:
