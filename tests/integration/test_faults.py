@@ -33,13 +33,15 @@ from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
 from shuffled.server.cluster.placement import candidates
 from shuffled_client import AsyncClient
 from tests.aio import within
-from tests.cluster import Cluster, DaemonProcess, cluster_fixture, payload, pool_settled
+from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled
 from tests.integration.faultproxy import FaultProxy, Mark
+from tests.shuffles import push, pushed, read_range
 
 PEER_TIMEOUT = 2.0
 APP = "fault-app"
 SIZE = 1 << 20  # per partition: 32 buffers of 32 KiB
 PARTS = 2
+SIZES = [SIZE] * PARTS
 
 
 FAULT_SETTINGS = ["--peer-timeout", str(PEER_TIMEOUT), "--tcp-keepalive", "10", "--replica-search", "1"]
@@ -68,19 +70,11 @@ async def checking_proxy(checking_trio: Cluster) -> AsyncIterator[tuple[FaultPro
 
 async def _push(d: DaemonProcess, shuffle: int, attempt: int) -> None:
     async with await AsyncClient.connect(d.addr) as c:
-        w = await c.open_writer(APP, shuffle, 0, attempt, PARTS)
-        for p in range(PARTS):
-            await w.write(p, payload(attempt, p, SIZE))
-        await w.commit()
-
-
-def _expected(attempt: int) -> bytes:
-    return b"".join(payload(attempt, p, SIZE) for p in range(PARTS))
+        await push(c, APP, shuffle, attempt, SIZES, map_index=0)
 
 
 async def _read(c: AsyncClient, shuffle: int, where: str, attempt: int) -> bytes:
-    async with c.read(APP, shuffle, 0, PARTS, {where: [attempt]}) as r:
-        return await r.read_all()
+    return await read_range(c, APP, shuffle, 0, PARTS, {where: [attempt]})
 
 
 async def _all_settled(trio: Cluster) -> None:
@@ -110,7 +104,7 @@ async def _faulty_read(trio: Cluster, proxy_addr: str, shuffle: int) -> tuple[As
 
 
 async def _others_still_read(trio: Cluster, client: AsyncClient, shuffle: int) -> None:
-    assert await _read(client, shuffle, trio.daemons[2].addr, 3) == _expected(3)
+    assert await _read(client, shuffle, trio.daemons[2].addr, 3) == pushed(3, SIZES)
 
 
 async def _finish(
@@ -120,7 +114,7 @@ async def _finish(
     await other
     await _all_settled(trio)
     if retry is not None:
-        assert await retry() == _expected(1)
+        assert await retry() == pushed(1, SIZES)
     await client.close()
     await _cleanup(trio)
 
@@ -216,7 +210,7 @@ async def test_slow_but_live_link_is_not_declared_dead(trio: Cluster, proxy: tup
     p.down.rate = (PARTS * SIZE) // int(2 * PEER_TIMEOUT)  # the whole read takes about twice the bound
     client, faulty = await _faulty_read(trio, addr, 4)
     started = time.monotonic()
-    assert await faulty == _expected(1)
+    assert await faulty == pushed(1, SIZES)
     assert time.monotonic() - started > PEER_TIMEOUT
     await _finish(trio, client, asyncio.create_task(_others_still_read(trio, client, 4)))
 
@@ -228,7 +222,7 @@ async def test_a_frozen_peer_process_is_detected_and_found_again(trio: Cluster) 
     a, _, c = trio.daemons
     await _push(c, 5, 3)
     async with await AsyncClient.connect(a.addr) as client:
-        assert await _read(client, 5, c.addr, 3) == _expected(3)  # the A-C connection is up
+        assert await _read(client, 5, c.addr, 3) == pushed(3, SIZES)  # the A-C connection is up
         os.kill(c.pid, signal.SIGSTOP)
         try:
             started = time.monotonic()
@@ -237,6 +231,6 @@ async def test_a_frozen_peer_process_is_detected_and_found_again(trio: Cluster) 
             assert time.monotonic() - started <= PEER_TIMEOUT + 1.5
         finally:
             os.kill(c.pid, signal.SIGCONT)
-        assert await _read(client, 5, c.addr, 3) == _expected(3)  # A dials C again
+        assert await _read(client, 5, c.addr, 3) == pushed(3, SIZES)  # A dials C again
     await _all_settled(trio)
     await _cleanup(trio)

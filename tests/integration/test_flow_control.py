@@ -13,7 +13,7 @@ from shuffled.config import DaemonConfig
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, rss, wait_until
-from tests.shuffles import push
+from tests.shuffles import push, read_range
 from tests.units import MiB
 
 APP = "app-flow"
@@ -21,11 +21,6 @@ DEFAULTS = DaemonConfig()
 
 
 pair = cluster_fixture(2, pool_size="64M")
-
-
-async def _read(client: AsyncClient, shuffle: int, p: int, loc: dict[str, list[int]]) -> bytes:
-    async with client.read(APP, shuffle, p, p + 1, loc) as reader:
-        return await reader.read_all()
 
 
 @within(120)
@@ -43,7 +38,7 @@ async def test_stalled_reader_does_not_block_others_on_the_shared_connection(pai
     first = await stalled.next_chunk()
     assert first is not None
     started = time.monotonic()
-    others = await asyncio.gather(*(_read(b, 10, p, loc) for p in range(1, 33)))
+    others = await asyncio.gather(*(read_range(b, APP, 10, p, p + 1, loc) for p in range(1, 33)))
     elapsed = time.monotonic() - started
     for p, data in enumerate(others, start=1):
         assert data == payload(1, p, sizes[p])
@@ -192,7 +187,7 @@ async def test_client_killed_mid_push_and_mid_read_leaks_nothing(pair: Cluster) 
     assert s["store"]["memory_bytes"] >= 16 * MiB  # the pushed groups, directories included
 
     # Both daemons keep serving everyone else.
-    assert await _read(b, 21, 0, {da.addr: [5]}) == payload(5, 0, 16 * MiB)
+    assert await read_range(b, APP, 21, 0, 1, {da.addr: [5]}) == payload(5, 0, 16 * MiB)
     await a.remove_application(APP)
     for c in (a, b):
         assert (await pool_settled(c))["pool"]["used"] == 0
