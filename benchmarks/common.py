@@ -41,8 +41,7 @@ from typing import Any, TypeVar
 from shuffled import children
 from shuffled.config import DaemonConfig
 from shuffled.launch import DaemonProcess, stop_process
-from shuffled_client import AsyncClient
-from shuffled_client.aio import PartitionReader
+from shuffled_client import AsyncClient, PartitionReader
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -685,7 +685,7 @@ class DaemonConfig:
         return f"peers entries without @zone: {','.join(unzoned)}" if unzoned else None
 
     def zones(self, node: str) -> dict[str, str]:
-        """Each daemon's failure domain as the `peers` entries and `zone` name them (server/cluster/placement.py)."""
+        """Each daemon's failure domain as the `peers` entries and `zone` name them (server/cluster/replica_ring.py)."""
         zones = {addr: zone for addr, _, zone in (entry.partition("@") for entry in self.peers) if zone}
         if self.zone:
             zones[node] = self.zone

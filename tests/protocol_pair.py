@@ -22,6 +22,35 @@ DIALER = "dialer"
 ACCEPTOR = "acceptor"
 
 
+class MemoryConnection(ProtocolConnection):
+    """A protocol connection whose transport is an outbox in memory: what it says waits there until taken."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.outbox: list[bytes] = []
+        super().__init__(*args, send=self.outbox.append, **kwargs)
+
+    def receive_data(self, data: bytes, handle: Callable[[Event], None] | None = None) -> list[Event]:
+        """Feed bytes (copied in, in as many reads as the reader's buffers take), collect every event; `handle`
+        acts on each as it comes, as a shell does, before the next frame is judged."""
+        events: list[Event] = []
+        view = memoryview(data)
+        while view:
+            buf = self.get_buffer()
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            view = view[n:]
+            for event in self.buffer_updated(n):
+                if handle is not None:
+                    handle(event)
+                events.append(event)
+        return events
+
+    def data_to_send(self) -> bytes:
+        out = b"".join(self.outbox)
+        self.outbox.clear()
+        return out
+
+
 def landing(length: int) -> tuple[memoryview, bytearray]:
     """A payload target: fresh memory, handed back as the frame's payload."""
     buf = bytearray(length)
@@ -30,12 +59,12 @@ def landing(length: int) -> tuple[memoryview, bytearray]:
 
 @dataclass
 class Pair:
-    dialer: ProtocolConnection
-    acceptor: ProtocolConnection
+    dialer: MemoryConnection
+    acceptor: MemoryConnection
     #: (who sent, the bytes) in the order they crossed
     steps: list[tuple[str, bytes]] = field(default_factory=list)
 
-    def side(self, who: str) -> ProtocolConnection:
+    def side(self, who: str) -> MemoryConnection:
         return self.dialer if who == DIALER else self.acceptor
 
     def deliver(self, frm: str, handle: Callable[[Event], None] | None = None) -> list[Event]:

@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).parents[2]))
 
 from shuffled.protocol import auth
 from shuffled.protocol.codec import encode, encode_abort, encode_push_data
-from shuffled.protocol.connection import Limits, ProtocolConnection, Side
+from shuffled.protocol.connection import Limits, Side
 from shuffled.protocol.credit import OutboundStream
 from shuffled.protocol.errors import AuthFailed, PartitionNotFound, ProtocolError, ShuffledError
-from shuffled.protocol.events import Event
+from shuffled.protocol.events import Event, PushOutOfTurn
 from shuffled.protocol.frames import OpenMapOutput, PartitionRequest, Role
 from shuffled.protocol.packed import group_bytes
-from tests.protocol_pair import ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
+from tests.protocol_pair import ACCEPTOR, COMMIT, DIALER, MemoryConnection, Pair, landing, send_buffers, send_pushes
 
 OUT = Path(__file__).with_name("conversations.json")
 SECRET = b"cluster-secret-for-the-vectors"
@@ -108,8 +108,8 @@ def _describe(event: Event) -> str:
 
 
 def _pair(dialer_role: Role = Role.CLIENT, secret: tuple[bytes | None, bytes | None] = (None, None), **kw: Any) -> Pair:
-    dialer = ProtocolConnection(Side.DIALER, dialer_role, secret=secret[0], who="the acceptor")
-    acceptor = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON, who="the dialer", **kw)
+    dialer = MemoryConnection(Side.DIALER, dialer_role, secret=secret[0], who="the acceptor")
+    acceptor = MemoryConnection(Side.ACCEPTOR, Role.DAEMON, who="the dialer", **kw)
     return Pair(dialer, acceptor)
 
 
@@ -204,14 +204,31 @@ def push_committed(rec: Recorder) -> None:
 
 
 def push_aborted(rec: Recorder) -> None:
-    """The writer aborts before it ever got credit; the daemon acknowledges."""
+    """The writer gets its first credit, then aborts before pushing anything; the daemon acknowledges."""
     pair = rec.pair
     _handshake(rec)
     pair.dialer.open_push(OpenMapOutput(1, "app-1", 3, 1, 12, 2), OutboundStream(1, 0))
     rec.deliver(DIALER)
+    pair.acceptor.accept_push(1, landing)
+    pair.acceptor.grant_push_credit(1, 1)
+    rec.deliver(ACCEPTOR)
     pair.dialer.send(encode_abort(1))
     rec.deliver(DIALER)
     pair.acceptor.ack_abort(1)
+    rec.deliver(ACCEPTOR)
+
+
+def push_out_of_turn(rec: Recorder) -> None:
+    """The writer aborts before the daemon granted it credit (§12.2): the daemon fails the push on its stream
+    with MAP_OUTPUT_STATE, and the connection lives on."""
+    pair = rec.pair
+    _handshake(rec)
+    pair.dialer.open_push(OpenMapOutput(1, "app-1", 3, 1, 13, 2), OutboundStream(1, 0))
+    rec.deliver(DIALER)
+    pair.dialer.send(encode_abort(1))
+    (refused,) = rec.deliver(DIALER)
+    assert isinstance(refused, PushOutOfTurn)
+    pair.acceptor.send_error(1, refused.error)
     rec.deliver(ACCEPTOR)
 
 
@@ -277,6 +294,7 @@ CONVERSATIONS: list[tuple[Callable[[Recorder], None], Callable[[], Pair], str | 
     (read_cancelled, _pair, None),
     (push_committed, _pair, None),
     (push_aborted, _pair, None),
+    (push_out_of_turn, _pair, None),
     (admin_calls, _pair, None),
     (refusals, lambda: _pair(limits=Limits(streams=1)), None),
     (stream_zero, _pair, None),

@@ -35,8 +35,17 @@ Floating buffers (a read's extra credit beyond its exclusive buffers) only speed
 a read up, so they get memory nobody else needs to make progress: never the
 reserve, only while fewer than `floating_ceiling` segments are in use, nobody
 waits for memory and nothing is being spilled. By default the ceiling leaves twice
-the reserve free; a daemon that can spill raises it to just below where its
-background spilling starts (see `set_floating_budget`).
+the reserve free (75 % used), which left a loaded daemon's reads their exclusive
+buffers only; a daemon that can spill raises it to just below where its
+background spilling starts (`set_floating_budget`): stored data normally sits
+between the spiller's watermarks, and below the start mark floating buffers alone
+never make the daemon spill stored data (whose room they would then take).
+Floating memory cannot block a push for good: no floating buffer is given while
+anyone waits for memory or stored data is being spilled, a spare one goes back as
+soon as either happens (`FloatingPool.keep_spare`), the ones a read still needs
+come back as it proceeds (it always can: its exclusive buffers and disk loads use
+the reserve), and the pushes' room above the ceiling is more than the spiller
+needs to find worth spilling.
 """
 
 from __future__ import annotations
@@ -122,9 +131,7 @@ class GlobalPool:
         self._buffers = [Buffer(i, view[i * stride : (i + 1) * stride], segment_size) for i in range(count)]
         self._free: list[Buffer] = list(reversed(self._buffers))
         self._waiters: list[tuple[int, int, asyncio.Future[list[Buffer]]]] = []
-        self._pools: set[LocalPool] = set()
-        self._flexible: set[LocalPool] = set()
-        self._min_total = 0
+        self.locals = LocalPools(count - reserve)
         #: floating buffers are given only while fewer segments than this are in use
         self.floating_ceiling = count - 2 * reserve
         #: floating buffers out now (`LocalPool.hold_extra` minus `drop_extra`)
@@ -147,18 +154,7 @@ class GlobalPool:
         self.exclusive_limit = reserve - reserve // 4 if reads_in_reserve else count
 
     def set_floating_budget(self, ceiling: int) -> None:
-        """Let floating buffers fill the pool up to `ceiling` used segments (kept clear of the read reserve).
-
-        A daemon that spills passes the mark where its background spilling starts: stored data normally
-        sits between its watermarks, and the old ceiling (twice the reserve free, 75 % used by default)
-        left a loaded daemon's reads their exclusive buffers only. Staying below the start mark, floating
-        buffers alone never make the daemon spill stored data (which they would then take the room of).
-        Floating memory cannot block a push for good: no floating buffer is given while anyone waits for
-        memory or stored data is being spilled, a spare one goes back as soon as either happens
-        (`FloatingPool.keep_spare`), the ones a read still needs come back as it proceeds (it always can:
-        its exclusive buffers and disk loads use the reserve), and the pushes' room above the ceiling is
-        more than the spiller needs to find worth spilling.
-        """
+        """Let floating buffers fill the pool up to `ceiling` used segments (kept clear of the read reserve)."""
         self.floating_ceiling = max(0, min(ceiling, self.total - self.reserve - 1))
 
     @property
@@ -168,10 +164,6 @@ class GlobalPool:
     @property
     def used(self) -> int:
         return self.total - len(self._free)
-
-    @property
-    def local_pools(self) -> int:
-        return len(self._pools)
 
     @property
     def push_room(self) -> int:
@@ -299,44 +291,57 @@ class GlobalPool:
 
     async def create_local_pool(self, minimum: int, maximum: int, gate: bool = False, holder: str = "") -> LocalPool:
         """A new local pool holding its `minimum` segments (waits for them); `holder` names whose credit it
-        promises (an application's); `gate`: a read gate's, whose minimum is its exclusive buffers.
-
-        The pool joins the redistribution first, so pools holding more than their
-        new share give the excess back before this one asks for its minimum.
-        """
+        promises (an application's); `gate`: a read gate's, whose minimum is its exclusive buffers."""
         if not 0 <= minimum <= maximum:
             raise ValueError("local pool needs 0 <= min <= max")
         pool = LocalPool(self, minimum, maximum, gate, [], holder)
-        self._pools.add(pool)
-        self._min_total += minimum
-        if maximum > minimum:
-            self._flexible.add(pool)
-        self.redistribute()
+        self.locals.add(pool)
         try:
             segments = await self.take(minimum, EXCLUSIVE if gate else PUSH) if minimum else []
         except BaseException:
-            self._drop_pool(pool)
+            self.locals.drop(pool)
             raise
         pool.add_segments(segments)
         return pool
 
-    def _drop_pool(self, pool: LocalPool) -> None:
+
+class LocalPools:
+    """The local pools of one global pool, and their targets: the segments above every pool's minimum shared
+    in proportion to what each may still take (Flink's redistribution)."""
+
+    def __init__(self, shared: int) -> None:
+        #: the segments local pools share (all but the read reserve)
+        self.shared = shared
+        self._pools: set[LocalPool] = set()
+        #: the pools with max > min: only they can change size, so only they are visited (a thousand
+        #: concurrent fixed-size read pools cost nothing here)
+        self._flexible: set[LocalPool] = set()
+        self.min_total = 0
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    def add(self, pool: LocalPool) -> None:
+        """A new pool joins before it asks for its minimum, so pools holding more than their new share give
+        the excess back first."""
+        self._pools.add(pool)
+        self.min_total += pool.min
+        if pool.max > pool.min:
+            self._flexible.add(pool)
+        self.redistribute()
+
+    def drop(self, pool: LocalPool) -> None:
         if pool in self._pools:
             self._pools.remove(pool)
-            self._min_total -= pool.min
+            self.min_total -= pool.min
             self._flexible.discard(pool)
             self.redistribute()
 
     def redistribute(self) -> None:
-        """Share the segments above every pool's minimum in proportion to what each may still take.
-
-        Only pools with max > min can change size, so only they are visited: a
-        thousand concurrent fixed-size read pools cost nothing here.
-        """
         if not self._flexible:
             return
         spare = sum(p.max - p.min for p in self._flexible)
-        excess = self.total - self.reserve - self._min_total
+        excess = self.shared - self.min_total
         for pool in self._flexible:
             extra = 0 if spare == 0 else max(0, excess) * (pool.max - pool.min) // spare
             pool.set_target(pool.min + min(pool.max - pool.min, extra))
@@ -435,7 +440,7 @@ class LocalPool:
         self.min += n
         self.max += n
         self.target += n
-        self.owner._min_total += n
+        self.owner.locals.min_total += n
 
     def grow(self) -> bool:
         """Take one more segment from the global pool into this pool, if allowed and free."""
@@ -514,6 +519,6 @@ class LocalPool:
             owner.exclusive -= self.min
         while self._held:
             owner.give(self._held.pop())
-        owner._drop_pool(self)
+        owner.locals.drop(self)
         if owner._waiters:  # what it holds may all be out, but its exclusive share is free now
             owner._serve_waiters()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import ProtocolError, ShuffledError
+from .errors import LimitExceeded, ProtocolError, ShuffledError
 from .frames import (
     BUFFER_RESPONSE_FIXED,
     DEFAULT_MAX_PAYLOAD,
@@ -115,7 +115,14 @@ def encode_admin_request(request: int, op: str, args: dict[str, Any]) -> bytes:
 
 
 def encode_admin_response(request: int, result: dict[str, Any]) -> bytes:
-    return encode(AdminResponse(request, result))
+    """The answer to an admin request; one over the control body limit would be a fatal error for the
+    other side (§9), so it is LIMIT_EXCEEDED on the request instead."""
+    frame = encode(AdminResponse(request, result))
+    if len(frame) - HEADER.size > MAX_CONTROL_BODY:
+        return encode_error_from(
+            request, LimitExceeded(f"the answer is {len(frame) - HEADER.size} bytes, over the frame limit")
+        )
+    return frame
 
 
 # --------------------------------------------------------------------------- decoding
@@ -142,13 +149,51 @@ def decode_control(ftype: FrameType, stream: int, body: memoryview) -> Frame:
     return frame
 
 
-_HEADER_ONLY = -1
 #: bytes read beyond what the current unit needs: enough for the next data frame's header and fixed part
 READ_AHEAD = 64
 _STAGING = 64 << 10
 #: wire values to enum members by dict lookup: calling the enum per frame cost about 1 µs
 _FRAME_TYPES = {t.value: t for t in FrameType}
 _BUFFER_KINDS = {k.value: k for k in BufferKind}
+
+
+def _opened(length: int, ftype_raw: int, flag_bits: int, max_control: int, max_payload: int) -> tuple[FrameType, int]:
+    """A frame header checked (`flag_bits`: its flags and reserved bits): its type, and the bytes the reader
+    needs before it can go on (a control frame whole; a data frame's header and fixed part, its payload then
+    lands where the sink says)."""
+    ftype = _FRAME_TYPES.get(ftype_raw)
+    if ftype is None:
+        raise ProtocolError(f"unknown frame type 0x{ftype_raw:02x}")
+    if flag_bits:
+        raise ProtocolError(f"{ftype.name}: flags and reserved bits must be zero")
+    if ftype == FrameType.BUFFER_RESPONSE:
+        fixed = BUFFER_RESPONSE_FIXED.size
+    elif ftype == FrameType.PUSH_DATA:
+        fixed = PUSH_DATA_FIXED.size
+    else:
+        if length > max_control:
+            raise ProtocolError(f"{ftype.name}: body of {length} bytes exceeds the limit {max_control}")
+        return ftype, HEADER_SIZE + length
+    if length < fixed:
+        raise ProtocolError(f"{ftype.name}: frame of {length} bytes is shorter than its fixed part")
+    if length - fixed > max_payload:
+        raise ProtocolError(f"{ftype.name}: payload of {length - fixed} bytes exceeds the limit {max_payload}")
+    return ftype, HEADER_SIZE + fixed
+
+
+def _data_frame(ftype: FrameType, stream: int, length: int, fixed: memoryview) -> BufferResponse | PushData:
+    """A data frame from its fixed part (`length`: the frame's body), its payload not read yet."""
+    if ftype == FrameType.BUFFER_RESPONSE:
+        seq, backlog, kind, _, crc = BUFFER_RESPONSE_FIXED.unpack(fixed)
+        length -= BUFFER_RESPONSE_FIXED.size
+        bkind = _BUFFER_KINDS.get(kind)
+        if bkind is None:
+            raise ProtocolError(f"BufferResponse: unknown kind {kind}")
+        if bkind != BufferKind.DATA and (length or crc):
+            raise ProtocolError("BufferResponse: an event carries no payload and a zero crc")
+        return BufferResponse(stream, seq, backlog, bkind, length, None, crc)
+    seq, crc = PUSH_DATA_FIXED.unpack(fixed)
+    return PushData(stream, seq, length - PUSH_DATA_FIXED.size, None, crc)
 
 
 class FrameReader:
@@ -290,8 +335,9 @@ class FrameReader:
             if have < self._need:
                 break
             if self._ftype is None:
-                length, ftype, flags, reserved, stream = HEADER.unpack_from(view, self._start)
-                self._begin_frame(length, ftype, flags, reserved, stream)
+                length, ftype, flags, reserved, self._stream = HEADER.unpack_from(view, self._start)
+                self._ftype, self._need = _opened(length, ftype, flags | reserved, self._max_control, self._max_payload)
+                self._length = length
                 continue
             ftype = self._ftype
             self._ftype = None
@@ -325,55 +371,13 @@ class FrameReader:
                 self._staging = bytearray(_STAGING)
                 self._sview = memoryview(self._staging)
 
-    def _begin_frame(self, length: int, ftype_raw: int, flags: int, reserved: int, stream: int) -> None:
-        ftype = _FRAME_TYPES.get(ftype_raw)
-        if ftype is None:
-            raise ProtocolError(f"unknown frame type 0x{ftype_raw:02x}")
-        if flags or reserved:
-            raise ProtocolError(f"{ftype.name}: flags and reserved bits must be zero")
-        if ftype == FrameType.BUFFER_RESPONSE:
-            fixed = BUFFER_RESPONSE_FIXED.size
-        elif ftype == FrameType.PUSH_DATA:
-            fixed = PUSH_DATA_FIXED.size
-        else:
-            fixed = _HEADER_ONLY
-        if fixed == _HEADER_ONLY:
-            if length > self._max_control:
-                raise ProtocolError(f"{ftype.name}: body of {length} bytes exceeds the limit {self._max_control}")
-            self._need = HEADER_SIZE + length
-        else:
-            if length < fixed:
-                raise ProtocolError(f"{ftype.name}: frame of {length} bytes is shorter than its fixed part")
-            if length - fixed > self._max_payload:
-                raise ProtocolError(
-                    f"{ftype.name}: payload of {length - fixed} bytes exceeds the limit {self._max_payload}"
-                )
-            self._need = HEADER_SIZE + fixed
-        self._ftype = ftype
-        self._stream = stream
-        self._length = length
-
     def _begin_payload(self, ftype: FrameType, fixed: memoryview) -> int:
         """Parse a data frame's fixed part, ask the sink for a target; returns bytes consumed after the header."""
         stream = self._stream
-        frame: BufferResponse | PushData
-        if ftype == FrameType.BUFFER_RESPONSE:
-            seq, backlog, kind, _, crc = BUFFER_RESPONSE_FIXED.unpack(fixed)
-            length = self._length - BUFFER_RESPONSE_FIXED.size
-            bkind = _BUFFER_KINDS.get(kind)
-            if bkind is None:
-                raise ProtocolError(f"BufferResponse: unknown kind {kind}")
-            if bkind != BufferKind.DATA and (length or crc):
-                raise ProtocolError("BufferResponse: an event carries no payload and a zero crc")
-            frame = BufferResponse(stream, seq, backlog, bkind, length, None, crc)
-            if bkind != BufferKind.DATA:
-                self._pending = frame
-                return len(fixed)
-        else:
-            seq, crc = PUSH_DATA_FIXED.unpack(fixed)
-            length = self._length - PUSH_DATA_FIXED.size
-            frame = PushData(stream, seq, length, None, crc)
-        self._pending = frame
+        frame = self._pending = _data_frame(ftype, stream, self._length, fixed)
+        if type(frame) is BufferResponse and frame.kind is not BufferKind.DATA:
+            return len(fixed)
+        length = frame.length
         got = self._sink(ftype, stream, length)
         if got is None:
             room = self._discard_target(length)

@@ -4,8 +4,8 @@ In the style of h11/h2, nothing here does IO. The asyncio shells (the daemon's
 client and peer connections, the Python client) feed received bytes in and act
 on the events that come out; what they want to say goes through the methods
 below, which check it against the stream table and write the bytes to `send`
-(by default an outbox that `data_to_send()` empties, which is how the tests
-wire two of these together in memory).
+(the shell's sender; the tests wire two of these together in memory through an
+outbox, tests/protocol_pair.py).
 
 What lives here and nowhere else, in four parts:
 - the handshake: Hello / AuthChallenge / AuthResponse / HelloAck, both halves
@@ -15,8 +15,9 @@ What lives here and nowhere else, in four parts:
   streams.py);
 - each stream's lifecycle: a read is request → buffers → end, cancel or error;
   a push is open → credit → data → commit or abort, acknowledged or failed; an
-  admin call is request → response or error. What the other side's frames mean
-  is `Inbound`'s (inbound.py), what this side says is the calls below;
+  admin call is request → response or error, each a transition table of the
+  stream table's (`TRANSITIONS`). What the other side's frames mean is
+  `Inbound`'s (inbound.py), what this side says is the calls below;
 - the sender side's credit: AddCredit and PushCredit go straight to the stream's
   `OutboundStream` (credit.py), whose items the shell's send loop frames.
 
@@ -47,12 +48,10 @@ from .codec import (
     encode_push_credit,
 )
 from .credit import OutboundStream
-from .errors import LimitExceeded, ShuffledError
+from .errors import ShuffledError
 from .events import Event
 from .frames import (
     DEFAULT_MAX_PAYLOAD,
-    HEADER,
-    MAX_CONTROL_BODY,
     MAX_HANDSHAKE_BODY,
     OpenMapOutput,
     PartitionRequest,
@@ -60,7 +59,7 @@ from .frames import (
 )
 from .handshake import Handshake, Phase, Side
 from .inbound import Inbound
-from .streams import Kind, Limits, Stream, StreamTable, Target, release_payload
+from .streams import Kind, Limits, Step, Stream, StreamTable, Target, release_payload
 
 #: what the shells and the clients take from here (the parts' names, so they need not know the parts)
 __all__ = ["Kind", "Limits", "Phase", "ProtocolConnection", "Side", "Stream", "Target", "release_payload"]
@@ -86,8 +85,7 @@ class ProtocolConnection:
         #: the streams open, each side's, and where their payloads land
         self.streams = StreamTable(limits or Limits())
         self.reader = FrameReader(self.streams.payload_target, max_payload=max_payload, max_control=MAX_HANDSHAKE_BODY)
-        self._outbox: list[bytes] = []
-        self.send: Callable[[bytes], None] = send or self._outbox.append
+        self.send: Callable[[bytes], None] = send or _unwired
         self.handshake = Handshake(side, role, secret, self.reader, self._say)
         self.inbound = Inbound(self.handshake, self.streams, self._say)
         self._frames: deque[Any] = deque()
@@ -95,10 +93,6 @@ class ProtocolConnection:
     def _say(self, data: bytes) -> None:
         """What the parts send goes where `send` points when they send (a shell sets it after making this)."""
         self.send(data)
-
-    @property
-    def phase(self) -> Phase:
-        return self.handshake.phase
 
     @property
     def features(self) -> frozenset[str]:
@@ -137,34 +131,11 @@ class ProtocolConnection:
             if event is not None:
                 yield event
 
-    def receive_data(self, data: bytes, handle: Callable[[Event], None] | None = None) -> list[Event]:
-        """Copying convenience for tests and tools: feed bytes, collect every event.
-
-        `handle` acts on each event as it comes, as a shell does, before the next frame is judged.
-        """
-        events: list[Event] = []
-        view = memoryview(data)
-        while view:
-            buf = self.get_buffer()
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
-            view = view[n:]
-            for event in self.buffer_updated(n):
-                if handle is not None:
-                    handle(event)
-                events.append(event)
-        return events
-
     def discard_pending(self) -> None:
         """After a fatal error: release the payloads of frames decoded but never handed out."""
         while self._frames:
             release_payload(self._frames.popleft())
         release_payload(self.reader.abort())
-
-    def data_to_send(self) -> bytes:
-        out = b"".join(self._outbox)
-        self._outbox.clear()
-        return out
 
     # -- the handshake
 
@@ -182,10 +153,6 @@ class ProtocolConnection:
 
     # -- calls in: streams we open
 
-    def new_stream_id(self) -> int:
-        """A counter from 1, wrapping past 2^32-1 (PROTOCOL.md §5), skipping ids still open."""
-        return self.streams.new_id()
-
     def request_read(self, request: PartitionRequest, target: Target) -> None:
         """Open a read; its buffers land in `target` and come out as `BufferArrived`."""
         self.streams.add_own(request.receiver, Stream(Kind.READ, target=target))
@@ -194,8 +161,8 @@ class ProtocolConnection:
     def add_credit(self, receiver: int, credit: int) -> None:
         if credit <= 0:
             raise ValueError("credit must be positive")
-        stream = self.streams.own.get(receiver)
-        if stream is not None and stream.kind is Kind.READ and self.is_open:
+        stream = self.streams.step(self.streams.own, receiver, Kind.READ, Step.CREDIT)
+        if stream is not None and self.is_open:
             self.send(encode_add_credit(receiver, credit))
 
     def cancel_read(self, receiver: int) -> None:
@@ -214,7 +181,7 @@ class ProtocolConnection:
             self.send(encode_abort(writer))
 
     def request_admin(self, op: str, args: dict[str, Any]) -> int:
-        sid = self.new_stream_id()
+        sid = self.streams.new_id()
         self.streams.add_own(sid, Stream(Kind.ADMIN))
         self.send(encode_admin_request(sid, op, args))
         return sid
@@ -226,22 +193,28 @@ class ProtocolConnection:
     # -- calls in: streams they opened
 
     def accept_read(self, receiver: int, outbound: OutboundStream[Any]) -> None:
-        """Serve a requested read from `outbound`; AddCredit for it goes there."""
-        stream = self.streams.theirs.get(receiver)
+        """Serve a requested read from `outbound`; AddCredit for it goes there (and what came while its
+        request waited)."""
+        stream = self.streams.step(self.streams.theirs, receiver, Kind.READ, Step.SERVE)
         if stream is not None:
             stream.outbound = outbound
+            if stream.early_credit:
+                outbound.add_credit(stream.early_credit)
+                stream.early_credit = 0
 
     def read_finished(self, receiver: int) -> None:
         """A served read sent its end (or was shut down): its id is free for the other side again."""
         self.streams.take(self.streams.theirs, receiver, Kind.READ)
 
     def accept_push(self, writer: int, target: Target) -> None:
-        stream = self.streams.theirs.get(writer)
+        """Their push's data lands in `target` once it has credit."""
+        stream = self.streams.step(self.streams.theirs, writer, Kind.PUSH, Step.LAND)
         if stream is not None:
             stream.target = target
 
     def grant_push_credit(self, writer: int, credit: int) -> None:
-        if self.is_open and writer in self.streams.theirs:
+        stream = self.streams.step(self.streams.theirs, writer, Kind.PUSH, Step.GRANT)
+        if stream is not None and self.is_open:
             self.send(encode_push_credit(writer, credit))
 
     def ack_commit(self, writer: int, lengths: Sequence[int]) -> None:
@@ -259,16 +232,10 @@ class ProtocolConnection:
         self.streams.take(self.streams.theirs, writer, Kind.PUSH)
 
     def answer_admin(self, request: int, result: dict[str, Any]) -> None:
-        """Answer one of their admin requests; an answer over the control body limit would be a fatal error
-        for the other side (§9), so it gets LIMIT_EXCEEDED on the request instead."""
+        """Answer one of their admin requests (LIMIT_EXCEEDED for an answer over the frame limit)."""
         self.streams.admin_running -= 1
         if self.is_open:
-            frame = encode_admin_response(request, result)
-            if len(frame) - HEADER.size > MAX_CONTROL_BODY:
-                frame = encode_error_from(
-                    request, LimitExceeded(f"the answer is {len(frame) - HEADER.size} bytes, over the frame limit")
-                )
-            self.send(frame)
+            self.send(encode_admin_response(request, result))
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         """End one of their streams with an error (it leaves the table; they may reuse its id)."""
@@ -295,3 +262,7 @@ class ProtocolConnection:
         self.discard_pending()
         self.reader.close()
         self.streams.clear()
+
+
+def _unwired(data: bytes) -> None:
+    raise RuntimeError("the protocol connection has no transport to send to yet (set `send`)")

@@ -8,7 +8,7 @@ Codes are part of the wire format: see proto/PROTOCOL.md, "Error codes".
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 
 class ErrorCode(IntEnum):
@@ -54,6 +54,16 @@ class ProtocolError(ShuffledError):
     """The peer sent bytes that do not follow proto/PROTOCOL.md; fatal for the connection."""
 
     code = ErrorCode.PROTOCOL
+
+
+class StreamStateError(ProtocolError):
+    """A step its stream's transition table does not have (streams.py): fatal unless the caller maps it to a
+    refusal on the stream. `state` and `step` are the stream's state and the step refused."""
+
+    def __init__(self, message: str, state: Enum, step: Enum) -> None:
+        super().__init__(message)
+        self.state = state
+        self.step = step
 
 
 class UnsupportedVersion(ProtocolError):
@@ -178,7 +188,9 @@ def _subclasses(cls: type[ShuffledError]) -> list[type[ShuffledError]]:
     return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
-_BY_CODE: dict[int, type[ShuffledError]] = {cls.code: cls for cls in _subclasses(ShuffledError)}
+#: the class each wire code is received as: the one that declares the code (a refinement that keeps its
+#: parent's code, such as StreamStateError, is the parent on the wire)
+_BY_CODE: dict[int, type[ShuffledError]] = {cls.code: cls for cls in _subclasses(ShuffledError) if "code" in vars(cls)}
 assert len(_BY_CODE) == len(ErrorCode), "every wire error code has exactly one class"
 
 

@@ -78,6 +78,15 @@ class AbortRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class PushOutOfTurn:
+    """A commit or abort their push's table does not allow (before its first credit, or a second commit):
+    the shell fails the push with `error` (MAP_OUTPUT_STATE, §12.2), in turn with its other requests."""
+
+    writer: int
+    error: ShuffledError
+
+
+@dataclass(frozen=True, slots=True)
 class AdminRequested:
     request: AdminRequest
 
@@ -153,6 +162,7 @@ Event = (
     | PushDataArrived
     | CommitRequested
     | AbortRequested
+    | PushOutOfTurn
     | AdminRequested
     | BufferArrived
     | PushCredited

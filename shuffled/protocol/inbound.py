@@ -9,9 +9,19 @@ stream's `OutboundStream` (credit.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 
 from .codec import encode_error_from
-from .errors import CreditViolation, LimitExceeded, ProtocolError, ShuffledError, UnknownStream, error_from_code
+from .errors import (
+    CreditViolation,
+    LimitExceeded,
+    MapOutputStateError,
+    ProtocolError,
+    ShuffledError,
+    StreamStateError,
+    UnknownStream,
+    error_from_code,
+)
 from .events import (
     Aborted,
     AbortRequested,
@@ -27,6 +37,7 @@ from .events import (
     PushCredited,
     PushDataArrived,
     PushOpened,
+    PushOutOfTurn,
     ReadCancelled,
     ReadRequested,
     StreamFailed,
@@ -54,7 +65,13 @@ from .frames import (
     Role,
 )
 from .handshake import Handshake
-from .streams import Kind, StreamTable, release_payload
+from .streams import Kind, State, Step, StreamTable, release_payload
+
+#: why a commit or abort out of its push's turn is refused, by the state the push was in
+OUT_OF_TURN: dict[Enum, str] = {
+    State.OPEN: "before the daemon granted push credit",
+    State.ENDING: "after its CommitMapOutput",
+}
 
 
 class Inbound:
@@ -116,8 +133,11 @@ class Inbound:
                     return None  # the read ended or was cancelled while the credit was on its way
                 if stream.kind is not Kind.READ:
                     raise ProtocolError(f"AddCredit names stream {receiver}, which is not a read")
+                self.streams.step(self.streams.theirs, receiver, Kind.READ, Step.CREDIT)
                 if stream.outbound is not None:
                     stream.outbound.add_credit(credit)
+                else:  # its request waits to be served (the daemon's backlog): the credit waits with it
+                    stream.early_credit += credit
                 return CreditAdded(receiver, credit)
             case CancelPartitionRequest(receiver):
                 stream = self.streams.theirs.get(receiver)
@@ -133,9 +153,9 @@ class Inbound:
             case PushData():
                 return self._on_push_data(frame)
             case CommitMapOutput(writer, pushes):
-                return self._unknown_push(writer) or CommitRequested(writer, pushes)
+                return self._push_step(writer, Step.COMMIT) or CommitRequested(writer, pushes)
             case AbortMapOutput(writer):
-                return self._unknown_push(writer) or AbortRequested(writer)
+                return self._push_step(writer, Step.ABORT) or AbortRequested(writer)
             case AdminRequest(request):
                 limit = self.streams.limits.admin
                 if self.streams.admin_running >= limit:
@@ -165,11 +185,31 @@ class Inbound:
             raise ProtocolError("stream id 0 is reserved for the connection")
         return self._refuse(writer, UnknownStream(f"no open map output for writer {writer}"))
 
+    def _push_step(self, writer: int, step: Step) -> StreamRefused | PushOutOfTurn | None:
+        """None when their push `writer` may take `step` now (and has); else what is said instead: an
+        unknown push is refused on its stream, and a commit or abort out of its turn fails the push."""
+        refused = self._unknown_push(writer)
+        if refused is not None:
+            return refused
+        try:
+            self.streams.step(self.streams.theirs, writer, Kind.PUSH, step)
+        except StreamStateError as exc:
+            name = "CommitMapOutput" if step is Step.COMMIT else "AbortMapOutput"
+            return PushOutOfTurn(writer, MapOutputStateError(f"{name} {OUT_OF_TURN[exc.state]}"))
+        return None
+
     def _on_push_data(self, frame: PushData) -> Event:
         refused = self._unknown_push(frame.writer)
         if refused is not None:
             release_payload(frame)
             return refused
+        try:
+            self.streams.step(self.streams.theirs, frame.writer, Kind.PUSH, Step.DATA)
+        except StreamStateError as exc:
+            release_payload(frame)
+            if exc.state is State.OPEN:
+                raise CreditViolation(f"stream {frame.writer}: data frame sent before credit was granted") from None
+            raise ProtocolError(f"PushData for writer {frame.writer} after its CommitMapOutput") from None
         _check_landed(frame.payload, frame.writer)
         return PushDataArrived(frame)
 
@@ -179,14 +219,15 @@ class Inbound:
             release_payload(frame)  # the read was cancelled while this arrived
             return None
         if frame.kind is BufferKind.DATA:
+            self.streams.step(self.streams.own, frame.receiver, Kind.READ, Step.DATA)
             _check_landed(frame.payload, frame.receiver)
         else:
             del self.streams.own[frame.receiver]
         return BufferArrived(frame)
 
     def _on_push_credit(self, writer: int, credit: int) -> Event | None:
-        stream = self.streams.own.get(writer)
-        if stream is None or stream.kind is not Kind.PUSH:
+        stream = self.streams.step(self.streams.own, writer, Kind.PUSH, Step.GRANT)
+        if stream is None:
             return None
         if stream.outbound is not None:
             stream.outbound.add_credit(credit)

@@ -1,8 +1,23 @@
 """The stream table of one end of a connection (connection.py): the streams this side opened ("own") and
-those the other side opened ("theirs"), of which kind, where their data lands, the id rules (never 0, never
-one still open) and the per-connection limits.
+those the other side opened ("theirs"), of which kind, in which state, where their data lands, the id rules
+(never 0, never one still open) and the per-connection limits.
 
 Own and theirs are separate id spaces, as the spec says: on a peer link both daemons read.
+
+Each stream's lifecycle is a transition table per kind and end (`TRANSITIONS`), in the style of h2: a step
+that is not in its table raises `StreamStateError`, and the caller says what that costs (a frame of the
+other side's that breaks the rules is fatal, an early commit is refused on its stream, PROTOCOL.md §12.2).
+A stream ends from any state (an end of partition, an answer, an error or a cancel takes it out of the
+table); the steps in between are these:
+
+    read, theirs   OPEN --serve--> SERVING        AddCredit in either (kept until served)
+    read, own      OPEN                           data and AddCredit
+    push, theirs   OPEN --grant--> CREDITED --commit/abort--> ENDING
+                   (a landing target any time before credit; data and grants while CREDITED; a grant
+                   or an abort while ENDING: credit sent before the commit was read, a writer giving up
+                   waiting for its answer)
+    push, own      OPEN --grant--> CREDITED
+    admin          OPEN                           request, then its answer
 """
 
 from __future__ import annotations
@@ -13,7 +28,7 @@ from enum import Enum
 from typing import Any
 
 from .credit import OutboundStream
-from .errors import LimitExceeded, ProtocolError
+from .errors import LimitExceeded, ProtocolError, StreamStateError
 from .frames import MAX_STREAMS_PER_CONNECTION, FrameType
 
 #: where a stream's next data payload goes: (memory to fill, token that comes back as the frame's payload)
@@ -24,6 +39,53 @@ class Kind(Enum):
     READ = "read"
     PUSH = "push"
     ADMIN = "admin"
+
+
+class State(Enum):
+    OPEN = "open"  # opened: a read not yet served, a push without credit yet, an admin request
+    SERVING = "serving"  # a read this side serves from its outbound stream
+    CREDITED = "credited"  # a push whose writer has credit: data may flow
+    ENDING = "ending"  # a push whose commit or abort was asked: only its answer is owed
+
+
+class Step(Enum):
+    SERVE = "serve"  # the server serves a read (its outbound stream is set)
+    LAND = "land"  # the server says where a push's data lands
+    GRANT = "grant"  # push credit granted (server) or arrived (opener)
+    CREDIT = "credit"  # read credit: AddCredit sent (opener) or arrived (server)
+    DATA = "data"  # a data frame arrived: PushData (server), BufferResponse DATA (opener)
+    COMMIT = "commit"  # CommitMapOutput arrived
+    ABORT = "abort"  # AbortMapOutput arrived
+
+
+#: (kind, theirs) -> (state, step) -> the next state; nothing else is allowed (see the module)
+TRANSITIONS: dict[tuple[Kind, bool], dict[tuple[State, Step], State]] = {
+    (Kind.READ, True): {
+        (State.OPEN, Step.CREDIT): State.OPEN,
+        (State.OPEN, Step.SERVE): State.SERVING,
+        (State.SERVING, Step.CREDIT): State.SERVING,
+    },
+    (Kind.READ, False): {
+        (State.OPEN, Step.DATA): State.OPEN,
+        (State.OPEN, Step.CREDIT): State.OPEN,
+    },
+    (Kind.PUSH, True): {
+        (State.OPEN, Step.LAND): State.OPEN,
+        (State.OPEN, Step.GRANT): State.CREDITED,
+        (State.CREDITED, Step.GRANT): State.CREDITED,
+        (State.CREDITED, Step.DATA): State.CREDITED,
+        (State.CREDITED, Step.COMMIT): State.ENDING,
+        (State.CREDITED, Step.ABORT): State.ENDING,
+        (State.ENDING, Step.GRANT): State.ENDING,
+        (State.ENDING, Step.ABORT): State.ENDING,
+    },
+    (Kind.PUSH, False): {
+        (State.OPEN, Step.GRANT): State.CREDITED,
+        (State.CREDITED, Step.GRANT): State.CREDITED,
+    },
+    (Kind.ADMIN, True): {},
+    (Kind.ADMIN, False): {},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +102,9 @@ class Stream:
     kind: Kind
     target: Target | None = None
     outbound: OutboundStream[Any] | None = None
+    state: State = State.OPEN
+    #: read credit that arrived before the read was served, handed to its outbound stream when it is
+    early_credit: int = 0
 
 
 class StreamTable:
@@ -97,12 +162,30 @@ class StreamTable:
             self.pushes_open -= 1
         return True
 
+    def step(self, table: dict[int, Stream], sid: int, kind: Kind, step: Step) -> Stream | None:
+        """Move stream `sid` of `table` (ours or theirs) by `step`; None when it is not there or of another
+        kind (it ended while a frame about it was on its way). Raises StreamStateError for a step its table
+        does not have."""
+        stream = table.get(sid)
+        if stream is None or stream.kind is not kind:
+            return None
+        following = TRANSITIONS[kind, table is self.theirs].get((stream.state, step))
+        if following is None:
+            raise StreamStateError(
+                f"{step.value} is not allowed on {kind.value} stream {sid} while it is {stream.state.value}",
+                stream.state,
+                step,
+            )
+        stream.state = following
+        return stream
+
     def payload_target(self, ftype: FrameType, stream: int, length: int) -> tuple[memoryview, Any] | None:
         """Where a data frame's payload lands (the FrameReader asks): the target the shell registered for its
-        stream, None for a stream not open (the payload is then skipped)."""
-        table = self.theirs if ftype == FrameType.PUSH_DATA else self.own
-        entry = table.get(stream)
-        if entry is None or entry.target is None:
+        stream, None for a stream not open or a push without credit (the payload is then skipped, and the
+        frame judged when it is handed out)."""
+        push = ftype == FrameType.PUSH_DATA
+        entry = (self.theirs if push else self.own).get(stream)
+        if entry is None or entry.target is None or (push and entry.state is not State.CREDITED):
             return None
         return entry.target(length)
 

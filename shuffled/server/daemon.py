@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from .cluster.membership import Membership
 from .cluster.peers import PeerManager
 from .cluster.sweep import Sweeper
 from .housekeeping import Housekeeping
+from .listeners import Listeners
 from .serving.backlog import UnsentBudget
 from .serving.connection import DaemonConnection
 from .serving.environment import ShuffleEnvironment
@@ -47,25 +47,6 @@ log = logging.getLogger(__name__)
 
 #: most seconds `stop` waits for the answers to `drain` requests with `wait` (they are due at once)
 ANSWER_WAIT = 1.0
-
-
-def _auto_listener(config: DaemonConfig) -> socket.socket | None:
-    """With data-dir auto, port 0 and no advertised address, a socket bound now to a port the kernel picks,
-    for `create_server(sock=...)`: the data dir is named after the address listened on, so the port must
-    be known before the directory is."""
-    if config.data_dir != DATA_DIR_AUTO or config.port != 0 or config.advertise:
-        return None
-    family, kind, proto, _, addr = socket.getaddrinfo(config.host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-        0
-    ]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def _open_disk(config: DaemonConfig, data_dir: str | None, listener: socket.socket | None) -> Disk | None:
@@ -90,16 +71,18 @@ class Daemon:
         # of the reserve they may hold (floating buffers come from memory outside it, while there is some).
         reserve = max(int(segments * config.read_reserve), 4 * config.exclusive_buffers)
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
-        self._listener = _auto_listener(config)
+        #: whom it trusts and how each side proves itself (serving/trust.py)
+        self.trust = Trust.load(config)
+        self.listeners = Listeners(config, self.trust.peer_tls[0] if self.trust.peer_tls is not None else None)
         #: where spill files live (None: memory only)
-        self.data_dir = config.data_directory(self._listener.getsockname()[1] if self._listener else None)
+        self.data_dir = config.data_directory(self.listeners.early_port)
         self.metrics = DaemonMetrics()
         self.object_stats = ObjectStoreStats()
         #: everything stored: memory, the data dir, the object store (storage/manager.py)
         self.storage = open_storage(
             config,
             self.pool,
-            _open_disk(config, self.data_dir, self._listener),
+            _open_disk(config, self.data_dir, self.listeners.early),
             self.object_stats,
             self.metrics.observe_object_store,
         )
@@ -113,12 +96,9 @@ class Daemon:
         self.background: set[asyncio.Task[Any]] = set()
         #: every daemon this one knows of (`peers`, `peers-dns`), itself included
         self.membership = Membership(config, config.advertise or "")
-        #: whom it trusts and how each side proves itself (serving/trust.py)
-        self.trust = Trust.load(config)
         self.peers: PeerManager[DaemonConnection] = PeerManager(
             config, self.membership, self.trust.secret, self.dial_peer
         )
-        self._servers: list[asyncio.AbstractServer] = []
         self.started = False
         #: SIGTERM, SIGINT or the admin `drain`: new pushes, then new client reads are refused
         self.drain = Drain(self._work, self._open_reads, self._hand_over)
@@ -198,34 +178,12 @@ class Daemon:
         return conn
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         cfg = self.config
         # Before listening: no request may see a half-restored store.
         restored = self.storage.restore()
-        if self._listener is not None:
-            server = await loop.create_server(lambda: DaemonConnection(self.env), sock=self._listener)
-        else:
-            server = await loop.create_server(
-                lambda: DaemonConnection(self.env), cfg.host, cfg.port, reuse_address=True
-            )
-        self._servers.append(server)
-        port = server.sockets[0].getsockname()[1]
+        port = await self.listeners.open(lambda tls: DaemonConnection(self.env, tls=tls))
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         self.membership.node = cfg.advertise or f"{host}:{port}"
-        if self.trust.peer_tls is not None:
-            tls_server = await loop.create_server(
-                lambda: DaemonConnection(self.env, tls=True),
-                cfg.host,
-                cfg.peer_tls_port,
-                ssl=self.trust.peer_tls[0],
-                reuse_address=True,
-            )
-            self._servers.append(tls_server)
-        if cfg.unix_socket:
-            if os.path.exists(cfg.unix_socket):
-                os.unlink(cfg.unix_socket)
-            self._servers.append(await loop.create_unix_server(lambda: DaemonConnection(self.env), cfg.unix_socket))
-            os.chmod(cfg.unix_socket, cfg.unix_socket_mode)
         if cfg.metrics_port >= 0:
             self.ops = OpsServer(self, cfg.metrics_host or cfg.host, cfg.metrics_port, cfg.stall_timeout)
             self.ops.start()
@@ -237,38 +195,7 @@ class Daemon:
         self.housekeeping.start()
         self._watchdog = asyncio.create_task(watch(self.connections, self.config, self.unsent.drained))
         self.started = True
-        if (mismatch := cfg.zone_mismatch(self.node)) is not None:
-            event(
-                log,
-                "zones differ between daemons: replicas may be placed and looked for in different places",
-                logging.WARNING,
-                reason=mismatch,
-                fix="give every daemon's zone in its peers entry (HOST:PORT@ZONE), the same list on every daemon",
-            )
-        if self.trust.secret is None:
-            event(
-                log,
-                "authentication off",
-                logging.WARNING,
-                reason="no secret-file or SHUFFLED_SECRET: any process that can connect may push, read and delete data",
-            )
-        where = self.storage.describe()
-        event(
-            log,
-            "ready",
-            node=self.node,
-            unix=cfg.unix_socket,
-            pool_bytes=self.pool.total * cfg.segment_size,
-            segments=self.pool.total,
-            segment_size=cfg.segment_size,
-            read_reserve=self.pool.reserve,
-            peer_tls_port=cfg.peer_tls_port or None,
-            restored_shuffles=restored,
-            peers=len(self.membership.others()),
-            http=self.ops.address if self.ops else None,
-            data_dir=where["data_dir"],
-            object_store=where["object_store"],
-        )
+        _say_ready(self, restored)
 
     def readiness(self) -> list[str]:
         """Why this daemon should not get new pushes now (empty: ready)."""
@@ -287,8 +214,7 @@ class Daemon:
             self.ops.stop()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for server in self._servers:
-            server.close()
+        self.listeners.close()
         if self.drain.ended.is_set() and self.drain.answering:  # `shuffled drain --wait` hears how it ended
             await asyncio.wait(set(self.drain.answering), timeout=ANSWER_WAIT)
         conns = list(self.connections)
@@ -299,10 +225,7 @@ class Daemon:
                 conn.close("daemon stopping")
         if conns:  # their open map outputs are aborted when they are gone, before anything is persisted
             await asyncio.wait([c.lost for c in conns], timeout=5)
-        for server in self._servers:
-            await server.wait_closed()
-        if self.config.unix_socket and os.path.exists(self.config.unix_socket):
-            os.unlink(self.config.unix_socket)
+        await self.listeners.closed()
         self.housekeeping.stop()
         self.healing.stop()
         if self.sweeper is not None:
@@ -315,3 +238,40 @@ class Daemon:
         """One snapshot of everything this daemon counts (`to_wire()` is the admin `stats` answer)."""
         drain = self.drain
         return snapshot(self, time.monotonic(), len(self.membership.others()), drain.stats, drain.draining)
+
+
+def _say_ready(d: Daemon, restored: int) -> None:
+    """The ready line (where data goes, what was restored), after the warnings an operator should act on."""
+    cfg = d.config
+    if (mismatch := cfg.zone_mismatch(d.node)) is not None:
+        event(
+            log,
+            "zones differ between daemons: replicas may be placed and looked for in different places",
+            logging.WARNING,
+            reason=mismatch,
+            fix="give every daemon's zone in its peers entry (HOST:PORT@ZONE), the same list on every daemon",
+        )
+    if d.trust.secret is None:
+        event(
+            log,
+            "authentication off",
+            logging.WARNING,
+            reason="no secret-file or SHUFFLED_SECRET: any process that can connect may push, read and delete data",
+        )
+    where = d.storage.describe()
+    event(
+        log,
+        "ready",
+        node=d.node,
+        unix=cfg.unix_socket,
+        pool_bytes=d.pool.total * cfg.segment_size,
+        segments=d.pool.total,
+        segment_size=cfg.segment_size,
+        read_reserve=d.pool.reserve,
+        peer_tls_port=cfg.peer_tls_port or None,
+        restored_shuffles=restored,
+        peers=len(d.membership.others()),
+        http=d.ops.address if d.ops else None,
+        data_dir=where["data_dir"],
+        object_store=where["object_store"],
+    )

@@ -52,4 +52,4 @@ class Housekeeping:
         await self.storage.housekeeping(time.monotonic())
         for conn in list(self.connections):
             for session in list(conn.pushes.sessions.values()):
-                session.check_wait()
+                session.window.check_wait()

@@ -82,7 +82,7 @@ async def test_groups_hold_exactly_the_runs_read_locally_and_relayed(pair: Clust
         assert groups > served, f"{groups} groups in {served} buffers: no buffer carried several groups"
         await far.unregister_shuffle(APP, 1)
         for c in (near, far):
-            assert c.pool is not None and c.pool.used == 0
+            assert c.session.pool is not None and c.session.pool.used == 0
             assert (await pool_settled(c))["pool"]["used"] == 0
 
 
@@ -92,7 +92,7 @@ async def test_a_group_is_gone_once_iteration_moves_on_and_an_early_close_gives_
 ) -> None:
     async with await AsyncClient.connect(pair.daemons[0].addr) as client:
         await push_all(client, 2)
-        assert client.pool is not None
+        assert client.session.pool is not None
         async with client.read(APP, 2, 0, PARTITIONS, {"": ATTEMPTS}) as reader:
             first = await reader.next_group()
             assert first is not None and len(first.data) == sum(first.lengths)
@@ -102,8 +102,8 @@ async def test_a_group_is_gone_once_iteration_moves_on_and_an_early_close_gives_
                 first.data  # noqa: B018 (the access is what is tested)
             with pytest.raises(ValueError, match="one kind of iteration"):
                 await reader.next_chunk()
-            assert client.pool.used > 0  # stops with buffers queued and one handed out
-        assert client.pool.used == 0
+            assert client.session.pool.used > 0  # stops with buffers queued and one handed out
+        assert client.session.pool.used == 0
         with pytest.raises(ValueError, match="released"):
             second.data  # noqa: B018
         await client.unregister_shuffle(APP, 2)

@@ -8,8 +8,7 @@ from collections import defaultdict
 import psutil
 import pytest
 
-from shuffled_client import AsyncClient, PartitionNotFound, PeerUnavailable
-from shuffled_client.aio import ReadChunk
+from shuffled_client import AsyncClient, PartitionNotFound, PeerUnavailable, ReadChunk
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shuffled.server.cluster.placement import candidates
+from shuffled.server.cluster.replica_ring import candidates
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster

@@ -17,7 +17,7 @@ import pytest
 from shuffled.protocol.auth import drain_challenge_proof, drain_proof, new_nonce, proof_matches
 from shuffled.protocol.errors import AuthFailed, InvalidRequest, ShuttingDown
 from shuffled.server.cluster.handover import PARALLEL
-from shuffled.server.cluster.placement import candidates
+from shuffled.server.cluster.replica_ring import candidates
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, secret_flags, start_daemon, wait_until
@@ -106,7 +106,7 @@ async def test_replicas_2_only_what_lacks_copies_elsewhere_is_copied_on_sigterm(
         await push(clients[p], APP, 1, 3, SIZES)  # on p and, as its replica, d0: one copy to q
         before = {a: (await clients[a].stats())["store"] for a in (x, y)}
         with pytest.raises(InvalidRequest, match="peer daemons only"):
-            await clients[x]._admin_call("holds", {"app": APP, "shuffle": 1, "attempts": [1]})
+            await clients[x].session.admin_request("holds", {"app": APP, "shuffle": 1, "attempts": [1]})
         d0.proc.send_signal(signal.SIGTERM)
         assert await exited(d0) == 0
         drained = logged(d0, "drained")
@@ -223,7 +223,7 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
         bad: dict[str, Any]  # the loops below try arguments of several kinds
         for bad in ({}, {"nonce": "ab" * 8}, {"nonce": 5}):
             with pytest.raises(AuthFailed, match="no valid nonce"):
-                await c._admin_call("drain_challenge", bad)
+                await c.session.admin_request("drain_challenge", bad)
         with pytest.raises(AuthFailed, match="peer secret"):  # no challenge answered on this connection
             await c.drain(proof="0" * 64)
         mine, theirs = await challenged(c, peer)
@@ -239,13 +239,13 @@ async def test_with_a_peer_secret_only_its_holders_may_drain(tmp_path: Path) -> 
         for args in ({"handoff": False}, {"timeout": 0}, {"proof": 5}):  # other arguments than proved
             mine, theirs = await challenged(c, peer)
             with pytest.raises(AuthFailed, match="peer secret"):
-                await c._admin_call("drain", {"proof": drain_proof(peer, mine, theirs, True, None), **args})
+                await c.session.admin_request("drain", {"proof": drain_proof(peer, mine, theirs, True, None), **args})
         s = await c.stats()
         assert s["drain"]["state"] == "serving" and s["ready"]
         for bad in ({"timeout": -1}, {"timeout": 1.5}, {"handoff": "yes"}):
             await challenged(c, peer)
             with pytest.raises(InvalidRequest):
-                await c._admin_call("drain", bad)
+                await c.session.admin_request("drain", bad)
         mine, theirs = await challenged(c, peer)
         assert await c.drain(timeout=5, proof=drain_proof(peer, mine, theirs, True, 5)) == {"state": "pushes"}
         assert await exited(d) == 0

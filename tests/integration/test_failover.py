@@ -23,7 +23,7 @@ import pytest_asyncio
 from shuffled.launch import DaemonProcess, free_port
 from shuffled.protocol.errors import ErrorCode, ShuffledError
 from shuffled.protocol.frames import FrameType
-from shuffled.server.cluster.placement import candidates
+from shuffled.server.cluster.replica_ring import candidates
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, payload, pool_settled, start_daemon

@@ -30,7 +30,7 @@ import pytest_asyncio
 
 from shuffled.protocol.errors import ConnectionLost, CorruptData, ErrorCode, ShuffledError, TimedOut
 from shuffled.protocol.frames import BUFFER_RESPONSE_FIXED, HEADER, FrameType
-from shuffled.server.cluster.placement import candidates
+from shuffled.server.cluster.replica_ring import candidates
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, cluster_fixture, pool_settled

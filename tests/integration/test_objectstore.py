@@ -25,6 +25,7 @@ from shuffled.protocol.errors import StorageError
 from shuffled.server.storage.lease import lease_node
 from shuffled.server.storage.object_format import node_dir
 from shuffled.server.storage.objects import ObjectStore
+from shuffled.server.storage.probe import probe
 from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
 from tests.integration.faultproxy import FaultProxy
@@ -306,7 +307,7 @@ async def test_credentials_from_the_shared_files_and_the_environment_first(s3: S
     ]
     for environ, failure in cases:
         objects = _store(s3, prefix, environ=environ, timeout=5.0, retries=0)
-        reason = await objects.probe()
+        reason = await probe(objects)
         assert (reason is None) if failure is None else (failure in (reason or "")), (environ, reason)
         assert s3.admin.secret_key not in repr(objects) and s3.reader.secret_key not in repr(objects)
     assert await _store(s3, prefix).list_objects() == []

@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 from shuffled.launch import free_port
 from shuffled.net.streams import Payload
-from shuffled_client import AsyncClient
-from shuffled_client.aio import MapWriter
+from shuffled_client import AsyncClient, MapWriter
 from tests.aio import run
 from tests.cluster import pool_settled, start_daemon
 from tests.pieces import Output, check, group_runs, outputs
@@ -73,7 +72,7 @@ async def push_groups(writer: MapWriter, groups: list[bytes]) -> None:
         buf.memory[: len(group)] = group
         buf.length = len(group)
         writer.stream.push_data(Payload(buf))
-        writer.client._wake(writer.stream)
+        writer.session.wake(writer.stream)
 
 
 async def read_every_range(client: AsyncClient, shuffle: int, partitions: int, outs: list[Output]) -> None:

@@ -15,9 +15,8 @@ from shuffled.launch import free_port
 from shuffled.protocol import codec
 from shuffled.protocol.errors import AuthFailed, ErrorCode, InvalidRequest, PeerUnavailable
 from shuffled.protocol.frames import REPLICA, ErrorResponse, Hello, HelloAck, OpenMapOutput, Role
-from shuffled.server.cluster.placement import candidates
-from shuffled_client import AsyncClient
-from shuffled_client.aio import MapWriter
+from shuffled.server.cluster.replica_ring import candidates
+from shuffled_client import AsyncClient, MapWriter
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
@@ -41,9 +40,9 @@ async def read_local(client: AsyncClient, shuffle: int, partitions: int, attempt
 
 async def open_raw(client: AsyncClient, **keys: Any) -> None:
     """Open a push with OpenMapOutput keys the client API does not send; returns at the first credit."""
-    proto = client._proto()
-    w = MapWriter(client, proto.new_stream_id(), 1, 1)
-    client._writers[w.stream.stream] = w
+    proto = client.session.proto
+    w = MapWriter(client.session, proto.streams.new_id(), 1, 1)
+    client.session.add_writer(w.stream.stream, w)
     proto.open_push(OpenMapOutput(w.stream.stream, APP, 99, 0, 1, 1, **keys), w.stream)
     await w._opened
 

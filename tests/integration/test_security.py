@@ -20,7 +20,7 @@ import pytest
 
 from shuffled.protocol import codec
 from shuffled.protocol.auth import dialer_proof
-from shuffled.protocol.connection import ProtocolConnection, Side
+from shuffled.protocol.connection import Side
 from shuffled.protocol.errors import (
     AuthFailed,
     CorruptData,
@@ -46,6 +46,7 @@ from shuffled_client import AsyncClient, MapWriter
 from tests.aio import within
 from tests.cluster import Cluster, DaemonProcess, free_port, payload, pool_settled, start_daemon
 from tests.integration.test_bad_input import Raw
+from tests.protocol_pair import MemoryConnection
 from tests.shuffles import push, read_range
 
 SECRET = "s3cret-of-the-cluster"
@@ -427,7 +428,7 @@ async def impostor(victim: str, host: str) -> AsyncIterator[tuple[str, list[tupl
     seen: list[tuple[str, dict[str, Any]]] = []
 
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        proto = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+        proto = MemoryConnection(Side.ACCEPTOR, Role.DAEMON)
         async with await AsyncClient.connect(victim, secret=SECRET) as upstream:
             while data := await r.read(1 << 16):
                 for ev in proto.receive_data(data):
@@ -441,7 +442,7 @@ async def impostor(victim: str, host: str) -> AsyncIterator[tuple[str, list[tupl
                         if op == "drain":
                             args = {**args, "handoff": False, "timeout": 0}
                         try:
-                            proto.answer_admin(ev.request.request, await upstream._admin_call(op, args))
+                            proto.answer_admin(ev.request.request, await upstream.session.admin_request(op, args))
                         except ShuffledError as exc:
                             proto.fail_admin(ev.request.request, exc)
                 w.write(proto.data_to_send())

@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from shuffled.protocol.codec import decode_all, encode
-from shuffled.protocol.connection import Limits, ProtocolConnection, Side
+from shuffled.protocol.connection import Limits, Side
 from shuffled.protocol.errors import AuthFailed, ErrorCode, InvalidRequest, ShuffledError
 from shuffled.protocol.events import AdminRequested
 from shuffled.protocol.frames import AdminRequest, ErrorResponse, Hello, Role
 from shuffled.server.serving.admin_ops import OPERATIONS, Operation, Scope
 from shuffled.server.serving.admin_service import AdminService
 from tests.aio import within
+from tests.protocol_pair import MemoryConnection
 
 TIMEOUT = 10.0
 
@@ -31,7 +32,7 @@ class Link:
     """The connection side of the service: a real protocol connection, past its handshake."""
 
     def __init__(self) -> None:
-        self.proto = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON, limits=Limits(admin=1))
+        self.proto = MemoryConnection(Side.ACCEPTOR, Role.DAEMON, limits=Limits(admin=1))
         self.proto.receive_data(encode(Hello(Role.CLIENT, info={})))
         self.proto.accept({})
         self.proto.data_to_send()

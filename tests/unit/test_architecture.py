@@ -210,7 +210,8 @@ def test_packages_import_only_what_lies_below_them() -> None:
 #: store, the shuffles and their map outputs are storage's own: a module that cannot import them cannot
 #: reach into their dicts and arrays, so what commit, drop, flush and persist do stays written once.
 STORAGE_DOOR = {
-    f"{STORAGE}.{name}" for name in ("manager", "writer", "view", "disk", "lease", "object_format", "objects")
+    f"{STORAGE}.{name}"
+    for name in ("manager", "holdings", "writer", "view", "disk", "lease", "object_format", "objects")
 }
 
 
@@ -229,10 +230,10 @@ def test_the_rest_of_the_daemon_uses_storage_only_through_its_door() -> None:
     )
 
 
-#: The house rule: no class over about 250 lines (one that grows past it does several things: split it into
-#: parts named from the domain, as the store, the tier, the spiller and the protocol connection were).
-#: Checked at 260, so a docstring line more does not fail a build.
-MAX_CLASS_LINES = 260
+#: The house rule: no class over 200 lines (one that grows past it does several things: split it into parts
+#: named from the domain, as the store, the tier, the spiller, the pool, the read view, the push session and
+#: the client were), in the daemon's package and the Python client's.
+MAX_CLASS_LINES = 200
 #: Classes let past it, each with its own cap so it cannot drift either, and why.
 CLASS_ALLOWANCES = {
     # Every setting once, each a field with its default, help, unit, parser and metavar: a declarative
@@ -270,11 +271,12 @@ def test_class_lengths_are_measured() -> None:
 
 
 def test_no_class_is_over_the_size_rule() -> None:
-    """No class of the daemon's package is over MAX_CLASS_LINES, but those CLASS_ALLOWANCES names (each under
-    its own cap)."""
+    """No class of the daemon's or the client's package is over MAX_CLASS_LINES, but those CLASS_ALLOWANCES
+    names (each under its own cap)."""
     lengths: dict[str, int] = {}
-    for path in (ROOT / "shuffled").rglob("*.py"):
-        lengths.update(class_lengths(path.read_text(), module_name(path)))
+    for package in (ROOT / "shuffled", ROOT / "client" / "python" / "shuffled_client"):
+        for path in package.rglob("*.py"):
+            lengths.update(class_lengths(path.read_text(), module_name(path)))
     assert set(CLASS_ALLOWANCES) <= set(lengths), "an allowance names a class that is gone: drop it"
     over = sorted(
         f"{name}: {n} lines (at most {CLASS_ALLOWANCES.get(name, MAX_CLASS_LINES)})"

@@ -129,7 +129,7 @@ GENERATED = ("client/jvm/build", "benchmarks/results")
 
 
 def test_every_repository_path_named_exists() -> None:
-    """A file or folder of the repository named in code, tests or docs (`shuffled/server/cluster/placement.py`)."""
+    """A file or folder of the repository named in code, tests or docs (`shuffled/server/cluster/replica_ring.py`)."""
     pattern = re.compile(r"(?<![\w./-])((?:shuffled|client|tests|benchmarks|docs|proto|deploy|\.ci)/[\w./-]*\w)")
     missing = {
         f"{path.relative_to(ROOT)}: {name}"

@@ -14,7 +14,7 @@ import pytest
 from shuffled.ops.stats import DrainStats
 from shuffled.server.cluster.handover import PARALLEL, HandOver
 from shuffled.server.cluster.survey import Copies
-from shuffled.server.storage.manager import HeldAttempt
+from shuffled.server.storage.holdings import HeldAttempt
 from tests.aio import within
 
 

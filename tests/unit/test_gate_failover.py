@@ -63,8 +63,14 @@ class FakeReads:
         self.channels[ch.receiver] = ch
         self.requests.append(req)
 
-    def cancel_channel(self, receiver: int) -> None:
-        self.cancelled.append(receiver)
+    @property
+    def reading(self) -> int:
+        return len(self.channels)
+
+    def close_channel(self, receiver: int, cancel: bool) -> None:
+        self.channels.pop(receiver, None)
+        if cancel:
+            self.cancelled.append(receiver)
 
     def announce(self, ch: RemoteInputChannel) -> None:
         pass
@@ -77,7 +83,7 @@ class FakePeers:
     async def get(self, addr: str) -> Any:
         if addr not in self.links:
             raise PeerUnavailable(f"cannot reach daemon {addr}")
-        return SimpleNamespace(reads=self.links[addr])
+        return SimpleNamespace(requests=self.links[addr])
 
 
 @dataclass
@@ -103,13 +109,17 @@ class FakeOut:
 
 @dataclass
 class FakeClient:
+    out: FakeOut
     sender: Any = field(default_factory=lambda: SimpleNamespace(wake=lambda stream: None))
-    served: dict[int, Any] = field(default_factory=dict)
-    gates: dict[int, InputGate] = field(default_factory=dict)
     errors: list[ShuffledError] = field(default_factory=list)
+    gates_closed: list[int] = field(default_factory=list)
 
-    def send_error(self, stream: int, exc: ShuffledError) -> None:
+    def fail_read(self, rid: int, exc: ShuffledError) -> None:
+        self.out.shutdown()
         self.errors.append(exc)
+
+    def gate_closed(self, rid: int) -> None:
+        self.gates_closed.append(rid)
 
 
 async def _gate(
@@ -126,7 +136,8 @@ async def _gate(
     services = SimpleNamespace(
         config=cfg, pool=pool, storage=storage, counters=Counters(), membership=Membership(cfg, ME)
     )
-    client, out = FakeClient(), FakeOut()
+    out = FakeOut()
+    client = FakeClient(out)
     req = PartitionRequest(1, 8, "app", shuffle, 0, 4, {PRIMARY: [7]}, token)
     gate = InputGate(client, out, req, {PRIMARY: [7]}, services, FakePeers(links), ME)  # type: ignore[arg-type]
     await gate.open()

@@ -13,7 +13,7 @@ import pytest
 from shuffled.config import ConfigError, DaemonConfig
 from shuffled.server.cluster import membership
 from shuffled.server.cluster.membership import Membership, resolve
-from shuffled.server.cluster.placement import candidates
+from shuffled.server.cluster.replica_ring import candidates
 from tests.aio import within
 
 PORT = 7337

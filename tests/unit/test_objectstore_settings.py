@@ -16,6 +16,7 @@ from shuffled.protocol.errors import StorageError
 from shuffled.server.storage import credentials
 from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.objects import ObjectStore
+from shuffled.server.storage.probe import probe
 from tests.aio import run
 
 
@@ -79,7 +80,7 @@ def test_the_layer_hides_its_secrets_and_fails_without_credentials(tmp_path: Pat
     without = ObjectStore(config, environ={"HOME": str(tmp_path)})
     with pytest.raises(StorageError, match="no S3 credentials"):
         run(without.list_objects(), 10)
-    assert run(without.probe(), 10) is not None and without.stats.state == "failed"
+    assert run(probe(without), 10) is not None and without.stats.state == "failed"
     assert without.stats.errors == {"list": 1, "put": 1}
 
 

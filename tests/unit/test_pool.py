@@ -115,7 +115,7 @@ async def test_local_pool_min_max_and_redistribution() -> None:
         assert buf is not None
         buf.release()
     a.destroy()
-    assert pool.free == 16 and pool.local_pools == 0
+    assert pool.free == 16 and len(pool.locals) == 0
 
 
 @within(30)
@@ -180,7 +180,7 @@ async def test_floating_segments_are_spare_memory_only_and_go_back() -> None:
     gate.destroy()
     assert not gate.hold_extra()
     gate.drop_extra()
-    assert pool.free == 8 and pool.local_pools == 0
+    assert pool.free == 8 and len(pool.locals) == 0
 
 
 @within(30)
@@ -212,7 +212,7 @@ async def test_floating_budget_follows_the_spill_watermark() -> None:
     assert pool.wanted and not gate.hold_extra(), "no floating buffer takes the room a spill makes"
     pool.spilling = False
     gate.destroy()
-    assert pool.floating == 0 and pool.used == 77 and pool.local_pools == 0
+    assert pool.floating == 0 and pool.used == 77 and len(pool.locals) == 0
 
 
 @within(30)

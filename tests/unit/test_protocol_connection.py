@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shuffled.protocol.codec import (
     encode,
+    encode_abort,
     encode_add_credit,
     encode_admin_response,
     encode_buffer_response,
@@ -29,14 +30,16 @@ from shuffled.protocol.codec import (
     encode_error,
     encode_push_data,
 )
-from shuffled.protocol.connection import Kind, Limits, ProtocolConnection, Side
+from shuffled.protocol.connection import Kind, Limits, Side
 from shuffled.protocol.credit import OutboundStream
 from shuffled.protocol.errors import (
     AuthFailed,
     CreditViolation,
     ErrorCode,
     InvalidRequest,
+    MapOutputStateError,
     ProtocolError,
+    StreamStateError,
 )
 from shuffled.protocol.events import (
     Aborted,
@@ -54,6 +57,7 @@ from shuffled.protocol.events import (
     PushCredited,
     PushDataArrived,
     PushOpened,
+    PushOutOfTurn,
     ReadCancelled,
     ReadRequested,
     StreamFailed,
@@ -63,21 +67,33 @@ from shuffled.protocol.frames import (
     REPLICA,
     AddCredit,
     BufferKind,
+    CommitMapOutput,
     Hello,
     OpenMapOutput,
     PartitionRequest,
     PushCredit,
     Role,
 )
-from tests.protocol_pair import ABORT, ACCEPTOR, COMMIT, DIALER, Pair, landing, send_buffers, send_pushes
+from shuffled.protocol.streams import TRANSITIONS, State, Step, Stream, StreamTable
+from tests.protocol_pair import (
+    ABORT,
+    ACCEPTOR,
+    COMMIT,
+    DIALER,
+    MemoryConnection,
+    Pair,
+    landing,
+    send_buffers,
+    send_pushes,
+)
 
 NODE = "198.18.0.1:7337"
 
 
 def _pair(dialer_secret: bytes | None = None, dialer_role: Role = Role.CLIENT, limits: Limits | None = None) -> Pair:
     return Pair(
-        ProtocolConnection(Side.DIALER, dialer_role, secret=dialer_secret, who="the daemon"),
-        ProtocolConnection(Side.ACCEPTOR, Role.DAEMON, limits=limits, who="the dialer"),
+        MemoryConnection(Side.DIALER, dialer_role, secret=dialer_secret, who="the daemon"),
+        MemoryConnection(Side.ACCEPTOR, Role.DAEMON, limits=limits, who="the dialer"),
     )
 
 
@@ -126,14 +142,14 @@ def test_a_secret_mismatch_fails_the_side_that_finds_it(
     with pytest.raises(AuthFailed, match=why):
         pair.deliver(ACCEPTOR)
         pair.deliver(DIALER)
-    assert pair.side(fails).phase.value != "open" or fails == DIALER
+    assert pair.side(fails).handshake.phase.value != "open" or fails == DIALER
 
 
 def test_the_acceptor_wants_hello_first_and_nothing_before_it_answers() -> None:
-    acceptor = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+    acceptor = MemoryConnection(Side.ACCEPTOR, Role.DAEMON)
     with pytest.raises(ProtocolError, match="first frame must be Hello"):
         acceptor.receive_data(encode(_request(1)))
-    acceptor = ProtocolConnection(Side.ACCEPTOR, Role.DAEMON)
+    acceptor = MemoryConnection(Side.ACCEPTOR, Role.DAEMON)
     with pytest.raises(ProtocolError, match="before the handshake was answered"):
         acceptor.receive_data(encode(Hello(Role.CLIENT, info={})) + encode(_request(1)))
 
@@ -162,10 +178,10 @@ def test_stream_ids_are_never_zero_nor_reused_while_open() -> None:
 
 
 def test_the_dialer_skips_ids_still_open_after_the_counter_wraps() -> None:
-    conn = ProtocolConnection(Side.DIALER, Role.CLIENT)
+    conn = MemoryConnection(Side.DIALER, Role.CLIENT)
     conn.request_read(_request(1), landing)
     conn.streams._next_id = 0xFFFFFFFF
-    assert [conn.new_stream_id(), conn.new_stream_id()] == [0xFFFFFFFF, 2]
+    assert [conn.streams.new_id(), conn.streams.new_id()] == [0xFFFFFFFF, 2]
 
 
 def test_limits_refuse_one_stream_and_keep_the_connection() -> None:
@@ -359,6 +375,63 @@ def test_push_data_behind_its_open_in_one_read_is_data_before_credit() -> None:
         pair.deliver(DIALER)
 
 
+def test_a_step_outside_its_streams_table_is_refused_whichever_it_is() -> None:
+    """The tables are the whole lifecycle of a stream: every pair of state and step they lack raises."""
+    for (kind, theirs), table in TRANSITIONS.items():
+        for state in State:
+            for step in Step:
+                streams = StreamTable(Limits())
+                side = streams.theirs if theirs else streams.own
+                side[5] = Stream(kind, state=state)
+                if (state, step) in table:
+                    moved = streams.step(side, 5, kind, step)
+                    assert moved is not None and moved.state is table[state, step]
+                else:
+                    with pytest.raises(StreamStateError, match=f"{step.value} is not allowed"):
+                        streams.step(side, 5, kind, step)
+
+
+def test_credit_for_a_read_whose_request_waits_is_kept_until_it_is_served() -> None:
+    """A daemon may hold a request back (its backlog, serving/backlog.py) while the reader's AddCredit for
+    it arrives: that credit is the sender's once the read is served, not lost."""
+    pair = _pair()
+    _open(pair)
+    pair.dialer.request_read(_request(1, credit=1), landing)
+    pair.dialer.add_credit(1, 2)
+    requested, added = pair.deliver(DIALER)
+    assert isinstance(requested, ReadRequested) and added == CreditAdded(1, 2)
+    out: OutboundStream[Any] = OutboundStream(1, 1)
+    pair.acceptor.accept_read(1, out)
+    assert out.credit == 3
+
+
+def test_a_commit_or_abort_out_of_turn_fails_that_push_and_the_connection_lives() -> None:
+    """§12.2: before the first PushCredit, or after its commit, a writer's commit is not its turn; an abort
+    after the commit is (a writer giving up waiting), PushData is not (fatal)."""
+    pair = _pair()
+    _open(pair)
+    pair.dialer.open_push(OpenMapOutput(1, "app", 1, 0, 1, 1), OutboundStream(1, 0))
+    pair.deliver(DIALER)
+    pair.dialer.send(encode(CommitMapOutput(1, 0)))
+    (early,) = pair.deliver(DIALER)
+    assert isinstance(early, PushOutOfTurn) and isinstance(early.error, MapOutputStateError)
+    assert "before the daemon granted push credit" in early.error.message
+    pair.dialer.open_push(OpenMapOutput(2, "app", 1, 0, 2, 1), OutboundStream(2, 0))
+    pair.deliver(DIALER)
+    pair.acceptor.accept_push(2, landing)
+    pair.acceptor.grant_push_credit(2, 1)
+    pair.deliver(ACCEPTOR)
+    pair.dialer.send(encode(CommitMapOutput(2, 0)))
+    pair.dialer.send(encode(CommitMapOutput(2, 0)))
+    pair.dialer.send(encode_abort(2))
+    commit, again, abort = pair.deliver(DIALER)
+    assert commit == CommitRequested(2, 0) and abort == AbortRequested(2)
+    assert isinstance(again, PushOutOfTurn) and "after its CommitMapOutput" in again.error.message
+    pair.dialer.send(encode_push_data(2, 0, b"late"))
+    with pytest.raises(ProtocolError, match="after its CommitMapOutput"):
+        pair.deliver(DIALER)
+
+
 def test_frames_for_ended_streams_are_dropped_quietly() -> None:
     pair = _pair()
     _open(pair)
@@ -371,7 +444,7 @@ def test_frames_for_ended_streams_are_dropped_quietly() -> None:
     assert pair.dialer.receive_data(late) == [] and pair.dialer.streams.own == {}
 
 
-def send_buffers_once(conn: ProtocolConnection, receiver: int, payload: bytes) -> bytes:
+def send_buffers_once(conn: MemoryConnection, receiver: int, payload: bytes) -> bytes:
     out: OutboundStream[Any] = OutboundStream(receiver, 1)
     out.push_data(payload)
     send_buffers(conn, out, receiver)
@@ -407,7 +480,7 @@ class TwoParties(RuleBasedStateMachine):
 
     @rule(buffers=st.integers(0, 5), credit=st.integers(1, 3))
     def open_read(self, buffers: int, credit: int) -> None:
-        rid = self.client.new_stream_id()
+        rid = self.client.streams.new_id()
         self.client.request_read(_request(rid, buffers, credit), landing)
         self.reads[rid] = []
         self.consumed[rid] = 0
@@ -432,7 +505,7 @@ class TwoParties(RuleBasedStateMachine):
 
     @rule(chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=4))
     def open_push(self, chunks: list[bytes]) -> None:
-        wid = self.client.new_stream_id()
+        wid = self.client.streams.new_id()
         out: OutboundStream[Any] = OutboundStream(wid, 0)
         self.client.open_push(OpenMapOutput(wid, "app", 1, 0, wid, 2), out)
         for chunk in chunks:
@@ -548,18 +621,28 @@ class TwoParties(RuleBasedStateMachine):
 
     @invariant()
     def a_sender_holds_what_its_reader_granted_minus_what_arrived(self) -> None:
-        if self.pair.dialer._outbox or self.pair.acceptor._outbox:
+        if self.pair.dialer.outbox or self.pair.acceptor.outbox:
             return  # credit or buffers still on their way
         for rid, out in self.served.items():
             if rid in self.granted:
                 assert out.credit == self.granted[rid] - self.arrived[rid]
 
     @invariant()
+    def every_stream_is_in_a_state_its_table_reaches(self) -> None:
+        for conn in (self.client, self.daemon):
+            for table, theirs in ((conn.streams.own, False), (conn.streams.theirs, True)):
+                for stream in table.values():
+                    assert stream.state in {State.OPEN, *TRANSITIONS[stream.kind, theirs].values()}
+
+    @invariant()
     def when_quiet_both_tables_agree(self) -> None:
-        if self.pair.dialer._outbox or self.pair.acceptor._outbox:
+        if self.pair.dialer.outbox or self.pair.acceptor.outbox:
             return
         own = {sid for sid, s in self.client.streams.own.items() if s.kind is not Kind.ADMIN}
         assert own == set(self.daemon.streams.theirs)
+        for sid, stream in self.daemon.streams.theirs.items():
+            if stream.kind is Kind.PUSH:  # the writer knows it has credit exactly when the daemon granted it
+                assert (stream.state is State.CREDITED) == (self.client.streams.own[sid].state is State.CREDITED)
         admin = sum(1 for s in self.client.streams.own.values() if s.kind is Kind.ADMIN)
         assert admin == self.daemon.streams.admin_running == 0
 

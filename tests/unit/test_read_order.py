@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.resume import ReadProgress
+from shuffled.server.storage import replay
 from shuffled.server.storage.disk import Disk, SpillFile
 from shuffled.server.storage.plan import make_plan
+from shuffled.server.storage.restore import restore_shuffle
 from shuffled.server.storage.spill import Spiller
 from shuffled.server.storage.store import Store
 from tests.aio import run
@@ -110,8 +112,8 @@ def test_any_split_reads_back_from_memory_disk_and_after_restart(scenario: Scena
         # A restart serves the same from the journal and the file.
         disk = Disk(root)
         again = Store(SEG)
-        for loaded in disk.load():
-            again.restore(loaded, SpillFile(disk.data_path(loaded.directory), loaded.file_size))
+        for loaded in replay.load(disk):
+            restore_shuffle(again, loaded, SpillFile(disk.data_path(loaded.directory), loaded.file_size))
         await read_all(pool, again, disk, partitions, outs, ranges, cut)
         assert pool.used == 0
         disk.close()

@@ -110,7 +110,7 @@ async def test_a_link_whose_credit_arrives_with_the_cancel_of_its_opening_is_abo
     sent: list[str] = []
     proto: Any = SimpleNamespace(
         features=frozenset([REPLICA]),
-        new_stream_id=lambda: 1,
+        streams=SimpleNamespace(new_id=lambda: 1),
         open_push=lambda req, stream: sent.append("open"),
         abort_push=lambda writer: sent.append("abort"),
     )

@@ -13,6 +13,7 @@ import pytest
 
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
+from shuffled.server.storage import disk_space
 from shuffled.server.storage.disk import Appended, Disk
 from shuffled.server.storage.plan import make_plan
 from shuffled.server.storage.shuffles import MapOutput
@@ -86,7 +87,7 @@ async def test_unregister_during_a_spill_deletes_the_files_after_the_write(tmp_p
     task, gate = await _spill_while_held(disk, spiller, store)
     freed, dropped = store.unregister_shuffle("app", 1)
     assert freed == 8
-    removal = asyncio.create_task(spiller.removed(dropped))
+    removal = asyncio.create_task(disk_space.removed(disk, dropped))
     gate.set()
     await task
     await removal
@@ -216,7 +217,7 @@ async def test_pressure_keeps_several_writes_queued_and_each_attempt_in_push_ord
         assert await _read(pool, store, disk, [a], 0, 3) == want
     assert store.stats().stored_segments == store.memory_segments
     _, dropped = store.unregister_shuffle("app", 1)
-    await spiller.removed(dropped)
+    await disk_space.removed(disk, dropped)
     assert pool.used == 0 and disk.stats.used_bytes == 0
     disk.close()
 

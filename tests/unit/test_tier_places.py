@@ -15,7 +15,7 @@ from shuffled.server.cluster.membership import Membership
 from shuffled.server.cluster.survey import Copies
 from shuffled.server.storage.disk import SpillFile, StoredObject
 from shuffled.server.storage.durable import _Queue
-from shuffled.server.storage.manager import HeldAttempt
+from shuffled.server.storage.holdings import HeldAttempt
 from shuffled.server.storage.object_config import ObjectStoreConfig
 from shuffled.server.storage.object_format import FOOTER_GUESS
 from shuffled.server.storage.objects import ObjectStore
@@ -70,13 +70,13 @@ def test_an_upload_fills_an_object_to_a_part_and_cuts_what_does_not_fit() -> Non
     big = _attempt(pool, tier.store, 3, 3000, fill=3800)  # ~11 MB: more than an object holds
     rest = _attempt(pool, tier.store, 4, 10, fill=3000)
     queue = _Queue([*small, big, rest])
-    pieces, commits = tier.uploads._take(queue)
+    pieces, commits = queue.take(tier.writer)
     taken = sum(out.sizes[i] for out, indices in pieces for i in indices)
     assert part <= taken <= 2 * part - FOOTER_GUESS
     assert [out.attempt for out, _ in pieces] == [1, 2, 3] and commits == small, "attempt 3 is cut: no commit yet"
     assert pieces[2][1] == list(range(len(pieces[2][1])))
     tier.writer.busy = {small[0]}
-    pieces, commits = tier.uploads._take(queue)
+    pieces, commits = queue.take(tier.writer)
     assert pieces[0][0] is small[1], "an attempt being spilled is left for later"
 
 

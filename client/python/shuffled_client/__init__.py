@@ -13,8 +13,10 @@ from shuffled.protocol.errors import (
     StorageError,
 )
 
-from .aio import AsyncClient, MapWriter, PartitionReader, ReadChunk, ReadGroup
+from .aio import AsyncClient
+from .reader import PartitionReader, ReadChunk, ReadGroup
 from .sync import Client, Reader, Writer
+from .writer import MapWriter
 
 __all__ = [
     "AsyncClient",

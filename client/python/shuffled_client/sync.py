@@ -11,15 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .aio import (
-    DEFAULT_CLIENT_POOL,
-    DEFAULT_WRITER_BUFFER,
-    AsyncClient,
-    MapWriter,
-    PartitionReader,
-    ReadChunk,
-    ReadGroup,
-)
+from .aio import DEFAULT_CLIENT_POOL, AsyncClient
+from .reader import PartitionReader, ReadChunk, ReadGroup
+from .writer import DEFAULT_WRITER_BUFFER, MapWriter
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ within its own share on the primary would otherwise take the copies of the other
 Floors and extras thus never hold more than push memory together, so the floor of
 an admitted writer is never taken by other windows: it comes at once, or after
 stored data spilled (back-pressure that ends, or a STORAGE_ERROR when it cannot,
-see `Spiller.push_memory_error`). A connection or an application holds at most
+see `spill.push_memory_error`). A connection or an application holds at most
 its share once its windows stop growing; extras it got while it had few map
 outputs open still count until they are used, so at worst (all its extras taken
 first, then all its floors) it holds twice its share, never more.

@@ -82,7 +82,7 @@ def snapshot(d: Reported, now: float, peers: int, drain: DrainStats, draining: b
             free=pool.free,
             used=pool.used,
             reserve=pool.reserve,
-            local_pools=pool.local_pools,
+            local_pools=len(pool.locals),
             waiting=pool.waiting,
             floating=pool.floating,
             reading=pool.reading,

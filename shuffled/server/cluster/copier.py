@@ -97,7 +97,7 @@ class Copier:
             )
             return
         for target in h.candidates:
-            if not h.missing or self.storage.committed_bytes(held.app, held.shuffle, held.attempt) is None:
+            if not h.missing or self.storage.held.committed_bytes(held.app, held.shuffle, held.attempt) is None:
                 break
             if target in h.holders or target in self.unavailable:
                 continue

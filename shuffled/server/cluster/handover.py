@@ -22,7 +22,8 @@ from collections import deque
 from ...config import DaemonConfig
 from ...logs import event
 from ...ops.stats import DrainStats
-from ..storage.manager import HeldAttempt, StorageManager
+from ..storage.holdings import HeldAttempt
+from ..storage.manager import StorageManager
 from .copier import Copier
 from .membership import Membership
 from .replication import Connect
@@ -110,7 +111,7 @@ class HandOver:
         h.settled = True
         progress = self.progress
         held = h.held
-        if self.storage.committed_bytes(held.app, held.shuffle, held.attempt) is None:  # dropped meanwhile
+        if self.storage.held.committed_bytes(held.app, held.shuffle, held.attempt) is None:  # dropped meanwhile
             progress.to_copy -= h.missing
         elif h.holders:
             progress.short += h.missing

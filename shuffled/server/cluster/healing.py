@@ -25,7 +25,8 @@ from collections.abc import Callable
 from ...config import DaemonConfig
 from ...logs import event
 from ...ops.stats import HealStats
-from ..storage.manager import HeldAttempt, StorageManager
+from ..storage.holdings import HeldAttempt
+from ..storage.manager import StorageManager
 from .copier import Copier, Pace
 from .membership import Membership
 from .replication import Connect
@@ -93,7 +94,7 @@ class Healing:
 
     async def round(self, deadline: float) -> int:
         """Survey (until `deadline` at most), then copy what lacks a copy; the copies still missing after."""
-        if not any(wanted(h) for h in self.storage.committed_attempts()):
+        if not any(wanted(h) for h in self.storage.held.committed_attempts()):
             return 0
         stats = self.stats
         stats.rounds += 1
@@ -118,7 +119,7 @@ class Healing:
             (h.held.app, h.held.shuffle) for h in todo if h.missing and (h.held.app, h.held.shuffle) not in gone
         )
         for app, shuffle in {(h.held.app, h.held.shuffle) for h in found}:
-            self.storage.under_replicated(app, shuffle, left[app, shuffle])
+            self.storage.held.under_replicated(app, shuffle, left[app, shuffle])
         stats.missing = sum(h.missing for h in todo if (h.held.app, h.held.shuffle) not in gone)
         if stats.missing == 0 and self._since is not None:
             stats.last_heal_us = int((time.monotonic() - self._since) * 1e6)
@@ -127,4 +128,4 @@ class Healing:
         return stats.missing
 
     def _bytes(self, held: HeldAttempt) -> int | None:
-        return self.storage.committed_bytes(held.app, held.shuffle, held.attempt)
+        return self.storage.held.committed_bytes(held.app, held.shuffle, held.attempt)

@@ -20,7 +20,7 @@ import socket
 
 from ...config import DaemonConfig
 from ...logs import event
-from .placement import candidates
+from .replica_ring import candidates
 
 log = logging.getLogger(__name__)
 

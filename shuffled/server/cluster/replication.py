@@ -230,7 +230,7 @@ class ReplicaService:
 
     def open(self, link: ReplicaLink, req: OpenMapOutput) -> None:
         """Open `link`'s push `req` under a writer id chosen here."""
-        writer = link.stream.stream = self.proto.new_stream_id()
+        writer = link.stream.stream = self.proto.streams.new_id()
         self.outgoing[writer] = link
         self.proto.open_push(dataclasses.replace(req, writer=writer), link.stream)
 

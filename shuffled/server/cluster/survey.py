@@ -22,7 +22,8 @@ from typing import Any
 from ...config import DaemonConfig
 from ...logs import event
 from ...protocol.errors import InvalidRequest, ShuffledError
-from ..storage.manager import HeldAttempt, StorageManager
+from ..storage.holdings import HeldAttempt
+from ..storage.manager import StorageManager
 from .membership import Membership
 from .replication import Connect
 
@@ -109,7 +110,7 @@ class Survey:
         node = self.membership.node
         groups: dict[tuple[str, int, str], list[Copies]] = {}
         self.found = []
-        for held_here in self.storage.committed_attempts():
+        for held_here in self.storage.held.committed_attempts():
             wanted = self.wanted(held_here)
             if wanted is None:
                 continue
@@ -153,7 +154,7 @@ class Survey:
                 event(log, "holds not answered", logging.WARNING, peer=addr, reason=str(exc) or "timed out")
             return
         try:
-            found = held(answer, group, lambda a: self.storage.committed_bytes(first.app, first.shuffle, a))
+            found = held(answer, group, lambda a: self.storage.held.committed_bytes(first.app, first.shuffle, a))
         except InvalidRequest as exc:
             event(log, "holds answer refused", logging.WARNING, peer=addr, reason=exc.message)
             return

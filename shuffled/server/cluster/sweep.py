@@ -122,7 +122,7 @@ class Sweeper:
         if self.storage.restoring:  # what it holds is not known yet: it would take its own objects for garbage
             return 0
         listed = await self.storage.listing()
-        held = {app_dir_name(app) for app in self.storage.applications()}
+        held = {app_dir_name(app) for app in self.storage.held.applications()}
         writers: dict[str, str] = {}
         stale: dict[tuple[str, str], list[ObjectInfo]] = {}
         probes: list[ObjectInfo] = []

@@ -195,12 +195,12 @@ async def _applications(host: Host, _: NoArgs, caller: DaemonLink) -> dict[str, 
     """The applications this daemon holds data of: a daemon sweeping the object store keeps their objects
     (cluster/sweep.py). While it is still restoring what its own objects prove it says so, and that answer
     counts as none."""
-    return {"apps": host.storage.applications(), "restoring": host.storage.restoring}
+    return {"apps": host.storage.held.applications(), "restoring": host.storage.restoring}
 
 
 async def _holds(host: Host, args: Holds, caller: DaemonLink) -> dict[str, Any]:
     """How a draining daemon counts the copies of its data on other daemons (cluster/handover.py)."""
-    held, sizes = host.storage.holds(args.app, args.shuffle, args.attempts)
+    held, sizes = host.storage.held.holds(args.app, args.shuffle, args.attempts)
     return {"attempts": held, "bytes": sizes}
 
 

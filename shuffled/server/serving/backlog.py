@@ -35,6 +35,7 @@ REQUESTS = (
     events.PushOpened,
     events.CommitRequested,
     events.AbortRequested,
+    events.PushOutOfTurn,
     events.AdminRequested,
 )
 #: bytes of requests one connection may have waiting, and all of them together (see the module): far more

@@ -6,7 +6,7 @@ shell hands each event to the service that owns it (reads, pushes, admin calls),
 answers the handshake with the daemon's admission rules, and releases
 everything when the connection ends. Stream ids are chosen by whoever opens a
 stream; on a peer link both daemons open reads, so the reads this daemon serves
-and the ones it makes are kept apart (see `ReadService`).
+and the ones it makes are kept apart (`ReadService`, `PartitionRequestClient`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .admin_service import AdminService
 from .backlog import REQUESTS, Backlog
 from .environment import ShuffleEnvironment
 from .link import DaemonLink
+from .partition_requests import PartitionRequestClient
 from .push_service import PushService
 from .read_service import ReadService
 
@@ -42,6 +43,7 @@ class DaemonConnection(DaemonLink):
         )
         self.env = env
         self.reads = ReadService(self, env.node, env, env.peers)
+        self.requests = PartitionRequestClient(self, env)
         self.pushes = PushService(self, env)
         #: replica pushes this daemon makes to the other side
         self.replicas = ReplicaService(self.proto)
@@ -95,7 +97,8 @@ class DaemonConnection(DaemonLink):
         if isinstance(self.failure, TimedOut):
             lost = TimedOut(self.failure.message)
         self.backlog.release()
-        self.reads.release(lost)
+        self.reads.release()
+        self.requests.release(lost)
         self.pushes.release()
         self.replicas.release(lost)
         self.admin.release(lost)
@@ -108,12 +111,12 @@ class DaemonConnection(DaemonLink):
             role=self.role_label,
             served=len(reads.served),
             pushing=len(pushes),
-            remote_channels=len(reads.channels),
+            remote_channels=self.requests.reading,
             inflight_buffers=self.sender.inflight,
             backlog_buffers=sum(s.backlog for s in reads.served.values()),
-            push_outstanding=sum(p.pool.promised for p in pushes if p.pool is not None),
-            read_outstanding=sum(ch.credit.sender_credit for ch in reads.channels.values()),
-            push_wait_seconds=sum(p.waiting_for(now) for p in pushes),
+            push_outstanding=sum(p.outstanding for p in pushes),
+            read_outstanding=sum(ch.credit.sender_credit for ch in self.requests.channels.values()),
+            push_wait_seconds=sum(p.window.waiting_for(now) for p in pushes),
             held_back=sum(1 for p in pushes if p.held_back),
         )
 
@@ -121,12 +124,12 @@ class DaemonConnection(DaemonLink):
 
     def depends_on_peer(self) -> bool:
         """Streams or requests wait on the other side: it must keep answering."""
-        return bool(self.reads.channels or self.reads.served or self.admin.waiters or self.replicas.outgoing)
+        return bool(self.requests.channels or self.reads.served or self.admin.waiters or self.replicas.outgoing)
 
     def has_streams(self) -> bool:
         reads = self.reads
         return bool(
-            reads.channels
+            self.requests.channels
             or reads.served
             or reads.gates
             or self.pushes.sessions
@@ -153,7 +156,7 @@ class DaemonConnection(DaemonLink):
     def _handle(self, ev: events.Event) -> None:
         match ev:
             case events.BufferArrived(frame):
-                self.reads.on_buffer(frame)
+                self.requests.on_buffer(frame)
             case events.CreditAdded(stream):
                 self.reads.on_credit(stream)
             case events.PushDataArrived(frame):
@@ -168,6 +171,8 @@ class DaemonConnection(DaemonLink):
                 self.pushes.on_commit(writer, pushes)
             case events.AbortRequested(writer):
                 self.pushes.on_abort(writer)
+            case events.PushOutOfTurn(writer, exc):
+                self.pushes.on_out_of_turn(writer, exc)
             case events.AdminRequested(request):
                 self.admin.on_request(request)
             case events.AdminAnswered(request, result):
@@ -179,7 +184,7 @@ class DaemonConnection(DaemonLink):
             case events.Aborted(writer):
                 self.replicas.on_aborted(writer)
             case events.StreamFailed(stream, exc):
-                if not self.reads.on_failed(stream, exc) and not self.replicas.on_failed(stream, exc):
+                if not self.requests.on_failed(stream, exc) and not self.replicas.on_failed(stream, exc):
                     self.admin.on_failed(stream, exc)
             case events.StreamRefused(_, exc):
                 self.count_error(exc)

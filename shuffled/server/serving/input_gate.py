@@ -50,23 +50,19 @@ class ReadClient(Protocol):
     @property
     def sender(self) -> Sender: ...
 
-    @property
-    def served(self) -> dict[int, BufferResponseStream]: ...
+    def fail_read(self, rid: int, exc: ShuffledError) -> None: ...
 
-    @property
-    def gates(self) -> dict[int, InputGate]: ...
-
-    def send_error(self, stream: int, exc: ShuffledError) -> None: ...
+    def gate_closed(self, rid: int) -> None: ...
 
 
 class ReadPeer(Protocol):
-    """The reads over the connection to a daemon a gate reads from (a connection's `ReadService`)."""
+    """The reads over the connection to a daemon a gate reads from (a connection's `PartitionRequestClient`)."""
 
     @property
     def is_open(self) -> bool: ...
 
     @property
-    def channels(self) -> dict[int, RemoteInputChannel]: ...
+    def reading(self) -> int: ...
 
     @property
     def features(self) -> frozenset[str]: ...
@@ -75,7 +71,7 @@ class ReadPeer(Protocol):
 
     def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None: ...
 
-    def cancel_channel(self, receiver: int) -> None: ...
+    def close_channel(self, receiver: int, cancel: bool) -> None: ...
 
     def announce(self, ch: RemoteInputChannel) -> None: ...
 
@@ -84,7 +80,7 @@ class ReadLink(Protocol):
     """A connection to another daemon, as a gate reads over it (the daemon's connections are these)."""
 
     @property
-    def reads(self) -> ReadPeer: ...
+    def requests(self) -> ReadPeer: ...
 
 
 class Peers(Protocol):
@@ -168,6 +164,7 @@ class RemoteInputChannel(InputChannel):
 
     def on_end(self) -> None:
         self._finish()
+        self.conn.close_channel(self.receiver, cancel=False)
         self.gate.location_done(self.location)
 
     def on_stream_error(self, exc: ShuffledError) -> None:
@@ -177,20 +174,20 @@ class RemoteInputChannel(InputChannel):
     def _finish(self) -> None:
         self._count_upstream(0)
         self.closed = True
-        self.conn.channels.pop(self.receiver, None)
         self.release_floating()
 
     def cancel(self) -> None:
         if self.closed:
             return
         self._finish()
-        self.conn.cancel_channel(self.receiver)
+        self.conn.close_channel(self.receiver, cancel=True)
 
     def fail(self, exc: ShuffledError) -> None:
         """The sending daemon reported an error, or its connection died."""
         if self.closed:
             return
         self._finish()
+        self.conn.close_channel(self.receiver, cancel=False)
         self.gate.failover.location_failed(self.location, exc)
 
 
@@ -253,7 +250,7 @@ class InputGate:
                     self.failover.location_failed(loc, self.missing)
                     continue
                 try:
-                    peer = (await self.peers.get(addr)).reads
+                    peer = (await self.peers.get(addr)).requests
                 except ShuffledError as exc:
                     self.failover.location_failed(loc, exc)
                     continue
@@ -271,7 +268,7 @@ class InputGate:
 
     async def open_channel(self, loc: Location, peer: ReadPeer) -> None:
         cfg = self.env.config
-        if len(peer.channels) >= cfg.max_streams_per_connection:
+        if peer.reading >= cfg.max_streams_per_connection:
             raise LimitExceeded(
                 f"max-streams-per-connection ({cfg.max_streams_per_connection}) reads from daemon {loc.primary} "
                 "are open on its connection"
@@ -334,9 +331,7 @@ class InputGate:
         if self.closed:
             return
         event(log, "read failed", app=self.req.app, shuffle=self.req.shuffle, code=exc.code.name, reason=exc.message)
-        self.out.shutdown()
-        self.client.served.pop(self.out.stream, None)
-        self.client.send_error(self.out.stream, exc)
+        self.client.fail_read(self.out.stream, exc)
         self._release(cancel=True)
 
     def close(self) -> None:
@@ -347,7 +342,7 @@ class InputGate:
 
     def _release(self, cancel: bool) -> None:
         self.closed = True
-        self.client.gates.pop(self.out.stream, None)
+        self.client.gate_closed(self.out.stream)
         if cancel:
             for ch in self.channels:
                 ch.cancel()
@@ -419,7 +414,7 @@ class Failover:
                     if node == OBJECT_STORE:
                         continue
                     try:
-                        peer = (await self.gate.peers.get(node)).reads
+                        peer = (await self.gate.peers.get(node)).requests
                     except ShuffledError:
                         continue
                     if loc.progress.resume() is not None and REPLICA not in peer.features:

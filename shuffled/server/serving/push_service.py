@@ -14,7 +14,7 @@ from typing import Any
 
 from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
-from ...protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError, ShuttingDown
+from ...protocol.errors import InvalidRequest, ShuffledError, ShuttingDown
 from ...protocol.frames import OpenMapOutput, PushData
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
@@ -120,20 +120,20 @@ class PushService:
         session.on_data(frame)
 
     def on_commit(self, writer: int, pushes: int) -> None:
-        if (session := self._session(writer)) is not None:
+        if (session := self.sessions.get(writer)) is not None:
             session.commit(pushes)
 
     def on_abort(self, writer: int) -> None:
-        if (session := self._session(writer)) is not None:
+        if (session := self.sessions.get(writer)) is not None:
             session.abort()
 
-    def _session(self, writer: int) -> PushSession | None:
-        """The writer's session, or None after a per-stream error saying why (the connection lives on)."""
-        session = self.sessions.get(writer)
-        if session is not None and session.pool is None:
-            session.fail(MapOutputStateError("commit or abort before the daemon granted push credit"))
-            return None
-        return session
+    def on_out_of_turn(self, writer: int, exc: ShuffledError) -> None:
+        """A commit or abort the push's stream did not allow (the protocol's table said so): the attempt
+        is discarded, and the writer told why on its stream (the connection lives on)."""
+        if (session := self.sessions.get(writer)) is not None:
+            session.fail(exc)
+        else:
+            self.send_error(writer, exc)
 
     def release(self) -> None:
         """The connection is gone: every open map output is aborted."""

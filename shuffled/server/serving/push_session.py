@@ -1,13 +1,10 @@
 """Taking map output from an executor under push credit.
 
-A PushSession owns a LocalPool: every segment it holds and has not filled is one
-unit of push credit the client was granted, so a PushData always has memory to
-land in. A filled segment moves to the store (out of the pool) and the pool asks
-the global pool for a replacement; only when one is free is new credit granted.
-A full pool therefore stops pushers (back-pressure) instead of growing. While the
-spiller works above its high watermark, sessions take no new memory at all until
-it is done (`Spiller.admitted`). How far a window grows beyond its guaranteed
-floor is bounded by its connection's and its application's shares (`accounting/shares.py`).
+A PushSession owns a window (push_window.py): every segment its LocalPool holds and
+has not filled is one unit of push credit the client was granted, so a PushData
+always has memory to land in. A filled segment moves to the store (out of the pool)
+and the pool asks the global pool for a replacement; only when one is free is new
+credit granted. A full pool therefore stops pushers (back-pressure) instead of growing.
 
 A PushData whose sequence number was already received (a writer retrying after a
 lost reply) is dropped: its bytes are not stored twice, and the segment it landed
@@ -18,6 +15,9 @@ the first credit, every stored buffer is forwarded to them by reference, credit
 waits while a replica lags, and the replicas commit before the local commit. A
 replica lost on the way fails the attempt with PEER_UNAVAILABLE, which Spark retries
 (the task, not the stage): a CommitAck means every copy it could have is there.
+
+A session goes through the phases of `PHASES` and no others; which frames its stream may carry in each
+is the protocol's table (protocol/streams.py), checked before a frame reaches the session.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from enum import Enum
 from typing import Any, Protocol
 
-from ...buffers import Buffer, LocalPool
+from ...buffers import Buffer
 from ...logs import event
 from ...net.once_per_turn import OncePerTurn
 from ...protocol.connection import ProtocolConnection
@@ -38,7 +39,6 @@ from ...protocol.errors import (
     MapOutputStateError,
     PeerUnavailable,
     ShuffledError,
-    StorageError,
 )
 from ...protocol.frames import OpenMapOutput, PushData
 from ...protocol.integrity import checksum
@@ -47,8 +47,25 @@ from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
 from ..storage.writer import MapOutputWriter
 from .environment import ShuffleEnvironment
+from .push_window import PushWindow
 
 log = logging.getLogger(__name__)
+
+
+class Phase(Enum):
+    OPENING = "opening"  # replicas opening, the guaranteed minimum awaited: no credit yet
+    RECEIVING = "receiving"  # the pool is the writer's credit: its data lands there
+    COMMITTING = "committing"  # a replicated commit waits for its replicas: nothing more may come
+    CLOSED = "closed"  # committed, aborted, failed or dropped: everything given back
+
+
+#: a phase -> the phases it may go to
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.OPENING: frozenset({Phase.RECEIVING, Phase.CLOSED}),
+    Phase.RECEIVING: frozenset({Phase.COMMITTING, Phase.CLOSED}),
+    Phase.COMMITTING: frozenset({Phase.CLOSED}),
+    Phase.CLOSED: frozenset(),
+}
 
 
 class PushConnection(Protocol):
@@ -81,22 +98,14 @@ class PushSession:
         self.env = env
         self.counters = env.counters
         self.opened_at = time.monotonic()
-        #: monotonic time since when the session waits for memory with no credit left (None: not waiting)
-        self.waiting_since: float | None = None
         self.writer = req.writer
         self.out = out
-        self.pool: LocalPool | None = None
         self.received = 0
         self.seq = SequenceChecker()
         self.duplicates = 0
-        self.closed = False
+        self.phase = Phase.OPENING
         out.on_failure = self.fail
-        #: the floor of this map output's window is reserved in its shares (see accounting/shares.py) until `_close`
-        self.shares = env.shares
-        self.app_share = self.shares.reserve(conn.push_share, out.app)
-        #: segments beyond the floor charged to those shares
-        self._extras = 0
-        self._waiting: asyncio.Task[None] | None = None
+        self.window = PushWindow(env, conn.push_share, out, self.fail, self._top_up)
         self._unannounced = 0
         self._announce_soon = OncePerTurn(self._announce)
         #: opening the replicas and the pool, then a replicated commit
@@ -109,9 +118,17 @@ class PushSession:
             links.on_failure = self._replica_failed
             links.on_progress = self._top_up
 
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    def _enter(self, phase: Phase) -> None:
+        if phase not in PHASES[self.phase]:
+            raise RuntimeError(f"writer {self.writer}: a push cannot go from {self.phase.value} to {phase.value}")
+        self.phase = phase
+
     async def start(self) -> None:
-        cfg = self.env.config
-        if self._hopeless():
+        if self.window.hopeless():
             return
         if self.links is not None:
             try:
@@ -121,34 +138,34 @@ class PushSession:
                 return
             if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
                 self.links = None
-        self.waiting_since = time.monotonic()  # no credit until the guaranteed minimum is free
-        pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window, holder=self.out.app)
-        self._stop_waiting()
+        pool = await self.window.open()
         if self.closed:
             pool.destroy()
             return
-        self.pool = pool
+        self.window.pool = pool
+        self._enter(Phase.RECEIVING)
         self._top_up()
 
     def target(self, length: int) -> tuple[memoryview, Buffer]:
         # Credit granted and not yet used is exactly the pool's promised segments.
-        if self.pool is None or self.pool.promised <= 0:
+        pool = self.window.pool
+        if pool is None or pool.promised <= 0:
             raise CreditViolation(f"writer {self.writer}: PushData without push credit")
-        buf = self.pool.request()
+        buf = pool.request()
         assert buf is not None, "a promised segment is always held"
         return buf.room, buf
 
     def on_data(self, frame: PushData) -> None:
         buf: Buffer = frame.payload
         buf.length = frame.length
-        assert self.pool is not None
+        pool = self.window.pool
+        assert pool is not None
         if self.seq.is_duplicate(frame.sequence):
             self.duplicates += 1
             buf.release()  # back into this session's pool: credit again
             self._top_up()
             return
-        env = self.env
-        self.pool.detach(buf, env.pool.give)
+        pool.detach(buf, self.env.pool.give)
         try:
             self.seq.check(frame.sequence)
             crc = checksum(buf.data())
@@ -173,83 +190,34 @@ class PushSession:
         self._top_up()
 
     def _top_up(self) -> None:
-        """Refill the pool towards its target and grant one credit per new free segment."""
-        pool = self.pool
-        if pool is None or self.closed:
+        """Refill the window and grant one credit per new free segment (none while a replica lags)."""
+        if self.phase is not Phase.RECEIVING:
             return
-        spilling = self.out.holding()
-        self._charge()  # pushed data left the window since
-        while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
-            self._charge()
-        new = pool.available - pool.promised
+        window = self.window
+        new = window.fill()
         if new > 0 and self.links is not None:
             self.held_back = self.links.lagging()
             if self.held_back:
                 return  # the links call again once no replica lags
         if new > 0:
-            pool.promise(new)
+            assert window.pool is not None
+            window.pool.promise(new)
             self.counters.push_credit_granted += new
             self._unannounced += new
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
-        elif pool.available == 0 and pool.size < pool.min and self._waiting is None and not self._hopeless():
-            self._waiting = asyncio.create_task(self._wait_for_memory())
-            self.waiting_since = time.monotonic()
+        else:
+            window.wait_if_empty()
 
-    def _may_grow(self, pool: LocalPool) -> bool:
-        """Up to its floor always; beyond it only while its connection, its application and all windows'
-        extras are within their shares. A window never waits for memory beyond its floor (`_top_up`): when
-        it may not grow it keeps its floor, and its next push asks again."""
-        return pool.size < pool.min or self.shares.may_grow(self.conn.push_share, self.app_share)
-
-    def _charge(self) -> None:
-        """Keep the shares' count of this window's segments beyond its floor up to date."""
-        pool = self.pool
-        extras = max(0, pool.size - pool.min) if pool is not None else 0
-        if extras != self._extras:
-            self.shares.charge(self.conn.push_share, self.app_share, extras - self._extras)
-            self._extras = extras
-
-    def _hopeless(self) -> bool:
-        """Fail the push now if the memory it would wait for can never come (see `Spiller.push_memory_error`)."""
-        need = 1 if self.pool is not None else self.env.config.push_min
-        error = self.out.memory_error(need)
-        if error is not None:
-            self.fail(error)
-        return error is not None
-
-    def check_wait(self) -> None:
-        """A wait that began while memory could still come: end it if that is no longer so, or once it took
-        `push-wait-timeout` (memory that reads or other windows hold comes back only as their parties go on,
-        which a party may never do: every writer gets memory or an error)."""
-        if self.waiting_since is None or self.closed or self._hopeless():
-            return
-        waited, env = time.monotonic() - self.waiting_since, self.env
-        if waited >= env.config.push_wait_timeout:
-            held = env.storage.memory_held()
-            self.fail(StorageError(f"no memory for this push after {waited:.0f} s (push-wait-timeout): {held}"))
+    @property
+    def outstanding(self) -> int:
+        """Credit the writer holds and has not used."""
+        pool = self.window.pool
+        return pool.promised if pool is not None else 0
 
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0
-        if n and not self.closed and self.conn.is_open:
+        if n and self.phase is Phase.RECEIVING and self.conn.is_open:
             self.conn.proto.grant_push_credit(self.writer, n)
-
-    async def _wait_for_memory(self) -> None:
-        assert self.pool is not None
-        try:
-            await self.out.admitted()
-            await self.pool.grow_wait()
-        finally:
-            self._waiting = None
-            self._stop_waiting()
-        self._top_up()
-
-    def waiting_for(self, now: float) -> float:
-        """Seconds this session has been waiting for memory so far."""
-        return now - self.waiting_since if self.waiting_since is not None else 0.0
-
-    def _stop_waiting(self) -> None:
-        self.counters.push_wait_seconds += self.waiting_for(time.monotonic())
-        self.waiting_since = None
 
     def commit(self, pushes: int) -> None:
         if pushes != self.received:
@@ -258,9 +226,8 @@ class PushSession:
         if self.links is None or not self.out.writable:
             self._commit()  # storage refuses one no longer open (its shuffle was dropped meanwhile), saying why
             return
-        assert self.pool is not None
-        self.pool.destroy()  # nothing more may come (a PushData now is a credit violation)
-        self.pool = None
+        self._enter(Phase.COMMITTING)
+        self.window.close()  # nothing more may come (the protocol's table refuses a PushData now)
         lengths = self.out.pushed()  # compared with the replicas'
         self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
 
@@ -308,16 +275,10 @@ class PushSession:
 
     def _close(self) -> None:
         if not self.closed:
-            self.shares.release(self.conn.push_share, self.out.app, self.app_share, self._extras)
-            self._extras = 0
+            self._enter(Phase.CLOSED)
             self.conn.closed(self.writer)
-        self.closed = True
-        if self._waiting is not None:
-            self._waiting.cancel()
-        self._stop_waiting()
+        self.window.close()
         if self.task is not None and not self.task.done():
             self.task.cancel()
         if self.links is not None:
             self.links.abort()
-        if self.pool is not None:
-            self.pool.destroy()

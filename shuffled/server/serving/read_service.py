@@ -1,9 +1,10 @@
-"""The reads of one connection: those it serves, and those this daemon makes over it to a peer.
+"""The reads one connection serves (those this daemon makes over it to a peer are partition_requests.py's).
 
 A served read is a view of this daemon's stored data (storage/view.py) pulled as credit allows
-(view_reader.py), plus, for a client, an `InputGate` relaying what other daemons hold. The
-reads this daemon makes are the gates' `RemoteInputChannel`s; their AddCredit
-announcements are batched once per loop turn.
+(view_reader.py), plus, for a client, an `InputGate` relaying what other daemons hold.
+
+This service registers every read it serves and its gate, and only it removes them: the gates tell it
+when they are done (`fail_read`, `gate_closed`).
 """
 
 from __future__ import annotations
@@ -16,18 +17,16 @@ from typing import Any
 
 from ...buffers import Chunk
 from ...logs import event
-from ...net.once_per_turn import OncePerTurn
 from ...net.sender import Sender
 from ...net.streams import BufferResponseStream
 from ...protocol.auth import token_digest
-from ...protocol.connection import release_payload
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
-from ...protocol.frames import BufferResponse, PartitionRequest, check_app_id
+from ...protocol.frames import PartitionRequest, check_app_id
 from ...protocol.resume import Resume
 from ..cluster.peers import split_address
 from ..storage.view import ReadView
 from .environment import ShuffleEnvironment
-from .input_gate import InputGate, Peers, RemoteInputChannel
+from .input_gate import InputGate, Peers
 from .link import DaemonLink
 from .view_reader import LOOKAHEAD, ViewReader
 
@@ -42,11 +41,8 @@ class ReadService:
         self.peers = peers
         self.served: dict[int, BufferResponseStream] = {}
         self.gates: dict[int, InputGate] = {}
-        self.channels: dict[int, RemoteInputChannel] = {}
-        self._announce: dict[int, RemoteInputChannel] = {}
-        self._flush_announcements_soon = OncePerTurn(self._flush_announcements)
 
-    # -- the ReadClient / ReadPeer views the gates and channels use
+    # -- the ReadClient view the gates use
 
     @property
     def sender(self) -> Sender:
@@ -59,12 +55,15 @@ class ReadService:
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         self.link.send_error(stream, exc)
 
-    @property
-    def features(self) -> frozenset[str]:
-        return self.link.proto.features
+    def fail_read(self, rid: int, exc: ShuffledError) -> None:
+        """End served read `rid` with an error: its stream stops and the client is told."""
+        stream = self.served.pop(rid, None)
+        if stream is not None:
+            stream.shutdown()
+        self.send_error(rid, exc)
 
-    def new_stream_id(self) -> int:
-        return self.link.proto.new_stream_id()
+    def gate_closed(self, rid: int) -> None:
+        self.gates.pop(rid, None)
 
     # -- reads served
 
@@ -188,12 +187,9 @@ class ReadService:
             gate = self.gates.get(rid)
             if gate is not None:
                 gate.fail(exc)
-                return
-            stream = self.served.pop(rid, None)
-            if stream is not None:
+            elif rid in self.served:
                 event(log, "read failed", logging.WARNING, stream=rid, code=exc.code.name, reason=exc.message)
-                stream.shutdown()
-                self.send_error(rid, exc)
+                self.fail_read(rid, exc)
 
         return fail
 
@@ -203,52 +199,9 @@ class ReadService:
             self.link.proto.read_finished(stream.stream)
         self.env.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
 
-    # -- reads this daemon makes over the connection (for its gates)
-
-    def open_channel(self, ch: RemoteInputChannel, req: PartitionRequest) -> None:
-        self.channels[ch.receiver] = ch
-        self.env.counters.read_credit_granted += req.credit
-        self.link.proto.request_read(req, ch.target)
-
-    def cancel_channel(self, receiver: int) -> None:
-        self.channels.pop(receiver, None)
-        self.link.proto.cancel_read(receiver)
-
-    def on_buffer(self, frame: BufferResponse) -> None:
-        ch = self.channels.get(frame.receiver)
-        if ch is None:
-            release_payload(frame)
-            return
-        ch.on_buffer(frame)
-
-    def on_failed(self, stream: int, exc: ShuffledError) -> bool:
-        """The peer failed one of our reads; False when `stream` is not a read."""
-        ch = self.channels.get(stream)
-        if ch is None:
-            return False
-        ch.fail(exc)
-        return True
-
-    def announce(self, ch: RemoteInputChannel) -> None:
-        """Lazily send AddCredit: collect channels now, send what they owe once per loop turn."""
-        self._announce[ch.receiver] = ch
-        self._flush_announcements_soon()
-
-    def _flush_announcements(self) -> None:
-        pending, self._announce = self._announce, {}
-        if not self.is_open:
-            return
-        for ch in pending.values():
-            n = ch.credit.take_announcement()
-            if n and not ch.closed:
-                self.env.counters.read_credit_granted += n
-                self.link.proto.add_credit(ch.receiver, n)
-
     # -- the connection's end
 
-    def release(self, lost: ShuffledError) -> None:
-        for ch in list(self.channels.values()):
-            ch.fail(lost)
+    def release(self) -> None:
         for gate in list(self.gates.values()):
             gate.close()
         for stream in list(self.served.values()):

@@ -24,6 +24,7 @@ from .access import is_owner
 from .disk import LoadedShuffle, StoredObject
 from .object_format import FOOTER_GUESS, Footer, decode_footer, footer_span, node_prefix, prove
 from .objects import ObjectInfo, ObjectStore
+from .restore import restore_shuffle
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class Adopter:
             return 0
         for attempt in new:
             loaded.adopt(attempt, proved.attempts[attempt], proved.commits[attempt], durable=True)
-        self.store.restore(loaded, None, None if own else node)
+        restore_shuffle(self.store, loaded, None, None if own else node)
         self.stats.adopted_attempts += len(new)
         event(log, "adopted from the object store", app=app, shuffle=shuffle, node=node, attempts=len(new))
         return len(new)

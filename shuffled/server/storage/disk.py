@@ -13,8 +13,8 @@ partition; they lie back to back from the record's offset) and one per committed
 attempt (its bytes, pieces and their total length). Pieces and commits name the
 attempt and its *serial*, which tells an attempt id aborted and pushed again apart.
 A restarted daemon serves an attempt only if its commit record is intact and its
-intact piece records account for exactly its pieces, inside the file; reads check
-each piece's CRC32C. Data is written before the record describing it, so a crash
+intact piece records account for exactly its pieces, inside the file (replay.py);
+reads check each piece's CRC32C. Data is written before the record describing it, so a crash
 between the two leaves only bytes nobody points at.
 
 The event loop never touches a file: every write, journal append and deletion
@@ -369,10 +369,10 @@ class Disk:
 
     def remove(self, directory: str) -> asyncio.Future[None]:
         """Delete a shuffle's directory (after every write submitted before), and its app dir once empty."""
-        return self._on(self._writer, self._remove, directory)
+        return self._on(self._writer, self.remove_now, directory)
 
     @staticmethod
-    def _remove(directory: str) -> None:
+    def remove_now(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
         try:
             os.rmdir(os.path.dirname(directory))
@@ -417,105 +417,8 @@ class Disk:
 
     # -- start: what the data dir holds
 
-    def load(self) -> list[LoadedShuffle]:
-        """Read every journal; delete whatever under an `app-*` dir cannot be served (before the daemon listens)."""
-        loaded: list[LoadedShuffle] = []
-        for app_entry in sorted(os.scandir(self.root), key=lambda e: e.name):
-            if app_entry.name == LOCK:
-                continue
-            if not app_entry.name.startswith("app-") or not app_entry.is_dir(follow_symlinks=False):
-                # Not ours (lost+found on a mount point, an operator's file): never deleted.
-                event(
-                    log,
-                    "ignoring an entry of the data dir this daemon did not write",
-                    logging.WARNING,
-                    path=app_entry.path,
-                )
-                continue
-            for entry in sorted(os.scandir(app_entry.path), key=lambda e: e.name):
-                shuffle = self._load_shuffle(entry.path) if entry.is_dir(follow_symlinks=False) else None
-                if shuffle is None or not shuffle.committed:
-                    event(log, "removing leftover spill data it cannot serve", path=entry.path)
-                    self._remove(entry.path) if entry.is_dir(follow_symlinks=False) else _unlink(entry.path)
-                else:
-                    loaded.append(shuffle)
-            try:
-                os.rmdir(app_entry.path)
-            except OSError:
-                pass
-        for s in loaded:
-            self.stats.files += 1
-            self.stats.used_bytes += s.file_size
-        return loaded
 
-    def _load_shuffle(self, directory: str) -> LoadedShuffle | None:
-        journal = os.path.join(directory, JOURNAL)
-        try:
-            with open(journal, "rb") as f:
-                raw = f.read()
-        except OSError:
-            return None
-        records, end = decode_records(raw)
-        if end < len(raw):
-            event(
-                log, "journal has a torn or corrupt tail; dropped", logging.WARNING, path=journal, bytes=len(raw) - end
-            )
-            os.truncate(journal, end)
-        try:
-            return self._replay(directory, records)
-        except (KeyError, TypeError, ValueError) as exc:
-            event(log, "journal does not describe a shuffle", logging.WARNING, path=journal, reason=exc)
-            return None
-
-    def _replay(self, directory: str, records: list[dict[str, Any]]) -> LoadedShuffle | None:
-        head = next((r for r in records if r.get("k") == "shuffle"), None)
-        if head is None:
-            return None
-        out = LoadedShuffle(str(head["app"]), int(head["shuffle"]), int(head["partitions"]), directory)
-        if app_dir_name(out.app) != os.path.basename(os.path.dirname(directory)):
-            return None
-        key = head.get("key")
-        if isinstance(key, bytes):
-            out.app_key = key
-        pieces: dict[tuple[int, int], LoadedAttempt] = {}
-        commits: dict[tuple[int, int], dict[str, Any]] = {}
-        durable: set[tuple[int, int]] = set()
-        for r in records:
-            kind = r.get("k")
-            if kind == "pieces":
-                at = int(r["o"])
-                for attempt, serial, rows in r["a"]:
-                    found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
-                    at = found.add(at, bytes(rows))
-            elif kind == "object":
-                out.objects.append(StoredObject(str(r["key"]), int(r["size"])))
-                for attempt, serial, start, offset, rows in r["a"]:
-                    found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
-                    found.put(int(start), len(out.objects), int(offset), bytes(rows))
-                durable.update((int(a), int(s)) for a, s in r.get("d", ()))
-            elif kind == "commit":
-                commits[int(r["attempt"]), int(r["serial"])] = r
-        path = self.data_path(directory)
-        try:
-            out.file_size = os.stat(path).st_size
-        except FileNotFoundError:
-            out.file_size = 0
-        # An attempt is servable only if its intact piece records account for exactly its committed pieces,
-        # each inside the file or the object holding it.
-        ends = [out.file_size, *(o.size for o in out.objects)]
-        for (attempt, serial), r in commits.items():
-            found = pieces.get((attempt, serial), LoadedAttempt(0, serial, 0))
-            if not found.matches(r) or found.outside(ends):
-                continue
-            out.adopt(attempt, found, r, (attempt, serial) in durable)
-        keep = {JOURNAL, DATA} if out.committed else set()
-        for entry in os.scandir(directory):
-            if entry.name not in keep:
-                _unlink(entry.path)
-        return out
-
-
-def _unlink(path: str) -> None:
+def unlink(path: str) -> None:
     try:
         os.unlink(path)
     except OSError as exc:

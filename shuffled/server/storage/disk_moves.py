@@ -1,7 +1,7 @@
 """Moves from the data dir (tier.py): with the data dir over `disk-quota`, or an application over
 `app-disk-quota`, the oldest pieces of the shuffle holding the most disk move to objects, until the disk
 is down to `DISK_LOW` of the quota; their blocks are punched once no load of that shuffle is under way
-(`Spiller.reclaim`).
+(`disk_space.reclaim`).
 """
 
 from __future__ import annotations

@@ -40,6 +40,47 @@ class _Queue:
     #: seconds to wait after the next failure
     backoff: float = RETRY_FIRST
 
+    def pending_bytes(self) -> int:
+        return sum(o.unplaced_bytes() for o in self.attempts if not o.dead)
+
+    def ready_bytes(self, writer: ObjectWriter) -> int:
+        """What the next upload of the queue could take now: not the bytes of uploads or spills under way,
+        which counted as a part's worth would send an attempt committed meanwhile off alone, a small object."""
+        return sum(
+            o.unplaced_bytes() for o in self.attempts if not o.dead and o not in writer.claimed and o not in writer.busy
+        )
+
+    def worth_an_object(self, writer: ObjectWriter, now: float) -> bool:
+        """Whether to start an upload of the queue now: a part's worth is ready, or its stage has ended. Not
+        whatever is left after the uploads started: objects under a part cost PUTs (at most 64 per GiB at
+        16 MiB parts, configuration.md)."""
+        return now >= self.idle_at or self.ready_bytes(writer) >= writer.part
+
+    def take(self, writer: ObjectWriter) -> tuple[list[Pieces], list[MapOutput]]:
+        """The pieces not yet in an object of the queued attempts, in order, until an object is full (an
+        attempt may be cut: its commit record then goes in a later object), and the attempts all of whose
+        such pieces are taken."""
+        pieces: list[Pieces] = []
+        commits: list[MapOutput] = []
+        size = 0
+        for out in self.attempts:
+            if out in writer.busy or out in writer.claimed or out.durable:
+                continue
+            left = [i for i in range(out.placed) if out.places[i] == FILE] + list(range(out.placed, out.pieces))
+            took: list[int] = []
+            for i in left:
+                if size + out.sizes[i] > writer.most and (pieces or took):
+                    break
+                took.append(i)
+                size += out.sizes[i]
+            if took:
+                pieces.append((out, took))
+            if len(took) == len(left):
+                commits.append(out)
+            if len(took) < len(left) or size >= writer.part:
+                break
+        return pieces, commits
+
 
 class DurableUploads:
     """The tier's durable uploads (see the module). `start` once the daemon listens, `close` at stop."""
@@ -103,31 +144,12 @@ class DurableUploads:
         self.stats.pending_attempts += 1
         now = asyncio.get_running_loop().time()
         queue.idle_at = now + self.config.object_store_durable_delay
-        queue.due = now if self._ready_bytes(queue) >= self.writer.part else max(queue.due, queue.idle_at)
+        queue.due = now if queue.ready_bytes(self.writer) >= self.writer.part else max(queue.due, queue.idle_at)
         self._count_pending()
         self._wake.set()
 
-    def _pending_bytes(self, queue: _Queue) -> int:
-        return sum(o.unplaced_bytes() for o in queue.attempts if not o.dead)
-
-    def _ready_bytes(self, queue: _Queue) -> int:
-        """What the next upload of the queue could take now: not the bytes of uploads or spills under way,
-        which counted as a part's worth would send an attempt committed meanwhile off alone, a small object."""
-        writer = self.writer
-        return sum(
-            o.unplaced_bytes()
-            for o in queue.attempts
-            if not o.dead and o not in writer.claimed and o not in writer.busy
-        )
-
-    def _worth_an_object(self, queue: _Queue, now: float) -> bool:
-        """Whether to start an upload of the queue now: a part's worth is ready, or its stage has ended. Not
-        whatever is left after the uploads started: objects under a part cost PUTs (at most 64 per GiB at
-        16 MiB parts, configuration.md)."""
-        return now >= queue.idle_at or self._ready_bytes(queue) >= self.writer.part
-
     def _count_pending(self) -> None:
-        self.stats.pending_bytes = sum(self._pending_bytes(q) for q in self._queues.values())
+        self.stats.pending_bytes = sum(q.pending_bytes() for q in self._queues.values())
 
     async def _upload_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -138,11 +160,11 @@ class DurableUploads:
                 for data, queue in [(d, q) for d, q in self._queues.items() if q.due <= now]:
                     while (
                         len(self._uploads) < UPLOADS_IN_FLIGHT
-                        and self._worth_an_object(queue, now)
+                        and queue.worth_an_object(self.writer, now)
                         and self.start_upload(data) is not None
                     ):
                         pass
-                    if queue.due <= now and not self._worth_an_object(queue, now):
+                    if queue.due <= now and not queue.worth_an_object(self.writer, now):
                         queue.due = queue.idle_at  # the rest waits for more commits or the stage's end
                 later = [q.due for q in self._queues.values() if q.due > now]
                 wait = None if len(self._uploads) >= UPLOADS_IN_FLIGHT or not later else min(later) - now
@@ -164,7 +186,7 @@ class DurableUploads:
         if data.removed or not queue.attempts:
             self.forget(data)
             return None
-        pieces, commits = self._take(queue)
+        pieces, commits = queue.take(self.writer)
         if not pieces and not commits:
             if not any(o in self.writer.claimed for o in queue.attempts):  # spills under way: look again soon
                 queue.due = asyncio.get_running_loop().time() + RETRY_FIRST
@@ -219,34 +241,9 @@ class DurableUploads:
         for out, _ in pieces:
             out.taken = out.placed
         self.made_durable(data, commits if place is not None else [])
-        if data in self._queues and self._ready_bytes(queue) >= self.writer.part:
+        if data in self._queues and queue.ready_bytes(self.writer) >= self.writer.part:
             queue.due = asyncio.get_running_loop().time()
         return True
-
-    def _take(self, queue: _Queue) -> tuple[list[Pieces], list[MapOutput]]:
-        """The pieces not yet in an object of the queued attempts, in order, until an object is full (an
-        attempt may be cut: its commit record then goes in a later object), and the attempts all of whose
-        such pieces are taken."""
-        pieces: list[Pieces] = []
-        commits: list[MapOutput] = []
-        size = 0
-        for out in queue.attempts:
-            if out in self.writer.busy or out in self.writer.claimed or out.durable:
-                continue
-            left = [i for i in range(out.placed) if out.places[i] == FILE] + list(range(out.placed, out.pieces))
-            took: list[int] = []
-            for i in left:
-                if size + out.sizes[i] > self.writer.most and (pieces or took):
-                    break
-                took.append(i)
-                size += out.sizes[i]
-            if took:
-                pieces.append((out, took))
-            if len(took) == len(left):
-                commits.append(out)
-            if len(took) < len(left) or size >= self.writer.part:
-                break
-        return pieces, commits
 
     def forget(self, data: ShuffleData) -> None:
         """The shuffle was dropped: its queued attempts are not uploaded."""

@@ -1,7 +1,7 @@
 """The shuffles' journals in the data dir: one next to each shuffle's data file, started with a header (the
 shuffle, and the application's binding so a restart keeps it) and the commits so far once the shuffle
 first has data on disk, then a record per commit, spill write (the pieces it placed) and object (what it
-holds). A restart reads them back (`Disk.load`) and serves again what they prove. Records are appended
+holds). A restart reads them back (replay.py) and serves again what they prove. Records are appended
 on the disk's writer thread in the order they are asked for, after the writes they describe were queued.
 """
 

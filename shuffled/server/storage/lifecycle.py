@@ -1,6 +1,7 @@
 """What happens to stored data at each step of its life after it was pushed: commit, drop, flush, persist,
-expiry. This is the one place that says it; the parts do what it asks (the store counts and forgets,
-the spiller writes to disk and deletes files, the tier uploads and deletes objects, the journals record).
+expiry. This is the one place that says it; the parts do what it asks (the store counts and forgets, the
+spiller writes to disk, disk_space.py deletes files, the tier uploads and deletes objects, the journals
+record).
 
 - **commit**: the attempt becomes readable in one step (a reader sees all of it or none); once the shuffle
   has a journal the commit is journaled, and an attempt that asked to be durable is queued for its upload.
@@ -29,6 +30,7 @@ from array import array
 from ...config import DaemonConfig
 from ...logs import event
 from ...protocol.errors import InvalidRequest, StorageError
+from . import disk_space
 from .departures import Departures
 from .disk import Disk
 from .shuffles import MapOutput, ShuffleData
@@ -71,7 +73,7 @@ class Lifecycle:
             freed, dropped = self.store.remove_application(app)
         else:
             freed, dropped = self.store.unregister_shuffle(app, shuffle)
-        await self.spiller.removed(dropped)
+        await disk_space.removed(self.disk, dropped)
         if self.tier is not None:
             await self.tier.removed(dropped, adopted)
         return freed
@@ -145,7 +147,7 @@ class Lifecycle:
         self.spiller.check()
         if self.tier is not None:
             self.tier.mover.relieve_disk()
-        await self.spiller.reclaim()
+        await disk_space.reclaim(self.store.placement, self.disk)
 
     def _expired(self, now: float) -> list[str]:
         """Applications idle for `app-ttl` with no map output open."""

@@ -1,24 +1,22 @@
-"""The one door into what the daemon holds (Celeborn's StorageManager, Flink's ResultPartitionManager):
-memory, the data dir and the object store, the journals, spills, moves and durable uploads, behind one API.
+"""The one door into what the daemon holds (Celeborn's StorageManager, Flink's ResultPartitionManager): memory, the data
+dir and the object store, the journals, spills, moves and durable uploads, behind one API.
 
-Serving, the cluster, housekeeping and the admin operations call this and nothing else of storage/: a push
-opens a map output here and writes through the `MapOutputWriter` it gets (writer.py); a read, or a copy of
-an attempt for another daemon, gets a `ReadView` of what it may take (view.py, the one place that says how
-stored data is read); the cluster asks which attempts are held and for whom; the admin and housekeeping
-drop, flush and persist. What those steps do to the data (which tiers they touch, in which order, which
-deletions are an owner's act) is written once, in lifecycle.py; where pieces are and how they move is the
-parts' (store.py, placement.py, spill.py, tier.py). Whose data a request may touch is `is_owner`'s answer
-(access.py) on every path.
+Serving, the cluster, housekeeping and the admin operations call this and nothing else of storage/: a push opens a map
+output here and writes through the `MapOutputWriter` it gets (writer.py); a read, or a copy of an attempt for another
+daemon, gets a `ReadView` of what it may take (view.py, the one place that says how stored data is read); the cluster
+asks which attempts are held and for whom (`held`, holdings.py); the admin and housekeeping drop, flush and persist.
+What those steps do to the data (which tiers they touch, in which order, which deletions are an owner's act) is written
+once, in lifecycle.py; where pieces are and how they move is the parts' (store.py, placement.py, spill.py, tier.py).
+Whose data a request may touch is `is_owner`'s answer (access.py) on every path.
 
-The handles it gives out are to be passed back or used through their methods, never looked into:
-`ShuffleData`'s and `MapOutput`'s fields are storage's own (tests/unit/test_architecture.py checks that no
-module outside storage/ imports the store or the shuffles: only this door, its handles and plain helpers).
+The handles it gives out are to be passed back or used through their methods, never looked into: `ShuffleData`'s and
+`MapOutput`'s fields are storage's own (tests/unit/test_architecture.py checks that no module outside storage/ imports
+the store or the shuffles: only this door, its handles and plain helpers).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ...buffers import GlobalPool
 from ...config import DaemonConfig
@@ -26,35 +24,19 @@ from ...ops.stats import DiskStats, FilesystemStats, ObjectStoreStats, StoreStat
 from ...protocol.errors import InvalidRequest, PartitionNotFound
 from ...protocol.resume import Resume
 from .disk import Disk
+from .holdings import Holdings
 from .journal import Journals
 from .lifecycle import Lifecycle
 from .object_config import ObjectStoreConfig
 from .objects import ObjectInfo, ObjectStore
 from .probe import ObjectStoreProbe
-from .shuffles import ShuffleData
-from .spill import Spiller, memory_held, restore
+from .restore import restore
+from .spill import Spiller, memory_held
 from .spill_writes import SpillWrites
 from .store import Store
 from .tier import ObjectTier
 from .view import ReadView, copy_view, read_view
 from .writer import MapOutputWriter
-
-
-@dataclass(frozen=True, slots=True)
-class HeldAttempt:
-    """A committed attempt held here, as the cluster surveys its copies (a drain's hand-over, healing)."""
-
-    app: str
-    shuffle: int
-    partitions: int
-    attempt: int
-    map_index: int
-    #: None when it was pushed here, else the node of the primary it is a replica of
-    replica_of: str | None
-    #: copies its pusher wanted, this one included
-    replicas: int
-    #: bytes of its runs
-    bytes: int
 
 
 def open_storage(
@@ -90,7 +72,7 @@ def open_storage(
     )
     if spiller.target is not None:
         # Stored data normally sits between the spill watermarks; floating buffers may fill the pool up to
-        # where background spilling starts (GlobalPool.set_floating_budget says why that is safe).
+        # where background spilling starts (buffers/pool.py says why that is safe).
         pool.set_floating_budget(spiller.start - 1)
     probe = ObjectStoreProbe(objects, objects.stats if objects is not None else object_stats or ObjectStoreStats())
     return StorageManager(pool, disk, store, spiller, tier, probe, Lifecycle(config, store, spiller, tier, disk))
@@ -121,6 +103,8 @@ class StorageManager:
         self.probe = probe
         #: what commit, drop, flush, persist and expiry do to the data
         self.lifecycle = lifecycle
+        #: which committed attempts are held here (what the cluster asks)
+        self.held = Holdings(store)
 
     def restore(self) -> int:
         """Serve again what the data dir's journals prove; the shuffles restored."""
@@ -204,59 +188,20 @@ class StorageManager:
     async def adopt(self, app: str, shuffle: int, node: str, attempts: list[int]) -> None:
         """Serve what `node`'s objects of the shuffle prove from here (adopt.py), unless these attempts are held
         here already. Raises StorageError when the store cannot be read."""
-        data = self._shuffle(app, shuffle)
+        data = self.held.shuffle(app, shuffle)
         if data is not None and all(a in data.committed for a in attempts):
             return
         assert self.tier is not None
         await self.tier.adopt(app, shuffle, node)
-
-    # -- what the cluster asks
-
-    def holds(self, app: str, shuffle: int, attempts: list[int]) -> tuple[list[int], list[int]]:
-        """Which of these attempts are committed here, and the bytes each holds (admin `holds`: a drain or
-        healing deciding what still needs a copy elsewhere)."""
-        data = self._shuffle(app, shuffle)
-        if data is None:
-            return [], []
-        held = [a for a in attempts if a in data.committed]
-        return held, [data.committed[a].bytes for a in held]
-
-    def committed_attempts(self) -> list[HeldAttempt]:
-        return [
-            HeldAttempt(
-                d.app, d.shuffle, d.partitions, a, out.map_index, d.replica_of.get(a), d.replicas.get(a, 1), out.bytes
-            )
-            for shuffles in self.store.apps.values()
-            for d in shuffles.values()
-            for a, out in d.committed.items()
-        ]
-
-    def committed_bytes(self, app: str, shuffle: int, attempt: int) -> int | None:
-        """The bytes of a committed attempt held here; None when it is not (any more)."""
-        data = self._shuffle(app, shuffle)
-        out = data.committed.get(attempt) if data is not None else None
-        return out.bytes if out is not None else None
-
-    def under_replicated(self, app: str, shuffle: int, attempts: int) -> None:
-        """Healing found `attempts` of the shuffle lacking copies this daemon is to make (stats, the alert)."""
-        data = self._shuffle(app, shuffle)
-        if data is not None:
-            data.under_replicated = attempts
-
-    def applications(self) -> list[str]:
-        return sorted(self.store.apps)
 
     @property
     def restoring(self) -> bool:
         """Until it holds what its own objects prove, this daemon cannot say what it does not hold."""
         return self.tier is not None and not self.tier.restored
 
-    def _shuffle(self, app: str, shuffle: int) -> ShuffleData | None:
-        return self.store.apps.get(app, {}).get(shuffle)
-
     def _refuse_gone(self, app: str, shuffle: int, digest: bytes) -> None:
         """A read of a shuffle dropped here fails with why, never reads as empty (departures.py)."""
-        if self._shuffle(app, shuffle) is None:
+        if self.held.shuffle(app, shuffle) is None:
             self.store.app_keys.authorize(app, digest)
             why = self.lifecycle.departures.why(app, shuffle, digest)
             if why is not None:

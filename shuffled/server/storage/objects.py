@@ -34,7 +34,6 @@ import contextlib
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -229,28 +228,6 @@ class ObjectStore:
         found = await self.list_objects(prefix)
         await self.delete([o.key for o in found])
         return len(found)
-
-    async def probe(self) -> str | None:
-        """Write, read back and delete a small object under the prefix: None when all of that worked, else
-        why not (the first step that failed). Takes at most three requests' bounds."""
-        stats = self.stats
-        stats.state = "probing"
-        key = f"{PROBE_DIR}/{uuid.uuid4().hex[:16]}"
-        payload = f"shuffled probe {key}".encode()
-        reason: str | None = None
-        try:
-            await self.write(key, [payload])
-            try:
-                back = bytearray(len(payload))
-                await self.read_into(key, 0, [memoryview(back)])
-                if back != payload:
-                    reason = "the probe object read back differs from what was written"
-            finally:
-                await self.delete(key)
-        except StorageError as exc:
-            reason = reason or exc.message
-        stats.state, stats.reason = ("failed", reason) if reason else ("ready", "")
-        return reason
 
     async def close(self, timeout: float | None = None) -> None:
         """Wait (bounded) for abandoned uploads to end and their objects to be deleted."""

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 from ...logs import event
 from ...ops.stats import ObjectStoreStats
-from .objects import ObjectStore
+from ...protocol.errors import StorageError
+from .objects import PROBE_DIR, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +35,14 @@ class ObjectStoreProbe:
         self.stats.state = "probing"
         self._probed_at = time.monotonic()
 
-        async def probe() -> None:
-            reason = await objects.probe()
+        async def probing() -> None:
+            reason = await probe(objects)
             if reason is None:
                 event(log, "object store ready", store=repr(objects))
             else:
                 event(log, "object store probe failed", logging.ERROR, store=repr(objects), reason=reason)
 
-        self._task = asyncio.create_task(probe())
+        self._task = asyncio.create_task(probing())
 
     def check(self, now: float) -> None:
         """Probe again if the last probe failed long enough ago (monotonic `now`)."""
@@ -60,3 +62,26 @@ class ObjectStoreProbe:
             self._task.cancel()
         if self.objects is not None:
             await self.objects.close()
+
+
+async def probe(objects: ObjectStore) -> str | None:
+    """Write, read back and delete a small object under the store's prefix: None when all of that worked, else
+    why not (the first step that failed). Takes at most three requests' bounds."""
+    stats = objects.stats
+    stats.state = "probing"
+    key = f"{PROBE_DIR}/{uuid.uuid4().hex[:16]}"
+    payload = f"shuffled probe {key}".encode()
+    reason: str | None = None
+    try:
+        await objects.write(key, [payload])
+        try:
+            back = bytearray(len(payload))
+            await objects.read_into(key, 0, [memoryview(back)])
+            if back != payload:
+                reason = "the probe object read back differs from what was written"
+        finally:
+            await objects.delete(key)
+    except StorageError as exc:
+        reason = reason or exc.message
+    stats.state, stats.reason = ("failed", reason) if reason else ("ready", "")
+    return reason

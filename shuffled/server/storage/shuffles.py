@@ -37,7 +37,7 @@ from enum import Enum
 
 from ...buffers import Buffer
 from ...protocol.errors import ShuffledError
-from ...protocol.packed import LengthTally
+from ...protocol.packed import LengthTally, PushedGroup
 from .disk import LoadedAttempt, SpillFile, StoredObject
 
 #: a piece's place: the shuffle's data file (others are 1 + an index into `ShuffleData.objects`)
@@ -155,6 +155,21 @@ class MapOutput:
         out.starts.extend(i for i in range(1, out.pieces) if out.firsts[i] < out.lasts[i - 1])
         out.bytes, out.size = found.stored, sum(found.sizes)
         return out
+
+    def append(self, buffer: Buffer, crc: int, group: PushedGroup) -> None:
+        """A pushed piece, checked (its CRC32C and directory) and taken by the store, becomes the last one."""
+        assert self.runs is not None
+        self.runs.add(group.entries)
+        first, length = group.first, buffer.length
+        if not self.sizes or first < self.lasts[-1]:
+            self.starts.append(len(self.sizes))
+        self.firsts.append(first)
+        self.lasts.append(group.last)
+        self.sizes.append(length)
+        self.crcs.append(crc)
+        self.memory.append(buffer)
+        self.bytes += group.data_bytes
+        self.size += length
 
     @property
     def pieces(self) -> int:

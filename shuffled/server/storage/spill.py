@@ -38,7 +38,7 @@ which only a spill could free fails at once with STORAGE_ERROR
 every such push on a daemon without a disk.
 
 The `Spiller` decides when and what to spill; the writes under way are `SpillWrites`' (spill_writes.py),
-the shuffles' journals `Journals`' (journal.py).
+the shuffles' journals `Journals`' (journal.py); disk_space.py gives the disk back.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ...logs import event
 from ...protocol.errors import StorageError
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
 from .journal import Journals
-from .shuffles import FILE, Garbage, ShuffleData
+from .shuffles import FILE, ShuffleData
 from .spill_writes import Placed, SpillTarget, SpillWrites, Taken
 from .store import Store
 
@@ -120,7 +120,7 @@ class FileTarget:
 
 
 class Spiller:
-    """Spills under pressure, over a quota and on request (see the module); frees the disk afterwards."""
+    """Spills under pressure, over a quota and on request (see the module)."""
 
     def __init__(
         self,
@@ -165,36 +165,6 @@ class Spiller:
         #: applications over their memory quota: their pushes wait on the event until spilled below it
         self._apps: dict[str, asyncio.Event] = {}
 
-    def push_memory_error(self, need: int, app: str) -> StorageError | None:
-        """Why a push waiting for `need` more segments would wait for good (None: memory will come).
-
-        Memory held by reads comes back by itself, and so does a push window's until it is promised; memory
-        held by stored data only when it is spilled or its shuffle removed, which Spark may do much later
-        (when its driver collects the shuffle), and push credit granted and not yet used only when its writer
-        pushes (then it is stored data) or ends, which an idle writer may never do. So a push of `app` waits
-        only while stored data and other applications' credit leave room for it (its own application's
-        writers going on is back-pressure; another's idle credit would starve it), or stored data can move
-        below memory.
-        """
-        if self.target is not None and self.writes.error is None:
-            return None
-        usable = self.pool.total - self.pool.reserve
-        stored = self.store.memory_segments
-        idle = self.pool.promised - self.pool.promised_by.get(app, 0)
-        if usable - stored - idle >= need:
-            return None
-        held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
-        if idle:
-            held += f" and other applications' writers hold {idle} more as push credit they have not used"
-        if self.target is None:
-            return StorageError(
-                f"no memory for this push: {held} and this daemon has no data directory to spill to "
-                "(data-dir none); memory comes back when Spark removes shuffles"
-            )
-        return StorageError(
-            f"no memory for this push: {held} and spilling to {self.target.name} fails: {self.writes.error}"
-        )
-
     def holding(self, app: str) -> bool:
         """True while pushes of `app` get no new memory."""
         return self.paused or app in self._apps
@@ -221,7 +191,7 @@ class Spiller:
         if self.target is None or self.writes.backing_off():
             return
         changed = False
-        if app is not None and app not in self._apps and self.store.over_memory_quota(app):
+        if app is not None and app not in self._apps and self.store.quotas.over_memory(self.store.usage.get(app)):
             self._apps[app] = asyncio.Event()
             changed = True
         used = self.pool.used
@@ -295,7 +265,7 @@ class Spiller:
     @property
     def _quota_target(self) -> int:
         """What an application over its memory quota is spilled down to (segments)."""
-        return int(self.store.memory_quota * self.low_share)
+        return int(self.store.quotas.memory * self.low_share)
 
     def _spill_largest(self, app: str | None) -> bool:
         """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
@@ -343,64 +313,41 @@ class Spiller:
                     self.journals.open(data)  # empty attempts too must survive a restart
                 return total
 
-    async def reclaim(self) -> None:
-        """Free the disk blocks of aborted attempts' spilled pieces (a writer that vanished mid-push left
-        them; they would stay until the shuffle goes, and one client could fill the disk that way) and of
-        pieces that moved to the object store. A shuffle with a load under way keeps its garbage until the
-        next call: the load may be reading a moved piece where it was."""
-        garbage, self.store.placement.garbage = self.store.placement.garbage, []
-        if self.disk is None or not garbage:
-            return
-        files: dict[str, list[Garbage]] = {}
-        for g in garbage:
-            if g.shuffle.loading:
-                self.store.placement.garbage.append(g)
-            elif not g.shuffle.removed:  # a removed shuffle's directory goes as a whole
-                files.setdefault(g.path, []).append(g)
-        for path, pieces in files.items():
-            try:
-                await self.disk.punch(path, [(g.offset, g.length) for g in pieces])
-            except OSError as exc:
-                event(log, "reclaiming disk failed", logging.WARNING, path=path, reason=exc)
-                continue
-            for g in pieces:
-                if not g.shuffle.removed:  # removed meanwhile: `removed` settled the shuffle's accounting
-                    g.shuffle.disk_bytes -= g.length
-                    g.shuffle.usage.disk_bytes -= g.length
-                    self.disk.stats.used_bytes -= g.length
-                self.disk.stats.reclaimed_bytes += g.length
 
-    async def removed(self, shuffles: list[ShuffleData]) -> None:
-        """Delete the files of dropped shuffles (after any spill of theirs still being written)."""
-        if self.disk is None:
-            return
-        for data in shuffles:
-            if data.directory is not None:
-                await self.disk.remove(data.directory)
-                self.disk.stats.used_bytes -= data.disk_bytes
-                self.disk.stats.files -= data.file is not None
+def push_memory_error(spiller: Spiller, need: int, app: str) -> StorageError | None:
+    """Why a push of `app` waiting for `need` more segments would wait for good (None: memory will come).
+
+    Memory held by reads comes back by itself, and so does a push window's until it is promised; memory
+    held by stored data only when it is spilled or its shuffle removed, which Spark may do much later
+    (when its driver collects the shuffle), and push credit granted and not yet used only when its writer
+    pushes (then it is stored data) or ends, which an idle writer may never do. So a push of `app` waits
+    only while stored data and other applications' credit leave room for it (its own application's
+    writers going on is back-pressure; another's idle credit would starve it), or stored data can move
+    below memory.
+    """
+    if spiller.target is not None and spiller.writes.error is None:
+        return None
+    usable = spiller.pool.total - spiller.pool.reserve
+    stored = spiller.store.memory_segments
+    idle = spiller.pool.promised - spiller.pool.promised_by.get(app, 0)
+    if usable - stored - idle >= need:
+        return None
+    held = f"stored shuffle data fills {stored} of the {usable} segments pushes may use"
+    if idle:
+        held += f" and other applications' writers hold {idle} more as push credit they have not used"
+    if spiller.target is None:
+        return StorageError(
+            f"no memory for this push: {held} and this daemon has no data directory to spill to "
+            "(data-dir none); memory comes back when Spark removes shuffles"
+        )
+    return StorageError(
+        f"no memory for this push: {held} and spilling to {spiller.target.name} fails: {spiller.writes.error}"
+    )
 
 
 async def _placed(appended: asyncio.Future[Appended]) -> Placed:
     done = await appended
     return Placed(FILE, done.offset, done.crcs)
-
-
-def restore(store: Store, disk: Disk) -> int:
-    """Serve again what a previous run left on disk and can prove (everything else was deleted by
-    `Disk.load`); the number of shuffles restored."""
-    loaded = disk.load()
-    for shuffle in loaded:
-        store.restore(shuffle, SpillFile(disk.data_path(shuffle.directory), shuffle.file_size))
-        event(
-            log,
-            "restored",
-            app=shuffle.app,
-            shuffle=shuffle.shuffle,
-            attempts=len(shuffle.committed),
-            bytes=sum(a.stored for a in shuffle.committed.values()),
-        )
-    return len(loaded)
 
 
 def memory_held(pool: GlobalPool, store: Store) -> str:

@@ -1,10 +1,11 @@
 """The daemon's store: the applications it holds data for, their shuffles and map outputs (shuffles.py
 is what they are), from the first push to their removal.
 
-It opens map outputs and takes their pushed pieces within the applications' quotas, commits and aborts
-them, counts the pool memory their pieces hold (what spilling can free), makes data found at a restart
-servable again, and drops shuffles and applications. Where pieces are, and moving them, is `Placement`'s;
-whose credentials an application's data belongs to, `AppKeys`'. This module does no I/O.
+It opens map outputs and takes their pushed pieces within the applications' quotas (quotas.py), commits
+and aborts them, counts the pool memory their pieces hold (what spilling can free), and drops shuffles and
+applications. Where pieces are, and moving them, is `Placement`'s; whose credentials an application's data
+belongs to, `AppKeys`'; data found at a restart or in another node's objects is served again by
+restore.py. This module does no I/O.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from ...protocol.errors import (
     InvalidRequest,
     LimitExceeded,
     MapOutputStateError,
-    QuotaExceeded,
     ShuffledError,
 )
 from ...protocol.frames import check_app_id
 from ...protocol.packed import PushedGroup
 from .access import AppKeys
-from .disk import LoadedShuffle, SpillFile
 from .placement import Placement
+from .quotas import Quotas
 from .shuffles import FILE, MAX_PARTITIONS, AppUsage, MapOutput, MapState, ShuffleData
 
 
@@ -46,15 +46,9 @@ class Store:
         self.apps: dict[str, dict[int, ShuffleData]] = {}
         self.usage: dict[str, AppUsage] = {}
         self.segment_size = segment_size
-        #: per application, in segments and bytes; 0 = no cap
-        self.memory_quota = memory_quota // segment_size
-        self.disk_quota = disk_quota
+        self.quotas = Quotas(segment_size, memory_quota, disk_quota, can_spill=can_spill, moves_disk=moves_disk)
         #: most reduce partitions a shuffle may declare here (a daemon setting, at most MAX_PARTITIONS)
         self.max_partitions = max_partitions
-        #: spill is possible (a data dir or an object store is set): the memory quota spills instead of refusing
-        self.can_spill = can_spill
-        #: spill files can move to the object store: the disk quota moves them instead of refusing pushes
-        self.moves_disk = moves_disk
         #: pool segments all stored pieces hold (what spilling can free), and their bytes
         self.memory_segments = 0
         self.memory_bytes = 0
@@ -89,8 +83,8 @@ class Store:
             raise InvalidRequest("shuffle id, map index and attempt id must be >= 0")
         usage = self.usage.get(app)
         if usage is not None:
-            self._check_disk_quota(app, usage)
-        data = self._shuffle(app, shuffle, partitions)
+            self.quotas.check_disk(app, usage)
+        data = self.shuffle_data(app, shuffle, partitions)
         if data.partitions != partitions:
             raise InvalidRequest(f"shuffle {app}/{shuffle} has {data.partitions} partitions, writer says {partitions}")
         if attempt in data.committed or attempt in data.open:
@@ -100,20 +94,13 @@ class Store:
         data.usage.last_active = time.monotonic()
         return out
 
-    def _shuffle(self, app: str, shuffle: int, partitions: int) -> ShuffleData:
+    def shuffle_data(self, app: str, shuffle: int, partitions: int) -> ShuffleData:
         shuffles = self.apps.setdefault(app, {})
         data = shuffles.get(shuffle)
         if data is None:
             usage = self.usage.setdefault(app, AppUsage())
             data = shuffles[shuffle] = ShuffleData(app, shuffle, partitions, usage)
         return data
-
-    def _check_disk_quota(self, app: str, usage: AppUsage) -> None:
-        if self.disk_quota and not self.moves_disk and usage.disk_bytes >= self.disk_quota:
-            raise QuotaExceeded(
-                f"application {app} holds {usage.disk_bytes} bytes on this daemon's disk, "
-                f"its quota is {self.disk_quota} (--app-disk-quota)"
-            )
 
     def add(self, out: MapOutput, buffer: Buffer, crc: int, group: PushedGroup) -> None:
         """Take ownership of a pushed packed group (its one reference moves to the store), its checked CRC32C
@@ -122,29 +109,13 @@ class Store:
             if out.state is not MapState.OPEN:
                 raise MapOutputStateError(f"push to a map output that is {out.state.value}")
             data = out.shuffle
-            usage = data.usage
-            self._check_disk_quota(data.app, usage)
-            if self.memory_quota and not self.can_spill and usage.segments >= self.memory_quota:
-                raise QuotaExceeded(
-                    f"application {data.app} holds {usage.segments} segments of this daemon's memory, its quota "
-                    f"is {self.memory_quota} (--app-memory-quota; without --data-dir nothing can be spilled)"
-                )
+            self.quotas.check_disk(data.app, data.usage)
+            self.quotas.check_memory(data.app, data.usage)
         except ShuffledError:
             buffer.release()
             raise
-        assert out.runs is not None
-        out.runs.add(group.entries)
-        first, length = group.first, buffer.length
-        if not out.sizes or first < out.lasts[-1]:
-            out.starts.append(len(out.sizes))
-        out.firsts.append(first)
-        out.lasts.append(group.last)
-        out.sizes.append(length)
-        out.crcs.append(crc)
-        out.memory.append(buffer)
-        out.bytes += group.data_bytes
-        out.size += length
-        self._hold(out, 1, length)
+        out.append(buffer, crc, group)
+        self._hold(out, 1, buffer.length)
 
     def _hold(self, out: MapOutput, segments: int, length: int) -> None:
         """Count (or, negative, uncount) in-memory pieces everywhere memory is counted."""
@@ -155,10 +126,6 @@ class Store:
         data.usage.segments += segments
         self.memory_segments += segments
         self.memory_bytes += length
-
-    def over_memory_quota(self, app: str) -> bool:
-        usage = self.usage.get(app)
-        return bool(self.memory_quota) and usage is not None and usage.segments > self.memory_quota
 
     def commit(self, out: MapOutput, copies: tuple[str, ...] = ()) -> array[int]:
         """Make the attempt readable; `copies` are the daemons that committed its replicas first. Returns
@@ -200,35 +167,6 @@ class Store:
         for buf in memory:
             buf.release()
         self._hold(out, -len(memory), -out.memory_bytes)
-
-    # -- restart
-
-    def restore(self, loaded: LoadedShuffle, file: SpillFile | None, node: str | None = None) -> ShuffleData:
-        """Committed data found at start (the data dir's journal), or proved by a node's objects (`node`: their
-        writer, None for this daemon's own), becomes servable. Attempts held already are left as they are.
-        Returns the shuffle."""
-        data = self._shuffle(loaded.app, loaded.shuffle, loaded.partitions)
-        if file is not None:
-            data.directory = loaded.directory
-            data.file = file
-            data.disk_bytes += file.size
-            data.usage.disk_bytes += file.size
-        if loaded.app_key is not None:
-            self.app_keys.bind(loaded.app, loaded.app_key)
-        held = {o.key: place for place, o in enumerate(data.objects, start=1)}
-        places = [FILE]  # a loaded place -> the shuffle's (an object adopted again keeps its place)
-        for o in loaded.objects:
-            places.append(held.get(o.key) or self.placement.add_object(data, o))
-        for attempt, found in loaded.committed.items():
-            if attempt in data.committed or attempt in data.open:
-                continue
-            of, replicas = loaded.replica_of.get(attempt, node), loaded.replicas.get(attempt, 1)
-            out = MapOutput.restored(data, attempt, found, places, of, replicas)
-            out.durable = out.wants_durable = attempt in loaded.durable
-            data.committed[attempt] = out
-            data.bytes += out.bytes
-            data.mark(out, loaded.copies.get(attempt, ()))
-        return data
 
     # -- cleanup
 

@@ -65,32 +65,6 @@ class ReadView:
     """One read's (or copy's) stored data, pulled a payload at a time (see the module). `close` it when the
     consumer is done with it early; a view that finished or failed holds nothing."""
 
-    __slots__ = (
-        "_ahead",
-        "_data",
-        "_entries",
-        "_entry",
-        "_error",
-        "_fill",
-        "_frame",
-        "_items",
-        "_left",
-        "_loaded",
-        "_pending",
-        "_skip",
-        "_spare",
-        "_waiting",
-        "_whole_above",
-        "backlog",
-        "closed",
-        "finished",
-        "limit",
-        "listener",
-        "loader",
-        "plan",
-        "pool",
-    )
-
     def __init__(self, plan: Plan, pool: GlobalPool, loader: PieceLoader, *, whole: bool = False) -> None:
         self.plan = plan
         self.pool = pool
@@ -109,12 +83,8 @@ class ReadView:
         self._pending: Iterator[Item] = iter(())
         self._ahead: deque[Item] = deque()
         self._skip = 0
-        #: the frame being filled (a read-reserve segment), its fill and the bytes of runs in it
-        self._frame: Buffer | None = None
-        self._fill = 0
-        self._data = 0
-        #: a frame's segment that came after a wait for one
-        self._spare: Buffer | None = None
+        #: the frame being filled
+        self._frames = FrameFiller(pool)
         #: pieces of the current entry loaded and still to be served, by index
         self._loaded: dict[int, Buffer] = {}
         #: a load, or a wait for a frame's segment, under way
@@ -176,8 +146,9 @@ class ReadView:
             if skip and lo != entry.lo:
                 raise InvalidRequest("resume point does not match this copy")
             whole = not skip and lo == out.firsts[i] and hi == out.lasts[i] + 1
+            frames = self._frames
             if whole and buf.length > self._whole_above:
-                if self._fill:
+                if frames.fill:
                     return self._flush()  # the frame in progress goes first
                 buf.retain()
                 self.backlog = self._left
@@ -186,18 +157,11 @@ class ReadView:
             cut, skip = _cut(buf, lo, hi, whole, skip)
             if cut is not None:
                 parts, size, data = cut
-                if self._fill + size > self.limit:
+                if frames.fill + size > self.limit:
                     return self._flush()
-                frame = self._frame or self._take_frame()
-                if frame is None:
+                if not frames.copy(parts, data):
+                    self._wait(frames.memory())
                     return None
-                memory, at = frame.memory, self._fill
-                for part in parts:
-                    n = len(part)
-                    memory[at : at + n] = part
-                    at += n
-                self._fill = at
-                self._data += data
             self._skip = skip
             self._served(i, final)
 
@@ -231,27 +195,10 @@ class ReadView:
 
     def _flush(self) -> Payload | None:
         """The frame in progress as a payload (None if there is none)."""
-        frame, fill = self._frame, self._fill
-        if frame is None or not fill:
-            return None
-        data, self._frame, self._fill, self._data = self._data, None, 0, 0
-        frame.length = fill
-        self.backlog = self._left
-        return Chunk(frame, checksum(frame.data())), data
-
-    def _take_frame(self) -> Buffer | None:
-        """A segment of the read reserve for a new frame; None while one is waited for (`busy`)."""
-        got = [self._spare] if self._spare is not None else self.pool.try_take(1, FRAME)
-        self._spare = None
-        if got is None:
-            self._wait(self._frame_memory())
-            return None
-        got[0].set_recycler(self.pool.give)
-        self._frame = got[0]
-        return got[0]
-
-    async def _frame_memory(self) -> None:
-        (self._spare,) = await self.pool.take(1, FRAME)
+        payload = self._frames.flush()
+        if payload is not None:
+            self.backlog = self._left
+        return payload
 
     def _load(self, room: int) -> None:
         """Load the piece the next item needs and those after it that lie right behind it, as far as `room`
@@ -301,11 +248,62 @@ class ReadView:
         loaded, self._loaded = self._loaded, {}
         for buf in loaded.values():
             buf.release()
+        self._frames.release()
+        self.loader.close()
+
+
+class FrameFiller:
+    """The frame a view fills (see the module): a segment of the read reserve, the slices of pieces copied
+    into it so far, and the bytes of their runs."""
+
+    __slots__ = ("_data", "_frame", "_spare", "fill", "pool")
+
+    def __init__(self, pool: GlobalPool) -> None:
+        self.pool = pool
+        self._frame: Buffer | None = None
+        self.fill = 0
+        self._data = 0
+        #: a frame's segment that came after a wait for one
+        self._spare: Buffer | None = None
+
+    def copy(self, parts: tuple[memoryview | bytes, ...], data: int) -> bool:
+        """Copy `parts` (holding `data` bytes of runs) in; False when there is no segment to copy into yet:
+        then wait for `memory()` and copy again."""
+        frame = self._frame
+        if frame is None:
+            got = [self._spare] if self._spare is not None else self.pool.try_take(1, FRAME)
+            self._spare = None
+            if got is None:
+                return False
+            frame = self._frame = got[0]
+            frame.set_recycler(self.pool.give)
+        memory, at = frame.memory, self.fill
+        for part in parts:
+            n = len(part)
+            memory[at : at + n] = part
+            at += n
+        self.fill = at
+        self._data += data
+        return True
+
+    async def memory(self) -> None:
+        """A segment of the read reserve, for the next `copy` (reads wait for one in their own line)."""
+        (self._spare,) = await self.pool.take(1, FRAME)
+
+    def flush(self) -> Payload | None:
+        """The frame as a payload (None if there is none); the next copy starts a new one."""
+        frame, fill = self._frame, self.fill
+        if frame is None or not fill:
+            return None
+        data, self._frame, self.fill, self._data = self._data, None, 0, 0
+        frame.length = fill
+        return Chunk(frame, checksum(frame.data())), data
+
+    def release(self) -> None:
         for held in (self._frame, self._spare):
             if held is not None:
                 held.release()
         self._frame = self._spare = None
-        self.loader.close()
 
 
 #: what an item copies into a frame: its parts, their size, and the bytes of their runs

@@ -13,7 +13,7 @@ from ...protocol.errors import MapOutputStateError, ShuffledError, StorageError
 from ...protocol.packed import PushedGroup
 from .lifecycle import Lifecycle
 from .shuffles import MapOutput, MapState
-from .spill import Spiller
+from .spill import Spiller, push_memory_error
 
 
 class MapOutputWriter:
@@ -80,4 +80,4 @@ class MapOutputWriter:
 
     def memory_error(self, need: int) -> StorageError | None:
         """Why waiting for `need` more segments would wait for good (None: memory will come)."""
-        return self._spiller.push_memory_error(need, self.app)
+        return push_memory_error(self._spiller, need, self.app)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shuffled.config import DaemonConfig
-from shuffled.server.cluster.placement import candidates
+from shuffled.server.cluster.replica_ring import candidates
 
 
 def ring(n: int) -> list[str]:
