@@ -23,8 +23,8 @@ table); the steps in between are these:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
 from typing import Any
 
 from .credit import OutboundStream
@@ -41,21 +41,24 @@ class Kind(Enum):
     ADMIN = "admin"
 
 
-class State(Enum):
-    OPEN = "open"  # opened: a read not yet served, a push without credit yet, an admin request
-    SERVING = "serving"  # a read this side serves from its outbound stream
-    CREDITED = "credited"  # a push whose writer has credit: data may flow
-    ENDING = "ending"  # a push whose commit or abort was asked: only its answer is owed
+class State(IntEnum):
+    """IntEnums, as Step: a pair of them is looked up per data frame, and hashes as ints do (an Enum's
+    hash is a Python call)."""
+
+    OPEN = 0  # opened: a read not yet served, a push without credit yet, an admin request
+    SERVING = 1  # a read this side serves from its outbound stream
+    CREDITED = 2  # a push whose writer has credit: data may flow
+    ENDING = 3  # a push whose commit or abort was asked: only its answer is owed
 
 
-class Step(Enum):
-    SERVE = "serve"  # the server serves a read (its outbound stream is set)
-    LAND = "land"  # the server says where a push's data lands
-    GRANT = "grant"  # push credit granted (server) or arrived (opener)
-    CREDIT = "credit"  # read credit: AddCredit sent (opener) or arrived (server)
-    DATA = "data"  # a data frame arrived: PushData (server), BufferResponse DATA (opener)
-    COMMIT = "commit"  # CommitMapOutput arrived
-    ABORT = "abort"  # AbortMapOutput arrived
+class Step(IntEnum):
+    SERVE = 0  # the server serves a read (its outbound stream is set)
+    LAND = 1  # the server says where a push's data lands
+    GRANT = 2  # push credit granted (server) or arrived (opener)
+    CREDIT = 3  # read credit: AddCredit sent (opener) or arrived (server)
+    DATA = 4  # a data frame arrived: PushData (server), BufferResponse DATA (opener)
+    COMMIT = 5  # CommitMapOutput arrived
+    ABORT = 6  # AbortMapOutput arrived
 
 
 #: (kind, theirs) -> (state, step) -> the next state; nothing else is allowed (see the module)
@@ -105,6 +108,8 @@ class Stream:
     state: State = State.OPEN
     #: read credit that arrived before the read was served, handed to its outbound stream when it is
     early_credit: int = 0
+    #: its transition table (`TRANSITIONS` of its kind and end), set when it enters the stream table
+    moves: dict[tuple[State, Step], State] = field(default_factory=dict)
 
 
 class StreamTable:
@@ -132,6 +137,7 @@ class StreamTable:
     def add_own(self, sid: int, stream: Stream) -> None:
         if sid == 0 or sid in self.own:
             raise ValueError(f"stream id {sid} is reserved or already open on this side")
+        stream.moves = TRANSITIONS[stream.kind, False]
         self.own[sid] = stream
 
     def open_theirs(self, sid: int, kind: Kind) -> LimitExceeded | None:
@@ -146,7 +152,7 @@ class StreamTable:
             return LimitExceeded(f"max-streams-per-connection ({limits.streams}) streams are open on this connection")
         if kind is Kind.PUSH and self.pushes_open >= limits.pushes:
             return LimitExceeded(f"max-pushes-per-connection ({limits.pushes}) map outputs are open on this connection")
-        self.theirs[sid] = Stream(kind)
+        self.theirs[sid] = Stream(kind, moves=TRANSITIONS[kind, True])
         if kind is Kind.PUSH:
             self.pushes_open += 1
         return None
@@ -169,11 +175,12 @@ class StreamTable:
         stream = table.get(sid)
         if stream is None or stream.kind is not kind:
             return None
-        following = TRANSITIONS[kind, table is self.theirs].get((stream.state, step))
+        following = stream.moves.get((stream.state, step))
         if following is None:
+            state = stream.state
             raise StreamStateError(
-                f"{step.value} is not allowed on {kind.value} stream {sid} while it is {stream.state.value}",
-                stream.state,
+                f"{step.name.lower()} is not allowed on {kind.value} stream {sid} while it is {state.name.lower()}",
+                state,
                 step,
             )
         stream.state = following

@@ -382,12 +382,12 @@ def test_a_step_outside_its_streams_table_is_refused_whichever_it_is() -> None:
             for step in Step:
                 streams = StreamTable(Limits())
                 side = streams.theirs if theirs else streams.own
-                side[5] = Stream(kind, state=state)
+                side[5] = Stream(kind, state=state, moves=table)
                 if (state, step) in table:
                     moved = streams.step(side, 5, kind, step)
                     assert moved is not None and moved.state is table[state, step]
                 else:
-                    with pytest.raises(StreamStateError, match=f"{step.value} is not allowed"):
+                    with pytest.raises(StreamStateError, match=f"{step.name.lower()} is not allowed"):
                         streams.step(side, 5, kind, step)
 
 

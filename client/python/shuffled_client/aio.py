@@ -65,7 +65,8 @@ class _ClientConnection(FrameConnection):
         self.proto.start({"name": "shuffled_client"})
 
     def handle_event(self, ev: Event) -> None:
-        self.client._on_event(ev)
+        if not self.client.session.on_event(ev):  # about a stream (nearly every event), else the connection
+            self.client._on_event(ev)
 
     def fail(self, exc: ShuffledError) -> None:
         self.client._fail_all(exc)  # callers see why (a wrong secret, a broken daemon), not just "lost"
@@ -230,8 +231,7 @@ class AsyncClient(AdminCalls):
     # -- internals
 
     def _on_event(self, ev: Event) -> None:
-        if self.session.on_event(ev):
-            return
+        """An event about the connection (the session takes those about its streams)."""
         match ev:
             case ConnectionFailed(exc):
                 self._fail_all(exc)
