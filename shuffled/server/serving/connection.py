@@ -113,7 +113,7 @@ class DaemonConnection(DaemonLink):
             pushing=len(pushes),
             remote_channels=self.requests.reading,
             inflight_buffers=self.sender.inflight,
-            backlog_buffers=sum(s.backlog for s in reads.served.values()),
+            backlog_buffers=sum(r.out.backlog for r in reads.served.values()),
             push_outstanding=sum(p.outstanding for p in pushes),
             read_outstanding=sum(ch.credit.sender_credit for ch in self.requests.channels.values()),
             push_wait_seconds=sum(p.window.waiting_for(now) for p in pushes),
@@ -131,7 +131,6 @@ class DaemonConnection(DaemonLink):
         return bool(
             self.requests.channels
             or reads.served
-            or reads.gates
             or self.pushes.sessions
             or self.replicas.outgoing
             or self.admin.waiters
@@ -141,7 +140,7 @@ class DaemonConnection(DaemonLink):
         self.admin.ping()
 
     def served_streams(self) -> Iterable[Outbound]:
-        return self.reads.served.values()
+        return [r.out for r in self.reads.served.values()]
 
     # -- events
 

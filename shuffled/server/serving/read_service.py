@@ -3,8 +3,9 @@
 A served read is a view of this daemon's stored data (storage/view.py) pulled as credit allows
 (view_reader.py), plus, for a client, an `InputGate` relaying what other daemons hold.
 
-This service registers every read it serves and its gate, and only it removes them: the gates tell it
-when they are done (`fail_read`, `gate_closed`).
+Each read served is one `ServedRead`: its stream to the reader, its local part (a `ViewReader` of this
+daemon's data) and its gate. This service registers it, and only it removes it: the parts report to the
+read, the gate tells the service when it is done (`fail_read`, `gate_closed`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ...buffers import Chunk
@@ -33,14 +33,46 @@ from .view_reader import LOOKAHEAD, ViewReader
 log = logging.getLogger(__name__)
 
 
+class ServedRead:
+    """One read this connection serves (see the module)."""
+
+    __slots__ = ("gate", "out", "service")
+
+    def __init__(self, service: ReadService, out: BufferResponseStream) -> None:
+        self.service = service
+        self.out = out
+        #: relaying the parts other daemons hold (None: all of it is local, or the gate is done)
+        self.gate: InputGate | None = None
+
+    def local_done(self) -> None:
+        """The local part is fully queued: the stream ends, or its gate counts one part done."""
+        if self.gate is not None:
+            self.gate.channel_done()
+        elif self.service.served.get(self.out.stream) is self:
+            self.out.end()
+            self.service.sender.wake(self.out)
+
+    def local_failed(self, exc: ShuffledError) -> None:
+        if self.gate is not None:
+            self.gate.fail(exc)
+        elif self.service.served.get(self.out.stream) is self:
+            event(log, "read failed", logging.WARNING, stream=self.out.stream, code=exc.code.name, reason=exc.message)
+            self.service.fail_read(self.out.stream, exc)
+
+    def cancel(self) -> None:
+        """The reader cancelled it, or the connection is gone."""
+        if self.gate is not None:
+            self.gate.close()
+        self.out.shutdown()
+
+
 class ReadService:
     def __init__(self, link: DaemonLink, node: str, env: ShuffleEnvironment[Any], peers: Peers) -> None:
         self.link = link
         self.node = node
         self.env = env
         self.peers = peers
-        self.served: dict[int, BufferResponseStream] = {}
-        self.gates: dict[int, InputGate] = {}
+        self.served: dict[int, ServedRead] = {}
 
     # -- the ReadClient view the gates use
 
@@ -57,13 +89,15 @@ class ReadService:
 
     def fail_read(self, rid: int, exc: ShuffledError) -> None:
         """End served read `rid` with an error: its stream stops and the client is told."""
-        stream = self.served.pop(rid, None)
-        if stream is not None:
-            stream.shutdown()
+        read = self.served.pop(rid, None)
+        if read is not None:
+            read.out.shutdown()
         self.send_error(rid, exc)
 
     def gate_closed(self, rid: int) -> None:
-        self.gates.pop(rid, None)
+        read = self.served.get(rid)
+        if read is not None:
+            read.gate = None
 
     # -- reads served
 
@@ -114,24 +148,24 @@ class ReadService:
         stream = BufferResponseStream(rid, req.credit, self._stream_ended)
         stream.opened_at = time.monotonic()
         stream.relayed = bool(remote)
-        self.served[rid] = stream
+        read = self.served[rid] = ServedRead(self, stream)
         self.link.proto.accept_read(rid, stream)
         feeding = view is not None and not view.empty
         if remote:
-            gate = InputGate(self, stream, req, remote, self.env, self.peers, self.node, feeding, missing)
-            self.gates[rid] = gate
+            gate = read.gate = InputGate(self, stream, req, remote, self.env, self.peers, self.node, feeding, missing)
             gate.task = asyncio.create_task(gate.open())
         elif not feeding:
             stream.end()
         if view is not None and feeding:
-            self._feed(rid, stream, view)
+            self._feed(read, view)
         self.sender.wake(stream)
 
-    def _feed(self, rid: int, stream: BufferResponseStream, view: ReadView) -> None:
+    def _feed(self, read: ServedRead, view: ReadView) -> None:
         """Serve the local part of a read: the view's payloads queued under the reader's credit, plus a few
         more (`LOOKAHEAD`) so that credit arriving finds data ready."""
         counters = self.env.counters
         sender = self.sender
+        stream = read.out
 
         def sink(chunk: Chunk, data: int) -> None:
             counters.served_local_bytes += data
@@ -145,9 +179,9 @@ class ReadService:
 
         def done() -> None:
             stream.deferred = 0
-            self._local_done(rid)
+            read.local_done()
 
-        reader = ViewReader(view, sink, room, done, self._failer(rid))
+        reader = ViewReader(view, sink, room, done, read.local_failed)
         stream.deferred = view.backlog
         stream.feeds.append(reader)
         reader.start()
@@ -159,42 +193,18 @@ class ReadService:
         return self.link.from_client and resume is None and bool(self.node) and elsewhere
 
     def on_credit(self, rid: int) -> None:
-        stream = self.served.get(rid)
-        if stream is not None:
-            self.sender.wake(stream)
+        read = self.served.get(rid)
+        if read is not None:
+            self.sender.wake(read.out)
 
     def on_cancel(self, rid: int) -> None:
-        gate = self.gates.pop(rid, None)
-        if gate is not None:
-            gate.close()
-        stream = self.served.pop(rid, None)
-        if stream is not None:
-            stream.shutdown()
-
-    def _local_done(self, rid: int) -> None:
-        """The local part is fully queued: the stream ends, or its gate counts one part done."""
-        gate = self.gates.get(rid)
-        if gate is not None:
-            gate.channel_done()
-            return
-        stream = self.served.get(rid)
-        if stream is not None:
-            stream.end()
-            self.sender.wake(stream)
-
-    def _failer(self, rid: int) -> Callable[[ShuffledError], None]:
-        def fail(exc: ShuffledError) -> None:
-            gate = self.gates.get(rid)
-            if gate is not None:
-                gate.fail(exc)
-            elif rid in self.served:
-                event(log, "read failed", logging.WARNING, stream=rid, code=exc.code.name, reason=exc.message)
-                self.fail_read(rid, exc)
-
-        return fail
+        read = self.served.pop(rid, None)
+        if read is not None:
+            read.cancel()
 
     def _stream_ended(self, stream: BufferResponseStream) -> None:
-        if self.served.get(stream.stream) is stream:
+        read = self.served.get(stream.stream)
+        if read is not None and read.out is stream:
             del self.served[stream.stream]
             self.link.proto.read_finished(stream.stream)
         self.env.metrics.observe_read(time.monotonic() - stream.opened_at, stream.relayed)
@@ -202,8 +212,6 @@ class ReadService:
     # -- the connection's end
 
     def release(self) -> None:
-        for gate in list(self.gates.values()):
-            gate.close()
-        for stream in list(self.served.values()):
-            stream.shutdown()
-        self.served.clear()
+        served, self.served = list(self.served.values()), {}
+        for read in served:
+            read.cancel()
