@@ -70,7 +70,7 @@ from .streams import Kind, State, Step, StreamTable, release_payload
 #: why a commit or abort out of its push's turn is refused, by the state the push was in
 OUT_OF_TURN: dict[Enum, str] = {
     State.OPEN: "before the daemon granted push credit",
-    State.ENDING: "after its CommitMapOutput",
+    State.ENDING: "after its CommitMapOutput or AbortMapOutput",
 }
 
 
@@ -198,7 +198,7 @@ class Inbound:
             return PushOutOfTurn(writer, MapOutputStateError(f"{name} {OUT_OF_TURN[exc.state]}"))
         return None
 
-    def _on_push_data(self, frame: PushData) -> Event:
+    def _on_push_data(self, frame: PushData) -> Event | None:
         refused = self._unknown_push(frame.writer)
         if refused is not None:
             release_payload(frame)
@@ -209,7 +209,7 @@ class Inbound:
             release_payload(frame)
             if exc.state is State.OPEN:
                 raise CreditViolation(f"stream {frame.writer}: data frame sent before credit was granted") from None
-            raise ProtocolError(f"PushData for writer {frame.writer} after its CommitMapOutput") from None
+            return None  # behind its commit or abort (a writer giving up had it on its way): dropped
         _check_landed(frame.payload, frame.writer)
         return PushDataArrived(frame)
 

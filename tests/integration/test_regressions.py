@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shuffled.net.streams import PushEvent
 from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode, MapOutputStateError, SequenceGap
 from shuffled.protocol.frames import (
@@ -200,3 +201,37 @@ async def test_a_replicated_push_whose_shuffle_was_dropped_meanwhile_fails_its_c
         assert await other.commit() == [1]
         await c.remove_application("dropped")
         await c.close()
+
+
+@within(30)
+async def test_a_write_that_waited_for_memory_sends_nothing_behind_its_abort(small: Cluster) -> None:
+    """Found in review: a `write` waiting for client memory while its writer aborted got the memory before the
+    AbortAck came, and pushed its data behind the abort. It now fails, nothing follows the abort, and the
+    connection goes on."""
+    d = small.daemons[0]
+    c = await AsyncClient.connect(d.addr)
+    w = await c.open_writer("race-app", 1, 0, 1, 2, buffer_size=0)  # every write goes out at once
+    pool = c.session.pool
+    assert pool is not None
+    held = pool.try_take(pool.push_room)  # all the client memory a writer may take
+    assert held is not None
+    write = asyncio.ensure_future(w.write(0, b"x" * 100))
+    await wait_until(lambda: asyncio.sleep(0, pool.waiting), lambda n: n == 1, 10, "the write waiting for memory")
+    transport = c._conn.transport if c._conn is not None else None
+    assert transport is not None
+    transport.pause_reading()  # the AbortAck waits: the write gets its memory first
+    w._finish()  # what `abort()` does before it waits for the AbortAck: the abort is queued
+    w._send(PushEvent.ABORT)
+    for buf in held:
+        pool.give(buf)
+    with pytest.raises(MapOutputStateError, match="already committed or aborted"):
+        await write
+    transport.resume_reading()
+    await w._done
+    stats = await c.stats()
+    assert stats["errors"].get("PROTOCOL", 0) == 0 and stats["errors"].get("CREDIT_VIOLATION", 0) == 0, stats
+    other = await c.open_writer("race-app", 1, 1, 2, 2)
+    await other.write(1, b"y")
+    assert await other.commit() == [0, 1]
+    await c.remove_application("race-app")
+    await c.close()

@@ -95,7 +95,9 @@ class AsyncClient(AdminCalls):
         self._secret = secret_bytes(secret) if secret is not None else None
         self._pool_size = pool_size
         #: the connection's streams, pool and credit settings, as the writers and readers share them
-        self.session = Session(address, exclusive, floating, secret_bytes(app_secret) if app_secret else None)
+        self.session = Session(
+            address, exclusive, floating, secret_bytes(app_secret) if app_secret is not None else None
+        )
         self.segment_size = 0
         self.daemon_node = ""
         self._conn: _ClientConnection | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from shuffled.buffers import GlobalPool
+from shuffled.buffers import Buffer, GlobalPool
 from shuffled.net.connection import FrameConnection
 from shuffled.net.streams import PushStream
 from shuffled.protocol.auth import app_token
@@ -64,6 +64,26 @@ class Session:
     def wake(self, stream: PushStream) -> None:
         assert self.conn is not None
         self.conn.sender.wake(stream)
+
+    async def segment(self, until: asyncio.Future[Any]) -> Buffer | None:
+        """A segment of the client's pool for a writer (it goes back to the pool when released), waiting for
+        one while memory is short; None if `until` (the writer's end) comes first."""
+        pool = self.pool
+        assert pool is not None
+        got = pool.try_take(1)
+        if got is None:
+            take = pool.take_later(1)
+            await asyncio.wait({take, until}, return_when=asyncio.FIRST_COMPLETED)
+            if until.done():
+                if take.done() and not take.cancelled():
+                    for b in take.result():
+                        pool.give(b)
+                take.cancel()
+                return None
+            got = take.result()
+        buf = got[0]
+        buf.set_recycler(pool.give)
+        return buf
 
     def check(self) -> None:
         if self.lost is not None:

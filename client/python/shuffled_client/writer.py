@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import add
-from typing import Any
 
 from shuffled.buffers import Buffer
 from shuffled.net.streams import Payload, PushEvent, PushStream
@@ -53,6 +52,8 @@ class MapWriter:
         self._opened: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[list[int] | None] = loop.create_future()
         self._finished = False
+        #: the commit or abort is queued: no data may follow it on the stream
+        self._ended = False
         self.bytes_written = 0
 
     def write_nowait(self, partition: int, data: bytes | bytearray | memoryview) -> bool:
@@ -141,28 +142,17 @@ class MapWriter:
                 buf.release()
                 self._raise_if_failed()
                 return
+            if self._ended:  # a write that waited for memory while the output was committed or aborted
+                buf.release()
+                raise MapOutputStateError("map output already committed or aborted")
             self.stream.push_data(Payload(buf))
             self.session.wake(self.stream)
 
     async def _take_buffer(self) -> Buffer:
-        pool = self.session.pool
-        assert pool is not None
-        got = pool.try_take(1)
-        if got is None:
-            # Wait for memory, or for the daemon to fail this writer (then stop waiting).
-            take = pool.take_later(1)
-            waits: set[asyncio.Future[Any]] = {take, self._done}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if self._done.done():
-                if take.done() and not take.cancelled():
-                    for b in take.result():
-                        pool.give(b)
-                take.cancel()
-                self._raise_if_failed()
-                raise MapOutputStateError("map output finished while waiting for memory")
-            got = take.result()
-        buf = got[0]
-        buf.set_recycler(pool.give)
+        buf = await self.session.segment(self._done)
+        if buf is None:
+            self._raise_if_failed()
+            raise MapOutputStateError("map output finished while waiting for memory")
         return buf
 
     async def commit(self) -> list[int]:
@@ -191,6 +181,7 @@ class MapWriter:
 
     def _send(self, event: PushEvent) -> None:
         self._raise_if_failed()
+        self._ended = True
         self.stream.push_event(event)
         self.session.wake(self.stream)
 

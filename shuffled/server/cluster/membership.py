@@ -62,7 +62,7 @@ class Membership:
 
     def candidates(self, primary: str, app: str, shuffle: int) -> list[str]:
         """The daemons a replica push, a read failover and a drain try for `primary`'s data of a shuffle,
-        in order (the first `replica-search` of placement.candidates)."""
+        in order (the first `replica-search` of replica_ring.candidates)."""
         cfg = self.config
         return candidates(self.ring(), cfg.zones(self.node), primary, app, shuffle)[: cfg.replica_search]
 

@@ -130,10 +130,8 @@ class PushService:
     def on_out_of_turn(self, writer: int, exc: ShuffledError) -> None:
         """A commit or abort the push's stream did not allow (the protocol's table said so): the attempt
         is discarded, and the writer told why on its stream (the connection lives on)."""
-        if (session := self.sessions.get(writer)) is not None:
+        if (session := self.sessions.get(writer)) is not None:  # else its open was refused, and it was told
             session.fail(exc)
-        else:
-            self.send_error(writer, exc)
 
     def release(self) -> None:
         """The connection is gone: every open map output is aborted."""
