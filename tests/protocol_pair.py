@@ -23,7 +23,10 @@ ACCEPTOR = "acceptor"
 
 
 class MemoryConnection(ProtocolConnection):
-    """A protocol connection whose transport is an outbox in memory: what it says waits there until taken."""
+    """A protocol connection whose transport is an outbox in memory: what it says waits there until taken.
+
+    A subclass of the interpreted tree's class, as the whole suite runs the tree interpreted (the compiled
+    wheel's daemons are test_compiled.py's); mypyc's compiled class could not be subclassed here."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.outbox: list[bytes] = []
