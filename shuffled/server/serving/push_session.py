@@ -138,11 +138,8 @@ class PushSession:
                 return
             if not self.links.links:  # degraded to this copy alone: an ordinary push from here on
                 self.links = None
-        pool = await self.window.open()
-        if self.closed:
-            pool.destroy()
+        if not await self.window.open():  # the session was closed meanwhile
             return
-        self.window.pool = pool
         self._enter(Phase.RECEIVING)
         self._top_up()
 

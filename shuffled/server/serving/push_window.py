@@ -48,14 +48,20 @@ class PushWindow:
         self.waiting_since: float | None = None
         self._waiting: asyncio.Task[None] | None = None
 
-    async def open(self) -> LocalPool:
-        """The guaranteed floor: no credit until it is free (the wait is counted, and bounded by `check_wait`)."""
+    async def open(self) -> bool:
+        """The guaranteed floor: no credit until it is free (the wait is counted, and bounded by `check_wait`).
+        False when the window was closed meanwhile: the floor goes back at once."""
         cfg = self.env.config
         self.waiting_since = time.monotonic()
         try:
-            return await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window, holder=self.out.app)
+            pool = await self.env.pool.create_local_pool(cfg.push_min, cfg.push_window, holder=self.out.app)
         finally:
             self._stop_waiting()
+        if self._released:
+            pool.destroy()
+            return False
+        self.pool = pool
+        return True
 
     def fill(self) -> int:
         """Grow the pool toward its target as the shares allow; the free segments not yet promised."""
