@@ -163,31 +163,30 @@ class RemoteInputChannel(InputChannel):
         self.upstream = backlog
 
     def on_end(self) -> None:
-        self._finish()
-        self.conn.close_channel(self.receiver, cancel=False)
+        self._finish(cancel=False)
         self.gate.location_done(self.location)
 
     def on_stream_error(self, exc: ShuffledError) -> None:
         self.cancel()
         self.gate.failover.location_failed(self.location, exc)
 
-    def _finish(self) -> None:
+    def _finish(self, cancel: bool) -> None:
+        """Done: its credit and floating buffers settle, and its service lets it go (`cancel`: the peer is
+        told, the read not being over for it)."""
         self._count_upstream(0)
         self.closed = True
         self.release_floating()
+        self.conn.close_channel(self.receiver, cancel)
 
     def cancel(self) -> None:
-        if self.closed:
-            return
-        self._finish()
-        self.conn.close_channel(self.receiver, cancel=True)
+        if not self.closed:
+            self._finish(cancel=True)
 
     def fail(self, exc: ShuffledError) -> None:
         """The sending daemon reported an error, or its connection died."""
         if self.closed:
             return
-        self._finish()
-        self.conn.close_channel(self.receiver, cancel=False)
+        self._finish(cancel=False)
         self.gate.failover.location_failed(self.location, exc)
 
 
