@@ -176,11 +176,9 @@ class Inbound:
         refused = self.streams.open_theirs(sid, kind)
         return None if refused is None else self._refuse(sid, refused)
 
-    def _unknown_push(self, writer: int) -> StreamRefused | None:
-        """None for one of their open pushes; else the refusal sent (UNKNOWN_STREAM, the connection lives on)."""
-        stream = self.streams.theirs.get(writer)
-        if stream is not None and stream.kind is Kind.PUSH:
-            return None
+    def _unknown_push(self, writer: int) -> StreamRefused:
+        """A push frame for no open push of theirs: refused on its stream (UNKNOWN_STREAM, the connection lives
+        on), but on stream 0."""
         if writer == 0:
             raise ProtocolError("stream id 0 is reserved for the connection")
         return self._refuse(writer, UnknownStream(f"no open map output for writer {writer}"))
@@ -188,28 +186,24 @@ class Inbound:
     def _push_step(self, writer: int, step: Step) -> StreamRefused | PushOutOfTurn | None:
         """None when their push `writer` may take `step` now (and has); else what is said instead: an
         unknown push is refused on its stream, and a commit or abort out of its turn fails the push."""
-        refused = self._unknown_push(writer)
-        if refused is not None:
-            return refused
         try:
-            self.streams.step(self.streams.theirs, writer, Kind.PUSH, step)
+            stream = self.streams.step(self.streams.theirs, writer, Kind.PUSH, step)
         except StreamStateError as exc:
             name = "CommitMapOutput" if step is Step.COMMIT else "AbortMapOutput"
             return PushOutOfTurn(writer, MapOutputStateError(f"{name} {OUT_OF_TURN[exc.state]}"))
-        return None
+        return None if stream is not None else self._unknown_push(writer)
 
     def _on_push_data(self, frame: PushData) -> Event | None:
-        refused = self._unknown_push(frame.writer)
-        if refused is not None:
-            release_payload(frame)
-            return refused
         try:
-            self.streams.step(self.streams.theirs, frame.writer, Kind.PUSH, Step.DATA)
+            stream = self.streams.step(self.streams.theirs, frame.writer, Kind.PUSH, Step.DATA)
         except StreamStateError as exc:
             release_payload(frame)
             if exc.state is State.OPEN:
                 raise CreditViolation(f"stream {frame.writer}: data frame sent before credit was granted") from None
             return None  # behind its commit or abort (a writer giving up had it on its way): dropped
+        if stream is None:
+            release_payload(frame)
+            return self._unknown_push(frame.writer)
         _check_landed(frame.payload, frame.writer)
         return PushDataArrived(frame)
 
