@@ -519,6 +519,30 @@ class DaemonConfig:
         default_text="none",
         metavar="PATH",
     )
+    client_tls_port: int = setting(
+        0,
+        "TCP port for clients over TLS; with it, TCP clients must use it (the plain port serves peers, and the "
+        "Unix socket stays plain) (0: clients use the plain port)",
+    )
+    client_tls_cert: str | None = setting(
+        None,
+        "this daemon's certificate chain (PEM), shown to clients on the client TLS port; its names must include "
+        "the host clients dial",
+        parse=_optional,
+        default_text="none",
+        metavar="PATH",
+    )
+    client_tls_key: str | None = setting(
+        None, "the private key of client-tls-cert (PEM)", parse=_optional, default_text="none", metavar="PATH"
+    )
+    client_tls_ca: str | None = setting(
+        None,
+        "CA certificates (PEM) a client's certificate must chain to; with it, clients must show one (mutual "
+        "TLS, as between peers), without it the application secrets prove who a client is",
+        parse=_optional,
+        default_text="none: no client certificate asked for",
+        metavar="PATH",
+    )
     max_streams_per_connection: int = setting(
         MAX_STREAMS_PER_CONNECTION,
         "read and push streams one party may have open on one connection (a reduce task opens one read per "
@@ -797,6 +821,15 @@ class DaemonConfig:
         need(
             (self.peer_tls_port == 0 and not any(tls)) or (0 < self.peer_tls_port < 65536 and all(tls)),
             "peer TLS needs peer-tls-port, peer-tls-cert, peer-tls-key and peer-tls-ca together",
+        )
+        need(
+            (self.client_tls_port == 0 and not (self.client_tls_cert or self.client_tls_key or self.client_tls_ca))
+            or (0 < self.client_tls_port < 65536 and bool(self.client_tls_cert and self.client_tls_key)),
+            "client TLS needs client-tls-port, client-tls-cert and client-tls-key together (client-tls-ca optional)",
+        )
+        need(
+            not self.client_tls_port or self.client_tls_port not in (self.port, self.peer_tls_port),
+            "client-tls-port must differ from port and peer-tls-port",
         )
         need(
             not self.app_memory_quota or self.app_memory_quota >= 2 * self.push_window * self.segment_size,

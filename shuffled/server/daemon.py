@@ -21,6 +21,7 @@ from typing import Any
 from ..buffers import GlobalPool
 from ..config import DATA_DIR_AUTO, DaemonConfig
 from ..logs import event
+from ..net.ports import Port
 from ..ops.http import OpsServer
 from ..ops.metrics import DaemonMetrics
 from ..ops.stats import DaemonStats, DrainStats, HealStats, ObjectStoreStats
@@ -73,7 +74,9 @@ class Daemon:
         self.pool = GlobalPool(config.pool_size, config.segment_size, reserve=min(reserve, segments // 2))
         #: whom it trusts and how each side proves itself (serving/trust.py)
         self.trust = Trust.load(config)
-        self.listeners = Listeners(config, self.trust.peer_tls[0] if self.trust.peer_tls is not None else None)
+        self.listeners = Listeners(
+            config, self.trust.peer_tls[0] if self.trust.peer_tls is not None else None, self.trust.client_tls
+        )
         #: where spill files live (None: memory only)
         self.data_dir = config.data_directory(self.listeners.early_port)
         self.metrics = DaemonMetrics()
@@ -162,7 +165,7 @@ class Daemon:
         tls = self.trust.peer_tls[1] if self.trust.peer_tls is not None else None
         _, conn = await asyncio.wait_for(
             asyncio.get_running_loop().create_connection(
-                lambda: DaemonConnection(self.env, dialed=addr, tls=tls is not None),
+                lambda: DaemonConnection(self.env, dialed=addr, port=Port.TCP if tls is None else Port.PEER_TLS),
                 host,
                 cfg.peer_tls_port if tls is not None else port,
                 ssl=tls,
@@ -181,7 +184,7 @@ class Daemon:
         cfg = self.config
         # Before listening: no request may see a half-restored store.
         restored = self.storage.restore()
-        port = await self.listeners.open(lambda tls: DaemonConnection(self.env, tls=tls))
+        port = await self.listeners.open(lambda arrived: DaemonConnection(self.env, port=arrived))
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         self.membership.node = cfg.advertise or f"{host}:{port}"
         if cfg.metrics_port >= 0:
@@ -269,6 +272,7 @@ def _say_ready(d: Daemon, restored: int) -> None:
         segment_size=cfg.segment_size,
         read_reserve=d.pool.reserve,
         peer_tls_port=cfg.peer_tls_port or None,
+        client_tls_port=cfg.client_tls_port or None,
         restored_shuffles=restored,
         peers=len(d.membership.others()),
         http=d.ops.address if d.ops else None,

@@ -1,15 +1,18 @@
 """Where the daemon listens: its port for clients and peers (bound early when the data dir is named after
-it), its peer TLS port when peers speak TLS, and its Unix socket for executors on the same host."""
+it), its peer TLS port when peers speak TLS, its client TLS port when TCP clients do, and its Unix socket for
+executors on the same host. Admission checks who may arrive where (serving/admission.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import ssl
 from collections.abc import Callable
 
 from ..config import DATA_DIR_AUTO, DaemonConfig
+from ..net.ports import Port
 
 
 def auto_listener(config: DaemonConfig) -> socket.socket | None:
@@ -32,9 +35,12 @@ def auto_listener(config: DaemonConfig) -> socket.socket | None:
 
 
 class Listeners:
-    def __init__(self, config: DaemonConfig, peer_tls: ssl.SSLContext | None) -> None:
+    def __init__(
+        self, config: DaemonConfig, peer_tls: ssl.SSLContext | None, client_tls: ssl.SSLContext | None
+    ) -> None:
         self.config = config
         self.peer_tls = peer_tls
+        self.client_tls = client_tls
         #: the port bound before the daemon starts (data-dir auto with port 0), else None
         self.early = auto_listener(config)
         self._servers: list[asyncio.AbstractServer] = []
@@ -43,26 +49,27 @@ class Listeners:
     def early_port(self) -> int | None:
         return self.early.getsockname()[1] if self.early is not None else None
 
-    async def open(self, connection: Callable[[bool], asyncio.BaseProtocol]) -> int:
-        """Listen everywhere the settings say, each accepted connection made by `connection(tls)`; the port
+    async def open(self, connection: Callable[[Port], asyncio.BaseProtocol]) -> int:
+        """Listen everywhere the settings say, each accepted connection made by `connection(port)`; the port
         clients and peers dial."""
         loop = asyncio.get_running_loop()
         cfg = self.config
         if self.early is not None:
-            server = await loop.create_server(lambda: connection(False), sock=self.early)
+            server = await loop.create_server(lambda: connection(Port.TCP), sock=self.early)
         else:
-            server = await loop.create_server(lambda: connection(False), cfg.host, cfg.port, reuse_address=True)
+            server = await loop.create_server(lambda: connection(Port.TCP), cfg.host, cfg.port, reuse_address=True)
         self._servers.append(server)
-        if self.peer_tls is not None:
-            self._servers.append(
-                await loop.create_server(
-                    lambda: connection(True), cfg.host, cfg.peer_tls_port, ssl=self.peer_tls, reuse_address=True
-                )
-            )
+        for kind, number, tls in (
+            (Port.PEER_TLS, cfg.peer_tls_port, self.peer_tls),
+            (Port.CLIENT_TLS, cfg.client_tls_port, self.client_tls),
+        ):
+            if tls is not None:
+                made = functools.partial(connection, kind)
+                self._servers.append(await loop.create_server(made, cfg.host, number, ssl=tls, reuse_address=True))
         if cfg.unix_socket:
             if os.path.exists(cfg.unix_socket):
                 os.unlink(cfg.unix_socket)
-            self._servers.append(await loop.create_unix_server(lambda: connection(False), cfg.unix_socket))
+            self._servers.append(await loop.create_unix_server(lambda: connection(Port.UNIX), cfg.unix_socket))
             os.chmod(cfg.unix_socket, cfg.unix_socket_mode)
         port: int = server.sockets[0].getsockname()[1]
         return port

@@ -1,5 +1,6 @@
 """Python client for the shuffled daemon (asyncio and blocking APIs)."""
 
+from shuffled.net.tls import dialer_context as tls_context
 from shuffled.protocol.errors import (
     ConnectionLost,
     CorruptData,
@@ -37,4 +38,5 @@ __all__ = [
     "ShuttingDown",
     "StorageError",
     "Writer",
+    "tls_context",
 ]

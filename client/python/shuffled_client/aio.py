@@ -13,10 +13,12 @@ iteration has passed its last run.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 
 from shuffled.buffers import GlobalPool
 from shuffled.net.connection import FrameConnection, endpoint_name
+from shuffled.net.tls import dialer_context
 from shuffled.protocol.auth import secret_bytes
 from shuffled.protocol.compression import check_codec
 from shuffled.protocol.connection import ProtocolConnection, Side
@@ -44,13 +46,15 @@ DEFAULT_CLIENT_POOL = 4 << 20
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """'unix:/path' → ('unix', path); 'host:port' / '[v6]:port' → ('tcp', (host, port))."""
+    """'unix:/path' → ('unix', path); 'host:port' / '[v6]:port' → ('tcp', (host, port)); 'tls:host:port'
+    → ('tls', (host, port))."""
     if address.startswith("unix:"):
         return "unix", address[5:]
-    host, sep, port = address.rpartition(":")
+    kind, rest = ("tls", address[4:]) if address.startswith("tls:") else ("tcp", address)
+    host, sep, port = rest.rpartition(":")
     if not sep or not port.isdigit() or not host:
-        raise InvalidRequest(f"daemon address {address!r} is neither host:port nor unix:/path")
-    return "tcp", (host.strip("[]"), int(port))
+        raise InvalidRequest(f"daemon address {address!r} is neither [tls:]host:port nor unix:/path")
+    return kind, (host.strip("[]"), int(port))
 
 
 class _ClientConnection(FrameConnection):
@@ -114,17 +118,23 @@ class AsyncClient(AdminCalls):
         timeout: float = 30.0,
         secret: str | bytes | None = None,
         app_secret: str | bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> AsyncClient:
-        """Connect to a daemon at 'host:port' or 'unix:/path' and do the handshake.
+        """Connect to a daemon at 'host:port', 'tls:host:port' or 'unix:/path' and do the handshake.
 
         `secret` is the cluster's shared secret (the daemon's --secret-file); with it
         the client and the daemon prove to each other that they know it, and a wrong
         one fails here with AuthFailed. `app_secret` proves which applications this
         client may touch: the first writer of an application binds it to its
         secret, and requests about it with another secret fail with AuthFailed.
+
+        A 'tls:' address reaches the daemon's client TLS port: `tls` is the context that checks the
+        daemon's certificate (`shuffled_client.tls_context(ca, cert, key)`; None: the system's CAs).
         """
         client = cls(address, pool_size, exclusive, floating, secret, app_secret)
         kind, where = parse_address(address)
+        if tls is not None and kind != "tls":
+            raise InvalidRequest(f"a TLS context needs a tls:host:port address, got {address!r}")
         loop = asyncio.get_running_loop()
         client._ready = loop.create_future()
         try:
@@ -133,10 +143,11 @@ class AsyncClient(AdminCalls):
                 coro = loop.create_unix_connection(lambda: _ClientConnection(client), where)
             else:
                 assert isinstance(where, tuple)
-                coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1])
+                context = (tls or dialer_context()) if kind == "tls" else None
+                coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1], ssl=context)
             await asyncio.wait_for(coro, timeout)
             await asyncio.wait_for(client._ready, timeout)
-        except (TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError) as exc:  # ssl.SSLError (a certificate refused) is an OSError
             raise ConnectionLost(f"cannot connect to shuffled at {address}: {exc or 'timed out'}") from None
         return client
 

@@ -8,6 +8,7 @@ based: the daemon only sends what the reader has room for.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -27,12 +28,15 @@ class Client:
         timeout: float = 30.0,
         secret: str | bytes | None = None,
         app_secret: str | bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """See AsyncClient.connect for `secret` and `app_secret`."""
+        """See AsyncClient.connect for `secret`, `app_secret` and `tls`."""
         self._loop = asyncio.new_event_loop()
         try:
             self._aio = self._run(
-                AsyncClient.connect(address, pool_size=pool_size, timeout=timeout, secret=secret, app_secret=app_secret)
+                AsyncClient.connect(
+                    address, pool_size=pool_size, timeout=timeout, secret=secret, app_secret=app_secret, tls=tls
+                )
             )
         except BaseException:
             self._loop.close()

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...config import DaemonConfig
 from ...logs import event
+from ...net.ports import Port
 from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError, ShuffledError
 from ...protocol.frames import REPLICA, Role
 from .environment import ShuffleEnvironment
@@ -73,11 +74,20 @@ def peer_node(info: dict[str, Any]) -> str:
     return node
 
 
-def check_port(cfg: DaemonConfig, peer_tls: bool, over_tls: bool, role: Role) -> None:
-    """With peer TLS on, daemons connect on the TLS port and clients on the plain one."""
-    if peer_tls and over_tls != (role is Role.DAEMON):
-        where = "the plain port" if over_tls else f"port {cfg.peer_tls_port} with TLS"
-        raise AuthFailed(f"{'peer daemons' if not over_tls else 'clients'} must connect on {where}")
+def check_port(cfg: DaemonConfig, arrived: Port, role: Role) -> None:
+    """With peer TLS on, daemons connect on the peer TLS port only; with client TLS on, TCP clients connect on
+    the client TLS port only. Nobody else is let in on a TLS port."""
+    if role is Role.DAEMON:
+        wanted = {Port.PEER_TLS} if cfg.peer_tls_port else {Port.TCP}
+        where = f"port {cfg.peer_tls_port} with TLS" if cfg.peer_tls_port else "the plain port"
+    else:
+        wanted = {Port.UNIX, Port.CLIENT_TLS if cfg.client_tls_port else Port.TCP}
+        where = f"port {cfg.client_tls_port} with TLS" if cfg.client_tls_port else "the plain port"
+        if cfg.unix_socket:
+            where += " or the Unix socket"
+    if arrived not in wanted:
+        raise AuthFailed(f"{'peer daemons' if role is Role.DAEMON else 'clients'} must connect on {where}, not on "
+                         f"{arrived.value}")  # fmt: skip
 
 
 def check_segment_size(cfg: DaemonConfig, node: str, info: dict[str, Any]) -> None:
@@ -95,7 +105,7 @@ def answer_hello(conn: DaemonLink, host: ShuffleEnvironment[Any], role: Role, in
     check_connection_limit(cfg, conn.host, role, host.connections)
     if role is Role.DAEMON:
         conn.node = peer_node(info)
-    check_port(cfg, host.trust.peer_tls is not None, conn.tls, role)
+    check_port(cfg, conn.port, role)
     # A daemon proves the peer secret, which no application has: its role is never taken on its word.
     secret = host.trust.peer_secret if role is Role.DAEMON else host.trust.secret
     if secret is None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...logs import event
+from ...net.ports import Port
 from ...net.sender import Outbound
 from ...ops.stats import ConnectionCounts
 from ...protocol import events
@@ -37,9 +38,11 @@ log = logging.getLogger(__name__)
 class DaemonConnection(DaemonLink):
     """A connection with the services that run over it (see the module); `env` is the daemon's parts."""
 
-    def __init__(self, env: ShuffleEnvironment[DaemonConnection], dialed: str | None = None, tls: bool = False) -> None:
+    def __init__(
+        self, env: ShuffleEnvironment[DaemonConnection], dialed: str | None = None, port: Port = Port.TCP
+    ) -> None:
         super().__init__(
-            env.config, env.counters, env.storage, env.drain, env.unsent.tally, env.trust.peer_secret, dialed, tls
+            env.config, env.counters, env.storage, env.drain, env.unsent.tally, env.trust.peer_secret, dialed, port
         )
         self.env = env
         self.reads = ReadService(self, env.node, env, env.peers)

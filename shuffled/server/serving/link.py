@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ...config import DaemonConfig
 from ...logs import event
 from ...net.connection import FrameConnection
+from ...net.ports import Port
 from ...net.sender import UnsentTally
 from ...protocol import connection as pc
 from ...protocol.auth import token_digest
@@ -53,7 +54,7 @@ class Liveness:
 
 class DaemonLink(FrameConnection):
     """A connection of the daemon, to a client or a peer daemon (see the module); `dialed`: the peer's address
-    when this daemon dialled it, `tls`: over the peer TLS port (either direction)."""
+    when this daemon dialled it, `port`: where it arrived (or went, dialled)."""
 
     def __init__(
         self,
@@ -64,7 +65,7 @@ class DaemonLink(FrameConnection):
         tally: UnsentTally,
         peer_secret: bytes | None,
         dialed: str | None = None,
-        tls: bool = False,
+        port: Port = Port.TCP,
     ) -> None:
         limits = pc.Limits(
             config.max_streams_per_connection, config.max_pushes_per_connection, config.max_admin_per_connection
@@ -80,7 +81,7 @@ class DaemonLink(FrameConnection):
         self.storage = storage
         self._drain = drain
         self.dialed = dialed
-        self.tls = tls
+        self.port = port
         #: what the other side is, once the handshake said so
         self.role: Role | None = None
         self.node = dialed or ""

@@ -1,5 +1,5 @@
 """Whom the daemon trusts and how each side proves itself: the secrets (from their files or the
-environment) and the peer TLS contexts its settings name. Admission (admission.py) checks connections
+environment) and the TLS contexts its settings name. Admission (admission.py) checks connections
 against them, and the admin `drain` its proofs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ssl
 from typing import NamedTuple
 
 from ...config import PEER_SECRET_ENV, SECRET_ENV, ConfigError, DaemonConfig
-from ...net.tls import peer_contexts
+from ...net.tls import client_acceptor, peer_contexts
 from ...protocol.auth import read_secret_file, secret_bytes
 
 
@@ -26,6 +26,8 @@ class Trust(NamedTuple):
     drain_secret: bytes | None
     #: TLS contexts for peer connections (accepting, dialling); None: peers use the plain port
     peer_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None
+    #: the accepting context of the client TLS port; None: TCP clients use the plain port
+    client_tls: ssl.SSLContext | None
 
     @classmethod
     def load(cls, config: DaemonConfig) -> Trust:
@@ -46,7 +48,14 @@ class Trust(NamedTuple):
                 peer_tls = peer_contexts(config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(f"peer TLS certificates: {exc}") from None
-        return cls(secret, peer_secret, drain_secret, peer_tls)
+        client_tls = None
+        if config.client_tls_port:
+            assert config.client_tls_cert and config.client_tls_key  # validate() checked
+            try:
+                client_tls = client_acceptor(config.client_tls_cert, config.client_tls_key, config.client_tls_ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"client TLS certificates: {exc}") from None
+        return cls(secret, peer_secret, drain_secret, peer_tls, client_tls)
 
 
 def _secret(name: str, secret_file: str | None, env: str) -> bytes | None:
