@@ -347,6 +347,15 @@ class DaemonConfig:
         "holds) only once neither its lease nor any of its objects is newer than this. The same on every daemon",
         unit="s",
     )
+    fsync: str = setting(
+        "none",
+        "what the data dir's writes survive (docs/durability.md): `commit`: a CommitAck, a flush's answer and a "
+        "drain wait until the map output, its journal records and their directories are fsynced (commits share "
+        "fsyncs), which survives a power loss; `background`: what was written is fsynced within fsync-interval; "
+        "`none`: never, which survives a daemon's crash, not the machine's",
+        choices=("none", "background", "commit"),
+    )
+    fsync_interval: float = setting(1.0, "with fsync background: the longest a write waits for its fsync", unit="s")
     durability: str = setting(
         "none",
         "`object-store`: every committed map output is uploaded to the object store in the background, so any "
@@ -826,6 +835,11 @@ class DaemonConfig:
             (self.client_tls_port == 0 and not (self.client_tls_cert or self.client_tls_key or self.client_tls_ca))
             or (0 < self.client_tls_port < 65536 and bool(self.client_tls_cert and self.client_tls_key)),
             "client TLS needs client-tls-port, client-tls-cert and client-tls-key together (client-tls-ca optional)",
+        )
+        need(self.fsync_interval > 0, "fsync-interval must be > 0 seconds")
+        need(
+            self.fsync == "none" or self.data_dir != DATA_DIR_NONE,
+            f"fsync {self.fsync} needs a data dir (data-dir is none: the pool is all there is)",
         )
         need(
             not self.client_tls_port or self.client_tls_port not in (self.port, self.peer_tls_port),

@@ -355,6 +355,21 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         disk.reclaimed_bytes,
     )
     yield _gauge("shuffled_disk_files", "Spill files", disk.files)
+    yield _counter("shuffled_disk_syncs", "Syncs of the data dir's writes (--fsync; each covers many)", disk.syncs)
+    yield _counter("shuffled_disk_fsyncs", "fsync calls the syncs made (files and directories)", disk.fsyncs)
+    yield _counter("shuffled_disk_sync_failures", "Syncs that failed", disk.sync_failures)
+    yield _counter(
+        "shuffled_disk_sync_seconds", "Time syncs took, queueing on the writer thread included", disk.sync_seconds
+    )
+    yield _gauge(
+        "shuffled_disk_unsynced_bytes", "Bytes written to the data dir and not yet synced", disk.unsynced_bytes
+    )
+    yield _gauge(
+        "shuffled_disk_unsynced_seconds",
+        "Age of the oldest write to the data dir not yet synced (with --fsync background: at most fsync-interval, "
+        "plus the sync's own time)",
+        disk.unsynced_seconds,
+    )
     yield from _object_store(s)
     fs = s.filesystem
     if fs is not None:

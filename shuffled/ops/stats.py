@@ -78,6 +78,16 @@ class DiskStats:
     files: int = 0
     #: failed writes (logged; not in the admin answer)
     errors: int = field(default=0, metadata=LOCAL_ONLY)
+    #: `--fsync` (fsync.py): syncs (each of every file written since the one before), the fsync calls they
+    #: made, and the syncs that failed; bytes written since the last sync started
+    syncs: int = 0
+    fsyncs: int = 0
+    sync_failures: int = 0
+    unsynced_bytes: int = 0
+    #: the seconds syncs took, and how long the oldest unsynced write has waited (metrics only: admin
+    #: answers hold no floats)
+    sync_seconds: float = field(default=0.0, metadata=LOCAL_ONLY)
+    unsynced_seconds: float = field(default=0.0, metadata=LOCAL_ONLY)
 
     def copy(self) -> DiskStats:
         return dataclasses.replace(self)

@@ -53,7 +53,7 @@ ANSWER_WAIT = 1.0
 def _open_disk(config: DaemonConfig, data_dir: str | None, listener: socket.socket | None) -> Disk | None:
     """The data dir's `Disk` (None: memory only); OSError saying which directory and why it is not usable."""
     try:
-        return Disk(data_dir) if data_dir else None
+        return Disk(data_dir, fsync=config.fsync, fsync_interval=config.fsync_interval) if data_dir else None
     except OSError as exc:
         if listener is not None:
             listener.close()

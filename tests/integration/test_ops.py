@@ -370,7 +370,10 @@ WIRE_STATS = {
         ),
         "int",
     ),
-    "disk": dict.fromkeys(("spills", "spilled_bytes", "used_bytes", "reclaimed_bytes", "files"), "int"),
+    "disk": dict.fromkeys(
+        "spills spilled_bytes used_bytes reclaimed_bytes files syncs fsyncs sync_failures unsynced_bytes".split(),
+        "int",
+    ),
     "connections": {"clients": "int", "peers": "int", "opened": _ROLES},
     "streams": dict.fromkeys(("served", "pushing", "remote_channels", "inflight_buffers", "backlog_buffers"), "int"),
     "traffic": {

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
 from enum import Enum
 from typing import Any, Protocol
 
@@ -220,29 +221,35 @@ class PushSession:
         if pushes != self.received:
             self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
             return
-        if self.links is None or not self.out.writable:
+        if (self.links is None and not self.out.syncs_commits) or not self.out.writable:
             self._commit()  # storage refuses one no longer open (its shuffle was dropped meanwhile), saying why
             return
         self._enter(Phase.COMMITTING)
         self.window.close()  # nothing more may come (the protocol's table refuses a PushData now)
-        lengths = self.out.pushed()  # compared with the replicas'
-        self.task = asyncio.create_task(self._commit_replicated(self.links, lengths))
+        self.task = asyncio.create_task(self._commit_later(self.links))
 
-    async def _commit_replicated(self, links: ReplicaLinks, lengths: list[int]) -> None:
-        """The replicas commit first, then this copy: the client's CommitAck means all are there."""
+    async def _commit_later(self, links: ReplicaLinks | None) -> None:
+        """Replicas commit first, then this copy (synced with `--fsync commit`): a CommitAck means all are there."""
         try:
-            copies = await links.commit(lengths)
+            copies = await links.commit(self.out.pushed()) if links is not None else ()  # compared with theirs
         except ShuffledError as exc:
             self._replica_failed(exc)
             return
-        self._commit(copies)
-
-    def _commit(self, copies: tuple[str, ...] = ()) -> None:
         try:
-            lengths = self.out.commit(copies)
+            lengths = await self.out.commit_synced(copies)
         except ShuffledError as exc:
             self.fail(exc)
             return
+        self._acked(lengths)
+
+    def _commit(self) -> None:
+        try:
+            lengths = self.out.commit()
+        except ShuffledError as exc:
+            return self.fail(exc)
+        self._acked(lengths)
+
+    def _acked(self, lengths: array[int]) -> None:
         self._close()
         self.env.metrics.observe_push(time.monotonic() - self.opened_at)
         self.conn.proto.ack_commit(self.writer, lengths)

@@ -15,7 +15,8 @@ attempt and its *serial*, which tells an attempt id aborted and pushed again apa
 A restarted daemon serves an attempt only if its commit record is intact and its
 intact piece records account for exactly its pieces, inside the file (replay.py);
 reads check each piece's CRC32C. Data is written before the record describing it, so a crash
-between the two leaves only bytes nobody points at.
+between the two leaves only bytes nobody points at; what the writes survive beyond the daemon's
+crash is fsync.py's (`--fsync`).
 
 The event loop never touches a file: every write, journal append and deletion
 runs on one writer thread, in submission order (a shuffle's deletion can never
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -50,6 +52,7 @@ import msgpack
 from ...logs import event
 from ...ops.stats import DiskStats
 from ...protocol.integrity import checksum
+from .fsync import Record, Syncs, Unsynced
 
 log = logging.getLogger(__name__)
 
@@ -282,13 +285,17 @@ class LoadedShuffle:
 class Disk:
     """The data dir: where shuffles' files live, and the threads that touch them."""
 
-    def __init__(self, root: str, read_threads: int = 2) -> None:
+    def __init__(self, root: str, read_threads: int = 2, fsync: str = "none", fsync_interval: float = 1.0) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self._lock = self._take_lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shuffled-write")
         self._readers = ThreadPoolExecutor(read_threads, thread_name_prefix="shuffled-read")
         self.stats = DiskStats()
+        #: what the writer thread wrote since its last sync (None with `--fsync none`: nothing is synced)
+        self._unsynced = Unsynced() if fsync != "none" else None
+        #: the event loop's side of syncing (fsync.py)
+        self.syncs = Syncs(self._sync, fsync, fsync_interval, self.stats)
 
     def _take_lock(self) -> int:
         """One daemon per data dir: a second one would delete the first one's files as leftovers."""
@@ -325,19 +332,20 @@ class Disk:
         On any error the data file is cut back to where it was, so nothing half
         written is ever described (or served).
         """
+        self.syncs.wrote(sum(len(v) for v in views))
         return self._on(self._writer, self._append, file.path, views, journal, record)
 
-    @staticmethod
-    def _append(path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]) -> Appended:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o640)
+    def _append(
+        self, path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
+    ) -> Appended:
+        fd = self._open_for_write(path, os.O_WRONLY, journal=False)
         try:
             offset = os.lseek(fd, 0, os.SEEK_END)
             try:
                 crcs = [checksum(v) for v in views]
                 _write_all(fd, views)
                 done = Appended(offset, crcs)
-                Disk._journal_append(journal, record(done))
+                self._journal_append(journal, record(done))
             except BaseException:
                 os.ftruncate(fd, offset)
                 raise
@@ -346,12 +354,11 @@ class Disk:
         return done
 
     def append_journal(self, journal: str, data: bytes) -> asyncio.Future[None]:
+        self.syncs.wrote(len(data))
         return self._on(self._writer, self._journal_append, journal, data)
 
-    @staticmethod
-    def _journal_append(journal: str, data: bytes) -> None:
-        os.makedirs(os.path.dirname(journal), exist_ok=True)
-        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    def _journal_append(self, journal: str, data: bytes) -> None:
+        fd = self._open_for_write(journal, os.O_WRONLY | os.O_APPEND, journal=True)
         try:
             start = os.lseek(fd, 0, os.SEEK_END)
             try:
@@ -362,6 +369,35 @@ class Disk:
         finally:
             os.close(fd)
 
+    def _open_for_write(self, path: str, flags: int, journal: bool) -> int:
+        """Open (made with its directories if need be) on the writer thread, noting what a sync must cover."""
+        unsynced = self._unsynced
+        directory = os.path.dirname(path)
+        if unsynced is not None:
+            unsynced.made_dirs(directory, self.root)
+        os.makedirs(directory, exist_ok=True)
+        try:
+            fd = os.open(path, flags)
+            created = False
+        except FileNotFoundError:
+            fd = os.open(path, flags | os.O_CREAT, 0o640)
+            created = True
+        if unsynced is not None:
+            unsynced.wrote(path, journal, created)
+        return fd
+
+    def _sync(self, records: list[Record]) -> asyncio.Future[int]:
+        """Queue a sync of everything written before it, appending `records` after the data (fsync.py)."""
+        return self._on(self._writer, self._sync_now, records)
+
+    def _sync_now(self, records: list[Record]) -> int:
+        unsynced = self._unsynced
+        if unsynced is None:  # --fsync none: records are appended, nothing is synced
+            for journal, record in records:
+                self._journal_append(journal, record)
+            return 0
+        return unsynced.sync(records, self._journal_append)
+
     def punch(self, path: str, ranges: list[tuple[int, int]]) -> asyncio.Future[None]:
         """Give the blocks of byte ranges of a data file back to the file system (after every write
         submitted before); the file keeps its size, so the offsets of everything else stay valid."""
@@ -369,7 +405,12 @@ class Disk:
 
     def remove(self, directory: str) -> asyncio.Future[None]:
         """Delete a shuffle's directory (after every write submitted before), and its app dir once empty."""
-        return self._on(self._writer, self.remove_now, directory)
+        return self._on(self._writer, self._remove, directory)
+
+    def _remove(self, directory: str) -> None:
+        if self._unsynced is not None:
+            self._unsynced.removed(directory)
+        self.remove_now(directory)
 
     @staticmethod
     def remove_now(directory: str) -> None:
@@ -378,6 +419,10 @@ class Disk:
             os.rmdir(os.path.dirname(directory))
         except OSError:
             pass  # other shuffles of the application remain
+
+    def snapshot(self) -> DiskStats:
+        """Its counters now, with the age of the oldest write not yet synced."""
+        return dataclasses.replace(self.stats, unsynced_seconds=self.syncs.unsynced_seconds())
 
     def space(self) -> tuple[int, int] | None:
         """(capacity, free bytes) of the data directory's file system; None if it cannot be told."""
@@ -411,6 +456,7 @@ class Disk:
         return fd, [checksum(v) for v in views]
 
     def close(self) -> None:
+        self.syncs.stop()
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         os.close(self._lock)  # releases the lock

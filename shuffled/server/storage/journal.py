@@ -56,6 +56,11 @@ class Journals:
         if self.disk is not None and not data.removed:
             self._journal(self.open(data), encode_record(record))
 
+    def commit_record(self, data: ShuffleData, attempt: int) -> tuple[str, bytes]:
+        """A commit's record and the journal it goes to, for a sync to append (fsync.py): the shuffle has files."""
+        assert data.directory is not None
+        return f"{data.directory}/{JOURNAL}", self._commit_record(data, attempt)
+
     @staticmethod
     def _commit_record(data: ShuffleData, attempt: int) -> bytes:
         return encode_record({"k": "commit", **commit_fields(data, attempt)})

@@ -23,6 +23,7 @@ record).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from array import array
@@ -63,6 +64,45 @@ class Lifecycle:
             self.tier.uploads.committed(out)
         return lengths
 
+    @property
+    def syncs_commits(self) -> bool:
+        return self.disk is not None and self.disk.syncs.on_commit
+
+    async def commit_synced(self, out: MapOutput, copies: tuple[str, ...]) -> array[int]:
+        """`--fsync commit`'s commit: the attempt's data to its file and synced (with every write before it),
+        then the commit, its journal record appended after that sync and synced with the directories. A
+        restart thus never finds a commit record whose data the device may not hold; an answer (the
+        CommitAck) means both are there. Commits under way at once share their syncs (fsync.py)."""
+        if self.disk is None or not self.disk.syncs.on_commit:
+            return self.commit(out, copies)
+        syncs, journals, data = self.disk.syncs, self.spiller.journals, out.shuffle
+        try:
+            await self._write_attempt(out)
+            await syncs.sync()
+            lengths = self.store.commit(out, copies)
+            if data.directory is None:
+                journals.open(data)  # the header holds the commits so far, this one too
+                await syncs.sync()
+            else:
+                await syncs.sync([journals.commit_record(data, out.attempt)])
+        except OSError as exc:
+            raise StorageError(f"syncing map output to this daemon's --data-dir failed: {exc}") from exc
+        if self.tier is not None:
+            self.tier.uploads.committed(out)
+        return lengths
+
+    async def _write_attempt(self, out: MapOutput) -> None:
+        """All of one attempt's in-memory pieces to the data file, after its write under way; raises
+        StorageError if a write failed (the pieces are then in memory again)."""
+        writes = self.spiller.writes
+        while (under_way := writes.by_attempt.get(out)) is not None:
+            await asyncio.wait([under_way.done])
+        self.store.placement.release_placed(out)
+        assert self.spiller.target is not None
+        write = writes.start(self.spiller.target, out.shuffle, [out], None)
+        if write is not None:
+            await asyncio.shield(write)
+
     async def drop(self, app: str, shuffle: int | None, reason: str | None, adopted: bool = True) -> int:
         """Drop the application, or one shuffle of it, for `reason` (what a later read of it is told; None:
         nothing of it was ever readable); the segments freed (now, or when readers let go). `adopted`: delete
@@ -102,8 +142,12 @@ class Lifecycle:
             raise InvalidRequest("this daemon has no --data-dir to flush to")
         try:
             written = await self.spiller.flush(chosen)
+            if self.syncs_commits:
+                await self.disk.syncs.sync()
         except StorageError as exc:
             raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc
+        except OSError as exc:
+            raise StorageError(f"syncing this daemon's --data-dir failed: {exc}") from exc
         return {"flushed_bytes": written}
 
     async def persist(self) -> None:
@@ -125,6 +169,11 @@ class Lifecycle:
         except StorageError:  # the spiller logged it; what was written before is still synced
             written, complete = 0, False
         await self.disk.sync()
+        if self.disk.syncs.mode != "none":
+            try:
+                await self.disk.syncs.sync()
+            except OSError as exc:
+                event(log, "fsync failed", logging.WARNING, reason=exc)
         self.disk.close()
         event(log, "persisted", shuffles=len(shuffles), bytes_written=written, complete=complete)
 

@@ -64,6 +64,17 @@ class MapOutputWriter:
         bytes per partition. Raises MapOutputStateError when it is no longer open."""
         return self._lifecycle.commit(self._out, copies)
 
+    @property
+    def syncs_commits(self) -> bool:
+        """A commit is acknowledged only once synced (`--fsync commit`): `commit_synced`, not `commit`."""
+        return self._lifecycle.syncs_commits
+
+    async def commit_synced(self, copies: tuple[str, ...] = ()) -> array[int]:
+        """`commit`; with `syncs_commits`, once the data is on the device, and answering once its record is
+        (lifecycle.py). Raises StorageError when writing or syncing failed, MapOutputStateError when it is no
+        longer open."""
+        return await self._lifecycle.commit_synced(self._out, copies)
+
     def abort(self) -> None:
         """Drop what was pushed (a no-op once it is no longer open)."""
         self._lifecycle.store.abort(self._out)
