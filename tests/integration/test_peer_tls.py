@@ -26,19 +26,19 @@ pytestmark = pytest.mark.skipif(
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 
 
-def _openssl(*args: str, cwd: Path) -> None:
+def openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 def make_pki(where: Path, name: str) -> dict[str, Path]:
     """A CA and one certificate for every test host (IP names), signed by it."""
     where.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}-ca",
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=where)  # fmt: skip
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", "peer.key",
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", "peer.key",
              "-out", "peer.csr", cwd=where)  # fmt: skip
     (where / "ext").write_text("subjectAltName=" + ",".join(f"IP:{h}" for h in [*HOSTS, "127.0.0.3"]) + "\n")
-    _openssl("x509", "-req", "-in", "peer.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+    openssl("x509", "-req", "-in", "peer.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-days", "2", "-extfile", "ext", "-out", "peer.pem", cwd=where)  # fmt: skip
     return {"cert": where / "peer.pem", "key": where / "peer.key", "ca": where / "ca.pem"}
 

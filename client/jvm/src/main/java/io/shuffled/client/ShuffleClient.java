@@ -28,9 +28,10 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
+import javax.net.ssl.SSLContext;
 
 /**
- * A blocking client for one shuffled daemon over one TCP connection (PROTOCOL.md). Thread-safe: any
+ * A blocking client for one shuffled daemon over one connection (PROTOCOL.md). Thread-safe: any
  * number of threads may open writers, readers and admin calls concurrently; a single writer or reader
  * must be used by one thread at a time.
  *
@@ -106,7 +107,10 @@ public final class ShuffleClient implements AutoCloseable {
         this.readerThread.setDaemon(true);
     }
 
-    /** Connects to {@code host:port}, {@code [ipv6]:port} or {@code unix:/path} with the default timeouts. */
+    /**
+     * Connects to {@code host:port}, {@code [ipv6]:port}, {@code tls:host:port} (checked against the JDK's
+     * trust store) or {@code unix:/path} with the default timeouts.
+     */
     public static ShuffleClient connect(String address) throws IOException {
         return connect(address, "jvm-client", DEFAULT_TIMEOUT_MILLIS, DEFAULT_WRITER_BUFFER_BYTES);
     }
@@ -136,9 +140,29 @@ public final class ShuffleClient implements AutoCloseable {
     public static ShuffleClient connect(
             String address, String name, long timeoutMillis, long writerBufferBytes, String secret, String appSecret)
             throws IOException {
+        return connect(address, name, timeoutMillis, writerBufferBytes, secret, appSecret, null);
+    }
+
+    /**
+     * Connects with credentials, over TLS for a {@code tls:host:port} address (the daemon's client TLS port).
+     *
+     * @param tls the context that checks the daemon's certificate and holds the client's own, if the daemon
+     *     asks for one ({@link PemTls#context}); null: the JDK's defaults. Only for a {@code tls:} address: with
+     *     any other, an {@link IllegalArgumentException}. A certificate refused on either side is a
+     *     {@link ShuffledException} naming the address and the reason.
+     */
+    public static ShuffleClient connect(
+            String address,
+            String name,
+            long timeoutMillis,
+            long writerBufferBytes,
+            String secret,
+            String appSecret,
+            SSLContext tls)
+            throws IOException {
         Transport transport;
         try {
-            transport = Transport.open(address, timeoutMillis);
+            transport = Transport.open(address, timeoutMillis, tls);
         } catch (IOException e) {
             throw cannotConnect(address, e);
         }
@@ -172,8 +196,13 @@ public final class ShuffleClient implements AutoCloseable {
             Map<String, Object> info = new LinkedHashMap<>();
             info.put("name", name);
             info.put("nonce", client.nonce);
-            client.send(FrameEncoder.encode(new Frame.Hello(Role.CLIENT, info)));
-            Frame.HelloAck ack = client.await(client.ready, "HelloAck");
+            Frame.HelloAck ack;
+            try {
+                client.send(FrameEncoder.encode(new Frame.Hello(Role.CLIENT, info)));
+                ack = client.await(client.ready, "HelloAck");
+            } catch (ShuffledException e) {
+                throw lostBeforeHelloAck(address, e);
+            }
             client.daemonNode = ack.node() == null ? "" : ack.node();
             client.segmentSize = ack.segmentSize();
         } catch (IOException | RuntimeException e) {
@@ -183,9 +212,22 @@ public final class ShuffleClient implements AutoCloseable {
         return client;
     }
 
+    /** A connection over TLS that ends before HelloAck most likely ended for the reason the hint gives. */
+    private static ShuffledException lostBeforeHelloAck(String address, ShuffledException e) {
+        if (e.code() != ErrorCode.CONNECTION_LOST || !address.startsWith(Transport.TLS)) {
+            return e;
+        }
+        ShuffledException explained =
+                new ShuffledException(ErrorCode.CONNECTION_LOST, e.getMessage() + Transport.ENDED_OVER_TLS);
+        explained.initCause(e);
+        return explained;
+    }
+
     private static ShuffledException cannotConnect(String address, IOException e) {
-        return new ShuffledException(
+        ShuffledException error = new ShuffledException(
                 ErrorCode.CONNECTION_LOST, "cannot connect to shuffled at " + address + ": " + e.getMessage());
+        error.initCause(e);
+        return error;
     }
 
     // ------------------------------------------------------------------------------------------ public API

@@ -6,24 +6,30 @@ import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.InetSocketAddress;
 import java.net.Socket;
+import java.net.SocketTimeoutException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
 import java.nio.channels.SocketChannel;
+import java.security.GeneralSecurityException;
+import java.security.cert.CertificateException;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLParameters;
+import javax.net.ssl.SSLSocket;
 
 /**
- * The byte pipe under a {@link ShuffleClient}: TCP ({@code host:port}, {@code [ipv6]:port}) or a Unix
- * domain socket ({@code unix:/path}).
+ * The byte pipe under a {@link ShuffleClient}: TCP ({@code host:port}, {@code [ipv6]:port}), TLS over TCP to
+ * the daemon's client TLS port ({@code tls:host:port}) or a Unix domain socket ({@code unix:/path}).
  *
  * <p>Writes must never be cut short by a thread interrupt: Spark interrupts task threads to kill
- * speculative copies, and half a frame would break the connection every other task shares. A
- * {@link Socket}'s streams ignore interrupts; a {@link SocketChannel} (the only way to reach a Unix
- * socket) closes itself when a writing thread is interrupted, so Unix writes run on one writer thread
- * of the connection and the caller waits for them without reacting to interrupts.
+ * speculative copies, and half a frame would break the connection every other task shares. The streams of
+ * a {@link Socket}, and of an {@link SSLSocket} layered on one, ignore interrupts; a {@link SocketChannel}
+ * (the only way to reach a Unix socket) closes itself when a writing thread is interrupted, so Unix writes
+ * run on one writer thread of the connection and the caller waits for them without reacting to interrupts.
  */
 abstract class Transport implements Closeable {
     /** Bytes from the daemon; read by the connection's reader thread only. */
@@ -32,11 +38,33 @@ abstract class Transport implements Closeable {
     /** Bytes to the daemon; callers serialise writes themselves and write whole frames. */
     abstract OutputStream output() throws IOException;
 
-    static Transport open(String address, long timeoutMillis) throws IOException {
+    static final String TLS = "tls:";
+    /**
+     * Over TLS 1.3 a daemon checks the client's certificate after the client's side of the handshake is done,
+     * and may end the connection without an alert when it wants one and got none it trusts: the client sees
+     * only a connection that ends, during the handshake or just after it, which alone would not say why.
+     */
+    static final String ENDED_OVER_TLS =
+            "; a daemon that asks for client certificates (--client-tls-ca) ends TLS connections that show none it"
+                    + " trusts";
+
+    /**
+     * @param tls the context a {@code tls:} address is reached with; null: the JDK's defaults (its trust
+     *     store). Refused for any other address: a caller that gave one expects encryption.
+     */
+    static Transport open(String address, long timeoutMillis, SSLContext tls) throws IOException {
+        boolean overTls = address.startsWith(TLS);
+        if (tls != null && !overTls) {
+            throw new IllegalArgumentException("a TLS context needs a tls:host:port address, got " + address);
+        }
         if (address.startsWith("unix:")) {
             return new Unix(address.substring("unix:".length()));
         }
-        return new Tcp(parseAddress(address), timeoutMillis);
+        int timeout = (int) Math.min(Integer.MAX_VALUE, timeoutMillis);
+        if (overTls) {
+            return new Tcp(tlsSocket(parseAddress(address.substring(TLS.length())), timeout, tls));
+        }
+        return new Tcp(tcpSocket(parseAddress(address), timeout));
     }
 
     static InetSocketAddress parseAddress(String address) {
@@ -57,17 +85,56 @@ abstract class Transport implements Closeable {
         return new InetSocketAddress(host, port);
     }
 
-    private static final class Tcp extends Transport {
-        private final Socket socket = new Socket();
+    private static Socket tcpSocket(InetSocketAddress where, int timeoutMillis) throws IOException {
+        Socket socket = new Socket();
+        try {
+            socket.setTcpNoDelay(true);
+            socket.connect(where, timeoutMillis);
+        } catch (IOException e) {
+            socket.close();
+            throw e;
+        }
+        return socket;
+    }
 
-        Tcp(InetSocketAddress where, long timeoutMillis) throws IOException {
-            try {
-                socket.setTcpNoDelay(true);
-                socket.connect(where, (int) Math.min(Integer.MAX_VALUE, timeoutMillis));
-            } catch (IOException e) {
-                socket.close();
-                throw e;
-            }
+    /**
+     * TLS 1.2 or later over a connected socket, the daemon's certificate checked against the host name as
+     * written in the address (an IP address against the certificate's IP names). The handshake is bounded
+     * by the connect timeout; the timeout is lifted after it, since the reader thread waits on reads for as
+     * long as the connection is idle.
+     */
+    private static SSLSocket tlsSocket(InetSocketAddress where, int timeoutMillis, SSLContext tls) throws IOException {
+        Socket plain = tcpSocket(where, timeoutMillis);
+        SSLSocket socket;
+        try {
+            SSLContext context = tls != null ? tls : SSLContext.getDefault();
+            socket = (SSLSocket) context.getSocketFactory()
+                    .createSocket(plain, where.getHostString(), where.getPort(), true);
+        } catch (IOException | GeneralSecurityException | RuntimeException e) {
+            plain.close();
+            throw e instanceof IOException io ? io : new IOException("no TLS: " + e, e);
+        }
+        try {
+            SSLParameters parameters = socket.getSSLParameters();
+            parameters.setEndpointIdentificationAlgorithm("HTTPS");
+            parameters.setProtocols(new String[] {"TLSv1.3", "TLSv1.2"});
+            socket.setSSLParameters(parameters);
+            socket.setSoTimeout(timeoutMillis);
+            socket.startHandshake();
+            socket.setSoTimeout(0);
+        } catch (IOException e) {
+            socket.close();
+            boolean ended = !(e instanceof SocketTimeoutException || e.getCause() instanceof CertificateException);
+            throw new IOException("TLS handshake failed: " + e.getMessage() + (ended ? ENDED_OVER_TLS : ""), e);
+        }
+        return socket;
+    }
+
+    private static final class Tcp extends Transport {
+        private final Socket socket;
+
+        Tcp(Socket socket) {
+            this.socket = socket;
         }
 
         @Override

@@ -141,7 +141,8 @@ final class DaemonClients implements AutoCloseable {
                 c.close();
             }
             c = ShuffleClient.connect(
-                    address, name, conf.timeoutMillis, conf.writerBufferBytes, conf.secret, conf.appSecret);
+                    address, name, conf.timeoutMillis, conf.writerBufferBytes, conf.secret, conf.appSecret,
+                    conf.tlsFor(address));
             clients.put(address, c);
             reached.add(address);
             return c;

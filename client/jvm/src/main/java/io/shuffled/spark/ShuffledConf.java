@@ -1,8 +1,17 @@
 package io.shuffled.spark;
 
+import io.shuffled.client.PemTls;
 import io.shuffled.client.wire.Wire;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.GeneralSecurityException;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Objects;
+import java.util.stream.Collectors;
+import java.util.stream.Stream;
+import javax.net.ssl.SSLContext;
 import org.apache.spark.SparkConf;
 
 /**
@@ -12,8 +21,9 @@ import org.apache.spark.SparkConf;
  * it is, and that a default the code reads as a literal is the documented one.
  */
 final class ShuffledConf {
-    /// the executor's daemon: `host:port`, `[ipv6]:port` or `unix:/path`. A comma-separated list is allowed:
-    /// an executor takes entry *executor id mod n* and falls back to the next one if its daemon is unreachable
+    /// the executor's daemon: `host:port`, `[ipv6]:port`, `tls:host:port` (the daemon's `--client-tls-port`,
+    /// see `spark.shuffled.tls.ca`) or `unix:/path`. A comma-separated list is allowed: an executor takes entry
+    /// *executor id mod n* and falls back to the next one if its daemon is unreachable
     ///
     /// Default: `127.0.0.1:7337`
     static final String ADDRESS = "spark.shuffled.address";
@@ -68,8 +78,25 @@ final class ShuffledConf {
     ///
     /// Default: the daemons' `durability`
     static final String DURABILITY = "spark.shuffled.durability";
+    /// for `tls:` addresses: a PEM file of the CA certificates a daemon's certificate must chain to (it must
+    /// also name the host as the address writes it), read where the driver and each executor run
+    /// ([docs/security.md](docs/security.md))
+    ///
+    /// Default: the JDK's trust store
+    static final String TLS_CA = "spark.shuffled.tls.ca";
+    /// for `tls:` addresses to daemons that ask for a client certificate (`--client-tls-ca`): a PEM file of
+    /// this client's certificate chain, read where the driver and each executor run
+    ///
+    /// Default: none
+    static final String TLS_CERT = "spark.shuffled.tls.cert";
+    /// the private key of `spark.shuffled.tls.cert`: a PEM file, unencrypted PKCS#8 (`BEGIN PRIVATE KEY`), RSA
+    /// or EC; convert other forms with `openssl pkcs8 -topk8 -nocrypt`
+    ///
+    /// Default: none
+    static final String TLS_KEY = "spark.shuffled.tls.key";
 
     static final String DEFAULT_ADDRESS = "127.0.0.1:7337";
+    private static final String TLS_PREFIX = "tls:";
 
     /** How a task picks its daemon among {@link #addresses}. */
     enum DaemonChoice {
@@ -92,6 +119,8 @@ final class ShuffledConf {
     final int replicas;
     /** Whether map outputs are uploaded to the object store (§12.5); null: unset, the daemons' own setting. */
     final String durability;
+    /** What {@code tls:} addresses are reached with; null: the JDK's defaults. */
+    private final SSLContext tls;
 
     ShuffledConf(SparkConf conf) {
         refuse(conf, "spark.shuffle.useOldFetchProtocol",
@@ -133,6 +162,47 @@ final class ShuffledConf {
                     + durable + "'");
         }
         durability = durable.isEmpty() ? null : durable;
+        tls = tls(conf, addresses, adminAddress);
+    }
+
+    /** The TLS context to connect to {@code address} with: null for the JDK's defaults, or no TLS at all. */
+    SSLContext tlsFor(String address) {
+        return address.startsWith(TLS_PREFIX) ? tls : null;
+    }
+
+    /**
+     * The context of {@code spark.shuffled.tls.*}, read here so that a missing or unreadable file stops the
+     * application (or the executor) at start with the setting's name, not each task at connect. Settings
+     * that no {@code tls:} address uses are refused: whoever wrote them expects the traffic encrypted.
+     */
+    private static SSLContext tls(SparkConf conf, List<String> addresses, String adminAddress) {
+        Path ca = path(conf, TLS_CA);
+        Path cert = path(conf, TLS_CERT);
+        Path key = path(conf, TLS_KEY);
+        if (ca == null && cert == null && key == null) {
+            return null;
+        }
+        if (!adminAddress.startsWith(TLS_PREFIX) && addresses.stream().noneMatch(a -> a.startsWith(TLS_PREFIX))) {
+            throw new IllegalArgumentException("spark.shuffled.tls.* need a tls:host:port address in " + ADDRESS
+                    + " or " + ADMIN_ADDRESS + ", got " + String.join(",", addresses));
+        }
+        if ((cert == null) != (key == null)) {
+            throw new IllegalArgumentException(cert == null ? TLS_KEY + " needs " + TLS_CERT : TLS_CERT + " needs "
+                    + TLS_KEY);
+        }
+        try {
+            return PemTls.context(ca, cert, key);
+        } catch (IOException | GeneralSecurityException | IllegalArgumentException e) {
+            String files = Stream.of(ca, cert, key).filter(Objects::nonNull).map(Path::toString)
+                    .collect(Collectors.joining(", "));
+            throw new IllegalArgumentException("spark.shuffled.tls.* (" + files + "): "
+                    + (e instanceof IllegalArgumentException ? e.getMessage() : e.toString()), e);
+        }
+    }
+
+    private static Path path(SparkConf conf, String key) {
+        String value = conf.get(key, "").trim();
+        return value.isEmpty() ? null : Path.of(value);
     }
 
     /** {@code spark.shuffled.secret}, else the content of {@code spark.shuffled.secretFile} (read where it runs). */
@@ -146,12 +216,12 @@ final class ShuffledConf {
             return null;
         }
         try {
-            String text = java.nio.file.Files.readString(java.nio.file.Path.of(file));
+            String text = Files.readString(Path.of(file));
             if (text.isBlank()) {
                 throw new IllegalArgumentException(SECRET_FILE + " " + file + " is empty");
             }
             return text;
-        } catch (java.io.IOException e) {
+        } catch (IOException e) {
             throw new IllegalArgumentException(SECRET_FILE + ": cannot read " + file + ": " + e, e);
         }
     }
@@ -170,9 +240,10 @@ final class ShuffledConf {
             if (a.isEmpty()) {
                 continue;
             }
-            if (!a.startsWith("unix:") && a.lastIndexOf(':') <= 0) {
+            String hostPort = a.startsWith(TLS_PREFIX) ? a.substring(TLS_PREFIX.length()) : a;
+            if (!a.startsWith("unix:") && hostPort.lastIndexOf(':') <= 0) {
                 throw new IllegalArgumentException(
-                        ADDRESS + ": expected host:port, [ipv6]:port or unix:/path, got '" + a + "'");
+                        ADDRESS + ": expected host:port, [ipv6]:port, tls:host:port or unix:/path, got '" + a + "'");
             }
             out.add(a);
         }

@@ -41,9 +41,7 @@ final class ShuffledDriverComponents implements ShuffleDriverComponents {
     @Override
     public Map<String, String> initializeApplication() {
         long timeout = Math.min(conf.timeoutMillis, PROBE_TIMEOUT_MILLIS);
-        try (ShuffleClient client = ShuffleClient.connect(
-                conf.adminAddress, "spark-driver", timeout, ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES,
-                conf.secret, conf.appSecret)) {
+        try (ShuffleClient client = connect(timeout)) {
             LOG.info("shuffled: {} ({}) accepted this application's credentials", conf.adminAddress,
                     client.daemonNode());
         } catch (ShuffledException e) {
@@ -85,14 +83,18 @@ final class ShuffledDriverComponents implements ShuffleDriverComponents {
 
     /** Cleanup must never fail the application: a daemon that cannot be reached is logged. */
     private void admin(String what, AdminCall call) {
-        try (ShuffleClient client = ShuffleClient.connect(
-                conf.adminAddress, "spark-driver", conf.timeoutMillis, ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES,
-                conf.secret, conf.appSecret)) {
+        try (ShuffleClient client = connect(conf.timeoutMillis)) {
             Map<String, Object> result = call.apply(client);
             LOG.info("shuffled: {} at {}: {}", what, conf.adminAddress, result);
         } catch (IOException | RuntimeException e) {
             LOG.warn("shuffled: could not {} at {}: {}", what, conf.adminAddress, e.toString());
         }
+    }
+
+    private ShuffleClient connect(long timeoutMillis) throws IOException {
+        return ShuffleClient.connect(conf.adminAddress, "spark-driver", timeoutMillis,
+                ShuffleClient.DEFAULT_WRITER_BUFFER_BYTES, conf.secret, conf.appSecret,
+                conf.tlsFor(conf.adminAddress));
     }
 
     private static String appId() {

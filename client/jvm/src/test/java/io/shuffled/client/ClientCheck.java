@@ -33,7 +33,7 @@ public final class ClientCheck {
     private int failed;
 
     /** Bytes attempt number {@code index} (0, 1, 2, ...) writes to {@code partition}. */
-    static int size(int index, int partition) {
+    public static int size(int index, int partition) {
         return switch (partition) {
             case 0 -> 0;
             case 1 -> 100 + index;
@@ -43,7 +43,7 @@ public final class ClientCheck {
     }
 
     /** Same bytes as tests/cluster.py payload(attempt, partition, size). */
-    static byte[] pattern(long attempt, int partition, int size) {
+    public static byte[] pattern(long attempt, int partition, int size) {
         byte[] seed = (Long.toUnsignedString(attempt) + ":" + partition + ":").getBytes(StandardCharsets.US_ASCII);
         byte[] out = new byte[size];
         for (int i = 0; i < size; i++) {
