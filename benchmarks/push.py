@@ -20,6 +20,7 @@ on the hosts, where a deployment runs it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -91,6 +92,61 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     )
     result.notes.extend(cpu.notes())
     await _replicated(ctx, result, nbytes)
+    await _fsynced(ctx, result, nbytes)
+
+
+#: the goal for pushes acknowledged only once on the device (`--fsync commit`) against none synced
+FSYNC_GOAL = Goal("ratio", ">=", 0.7)
+#: map outputs of a map stage pushed at once, and the bytes of each
+FSYNC_WRITERS, FSYNC_MAP = 4, 4 * MiB
+
+
+async def _fsynced(ctx: Context, result: ScenarioResult, nbytes: int) -> None:
+    """A map stage's worth of map outputs (FSYNC_WRITERS at once) into a daemon with `--fsync none` and one
+    with `--fsync commit`, alternately: the cost of a CommitAck that waits for the device."""
+    maps = max(FSYNC_WRITERS, nbytes // FSYNC_MAP)
+    pool = store_pool(maps * FSYNC_MAP)
+    rates: dict[str, list[float]] = {"none": [], "commit": []}
+    async with (
+        ctx.daemons(pool, extra=["--fsync", "none"]) as (plain,),
+        ctx.daemons(pool, extra=["--fsync", "commit"]) as (synced,),
+    ):
+        async with ctx.client(plain.addr) as to_plain, ctx.client(synced.addr) as to_synced:
+            clients = {"none": to_plain, "commit": to_synced}
+            for client in clients.values():  # fault the pools in, untimed
+                await push(client, APP, 0, 0, [maps * FSYNC_MAP])
+                await client.unregister_shuffle(APP, 0)
+            shuffle = 0
+            for _ in bounded(ctx.repeats, ctx.pick(120.0, 20.0)):
+                for mode, client in clients.items():
+                    shuffle += 1
+                    t0 = time.perf_counter()
+                    for first in range(0, maps, FSYNC_WRITERS):
+                        await asyncio.gather(
+                            *(
+                                push(client, APP, shuffle, m, [FSYNC_MAP], map_index=m)
+                                for m in range(first, first + FSYNC_WRITERS)
+                            )
+                        )
+                    rates[mode].append(mib_per_s(maps * FSYNC_MAP, time.perf_counter() - t0))
+                    await client.unregister_shuffle(APP, shuffle)
+                ctx.progress(f"fsync none {rates['none'][-1]:,.0f} MiB/s, commit {rates['commit'][-1]:,.0f} MiB/s")
+            syncs = (await to_synced.stats())["disk"]
+    none, commit = rates["none"], rates["commit"]
+    result.add("push, --fsync none", median(none), "MiB/s", samples=none)
+    result.add(
+        "push, --fsync commit",
+        median(commit),
+        "MiB/s",
+        baseline_name="--fsync none",
+        baseline=median(none),
+        goal=FSYNC_GOAL,
+        samples=commit,
+    )
+    result.notes.append(
+        f"fsync: {maps} map outputs of {FSYNC_MAP // MiB} MiB, {FSYNC_WRITERS} at once, per round; the commit "
+        f"daemon made {syncs['syncs']} syncs ({syncs['fsyncs']} fsyncs) for {len(commit) * maps} commits"
+    )
 
 
 #: the goal for a push with two copies against one
