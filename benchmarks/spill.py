@@ -24,6 +24,7 @@ from pathlib import Path
 from .common import (
     Context,
     CpuMeter,
+    Goal,
     MiB,
     ScenarioResult,
     bounded,
@@ -37,6 +38,8 @@ from .common import (
 )
 
 APP = "bench-spill"
+#: encryption at rest costs at most a tenth of spilling's throughput
+SEALED_GOAL = Goal("ratio", ">=", 0.9)
 PARTITIONS = 8
 MAPS = 4
 
@@ -44,7 +47,9 @@ MAPS = 4
 def _drop_page_cache(root: Path) -> int:
     """Write back and evict the cached pages of the files under `root`; returns how many files."""
     n = 0
-    for path in root.rglob("*.data"):
+    for path in root.rglob("data"):  # a shuffle's data file (app-*/<shuffle>/data)
+        if not path.is_file():
+            continue
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -65,13 +70,17 @@ def _dd(target: Path, nbytes: int, sync: bool) -> float:
     return seconds
 
 
-async def _shuffle(ctx: Context, pool: int, nbytes: int, data_dir: Path | None, notes: list[str]) -> dict[str, float]:
-    """Push MAPS map outputs over PARTITIONS partitions into one daemon, then read every partition back;
-    what the daemon and the client spent in CPU per GiB goes to `notes`."""
+async def _shuffle(
+    ctx: Context, pool: int, nbytes: int, data_dir: Path | None, notes: list[str], sealed: Path | None = None
+) -> dict[str, float]:
+    """Push MAPS map outputs over PARTITIONS partitions into one daemon (its spill files sealed with the key
+    file `sealed`), then read every partition back; what the daemon and the client spent in CPU per GiB
+    goes to `notes`."""
     extra = ["--data-dir", str(data_dir)] if data_dir else []
+    extra += ["--at-rest-key-file", str(sealed)] if sealed else []
     per = nbytes // MAPS // PARTITIONS
     out: dict[str, float] = {}
-    where = "spilling" if data_dir else "in memory"
+    where = ("spilling, sealed" if sealed else "spilling") if data_dir else "in memory"
     async with ctx.daemons(pool, extra=extra) as (d,):
         cpu = CpuMeter({"daemon": d.pid, "client": None})
         async with ctx.client(d.addr) as writer, ctx.client(d.addr, reader_client_pool(PARTITIONS)) as reader:
@@ -107,16 +116,28 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     ctx.progress(f"in memory: push {mib_per_s(nbytes, memory['push_s']):,.0f} MiB/s")
     spilled = await _shuffle(ctx, max(16 * MiB, nbytes // 8), nbytes, data_dir, cpu_notes)
     ctx.progress(f"spilling: push {mib_per_s(nbytes, spilled['push_s']):,.0f} MiB/s")
+    key = ctx.tmp_dir / "at-rest-key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    sealed = await _shuffle(ctx, max(16 * MiB, nbytes // 8), nbytes, ctx.tmp_dir / "spill-sealed", cpu_notes, key)
+    ctx.progress(f"spilling, sealed at rest: push {mib_per_s(nbytes, sealed['push_s']):,.0f} MiB/s")
 
-    for what, key, spilling in (("push", "push_s", "spilling (pool = 1/8)"), ("read", "read_s", "from disk (cold)")):
-        in_memory = mib_per_s(nbytes, memory[key])
+    for what, field, spilling in (("push", "push_s", "spilling (pool = 1/8)"), ("read", "read_s", "from disk (cold)")):
+        in_memory = mib_per_s(nbytes, memory[field])
         result.add(f"{what}, all in memory", in_memory, "MiB/s")
         result.add(
             f"{what}, {spilling}",
-            mib_per_s(nbytes, spilled[key]),
+            mib_per_s(nbytes, spilled[field]),
             "MiB/s",
             baseline_name="in memory",
             baseline=in_memory,
+        )
+        result.add(
+            f"{what}, {spilling}, sealed at rest",
+            mib_per_s(nbytes, sealed[field]),
+            "MiB/s",
+            baseline_name="not sealed",
+            baseline=mib_per_s(nbytes, spilled[field]),
+            goal=SEALED_GOAL,
         )
     if shutil.which("dd") is None:
         result.notes.append("dd not installed: no disk baseline")

@@ -355,6 +355,15 @@ class DaemonConfig:
         "`none`: never, which survives a daemon's crash, not the machine's",
         choices=("none", "background", "commit"),
     )
+    at_rest_key_file: str | None = setting(
+        None,
+        "file of keys (one a line, each at least 32 bytes of secret; the first seals, all open) that seal every "
+        "piece written to spill files with AES-256-GCM, a key per application derived from it "
+        "(docs/security.md: rotation)",
+        parse=_optional,
+        default_text="off",
+        metavar="PATH",
+    )
     fsync_interval: float = setting(1.0, "with fsync background: the longest a write waits for its fsync", unit="s")
     durability: str = setting(
         "none",
@@ -837,6 +846,15 @@ class DaemonConfig:
             "client TLS needs client-tls-port, client-tls-cert and client-tls-key together (client-tls-ca optional)",
         )
         need(self.fsync_interval > 0, "fsync-interval must be > 0 seconds")
+        need(
+            not self.at_rest_key_file or self.data_dir != DATA_DIR_NONE,
+            "at-rest-key-file needs a data dir (data-dir is none: nothing is written to disk)",
+        )
+        need(
+            not self.at_rest_key_file or self.object_store is None,
+            "at-rest-key-file seals spill files only: objects would be written unsealed, so it cannot be used "
+            "with object-store",
+        )
         need(
             self.fsync == "none" or self.data_dir != DATA_DIR_NONE,
             f"fsync {self.fsync} needs a data dir (data-dir is none: the pool is all there is)",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..buffers import GlobalPool
-from ..config import DATA_DIR_AUTO, DaemonConfig
+from ..config import DATA_DIR_AUTO, ConfigError, DaemonConfig
 from ..logs import event
 from ..net.ports import Port
 from ..ops.http import OpsServer
@@ -41,6 +41,7 @@ from .serving.connection import DaemonConnection
 from .serving.environment import ShuffleEnvironment
 from .serving.trust import Trust
 from .serving.watchdog import watch
+from .storage.at_rest import AtRestKeys
 from .storage.disk import Disk
 from .storage.manager import open_storage
 
@@ -53,7 +54,15 @@ ANSWER_WAIT = 1.0
 def _open_disk(config: DaemonConfig, data_dir: str | None, listener: socket.socket | None) -> Disk | None:
     """The data dir's `Disk` (None: memory only); OSError saying which directory and why it is not usable."""
     try:
-        return Disk(data_dir, fsync=config.fsync, fsync_interval=config.fsync_interval) if data_dir else None
+        keys = AtRestKeys.load(config.at_rest_key_file) if config.at_rest_key_file and data_dir else None
+    except (OSError, ValueError) as exc:
+        if listener is not None:
+            listener.close()
+        raise ConfigError(f"at-rest-key-file {config.at_rest_key_file}: {exc}") from None
+    try:
+        return (
+            Disk(data_dir, fsync=config.fsync, fsync_interval=config.fsync_interval, at_rest=keys) if data_dir else None
+        )
     except OSError as exc:
         if listener is not None:
             listener.close()

@@ -211,7 +211,7 @@ def test_packages_import_only_what_lies_below_them() -> None:
 #: reach into their dicts and arrays, so what commit, drop, flush and persist do stays written once.
 STORAGE_DOOR = {
     f"{STORAGE}.{name}"
-    for name in ("manager", "holdings", "writer", "view", "disk", "lease", "object_format", "objects")
+    for name in ("manager", "holdings", "writer", "view", "disk", "at_rest", "lease", "object_format", "objects")
 }
 
 

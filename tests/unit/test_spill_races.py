@@ -14,6 +14,7 @@ import pytest
 from shuffled.buffers import GlobalPool
 from shuffled.protocol.integrity import checksum
 from shuffled.server.storage import disk_space
+from shuffled.server.storage.at_rest import Sealer
 from shuffled.server.storage.disk import Appended, Disk
 from shuffled.server.storage.plan import make_plan
 from shuffled.server.storage.shuffles import MapOutput
@@ -265,13 +266,13 @@ async def test_one_failed_write_among_queued_ones_fails_only_its_attempts(tmp_pa
     calls = 0
 
     def second_fails(
-        path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
+        path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes], seal: Sealer | None
     ) -> Appended:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise OSError(28, "No space left on device")
-        return real(path, views, journal, record)
+        return real(path, views, journal, record, seal)
 
     disk._append = second_fails  # type: ignore[method-assign]
     gate = threading.Event()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -52,6 +51,7 @@ import msgpack
 from ...logs import event
 from ...ops.stats import DiskStats
 from ...protocol.integrity import checksum
+from .at_rest import AtRestKeys, Opener, Sealer, split_seals
 from .fsync import Record, Syncs, Unsynced
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,8 @@ class Appended:
 
     offset: int
     crcs: list[int]
+    #: with encryption at rest, the seals of the pieces, SEAL bytes each, back to back
+    seals: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -196,11 +198,18 @@ class LoadedAttempt:
     crcs: array[int] = field(default_factory=lambda: array("I"))
     offsets: array[int] = field(default_factory=lambda: array("Q"))
     places: array[int] = field(default_factory=lambda: array("I"))
+    #: with encryption at rest, each piece's seal
+    seals: list[bytes] = field(default_factory=list)
     #: records disagreed about its pieces (a gap, or other pieces at an index): it proves nothing
     broken: bool = False
 
-    def add(self, offset: int, rows: bytes) -> int:
-        """Pieces of a spill record, back to back in the data file from `offset`; returns where they end."""
+    def add(self, offset: int, rows: bytes, seals: bytes | None = None) -> int:
+        """Pieces of a spill record, back to back in the data file from `offset` (sealed with `seals`);
+        returns where they end."""
+        if seals is not None:
+            if len(self.seals) != len(self.sizes):  # pieces before these were not sealed
+                self.broken = True
+            self.seals.extend(split_seals(seals))
         self.put(len(self.sizes), 0, offset, rows)
         return offset + sum(_words(rows)[0::4])
 
@@ -227,6 +236,11 @@ class LoadedAttempt:
         self.lasts.extend(words[3::4][overlap:])
         self.offsets.extend(offsets[overlap:])
         self.places.extend(array("I", [place]) * (len(sizes) - overlap))
+
+    @property
+    def sealed(self) -> bool:
+        """Every piece has its seal (a shuffle sealed at rest serves no other)."""
+        return len(self.seals) == len(self.sizes)
 
     def outside(self, ends: list[int]) -> bool:
         """A piece ends beyond where its place ends (`ends[place]`: the file's size, each object's data)."""
@@ -266,6 +280,8 @@ class LoadedShuffle:
     copies: dict[int, tuple[str, ...]] = field(default_factory=dict)
     #: the digest of the token the application was bound to (`Store.app_keys`); None if not journaled
     app_key: bytes | None = None
+    #: the at-rest key its pieces are sealed with (its journal header's `kid`); None: not sealed
+    key_id: str | None = None
     #: the objects its pieces lie in (place k is the k-th), and the attempts made durable in them
     objects: list[StoredObject] = field(default_factory=list)
     durable: set[int] = field(default_factory=set)
@@ -285,7 +301,14 @@ class LoadedShuffle:
 class Disk:
     """The data dir: where shuffles' files live, and the threads that touch them."""
 
-    def __init__(self, root: str, read_threads: int = 2, fsync: str = "none", fsync_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        root: str,
+        read_threads: int = 2,
+        fsync: str = "none",
+        fsync_interval: float = 1.0,
+        at_rest: AtRestKeys | None = None,
+    ) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self._lock = self._take_lock()
@@ -294,8 +317,10 @@ class Disk:
         self.stats = DiskStats()
         #: what the writer thread wrote since its last sync (None with `--fsync none`: nothing is synced)
         self._unsynced = Unsynced() if fsync != "none" else None
-        #: the event loop's side of syncing (fsync.py)
-        self.syncs = Syncs(self._sync, fsync, fsync_interval, self.stats)
+        #: the event loop's side of syncing (fsync.py): a sync is queued behind everything written before it
+        self.syncs = Syncs(lambda r: self._on(self._writer, self._sync, r), fsync, fsync_interval, self.stats)
+        #: the keys that seal pieces written to spill files (None: written as they are)
+        self.at_rest = at_rest
 
     def _take_lock(self) -> int:
         """One daemon per data dir: a second one would delete the first one's files as leftovers."""
@@ -325,26 +350,40 @@ class Disk:
     # -- writes (one thread, FIFO)
 
     def append(
-        self, file: SpillFile, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
+        self,
+        file: SpillFile,
+        views: Sequence[memoryview],
+        journal: str,
+        record: Callable[[Appended], bytes],
+        seal: Sealer | None = None,
     ) -> asyncio.Future[Appended]:
-        """Append pieces to a data file, then the journal record that describes them.
+        """Append pieces to a data file (sealed by `seal` first, on the writer thread), then the journal
+        record that describes them.
 
         On any error the data file is cut back to where it was, so nothing half
         written is ever described (or served).
         """
         self.syncs.wrote(sum(len(v) for v in views))
-        return self._on(self._writer, self._append, file.path, views, journal, record)
+        return self._on(self._writer, self._append, file.path, views, journal, record, seal)
 
     def _append(
-        self, path: str, views: Sequence[memoryview], journal: str, record: Callable[[Appended], bytes]
+        self,
+        path: str,
+        views: Sequence[memoryview],
+        journal: str,
+        record: Callable[[Appended], bytes],
+        seal: Sealer | None,
     ) -> Appended:
         fd = self._open_for_write(path, os.O_WRONLY, journal=False)
         try:
             offset = os.lseek(fd, 0, os.SEEK_END)
             try:
                 crcs = [checksum(v) for v in views]
+                seals = None
+                if seal is not None:
+                    views, seals = seal(views)
                 _write_all(fd, views)
-                done = Appended(offset, crcs)
+                done = Appended(offset, crcs, seals)
                 self._journal_append(journal, record(done))
             except BaseException:
                 os.ftruncate(fd, offset)
@@ -386,11 +425,7 @@ class Disk:
             unsynced.wrote(path, journal, created)
         return fd
 
-    def _sync(self, records: list[Record]) -> asyncio.Future[int]:
-        """Queue a sync of everything written before it, appending `records` after the data (fsync.py)."""
-        return self._on(self._writer, self._sync_now, records)
-
-    def _sync_now(self, records: list[Record]) -> int:
+    def _sync(self, records: list[Record]) -> int:
         unsynced = self._unsynced
         if unsynced is None:  # --fsync none: records are appended, nothing is synced
             for journal, record in records:
@@ -420,10 +455,6 @@ class Disk:
         except OSError:
             pass  # other shuffles of the application remain
 
-    def snapshot(self) -> DiskStats:
-        """Its counters now, with the age of the oldest write not yet synced."""
-        return dataclasses.replace(self.stats, unsynced_seconds=self.syncs.unsynced_seconds())
-
     def space(self) -> tuple[int, int] | None:
         """(capacity, free bytes) of the data directory's file system; None if it cannot be told."""
         try:
@@ -439,13 +470,16 @@ class Disk:
     # -- reads (a few threads; one read stream's loads are sequential)
 
     def read(
-        self, fd: int | None, path: str, offset: int, views: Sequence[memoryview]
+        self, fd: int | None, path: str, offset: int, views: Sequence[memoryview], unseal: Opener | None = None
     ) -> asyncio.Future[tuple[int, list[int]]]:
-        """Fill `views` from `path` at `offset` (opening it unless `fd` is given); resolves to the fd and CRCs."""
-        return self._on(self._readers, self._read, fd, path, offset, views)
+        """Fill `views` from `path` at `offset` (opening it unless `fd` is given), opened by `unseal` when
+        sealed; resolves to the fd and CRCs. A piece that fails its seal raises CorruptData."""
+        return self._on(self._readers, self._read, fd, path, offset, views, unseal)
 
     @staticmethod
-    def _read(fd: int | None, path: str, offset: int, views: Sequence[memoryview]) -> tuple[int, list[int]]:
+    def _read(
+        fd: int | None, path: str, offset: int, views: Sequence[memoryview], unseal: Opener | None
+    ) -> tuple[int, list[int]]:
         if fd is None:
             fd = os.open(path, os.O_RDONLY)
         try:
@@ -453,6 +487,8 @@ class Disk:
         except BaseException:
             os.close(fd)
             raise
+        if unseal is not None:
+            unseal(views)
         return fd, [checksum(v) for v in views]
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ cover; `Syncs` is the event loop's side, which batches the requests and reports 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -128,10 +129,10 @@ class Syncs:
         if self._background is not None:
             self._background.cancel()
 
-    def unsynced_seconds(self) -> float:
-        """How long the oldest write not yet synced has waited (0 with nothing unsynced)."""
+    def snapshot(self) -> DiskStats:
+        """The disk's counters now, with how long the oldest write not yet synced has waited."""
         since = self.unsynced_since
-        return time.monotonic() - since if since is not None else 0.0
+        return dataclasses.replace(self.stats, unsynced_seconds=time.monotonic() - since if since is not None else 0.0)
 
     def sync(self, records: list[Record] | None = None) -> asyncio.Future[None]:
         """Done once a sync that started after this call is: what was written before it is on the device,

@@ -110,7 +110,14 @@ class PieceLoader:
             self.close()
         fd, self._fd = self._fd, None  # a failed read closes it
         data.loading += 1
-        reading = self.disk.read(fd, path, out.offsets[batch[0]], [b.data() for b in buffers])
+        unseal = None
+        if data.key_id is not None:
+            assert self.disk.at_rest is not None  # restore refuses sealed data without its key
+            pieces = [(out.attempt, out.serial, i) for i in batch]
+            unseal = self.disk.at_rest.opener(
+                data.key_id, data.app, data.shuffle, pieces, [out.seals[i] for i in batch]
+            )
+        reading = self.disk.read(fd, path, out.offsets[batch[0]], [b.data() for b in buffers], unseal)
         try:
             self._fd, crcs = await asyncio.shield(reading)
             self._path = path

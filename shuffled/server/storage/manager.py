@@ -255,7 +255,7 @@ class StorageManager:
         space = self.disk.space() if self.disk is not None else None
         return (
             self.store.stats(),
-            self.disk.snapshot() if self.disk is not None else DiskStats(),
+            self.disk.syncs.snapshot() if self.disk is not None else DiskStats(),
             FilesystemStats(capacity_bytes=space[0], free_bytes=space[1]) if space else None,
             self.tier.stats.copy() if self.tier is not None else TierStats(),
         )

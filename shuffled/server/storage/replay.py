@@ -88,6 +88,8 @@ def _replay(disk: Disk, directory: str, records: list[dict[str, Any]]) -> Loaded
     key = head.get("key")
     if isinstance(key, bytes):
         out.app_key = key
+    if head.get("kid") is not None:
+        out.key_id = str(head["kid"])
     pieces: dict[tuple[int, int], LoadedAttempt] = {}
     commits: dict[tuple[int, int], dict[str, Any]] = {}
     durable: set[tuple[int, int]] = set()
@@ -95,9 +97,9 @@ def _replay(disk: Disk, directory: str, records: list[dict[str, Any]]) -> Loaded
         kind = r.get("k")
         if kind == "pieces":
             at = int(r["o"])
-            for attempt, serial, rows in r["a"]:
+            for attempt, serial, rows, *sealed in r["a"]:
                 found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
-                at = found.add(at, bytes(rows))
+                at = found.add(at, bytes(rows), bytes(sealed[0]) if sealed else None)
         elif kind == "object":
             out.objects.append(StoredObject(str(r["key"]), int(r["size"])))
             for attempt, serial, start, offset, rows in r["a"]:
@@ -116,7 +118,7 @@ def _replay(disk: Disk, directory: str, records: list[dict[str, Any]]) -> Loaded
     ends = [out.file_size, *(o.size for o in out.objects)]
     for (attempt, serial), r in commits.items():
         found = pieces.get((attempt, serial), LoadedAttempt(0, serial, 0))
-        if not found.matches(r) or found.outside(ends):
+        if not found.matches(r) or found.outside(ends) or (out.key_id is not None and not found.sealed):
             continue
         out.adopt(attempt, found, r, (attempt, serial) in durable)
     keep = {JOURNAL, DATA} if out.committed else set()

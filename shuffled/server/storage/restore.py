@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from ...config import ConfigError
 from ...logs import event
 from . import replay
 from .disk import Disk, LoadedShuffle, SpillFile
@@ -19,6 +20,14 @@ def restore(store: Store, disk: Disk) -> int:
     """Serve again what a previous run left on disk and can prove (everything else was deleted by
     `replay.load`); the number of shuffles restored."""
     loaded = replay.load(disk)
+    for shuffle in loaded:
+        kid = shuffle.key_id
+        if kid is not None and (disk.at_rest is None or not disk.at_rest.knows(kid)):
+            raise ConfigError(
+                f"{shuffle.directory} is sealed with at-rest key {kid}, which "
+                + ("at-rest-key-file does not hold" if disk.at_rest else "no at-rest-key-file gives")
+                + ": give the key (rotation keeps old keys below the new one, docs/security.md)"
+            )
     for shuffle in loaded:
         restore_shuffle(store, shuffle, SpillFile(disk.data_path(shuffle.directory), shuffle.file_size))
         event(
@@ -41,6 +50,7 @@ def restore_shuffle(
     data = store.shuffle_data(loaded.app, loaded.shuffle, loaded.partitions)
     if file is not None:
         data.directory = loaded.directory
+        data.key_id = loaded.key_id
         data.file = file
         data.disk_bytes += file.size
         data.usage.disk_bytes += file.size

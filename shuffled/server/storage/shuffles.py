@@ -74,6 +74,7 @@ class MapOutput:
         "replica_of",
         "replicas",
         "runs",
+        "seals",
         "serial",
         "shuffle",
         "size",
@@ -115,6 +116,8 @@ class MapOutput:
         self.places = array("I")
         self.offsets = array("Q")
         self.placed = 0
+        #: with encryption at rest, each piece's seal (at_rest.py, SEAL bytes) once its file holds it sealed
+        self.seals: list[bytes] = []
         #: pieces [0, spilled) are no longer in memory (spilled <= placed)
         self.spilled = 0
         #: pieces [placed, taken) are being written by a spill; an upload takes them all
@@ -150,6 +153,7 @@ class MapOutput:
             found.offsets,
         )
         out.places = array("I", map(places.__getitem__, found.places))
+        out.seals = found.seals
         out.placed = out.spilled = out.taken = out.pieces
         out.starts = array("I", [0])
         out.starts.extend(i for i in range(1, out.pieces) if out.firsts[i] < out.lasts[i - 1])
@@ -250,6 +254,8 @@ class ShuffleData:
     loading: int = 0
     #: the shuffle's directory once it has a journal on disk
     directory: str | None = None
+    #: the at-rest key its file's pieces are sealed with (named in its journal header); None: not sealed
+    key_id: str | None = None
     removed: bool = False
     last_commit: float = field(default_factory=time.monotonic)
 

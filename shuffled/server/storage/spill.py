@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from ...logs import event
 from ...protocol.errors import StorageError
+from .at_rest import SEAL, split_seals
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
 from .journal import Journals
 from .shuffles import FILE, ShuffleData
@@ -99,10 +100,21 @@ class FileTarget:
             for out, start, end in taken
         ]
 
+        seal = None
+        if data.key_id is not None:
+            assert disk.at_rest is not None
+            pieces = [(out.attempt, out.serial, i) for out, start, end in taken for i in range(start, end)]
+            seal = disk.at_rest.sealer(data.key_id, data.app, data.shuffle, pieces)
+
         def record(done: Appended) -> bytes:
+            if done.seals is not None:  # each attempt's seals after its rows
+                at = 0
+                for entry, (_, start, end) in zip(described, taken, strict=True):
+                    entry.append(done.seals[at : at + (end - start) * SEAL])
+                    at += (end - start) * SEAL
             return encode_record({"k": "pieces", "o": done.offset, "a": described})
 
-        appended = disk.append(data.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record)
+        appended = disk.append(data.file, [buf.data() for buf in held], f"{directory}/{JOURNAL}", record, seal)
         return asyncio.ensure_future(_placed(appended))
 
     def wrote(self, data: ShuffleData, written: int) -> None:
@@ -347,7 +359,7 @@ def push_memory_error(spiller: Spiller, need: int, app: str) -> StorageError | N
 
 async def _placed(appended: asyncio.Future[Appended]) -> Placed:
     done = await appended
-    return Placed(FILE, done.offset, done.crcs)
+    return Placed(FILE, done.offset, done.crcs, seals=split_seals(done.seals) if done.seals is not None else None)
 
 
 def memory_held(pool: GlobalPool, store: Store) -> str:

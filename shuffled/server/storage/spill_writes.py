@@ -39,6 +39,8 @@ class Placed:
     offset: int
     crcs: list[int] | None = None
     then: Callable[[], None] | None = None
+    #: with encryption at rest, each piece's seal, as the pieces' own from now on
+    seals: list[bytes] | None = None
 
 
 class SpillTarget(Protocol):
@@ -162,10 +164,14 @@ class SpillWrites:
                 for buf in held:
                     buf.release()
             crcs = iter(placed.crcs) if placed.crcs is not None else None
+            seals = iter(placed.seals) if placed.seals is not None else None
             offset = placed.offset
             for out, start, end in taken:
                 if crcs is not None:
                     self._check_written(data, out, [i for i in range(start, end) if next(crcs) != out.crcs[i]])
+                if seals is not None:
+                    assert len(out.seals) == start, "sealed pieces are placed in order"
+                    out.seals.extend(next(seals) for _ in range(start, end))
                 self.store.placement.spilled(out, start, end, offset, placed.place)
                 offset += sum(out.sizes[start:end])
             written = offset - placed.offset
