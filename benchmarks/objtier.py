@@ -122,6 +122,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         await in_thread(server.start)  # if cancelled meanwhile, the `finally` below still finds it started
         with _credentials(server):
             await _uploads(ctx, result, server, nbytes)
+            await _sealed(ctx, result, server, nbytes)
             await _when(ctx, result, server, nbytes)
             await _spill(ctx, result, server, nbytes)
             await _session(ctx, result, server)
@@ -187,6 +188,43 @@ async def _uploads(ctx: Context, result: ScenarioResult, server: SeaweedFS, nbyt
     )
     result.add("PUT requests per GiB, durable uploads", max(puts), "PUTs", goal=Goal("value", "<=", 64))
     result.notes.extend(cpu.notes())
+
+
+async def _sealed(ctx: Context, result: ScenarioResult, server: SeaweedFS, nbytes: int) -> None:
+    """Encryption at rest: the same flush uploads into a daemon that seals its objects and one that does not,
+    alternately (each push and flush into one daemon, then the other)."""
+    key = ctx.tmp_dir / "at-rest-key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    pool = nbytes + 256 * MiB
+    rates: dict[str, list[float]] = {"plain": [], "sealed": []}
+    async with (
+        ctx.daemons(pool, extra=_flags(server, "unsealed")) as (plain,),
+        ctx.daemons(pool, extra=_flags(server, "sealed", "--at-rest-key-file", str(key))) as (sealed,),
+    ):
+        clients = {"plain": await AsyncClient.connect(plain.addr), "sealed": await AsyncClient.connect(sealed.addr)}
+        for c in clients.values():
+            await _probed(c)
+        for round_ in range(ctx.pick(3, 1) + 1):  # the first round warms the server's volumes up
+            for kind, c in clients.items():
+                await _push(c, round_ + 1, nbytes)
+                t0 = time.perf_counter()
+                await c.flush(APP, round_ + 1)
+                if round_:
+                    rates[kind].append(mib_per_s(nbytes, time.perf_counter() - t0))
+                await c.unregister_shuffle(APP, round_ + 1)
+            if round_:
+                ctx.progress(f"upload plain {rates['plain'][-1]:,.0f} MiB/s, sealed {rates['sealed'][-1]:,.0f}")
+        for c in clients.values():
+            await c.close()
+    result.add(
+        "upload, durable objects sealed at rest",
+        median(rates["sealed"]),
+        "MiB/s",
+        baseline_name="not sealed",
+        baseline=median(rates["plain"]),
+        goal=Goal("ratio", ">=", 0.9),
+        samples=rates["sealed"],
+    )
 
 
 async def _when(ctx: Context, result: ScenarioResult, server: SeaweedFS, nbytes: int) -> None:

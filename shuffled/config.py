@@ -358,7 +358,7 @@ class DaemonConfig:
     at_rest_key_file: str | None = setting(
         None,
         "file of keys (one a line, each at least 32 bytes of secret; the first seals, all open) that seal every "
-        "piece written to spill files with AES-256-GCM, a key per application derived from it "
+        "piece written to spill files and objects with AES-256-GCM, a key per application derived from it "
         "(docs/security.md: rotation)",
         parse=_optional,
         default_text="off",
@@ -847,13 +847,8 @@ class DaemonConfig:
         )
         need(self.fsync_interval > 0, "fsync-interval must be > 0 seconds")
         need(
-            not self.at_rest_key_file or self.data_dir != DATA_DIR_NONE,
-            "at-rest-key-file needs a data dir (data-dir is none: nothing is written to disk)",
-        )
-        need(
-            not self.at_rest_key_file or self.object_store is None,
-            "at-rest-key-file seals spill files only: objects would be written unsealed, so it cannot be used "
-            "with object-store",
+            not self.at_rest_key_file or self.data_dir != DATA_DIR_NONE or self.object_store is not None,
+            "at-rest-key-file needs a data dir or an object store (with neither nothing is written)",
         )
         need(
             self.fsync == "none" or self.data_dir != DATA_DIR_NONE,

@@ -51,18 +51,20 @@ log = logging.getLogger(__name__)
 ANSWER_WAIT = 1.0
 
 
-def _open_disk(config: DaemonConfig, data_dir: str | None, listener: socket.socket | None) -> Disk | None:
-    """The data dir's `Disk` (None: memory only); OSError saying which directory and why it is not usable."""
+def _at_rest_keys(config: DaemonConfig, listener: socket.socket | None) -> AtRestKeys | None:
+    """The keys that seal what is written to disk and objects (None: not sealed); ConfigError saying why not."""
     try:
-        keys = AtRestKeys.load(config.at_rest_key_file) if config.at_rest_key_file and data_dir else None
+        return AtRestKeys.load(config.at_rest_key_file) if config.at_rest_key_file else None
     except (OSError, ValueError) as exc:
         if listener is not None:
             listener.close()
         raise ConfigError(f"at-rest-key-file {config.at_rest_key_file}: {exc}") from None
+
+
+def _open_disk(config: DaemonConfig, data_dir: str | None, listener: socket.socket | None) -> Disk | None:
+    """The data dir's `Disk` (None: memory only); OSError saying which directory and why it is not usable."""
     try:
-        return (
-            Disk(data_dir, fsync=config.fsync, fsync_interval=config.fsync_interval, at_rest=keys) if data_dir else None
-        )
+        return Disk(data_dir, fsync=config.fsync, fsync_interval=config.fsync_interval) if data_dir else None
     except OSError as exc:
         if listener is not None:
             listener.close()
@@ -91,12 +93,14 @@ class Daemon:
         self.metrics = DaemonMetrics()
         self.object_stats = ObjectStoreStats()
         #: everything stored: memory, the data dir, the object store (storage/manager.py)
+        keys = _at_rest_keys(config, self.listeners.early)
         self.storage = open_storage(
             config,
             self.pool,
             _open_disk(config, self.data_dir, self.listeners.early),
             self.object_stats,
             self.metrics.observe_object_store,
+            keys,
         )
         #: push memory's fair shares: floors per writer, caps per connection and application
         self.shares = PushShares(config, self.pool.total - self.pool.reserve)

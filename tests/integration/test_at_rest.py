@@ -1,7 +1,7 @@
 """Encryption at rest: with `--at-rest-key-file` a canary pushed and spilled appears nowhere in the data dir
 (without it, it does: the check can fail), reads and a restart give the bytes back, a flipped bit is
 CORRUPT_DATA, a restart without the key or with another one refuses to start, and rotation keeps old data
-readable."""
+readable. test_at_rest_objects.py does the same for objects."""
 
 from __future__ import annotations
 
@@ -132,9 +132,8 @@ async def test_a_restart_needs_the_key_and_rotation_keeps_old_keys(tmp_path: Pat
     assert "does not hold" in _refused(tmp_path / "data", "--at-rest-key-file", str(new))  # shuffle 1 needs old
 
 
-def test_a_short_key_or_an_object_store_is_refused(tmp_path: Path) -> None:
+def test_a_short_key_or_nowhere_to_write_is_refused(tmp_path: Path) -> None:
     short = _key(tmp_path / "short", "s" * 10)
     assert "fewer than 32 bytes" in _refused(tmp_path / "data", "--at-rest-key-file", str(short))
     key = _key(tmp_path / "key", "k" * 40)
-    flags = ["--at-rest-key-file", str(key), "--object-store", "s3://bucket/prefix"]
-    assert "cannot be used with object-store" in _refused(tmp_path / "data", *flags)
+    assert "needs a data dir or an object store" in _refused(Path("none"), "--at-rest-key-file", str(key))

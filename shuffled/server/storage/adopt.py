@@ -62,6 +62,12 @@ class Adopter:
             for info, footer in zip(listed, await read_footers(self.objects, listed), strict=True)
             if footer is not None and (footer.app, footer.shuffle, footer.node) == (app, shuffle, node)
         ]
+        keys = self.store.at_rest
+        sealed = {f.kid for _, f in found if f.kid is not None and (keys is None or not keys.knows(f.kid))}
+        if sealed:
+            why = f"sealed with at-rest key {', '.join(sorted(sealed))}, which this daemon is not given"
+            event(log, "objects not adopted", logging.WARNING, app=app, shuffle=shuffle, node=node, reason=why)
+            return 0
         if not found:
             return 0
         digests = {footer.key for _, footer in found}
@@ -90,7 +96,7 @@ class Adopter:
             found[0][1].partitions,
             "",
             app_key=digest,
-            objects=[StoredObject(info.key, info.size, own) for info, _ in found],
+            objects=[StoredObject(info.key, info.size, own, footer.kid) for info, footer in found],
         )
         if held is not None and held.partitions != loaded.partitions:
             return 0

@@ -15,11 +15,14 @@ until the shuffles sealed with it are gone (docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -27,6 +30,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ...protocol.errors import CorruptData
+
+T = TypeVar("T")
 
 #: a sealed piece's metadata: its nonce, then its tag
 NONCE, TAG = 12, 16
@@ -68,13 +73,16 @@ class AtRestKeys:
     def _aead(self, kid: str, app: str) -> AESGCM:
         return _derived(self._keys[kid], app)
 
-    def sealer(self, kid: str, app: str, shuffle: int, pieces: Pieces) -> Sealer:
+    def sealer(self, kid: str, app: str, shuffle: int, pieces: Pieces, fresh: bool = False) -> Sealer:
+        """Seals the pieces into memory of the thread's own, reused by its next call (`fresh`: memory of
+        their own, for ciphertexts that outlive the call, such as an object's upload)."""
         aead = self._aead(kid, app)
 
         def seal(views: Sequence[memoryview]) -> tuple[list[memoryview], bytes]:
             out: list[memoryview] = []
             seals = bytearray()
-            at, scratch = 0, _scratch(sum(len(v) for v in views) + TAG * len(views))
+            size = sum(len(v) for v in views) + TAG * len(views)
+            at, scratch = 0, memoryview(bytearray(size)) if fresh else _scratch(size)
             for view, piece in zip(views, pieces, strict=True):
                 nonce = os.urandom(NONCE)
                 end = at + len(view)
@@ -105,6 +113,18 @@ class AtRestKeys:
                     ) from None
 
         return open_
+
+
+async def off_loop(work: Callable[[], T]) -> T:
+    """`work()` on a thread of the default executor; a cancelled caller still waits for the thread to end,
+    since the thread reads or writes memory (pool segments) the caller gives back once it returns."""
+    running = asyncio.get_running_loop().run_in_executor(None, work)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await running
+        raise
 
 
 _THREAD = threading.local()

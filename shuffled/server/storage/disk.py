@@ -51,7 +51,7 @@ import msgpack
 from ...logs import event
 from ...ops.stats import DiskStats
 from ...protocol.integrity import checksum
-from .at_rest import AtRestKeys, Opener, Sealer, split_seals
+from .at_rest import Opener, Sealer, split_seals
 from .fsync import Record, Syncs, Unsynced
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,8 @@ class StoredObject:
     size: int
     #: written by this daemon (not adopted from another node's objects)
     own: bool = True
+    #: the at-rest key its pieces are sealed with; None: not sealed
+    kid: str | None = None
 
 
 @dataclass(slots=True)
@@ -206,16 +208,17 @@ class LoadedAttempt:
     def add(self, offset: int, rows: bytes, seals: bytes | None = None) -> int:
         """Pieces of a spill record, back to back in the data file from `offset` (sealed with `seals`);
         returns where they end."""
-        if seals is not None:
-            if len(self.seals) != len(self.sizes):  # pieces before these were not sealed
-                self.broken = True
-            self.seals.extend(split_seals(seals))
-        self.put(len(self.sizes), 0, offset, rows)
+        self.put(len(self.sizes), 0, offset, rows, seals)
         return offset + sum(_words(rows)[0::4])
 
-    def put(self, start: int, place: int, offset: int, rows: bytes) -> None:
-        """Pieces `start`.. of the attempt (PIECE_ROW each) lie back to back at `offset` of `place`: new ones
-        are appended, known ones (moved from the file to an object) only change place."""
+    def put(self, start: int, place: int, offset: int, rows: bytes, seals: bytes | None = None) -> None:
+        """Pieces `start`.. of the attempt (PIECE_ROW each) lie back to back at `offset` of `place` (sealed
+        there with `seals`): new ones are appended, known ones (moved from the file to an object) only
+        change place and seal."""
+        if seals is not None:
+            for i, seal in enumerate(split_seals(seals), start=start):
+                self.seals.extend([b""] * (i + 1 - len(self.seals)))
+                self.seals[i] = seal
         words = _words(rows)
         sizes = words[0::4]
         offsets = array("Q", accumulate(sizes[:-1], initial=offset)) if sizes else array("Q")
@@ -237,10 +240,10 @@ class LoadedAttempt:
         self.offsets.extend(offsets[overlap:])
         self.places.extend(array("I", [place]) * (len(sizes) - overlap))
 
-    @property
-    def sealed(self) -> bool:
-        """Every piece has its seal (a shuffle sealed at rest serves no other)."""
-        return len(self.seals) == len(self.sizes)
+    def sealed(self, kids: list[str | None]) -> bool:
+        """Every piece in a sealed place (`kids[place]`: the key of the file, and of each object) has a seal."""
+        seals = self.seals
+        return all(kids[p] is None or (i < len(seals) and seals[i]) for i, p in enumerate(self.places))
 
     def outside(self, ends: list[int]) -> bool:
         """A piece ends beyond where its place ends (`ends[place]`: the file's size, each object's data)."""
@@ -307,7 +310,6 @@ class Disk:
         read_threads: int = 2,
         fsync: str = "none",
         fsync_interval: float = 1.0,
-        at_rest: AtRestKeys | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
@@ -319,8 +321,6 @@ class Disk:
         self._unsynced = Unsynced() if fsync != "none" else None
         #: the event loop's side of syncing (fsync.py): a sync is queued behind everything written before it
         self.syncs = Syncs(lambda r: self._on(self._writer, self._sync, r), fsync, fsync_interval, self.stats)
-        #: the keys that seal pieces written to spill files (None: written as they are)
-        self.at_rest = at_rest
 
     def _take_lock(self) -> int:
         """One daemon per data dir: a second one would delete the first one's files as leftovers."""

@@ -76,11 +76,11 @@ class DiskMover:
                 outs = [out for out, _ in pieces]
                 self.writer.claimed.update(outs)
                 try:
-                    place = await self.writer.write(data, pieces, [], "moved")
+                    written = await self.writer.write(data, pieces, [], "moved")
                 finally:
                     self.writer.claimed.difference_update(outs)
-                if place is not None:
-                    self.writer.placed(pieces, place)
+                if written is not None:
+                    self.writer.placed(pieces, written)
                 over -= sum(out.sizes[i] for out, indices in pieces for i in indices)
         except (StorageError, CorruptData) as exc:
             self.stats.write_errors += 1

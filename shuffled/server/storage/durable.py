@@ -210,7 +210,7 @@ class DurableUploads:
         """Write one object of these pieces and commit records; whether it worked (a failure is logged, and
         the shuffle's queue tried again after its back-off)."""
         try:
-            place = await self.writer.write(data, pieces, commits, "durable")
+            written = await self.writer.write(data, pieces, commits, "durable")
         except (StorageError, CorruptData) as exc:
             self.stats.write_errors += 1
             self.writer.claimed.difference_update(outs)
@@ -236,11 +236,11 @@ class DurableUploads:
             raise
         queue.backoff = RETRY_FIRST
         self.writer.claimed.difference_update(outs)
-        if place is not None:
-            self.writer.placed(pieces, place)
+        if written is not None:
+            self.writer.placed(pieces, written)
         for out, _ in pieces:
             out.taken = out.placed
-        self.made_durable(data, commits if place is not None else [])
+        self.made_durable(data, commits if written is not None else [])
         if data in self._queues and queue.ready_bytes(self.writer) >= self.writer.part:
             queue.due = asyncio.get_running_loop().time()
         return True

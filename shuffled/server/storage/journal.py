@@ -40,8 +40,8 @@ class Journals:
             key = self.store.app_keys.get(data.app)
             if key is not None:  # the application's binding, so a restart (and its drain) keeps it
                 head["key"] = key
-            if disk.at_rest is not None:  # the key its pieces are sealed with (at_rest.py)
-                head["kid"] = data.key_id = disk.at_rest.current
+            if self.store.at_rest is not None:  # the key its pieces are sealed with (at_rest.py)
+                head["kid"] = data.key_id = self.store.at_rest.current
             records = [encode_record(head)]
             records += [self._commit_record(data, a) for a in data.committed]
             self._journal(directory, b"".join(records))  # raises if the writer is shut down (at stop)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from ...buffers import LOAD, Buffer, GlobalPool
 from ...protocol.errors import CorruptData, PartitionNotFound, StorageError
 from ...protocol.integrity import checksum
+from .at_rest import AtRestKeys, Opener, off_loop
 from .disk import Disk
 from .objects import ObjectNotFound, ObjectStore
 from .shuffles import FILE, MapOutput, ShuffleData
@@ -67,11 +68,15 @@ class PieceLoader:
     """Loads one reader's batches, keeping the file of the last one open for the next (a reader goes
     through a file front to back). `close` when done."""
 
-    __slots__ = ("_fd", "_path", "disk", "objects")
+    __slots__ = ("_fd", "_path", "at_rest", "disk", "objects")
 
-    def __init__(self, disk: Disk | None, objects: ObjectStore | None = None) -> None:
+    def __init__(
+        self, disk: Disk | None, objects: ObjectStore | None = None, at_rest: AtRestKeys | None = None
+    ) -> None:
         self.disk = disk
         self.objects = objects
+        #: opens sealed pieces (at_rest.py)
+        self.at_rest = at_rest
         self._fd: int | None = None
         self._path = ""
 
@@ -110,13 +115,7 @@ class PieceLoader:
             self.close()
         fd, self._fd = self._fd, None  # a failed read closes it
         data.loading += 1
-        unseal = None
-        if data.key_id is not None:
-            assert self.disk.at_rest is not None  # restore refuses sealed data without its key
-            pieces = [(out.attempt, out.serial, i) for i in batch]
-            unseal = self.disk.at_rest.opener(
-                data.key_id, data.app, data.shuffle, pieces, [out.seals[i] for i in batch]
-            )
+        unseal = self._opener(out, batch, data.key_id)
         reading = self.disk.read(fd, path, out.offsets[batch[0]], [b.data() for b in buffers], unseal)
         try:
             self._fd, crcs = await asyncio.shield(reading)
@@ -139,7 +138,8 @@ class PieceLoader:
         """One ranged GET of the run; the client copies into the segments on this thread, so a cancelled load
         leaves nothing writing into them."""
         data = out.shuffle
-        key = data.objects[out.places[batch[0]] - 1].key
+        stored = data.objects[out.places[batch[0]] - 1]
+        key = stored.key
         if self.objects is None:
             raise CorruptData(f"pieces of {data.app}/{data.shuffle} are in object {key}, and no object store is set")
         views = [b.data() for b in buffers]
@@ -149,7 +149,19 @@ class PieceLoader:
             raise PartitionNotFound(f"object {key} is gone (shuffle removed meanwhile?)") from None
         except StorageError as exc:
             raise CorruptData(f"reading stored data failed: {exc.message}") from None
+        unseal = self._opener(out, batch, stored.kid)
+        if unseal is not None:
+            await off_loop(lambda: unseal(views))
         return [checksum(v) for v in views], f"object {key}"
+
+    def _opener(self, out: MapOutput, batch: Sequence[int], kid: str | None) -> Opener | None:
+        """What opens the batch's pieces where they are sealed with key `kid` (None: not sealed there)."""
+        if kid is None:
+            return None
+        data = out.shuffle
+        assert self.at_rest is not None  # restore and adoption refuse data sealed with a key not given
+        pieces, seals = [(out.attempt, out.serial, i) for i in batch], [out.seals[i] for i in batch]
+        return self.at_rest.opener(kid, data.app, data.shuffle, pieces, seals)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -158,15 +170,18 @@ class PieceLoader:
         self._path = ""
 
 
-async def read_back(disk: Disk, data: ShuffleData, offset: int, views: list[memoryview], crcs: list[int]) -> None:
+async def read_back(
+    disk: Disk, data: ShuffleData, offset: int, views: list[memoryview], crcs: list[int], unseal: Opener | None
+) -> None:
     """Pieces lying back to back in the shuffle's data file from `offset`, read into `views` (memory of a tier
-    write's own, not the pool's: at most an object's worth, for as long as its upload takes) and checked
-    against `crcs`, while the shuffle counts the load (its blocks are not punched under it). Raises
-    StorageError when the read fails (the upload is tried again) and CorruptData for a piece that changed."""
+    write's own, not the pool's: at most an object's worth, for as long as its upload takes), opened by
+    `unseal` when sealed, and checked against `crcs`, while the shuffle counts the load (its blocks are not
+    punched under it). Raises StorageError when the read fails (the upload is tried again) and CorruptData
+    for a piece that changed."""
     assert data.file is not None
     data.loading += 1
     try:
-        fd, got = await disk.read(None, data.file.path, offset, views)
+        fd, got = await disk.read(None, data.file.path, offset, views, unseal)
         os.close(fd)
     except (OSError, EOFError) as exc:
         raise StorageError(f"reading spilled data of {data.app}/{data.shuffle} back failed: {exc}") from None

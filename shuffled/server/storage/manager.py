@@ -23,6 +23,7 @@ from ...config import DaemonConfig
 from ...ops.stats import DiskStats, FilesystemStats, ObjectStoreStats, StoreStats, TierStats
 from ...protocol.errors import InvalidRequest, PartitionNotFound
 from ...protocol.resume import Resume
+from .at_rest import AtRestKeys
 from .disk import Disk
 from .holdings import Holdings
 from .journal import Journals
@@ -45,6 +46,7 @@ def open_storage(
     disk: Disk | None,
     object_stats: ObjectStoreStats | None = None,
     observe: Callable[[str, float], None] | None = None,
+    at_rest: AtRestKeys | None = None,
 ) -> StorageManager:
     """Storage as the settings make it: the store, the object store and its tier (`object-store`), the
     spiller writing to the data dir (`disk`, None: no data dir) or else to objects. `observe` times the
@@ -60,6 +62,7 @@ def open_storage(
         can_spill=disk is not None or objects is not None,
         moves_disk=disk is not None and objects is not None,
     )
+    store.at_rest = at_rest
     journals, writes = Journals(store, disk), SpillWrites(store)
     tier = (
         ObjectTier(store, objects, disk, config, journal=journals.append, busy=writes.by_attempt)

@@ -86,6 +86,13 @@ class Entry:
     offset: int
     #: PIECE_ROW per piece
     rows: bytes
+    #: with encryption at rest, the pieces' seals back to back (at_rest.py)
+    seals: bytes | None = None
+
+    def encoded(self) -> list[object]:
+        """As footers and journal records keep it (the seals last, when there are some)."""
+        fields: list[object] = [self.attempt, self.serial, self.start, self.offset, self.rows]
+        return fields if self.seals is None else [*fields, self.seals]
 
     @property
     def pieces(self) -> int:
@@ -111,6 +118,8 @@ class Footer:
     commits: list[dict[str, Any]] = field(default_factory=list)
     #: where the pieces end: the footer starts here (set when decoded)
     data_end: int = 0
+    #: the at-rest key its pieces are sealed with (None: not sealed)
+    kid: str | None = None
 
     def encode(self) -> bytes:
         body: bytes = msgpack.packb(
@@ -121,8 +130,9 @@ class Footer:
                 "partitions": self.partitions,
                 "node": self.node,
                 "key": self.key,
-                "a": [[e.attempt, e.serial, e.start, e.offset, e.rows] for e in self.entries],
+                "a": [e.encoded() for e in self.entries],
                 "c": self.commits,
+                "kid": self.kid,
             },
             use_bin_type=True,
         )
@@ -160,8 +170,12 @@ def decode_footer(tail: bytes | bytearray | memoryview, size: int) -> Footer:
         footer = Footer(
             str(m["app"]), int(m["shuffle"]), int(m["partitions"]), str(m["node"]), None if key is None else bytes(key)
         )
-        footer.entries = [Entry(int(a), int(s), int(i), int(o), bytes(r)) for a, s, i, o, r in m["a"]]
+        footer.entries = [
+            Entry(int(a), int(s), int(i), int(o), bytes(r), bytes(sealed[0]) if sealed else None)
+            for a, s, i, o, r, *sealed in m["a"]
+        ]
         footer.commits = [dict(c) for c in m["c"]]
+        footer.kid = None if m.get("kid") is None else str(m["kid"])
     except (KeyError, TypeError) as exc:
         raise ValueError(f"footer malformed: {exc}") from None
     footer.data_end = size - span
@@ -188,7 +202,7 @@ def prove(footers: Iterable[Footer]) -> Proved:
     for place, footer in enumerate(footers, start=1):
         for e in footer.entries:
             found = pieces.setdefault((e.attempt, e.serial), LoadedAttempt(0, e.serial, 0))
-            found.put(e.start, place, e.offset, e.rows)
+            found.put(e.start, place, e.offset, e.rows, e.seals)
         for c in footer.commits:
             commits[int(c["attempt"]), int(c["serial"])] = c
     proved = Proved()

@@ -12,11 +12,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Container
+from typing import NamedTuple
 
 from ...buffers import Buffer
 from ...logs import event
 from ...ops.stats import TierStats
 from ...protocol.errors import StorageError
+from .at_rest import off_loop, split_seals
 from .disk import PIECE_ROW, Disk, StoredObject
 from .loader import read_back
 from .object_format import FOOTER_GUESS, Entry, Footer, object_key
@@ -28,6 +30,13 @@ log = logging.getLogger(__name__)
 
 #: pieces of one attempt an object takes: their indices, ascending
 Pieces = tuple[MapOutput, list[int]]
+
+
+class Written(NamedTuple):
+    """An object written: its place in the shuffle, and with encryption at rest its pieces' seals in order."""
+
+    place: int
+    seals: list[bytes] | None
 
 
 class ObjectWriter:
@@ -59,21 +68,33 @@ class ObjectWriter:
         self.claimed: set[MapOutput] = set()
         self._sequence = itertools.count(time.time_ns())
 
-    async def write(self, data: ShuffleData, pieces: list[Pieces], commits: list[MapOutput], why: str) -> int | None:
-        """One object of these pieces, back to back in this order, and the commit records of `commits`; its
-        place in the shuffle once complete, None if the shuffle was removed meanwhile (the object is then
-        deleted). Raises StorageError (nothing changed) or CorruptData (a piece read back from the data
-        file failed its check)."""
+    async def write(
+        self, data: ShuffleData, pieces: list[Pieces], commits: list[MapOutput], why: str
+    ) -> Written | None:
+        """One object of these pieces, back to back in this order (sealed, with encryption at rest), and the
+        commit records of `commits`; None if the shuffle was removed meanwhile (the object is then deleted).
+        Raises StorageError (nothing changed) or CorruptData (a piece read back from the data file failed its
+        check)."""
         held: list[Buffer] = []
         try:
             chunks = await self._chunks(data, pieces, held)
             footer = Footer(data.app, data.shuffle, data.partitions, self.node, self.store.app_keys.get(data.app))
-            offset = 0
+            seals = None
+            keys = self.store.at_rest
+            if keys is not None:
+                footer.kid = keys.current
+                ids = [(out.attempt, out.serial, i) for out, indices in pieces for i in indices]
+                seal = keys.sealer(keys.current, data.app, data.shuffle, ids, fresh=True)
+                chunks, sealed = await off_loop(lambda: seal(chunks))
+                seals = split_seals(sealed)
+            offset, k = 0, 0
             for out, indices in pieces:
                 for run in _runs(indices):
                     rows = b"".join(PIECE_ROW.pack(out.sizes[i], out.crcs[i], out.firsts[i], out.lasts[i]) for i in run)
-                    footer.entries.append(Entry(out.attempt, out.serial, run[0], offset, rows))
+                    run_seals = b"".join(seals[k : k + len(run)]) if seals is not None else None
+                    footer.entries.append(Entry(out.attempt, out.serial, run[0], offset, rows, run_seals))
                     offset += sum(out.sizes[i] for i in run)
+                    k += len(run)
             footer.commits = [commit_fields(data, out.attempt) for out in commits]
             tail = footer.encode()
             key = object_key(data.app, data.shuffle, self.node, next(self._sequence))
@@ -87,23 +108,26 @@ class ObjectWriter:
         stats = self.stats
         setattr(stats, f"{why}_objects", getattr(stats, f"{why}_objects") + 1)
         setattr(stats, f"{why}_bytes", getattr(stats, f"{why}_bytes") + offset)
-        place = self.store.placement.add_object(data, StoredObject(key, size))
+        place = self.store.placement.add_object(data, StoredObject(key, size, kid=footer.kid))
         record: dict[str, object] = {
             "k": "object",
             "key": key,
             "size": size,
-            "a": [[e.attempt, e.serial, e.start, e.offset, e.rows] for e in footer.entries],
+            "a": [e.encoded() for e in footer.entries],
             "d": [[out.attempt, out.serial] for out in commits],
         }
+        if footer.kid is not None:
+            record["kid"] = footer.kid
         self.journal(data, record)
-        return place
+        return Written(place, seals)
 
     async def _chunks(self, data: ShuffleData, pieces: list[Pieces], held: list[Buffer]) -> list[memoryview]:
         """The pieces' bytes in order: memory ones as they are (a reference each in `held`), those in the data
-        file read back with one read per run of them that lies back to back, and checked."""
+        file read back (and opened, when sealed there) with one read per run of them that lies back to back,
+        and checked."""
         chunks: list[memoryview] = []
-        #: pieces in the file: (offset, [(chunk slot, size, CRC32C)]) per run, and where the last run ends
-        runs: list[tuple[int, list[tuple[int, int, int]]]] = []
+        #: pieces in the file: (offset, [(chunk slot, attempt, index)]) per run, and where the last run ends
+        runs: list[tuple[int, list[tuple[int, MapOutput, int]]]] = []
         end = -1
         for out, indices in pieces:
             for i in indices:
@@ -114,35 +138,46 @@ class ObjectWriter:
                     chunks.append(buf.data())
                     continue
                 assert i < out.placed and out.places[i] == FILE, "a tier write takes no piece an object holds"
-                at, size = out.offsets[i], out.sizes[i]
+                at = out.offsets[i]
                 if at != end:
                     runs.append((at, []))
-                runs[-1][1].append((len(chunks), size, out.crcs[i]))
-                end = at + size
+                runs[-1][1].append((len(chunks), out, i))
+                end = at + out.sizes[i]
                 chunks.append(memoryview(b""))
         for at, slots in runs:
             await self._read_back(data, at, slots, chunks)
         return chunks
 
     async def _read_back(
-        self, data: ShuffleData, offset: int, slots: list[tuple[int, int, int]], chunks: list[memoryview]
+        self, data: ShuffleData, offset: int, slots: list[tuple[int, MapOutput, int]], chunks: list[memoryview]
     ) -> None:
         """Read pieces lying back to back in the shuffle's file from `offset` into memory of their own (the
         loader's `read_back`), as `chunks[slot]`."""
         assert self.disk is not None
-        room = memoryview(bytearray(sum(size for _, size, _ in slots)))
+        room = memoryview(bytearray(sum(out.sizes[i] for _, out, i in slots)))
         at = 0
-        for slot, size, _ in slots:
-            chunks[slot] = room[at : at + size]
-            at += size
-        await read_back(self.disk, data, offset, [chunks[slot] for slot, _, _ in slots], [crc for *_, crc in slots])
+        for slot, out, i in slots:
+            chunks[slot] = room[at : at + out.sizes[i]]
+            at += out.sizes[i]
+        unseal = None
+        keys = self.store.at_rest
+        if data.key_id is not None and keys is not None:
+            ids = [(out.attempt, out.serial, i) for _, out, i in slots]
+            unseal = keys.opener(data.key_id, data.app, data.shuffle, ids, [out.seals[i] for _, out, i in slots])
+        views, crcs = [chunks[slot] for slot, _, _ in slots], [out.crcs[i] for _, out, i in slots]
+        await read_back(self.disk, data, offset, views, crcs, unseal)
 
-    def placed(self, pieces: list[Pieces], place: int) -> None:
-        """Written pieces are in object `place`, back to back in this order (attempts dropped meanwhile aside)."""
+    def placed(self, pieces: list[Pieces], written: Written) -> None:
+        """Written pieces are in object `place`, back to back in this order (attempts dropped meanwhile aside),
+        sealed there with their `seals`."""
         offset = 0
+        seals = iter(written.seals) if written.seals is not None else None
         for out, indices in pieces:
             if not out.dead:
-                self.store.placement.uploaded(out, indices, place, offset)
+                self.store.placement.uploaded(out, indices, written.place, offset)
+            for i in indices:
+                if seals is not None:
+                    out.seal(i, next(seals))
             offset += sum(out.sizes[i] for i in indices)
 
     async def delete(self, keys: list[str]) -> None:

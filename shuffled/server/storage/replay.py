@@ -101,10 +101,11 @@ def _replay(disk: Disk, directory: str, records: list[dict[str, Any]]) -> Loaded
                 found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
                 at = found.add(at, bytes(rows), bytes(sealed[0]) if sealed else None)
         elif kind == "object":
-            out.objects.append(StoredObject(str(r["key"]), int(r["size"])))
-            for attempt, serial, start, offset, rows in r["a"]:
+            kid = r.get("kid")
+            out.objects.append(StoredObject(str(r["key"]), int(r["size"]), kid=None if kid is None else str(kid)))
+            for attempt, serial, start, offset, rows, *sealed in r["a"]:
                 found = pieces.setdefault((int(attempt), int(serial)), LoadedAttempt(0, int(serial), 0))
-                found.put(int(start), len(out.objects), int(offset), bytes(rows))
+                found.put(int(start), len(out.objects), int(offset), bytes(rows), bytes(sealed[0]) if sealed else None)
             durable.update((int(a), int(s)) for a, s in r.get("d", ()))
         elif kind == "commit":
             commits[int(r["attempt"]), int(r["serial"])] = r
@@ -116,9 +117,10 @@ def _replay(disk: Disk, directory: str, records: list[dict[str, Any]]) -> Loaded
     # An attempt is servable only if its intact piece records account for exactly its committed pieces,
     # each inside the file or the object holding it.
     ends = [out.file_size, *(o.size for o in out.objects)]
+    kids = [out.key_id, *(o.kid for o in out.objects)]
     for (attempt, serial), r in commits.items():
         found = pieces.get((attempt, serial), LoadedAttempt(0, serial, 0))
-        if not found.matches(r) or found.outside(ends) or (out.key_id is not None and not found.sealed):
+        if not found.matches(r) or found.outside(ends) or not found.sealed(kids):
             continue
         out.adopt(attempt, found, r, (attempt, serial) in durable)
     keep = {JOURNAL, DATA} if out.committed else set()

@@ -20,14 +20,15 @@ def restore(store: Store, disk: Disk) -> int:
     """Serve again what a previous run left on disk and can prove (everything else was deleted by
     `replay.load`); the number of shuffles restored."""
     loaded = replay.load(disk)
+    keys = store.at_rest
     for shuffle in loaded:
-        kid = shuffle.key_id
-        if kid is not None and (disk.at_rest is None or not disk.at_rest.knows(kid)):
-            raise ConfigError(
-                f"{shuffle.directory} is sealed with at-rest key {kid}, which "
-                + ("at-rest-key-file does not hold" if disk.at_rest else "no at-rest-key-file gives")
-                + ": give the key (rotation keeps old keys below the new one, docs/security.md)"
-            )
+        for kid in {k for k in (shuffle.key_id, *(o.kid for o in shuffle.objects)) if k is not None}:
+            if keys is None or not keys.knows(kid):
+                raise ConfigError(
+                    f"{shuffle.directory} is sealed with at-rest key {kid}, which "
+                    + ("at-rest-key-file does not hold" if keys else "no at-rest-key-file gives")
+                    + ": give the key (rotation keeps old keys below the new one, docs/security.md)"
+                )
     for shuffle in loaded:
         restore_shuffle(store, shuffle, SpillFile(disk.data_path(shuffle.directory), shuffle.file_size))
         event(

@@ -116,7 +116,8 @@ class MapOutput:
         self.places = array("I")
         self.offsets = array("Q")
         self.placed = 0
-        #: with encryption at rest, each piece's seal (at_rest.py, SEAL bytes) once its file holds it sealed
+        #: with encryption at rest, each piece's seal (at_rest.py, SEAL bytes) once its place holds it sealed
+        #: (b"": not sealed there)
         self.seals: list[bytes] = []
         #: pieces [0, spilled) are no longer in memory (spilled <= placed)
         self.spilled = 0
@@ -159,6 +160,13 @@ class MapOutput:
         out.starts.extend(i for i in range(1, out.pieces) if out.firsts[i] < out.lasts[i - 1])
         out.bytes, out.size = found.stored, sum(found.sizes)
         return out
+
+    def seal(self, index: int, seal: bytes) -> None:
+        """Piece `index` is now sealed with `seal` where it is placed (at_rest.py)."""
+        seals = self.seals
+        if len(seals) <= index:
+            seals.extend([b""] * (index + 1 - len(seals)))
+        seals[index] = seal
 
     def append(self, buffer: Buffer, crc: int, group: PushedGroup) -> None:
         """A pushed piece, checked (its CRC32C and directory) and taken by the store, becomes the last one."""

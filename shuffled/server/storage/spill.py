@@ -102,9 +102,9 @@ class FileTarget:
 
         seal = None
         if data.key_id is not None:
-            assert disk.at_rest is not None
+            assert self.store.at_rest is not None
             pieces = [(out.attempt, out.serial, i) for out, start, end in taken for i in range(start, end)]
-            seal = disk.at_rest.sealer(data.key_id, data.app, data.shuffle, pieces)
+            seal = self.store.at_rest.sealer(data.key_id, data.app, data.shuffle, pieces)
 
         def record(done: Appended) -> bytes:
             if done.seals is not None:  # each attempt's seals after its rows

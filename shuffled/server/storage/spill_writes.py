@@ -170,8 +170,8 @@ class SpillWrites:
                 if crcs is not None:
                     self._check_written(data, out, [i for i in range(start, end) if next(crcs) != out.crcs[i]])
                 if seals is not None:
-                    assert len(out.seals) == start, "sealed pieces are placed in order"
-                    out.seals.extend(next(seals) for _ in range(start, end))
+                    for i in range(start, end):
+                        out.seal(i, next(seals))
                 self.store.placement.spilled(out, start, end, offset, placed.place)
                 offset += sum(out.sizes[start:end])
             written = offset - placed.offset

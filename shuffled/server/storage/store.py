@@ -25,6 +25,7 @@ from ...protocol.errors import (
 from ...protocol.frames import check_app_id
 from ...protocol.packed import PushedGroup
 from .access import AppKeys
+from .at_rest import AtRestKeys
 from .placement import Placement
 from .quotas import Quotas
 from .shuffles import FILE, MAX_PARTITIONS, AppUsage, MapOutput, MapState, ShuffleData
@@ -59,6 +60,8 @@ class Store:
         #: where the pieces are (memory, the data file, objects), and the data file's garbage
         self.placement = Placement(self.apps, self._hold)
         self.app_keys = AppKeys()
+        #: the keys its pieces are sealed with where they are written (at_rest.py; None: not sealed)
+        self.at_rest: AtRestKeys | None = None
         #: attempts' serials: from the clock, so a later life of the daemon never repeats an earlier one's
         self._serials = itertools.count(time.time_ns())
 

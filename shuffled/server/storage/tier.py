@@ -216,14 +216,14 @@ class ObjectTarget:
     async def _write(self, data: ShuffleData, pieces: list[Pieces], commits: list[MapOutput]) -> Placed:
         tier = self.tier
         try:
-            place = await tier.writer.write(data, pieces, commits, "spilled")
+            written = await tier.writer.write(data, pieces, commits, "spilled")
         except BaseException:
             tier.writer.claimed.difference_update(commits)
             raise
-        if place is None:  # removed meanwhile: the spiller leaves garbage nowhere, the object is gone
+        if written is None:  # removed meanwhile: the spiller leaves garbage nowhere, the object is gone
             tier.writer.claimed.difference_update(commits)
             return Placed(0, 0)
-        return Placed(place, 0, None, lambda: tier.uploads.made_durable(data, commits))
+        return Placed(written.place, 0, None, lambda: tier.uploads.made_durable(data, commits), written.seals)
 
     def wrote(self, data: ShuffleData, written: int) -> None:
         """Counted by the tier's write."""

@@ -344,7 +344,7 @@ def read_view(
 ) -> ReadView:
     """A read's view: its plan (plan.py, where its token is checked) served through a loader of its own."""
     plan = make_plan(store, app, shuffle, start, end, attempts, resume, digest=digest)
-    return ReadView(plan, pool, PieceLoader(disk, objects))
+    return ReadView(plan, pool, PieceLoader(disk, objects, store.at_rest))
 
 
 def copy_view(
@@ -362,4 +362,5 @@ def copy_view(
     if found is None:
         raise PartitionNotFound(f"shuffle {app}/{shuffle} is not held by this daemon")
     data, (out,) = found
-    return ReadView(Plan(data, [Entry(out, 0, data.partitions)]), pool, PieceLoader(disk, objects), whole=True)
+    loader = PieceLoader(disk, objects, store.at_rest)
+    return ReadView(Plan(data, [Entry(out, 0, data.partitions)]), pool, loader, whole=True)
