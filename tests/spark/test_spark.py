@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from shuffled_client import Client
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
 from tests.spark_support import (
@@ -131,6 +132,28 @@ def test_daemon_killed_before_reduce_is_recomputed(
         assert any(s.attemptId() > 0 for s in retried), "no stage was resubmitted after the fetch failure"
     finally:
         daemons[1] = restart(victim, daemons)
+
+
+def test_a_shuffle_the_daemons_dropped_is_recomputed_never_read_empty(
+    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess]
+) -> None:
+    """The daemons drop a finished map stage's data while Spark still counts on it (what an operator's
+    `remove_application`, or `app-ttl` for a driver that looked gone, does): the next job reading the
+    shuffle gets PARTITION_NOT_FOUND saying why, a fetch failure, and Spark reruns the map stage. The
+    result is exact: a dropped shuffle never reads as empty."""
+    data = spark.sparkContext.parallelize([(i % 61, i) for i in range(20_000)], 4)
+    summed = data.reduceByKey(lambda a, b: a + b)
+    want = sorted(summed.collect())
+    assert len(want) == 61
+    attempts_before = {(s.stageId(), s.attemptId()) for s in stage_data(spark)}
+    with Client(daemons[0].addr, timeout=10) as client:
+        answer = client.remove_application(spark.sparkContext.applicationId)
+    assert all(v == "ok" for v in answer["peers"].values()), answer
+    for d in daemons:
+        assert daemon_stats(d)["store"]["stored_bytes"] == 0, f"{d.addr} still holds the application"
+    assert sorted(summed.collect()) == want
+    retried = [s for s in stage_data(spark) if (s.stageId(), s.attemptId()) not in attempts_before]
+    assert any(s.attemptId() > 0 for s in retried), "no stage was resubmitted after the fetch failure"
 
 
 def test_wide_sql_shuffle_is_sorted_serialized(spark: Any, builtin: dict[str, Any]) -> None:
