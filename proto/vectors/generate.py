@@ -268,6 +268,12 @@ VALID: list[tuple[str, F.Frame]] = [
             durability="none",
         ),
     ),
+    (
+        "OpenMapOutput asking for its CommitAck to follow an fsync",
+        F.OpenMapOutput(
+            writer=12, app="app-20240101-0001", shuffle=3, map_index=6, attempt=4717, partitions=200, fsync="commit"
+        ),
+    ),
     ("PushCredit", F.PushCredit(5, 16)),
     ("PushData, one run", data(push(5, 0, 4711, [(199, b"key=value\n" * 3)]))),
     (
@@ -704,6 +710,13 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
         frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "durability": "disk"})),
         P,
         "durability, when present, is none or object-store",
+        False,
+    ),
+    (
+        "OpenMapOutput asking for an fsync other than at commit",
+        frame(F.FrameType.OPEN_MAP_OUTPUT, 1, packb({**OPEN_FIELDS, "fsync": "always"})),
+        P,
+        "fsync, when present, is commit",
         False,
     ),
     (

@@ -259,6 +259,19 @@ def optional_durability(m: dict[str, Any], key: str, cls: Any) -> Any:
     return value
 
 
+#: what an OpenMapOutput may ask of its commit's acknowledgement (§7.8): to follow an fsync of the data
+FSYNCS = ("commit",)
+
+
+def optional_fsync(m: dict[str, Any], key: str, cls: Any) -> Any:
+    """`"commit"`: the CommitAck follows the fsync of the output (docs/durability.md); absent for the daemon's
+    own `fsync` setting."""
+    value = m.get(key)
+    if value is not None and value not in FSYNCS:
+        raise ProtocolError(f"{cls.TYPE.name}: '{key}' must be one of {', '.join(FSYNCS)}")
+    return value
+
+
 def optional_app_key(m: dict[str, Any], key: str, cls: Any) -> Any:
     """The digest of an application token a replica push carries instead of the token (§12.4): "" (no
     token) or 64 lowercase hex digits."""
@@ -662,6 +675,7 @@ class OpenMapOutput:
         Key("replica_of", optional_string, optional=True),
         Key("app_key", optional_app_key, optional=True),
         Key("durability", optional_durability, optional=True),
+        Key("fsync", optional_fsync, optional=True),
         stream="writer",
     )
 
@@ -681,6 +695,8 @@ class OpenMapOutput:
     app_key: str | None = None
     #: "object-store": upload the committed output so any daemon can serve it (§12.5); None: the daemon's setting
     durability: str | None = None
+    #: "commit": acknowledge the commit only once the output is on the device; None: the daemon's setting
+    fsync: str | None = None
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from shuffled.protocol.events import (
     Event,
     HandshakeDone,
 )
-from shuffled.protocol.frames import DURABILITIES, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import DURABILITIES, FSYNCS, OpenMapOutput, PartitionRequest, Role
 
 from .admin import AdminCalls
 from .reader import PartitionReader
@@ -164,6 +164,7 @@ class AsyncClient(AdminCalls):
         replicas: int | None = None,
         buffer_size: int = DEFAULT_WRITER_BUFFER,
         durability: str | None = None,
+        fsync: str | None = None,
     ) -> MapWriter:
         """Open one map attempt's output; waits for the daemon's first push credit.
 
@@ -175,11 +176,15 @@ class AsyncClient(AdminCalls):
         pushes every partition it holds once). `durability="object-store"` asks the daemon to upload the
         committed output to its object store, so any daemon can serve it once this one's host is lost
         (`"none"`: not even when the daemon's `durability` setting says so; None: as it says; §12.5).
+        `fsync="commit"` makes `commit` return only once the output is on the daemon's disk (and its
+        replicas'), whatever the daemon's `fsync` setting (None: as it says; docs/durability.md).
         """
         check_codec(compression)
         check_replicas(replicas)
         if durability is not None and durability not in DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(DURABILITIES)} or None, got {durability!r}")
+        if fsync is not None and fsync not in FSYNCS:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNCS)} or None, got {fsync!r}")
         if buffer_size < 0:
             raise ValueError(f"buffer_size must be at least 0, got {buffer_size}")
         self.session.check()
@@ -196,6 +201,7 @@ class AsyncClient(AdminCalls):
             self.session.token(app),
             replicas,
             durability=durability,
+            fsync=fsync,
         )
         proto.open_push(req, writer.stream)
         await writer._opened

@@ -76,6 +76,7 @@ class PushService:
                 replica_of=req.replica_of,
                 replicas=replicas,
                 durable=self._durable(req),
+                synced=req.fsync == "commit",
             )
         except ShuffledError as exc:
             self.send_error(req.writer, exc)

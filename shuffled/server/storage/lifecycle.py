@@ -64,16 +64,16 @@ class Lifecycle:
             self.tier.uploads.committed(out)
         return lengths
 
-    @property
-    def syncs_commits(self) -> bool:
-        return self.disk is not None and self.disk.syncs.on_commit
+    def syncs_commit(self, out: MapOutput) -> bool:
+        """Its CommitAck waits for a sync: `--fsync commit`, or its writer asked for it."""
+        return self.disk is not None and (self.disk.syncs.on_commit or out.wants_sync)
 
     async def commit_synced(self, out: MapOutput, copies: tuple[str, ...]) -> array[int]:
         """`--fsync commit`'s commit: the attempt's data to its file and synced (with every write before it),
         then the commit, its journal record appended after that sync and synced with the directories. A
         restart thus never finds a commit record whose data the device may not hold; an answer (the
         CommitAck) means both are there. Commits under way at once share their syncs (fsync.py)."""
-        if self.disk is None or not self.disk.syncs.on_commit:
+        if self.disk is None or not self.syncs_commit(out):
             return self.commit(out, copies)
         syncs, journals, data = self.disk.syncs, self.spiller.journals, out.shuffle
         try:
@@ -142,7 +142,7 @@ class Lifecycle:
             raise InvalidRequest("this daemon has no --data-dir to flush to")
         try:
             written = await self.spiller.flush(chosen)
-            if self.syncs_commits:
+            if self.disk.syncs.on_commit:
                 await self.disk.syncs.sync()
         except StorageError as exc:
             raise StorageError("writing to this daemon's --data-dir failed; the data stays in memory") from exc

@@ -152,14 +152,19 @@ class StorageManager:
         replica_of: str | None = None,
         replicas: int = 1,
         durable: bool = False,
+        synced: bool = False,
     ) -> MapOutputWriter:
         """Open a map output for a writer whose token has `digest` (`authorize`d by the caller), which binds an
-        application new here to it; `durable`: upload it to the object store once committed."""
+        application new here to it; `durable`: upload it to the object store once committed; `synced`: its
+        CommitAck follows an fsync of it (lifecycle.py)."""
         if durable and self.tier is None:
             raise InvalidRequest("this map output asks to be durable in an object store, and this daemon has none")
+        if synced and self.disk is None:
+            raise InvalidRequest("this map output asks for fsync at commit, and this daemon has no data dir")
         out = self.store.open_map_output(app, shuffle, map_index, attempt, partitions, replica_of, replicas)
         self.lifecycle.departures.returned(app, shuffle)
         out.wants_durable = durable
+        out.wants_sync = synced
         self.store.app_keys.bind(app, digest)
         return MapOutputWriter(out, self.spiller, self.lifecycle)
 

@@ -84,6 +84,7 @@ class MapOutput:
         "state",
         "taken",
         "wants_durable",
+        "wants_sync",
     )
 
     def __init__(
@@ -125,6 +126,8 @@ class MapOutput:
         self.taken = 0
         #: its commit is to be made durable in the object store, and has been (an object holds its commit)
         self.wants_durable = False
+        #: its writer asked for its CommitAck to follow an fsync (`--fsync commit` for this one output)
+        self.wants_sync = False
         self.durable = False
         #: segments of pieces [spilled, len(sizes)), in order
         self.memory: list[Buffer] = []

@@ -67,7 +67,7 @@ class MapOutputWriter:
     @property
     def syncs_commits(self) -> bool:
         """A commit is acknowledged only once synced (`--fsync commit`): `commit_synced`, not `commit`."""
-        return self._lifecycle.syncs_commits
+        return self._lifecycle.syncs_commit(self._out)
 
     async def commit_synced(self, copies: tuple[str, ...] = ()) -> array[int]:
         """`commit`; with `syncs_commits`, once the data is on the device, and answering once its record is
