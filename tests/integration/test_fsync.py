@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shuffled.launch import DaemonProcess
-from shuffled_client import AsyncClient
+from shuffled_client import AsyncClient, InvalidRequest
 from tests.aio import within
 from tests.cluster import free_port, payload, wait_until
 
@@ -73,8 +73,8 @@ def committing(tmp_path: Path) -> Iterator[tuple[DaemonProcess, Gate]]:
         d.stop()
 
 
-async def push(c: AsyncClient, shuffle: int, attempt: int, size: int = 200_000) -> list[int]:
-    w = await c.open_writer("fsync-app", shuffle, attempt, attempt, 2)
+async def push(c: AsyncClient, shuffle: int, attempt: int, size: int = 200_000, fsync: str | None = None) -> list[int]:
+    w = await c.open_writer("fsync-app", shuffle, attempt, attempt, 2, fsync=fsync)
     await w.write(0, payload(attempt, 0, size))
     await w.write(1, payload(attempt, 1, size // 3))
     return await w.commit()
@@ -153,6 +153,40 @@ async def test_with_fsync_none_nothing_is_synced(tmp_path: Path) -> None:
     finally:
         d.stop()
     assert gate.synced() == []
+
+
+@within(60)
+async def test_a_writer_may_ask_for_fsync_at_commit_from_a_daemon_that_does_not(tmp_path: Path) -> None:
+    d, gate = start(tmp_path)  # --fsync none
+    try:
+        c = await AsyncClient.connect(d.addr)
+        await push(c, 5, 0)  # not asked: nothing synced
+        assert (await c.stats())["disk"]["syncs"] == 0
+        gate.arm()
+        commit = asyncio.ensure_future(push(c, 5, 1, fsync="commit"))
+        await gate.entered()
+        await c.stats()
+        assert not commit.done(), "the CommitAck came before the fsync the writer asked for"
+        await gate.release()
+        assert await commit == [200_000, 200_000 // 3]
+        assert (await c.stats())["disk"]["syncs"] >= 2
+        with pytest.raises(ValueError, match="fsync must be one of commit"):
+            await c.open_writer("fsync-app", 5, 2, 2, 2, fsync="always")
+        await c.close()
+    finally:
+        d.stop()
+
+
+@within(60)
+async def test_fsync_at_commit_needs_a_data_dir(tmp_path: Path) -> None:
+    d = DaemonProcess(HOST, free_port([HOST]), "16M", ["--data-dir", "none"]).wait_ready()
+    try:
+        c = await AsyncClient.connect(d.addr)
+        with pytest.raises(InvalidRequest, match="asks for fsync at commit, and this daemon has no data dir"):
+            await c.open_writer("fsync-app", 6, 0, 0, 1, fsync="commit")
+        await c.close()
+    finally:
+        d.stop()
 
 
 def test_fsync_needs_a_data_dir() -> None:

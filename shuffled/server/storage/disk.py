@@ -317,8 +317,9 @@ class Disk:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shuffled-write")
         self._readers = ThreadPoolExecutor(read_threads, thread_name_prefix="shuffled-read")
         self.stats = DiskStats()
-        #: what the writer thread wrote since its last sync (None with `--fsync none`: nothing is synced)
-        self._unsynced = Unsynced() if fsync != "none" else None
+        #: what the writer thread wrote since its last sync
+        # (with `--fsync none` too: a writer may ask for its commit to be synced)
+        self._unsynced = Unsynced()
         #: the event loop's side of syncing (fsync.py): a sync is queued behind everything written before it
         self.syncs = Syncs(lambda r: self._on(self._writer, self._sync, r), fsync, fsync_interval, self.stats)
 
@@ -412,8 +413,7 @@ class Disk:
         """Open (made with its directories if need be) on the writer thread, noting what a sync must cover."""
         unsynced = self._unsynced
         directory = os.path.dirname(path)
-        if unsynced is not None:
-            unsynced.made_dirs(directory, self.root)
+        unsynced.made_dirs(directory, self.root)
         os.makedirs(directory, exist_ok=True)
         try:
             fd = os.open(path, flags)
@@ -421,17 +421,11 @@ class Disk:
         except FileNotFoundError:
             fd = os.open(path, flags | os.O_CREAT, 0o640)
             created = True
-        if unsynced is not None:
-            unsynced.wrote(path, journal, created)
+        unsynced.wrote(path, journal, created)
         return fd
 
     def _sync(self, records: list[Record]) -> int:
-        unsynced = self._unsynced
-        if unsynced is None:  # --fsync none: records are appended, nothing is synced
-            for journal, record in records:
-                self._journal_append(journal, record)
-            return 0
-        return unsynced.sync(records, self._journal_append)
+        return self._unsynced.sync(records, self._journal_append)
 
     def punch(self, path: str, ranges: list[tuple[int, int]]) -> asyncio.Future[None]:
         """Give the blocks of byte ranges of a data file back to the file system (after every write
@@ -443,8 +437,7 @@ class Disk:
         return self._on(self._writer, self._remove, directory)
 
     def _remove(self, directory: str) -> None:
-        if self._unsynced is not None:
-            self._unsynced.removed(directory)
+        self._unsynced.removed(directory)
         self.remove_now(directory)
 
     @staticmethod
