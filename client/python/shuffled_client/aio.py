@@ -176,8 +176,7 @@ class AsyncClient(AdminCalls):
         pushes every partition it holds once). `durability="object-store"` asks the daemon to upload the
         committed output to its object store, so any daemon can serve it once this one's host is lost
         (`"none"`: not even when the daemon's `durability` setting says so; None: as it says; §12.5).
-        `fsync="commit"` makes `commit` return only once the output is on the daemon's disk (and its
-        replicas'), whatever the daemon's `fsync` setting (None: as it says; docs/durability.md).
+        `fsync="commit"`: `commit` returns once the output is on the daemons' disks (docs/durability.md).
         """
         check_codec(compression)
         check_replicas(replicas)

@@ -81,6 +81,14 @@ def open_storage(
     return StorageManager(pool, disk, store, spiller, tier, probe, Lifecycle(config, store, spiller, tier, disk))
 
 
+def _refuse_asks(no_object_store: bool, no_data_dir: bool) -> None:
+    """INVALID_REQUEST for a map output asking for what this daemon has no place for."""
+    if no_object_store:
+        raise InvalidRequest("this map output asks to be durable in an object store, and this daemon has none")
+    if no_data_dir:
+        raise InvalidRequest("this map output asks for fsync at commit, and this daemon has no data dir")
+
+
 class StorageManager:
     """Everything stored, and the one API to it (see the module): `restore` it before the daemon listens,
     `start` it once it does (its name is known), `persist` and `close` it at stop."""
@@ -157,14 +165,10 @@ class StorageManager:
         """Open a map output for a writer whose token has `digest` (`authorize`d by the caller), which binds an
         application new here to it; `durable`: upload it to the object store once committed; `synced`: its
         CommitAck follows an fsync of it (lifecycle.py)."""
-        if durable and self.tier is None:
-            raise InvalidRequest("this map output asks to be durable in an object store, and this daemon has none")
-        if synced and self.disk is None:
-            raise InvalidRequest("this map output asks for fsync at commit, and this daemon has no data dir")
+        _refuse_asks(durable and self.tier is None, synced and self.disk is None)
         out = self.store.open_map_output(app, shuffle, map_index, attempt, partitions, replica_of, replicas)
         self.lifecycle.departures.returned(app, shuffle)
-        out.wants_durable = durable
-        out.wants_sync = synced
+        out.wants_durable, out.wants_sync = durable, synced
         self.store.app_keys.bind(app, digest)
         return MapOutputWriter(out, self.spiller, self.lifecycle)
 
