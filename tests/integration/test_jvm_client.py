@@ -2,8 +2,8 @@
 
 Builds the plugin jar and the test jar with shuffled.spark_jar, starts `python -m shuffled serve` and runs
 the Java check program ClientCheck against it: its full check, and its push/verify modes for the
-cross-language tests (Java pushes, Python reads byte-exact; Python pushes, Java reads). Skipped only
-when no JDK is installed.
+cross-language tests (Java pushes, Python reads byte-exact; Python pushes, Java reads) and for a writer that
+asks for its commit to follow an fsync. Skipped only when no JDK is installed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from shuffled.protocol import codec
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import BufferKind, ErrorResponse, Hello, HelloAck, PartitionRequest, Role
 from shuffled.protocol.packed import group_bytes
-from shuffled_client import AsyncClient
+from shuffled_client import AsyncClient, Client
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
@@ -84,6 +84,33 @@ def test_client_check_against_a_daemon(
     address = daemon.addr if transport == "tcp" else f"unix:{unix_socket}"
     passed = _assert_clean(_client_check(jars, address))
     assert passed >= 30
+
+
+def test_java_writer_asks_for_its_commit_to_follow_an_fsync(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:
+    """`openWriter(..., fsync "commit")` makes the commit wait for a sync of the data dir on a daemon whose own
+    `--fsync` is `none` (the fixture's default), where a writer that does not ask gets none (PROTOCOL.md §7.8)."""
+    app, shuffle = "java-fsync", 14
+    with Client(daemon.addr, timeout=10) as client:
+        before = client.stats()["disk"]["syncs"]
+        _assert_clean(_client_check(jars, daemon.addr, "push", app, str(shuffle), "51"))
+        assert client.stats()["disk"]["syncs"] == before
+        assert _assert_clean(_client_check(jars, daemon.addr, "push-fsync", app, str(shuffle + 1), "52", "53")) == 2
+        assert client.stats()["disk"]["syncs"] > before
+        for s in (shuffle, shuffle + 1):
+            client.unregister_shuffle(app, s)
+
+
+def test_java_writer_asking_for_an_fsync_is_refused_without_a_data_dir(jars: tuple[Path, Path]) -> None:
+    """A daemon with nothing to sync refuses the ask at open, as a named error rather than an unsynced commit."""
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--data-dir", "none"])
+    try:
+        proc = _client_check(jars, d.addr, "push-fsync", "java-fsync", "1", "61")
+    finally:
+        d.stop()
+    assert proc.returncode != 0
+    assert (
+        "ShuffledException: this map output asks for fsync at commit, and this daemon has no data dir" in proc.stdout
+    ), proc.stdout + proc.stderr
 
 
 @within(ASYNC_TIMEOUT)

@@ -146,13 +146,13 @@ def test_no_daemon_reachable_blames_the_tasks_own_daemon(
 
 def test_plugin_rules_inside_the_jvm(plugin_jar: Path) -> None:
     """Fetch wait summed in nanoseconds (sub-millisecond waits add up), the refused Spark settings, the range of
-    spark.shuffled.replicas and the values of spark.shuffled.durability, the Spark line written into the jar
-    (accepted by its own Spark, refused by another), and a writer stopped as a success before it committed (it
-    throws)."""
+    spark.shuffled.replicas and the values of spark.shuffled.durability and spark.shuffled.fsync (a wrong one
+    refused with the key named), the Spark line written into the jar (accepted by its own Spark, refused by
+    another), and a writer stopped as a success before it committed (it throws)."""
     tests_jar = spark_jar.build_test_classes()
     cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(plugin_jar, tests_jar)]
     proc = subprocess.run([*cmd, "io.shuffled.spark.PluginCheck"], capture_output=True, text=True, timeout=60)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
     m = SUMMARY.fullmatch(lines[-1])
-    assert m and m.group(2) == "0" and int(m.group(1)) == 17, proc.stdout
+    assert m and m.group(2) == "0" and int(m.group(1)) == 20, proc.stdout

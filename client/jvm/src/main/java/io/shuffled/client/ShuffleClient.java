@@ -275,18 +275,30 @@ public final class ShuffleClient implements AutoCloseable {
      */
     public MapOutputWriter openWriter(String app, long shuffle, long mapIndex, long attemptId, int numPartitions,
             int replicas, String durability) throws IOException {
+        return openWriter(app, shuffle, mapIndex, attemptId, numPartitions, replicas, durability, null);
+    }
+
+    /**
+     * As above; {@code fsync}: {@code "commit"} makes {@link MapOutputWriter#commit} return only once the
+     * output and its journal record are fsynced on the daemon (and its replicas), so that it survives the
+     * machine's power loss whatever the daemon's {@code fsync} setting; null leaves it to that setting (§7.8).
+     * A daemon without a data dir refuses {@code "commit"} with INVALID_REQUEST.
+     */
+    public MapOutputWriter openWriter(String app, long shuffle, long mapIndex, long attemptId, int numPartitions,
+            int replicas, String durability, String fsync) throws IOException {
         check();
         if (numPartitions < 1 || numPartitions > Wire.MAX_PARTITIONS) {
             throw new IllegalArgumentException("numPartitions must be in 1.." + Wire.MAX_PARTITIONS);
         }
         long id = newStreamId();
+        // Built first: a value the frame refuses must not leave a stream behind.
+        Frame.OpenMapOutput open = new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions,
+                token(app), replicas, durability, fsync);
         MapOutputWriter writer =
                 new MapOutputWriter(this, id, attemptId, numPartitions, segmentSize, writerBufferBytes);
         streams.put(id, writer.handler());
         try {
-            send(FrameEncoder.encode(
-                    new Frame.OpenMapOutput(id, app, shuffle, mapIndex, attemptId, numPartitions, token(app),
-                            replicas, durability)));
+            send(FrameEncoder.encode(open));
         } catch (IOException e) {
             streams.remove(id);
             throw e;

@@ -53,6 +53,11 @@ final class DaemonClients implements AutoCloseable {
         return conf.durability;
     }
 
+    /** {@code spark.shuffled.fsync}: "commit", or null for the daemons' own setting. */
+    String fsync() {
+        return conf.fsync;
+    }
+
     /** The daemon a task reads through. */
     ShuffleClient forTask(String executorId, long taskAttemptId) throws IOException {
         return withDaemon(executorId, taskAttemptId, c -> c);

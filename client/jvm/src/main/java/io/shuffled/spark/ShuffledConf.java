@@ -78,6 +78,13 @@ final class ShuffledConf {
     ///
     /// Default: the daemons' `durability`
     static final String DURABILITY = "spark.shuffled.durability";
+    /// `commit`: a map task's commit returns only once its output and the record of its commit are fsynced on
+    /// its daemon (and on the replicas'), so that a power loss costs no recomputation, whatever the daemons'
+    /// `fsync` setting ([docs/durability.md](docs/durability.md)); the daemons need a data dir. Unset, each
+    /// daemon keeps its own setting
+    ///
+    /// Default: the daemons' `fsync`
+    static final String FSYNC = "spark.shuffled.fsync";
     /// for `tls:` addresses: a PEM file of the CA certificates a daemon's certificate must chain to (it must
     /// also name the host as the address writes it), read where the driver and each executor run
     /// ([docs/security.md](docs/security.md))
@@ -119,6 +126,8 @@ final class ShuffledConf {
     final int replicas;
     /** Whether map outputs are uploaded to the object store (§12.5); null: unset, the daemons' own setting. */
     final String durability;
+    /** Whether a map task's commit waits for the daemons' fsync (§7.8); null: unset, the daemons' own setting. */
+    final String fsync;
     /** What {@code tls:} addresses are reached with; null: the JDK's defaults. */
     private final SSLContext tls;
 
@@ -156,12 +165,8 @@ final class ShuffledConf {
         if (conf.contains(REPLICAS) && (replicas < 1 || replicas > Wire.MAX_REPLICAS)) {
             throw new IllegalArgumentException(REPLICAS + " must be in 1.." + Wire.MAX_REPLICAS + ", got " + replicas);
         }
-        String durable = conf.get(DURABILITY, "").trim();
-        if (!durable.isEmpty() && !Wire.DURABILITIES.contains(durable)) {
-            throw new IllegalArgumentException(DURABILITY + " must be one of " + Wire.DURABILITIES + ", got '"
-                    + durable + "'");
-        }
-        durability = durable.isEmpty() ? null : durable;
+        durability = oneOf(conf, DURABILITY, Wire.DURABILITIES);
+        fsync = oneOf(conf, FSYNC, Wire.FSYNCS);
         tls = tls(conf, addresses, adminAddress);
     }
 
@@ -224,6 +229,21 @@ final class ShuffledConf {
         } catch (IOException e) {
             throw new IllegalArgumentException(SECRET_FILE + ": cannot read " + file + ": " + e, e);
         }
+    }
+
+    /**
+     * A setting passed on to the daemons as a key of OpenMapOutput (§7.8), refused here so that a wrong value
+     * stops the application at start, not each map task at the daemon; null when unset.
+     */
+    private static String oneOf(SparkConf conf, String key, List<String> values) {
+        String value = conf.get(key, "").trim();
+        if (value.isEmpty()) {
+            return null;
+        }
+        if (!values.contains(value)) {
+            throw new IllegalArgumentException(key + " must be one of " + values + ", got '" + value + "'");
+        }
+        return value;
     }
 
     /** Spark settings shuffled cannot work with: refused at start rather than failing jobs later. */

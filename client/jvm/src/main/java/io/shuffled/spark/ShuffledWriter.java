@@ -116,7 +116,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         long opening = System.nanoTime();
         ShuffleClient client = clients.withDaemon(executor.executorId(), context.taskAttemptId(), c -> {
             output = c.openWriter(executor.appId(), dep.shuffleId(), context.partitionId(), mapId, partitions,
-                    clients.replicas(), clients.durability());
+                    clients.replicas(), clients.durability(), clients.fsync());
             return c;
         });
         Counts.OPEN_NANOS.addAndGet(System.nanoTime() - opening);

@@ -18,6 +18,7 @@ import java.util.Map;
  * <pre>
  * ClientCheck HOST:PORT                          the full check (push, read back, errors, cleanup)
  * ClientCheck HOST:PORT push APP SHUFFLE A...    push attempts A... with the test pattern and commit
+ * ClientCheck HOST:PORT push-fsync APP SHUFFLE A...  the same, each asking for its commit to follow an fsync
  * ClientCheck HOST:PORT verify APP SHUFFLE A...  read every partition back and compare with the pattern
  * ClientCheck HOST:PORT auth SECRET               against a daemon with that secret: handshake, app tokens
  * ClientCheck HOST:PORT corrupt APP SHUFFLE A     a read whose data fails its CRC32C ends with CORRUPT_DATA
@@ -54,7 +55,7 @@ public final class ClientCheck {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
-            System.err.println("usage: ClientCheck HOST:PORT [push|verify APP SHUFFLE ATTEMPT...]");
+            System.err.println("usage: ClientCheck HOST:PORT [push|push-fsync|verify APP SHUFFLE ATTEMPT...]");
             System.exit(2);
         }
         ClientCheck c = new ClientCheck();
@@ -77,7 +78,9 @@ public final class ClientCheck {
                 long shuffle = Long.parseLong(args[3]);
                 long[] attempts = Arrays.stream(args, 4, args.length).mapToLong(Long::parseUnsignedLong).toArray();
                 if (mode.equals("push")) {
-                    c.push(client, app, shuffle, attempts);
+                    c.push(client, app, shuffle, attempts, null);
+                } else if (mode.equals("push-fsync")) {
+                    c.push(client, app, shuffle, attempts, "commit");
                 } else if (mode.equals("verify")) {
                     c.verify(client, app, shuffle, attempts);
                 } else if (mode.equals("corrupt")) {
@@ -150,7 +153,7 @@ public final class ClientCheck {
                 () -> ShuffleClient.connect(address, "none", timeout, buffer, null, null).close());
         try (ShuffleClient owner = ShuffleClient.connect(address, "owner", timeout, buffer, secret + "\n", "app-a");
                 ShuffleClient other = ShuffleClient.connect(address, "other", timeout, buffer, secret, "app-b")) {
-            push(owner, app, 1, attempts); // the data carries CRC32Cs the daemon checks
+            push(owner, app, 1, attempts, null); // the data carries CRC32Cs the daemon checks
             verify(owner, app, 1, attempts); // and the reader checks them on arrival
             expectError(ErrorCode.AUTH_FAILED, "another application secret cannot read", () -> {
                 try (PartitionReader r = other.read(app, 1, 0, PARTITIONS, Map.of("", attempts))) {
@@ -173,7 +176,7 @@ public final class ClientCheck {
         check(client.segmentSize() >= 4096 && client.segmentSize() % 4096 == 0,
                 "handshake: segment_size " + client.segmentSize());
 
-        push(client, app, shuffle, attempts);
+        push(client, app, shuffle, attempts, null);
         verify(client, app, shuffle, attempts);
 
         // all partitions in one stream: chunks arrive tagged with partition and attempt
@@ -316,9 +319,10 @@ public final class ClientCheck {
     }
 
     /** Pushes every attempt with the pattern, in interleaved pieces of varied size, and checks the lengths. */
-    private void push(ShuffleClient client, String app, long shuffle, long[] attempts) throws Exception {
+    private void push(ShuffleClient client, String app, long shuffle, long[] attempts, String fsync)
+            throws Exception {
         for (int i = 0; i < attempts.length; i++) {
-            try (MapOutputWriter w = client.openWriter(app, shuffle, i, attempts[i], PARTITIONS)) {
+            try (MapOutputWriter w = client.openWriter(app, shuffle, i, attempts[i], PARTITIONS, 0, null, fsync)) {
                 byte[][] data = new byte[PARTITIONS][];
                 int[] pos = new int[PARTITIONS];
                 for (int p = 0; p < PARTITIONS; p++) {

@@ -2,13 +2,14 @@ package io.shuffled.spark;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.function.Function;
 import org.apache.spark.SparkConf;
 
 /**
  * Checks of the plugin's small rules that a Spark job shows only by chance: fetch wait that is made of
- * sub-millisecond waits, the Spark settings the plugin refuses at start, the range of spark.shuffled.replicas,
- * the Spark line it was built for, and a writer stopped before it committed. Prints one line per check,
- * then {@code N passed, M failed}; exits non-zero on any failure.
+ * sub-millisecond waits, the Spark settings the plugin refuses at start, the values of spark.shuffled.replicas,
+ * durability and fsync, the Spark line it was built for, and a writer stopped before it committed. Prints one
+ * line per check, then {@code N passed, M failed}; exits non-zero on any failure.
  */
 public final class PluginCheck {
     private final List<String> failures = new ArrayList<>();
@@ -28,10 +29,13 @@ public final class PluginCheck {
         c.replicas("2", 2);
         c.replicas("0", -1);
         c.replicas("5", -1);
-        c.durability(null, null);
-        c.durability("object-store", "object-store");
-        c.durability("none", "none");
-        c.durability("s3", "refused");
+        c.oneOf(ShuffledConf.DURABILITY, conf -> conf.durability, null, null);
+        c.oneOf(ShuffledConf.DURABILITY, conf -> conf.durability, "object-store", "object-store");
+        c.oneOf(ShuffledConf.DURABILITY, conf -> conf.durability, "none", "none");
+        c.oneOf(ShuffledConf.DURABILITY, conf -> conf.durability, "s3", "refused");
+        c.oneOf(ShuffledConf.FSYNC, conf -> conf.fsync, null, null);
+        c.oneOf(ShuffledConf.FSYNC, conf -> conf.fsync, "commit", "commit");
+        c.oneOf(ShuffledConf.FSYNC, conf -> conf.fsync, "always", "refused");
         c.sparkLineOfThisJar();
         c.otherSparkLineRefused();
         c.writerStoppedBeforeCommit();
@@ -95,20 +99,23 @@ public final class PluginCheck {
         verdict(ShuffledConf.REPLICAS + "=" + value + (expected == -1 ? " refused" : " is " + expected), failure);
     }
 
-    /** spark.shuffled.durability: unset is null (not sent), object-store and none are taken, anything else refused. */
-    private void durability(String value, String expected) {
+    /**
+     * A setting the writers pass on as an OpenMapOutput key (durability, fsync): unset is null (not sent), the
+     * protocol's values are taken, anything else is refused at start with the key named.
+     */
+    private void oneOf(String key, Function<ShuffledConf, String> field, String value, String expected) {
         SparkConf conf = new SparkConf(false);
         if (value != null) {
-            conf.set(ShuffledConf.DURABILITY, value);
+            conf.set(key, value);
         }
         String failure;
         try {
-            String got = new ShuffledConf(conf).durability;
+            String got = field.apply(new ShuffledConf(conf));
             failure = java.util.Objects.equals(got, expected) ? null : "got " + got;
         } catch (IllegalArgumentException e) {
-            failure = "refused".equals(expected) && e.getMessage().contains(ShuffledConf.DURABILITY) ? null : e.getMessage();
+            failure = "refused".equals(expected) && e.getMessage().contains(key) ? null : e.getMessage();
         }
-        verdict(ShuffledConf.DURABILITY + "=" + value + " is " + expected, failure);
+        verdict(key + "=" + value + " is " + expected, failure);
     }
 
     private void sparkLineOfThisJar() {

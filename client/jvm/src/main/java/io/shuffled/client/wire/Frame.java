@@ -340,10 +340,12 @@ public sealed interface Frame {
      * OpenMapOutput (0x20): opens push stream {@code writer} for one map attempt (§7.8); attempt is a u64.
      * {@code replicas}: copies wanted, 1..{@link Wire#MAX_REPLICAS}, or 0 to leave it to the daemon (the key
      * is then absent). {@code durability}: one of {@link Wire#DURABILITIES} (§12.5), or null to leave it to the
-     * daemon (absent). The daemon-only keys ({@code replica_of}, {@code app_key}) are not a client's to send.
+     * daemon (absent). {@code fsync}: {@code "commit"} ({@link Wire#FSYNCS}) so that the CommitAck means the
+     * output survives a power loss, or null for the daemon's own {@code fsync} setting (absent). The daemon-only
+     * keys ({@code replica_of}, {@code app_key}) are not a client's to send.
      */
     record OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
-            String token, int replicas, String durability) implements Frame {
+            String token, int replicas, String durability, String fsync) implements Frame {
         public OpenMapOutput {
             Wire.checkU32("writer", writer);
             Objects.requireNonNull(app, "app");
@@ -353,23 +355,32 @@ public sealed interface Frame {
             if (durability != null && !Wire.DURABILITIES.contains(durability)) {
                 throw new IllegalArgumentException("durability must be one of " + Wire.DURABILITIES + " (or null)");
             }
+            if (fsync != null && !Wire.FSYNCS.contains(fsync)) {
+                throw new IllegalArgumentException("fsync must be one of " + Wire.FSYNCS + " (or null)");
+            }
         }
 
-        /** With the daemon's durability setting. */
+        /** With the daemon's fsync setting. */
+        public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
+                String token, int replicas, String durability) {
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, replicas, durability, null);
+        }
+
+        /** With the daemon's durability and fsync settings. */
         public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions,
                 String token, int replicas) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, token, replicas, null);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, replicas, null, null);
         }
 
         /** With the daemon's number of copies. */
         public OpenMapOutput(
                 long writer, String app, long shuffle, long mapIndex, long attempt, long partitions, String token) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, token, 0, null);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, token, 0);
         }
 
         /** Without an application token (§6.2), with the daemon's number of copies. */
         public OpenMapOutput(long writer, String app, long shuffle, long mapIndex, long attempt, long partitions) {
-            this(writer, app, shuffle, mapIndex, attempt, partitions, null, 0, null);
+            this(writer, app, shuffle, mapIndex, attempt, partitions, null, 0);
         }
 
         @Override

@@ -415,7 +415,8 @@ public final class FrameDecoder {
                         int64(m, "partitions", name),
                         optionalStr(m, "token", name),
                         replicas(m, name),
-                        durability(m, name));
+                        oneOf(m, "durability", Wire.DURABILITIES, name),
+                        oneOf(m, "fsync", Wire.FSYNCS, name));
             }
             case ADMIN_REQUEST: {
                 Map<String, Object> m = new MsgPack.Reader(buf, off, len, name).readWholeMap();
@@ -526,11 +527,15 @@ public final class FrameDecoder {
         return (int) n;
     }
 
-    /** OpenMapOutput's optional {@code durability} (§7.8): one of Wire.DURABILITIES, or null when absent. */
-    private static String durability(Map<String, Object> m, String what) throws ProtocolException {
-        String value = optionalStr(m, "durability", what);
-        if (value != null && !Wire.DURABILITIES.contains(value)) {
-            throw new ProtocolException(what + ": 'durability' must be one of " + Wire.DURABILITIES);
+    /**
+     * An optional string key whose values are a closed set (OpenMapOutput's {@code durability} and {@code fsync},
+     * §7.8): null when absent; any other value is a fatal PROTOCOL error.
+     */
+    private static String oneOf(Map<String, Object> m, String key, List<String> values, String what)
+            throws ProtocolException {
+        String value = optionalStr(m, key, what);
+        if (value != null && !values.contains(value)) {
+            throw new ProtocolException(what + ": '" + key + "' must be one of " + values);
         }
         return value;
     }

@@ -160,8 +160,8 @@ public final class FrameEncoder {
         }
         if (frame instanceof Frame.OpenMapOutput m) {
             MsgPack.Writer w = new MsgPack.Writer(96);
-            w.writeMapHeader(
-                    5 + (m.token() == null ? 0 : 1) + (m.replicas() == 0 ? 0 : 1) + (m.durability() == null ? 0 : 1));
+            w.writeMapHeader(5 + (m.token() == null ? 0 : 1) + (m.replicas() == 0 ? 0 : 1)
+                    + (m.durability() == null ? 0 : 1) + (m.fsync() == null ? 0 : 1));
             w.writeString("app").writeString(m.app());
             w.writeString("shuffle").writeSigned(m.shuffle());
             w.writeString("map_index").writeSigned(m.mapIndex());
@@ -175,6 +175,9 @@ public final class FrameEncoder {
             }
             if (m.durability() != null) {
                 w.writeString("durability").writeString(m.durability());
+            }
+            if (m.fsync() != null) {
+                w.writeString("fsync").writeString(m.fsync());
             }
             return w.toByteArray();
         }

@@ -46,6 +46,8 @@ public final class Wire {
     public static final long MAX_PARTITIONS = 1L << 24;
     /** What an OpenMapOutput may ask of its committed output ({@code durability}, §7.8, §12.5). */
     public static final java.util.List<String> DURABILITIES = java.util.List.of("none", "object-store");
+    /** When an OpenMapOutput may ask its CommitAck to wait for an fsync of its output ({@code fsync}, §7.8). */
+    public static final java.util.List<String> FSYNCS = java.util.List.of("commit");
 
     /** Most copies of one map output an OpenMapOutput may ask for ({@code replicas}, §7.8). */
     public static final int MAX_REPLICAS = 4;

@@ -519,6 +519,8 @@ public final class CodecSelfTest {
                 Frame.BufferResponse.endOfPartition(1, 1),
                 new Frame.CancelPartitionRequest(1),
                 new Frame.OpenMapOutput(2, "app", 0, 0, -2L, 1 << 24),
+                new Frame.OpenMapOutput(6, "app", 1, 2, 3L, 4, null, 0, null, "commit"),
+                new Frame.OpenMapOutput(7, "app", 1, 2, 3L, 4, "tok", 2, "object-store", "commit"),
                 new Frame.PushCredit(2, 1),
                 new Frame.PushData(2, 0, ByteBuffer.wrap(new byte[] {1})),
                 new Frame.CommitMapOutput(2, 1),
@@ -551,6 +553,7 @@ public final class CodecSelfTest {
                 () -> new Frame.PushData(1, 0, 3, ByteBuffer.allocate(2), 0),
                 () -> FrameEncoder.encode(new Frame.PushData(1, 0, 3, null, 0)),
                 () -> FrameEncoder.encode(new Frame.AdminResponse(1, Map.of("x", "y".repeat(Wire.MAX_CONTROL_BODY)))),
+                () -> new Frame.OpenMapOutput(1, "app", 0, 0, 1, 1, null, 0, null, "always"),
             };
             for (int i = 0; i < bad.length; i++) {
                 try {

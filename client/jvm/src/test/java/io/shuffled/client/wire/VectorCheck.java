@@ -288,12 +288,11 @@ public final class VectorCheck {
         Set<String> present = new TreeSet<>();
         f.fieldNames().forEachRemaining(present::add);
         present.remove("type");
-        String token = f.has("token") ? text(f, "token") : null; // optional key (§6.2)
-        present.remove("token");
+        String token = optionalText(f, present, "token"); // §6.2
         int replicas = f.has("replicas") ? (int) i64(f, "replicas") : 0; // optional key (§7.8)
         present.remove("replicas");
-        String durability = f.has("durability") ? text(f, "durability") : null; // optional key (§7.8)
-        present.remove("durability");
+        String durability = optionalText(f, present, "durability"); // §7.8
+        String fsync = optionalText(f, present, "fsync"); // §7.8
         require(present.equals(new TreeSet<>(fields)), type + " has fields " + present + ", expected " + fields);
         switch (type) {
             case "HELLO":
@@ -333,7 +332,7 @@ public final class VectorCheck {
             case "OPEN_MAP_OUTPUT":
                 return new Frame.OpenMapOutput(u32(f, "writer"), text(f, "app"), i64(f, "shuffle"),
                         i64(f, "map_index"), u64(f.get("attempt"), "attempt"), i64(f, "partitions"), token,
-                        replicas, durability);
+                        replicas, durability, fsync);
             case "PUSH_CREDIT":
                 return new Frame.PushCredit(u32(f, "writer"), u32(f, "credit"));
             case "PUSH_DATA":
@@ -361,6 +360,12 @@ public final class VectorCheck {
             default:
                 throw new AssertionError("unhandled frame type " + type);
         }
+    }
+
+    /** An optional string key, null when absent; taken off {@code present}, which then holds the required ones. */
+    private static String optionalText(JsonNode f, Set<String> present, String key) {
+        present.remove(key);
+        return f.has(key) ? text(f, key) : null;
     }
 
     private static String text(JsonNode f, String key) {
