@@ -177,10 +177,10 @@ class StoredObject:
 
 @dataclass(slots=True)
 class Appended:
-    """Where appended pieces start in their data file, and the CRC32C of each as written."""
+    """Where appended pieces start in their data file, and the CRC32C of each as written (None: sealed)."""
 
     offset: int
-    crcs: list[int]
+    crcs: list[int] | None
     #: with encryption at rest, the seals of the pieces, SEAL bytes each, back to back
     seals: bytes | None = None
 
@@ -379,9 +379,11 @@ class Disk:
         try:
             offset = os.lseek(fd, 0, os.SEEK_END)
             try:
-                crcs = [checksum(v) for v in views]
-                seals = None
-                if seal is not None:
+                # A sealed piece's CRC32C is checked once it is opened on a read: here it would only log early
+                crcs, seals = None, None
+                if seal is None:
+                    crcs = [checksum(v) for v in views]
+                else:
                     views, seals = seal(views)
                 _write_all(fd, views)
                 done = Appended(offset, crcs, seals)
