@@ -153,22 +153,18 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             baseline_name="in memory",
             baseline=in_memory,
         )
-        result.add(
-            f"{what}, {spilling}, sealed at rest",
-            mib_per_s(nbytes, sealed[field]),
-            "MiB/s",
-            baseline_name="not sealed",
-            baseline=mib_per_s(nbytes, spilled[field]),
-            goal=SEALED_GOAL,
-        )
-        result.add(
-            f"{what}, {spilling}, --fsync commit",
-            mib_per_s(nbytes, synced[field]),
-            "MiB/s",
-            baseline_name="--fsync none",
-            baseline=mib_per_s(nbytes, spilled[field]),
-            goal=SYNCED_GOAL if what == "push" else None,
-        )
+        for variant, against, measured, goal in (
+            ("sealed at rest", "not sealed", sealed, SEALED_GOAL),
+            ("--fsync commit", "--fsync none", synced, SYNCED_GOAL if what == "push" else None),
+        ):
+            result.add(
+                f"{what}, {spilling}, {variant}",
+                mib_per_s(nbytes, measured[field]),
+                "MiB/s",
+                baseline_name=against,
+                baseline=mib_per_s(nbytes, spilled[field]),
+                goal=goal,
+            )
     if shutil.which("dd") is None:
         result.notes.append("dd not installed: no disk baseline")
     else:

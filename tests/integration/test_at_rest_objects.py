@@ -37,6 +37,14 @@ async def _read(c: AsyncClient, shuffle: int, where: dict[str, list[int]]) -> by
         return await reader.read_all()
 
 
+def _peers(tmp_path: Path | None = None) -> tuple[list[str], int, tuple[str, ...]]:
+    """Two loopback hosts on one port, and the flags that make them peers (sealing, given a key's dir)."""
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    port = free_port(hosts)
+    flags = ("--peers", ",".join(f"{h}:{port}" for h in hosts))
+    return hosts, port, (*flags, *_key(tmp_path / "key")) if tmp_path else flags
+
+
 async def _canary_in_objects(t: Tier) -> bool:
     store = t.store()
     for info in await store.list_objects():
@@ -53,9 +61,7 @@ async def test_sealed_durable_objects_hold_no_canary_and_another_daemon_with_the
     tmp_path: Path,
     stopped: Callable[[DaemonProcess], None],  # noqa: F811
 ) -> None:
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    port = free_port(hosts)
-    extra = ("--peers", ",".join(f"{h}:{port}" for h in hosts), *_key(tmp_path / "key"))
+    hosts, port, extra = _peers(tmp_path)
     a, b = (tier.start(h, port, pool="32M", extra=extra) for h in hosts)
     ca = await AsyncClient.connect(a.addr)
     for attempt in (1, 2):
@@ -112,9 +118,7 @@ async def test_without_the_key_the_canary_is_in_the_objects_and_sealed_ones_are_
     tmp_path: Path,
     stopped: Callable[[DaemonProcess], None],  # noqa: F811
 ) -> None:
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    port = free_port(hosts)
-    peers = ("--peers", ",".join(f"{h}:{port}" for h in hosts))
+    hosts, port, peers = _peers()
     plain = tier.start(hosts[0], port, pool="32M", extra=peers)
     c = await AsyncClient.connect(plain.addr)
     await _push(c, 4, 1, durability="object-store")
