@@ -43,8 +43,11 @@ MIN_KEY = 32
 Pieces = Sequence[tuple[int, int, int]]
 #: seals `views` on the writer thread: the ciphertexts to write, and their seals back to back
 Sealer = Callable[[Sequence[memoryview]], tuple[list[memoryview], bytes]]
-#: opens `views` (read from the file) in place on a reader thread; raises CorruptData for a piece that fails
-Opener = Callable[[Sequence[memoryview]], None]
+#: fills memory with the ciphertexts (a read of a file, into memory of the opener's)
+Reader = Callable[[Sequence[memoryview]], None]
+#: opens pieces into `views` on a reader thread: the ciphertexts read by the `Reader` given, else already in
+#: `views`; raises CorruptData for a piece that fails
+Opener = Callable[[Sequence[memoryview], Reader | None], None]
 
 
 class AtRestKeys:
@@ -99,14 +102,20 @@ class AtRestKeys:
     def opener(self, kid: str, app: str, shuffle: int, pieces: Pieces, seals: Sequence[bytes]) -> Opener:
         aead = self._aead(kid, app)
 
-        def open_(views: Sequence[memoryview]) -> None:
-            for view, piece, seal in zip(views, pieces, seals, strict=True):
-                n = len(view)
-                sealed = _scratch(n + TAG)[: n + TAG]  # the ciphertext and its tag, back to back
-                sealed[:n] = view
-                sealed[n:] = seal[NONCE:]
-                try:  # into the segment the ciphertext was read into
-                    aead.decrypt_into(seal[:NONCE], sealed, _aad(app, shuffle, piece), view)
+        def open_(views: Sequence[memoryview], read: Reader | None = None) -> None:
+            room, sealed, at = _scratch(sum(len(v) for v in views) + TAG * len(views)), [], 0
+            for view in views:  # each ciphertext with room for its tag behind it
+                sealed.append(room[at : at + len(view) + TAG])
+                at += len(view) + TAG
+            if read is not None:
+                read([s[:-TAG] for s in sealed])
+            else:
+                for s, view in zip(sealed, views, strict=True):
+                    s[:-TAG] = view
+            for view, piece, seal, s in zip(views, pieces, seals, sealed, strict=True):
+                s[-TAG:] = seal[NONCE:]
+                try:
+                    aead.decrypt_into(seal[:NONCE], s, _aad(app, shuffle, piece), view)
                 except InvalidTag:
                     raise CorruptData(
                         f"stored piece {piece[2]} of map attempt {piece[0]} of {app}/{shuffle} failed its "

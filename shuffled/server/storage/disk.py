@@ -478,12 +478,13 @@ class Disk:
         if fd is None:
             fd = os.open(path, os.O_RDONLY)
         try:
-            _read_exact(fd, views, offset)
-        except BaseException:
+            if unseal is None:
+                _read_exact(fd, views, offset)
+            else:  # the ciphertexts straight into the opener's memory, opened into `views`
+                unseal(views, lambda room: _read_exact(fd, room, offset))
+        except BaseException:  # a read that failed, or a piece that failed its seal: the fd goes too
             os.close(fd)
             raise
-        if unseal is not None:
-            unseal(views)
         return fd, [checksum(v) for v in views]
 
     def close(self) -> None:

@@ -151,7 +151,7 @@ class PieceLoader:
             raise CorruptData(f"reading stored data failed: {exc.message}") from None
         unseal = self._opener(out, batch, stored.kid)
         if unseal is not None:
-            await off_loop(lambda: unseal(views))
+            await off_loop(lambda: unseal(views, None))
         return [checksum(v) for v in views], f"object {key}"
 
     def _opener(self, out: MapOutput, batch: Sequence[int], kid: str | None) -> Opener | None:
