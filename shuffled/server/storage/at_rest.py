@@ -1,10 +1,11 @@
-"""Encryption at rest (`--at-rest-key-file`): every piece written to a spill file is sealed with AES-256-GCM.
+"""Encryption at rest (`--at-rest-key-file`): every piece written to a spill file or an object is sealed with
+AES-256-GCM.
 
-Sealing keeps a piece's length, so the data file's layout (offsets, runs, holes) is the same with and
-without it: what grows is the metadata, 28 bytes a piece (a random 96-bit nonce and the 128-bit tag), kept
-with the piece in memory and in its journal record. A piece's associated data names its application,
-shuffle, attempt, serial and index, so a piece moved to another attempt's or position's place fails its
-tag like a flipped bit: `CORRUPT_DATA`, never wrong bytes.
+Sealing keeps a piece's length, so the data file's and objects' layouts (offsets, runs, holes) are the same
+with and without it: what grows is the metadata, 28 bytes a piece (a random 96-bit nonce and the 128-bit
+tag), kept with the piece in memory, in its journal record and in its object's footer. A piece's associated
+data names its application, shuffle, attempt, serial and index, so a piece moved to another attempt's or
+position's place fails its tag like a flipped bit: `CORRUPT_DATA`, never wrong bytes.
 
 Keys: each line of the key file is a key (at least 32 bytes of secret); the first seals, all open. A
 shuffle's journal header names the key its pieces were sealed with (`kid`, a digest of it), and each
@@ -154,6 +155,13 @@ def _derived(key: bytes, app: str) -> AESGCM:
     """The application's own key: HKDF-SHA256 of the daemon's key, with the application id as its info."""
     info = b"shuffled at-rest v1\0" + app.encode()
     return AESGCM(HKDF(hashes.SHA256(), 32, salt=None, info=info).derive(key))
+
+
+def set_seal(seals: list[bytes], index: int, seal: bytes) -> None:
+    """Piece `index`'s seal in a list of them, one a piece (b"": a piece not sealed where it is)."""
+    if len(seals) <= index:
+        seals.extend([b""] * (index + 1 - len(seals)))
+    seals[index] = seal
 
 
 def split_seals(seals: bytes) -> list[bytes]:

@@ -51,7 +51,7 @@ import msgpack
 from ...logs import event
 from ...ops.stats import DiskStats
 from ...protocol.integrity import checksum
-from .at_rest import Opener, Sealer, split_seals
+from .at_rest import Opener, Sealer, set_seal, split_seals
 from .fsync import Record, Syncs, Unsynced
 
 log = logging.getLogger(__name__)
@@ -217,8 +217,7 @@ class LoadedAttempt:
         change place and seal."""
         if seals is not None:
             for i, seal in enumerate(split_seals(seals), start=start):
-                self.seals.extend([b""] * (i + 1 - len(self.seals)))
-                self.seals[i] = seal
+                set_seal(self.seals, i, seal)
         words = _words(rows)
         sizes = words[0::4]
         offsets = array("Q", accumulate(sizes[:-1], initial=offset)) if sizes else array("Q")
@@ -415,8 +414,9 @@ class Disk:
         """Open (made with its directories if need be) on the writer thread, noting what a sync must cover."""
         unsynced = self._unsynced
         directory = os.path.dirname(path)
-        unsynced.made_dirs(directory, self.root)
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):  # a shuffle's first write: one stat for every other one
+            unsynced.made_dirs(directory, self.root)
+            os.makedirs(directory, exist_ok=True)
         try:
             fd = os.open(path, flags)
             created = False

@@ -151,7 +151,8 @@ class Syncs:
             running = self._submit([r for records, _ in batch for r in records])
         except BaseException as exc:  # the writer is shut down (at stop)
             for _, done in batch:
-                done.set_exception(exc)
+                if not done.done():  # its waiter may have given up
+                    done.set_exception(exc)
             return
         self._running = running
         running.add_done_callback(lambda ran: self._ended(ran, batch, started))

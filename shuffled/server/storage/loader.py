@@ -26,7 +26,7 @@ from ...protocol.integrity import checksum
 from .at_rest import AtRestKeys, Opener, off_loop
 from .disk import Disk
 from .objects import ObjectNotFound, ObjectStore
-from .shuffles import FILE, MapOutput, ShuffleData
+from .shuffles import FILE, MapOutput, ShuffleData, piece_ids
 
 
 def run(out: MapOutput, indices: Iterable[int], limit: int) -> list[int]:
@@ -115,7 +115,7 @@ class PieceLoader:
             self.close()
         fd, self._fd = self._fd, None  # a failed read closes it
         data.loading += 1
-        unseal = self._opener(out, batch, data.key_id)
+        unseal = piece_opener(self.at_rest, data.key_id, data, [(out, i) for i in batch])
         reading = self.disk.read(fd, path, out.offsets[batch[0]], [b.data() for b in buffers], unseal)
         try:
             self._fd, crcs = await asyncio.shield(reading)
@@ -149,25 +149,26 @@ class PieceLoader:
             raise PartitionNotFound(f"object {key} is gone (shuffle removed meanwhile?)") from None
         except StorageError as exc:
             raise CorruptData(f"reading stored data failed: {exc.message}") from None
-        unseal = self._opener(out, batch, stored.kid)
+        unseal = piece_opener(self.at_rest, stored.kid, data, [(out, i) for i in batch])
         if unseal is not None:
             await off_loop(lambda: unseal(views, None))
         return [checksum(v) for v in views], f"object {key}"
-
-    def _opener(self, out: MapOutput, batch: Sequence[int], kid: str | None) -> Opener | None:
-        """What opens the batch's pieces where they are sealed with key `kid` (None: not sealed there)."""
-        if kid is None:
-            return None
-        data = out.shuffle
-        assert self.at_rest is not None  # restore and adoption refuse data sealed with a key not given
-        pieces, seals = [(out.attempt, out.serial, i) for i in batch], [out.seals[i] for i in batch]
-        return self.at_rest.opener(kid, data.app, data.shuffle, pieces, seals)
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         self._path = ""
+
+
+def piece_opener(
+    keys: AtRestKeys | None, kid: str | None, data: ShuffleData, pieces: list[tuple[MapOutput, int]]
+) -> Opener | None:
+    """What opens these pieces of the shuffle where they lie sealed with key `kid` (None: not sealed there)."""
+    if kid is None:
+        return None
+    assert keys is not None  # restore and adoption refuse data sealed with a key not given
+    return keys.opener(kid, data.app, data.shuffle, piece_ids(pieces), [out.seals[i] for out, i in pieces])
 
 
 async def read_back(

@@ -20,10 +20,10 @@ from ...ops.stats import TierStats
 from ...protocol.errors import StorageError
 from .at_rest import off_loop, split_seals
 from .disk import PIECE_ROW, Disk, StoredObject
-from .loader import read_back
+from .loader import piece_opener, read_back
 from .object_format import FOOTER_GUESS, Entry, Footer, object_key
 from .objects import ObjectStore
-from .shuffles import FILE, MapOutput, ShuffleData, commit_fields
+from .shuffles import FILE, MapOutput, ShuffleData, commit_fields, piece_ids
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ObjectWriter:
             keys = self.store.at_rest
             if keys is not None:
                 footer.kid = keys.current
-                ids = [(out.attempt, out.serial, i) for out, indices in pieces for i in indices]
+                ids = piece_ids((out, i) for out, indices in pieces for i in indices)
                 seal = keys.sealer(keys.current, data.app, data.shuffle, ids, fresh=True)
                 chunks, sealed = await off_loop(lambda: seal(chunks))
                 seals = split_seals(sealed)
@@ -159,11 +159,7 @@ class ObjectWriter:
         for slot, out, i in slots:
             chunks[slot] = room[at : at + out.sizes[i]]
             at += out.sizes[i]
-        unseal = None
-        keys = self.store.at_rest
-        if data.key_id is not None and keys is not None:
-            ids = [(out.attempt, out.serial, i) for _, out, i in slots]
-            unseal = keys.opener(data.key_id, data.app, data.shuffle, ids, [out.seals[i] for _, out, i in slots])
+        unseal = piece_opener(self.store.at_rest, data.key_id, data, [(out, i) for _, out, i in slots])
         views, crcs = [chunks[slot] for slot, _, _ in slots], [out.crcs[i] for _, out, i in slots]
         await read_back(self.disk, data, offset, views, crcs, unseal)
 
@@ -175,8 +171,8 @@ class ObjectWriter:
         for out, indices in pieces:
             if not out.dead:
                 self.store.placement.uploaded(out, indices, written.place, offset)
-            for i in indices:
-                if seals is not None:
+            if seals is not None:
+                for i in indices:
                     out.seal(i, next(seals))
             offset += sum(out.sizes[i] for i in indices)
 

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from ...buffers import Buffer
 from ...protocol.errors import ShuffledError
 from ...protocol.packed import LengthTally, PushedGroup
+from .at_rest import set_seal
 from .disk import LoadedAttempt, SpillFile, StoredObject
 
 #: a piece's place: the shuffle's data file (others are 1 + an index into `ShuffleData.objects`)
@@ -166,10 +167,7 @@ class MapOutput:
 
     def seal(self, index: int, seal: bytes) -> None:
         """Piece `index` is now sealed with `seal` where it is placed (at_rest.py)."""
-        seals = self.seals
-        if len(seals) <= index:
-            seals.extend([b""] * (index + 1 - len(seals)))
-        seals[index] = seal
+        set_seal(self.seals, index, seal)
 
     def append(self, buffer: Buffer, crc: int, group: PushedGroup) -> None:
         """A pushed piece, checked (its CRC32C and directory) and taken by the store, becomes the last one."""
@@ -281,6 +279,11 @@ class ShuffleData:
             self.copies[out.attempt] = copies
         if len(copies) < out.replicas - 1:
             self.under_replicated += 1
+
+
+def piece_ids(pieces: Iterable[tuple[MapOutput, int]]) -> list[tuple[int, int, int]]:
+    """What a seal binds each of these pieces to (at_rest.py): its attempt, the attempt's serial, its index."""
+    return [(out.attempt, out.serial, i) for out, i in pieces]
 
 
 def commit_fields(data: ShuffleData, attempt: int) -> dict[str, object]:

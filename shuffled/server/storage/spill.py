@@ -52,7 +52,7 @@ from ...protocol.errors import StorageError
 from .at_rest import SEAL, split_seals
 from .disk import JOURNAL, PIECE_ROW, Appended, Disk, SpillFile, encode_record
 from .journal import Journals
-from .shuffles import FILE, ShuffleData
+from .shuffles import FILE, ShuffleData, piece_ids
 from .spill_writes import Placed, SpillTarget, SpillWrites, Taken
 from .store import Store
 
@@ -103,7 +103,7 @@ class FileTarget:
         seal = None
         if data.key_id is not None:
             assert self.store.at_rest is not None
-            pieces = [(out.attempt, out.serial, i) for out, start, end in taken for i in range(start, end)]
+            pieces = piece_ids((out, i) for out, start, end in taken for i in range(start, end))
             seal = self.store.at_rest.sealer(data.key_id, data.app, data.shuffle, pieces)
 
         def record(done: Appended) -> bytes:
