@@ -23,6 +23,9 @@ from .spark import json_job, plugin_jar
 #: micro-batches of a full run (override with SHUFFLED_BENCH_STREAMING_BATCHES: a batch of 200 partitions of
 #: state takes seconds on 2 shared cores, so 1,000 take hours per session)
 BATCHES_VARIABLE = "SHUFFLED_BENCH_STREAMING_BATCHES"
+#: shuffle partitions of a full run (override with SHUFFLED_BENCH_STREAMING_PARTITIONS: fewer make a batch
+#: cheaper, for the held-shuffle bound over many batches in less time)
+PARTITIONS_VARIABLE = "SHUFFLED_BENCH_STREAMING_PARTITIONS"
 BATCHES = 1_000
 QUICK_BATCHES = 5
 ROWS_PER_BATCH = 20_000
@@ -45,8 +48,13 @@ async def _session(ctx: Context, mode: str, batches: int, rows: int, jar: str, a
     checkpoints = ",".join(str(c) for c in ctx.pick(CHECKPOINTS, QUICK_CHECKPOINTS) if c <= batches)
     argv = [sys.executable, "-m", "benchmarks.streaming_job", "--mode", mode, "--batches", str(batches)]
     argv += ["--rows-per-batch", str(rows), "--jar", jar, "--address", address, "--checkpoints", checkpoints]
-    argv += ["--partitions", str(ctx.pick(PARTITIONS, QUICK_PARTITIONS))]
+    argv += ["--partitions", str(_partitions(ctx))]
     return await json_job(ctx, f"streaming {mode}", argv)
+
+
+def _partitions(ctx: Context) -> int:
+    partitions: int = ctx.pick(int(os.environ.get(PARTITIONS_VARIABLE, PARTITIONS)), QUICK_PARTITIONS)
+    return partitions
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
@@ -79,6 +87,6 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     result.plots.append(plot)
     result.notes.append(
         f"{batches} micro-batches of {rows:,} rows, windows of 5 s with a 10 s watermark over 1,000 keys, "
-        f"{ctx.pick(PARTITIONS, QUICK_PARTITIONS)} shuffle partitions, local[2], one daemon on its defaults; "
+        f"{_partitions(ctx)} shuffle partitions, local[2], one daemon on its defaults; "
         f"{plugin['windows']:,} finished windows, identical in both sinks"
     )

@@ -71,3 +71,25 @@ def test_zerocopy_probe_moves_every_byte_each_way() -> None:
     for row in rows:
         rate, cpu, receiver_cpu = (float(cell.replace(",", "")) for cell in row[52:].split()[::2])
         assert rate > 0 and cpu > 0 and receiver_cpu > 0, row
+
+
+@pytest.mark.timeout(120)
+def test_shm_probe_moves_and_checks_every_buffer_and_leaves_no_region() -> None:
+    """Each path of `python -m benchmarks.shm_probe` delivers every buffer with its CRC32C intact (the
+    receiver counts and checks them; a short count, a mismatch or a stall ends the run with an error),
+    reports a rate and both CPU columns, and leaves no region behind under /dev/shm."""
+    before = set(Path("/dev/shm").glob("shuffled-probe-*"))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.shm_probe", "--mib", "8", "--repeats", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, f"exit code {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("socket", "shm"))]
+    assert len(rows) == 6, done.stdout
+    for row in rows:
+        rate, cpu, writer_cpu = (float(cell.replace(",", "")) for cell in row[40:].split()[::2])
+        assert rate > 0 and cpu >= 0 and writer_cpu > 0, row
+    assert set(Path("/dev/shm").glob("shuffled-probe-*")) == before
