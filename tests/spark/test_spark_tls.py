@@ -50,3 +50,23 @@ def test_a_job_shuffles_through_the_client_tls_port(plugin_jar: Path, tmp_path: 
         poll_until(store_emptied(local, "applications"), 20, "the driver's cleanup reached the daemon over TLS")
     finally:
         d.stop()
+
+
+def test_a_daemon_certificate_the_application_cannot_trust_stops_it_at_start(plugin_jar: Path, tmp_path: Path) -> None:
+    """As with a wrong secret, a session whose spark.shuffled.tls.ca is not the CA of the daemon's certificate
+    stops at start with the reason and the setting to check, instead of failing every task later."""
+    from py4j.protocol import Py4JJavaError
+
+    pki, rogue = make_pki(tmp_path / "pki", "spark-tls"), make_pki(tmp_path / "rogue", "rogue")
+    tls_port = free_port([HOST])
+    d = start_daemon(HOST, free_port([HOST]), "64M", client_tls_flags(pki, tls_port))
+    try:
+        conf = {
+            **spark_jar.spark_conf(plugin_jar, [f"tls:{HOST}:{tls_port}"]),
+            "spark.shuffled.timeout": "30s",
+            "spark.shuffled.tls.ca": str(rogue["ca"]),
+        }
+        with pytest.raises(Py4JJavaError, match=r"shuffled: TLS with .* failed: .*PKIX.*spark\.shuffled\.tls\.ca"):
+            spark_jobs.session("local[2]", conf)
+    finally:
+        d.stop()

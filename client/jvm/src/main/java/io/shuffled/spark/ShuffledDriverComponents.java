@@ -4,6 +4,7 @@ import io.shuffled.client.ShuffleClient;
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.ShuffledException;
 import java.io.IOException;
+import java.security.cert.CertificateException;
 import java.util.Map;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.shuffle.api.ShuffleDriverComponents;
@@ -49,11 +50,31 @@ final class ShuffledDriverComponents implements ShuffleDriverComponents {
                 throw new IllegalStateException("shuffled: authentication with " + conf.adminAddress + " failed: "
                         + e.getMessage() + " (check " + ShuffledConf.SECRET + " against the daemons' secret-file)", e);
             }
+            if (certificateRefused(e)) {
+                throw new IllegalStateException("shuffled: TLS with " + conf.adminAddress + " failed: "
+                        + e.getMessage() + " (check " + ShuffledConf.TLS_CA + " against the CA of the daemons'"
+                        + " --client-tls-cert, and that the address names the host that certificate is for)", e);
+            }
             LOG.warn("shuffled: could not reach {} at start: {}", conf.adminAddress, e.toString());
         } catch (IOException | RuntimeException e) {
             LOG.warn("shuffled: could not reach {} at start: {}", conf.adminAddress, e.toString());
         }
         return Map.of();
+    }
+
+    /**
+     * Whether this application's side refused the daemon's certificate (not trusted, or for another name):
+     * like a wrong secret, every task would fail the same way, so the application stops at start. A
+     * connection that merely ended during the handshake (a daemon restarting, or one that wants a client
+     * certificate it was not shown) is only logged.
+     */
+    private static boolean certificateRefused(Throwable e) {
+        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
+            if (cause instanceof CertificateException) {
+                return true;
+            }
+        }
+        return false;
     }
 
     @Override
