@@ -1,7 +1,7 @@
 """`python -m benchmarks.shm_probe`: what a push through shared memory would save the daemon, measured without it.
 
-Not a scenario (no daemon runs); it answers issue 37's first questions before the protocol grows a shared-memory
-path: how much of a local push's cost is the socket, and whether the daemon should copy a pushed buffer out
+Not a scenario (no daemon runs); it answers the first questions of a shared-memory path before the protocol
+grows one: how much of a local push's cost is the socket, and whether the daemon should copy a pushed buffer out
 of the writer's memory or check its CRC32C where it lies. A writer process and a receiving process (the
 daemon's side) move `--mib` MiB of 32 KiB buffers over a Unix socket, with plain blocking sockets so the
 numbers are the kernel's and the copies', not an event loop's:

@@ -10,9 +10,13 @@ import sys
 import time
 
 from shuffled.config import DaemonConfig
+from shuffled.protocol import codec
+from shuffled.protocol.frames import AdminRequest, AdminResponse, CommitAck, CommitMapOutput, OpenMapOutput, PushCredit
+from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient
 from tests.aio import within
 from tests.cluster import Cluster, cluster_fixture, payload, pool_settled, rss, wait_until
+from tests.integration.test_bad_input import Raw
 from tests.shuffles import push, read_range
 from tests.units import MiB
 
@@ -232,4 +236,40 @@ async def test_loaded_relay_gives_floating_credit_and_stays_bounded(pair: Cluste
             await c.unregister_shuffle(APP, shuffle)
         s = await pool_settled(c)
         assert s["pool"]["used"] == 0 and s["pool"]["floating"] == 0, s
+        await c.close()
+
+
+@within(60)
+async def test_push_credit_is_told_in_batches_and_never_runs_short(pair: Cluster) -> None:
+    """A writer on a daemon with memory to spare hears of new push credit once what it knows it holds is down
+    to half its window: a PushCredit per 8 segments of a 16-segment window, not one per segment (each a system
+    call on both sides). The writer pushes one buffer at a time and waits for an admin answer after each (the
+    daemon handles a connection's frames in order), so every PushCredit the daemon made for a push is seen
+    before that answer: one per push before. It never runs out of credit on the way (a push without credit
+    would be refused), and every credit the daemon granted is told by the commit."""
+    raw = await Raw.open(pair.daemons[0].addr)
+    await raw.hello()
+    await raw.send(codec.encode(OpenMapOutput(1, "batch-app", 1, 0, 1, 4)))
+    first = await raw.frame()
+    assert isinstance(first, PushCredit) and first.credit == 16, first
+    known, told, pushes = first.credit, 1, 64
+    for i in range(pushes):
+        assert known > 0, f"push {i}: no credit left"
+        await raw.send(codec.encode_push_data(1, i, group_bytes(1, [(i % 4, b"c" * 30_000)])))
+        known -= 1
+        await raw.send(codec.encode(AdminRequest(2 + i, "stats", {})))
+        while not isinstance(frame := await raw.frame(), AdminResponse):
+            assert isinstance(frame, PushCredit), frame
+            known, told = known + frame.credit, told + 1
+        assert 8 <= known <= 16, f"push {i}: the writer knows of {known} credits"
+    assert told <= 2 + pushes // 8, f"{told} PushCredit frames for {pushes} pushes"
+    await raw.send(codec.encode(CommitMapOutput(1, pushes)))
+    while not isinstance(frame := await raw.frame(), CommitAck):
+        assert isinstance(frame, PushCredit), frame
+    raw.writer.close()
+    c = await AsyncClient.connect(pair.daemons[0].addr)
+    try:
+        await c.remove_application("batch-app")
+        await pool_settled(c)
+    finally:
         await c.close()

@@ -188,23 +188,23 @@ class PushSession:
         self._top_up()
 
     def _top_up(self) -> None:
-        """Refill the window and grant one credit per new free segment (none while a replica lags)."""
+        """Refill the window and grant one credit per new free segment (none while a replica lags), told once
+        the writer's known credit is half its window: a PushCredit a segment cost a system call per 32 KiB."""
         if self.phase is not Phase.RECEIVING:
             return
-        window = self.window
+        window, pool = self.window, self.window.pool
+        assert pool is not None
         new = window.fill()
         if new > 0 and self.links is not None:
             self.held_back = self.links.lagging()
-            if self.held_back:
-                return  # the links call again once no replica lags
-        if new > 0:
-            assert window.pool is not None
-            window.pool.promise(new)
+        if new <= 0:
+            window.wait_if_empty()
+        elif self.links is None or not self.held_back:  # else the links call again once no replica lags
+            pool.promise(new)
             self.counters.push_credit_granted += new
             self._unannounced += new
+        if self._unannounced and 2 * (pool.promised - self._unannounced) <= pool.size:
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
-        else:
-            window.wait_if_empty()
 
     @property
     def outstanding(self) -> int:
