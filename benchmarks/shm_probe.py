@@ -31,7 +31,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +38,10 @@ from pathlib import Path
 
 import crc32c
 
-from .common import MiB, median
-from .zerocopy import RUN_LIMIT, _cpu
+from .common import MiB
+from .zerocopy import RUN_LIMIT, _cpu, finish, helper, print_rows
 
+MODULE = "benchmarks.shm_probe"
 CHUNK = 32 << 10
 #: slots of the shared region (2 MiB: a push window's worth)
 SLOTS = 64
@@ -168,21 +168,6 @@ def _write(path: str, region_path: str, mode: str, count: int, batch: int) -> No
     print(json.dumps({"cpu": cpu}), flush=True)
 
 
-def _helper(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.shm_probe", *args], stdout=subprocess.PIPE, text=True, bufsize=1
-    )
-
-
-def _result(proc: subprocess.Popen[str]) -> dict[str, float]:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if proc.wait(RUN_LIMIT) != 0 or not line:
-        raise RuntimeError(f"a probe process failed ({proc.args!r})")
-    result: dict[str, float] = json.loads(line)
-    return result
-
-
 def run_once(tmp: Path, method: str, count: int) -> tuple[float, float, float]:
     """MiB/s at the receiver, the receiver's and the writer's CPU seconds per GiB."""
     mode, batch = METHODS[method]
@@ -190,17 +175,15 @@ def run_once(tmp: Path, method: str, count: int) -> tuple[float, float, float]:
     with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="shuffled-probe-") as region:
         region.truncate(SLOTS * CHUNK)
         region.flush()
-        recv = _helper("recv", "--path", sock, "--region", region.name, "--mode", mode, "--count", str(count))
+        args = ("--path", sock, "--region", region.name, "--mode", mode, "--count", str(count))
+        recv = helper("recv", *args, module=MODULE)
         try:
             assert recv.stdout is not None
             if recv.stdout.readline().strip() != "ready":
                 raise RuntimeError("the receiver did not start")
-            write = _helper(
-                "write", "--path", sock, "--region", region.name, "--mode", mode, "--count", str(count),
-                "--batch", str(batch),
-            )  # fmt: skip
-            got = _result(recv)
-            wrote = _result(write)
+            write = helper("write", *args, "--batch", str(batch), module=MODULE)
+            got = finish(recv)
+            wrote = finish(write)
         finally:
             recv.kill()
             os.unlink(sock)
@@ -235,13 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             for method in METHODS:
                 rows.setdefault(method, []).append(run_once(Path(tmp), method, count))
     print(f"{args.mib} MiB of 32 KiB buffers per run, median of {args.repeats} (range)")
-    print(f"{'method':<40} {'MiB/s':>22} {'receiver CPU s/GiB':>20} {'writer CPU s/GiB':>20}")
-    for name, samples in rows.items():
-        cells = []
-        for i, fmt in enumerate(("{:,.0f}", "{:.2f}", "{:.2f}")):
-            values = [s[i] for s in samples]
-            cells.append(f"{fmt.format(median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})")
-        print(f"{name:<40} {cells[0]:>22} {cells[1]:>20} {cells[2]:>20}")
+    print_rows(rows, ("method", "MiB/s", "receiver CPU s/GiB", "writer CPU s/GiB"), (40, 22, 20, 20))
     return 0
 
 

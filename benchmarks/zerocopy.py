@@ -178,16 +178,17 @@ SERVE: dict[str, tuple[Callable[[int, socket.socket, int, bool], None], bool]] =
 }
 
 
-def _helper(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.zerocopy", *args], stdout=subprocess.PIPE, text=True, bufsize=1
-    )
+def helper(*args: str, module: str = "benchmarks.zerocopy") -> subprocess.Popen[str]:
+    """A probe's helper process (`python -m <module> <role> ...`), its output read line by line."""
+    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True, bufsize=1)
 
 
-def _finish(proc: subprocess.Popen[str]) -> dict[str, float]:
+def finish(proc: subprocess.Popen[str]) -> dict[str, float]:
+    """The JSON line a helper prints when it is done; RuntimeError if it failed instead."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    proc.wait(60)
+    if proc.wait(RUN_LIMIT) != 0 or not line:
+        raise RuntimeError(f"a probe process failed ({proc.args!r})")
     result: dict[str, float] = json.loads(line)
     return result
 
@@ -201,7 +202,7 @@ def _rate(result: dict[str, float], expected: int) -> float:
 def serve_once(path: Path, size: int, method: str) -> tuple[float, float, float]:
     """MiB/s at the receiver, the sender's and the receiver's CPU seconds per GiB."""
     expected = size // CHUNK * (CHUNK + len(HEADER))
-    recv = _helper("recv", "--bytes", str(expected))
+    recv = helper("recv", "--bytes", str(expected))
     assert recv.stdout is not None
     port = int(recv.stdout.readline())
     send, check = SERVE[method]
@@ -212,7 +213,7 @@ def serve_once(path: Path, size: int, method: str) -> tuple[float, float, float]
             cpu0 = _cpu()
             send(fd, sock, size, check)
             cpu = _cpu() - cpu0
-            result = _finish(recv)
+            result = finish(recv)
     finally:
         os.close(fd)
     gib = size / (1 << 30)
@@ -221,15 +222,15 @@ def serve_once(path: Path, size: int, method: str) -> tuple[float, float, float]
 
 def relay_once(size: int, method: str) -> tuple[float, float, float]:
     """MiB/s at the receiver, the relay's and the receiver's CPU seconds per GiB."""
-    recv = _helper("recv", "--bytes", str(size))
+    recv = helper("recv", "--bytes", str(size))
     assert recv.stdout is not None
     port = recv.stdout.readline().strip()
-    relay = _helper("relay", "--port", port, "--bytes", str(size), "--method", method)
+    relay = helper("relay", "--port", port, "--bytes", str(size), "--method", method)
     assert relay.stdout is not None
     relay_port = relay.stdout.readline().strip()
-    send = _helper("send", "--port", relay_port, "--bytes", str(size))
-    result = _finish(recv)
-    cpu = _finish(relay)["cpu"]
+    send = helper("send", "--port", relay_port, "--bytes", str(size))
+    result = finish(recv)
+    cpu = finish(relay)["cpu"]
     send.wait(60)
     gib = size / (1 << 30)
     return _rate(result, size), cpu / gib, result["cpu"] / gib
@@ -276,14 +277,21 @@ def main(argv: list[str] | None = None) -> int:
                 rows.setdefault(f"relay: {name}", []).append(relay_once(size, method))
             signal.alarm(0)
     print(f"{size // MiB} MiB per run, median of {args.repeats} (range); CPU s/GiB of the sender (serve) or relay")
-    print(f"{'method':<52} {'MiB/s':>20} {'CPU s/GiB':>16} {'receiver CPU':>16}")
+    print_rows(rows, ("method", "MiB/s", "CPU s/GiB", "receiver CPU"), (52, 20, 16, 16))
+    return 0
+
+
+def print_rows(
+    rows: dict[str, list[tuple[float, float, float]]], heads: tuple[str, ...], widths: tuple[int, ...]
+) -> None:
+    """A probe's table: a row per method, its rate and two CPU columns as the median of its runs (range)."""
+    print(f"{heads[0]:<{widths[0]}} " + " ".join(f"{h:>{w}}" for h, w in zip(heads[1:], widths[1:], strict=True)))
     for name, samples in rows.items():
         cells = []
         for i, fmt in enumerate(("{:,.0f}", "{:.2f}", "{:.2f}")):
             values = [s[i] for s in samples]
             cells.append(f"{fmt.format(median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})")
-        print(f"{name:<52} {cells[0]:>20} {cells[1]:>16} {cells[2]:>16}")
-    return 0
+        print(f"{name:<{widths[0]}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths[1:], strict=True)))
 
 
 if __name__ == "__main__":

@@ -54,23 +54,29 @@ def test_quick_benchmarks_run_and_write_results(tmp_path: Path) -> None:
     assert list(tmp_path.glob("*.png")), "no plot was written"
 
 
-@pytest.mark.timeout(120)
-def test_zerocopy_probe_moves_every_byte_each_way() -> None:
-    """Each path of `python -m benchmarks.zerocopy` delivers exactly the bytes it sent (the receiver counts
-    them; a short count or a stall ends the run with an error) and reports a rate and both CPU columns."""
+def _probe(module: str, methods: tuple[str, ...], name_width: int) -> list[tuple[float, float, float]]:
+    """A probe's 8 MiB run (`python -m benchmarks.<module>`): each method's row as (rate, CPU, CPU)."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.zerocopy", "--mib", "8", "--repeats", "1"],
+        [sys.executable, "-m", f"benchmarks.{module}", "--mib", "8", "--repeats", "1"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=90,
     )
     assert done.returncode == 0, f"exit code {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
-    rows = [line for line in done.stdout.splitlines() if line.startswith(("serve:", "relay:"))]
-    assert len(rows) == 7, done.stdout
-    for row in rows:
-        rate, cpu, receiver_cpu = (float(cell.replace(",", "")) for cell in row[52:].split()[::2])
-        assert rate > 0 and cpu > 0 and receiver_cpu > 0, row
+    rows = [line for line in done.stdout.splitlines() if line.startswith(methods)]
+    cells = [tuple(float(cell.replace(",", "")) for cell in row[name_width:].split()[::2]) for row in rows]
+    return [(c[0], c[1], c[2]) for c in cells]
+
+
+@pytest.mark.timeout(120)
+def test_zerocopy_probe_moves_every_byte_each_way() -> None:
+    """Each path of `python -m benchmarks.zerocopy` delivers exactly the bytes it sent (the receiver counts
+    them; a short count or a stall ends the run with an error) and reports a rate and both CPU columns."""
+    rows = _probe("zerocopy", ("serve:", "relay:"), 52)
+    assert len(rows) == 7
+    for rate, cpu, receiver_cpu in rows:
+        assert rate > 0 and cpu > 0 and receiver_cpu > 0, rows
 
 
 @pytest.mark.timeout(120)
@@ -79,17 +85,8 @@ def test_shm_probe_moves_and_checks_every_buffer_and_leaves_no_region() -> None:
     receiver counts and checks them; a short count, a mismatch or a stall ends the run with an error),
     reports a rate and both CPU columns, and leaves no region behind under /dev/shm."""
     before = set(Path("/dev/shm").glob("shuffled-probe-*"))
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.shm_probe", "--mib", "8", "--repeats", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, f"exit code {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
-    rows = [line for line in done.stdout.splitlines() if line.startswith(("socket", "shm"))]
-    assert len(rows) == 6, done.stdout
-    for row in rows:
-        rate, cpu, writer_cpu = (float(cell.replace(",", "")) for cell in row[40:].split()[::2])
-        assert rate > 0 and cpu >= 0 and writer_cpu > 0, row
+    rows = _probe("shm_probe", ("socket", "shm"), 40)
+    assert len(rows) == 6
+    for rate, receiver_cpu, writer_cpu in rows:
+        assert rate > 0 and receiver_cpu >= 0 and writer_cpu > 0, rows
     assert set(Path("/dev/shm").glob("shuffled-probe-*")) == before
