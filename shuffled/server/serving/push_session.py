@@ -208,7 +208,7 @@ class PushSession:
 
     @property
     def outstanding(self) -> int:
-        """Credit the writer holds and has not used."""
+        """Credit granted to the writer and not used (the last of it perhaps not told yet)."""
         pool = self.window.pool
         return pool.promised if pool is not None else 0
 
