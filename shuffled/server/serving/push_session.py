@@ -29,7 +29,7 @@ from array import array
 from enum import Enum
 from typing import Any, Protocol
 
-from ...buffers import Buffer
+from ...buffers import Buffer, LocalPool
 from ...logs import event
 from ...net.once_per_turn import OncePerTurn
 from ...protocol.connection import ProtocolConnection
@@ -188,8 +188,7 @@ class PushSession:
         self._top_up()
 
     def _top_up(self) -> None:
-        """Refill the window and grant one credit per new free segment (none while a replica lags), told once
-        the writer's known credit is half its window: a PushCredit a segment cost a system call per 32 KiB."""
+        """Refill the window and grant one credit per new free segment (none while a replica lags)."""
         if self.phase is not Phase.RECEIVING:
             return
         window, pool = self.window, self.window.pool
@@ -203,7 +202,7 @@ class PushSession:
             pool.promise(new)
             self.counters.push_credit_granted += new
             self._unannounced += new
-        if self._unannounced and 2 * (pool.promised - self._unannounced) <= pool.size:
+        if _tell_now(self._unannounced, pool):
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
 
     @property
@@ -286,3 +285,9 @@ class PushSession:
             self.task.cancel()
         if self.links is not None:
             self.links.abort()
+
+
+def _tell_now(unannounced: int, pool: LocalPool) -> bool:
+    """Whether a writer hears of its new push credit now: a quarter of its window at a time, or at once when the
+    credit it knows of is down to half (a PushCredit per segment cost both sides a system call per 32 KiB)."""
+    return unannounced > 0 and (4 * unannounced >= pool.size or 2 * (pool.promised - unannounced) <= pool.size)
