@@ -24,7 +24,7 @@ import pytest_asyncio
 from shuffled.protocol.errors import StorageError
 from shuffled.server.storage.lease import lease_node
 from shuffled.server.storage.object_format import node_dir
-from shuffled.server.storage.objects import ObjectStore
+from shuffled.server.storage.objects import ObjectNotFound, ObjectStore
 from shuffled.server.storage.probe import probe
 from tests.aio import run, within
 from tests.cluster import DaemonProcess, http_get, poll_until
@@ -107,6 +107,12 @@ async def test_large_objects_round_trip_and_read_back_in_ranges(store: ObjectSto
     with pytest.raises(StorageError, match="asked for 100 bytes"):
         await store.read_into("shuffle/small", len(small) - 50, [memoryview(bytearray(100))])
     assert await store.delete_prefix("shuffle/") == 2
+    for start in (
+        0,
+        10,
+    ):  # an object that is gone is ObjectNotFound (a read of it: PartitionNotFound), whole or a range
+        with pytest.raises(ObjectNotFound, match="no such object"):
+            await store.read_into("shuffle/small", start, [memoryview(bytearray(100))])
     assert store.stats.objects_held == 0 and store.stats.bytes_held == 0
 
 

@@ -64,6 +64,13 @@ class Requests:
             text = text.replace(secret, "***")
         return text
 
+    @staticmethod
+    def missing(exc: BaseException) -> bool:
+        """The store said the object is not there (NoSuchKey), in an error of a kind obstore does not map to
+        its NotFoundError (a ranged GET's 404 from some servers)."""
+        code = _S3_CODE.search(" ".join(str(exc).split()))
+        return code is not None and code.group(1) == "NoSuchKey"
+
     def reason(self, exc: BaseException) -> str:
         """What went wrong, in a line: the S3 error code or HTTP status, or the connection's trouble."""
         text = " ".join(str(exc).split())

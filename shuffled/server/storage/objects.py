@@ -175,10 +175,10 @@ class ObjectStore:
             raise self.requests.failed(
                 "get", key, started, f"no answer within {self.config.request_bound():.0f}s"
             ) from None
-        except NotFoundError:
-            self.requests.failed("get", key, started, "no such object")
-            raise ObjectNotFound(f"object store get {self.config.url}/{key}: no such object") from None
         except Exception as exc:
+            if isinstance(exc, NotFoundError) or self.requests.missing(exc):
+                self.requests.failed("get", key, started, "no such object")
+                raise ObjectNotFound(f"object store get {self.config.url}/{key}: no such object") from None
             raise self.requests.failed("get", key, started, self.requests.reason(exc)) from None
         view = memoryview(data)
         if len(view) != length:
@@ -203,10 +203,9 @@ class ObjectStore:
             started = time.monotonic()
             try:
                 await self._bounded(obstore.delete_async(store, page if len(page) > 1 else page[0]))
-            except NotFoundError:
-                pass
             except Exception as exc:
-                raise self.requests.failed("delete", page[0], started, self.requests.reason(exc)) from None
+                if not (isinstance(exc, NotFoundError) or self.requests.missing(exc)):
+                    raise self.requests.failed("delete", page[0], started, self.requests.reason(exc)) from None
             self.requests.done("delete", started)
             for key in page:
                 self._forget(key)
