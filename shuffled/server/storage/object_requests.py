@@ -9,6 +9,8 @@ import re
 import time
 from collections.abc import Callable
 
+from obstore.exceptions import NotFoundError
+
 from ...ops.stats import ObjectStoreStats
 from ...protocol.errors import StorageError
 from .object_config import ObjectStoreConfig
@@ -66,8 +68,10 @@ class Requests:
 
     @staticmethod
     def missing(exc: BaseException) -> bool:
-        """The store said the object is not there (NoSuchKey), in an error of a kind obstore does not map to
-        its NotFoundError (a ranged GET's 404 from some servers)."""
+        """The store said the object is not there: obstore's NotFoundError, or NoSuchKey in an error of another
+        kind (what it makes of a ranged GET's 404 from some servers)."""
+        if isinstance(exc, NotFoundError):
+            return True
         code = _S3_CODE.search(" ".join(str(exc).split()))
         return code is not None and code.group(1) == "NoSuchKey"
 

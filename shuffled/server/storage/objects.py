@@ -40,7 +40,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import obstore
-from obstore.exceptions import NotFoundError
 from obstore.store import S3Store
 
 from ...logs import event
@@ -176,7 +175,7 @@ class ObjectStore:
                 "get", key, started, f"no answer within {self.config.request_bound():.0f}s"
             ) from None
         except Exception as exc:
-            if isinstance(exc, NotFoundError) or self.requests.missing(exc):
+            if self.requests.missing(exc):
                 self.requests.failed("get", key, started, "no such object")
                 raise ObjectNotFound(f"object store get {self.config.url}/{key}: no such object") from None
             raise self.requests.failed("get", key, started, self.requests.reason(exc)) from None
@@ -204,7 +203,7 @@ class ObjectStore:
             try:
                 await self._bounded(obstore.delete_async(store, page if len(page) > 1 else page[0]))
             except Exception as exc:
-                if not (isinstance(exc, NotFoundError) or self.requests.missing(exc)):
+                if not self.requests.missing(exc):
                     raise self.requests.failed("delete", page[0], started, self.requests.reason(exc)) from None
             self.requests.done("delete", started)
             for key in page:
