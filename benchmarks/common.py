@@ -567,8 +567,11 @@ class Context:
             scratch.close()
 
     @contextlib.asynccontextmanager
-    async def client(self, address: str, pool_size: int = 4 * MiB) -> AsyncIterator[AsyncClient]:
-        client = await AsyncClient.connect(address, pool_size=pool_size, timeout=30.0)
+    async def client(
+        self, address: str, pool_size: int = 4 * MiB, shared_memory: bool = True
+    ) -> AsyncIterator[AsyncClient]:
+        """A client of the daemon at `address`: over a Unix socket, through shared memory unless told not to."""
+        client = await AsyncClient.connect(address, pool_size=pool_size, timeout=30.0, shared_memory=shared_memory)
         try:
             yield client
         finally:
@@ -667,6 +670,10 @@ class CpuMeter:
         entry[1] += wall
         for who, pid in self.pids.items():
             entry[2][who] += cpu_seconds(pid) - before[who]
+
+    def per_gib(self, who: str) -> dict[str, float]:
+        """Label -> CPU seconds per GiB process `who` spent in it."""
+        return {label: cpu[who] / (nbytes / (1 << 30)) for label, (nbytes, _, cpu) in self.spent.items() if nbytes}
 
     def notes(self) -> list[str]:
         out = []

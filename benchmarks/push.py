@@ -48,15 +48,26 @@ HOST_CORES = 1.0
 
 #: the goal, 1 GB/s (decimal), in this table's unit
 GOAL = Goal("value", ">=", 1e9 / MiB)
+#: through shared memory against the Unix socket: twice the rate, a quarter of the daemon's CPU per GiB and
+#: 0.7 of the client's
+SHM_GOAL = Goal("ratio", ">=", 2.0)
+SHM_CPU_GOALS = {"daemon": Goal("ratio", "<=", 0.25), "client": Goal("ratio", "<=", 0.7)}
 
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(512 * MiB, 64 * MiB)
     bare = await bare_throughput(ctx)
-    rates: dict[str, list[float]] = {"TCP": [], "Unix socket": []}
+    rates: dict[str, list[float]] = {"TCP": [], "Unix socket": [], "shared memory": []}
     async with ctx.daemons(store_pool(nbytes), unix=True) as (a,):
         cpu = CpuMeter({"daemon": a.pid, "client": None})
-        async with ctx.client(a.addr) as tcp, ctx.client(f"unix:{a.ready_field('unix')}") as unix:
+        local = f"unix:{a.ready_field('unix')}"
+        async with (
+            ctx.client(a.addr) as tcp,
+            ctx.client(local, shared_memory=False) as unix,
+            ctx.client(local) as shm,
+        ):
+            if shm.session.region is None:
+                raise RuntimeError("the daemon offered no shared memory to a client of its Unix socket")
             shuffle = 1
             t0 = time.perf_counter()
             await push(tcp, APP, shuffle, shuffle, [nbytes])
@@ -64,14 +75,14 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             await tcp.unregister_shuffle(APP, shuffle)
             ctx.progress(f"first push (cold pool) {cold:,.0f} MiB/s")
             for _ in bounded(ctx.repeats, ctx.pick(120.0, 15.0)):
-                for kind, client in (("TCP", tcp), ("Unix socket", unix)):
+                for kind, client in (("TCP", tcp), ("Unix socket", unix), ("shared memory", shm)):
                     shuffle += 1
                     t0 = time.perf_counter()
                     with cpu.measure(f"push over {kind}", nbytes):
                         await push(client, APP, shuffle, shuffle, [nbytes])
                     rates[kind].append(mib_per_s(nbytes, time.perf_counter() - t0))
                     await client.unregister_shuffle(APP, shuffle)
-                ctx.progress(f"TCP {rates['TCP'][-1]:,.0f} MiB/s, Unix socket {rates['Unix socket'][-1]:,.0f} MiB/s")
+                ctx.progress(", ".join(f"{kind} {r[-1]:,.0f} MiB/s" for kind, r in rates.items()))
 
     result.add(
         "first push over TCP, cold pool", cold, "MiB/s", baseline_name="bare", baseline=bare.mib_s, samples=[cold]
@@ -86,9 +97,29 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             goal=GOAL,
             samples=samples,
         )
+    unix_rate = median(rates["Unix socket"])
+    result.add(
+        "push through shared memory, against the Unix socket",
+        median(rates["shared memory"]),
+        "MiB/s",
+        baseline_name="Unix socket",
+        baseline=unix_rate,
+        goal=SHM_GOAL,
+        samples=rates["shared memory"],
+    )
+    for who, goal in SHM_CPU_GOALS.items():
+        per_gib = cpu.per_gib(who)
+        result.add(
+            f"{who} CPU per GiB through shared memory, against the Unix socket",
+            per_gib["push over shared memory"],
+            "s/GiB",
+            baseline_name="Unix socket",
+            baseline=per_gib["push over Unix socket"],
+            goal=goal,
+        )
     result.notes.append(
         f"{nbytes // MiB} MiB per push into one partition, 1 MiB writes, medians of {len(rates['TCP'])}; "
-        f"Unix/TCP = {median(rates['Unix socket']) / median(rates['TCP']):.2f}"
+        f"Unix/TCP = {unix_rate / median(rates['TCP']):.2f}"
     )
     result.notes.extend(cpu.notes())
     await _replicated(ctx, result, nbytes)

@@ -192,16 +192,17 @@ async def _serve(config: settings.DaemonConfig) -> int:
     from .server.daemon import Daemon
 
     daemon = Daemon(config)
+    # Before the ready line: a signal that comes as soon as the daemon says it is ready stops it in order.
+    signals: asyncio.Queue[str] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signals.put_nowait, sig.name)
     await daemon.start()
     # What exists now lives as long as the daemon: the cyclic collector need not scan it again. Per buffer
     # the hot path allocates small, acyclic objects (frames, tuples), which made young collections about
     # 3 % of a relaying daemon's time (py-spy); collecting them less often costs a little memory.
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    signals: asyncio.Queue[str] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, signals.put_nowait, sig.name)
     first = asyncio.create_task(signals.get())
     requested = asyncio.create_task(daemon.drain.started.wait())
     await asyncio.wait({first, requested}, return_when=asyncio.FIRST_COMPLETED)

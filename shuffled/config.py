@@ -140,6 +140,10 @@ def _optional(text: str) -> str | None:
     return text or None
 
 
+def _optional_none(text: str) -> str | None:
+    return None if text.strip().lower() in ("", "none") else text
+
+
 def _parse_data_dir(text: str) -> str:
     text = text.strip()
     return text if text and text.lower() not in (DATA_DIR_AUTO, DATA_DIR_NONE) else (text.lower() or DATA_DIR_NONE)
@@ -194,6 +198,13 @@ class DaemonConfig:
         "permissions of the Unix socket (octal); clients need write permission to connect",
         parse=_parse_mode,
         metavar="MODE",
+    )
+    shm_dir: str | None = setting(
+        "/dev/shm",
+        "where the regions of shared memory local clients push through are made (a tmpfs; `none`: local "
+        "clients push through the Unix socket)",
+        parse=_optional_none,
+        metavar="DIR",
     )
     advertise: str | None = setting(
         None,

@@ -282,6 +282,26 @@ VALID: list[tuple[str, F.Frame]] = [
     ),
     ("PushData, the last partition continued", data(push(5, 2, 4711, [(199, b"ee")]))),
     ("PushData, largest sequence", data(push(5, U32_MAX, U64_MAX, [((1 << 24) - 1, b"\x00")]))),
+    (
+        "Hello from a client, asking for shared memory",
+        F.Hello(F.Role.CLIENT, info={"name": "executor-3", "features": [F.SHM]}),
+    ),
+    (
+        "HelloAck to a client, giving it shared memory",
+        F.HelloAck(
+            F.Role.DAEMON,
+            info={
+                "node": "10.0.0.1:7337",
+                "segment_size": 32768,
+                "features": [F.SHM],
+                "shm": {"path": "/dev/shm/shuffled-4242-0a1b2c3d/6c9f0e1d2a3b4c5d6e7f8091a2b3c4d5", "size": 268435456},
+            },
+        ),
+    ),
+    ("PushSlots, one slot", F.PushSlots(5, [0])),
+    ("PushSlots, several slots", F.PushSlots(5, [17, 3, 8191, U32_MAX])),
+    ("PushPlaced", F.PushPlaced(5, 0, 0x1F2E3D4C, 17, 32768)),
+    ("PushPlaced, largest values", F.PushPlaced(5, U32_MAX, U32_MAX, U32_MAX, 1)),
     ("CommitMapOutput", F.CommitMapOutput(5, 38)),
     (
         "CommitAck, several lengths including some over 2^32",
@@ -488,6 +508,15 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ),
     ("AddCredit with credit 0", frame(F.FrameType.ADD_CREDIT, 1, b"\0\0\0\0"), P, "credit must be > 0", False),
     ("PushCredit with credit 0", frame(F.FrameType.PUSH_CREDIT, 1, b"\0\0\0\0"), P, "credit must be > 0", False),
+    ("PushSlots naming no slot", frame(F.FrameType.PUSH_SLOTS, 1, b""), P, "one or more u32 slots", False),
+    ("PushSlots of 6 bytes", frame(F.FrameType.PUSH_SLOTS, 1, b"\0\0\0\1\0\0"), P, "a whole number of u32s", False),
+    (
+        "PushPlaced body of 12 bytes",
+        frame(F.FrameType.PUSH_PLACED, 1, b"\0" * 12),
+        P,
+        "body must be exactly 16 bytes",
+        False,
+    ),
     (
         "AddCredit body of 3 bytes",
         frame(F.FrameType.ADD_CREDIT, 1, b"\0\0\1"),

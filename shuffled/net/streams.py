@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
 from ..buffers import Buffer, Chunk
+from ..buffers.shm import MappedRegion
 from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
     PUSH_DATA_PREFIX,
+    PUSH_PLACED_FIXED,
+    PUSH_PLACED_FRAME,
     U32,
     BufferKind,
     FrameType,
@@ -130,3 +134,39 @@ class PushStream(Outbound):
         pack_push_data_prefix(into, offset, self.stream, self.pushed, buf.length, crc)
         self.pushed += 1
         return PUSH_DATA_PREFIX.size, buf
+
+
+class PlacedPushStream(PushStream):
+    """A local client's push over shared memory (PROTOCOL.md §6.3): each payload is copied into a slot of the
+    connection's region the daemon granted (PushSlots), and a PushPlaced says which; nothing is lent to the
+    transport, so the buffer is free again at once."""
+
+    __slots__ = ("_slots", "region")
+
+    def __init__(self, stream: int, region: MappedRegion) -> None:
+        super().__init__(stream)
+        self.region = region
+        self._slots: deque[int] = deque()
+
+    def add_slots(self, slots: list[int]) -> None:
+        self._slots.extend(slots)
+        self.add_credit(len(slots))
+
+    def pack(
+        self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
+    ) -> tuple[int, Buffer | None]:
+        if is_event:
+            return super().pack(into, offset, item, seq, backlog, is_event)
+        payload: Payload = item
+        buf = payload.buffer
+        n = buf.length
+        slot = self._slots.popleft()
+        place = self.region.slot(slot)[:n]
+        place[:] = buf.memory[:n]
+        crc = checksum(place)
+        PUSH_PLACED_FRAME.pack_into(
+            into, offset, PUSH_PLACED_FIXED.size, FrameType.PUSH_PLACED, 0, 0, self.stream, self.pushed, crc, slot, n
+        )
+        self.pushed += 1
+        buf.release()
+        return PUSH_PLACED_FRAME.size, None

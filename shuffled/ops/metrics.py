@@ -255,6 +255,11 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         t.pushed_bytes,
     )
     yield _counter("shuffled_pushed_buffers", "Buffers pushed into this daemon by clients", t.pushed_buffers)
+    yield _counter(
+        "shuffled_placed_buffers",
+        "Of the buffers pushed, those local clients placed in shared memory instead of sending them",
+        t.placed_buffers,
+    )
     yield _labelled(
         CounterMetricFamily(
             "shuffled_served_bytes",

@@ -145,6 +145,8 @@ class TrafficStats:
 
     pushed_bytes: int
     pushed_buffers: int
+    #: of those, buffers local clients placed in shared memory (PROTOCOL.md §6.3)
+    placed_buffers: int
     served_local_bytes: int
     served_local_buffers: int
     relayed_bytes: int

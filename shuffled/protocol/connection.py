@@ -55,6 +55,7 @@ from .frames import (
     MAX_HANDSHAKE_BODY,
     OpenMapOutput,
     PartitionRequest,
+    PushSlots,
     Role,
 )
 from .handshake import Handshake, Phase, Side
@@ -212,10 +213,11 @@ class ProtocolConnection:
         if stream is not None:
             stream.target = target
 
-    def grant_push_credit(self, writer: int, credit: int) -> None:
+    def grant_push_credit(self, writer: int, credit: int, slots: list[int] | None = None) -> None:
+        """`credit` more PushData, or with shared memory PushPlaced, one in each slot of `slots` (§6.3)."""
         stream = self.streams.step(self.streams.theirs, writer, Kind.PUSH, Step.GRANT)
         if stream is not None and self.is_open:
-            self.send(encode_push_credit(writer, credit))
+            self.send(encode_push_credit(writer, credit) if slots is None else encode(PushSlots(writer, slots)))
 
     def ack_commit(self, writer: int, lengths: Sequence[int]) -> None:
         self.streams.take(self.streams.theirs, writer, Kind.PUSH)

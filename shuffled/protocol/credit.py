@@ -331,6 +331,11 @@ class OutboundStream(Generic[T]):
             raise ProtocolError("credit must be positive")
         self.credit += n
 
+    def add_slots(self, slots: list[int]) -> None:
+        """Push credit as slots of shared memory (PushSlots, §6.3): only a stream that places its data there
+        takes it."""
+        raise ProtocolError(f"stream {self.stream}: push slots for a stream that does not use shared memory")
+
     def ready(self) -> bool:
         if not self._items or self.closed:
             return False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ShuffledError
-from .frames import AdminRequest, BufferResponse, OpenMapOutput, PartitionRequest, PushData, Role
+from .frames import AdminRequest, BufferResponse, OpenMapOutput, PartitionRequest, PushData, PushPlaced, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,13 @@ class PushOpened:
 @dataclass(frozen=True, slots=True)
 class PushDataArrived:
     frame: PushData
+
+
+@dataclass(frozen=True, slots=True)
+class PushPlacedArrived:
+    """A writer put a packed group in a slot of the connection's shared memory (§6.3)."""
+
+    frame: PushPlaced
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +167,7 @@ Event = (
     | ReadCancelled
     | PushOpened
     | PushDataArrived
+    | PushPlacedArrived
     | CommitRequested
     | AbortRequested
     | PushOutOfTurn

@@ -45,6 +45,10 @@ PUSH_DATA_FIXED = struct.Struct(">II")
 #: header and fixed part in one pack_into call
 BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIHHI")
 PUSH_DATA_PREFIX = struct.Struct(">IBBHIII")
+#: PushPlaced body: sequence u32, crc u32, slot u32, length u32 (a PushData whose payload is in shared memory)
+PUSH_PLACED_FIXED = struct.Struct(">IIII")
+#: PushPlaced with its header, packed in one call
+PUSH_PLACED_FRAME = struct.Struct(">IBBHIIIII")
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
@@ -93,6 +97,8 @@ class FrameType(IntEnum):
     COMMIT_ACK = 0x24
     ABORT_MAP_OUTPUT = 0x25
     ABORT_ACK = 0x26
+    PUSH_SLOTS = 0x27
+    PUSH_PLACED = 0x28
     ADMIN_REQUEST = 0x30
     ADMIN_RESPONSE = 0x31
 
@@ -186,6 +192,53 @@ class U32Body:
         return cls(stream, value)
 
 
+@dataclass(frozen=True, slots=True)
+class SlotsBody:
+    """A body of one or more u32s on a stream (PushSlots): the class's fields are the stream, then the list."""
+
+    stream: str
+    values: str
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        values = getattr(frame, self.values)
+        return HEADER.pack(4 * len(values), ftype, 0, 0, getattr(frame, self.stream)) + _u32s(values)
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if not body or len(body) % 4:
+            raise ProtocolError(f"{cls.TYPE.name}: body must be one or more u32s, got {len(body)} bytes")
+        values = array("I")
+        values.frombytes(body)
+        if _SWAP:
+            values.byteswap()
+        return cls(stream, values.tolist())
+
+
+def _u32s(values: list[int]) -> bytes:
+    wire = array("I", values)
+    if _SWAP:
+        wire.byteswap()
+    return wire.tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class FixedBody:
+    """A body of fixed fields on a stream (PushPlaced): the class's fields are the stream, then `fields`, in the
+    layout of `fixed`."""
+
+    stream: str
+    fixed: struct.Struct
+    fields: tuple[str, ...]
+
+    def pack(self, ftype: FrameType, frame: Any) -> bytes:
+        head = HEADER.pack(self.fixed.size, ftype, 0, 0, getattr(frame, self.stream))
+        return head + self.fixed.pack(*(getattr(frame, f) for f in self.fields))
+
+    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
+        if len(body) != self.fixed.size:
+            raise ProtocolError(f"{cls.TYPE.name}: body must be {self.fixed.size} bytes, got {len(body)}")
+        return cls(stream, *self.fixed.unpack(body))
+
+
 #: checks one key of a received msgpack map: (map, key, frame class) -> the field's value, or ProtocolError
 Reader = Callable[[dict[str, Any], str, Any], Any]
 
@@ -234,6 +287,8 @@ def attempt_locations(m: dict[str, Any], key: str, cls: Any) -> Any:
 
 #: the Hello/HelloAck feature two daemons agree on for replica pushes, `resume` and `holds` (§6, §12.4)
 REPLICA = "replica"
+#: the Hello/HelloAck feature a local client and its daemon agree on for pushes through shared memory (§6.3)
+SHM = "shm"
 #: most copies of one map output a push may ask for (OpenMapOutput `replicas`, §12.4)
 MAX_REPLICAS = 4
 
@@ -723,6 +778,32 @@ class PushData:
 
 
 @dataclass(slots=True)
+class PushSlots:
+    """Push credit on a connection that agreed on shared memory (§6.3): one credit per slot named, each the
+    place in the connection's region where the writer may put one packed group."""
+
+    TYPE: ClassVar[FrameType] = FrameType.PUSH_SLOTS
+    BODY: ClassVar[SlotsBody] = SlotsBody("writer", "slots")
+
+    writer: int
+    slots: list[int]
+
+
+@dataclass(slots=True)
+class PushPlaced:
+    """PushData on a connection that agreed on shared memory: the packed group is in `slot` of the region."""
+
+    TYPE: ClassVar[FrameType] = FrameType.PUSH_PLACED
+    BODY: ClassVar[FixedBody] = FixedBody("writer", PUSH_PLACED_FIXED, ("sequence", "crc", "slot", "length"))
+
+    writer: int
+    sequence: int
+    crc: int
+    slot: int
+    length: int
+
+
+@dataclass(slots=True)
 class CommitMapOutput:
     TYPE: ClassVar[FrameType] = FrameType.COMMIT_MAP_OUTPUT
     BODY: ClassVar[U32Body] = U32Body("writer", "pushes")
@@ -789,6 +870,8 @@ Frame = (
     | OpenMapOutput
     | PushCredit
     | PushData
+    | PushSlots
+    | PushPlaced
     | CommitMapOutput
     | CommitAck
     | AbortMapOutput

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
+from typing import Literal
 
 from .codec import encode_error_from
 from .errors import (
@@ -38,6 +39,7 @@ from .events import (
     PushDataArrived,
     PushOpened,
     PushOutOfTurn,
+    PushPlacedArrived,
     ReadCancelled,
     ReadRequested,
     StreamFailed,
@@ -45,6 +47,7 @@ from .events import (
 )
 from .frames import (
     REPLICA,
+    SHM,
     AbortAck,
     AbortMapOutput,
     AddCredit,
@@ -62,6 +65,8 @@ from .frames import (
     PartitionRequest,
     PushCredit,
     PushData,
+    PushPlaced,
+    PushSlots,
     Role,
 )
 from .handshake import Handshake
@@ -93,6 +98,8 @@ class Inbound:
         daemon = self.handshake.role is Role.DAEMON
         if type(frame) is PushData and daemon:
             return self._on_push_data(frame)
+        if type(frame) is PushPlaced and daemon:
+            return self._on_push_placed(frame)
         match frame:
             case AdminResponse() if self.handshake.peer_role is Role.CLIENT:
                 raise ProtocolError("AdminResponse is not expected from a client")
@@ -102,6 +109,10 @@ class Inbound:
                 raise ProtocolError(f"{type(frame).__name__} is not expected by a daemon")
             case PushCredit(writer, credit):
                 return self._on_push_credit(writer, credit)
+            case PushSlots(writer, slots):
+                if SHM not in self.handshake.features:
+                    raise ProtocolError("PushSlots on a connection that did not agree on shared memory")
+                return self._on_push_slots(writer, slots)
             case CommitAck(writer, lengths):
                 return Committed(writer, lengths) if self.streams.take(self.streams.own, writer, Kind.PUSH) else None
             case AbortAck(writer):
@@ -194,18 +205,33 @@ class Inbound:
         return None if stream is not None else self._unknown_push(writer)
 
     def _on_push_data(self, frame: PushData) -> Event | None:
-        try:
-            stream = self.streams.step(self.streams.theirs, frame.writer, Kind.PUSH, Step.DATA)
-        except StreamStateError as exc:
+        if SHM in self.handshake.features:
             release_payload(frame)
-            if exc.state is State.OPEN:
-                raise CreditViolation(f"stream {frame.writer}: data frame sent before credit was granted") from None
-            return None  # behind its commit or abort (a writer giving up had it on its way): dropped
-        if stream is None:
+            raise ProtocolError("PushData on a connection that agreed on shared memory (send PushPlaced)")
+        refused = self._data_step(frame.writer)
+        if refused is not True:
             release_payload(frame)
-            return self._unknown_push(frame.writer)
+            return refused
         _check_landed(frame.payload, frame.writer)
         return PushDataArrived(frame)
+
+    def _on_push_placed(self, frame: PushPlaced) -> Event | None:
+        if SHM not in self.handshake.features:
+            raise ProtocolError("PushPlaced on a connection that did not agree on shared memory")
+        refused = self._data_step(frame.writer)
+        return PushPlacedArrived(frame) if refused is True else refused
+
+    def _data_step(self, writer: int) -> StreamRefused | Literal[True] | None:
+        """True when data for their push `writer` is taken now; None when it is dropped (it came behind its
+        commit or abort: a writer giving up had it on its way); the refusal of a push not open. Data before
+        any credit breaks the rules."""
+        try:
+            stream = self.streams.step(self.streams.theirs, writer, Kind.PUSH, Step.DATA)
+        except StreamStateError as exc:
+            if exc.state is State.OPEN:
+                raise CreditViolation(f"stream {writer}: data frame sent before credit was granted") from None
+            return None
+        return True if stream is not None else self._unknown_push(writer)
 
     def _on_buffer(self, frame: BufferResponse) -> Event | None:
         stream = self.streams.own.get(frame.receiver)
@@ -226,6 +252,14 @@ class Inbound:
         if stream.outbound is not None:
             stream.outbound.add_credit(credit)
         return PushCredited(writer, credit)
+
+    def _on_push_slots(self, writer: int, slots: list[int]) -> Event | None:
+        stream = self.streams.step(self.streams.own, writer, Kind.PUSH, Step.GRANT)
+        if stream is None:
+            return None
+        if stream.outbound is not None:
+            stream.outbound.add_slots(slots)
+        return PushCredited(writer, len(slots))
 
 
 def _check_landed(payload: object, stream: int) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..buffers import GlobalPool
+from ..buffers.shm import RegionDirectory
 from ..config import DATA_DIR_AUTO, ConfigError, DaemonConfig
 from ..logs import event
 from ..net.ports import Port
@@ -132,6 +133,8 @@ class Daemon:
         self.ops: OpsServer | None = None
         self.housekeeping = Housekeeping(self.storage, self.membership, self.connections)
         self._watchdog: asyncio.Task[None] | None = None
+        #: where the regions of local clients' shared memory are made (only for clients of the Unix socket)
+        self.shm = RegionDirectory(config.shm_dir if config.unix_socket else None)
         #: the daemon's parts as its connections see them
         self.env = ShuffleEnvironment(
             config,
@@ -149,6 +152,7 @@ class Daemon:
             self.background,
             self.start_time,
             self.stats,
+            self.shm,
         )
 
     @property
@@ -197,6 +201,10 @@ class Daemon:
         cfg = self.config
         # Before listening: no request may see a half-restored store.
         restored = self.storage.restore()
+        try:
+            self.shm.open()
+        except OSError as exc:
+            event(log, "no shared memory for local clients", logging.WARNING, dir=cfg.shm_dir, reason=str(exc))
         port = await self.listeners.open(lambda arrived: DaemonConnection(self.env, port=arrived))
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         self.membership.node = cfg.advertise or f"{host}:{port}"
@@ -241,6 +249,7 @@ class Daemon:
                 conn.close("daemon stopping")
         if conns:  # their open map outputs are aborted when they are gone, before anything is persisted
             await asyncio.wait([c.lost for c in conns], timeout=5)
+        self.shm.close()  # no client's region has a name any more (stored data in them lives on in memory)
         await self.listeners.closed()
         self.housekeeping.stop()
         self.healing.stop()

@@ -381,6 +381,7 @@ WIRE_STATS = {
             (
                 "pushed_bytes",
                 "pushed_buffers",
+                "placed_buffers",
                 "served_local_bytes",
                 "served_local_buffers",
                 "relayed_bytes",

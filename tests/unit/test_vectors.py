@@ -297,13 +297,15 @@ def test_resume_points_that_do_not_fit_their_request_are_refused(entry: dict[str
 
 def test_client_vectors_carry_no_daemon_only_key() -> None:
     """A client implementation may skip `peer_vectors`, so nothing it must encode or refuse needs a daemon's keys."""
-    daemon_only = {"replica_of", "app_key", "resume", "features"}
+    daemon_only = {"replica_of", "app_key", "resume"}
     for v in VALID + DECODE_ONLY:
         frame = v["frame"]
         assert not daemon_only & (set(frame) | set(frame.get("info", {}))), v["name"]
+        assert set(frame.get("info", {}).get("features", [])) <= {F.SHM}, f"{v['name']}: a client offers shm alone"
     for v in PEER_VALID:
         frame = v["frame"]
-        assert daemon_only & (set(frame) | set(frame.get("info", {}))), v["name"]
+        keys = set(frame) | set(frame.get("info", {}))
+        assert daemon_only & keys or F.REPLICA in frame.get("info", {}).get("features", []), v["name"]
     assert any(v["frame"].get("replicas") for v in VALID), "the client key replicas has a client vector"
 
 

@@ -17,6 +17,7 @@ import ssl
 from typing import Any
 
 from shuffled.buffers import GlobalPool
+from shuffled.buffers.shm import MappedRegion
 from shuffled.net.connection import FrameConnection, endpoint_name
 from shuffled.net.tls import dialer_context
 from shuffled.protocol.auth import secret_bytes
@@ -34,7 +35,7 @@ from shuffled.protocol.events import (
     Event,
     HandshakeDone,
 )
-from shuffled.protocol.frames import DURABILITIES, FSYNCS, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import DURABILITIES, FSYNCS, SHM, OpenMapOutput, PartitionRequest, Role
 
 from .admin import AdminCalls
 from .reader import PartitionReader
@@ -57,6 +58,47 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     return kind, (host.strip("[]"), int(port))
 
 
+class _Unmapped(Exception):
+    """The daemon offered shared memory this client could not map (another user's region, a full tmpfs)."""
+
+
+def _map_region(offer: Any, slot_size: int) -> MappedRegion:
+    """The region a HelloAck's `shm` names, mapped (§6.3)."""
+    if not isinstance(offer, dict) or not isinstance(offer.get("path"), str) or not isinstance(offer.get("size"), int):
+        raise ValueError(f"the daemon's shm offer {offer!r} names no region")
+    return MappedRegion(offer["path"], offer["size"], slot_size)
+
+
+def _client_pool(size: int, segment_size: int, exclusive: int) -> GlobalPool:
+    segments = max(size // segment_size, 16)
+    # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take:
+    # eight readers' worth, but at most a quarter of the pool, so that floating buffers (taken
+    # while more than twice the reserve is free) stay possible with large segments too. The
+    # application's own reads are not held to the reserve (the daemon's are: see GlobalPool).
+    reserve = min(segments // 4, 8 * exclusive)
+    return GlobalPool(segments * segment_size, segment_size, reserve, reads_in_reserve=False)
+
+
+async def _dial(
+    client: AsyncClient, kind: str, where: str | tuple[str, int], tls: ssl.SSLContext | None, timeout: float
+) -> None:
+    """Connect `client` and do the handshake (its `_ready` says the daemon took it)."""
+    loop = asyncio.get_running_loop()
+    client._ready = loop.create_future()
+    try:
+        if kind == "unix":
+            assert isinstance(where, str)
+            coro = loop.create_unix_connection(lambda: _ClientConnection(client), where)
+        else:
+            assert isinstance(where, tuple)
+            context = (tls or dialer_context()) if kind == "tls" else None
+            coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1], ssl=context)
+        await asyncio.wait_for(coro, timeout)
+        await asyncio.wait_for(client._ready, timeout)
+    except (TimeoutError, OSError) as exc:  # ssl.SSLError (a certificate refused) is an OSError
+        raise ConnectionLost(f"cannot connect to shuffled at {client.address}: {exc or 'timed out'}") from None
+
+
 class _ClientConnection(FrameConnection):
     def __init__(self, client: AsyncClient) -> None:
         # max_payload is set to the daemon's segment size by HelloAck
@@ -66,7 +108,7 @@ class _ClientConnection(FrameConnection):
 
     def on_made(self) -> None:
         self.client._conn = self.client.session.conn = self  # before any frame arrives, so HelloAck finds it
-        self.proto.start({"name": "shuffled_client"})
+        self.proto.start({"name": "shuffled_client", **({"features": [SHM]} if self.client._shm else {})})
 
     def handle_event(self, ev: Event) -> None:
         if not self.client.session.on_event(ev):  # about a stream (nearly every event), else the connection
@@ -94,8 +136,11 @@ class AsyncClient(AdminCalls):
         floating: int,
         secret: str | bytes | None = None,
         app_secret: str | bytes | None = None,
+        shared_memory: bool = False,
     ) -> None:
         self.address = address
+        #: ask the daemon for shared memory (§6.3)
+        self._shm = shared_memory
         self._secret = secret_bytes(secret) if secret is not None else None
         self._pool_size = pool_size
         #: the connection's streams, pool and credit settings, as the writers and readers share them
@@ -119,6 +164,7 @@ class AsyncClient(AdminCalls):
         secret: str | bytes | None = None,
         app_secret: str | bytes | None = None,
         tls: ssl.SSLContext | None = None,
+        shared_memory: bool = True,
     ) -> AsyncClient:
         """Connect to a daemon at 'host:port', 'tls:host:port' or 'unix:/path' and do the handshake.
 
@@ -130,25 +176,21 @@ class AsyncClient(AdminCalls):
 
         A 'tls:' address reaches the daemon's client TLS port: `tls` is the context that checks the
         daemon's certificate (`shuffled_client.tls_context(ca, cert, key)`; None: the system's CAs).
+
+        Over a 'unix:' address the client pushes through shared memory with the daemon when the daemon
+        offers it (`shared_memory=False`: through the socket); a region it cannot map is not an error,
+        the client connects again without it.
         """
-        client = cls(address, pool_size, exclusive, floating, secret, app_secret)
         kind, where = parse_address(address)
         if tls is not None and kind != "tls":
             raise InvalidRequest(f"a TLS context needs a tls:host:port address, got {address!r}")
-        loop = asyncio.get_running_loop()
-        client._ready = loop.create_future()
+        client = cls(address, pool_size, exclusive, floating, secret, app_secret, shared_memory and kind == "unix")
         try:
-            if kind == "unix":
-                assert isinstance(where, str)
-                coro = loop.create_unix_connection(lambda: _ClientConnection(client), where)
-            else:
-                assert isinstance(where, tuple)
-                context = (tls or dialer_context()) if kind == "tls" else None
-                coro = loop.create_connection(lambda: _ClientConnection(client), where[0], where[1], ssl=context)
-            await asyncio.wait_for(coro, timeout)
-            await asyncio.wait_for(client._ready, timeout)
-        except (TimeoutError, OSError) as exc:  # ssl.SSLError (a certificate refused) is an OSError
-            raise ConnectionLost(f"cannot connect to shuffled at {address}: {exc or 'timed out'}") from None
+            await _dial(client, kind, where, tls, timeout)
+        except _Unmapped:  # the socket will do
+            await client.close()
+            client = cls(address, pool_size, exclusive, floating, secret, app_secret)
+            await _dial(client, kind, where, tls, timeout)
         return client
 
     # -- public API
@@ -264,15 +306,15 @@ class AsyncClient(AdminCalls):
     def _on_ready(self, info: dict[str, Any]) -> None:
         self.segment_size = int(info.get("segment_size", 32 << 10))
         self.daemon_node = str(info.get("node", ""))
-        segments = max(self._pool_size // self.segment_size, 16)
-        # Readers' exclusive buffers may use a reserve that writers waiting for memory cannot take:
-        # eight readers' worth, but at most a quarter of the pool, so that floating buffers (taken
-        # while more than twice the reserve is free) stay possible with large segments too. The
-        # application's own reads are not held to the reserve (the daemon's are: see GlobalPool).
-        reserve = min(segments // 4, 8 * self.session.exclusive)
-        self.session.pool = GlobalPool(segments * self.segment_size, self.segment_size, reserve, reads_in_reserve=False)
+        self.session.pool = _client_pool(self._pool_size, self.segment_size, self.session.exclusive)
         self.session.proto.reader.set_max_payload(self.segment_size)
         assert self._ready is not None
+        if SHM in self.session.proto.features:
+            try:
+                self.session.region = _map_region(info.get("shm"), self.segment_size)
+            except (OSError, ValueError) as exc:
+                self._ready.set_exception(_Unmapped(str(exc)))
+                return
         if not self._ready.done():
             self._ready.set_result(None)
 

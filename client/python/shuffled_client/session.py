@@ -12,6 +12,7 @@ import asyncio
 from typing import Any, Protocol
 
 from shuffled.buffers import Buffer, GlobalPool
+from shuffled.buffers.shm import MappedRegion
 from shuffled.net.connection import FrameConnection
 from shuffled.net.streams import PushStream
 from shuffled.protocol.auth import app_token
@@ -50,6 +51,8 @@ class Session:
         #: the client's pool, made once the daemon said its segment size
         self.pool: GlobalPool | None = None
         self.conn: FrameConnection | None = None
+        #: the connection's region of shared memory, where pushes place their data (None: through the socket)
+        self.region: MappedRegion | None = None
         #: why the connection is gone (every request then fails with it)
         self.lost: ShuffledError | None = None
         self._writers: dict[int, Writing] = {}

@@ -8,7 +8,7 @@ from itertools import chain, repeat
 from operator import add
 
 from shuffled.buffers import Buffer
-from shuffled.net.streams import Payload, PushEvent, PushStream
+from shuffled.net.streams import Payload, PlacedPushStream, PushEvent, PushStream
 from shuffled.protocol.compression import compress_block
 from shuffled.protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError
 from shuffled.protocol.frames import MAX_REPLICAS
@@ -45,7 +45,8 @@ class MapWriter:
         self.buffer_size = buffer_size
         #: bytes written per partition before compression (what `commit()` returns is what the daemon stores)
         self.uncompressed_lengths = [0] * partitions
-        self.stream = PushStream(stream_id)
+        region = session.region
+        self.stream = PushStream(stream_id) if region is None else PlacedPushStream(stream_id, region)
         self._held: dict[int, bytearray] = {}
         self._held_bytes = 0
         loop = asyncio.get_running_loop()

@@ -60,6 +60,8 @@ class Counters:
     #: the `_bytes` counters count data bytes, the runs' bytes (never a packed group's header or directory)
     pushed_bytes: int = 0
     pushed_buffers: int = 0
+    #: of those, buffers a local client placed in shared memory (never crossing a socket)
+    placed_buffers: int = 0
     #: stored data queued to readers (clients or peers) from this daemon's own store
     served_local_bytes: int = 0
     served_local_buffers: int = 0
@@ -120,6 +122,7 @@ class Counters:
         return TrafficStats(
             pushed_bytes=self.pushed_bytes,
             pushed_buffers=self.pushed_buffers,
+            placed_buffers=self.placed_buffers,
             served_local_bytes=self.served_local_bytes,
             served_local_buffers=self.served_local_buffers,
             relayed_bytes=self.relayed_bytes,

@@ -21,7 +21,7 @@ from ...config import DaemonConfig
 from ...logs import event
 from ...net.ports import Port
 from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError, ShuffledError
-from ...protocol.frames import REPLICA, Role
+from ...protocol.frames import REPLICA, SHM, Role
 from .environment import ShuffleEnvironment
 from .link import DaemonLink
 
@@ -31,11 +31,17 @@ log = logging.getLogger(__name__)
 def unix_peer(sock: Any) -> str:
     """A Unix-socket client is known by its process (SO_PEERCRED): one process that opens the most
     connections an address may have locks out only itself, not every other local client."""
+    cred = _peer_credentials(sock)
+    return "unix" if cred is None else f"unix pid {cred[0]}"
+
+
+def _peer_credentials(sock: Any) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of a Unix socket's other end (SO_PEERCRED); None for another kind of socket."""
     try:
-        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     except (AttributeError, OSError):
-        return "unix"
-    return f"unix pid {pid}"
+        return None
+    return pid, uid, gid
 
 
 def check_handshakes(cfg: DaemonConfig, new: DaemonLink, conns: Iterable[DaemonLink]) -> None:
@@ -123,8 +129,34 @@ def accept(conn: DaemonLink, host: ShuffleEnvironment[Any], role: Role, info: di
         host.peers.accept(conn.node, conn)
         conn.tune(cfg.peer_timeout)
     conn.opened(role)
-    features = {"features": [REPLICA]} if role is Role.DAEMON else {}
+    features = {"features": [REPLICA]} if role is Role.DAEMON else _shared_memory(conn, host, info)
     conn.proto.accept({"node": host.node, "segment_size": cfg.segment_size, **features})
+
+
+def _shared_memory(conn: DaemonLink, host: ShuffleEnvironment[Any], info: dict[str, Any]) -> dict[str, Any]:
+    """The HelloAck keys that give a local client asking for it a region of shared memory (§6.3): only on
+    the Unix socket, where the client is on this host; nothing when the daemon cannot make one (the client
+    then pushes through the socket)."""
+    offered = info.get("features")
+    if conn.port is not Port.UNIX or not isinstance(offered, list) or SHM not in offered:
+        return {}
+    cfg = host.config
+    try:
+        region = host.shm.region(
+            host.pool.total, cfg.segment_size, 4 * cfg.push_window, host.pool.give, _peer_uid(conn)
+        )
+    except OSError as exc:
+        event(log, "no shared memory for a client", logging.WARNING, peer=conn.host, reason=str(exc))
+        return {}
+    if region is None:
+        return {}
+    conn.shm = region
+    return {"features": [SHM], "shm": {"path": region.path, "size": region.slots * region.slot_size}}
+
+
+def _peer_uid(conn: DaemonLink) -> int | None:
+    cred = _peer_credentials(conn.transport.get_extra_info("socket") if conn.transport is not None else None)
+    return None if cred is None else cred[1]
 
 
 def dialled(conn: DaemonLink, info: dict[str, Any]) -> None:

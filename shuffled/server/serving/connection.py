@@ -103,6 +103,8 @@ class DaemonConnection(DaemonLink):
         self.reads.release()
         self.requests.release(lost)
         self.pushes.release()
+        if self.shm is not None:  # stored data in it stays until freed; the name goes now
+            self.shm.unlink()
         self.replicas.release(lost)
         self.admin.release(lost)
 
@@ -148,6 +150,8 @@ class DaemonConnection(DaemonLink):
     # -- events
 
     def handle_event(self, ev: events.Event) -> None:
+        if self.shm is not None and self.shm.path is not None:  # the client mapped its region before it said
+            self.shm.unlink()  # anything more (§6.3): its name goes from the host
         if isinstance(ev, REQUESTS) and self.backlog.holds(ev):
             return
         self._handle(ev)
@@ -163,6 +167,8 @@ class DaemonConnection(DaemonLink):
                 self.reads.on_credit(stream)
             case events.PushDataArrived(frame):
                 self.pushes.on_data(frame)
+            case events.PushPlacedArrived(frame):
+                self.pushes.on_placed(frame)
             case events.ReadRequested(request):
                 self.reads.on_request(request)
             case events.ReadCancelled(stream):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ...buffers import GlobalPool
+from ...buffers.shm import RegionDirectory
 from ...config import DaemonConfig
 from ...ops.metrics import DaemonMetrics
 from ...ops.stats import DaemonStats
@@ -60,6 +61,8 @@ class ShuffleEnvironment(Generic[C]):
     #: when the daemon started (wall clock), and the snapshot of everything it counts
     started: float
     stats: Callable[[], DaemonStats]
+    #: where local clients' regions of shared memory are made (buffers/shm.py)
+    shm: RegionDirectory
 
     @property
     def node(self) -> str:

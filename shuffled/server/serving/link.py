@@ -15,6 +15,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
+from ...buffers.shm import SharedRegion
 from ...config import DaemonConfig
 from ...logs import event
 from ...net.connection import FrameConnection
@@ -94,6 +95,8 @@ class DaemonLink(FrameConnection):
         #: next `drain` on it uses them up (PROTOCOL.md §13)
         self.drain_challenge: tuple[str, str] | None = None
         self.liveness = Liveness.starting(asyncio.get_running_loop().time())
+        #: a local client's region of shared memory (§6.3), if it asked for one and got it
+        self.shm: SharedRegion | None = None
 
     @property
     def draining(self) -> bool:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ...buffers.shm import SharedRegion
 from ...protocol.auth import token_digest
 from ...protocol.connection import ProtocolConnection, release_payload
 from ...protocol.errors import InvalidRequest, ShuffledError, ShuttingDown
-from ...protocol.frames import OpenMapOutput, PushData
+from ...protocol.frames import OpenMapOutput, PushData, PushPlaced
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
 from .environment import ShuffleEnvironment
@@ -46,6 +47,11 @@ class PushService:
     @property
     def proto(self) -> ProtocolConnection:
         return self.link.proto
+
+    @property
+    def shm(self) -> SharedRegion | None:
+        """The client's region of shared memory, where its pushes place their data (§6.3), if it has one."""
+        return self.link.shm
 
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         self.link.send_error(stream, exc)
@@ -119,6 +125,10 @@ class PushService:
             release_payload(frame)
             return
         session.on_data(frame)
+
+    def on_placed(self, frame: PushPlaced) -> None:
+        if (session := self.sessions.get(frame.writer)) is not None:
+            session.on_placed(frame)
 
     def on_commit(self, writer: int, pushes: int) -> None:
         if (session := self.sessions.get(writer)) is not None:

@@ -6,9 +6,8 @@ always has memory to land in. A filled segment moves to the store (out of the po
 and the pool asks the global pool for a replacement; only when one is free is new
 credit granted. A full pool therefore stops pushers (back-pressure) instead of growing.
 
-A PushData whose sequence number was already received (a writer retrying after a
-lost reply) is dropped: its bytes are not stored twice, and the segment it landed
-in becomes push credit again.
+What each PushData (or, through shared memory, PushPlaced) becomes is the push's intake's
+(push_intake.py).
 
 A client's push may be replicated (cluster/replication.py): its replica pushes open before
 the first credit, every stored buffer is forwarded to them by reference, credit
@@ -26,28 +25,27 @@ import asyncio
 import logging
 import time
 from array import array
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, Protocol
 
 from ...buffers import Buffer, LocalPool
+from ...buffers.shm import SharedRegion
 from ...logs import event
 from ...net.once_per_turn import OncePerTurn
 from ...protocol.connection import ProtocolConnection
-from ...protocol.credit import SequenceChecker
 from ...protocol.errors import (
-    CorruptData,
-    CreditViolation,
     MapOutputStateError,
     PeerUnavailable,
     ShuffledError,
 )
-from ...protocol.frames import OpenMapOutput, PushData
-from ...protocol.integrity import checksum
-from ...protocol.packed import check_push
+from ...protocol.frames import OpenMapOutput, PushData, PushPlaced
 from ..accounting.shares import Share
 from ..cluster.replication import ReplicaLinks
 from ..storage.writer import MapOutputWriter
 from .environment import ShuffleEnvironment
+from .push_intake import PushIntake, Stored
+from .push_slots import SlotCredit
 from .push_window import PushWindow
 
 log = logging.getLogger(__name__)
@@ -81,6 +79,9 @@ class PushConnection(Protocol):
     @property
     def push_share(self) -> Share | None: ...
 
+    @property
+    def shm(self) -> SharedRegion | None: ...
+
     def send_error(self, stream: int, exc: ShuffledError) -> None: ...
 
     def closed(self, writer: int) -> None: ...
@@ -101,14 +102,14 @@ class PushSession:
         self.opened_at = time.monotonic()
         self.writer = req.writer
         self.out = out
-        self.received = 0
-        self.seq = SequenceChecker()
-        self.duplicates = 0
         self.phase = Phase.OPENING
         out.on_failure = self.fail
         self.window = PushWindow(env, conn.push_share, out, self.fail, self._top_up)
         self._unannounced = 0
         self._announce_soon = OncePerTurn(self._announce)
+        #: on a connection with shared memory, the credit as slots of it (push_slots.py)
+        self.slots = SlotCredit(conn.shm, env.pool, req.writer) if conn.shm is not None else None
+        self.intake = PushIntake(req.writer, self.window, out, env, self.slots)
         #: opening the replicas and the pool, then a replicated commit
         self.task: asyncio.Task[None] | None = None
         #: the replica pushes of a replicated client push
@@ -145,46 +146,24 @@ class PushSession:
         self._top_up()
 
     def target(self, length: int) -> tuple[memoryview, Buffer]:
-        # Credit granted and not yet used is exactly the pool's promised segments.
-        pool = self.window.pool
-        if pool is None or pool.promised <= 0:
-            raise CreditViolation(f"writer {self.writer}: PushData without push credit")
-        buf = pool.request()
-        assert buf is not None, "a promised segment is always held"
+        buf = self.intake.credited()
         return buf.room, buf
 
     def on_data(self, frame: PushData) -> None:
-        buf: Buffer = frame.payload
-        buf.length = frame.length
-        pool = self.window.pool
-        assert pool is not None
-        if self.seq.is_duplicate(frame.sequence):
-            self.duplicates += 1
-            buf.release()  # back into this session's pool: credit again
-            self._top_up()
-            return
-        pool.detach(buf, self.env.pool.give)
+        self._took(self.intake.data, frame)
+
+    def on_placed(self, frame: PushPlaced) -> None:
+        self._took(self.intake.placed, frame)
+
+    def _took(self, take: Callable[[Any], Stored | None], frame: PushData | PushPlaced) -> None:
+        """A data frame went into the store (to the replicas too), or was a duplicate; new credit follows."""
         try:
-            self.seq.check(frame.sequence)
-            crc = checksum(buf.data())
-            if crc != frame.crc:
-                raise CorruptData(
-                    f"PushData {frame.sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
-                    f"the writer sent {frame.crc or 0:08x}); the attempt is discarded"
-                )
-            group = check_push(buf.data(), self.out.attempt, self.out.partitions)
-            self.out.add(buf, crc, group)
-            if self.links is not None:
-                self.links.forward(buf, crc, group.data_bytes)
+            stored = take(frame)
         except ShuffledError as exc:
-            if buf.refs:
-                buf.release()
             self.fail(exc)
             return
-        self.received += 1
-        counters = self.counters
-        counters.pushed_buffers += 1
-        counters.pushed_bytes += group.data_bytes
+        if stored is not None and self.links is not None:
+            self.links.forward(*stored)
         self._top_up()
 
     def _top_up(self) -> None:
@@ -214,11 +193,12 @@ class PushSession:
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0
         if n and self.phase is Phase.RECEIVING and self.conn.is_open:
-            self.conn.proto.grant_push_credit(self.writer, n)
+            self.conn.proto.grant_push_credit(self.writer, n, None if self.slots is None else self.slots.grant(n))
 
     def commit(self, pushes: int) -> None:
-        if pushes != self.received:
-            self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {self.received}"))
+        if pushes != self.intake.received:
+            received = self.intake.received
+            self.fail(MapOutputStateError(f"commit after {pushes} pushes, but the daemon received {received}"))
             return
         if (self.links is None and not self.out.syncs_commits) or not self.out.writable:
             self._commit()  # storage refuses one no longer open (its shuffle was dropped meanwhile), saying why
@@ -281,6 +261,8 @@ class PushSession:
             self._enter(Phase.CLOSED)
             self.conn.closed(self.writer)
         self.window.close()
+        if self.slots is not None:
+            self.slots.close()
         if self.task is not None and not self.task.done():
             self.task.cancel()
         if self.links is not None:

@@ -1,0 +1,53 @@
+"""A push's credit as slots of its connection's shared memory (PROTOCOL.md §6.3).
+
+On a connection that agreed on shared memory, each unit of push credit names a slot of the connection's
+region (buffers/shm.py); the writer puts a packed group there and says so with PushPlaced. A slot the push
+was not granted, or granted and already used, is a credit violation on the push's stream: slots are the
+credit, so a writer that names another's slot could overwrite what that push stored.
+"""
+
+from __future__ import annotations
+
+from ...buffers import Buffer, GlobalPool
+from ...buffers.pool import idle
+from ...buffers.shm import SharedRegion
+from ...protocol.errors import CreditViolation, InvalidRequest
+from ...protocol.frames import PushPlaced
+
+
+class SlotCredit:
+    def __init__(self, region: SharedRegion, pool: GlobalPool, writer: int) -> None:
+        self.region = region
+        self.pool = pool
+        self.writer = writer
+        #: slots granted to the writer and not yet used
+        self.granted: set[int] = set()
+
+    def grant(self, n: int) -> list[int]:
+        slots = self.region.take(n)
+        self.granted.update(slots)
+        return slots
+
+    def placed(self, frame: PushPlaced) -> None:
+        """The writer used slot `frame.slot` (the credit it stands for is used up); an error if it may not."""
+        if frame.slot not in self.granted:
+            raise CreditViolation(f"writer {self.writer}: PushPlaced names slot {frame.slot}, not granted to it")
+        if not 0 < frame.length <= self.region.slot_size:
+            raise InvalidRequest(
+                f"writer {self.writer}: PushPlaced of {frame.length} bytes (1..{self.region.slot_size} fit a slot)"
+            )
+        self.granted.remove(frame.slot)
+
+    def lend(self, buf: Buffer, frame: PushPlaced) -> None:
+        """`buf`, a segment of the push's window, holds the placed group from now on: its own memory idles."""
+        idle(self.pool, buf)
+        self.region.lend(buf, frame.slot, frame.length)
+
+    def dropped(self, frame: PushPlaced) -> None:
+        """A duplicate's slot is free again (nothing of it is stored)."""
+        self.region.give_back((frame.slot,))
+
+    def close(self) -> None:
+        """The push ended: slots granted and never used are free again."""
+        granted, self.granted = self.granted, set()
+        self.region.give_back(granted)

@@ -1,0 +1,352 @@
+"""Pushes through shared memory (PROTOCOL.md §6.3) against a live daemon on its Unix socket: the data is the
+data pushed, every segment and slot comes back, the region's name is gone from the host as soon as the
+client speaks, a client or daemon killed leaves nothing behind, and a writer that names a slot it was not
+given (or lies about a slot's bytes) loses only its own push."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shuffled import children
+from shuffled.buffers.shm import DIR_PREFIX, MappedRegion
+from shuffled.protocol import codec
+from shuffled.protocol.errors import ErrorCode
+from shuffled.protocol.frames import (
+    SHM,
+    CommitAck,
+    CommitMapOutput,
+    ErrorResponse,
+    Hello,
+    HelloAck,
+    OpenMapOutput,
+    PushPlaced,
+    PushSlots,
+    Role,
+)
+from shuffled.protocol.integrity import checksum
+from shuffled.protocol.packed import RunPacker
+from shuffled_client import AsyncClient
+from tests.aio import within
+from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
+from tests.integration.test_bad_input import Raw
+
+SHM_ROOT = "/dev/shm"
+APP = "shm-app"
+
+
+def _regions() -> dict[str, list[str]]:
+    """Every daemon's directory of regions on this host, with the names in it."""
+    return {d: os.listdir(os.path.join(SHM_ROOT, d)) for d in os.listdir(SHM_ROOT) if d.startswith(DIR_PREFIX)}
+
+
+def _own_dir(d: DaemonProcess) -> str:
+    (name,) = (n for n in os.listdir(SHM_ROOT) if n.startswith(f"{DIR_PREFIX}{d.pid}-"))
+    return os.path.join(SHM_ROOT, name)
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[tuple[DaemonProcess, str]]:
+    """A daemon with a Unix socket (so it offers shared memory), and that socket's address."""
+    if not os.path.isdir(SHM_ROOT):
+        pytest.skip(f"no {SHM_ROOT} on this host")
+    sock = tmp_path / "d.sock"
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--unix-socket", str(sock)])
+    try:
+        yield d, f"unix:{sock}"
+    finally:
+        d.stop()
+
+
+async def _push_and_read(c: AsyncClient, shuffle: int, partitions: int, sizes: list[int]) -> None:
+    """One map output per size (attempt = its index), each partition's bytes distinct; every partition read
+    back whole from all of them and compared."""
+    for attempt, size in enumerate(sizes):
+        w = await c.open_writer(APP, shuffle, attempt, attempt, partitions)
+        for p in range(partitions):
+            await w.write(p, payload(attempt, p, size))
+        await w.commit()
+    attempts = list(range(len(sizes)))
+    async with c.read(APP, shuffle, 0, partitions, {"": attempts}) as r:
+        got: dict[tuple[int, int], bytearray] = {}
+        async for chunk in r:
+            got.setdefault((chunk.attempt, chunk.partition), bytearray()).extend(chunk.data)
+    want = {(a, p): payload(a, p, size) for a, size in enumerate(sizes) for p in range(partitions) if size}
+    assert got == want
+
+
+@within(120)
+async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_everything_back(
+    local: tuple[DaemonProcess, str],
+) -> None:
+    d, address = local
+    async with await AsyncClient.connect(address) as c:
+        assert c.session.region is not None, "a client of the Unix socket gets a region"
+        before = (await c.stats())["traffic"]
+        # wide map outputs of small blocks (thousands of partitions, AQE's shape) and a large one of few
+        await _push_and_read(c, 1, 2000, [37, 0, 211])
+        await _push_and_read(c, 2, 3, [3 << 20])
+        # several writers at once share the connection's region
+        await asyncio.gather(*(_push_and_read(c, 10 + i, 50, [20_000, 7_000]) for i in range(4)))
+        after = (await c.stats())["traffic"]
+        placed = after["placed_buffers"] - before["placed_buffers"]
+        assert placed == after["pushed_buffers"] - before["pushed_buffers"] > 100, after
+        await c.remove_application(APP)
+        s = await pool_settled(c)
+        assert s["pool"]["used"] == 0, s["pool"]
+    assert _regions()[os.path.basename(_own_dir(d))] == []
+
+
+@within(60)
+async def test_the_region_has_no_name_on_the_host_once_the_client_speaks(local: tuple[DaemonProcess, str]) -> None:
+    d, address = local
+    directory = _own_dir(d)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o711, "others may pass through, not list"
+    c = await AsyncClient.connect(address)
+    try:
+        (name,) = os.listdir(directory)  # named until the client's first frame after the handshake
+        info = os.stat(os.path.join(directory, name))
+        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+        assert len(name) == 32, "a random name nobody can guess"
+        await c.stats()
+        assert os.listdir(directory) == []
+    finally:
+        await c.close()
+    # a client that never speaks: the name goes with its connection
+    silent = await AsyncClient.connect(address)
+    assert len(os.listdir(directory)) == 1
+    await silent.close()
+    await wait_until(lambda: asyncio.sleep(0, os.listdir(directory)), lambda names: names == [], 10, "unlinked")
+
+
+@within(60)
+async def test_without_shared_memory_a_local_client_pushes_through_the_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "d.sock"
+    flags = ["--unix-socket", str(sock), "--shm-dir", "none"]
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
+    try:
+        assert not any(n.startswith(f"{DIR_PREFIX}{d.pid}-") for n in os.listdir(SHM_ROOT))
+        async with await AsyncClient.connect(f"unix:{sock}") as c:
+            assert c.session.region is None
+            await _push_and_read(c, 1, 10, [50_000])
+            assert (await c.stats())["traffic"]["placed_buffers"] == 0
+        async with await AsyncClient.connect(f"unix:{sock}", shared_memory=False) as c:
+            assert c.session.region is None
+    finally:
+        d.stop()
+
+
+def _as_user(uid: int) -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+CHILD_PUSH = """
+import asyncio, sys
+sys.path[:0] = sys.argv[3:]
+from shuffled_client import AsyncClient
+from tests.cluster import payload
+
+async def main(address):
+    async with await AsyncClient.connect(address) as c:
+        print("region" if c.session.region is not None else "socket", flush=True)
+        w = await c.open_writer("child-app", 1, 0, 0, 4)
+        for p in range(4):
+            await w.write(p, payload(0, p, 300_000))
+        await w._flush()  # its data is in the daemon's slots, the push still open
+        print("pushed", flush=True)
+        await asyncio.sleep(3600)  # until killed
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def _pusher(address: str) -> subprocess.Popen[str]:
+    """A client process that pushes part of a map output through shared memory and holds the push open."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [root, os.path.join(root, "client", "python")]
+    return children.spawn([sys.executable, "-c", CHILD_PUSH, address, *paths], stdout=subprocess.PIPE, text=True)
+
+
+@within(90)
+async def test_a_client_killed_mid_push_gives_its_segments_and_slots_back(local: tuple[DaemonProcess, str]) -> None:
+    d, address = local
+    child = _pusher(address)
+    try:
+        assert child.stdout is not None
+        lines = [await asyncio.to_thread(child.stdout.readline) for _ in range(2)]
+        assert lines == ["region\n", "pushed\n"], lines
+        async with await AsyncClient.connect(address, shared_memory=False) as watcher:
+            held = (await watcher.stats())["pool"]["used"]
+            assert held > 0, "the open push holds what it placed"
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            s = await pool_settled(watcher)
+            assert s["pool"]["used"] == 0 and s["streams"]["pushing"] == 0, s
+    finally:
+        child.kill()
+        child.wait(10)
+    assert _regions()[os.path.basename(_own_dir(d))] == []
+
+
+#: a client of another user, in the system's Python alone (it need not read this tree): says Hello asking for
+#: shared memory, prints the HelloAck's bytes, then tries to open the path it is given on stdin
+OTHER_USER = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(bytes.fromhex(sys.argv[2]))
+head = s.recv(12, socket.MSG_WAITALL)
+body = s.recv(int.from_bytes(head[:4], "big"), socket.MSG_WAITALL)
+print((head + body).hex(), flush=True)
+path = sys.stdin.readline().strip()
+try:
+    os.close(os.open(path, os.O_RDWR))
+    print("opened", flush=True)
+except OSError as exc:
+    print(exc.errno, flush=True)
+sys.stdin.readline()
+"""
+
+
+def _other_user(sock: str, uid: int) -> tuple[subprocess.Popen[str], HelloAck]:
+    hello = codec.encode(Hello(Role.CLIENT, info={"features": [SHM]})).hex()
+    child = children.spawn(
+        ["/usr/bin/python3", "-S", "-c", OTHER_USER, sock, hello],
+        preexec=lambda: _as_user(uid),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    assert child.stdout is not None
+    (ack,) = codec.decode_all(bytes.fromhex(child.stdout.readline()))
+    assert isinstance(ack, HelloAck), ack
+    return child, ack
+
+
+def _try_open(child: subprocess.Popen[str], path: str) -> str:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(path + "\n")
+    child.stdin.flush()
+    return child.stdout.readline().strip()
+
+
+def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
+    """The daemon (root here) gives a client of another user a region that user may open, and no other."""
+    if os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs root and the system's python3 to run clients as other users")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    where = Path(tempfile.mkdtemp(prefix="shm-users-"))
+    where.chmod(0o755)
+    sock = str(where / "d.sock")
+    flags = ["--unix-socket", sock, "--unix-socket-mode", "0666"]
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
+    try:
+        owner, ack = _other_user(sock, nobody)
+        path = ack.info["shm"]["path"]
+        assert os.stat(path).st_uid == nobody and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        stranger, _ = _other_user(sock, nobody - 1)
+        try:
+            assert _try_open(stranger, path) == str(errno.EACCES), "another user knowing the name cannot open it"
+            assert _try_open(owner, path) == "opened"
+        finally:
+            for child in (owner, stranger):
+                child.kill()
+                child.wait(10)
+    finally:
+        d.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_daemon_killed_leaves_its_directory_to_the_next_one(tmp_path: Path) -> None:
+    sock = tmp_path / "d.sock"
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock)])
+    directory = _own_dir(d)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    assert os.path.isdir(directory)
+    again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock)])
+    try:
+        assert not os.path.exists(directory)
+        mine = _own_dir(again)
+    finally:
+        again.stop()
+    assert not os.path.exists(mine), "a daemon stopping removes its directory"
+
+
+class _Local(Raw):
+    """A hand-driven client of the Unix socket that asks for shared memory."""
+
+    region: MappedRegion
+
+    @classmethod
+    async def dial(cls, address: str) -> _Local:
+        raw = cls(*await asyncio.open_unix_connection(address.removeprefix("unix:")))
+        await raw.send(codec.encode(Hello(Role.CLIENT, info={"features": [SHM]})))
+        ack = await raw.frame()
+        assert isinstance(ack, HelloAck) and ack.info["features"] == [SHM], ack
+        raw.region = MappedRegion(ack.info["shm"]["path"], ack.info["shm"]["size"], ack.info["segment_size"])
+        return raw
+
+    async def open_push(self, writer: int, attempt: int) -> list[int]:
+        await self.send(codec.encode(OpenMapOutput(writer, APP, 7, attempt, attempt, 2)))
+        credit = await self.frame()
+        assert isinstance(credit, PushSlots) and credit.writer == writer, credit
+        return credit.slots
+
+    def place(self, slot: int, attempt: int, data: bytes) -> tuple[int, int]:
+        """A packed group of `data` for partition 1 in `slot`: (its length, its CRC32C)."""
+        place = self.region.slot(slot)
+        n = RunPacker((1,), (len(data),), data).pack_into(place, attempt)
+        return n, checksum(place[:n])
+
+
+@within(60)
+async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_only_its_push(
+    local: tuple[DaemonProcess, str],
+) -> None:
+    _, address = local
+    raw = await _Local.dial(address)
+    try:
+        mine = await raw.open_push(1, 1)
+        other = await raw.open_push(2, 2)
+        assert not set(mine) & set(other), "each push gets slots of its own"
+        # push 1 names a slot granted to push 2: a credit violation on push 1's stream
+        await raw.send(codec.encode(PushPlaced(1, 0, 0, other[0], 100)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.CREDIT_VIOLATION, err
+        # push 2's bytes in its own slot, with a CRC that does not match them
+        n, crc = raw.place(other[0], 2, b"x" * 1000)
+        await raw.send(codec.encode(PushPlaced(2, 0, crc ^ 1, other[0], n)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 2 and err.code == ErrorCode.CORRUPT_DATA, err
+        # a length no slot holds
+        third = await raw.open_push(3, 3)
+        await raw.send(codec.encode(PushPlaced(3, 0, 0, third[0], raw.region.slot_size + 1)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 3 and err.code == ErrorCode.INVALID_REQUEST, err
+        # the connection serves on: a push done right commits
+        good = await raw.open_push(4, 4)
+        n, crc = raw.place(good[0], 4, b"y" * 5000)
+        await raw.send(codec.encode(PushPlaced(4, 0, crc, good[0], n)) + codec.encode(CommitMapOutput(4, 1)))
+        ack = await raw.frame()
+        assert isinstance(ack, CommitAck) and ack.lengths == [0, 5000], ack
+    finally:
+        raw.writer.close()
+    async with await AsyncClient.connect(address) as c:
+        await c.remove_application(APP)
+        assert (await pool_settled(c))["pool"]["used"] == 0
