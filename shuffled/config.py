@@ -201,8 +201,9 @@ class DaemonConfig:
     )
     shm_dir: str | None = setting(
         "/dev/shm",
-        "where the regions of shared memory local clients push through are made (a tmpfs; `none`: local "
-        "clients push through the Unix socket)",
+        "where the regions of shared memory that clients of the Unix socket push through are made: a tmpfs at "
+        "least the pool's size, at the same path for the daemon and its clients (the pod's emptyDir of medium "
+        "Memory); its files are for the users the socket is for. Smaller, or `none`: they push through the socket",
         parse=_optional_none,
         metavar="DIR",
     )

@@ -9,10 +9,10 @@ segment's data lives in a region its own memory is idle, and is given back to th
 (`GlobalPool.idle`): the daemon's memory stays the pool's size.
 
 Isolation: a region holds only what its own connection pushed, so a client can see no other client's data.
-Its file is made with mode 0600 (owned by the client's user when the daemon may give it away) in a
-directory others may pass through but not list, under a random name, and unlinked as soon as the client
-sent its first frame after the handshake, and otherwise when the connection ends: no name is left on the
-host for another process to open. The pages live on while either side maps them (stored data the
+Its file is made for the users the Unix socket is for (its mode's owner and group bits, never others'; owned
+by the client's user when the daemon may give it away) in a directory others may pass through but not list,
+under a random name, and unlinked as soon as the client sent its first frame after the handshake, and
+otherwise when the connection ends: no name is left on the host for another process to open. The pages live on while either side maps them (stored data the
 connection pushed outlives it, until it is read, spilled or dropped).
 
 Slots freed beyond `keep` lose their pages (`MADV_REMOVE`): a connection that once pushed a burst does not
@@ -38,25 +38,33 @@ class SharedRegion:
     """The daemon's side of one connection's region: `slots` places of `slot_size` bytes."""
 
     def __init__(
-        self, directory: str, slots: int, slot_size: int, keep: int, home: Recycler, owner: int | None = None
+        self,
+        directory: str,
+        slots: int,
+        slot_size: int,
+        keep: int,
+        home: Recycler,
+        owner: int | None = None,
+        mode: int = 0o600,
     ) -> None:
         self.slot_size = slot_size
+        self._dir = directory
         #: where a segment goes once its stored data in a slot is freed (the global pool)
         self.home = home
         self.slots = slots
         self.keep = keep
         self.path: str | None = os.path.join(directory, secrets.token_hex(16))
-        fd = os.open(self.path, _MAKE, 0o600)
+        #: open while slots may be granted: a slot's pages are allocated before it is named (`take`)
+        self._fd: int | None = os.open(self.path, _MAKE, 0o600)
         try:
-            if owner is not None and owner != os.geteuid():
-                os.fchown(fd, owner, -1)  # the client's user may open it; a daemon not root cannot, and the
-            os.ftruncate(fd, slots * slot_size)  # client then asks again without shared memory (§6.3)
-            self._map = mmap.mmap(fd, slots * slot_size, flags=mmap.MAP_SHARED)
+            os.fchmod(self._fd, mode)
+            if owner is not None and os.geteuid() == 0:  # the client's own; else it is the socket's group's
+                os.fchown(self._fd, owner, -1)
+            os.ftruncate(self._fd, slots * slot_size)
+            self._map = mmap.mmap(self._fd, slots * slot_size, flags=mmap.MAP_SHARED)
         except BaseException:
-            self.unlink()
+            self.close()
             raise
-        finally:
-            os.close(fd)
         self._view = memoryview(self._map)
         #: free slots whose pages are resident (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
@@ -73,6 +81,17 @@ class SharedRegion:
             except FileNotFoundError:
                 pass
 
+    def close(self) -> None:
+        """The connection ended: no slot will be granted again, so free ones give their pages back now, and
+        the others as their stored data is freed."""
+        self.unlink()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        warm, self._warm = self._warm, []
+        for slot in warm:
+            self._free(slot)
+
     @property
     def free(self) -> int:
         return len(self._warm) + len(self._cold)
@@ -87,7 +106,22 @@ class SharedRegion:
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
         warm, cold = self._warm, self._cold
-        return [warm.pop() if warm else cold.pop() for _ in range(n)]
+        taken = [warm.pop() for _ in range(min(n, len(warm)))]
+        while len(taken) < n:
+            taken.append(self._allocate(cold.pop()))
+        return taken
+
+    def _allocate(self, slot: int) -> int:
+        """A slot without pages gets them now: a full tmpfs is a clear error here, where a writer's store into
+        a page that cannot be had would kill it (SIGBUS)."""
+        try:
+            if self._fd is None:
+                raise OSError("the connection is closed")
+            os.posix_fallocate(self._fd, slot * self.slot_size, self.slot_size)
+        except OSError as exc:
+            self._cold.append(slot)
+            raise OSError(f"no room for shared memory in {self._dir}: {exc}") from None
+        return slot
 
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots named in credit that was never used (the push ended) are free again."""
@@ -109,7 +143,7 @@ class SharedRegion:
         self.home(buf)
 
     def _free(self, slot: int) -> None:
-        if len(self._warm) < self.keep:
+        if self._fd is not None and len(self._warm) < self.keep:
             self._warm.append(slot)
             return
         self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
@@ -121,8 +155,10 @@ class RegionDirectory:
     through it to a name they were given, but not list it), made at start and removed at stop. A daemon
     killed leaves its directory behind; the next one on the host removes it (`open`)."""
 
-    def __init__(self, parent: str | None) -> None:
+    def __init__(self, parent: str | None, mode: int = 0o600) -> None:
         self.parent = parent
+        #: the regions' file mode: the Unix socket's, for its owner and group only (never others)
+        self.mode = mode & 0o660
         self.path: str | None = None
 
     def open(self) -> None:
@@ -139,8 +175,16 @@ class RegionDirectory:
         self.path = path
 
     def region(self, slots: int, slot_size: int, keep: int, home: Recycler, owner: int | None) -> SharedRegion | None:
-        """A new region, or None when this daemon offers none (no directory)."""
-        return SharedRegion(self.path, slots, slot_size, keep, home, owner) if self.path is not None else None
+        """A new region, or None when this daemon offers none (no directory). OSError when the directory's
+        filesystem is smaller than the pool: the regions together hold at most about the pool, which must fit
+        (a container's own /dev/shm is often 64 MiB); room others take is `take`'s to find."""
+        if self.path is None:
+            return None
+        fs = os.statvfs(self.path)
+        if fs.f_blocks * fs.f_frsize < slots * slot_size:
+            size = fs.f_blocks * fs.f_frsize >> 20
+            raise OSError(f"{self.parent} holds {size} MiB, less than the pool ({slots * slot_size >> 20} MiB)")
+        return SharedRegion(self.path, slots, slot_size, keep, home, owner, self.mode)
 
     def close(self) -> None:
         path, self.path = self.path, None

@@ -134,7 +134,7 @@ class Daemon:
         self.housekeeping = Housekeeping(self.storage, self.membership, self.connections)
         self._watchdog: asyncio.Task[None] | None = None
         #: where the regions of local clients' shared memory are made (only for clients of the Unix socket)
-        self.shm = RegionDirectory(config.shm_dir if config.unix_socket else None)
+        self.shm = RegionDirectory(config.shm_dir if config.unix_socket else None, config.unix_socket_mode)
         #: the daemon's parts as its connections see them
         self.env = ShuffleEnvironment(
             config,

@@ -81,9 +81,16 @@ def _assert_clean(proc: subprocess.CompletedProcess[str]) -> int:
 def test_client_check_against_a_daemon(
     jars: tuple[Path, Path], daemon: DaemonProcess, unix_socket: Path, transport: str
 ) -> None:
+    """Over the Unix socket the Java client pushes through shared memory (PROTOCOL.md §6.3), over TCP it cannot."""
     address = daemon.addr if transport == "tcp" else f"unix:{unix_socket}"
-    passed = _assert_clean(_client_check(jars, address))
+    with Client(daemon.addr, timeout=10) as client:
+        before = client.stats()["traffic"]
+        passed = _assert_clean(_client_check(jars, address))
+        after = client.stats()["traffic"]
     assert passed >= 30
+    placed = after["placed_buffers"] - before["placed_buffers"]
+    pushed = after["pushed_buffers"] - before["pushed_buffers"]
+    assert pushed > 0 and placed == (pushed if transport == "unix" else 0), (placed, pushed)
 
 
 def test_java_writer_asks_for_its_commit_to_follow_an_fsync(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:

@@ -106,7 +106,16 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
         await c.remove_application(APP)
         s = await pool_settled(c)
         assert s["pool"]["used"] == 0, s["pool"]
+        assert _shared_kib(d.proc.pid) > 1024, "the pushes' pages were in the region"
     assert _regions()[os.path.basename(_own_dir(d))] == []
+    # the connection gone and its data dropped, the region's pages go back to the host
+    await wait_until(lambda: asyncio.sleep(0, _shared_kib(d.proc.pid)), lambda kib: kib < 512, 10, "pages freed")
+
+
+def _shared_kib(pid: int) -> int:
+    """KiB of shared memory the process has resident (its regions' pages)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssShmem:"))
 
 
 @within(60)
@@ -118,7 +127,8 @@ async def test_the_region_has_no_name_on_the_host_once_the_client_speaks(local: 
     try:
         (name,) = os.listdir(directory)  # named until the client's first frame after the handshake
         info = os.stat(os.path.join(directory, name))
-        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+        # for whom the Unix socket is (its default mode 0660: owner and group), never for others
+        assert stat.S_IMODE(info.st_mode) == 0o660 and info.st_uid == os.geteuid()
         assert len(name) == 32, "a random name nobody can guess"
         await c.stats()
         assert os.listdir(directory) == []
@@ -258,7 +268,7 @@ def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
     try:
         owner, ack = _other_user(sock, nobody)
         path = ack.info["shm"]["path"]
-        assert os.stat(path).st_uid == nobody and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert os.stat(path).st_uid == nobody and stat.S_IMODE(os.stat(path).st_mode) == 0o660
         stranger, _ = _other_user(sock, nobody - 1)
         try:
             assert _try_open(stranger, path) == str(errno.EACCES), "another user knowing the name cannot open it"
@@ -350,3 +360,74 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
     async with await AsyncClient.connect(address) as c:
         await c.remove_application(APP)
         assert (await pool_settled(c))["pool"]["used"] == 0
+
+
+#: in the daemon's mount namespace: connect, then (with "fill") fill the region's tmpfs and push, which must
+#: fail with the reason; then push again with room, which must work
+SMALL_TMPFS = """
+import asyncio, os, sys
+sys.path[:0] = sys.argv[4:]
+from shuffled_client import AsyncClient
+from tests.cluster import payload
+
+async def push(c, shuffle):
+    w = await c.open_writer("tmpfs-app", shuffle, 0, shuffle, 2)
+    await w.write(1, payload(shuffle, 1, 2_000_000))
+    await w.commit()
+
+async def main(address, fill, shm):
+    async with await AsyncClient.connect(address) as c:
+        print("region" if c.session.region is not None else "socket", flush=True)
+        filler = os.path.join(shm, "filler")
+        if fill == "fill":
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(bytes(1 << 20))
+                        f.flush()
+                except OSError:
+                    pass
+            try:
+                await push(c, 1)
+                print("pushed into a full tmpfs", flush=True)
+            except Exception as exc:
+                print("refused:", type(exc).__name__, exc, flush=True)
+            os.unlink(filler)
+        await push(c, 2)
+        print("pushed", flush=True)
+
+asyncio.run(main(*sys.argv[1:4]))
+"""
+
+
+@pytest.mark.parametrize(("size", "fill"), [("16m", "as is"), ("48m", "fill")])
+def test_a_region_needs_room_for_the_pool_and_a_full_tmpfs_fails_a_push_not_the_writer(
+    tmp_path: Path, size: str, fill: str
+) -> None:
+    """A daemon whose shm-dir has less room than its pool offers no region (its clients push through the
+    socket); one whose tmpfs fills up later fails the push that needs new pages, with the reason, instead of
+    the writer dying of SIGBUS on a page that cannot be had, and serves on once there is room again."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+        pytest.skip("needs root, unshare and nsenter to mount a small tmpfs in a mount namespace of its own")
+    shm, sock = tmp_path / "shm", tmp_path / "d.sock"
+    shm.mkdir()
+    mount = f'mount -t tmpfs -o size={size} tmpfs {shm} && exec "$0" "$@"'
+    flags = ["--unix-socket", str(sock), "--shm-dir", str(shm), "--data-dir", "none"]
+    namespace = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, sys.executable]
+    d = DaemonProcess("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags, interpreter=namespace)
+    try:
+        d.wait_ready()
+        root = str(Path(__file__).resolve().parents[2])
+        client = ["nsenter", "-t", str(d.proc.pid), "-m", sys.executable, "-c", SMALL_TMPFS]
+        argv = [*client, f"unix:{sock}", fill, str(shm), root, os.path.join(root, "client", "python")]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+    finally:
+        d.stop()
+    if fill == "as is":
+        assert lines == ["socket", "pushed"], lines
+        assert any("less than the pool" in line for line in d.log), d.log[-5:]  # said in the daemon's log
+    else:
+        assert lines[0] == "region" and lines[2] == "pushed", lines
+        assert lines[1].startswith("refused: StorageError") and "no room for shared memory" in lines[1], lines

@@ -2,8 +2,9 @@
 
 First as in an executor pod: a daemon container without a network, its Unix socket in a directory it shares
 with the host (as a pod's containers share an emptyDir), and a Spark application on `local-cluster` (two
-executors) on the host reaching it at ``unix:…``: every job equals Spark's built-in shuffle, and the daemon
-committed and served exactly the job's shuffle bytes. Then as on a cluster: two daemon containers, each in
+executors) on the host reaching it at ``unix:…``: every job equals Spark's built-in shuffle, the daemon
+committed and served exactly the job's shuffle bytes, and the executors pushed them through a directory of
+shared memory the two sides share (as a pod's emptyDir of medium Memory). Then as on a cluster: two daemon containers, each in
 a network namespace of its own with a Spark worker beside it (two hosts of tests/hosts.py), peers of each
 other with two copies of every map output; reads cross the hosts through the daemons, and one container
 killed with `podman kill` after the map stage (and started again, empty) costs no recomputation.
@@ -45,9 +46,12 @@ def image_jar(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sidecar(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     sockets = daemon_dir(tmp_path_factory.mktemp("sidecar") / "run")
+    # the pod's shared emptyDir (medium: Memory), at the same path in both containers (deploy/kubernetes)
+    shm = daemon_dir(tmp_path_factory.mktemp("sidecar") / "shm")
     options = [
-        "--network", "none", "--volume", f"{sockets}:/run/shuffled",
+        "--network", "none", "--volume", f"{sockets}:/run/shuffled", "--volume", f"{shm}:{shm}",
         "--env", "SHUFFLED_ADVERTISE=127.0.0.1:7337", "--env", "SHUFFLED_POOL_SIZE=128M",
+        "--env", f"SHUFFLED_SHM_DIR={shm}",
     ]  # fmt: skip
     container = Container.run(image, f"shuffled-test-{os.getpid()}-sidecar", f"unix:{sockets}/shuffled.sock", options)
     yield container
@@ -65,8 +69,10 @@ def spark(builtin: dict[str, Any], image_jar: Path, sidecar: Container) -> Itera
 def test_jobs_through_the_sidecar_match_the_builtin_shuffle(
     spark: Any, builtin: dict[str, Any], sidecar: Container, name: str
 ) -> None:
-    with job_traffic(spark, [sidecar]):
+    with job_traffic(spark, [sidecar]) as traffic:
         assert spark_jobs.JOBS[name](spark) == builtin[name]
+    moved = traffic.daemon_deltas[0]["traffic"]  # the executors pushed through the pod's shared memory
+    assert moved["placed_buffers"] == moved["pushed_buffers"] > 0, moved
 
 
 def test_the_application_end_frees_the_sidecar_which_stops_cleanly(spark: Any, sidecar: Container) -> None:

@@ -62,7 +62,8 @@ def test_spark_conf_for_a_spark_35_jar_puts_it_on_the_class_path_too() -> None:
 
 @pytest.mark.timeout(300)
 def test_job_through_the_unix_socket(builtin: dict[str, Any], plugin_jar: Path, tmp_path: Path) -> None:
-    """The deployment default: executors reach their daemon over a Unix socket (deploy/)."""
+    """The deployment default: executors reach their daemon over a Unix socket (deploy/), and push through
+    shared memory."""
     from shuffled import spark_jar
 
     sock = tmp_path / "shuffled.sock"
@@ -71,8 +72,11 @@ def test_job_through_the_unix_socket(builtin: dict[str, Any], plugin_jar: Path, 
         spark = spark_jobs.session("local[2]", spark_jar.spark_conf(plugin_jar, [f"unix:{sock}"]))
         try:
             for name in ("rdd_reduce_by_key", "groupby_agg"):
-                with job_traffic(spark, [daemon]):
+                with job_traffic(spark, [daemon]) as traffic:
                     assert spark_jobs.JOBS[name](spark) == builtin[name]
+                # the executors' pushes went through shared memory (PROTOCOL.md §6.3), none through the socket
+                moved = traffic.daemon_deltas[0]["traffic"]
+                assert moved["placed_buffers"] == moved["pushed_buffers"] > 0, moved
         finally:
             spark.stop()
     finally:

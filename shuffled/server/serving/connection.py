@@ -104,7 +104,7 @@ class DaemonConnection(DaemonLink):
         self.requests.release(lost)
         self.pushes.release()
         if self.shm is not None:  # stored data in it stays until freed; the name goes now
-            self.shm.unlink()
+            self.shm.close()
         self.replicas.release(lost)
         self.admin.release(lost)
 

@@ -193,7 +193,12 @@ class PushSession:
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0
         if n and self.phase is Phase.RECEIVING and self.conn.is_open:
-            self.conn.proto.grant_push_credit(self.writer, n, None if self.slots is None else self.slots.grant(n))
+            try:
+                slots = None if self.slots is None else self.slots.grant(n)
+            except ShuffledError as exc:  # no room for shared memory: the push cannot go on
+                self.fail(exc)
+                return
+            self.conn.proto.grant_push_credit(self.writer, n, slots)
 
     def commit(self, pushes: int) -> None:
         if pushes != self.intake.received:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...buffers import Buffer, GlobalPool
 from ...buffers.pool import idle
 from ...buffers.shm import SharedRegion
-from ...protocol.errors import CreditViolation, InvalidRequest
+from ...protocol.errors import CreditViolation, InvalidRequest, StorageError
 from ...protocol.frames import PushPlaced
 
 
@@ -24,7 +24,11 @@ class SlotCredit:
         self.granted: set[int] = set()
 
     def grant(self, n: int) -> list[int]:
-        slots = self.region.take(n)
+        """n slots to name in credit; StorageError when the region's directory has no room left for them."""
+        try:
+            slots = self.region.take(n)
+        except OSError as exc:
+            raise StorageError(f"writer {self.writer}: {exc}") from None
         self.granted.update(slots)
         return slots
 

@@ -10,6 +10,7 @@ import java.io.IOException;
 import java.io.InterruptedIOException;
 import java.net.SocketTimeoutException;
 import java.nio.ByteBuffer;
+import java.util.ArrayDeque;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
@@ -40,6 +41,8 @@ public final class MapOutputWriter implements AutoCloseable {
     private final Condition changed = lock.newCondition();
     // written under lock (by the reader thread)
     private long credit;
+    /** With shared memory (§6.3): the slots granted and not used, one per credit. */
+    private final ArrayDeque<Long> slots = new ArrayDeque<>();
     private boolean opened;
     /** Volatile so that each write checks it without taking the lock. */
     private volatile ShuffledException failure;
@@ -49,6 +52,9 @@ public final class MapOutputWriter implements AutoCloseable {
     // task thread only
     private final PackingBuffer buffer;
     private final byte[] prefix = new byte[FrameEncoder.PUSH_DATA_PREFIX];
+    /** The connection's region of shared memory, null: PushData through the socket. */
+    private final SharedRegion region;
+    private final byte[] placed = new byte[Wire.HEADER_SIZE + Wire.PUSH_PLACED_FIXED];
     private final CRC32C crc = new CRC32C();
     private long nextSequence;
     private long pushes;
@@ -62,6 +68,7 @@ public final class MapOutputWriter implements AutoCloseable {
         this.client = client;
         this.stream = stream;
         this.numPartitions = numPartitions;
+        this.region = client.region();
         this.buffer = new PackingBuffer(bufferBytes, segmentSize, attempt, this::push);
     }
 
@@ -189,10 +196,14 @@ public final class MapOutputWriter implements AutoCloseable {
 
     // ------------------------------------------------------------------------------------------ internals
 
-    /** Sends one packed group as one PushData after taking one push credit (blocks for it). */
+    /**
+     * Sends one packed group as one PushData after taking one push credit (blocks for it); with shared memory,
+     * puts it in the credit's slot and sends a PushPlaced saying so.
+     */
     private void push(byte[] head, int headLength, byte[] data, int dataLength) throws IOException {
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
         long seq;
+        long slot = -1;
         lock.lock();
         try {
             while (credit == 0 && failure == null) {
@@ -207,6 +218,9 @@ public final class MapOutputWriter implements AutoCloseable {
                 throw failure;
             }
             credit--;
+            if (region != null) {
+                slot = slots.removeFirst();
+            }
             seq = nextSequence;
             nextSequence = (nextSequence + 1) & Wire.MAX_U32;
             pushes++;
@@ -219,6 +233,12 @@ public final class MapOutputWriter implements AutoCloseable {
         crc.reset(); // once per group, checked by the daemon
         crc.update(head, 0, headLength);
         crc.update(data, 0, dataLength);
+        if (region != null) {
+            region.put(slot, head, headLength, data, dataLength);
+            FrameEncoder.writePushPlaced(ByteBuffer.wrap(placed), stream, seq, crc.getValue(), slot, headLength + dataLength);
+            client.send(placed);
+            return;
+        }
         FrameEncoder.writePushDataPrefix(ByteBuffer.wrap(prefix), stream, seq, headLength + dataLength, crc.getValue());
         client.send(prefix, head, headLength, data, dataLength);
     }
@@ -280,8 +300,14 @@ public final class MapOutputWriter implements AutoCloseable {
             public void onFrame(Frame frame) throws ShuffledException {
                 lock.lock();
                 try {
-                    if (frame instanceof Frame.PushCredit c) {
+                    if (frame instanceof Frame.PushCredit c && region == null) {
                         credit += c.credit();
+                        opened = true;
+                    } else if (frame instanceof Frame.PushSlots s && region != null) {
+                        for (long slot : s.slots()) {
+                            slots.addLast(slot);
+                        }
+                        credit += s.slots().length;
                         opened = true;
                     } else if (frame instanceof Frame.CommitAck ack) {
                         client.forget(stream);

@@ -76,6 +76,8 @@ public final class ShuffleClient implements AutoCloseable {
     private long nextStream = 1;
     private volatile ShuffledException lost;
     private volatile int segmentSize;
+    /** The connection's region of shared memory (§6.3), null: pushes go through the socket. */
+    private volatile SharedRegion region;
     private volatile String daemonNode = "";
     /** The cluster secret (§6.1), null: none; the nonce this client sent in Hello. */
     private final byte[] secret;
@@ -160,13 +162,33 @@ public final class ShuffleClient implements AutoCloseable {
             String appSecret,
             SSLContext tls)
             throws IOException {
+        boolean local = address.startsWith("unix:"); // the daemon's own host: shared memory, if it offers it
+        try {
+            return open(address, name, timeoutMillis, writerBufferBytes, secret, appSecret, tls, local);
+        } catch (RegionUnmapped e) {
+            return open(address, name, timeoutMillis, writerBufferBytes, secret, appSecret, tls, false);
+        }
+    }
+
+    private static ShuffleClient open(String address, String name, long timeoutMillis, long writerBufferBytes,
+            String secret, String appSecret, SSLContext tls, boolean sharedMemory) throws IOException {
         Transport transport;
         try {
             transport = Transport.open(address, timeoutMillis, tls);
         } catch (IOException e) {
             throw cannotConnect(address, e);
         }
-        return handshake(transport, address, name, timeoutMillis, writerBufferBytes, secret, appSecret, Auth.newNonce());
+        return handshake(transport, address, name, timeoutMillis, writerBufferBytes, secret, appSecret,
+                Auth.newNonce(), sharedMemory);
+    }
+
+    /** A region of shared memory the daemon offered that this client cannot map: it connects without one. */
+    private static final class RegionUnmapped extends IOException {
+        private static final long serialVersionUID = 1L;
+
+        RegionUnmapped(IOException cause) {
+            super(cause);
+        }
     }
 
     /**
@@ -174,15 +196,14 @@ public final class ShuffleClient implements AutoCloseable {
      * daemon has a secret, then HelloAck. Package-private so the conversation checks can replay recorded
      * conversations through this client over an in-memory transport, with the nonce they were recorded with.
      */
-    static ShuffleClient handshake(
-            Transport transport,
-            String address,
-            String name,
-            long timeoutMillis,
-            long writerBufferBytes,
-            String secret,
-            String appSecret,
-            String nonce)
+    static ShuffleClient handshake(Transport transport, String address, String name, long timeoutMillis,
+            long writerBufferBytes, String secret, String appSecret, String nonce) throws IOException {
+        return handshake(transport, address, name, timeoutMillis, writerBufferBytes, secret, appSecret, nonce, false);
+    }
+
+    /** As above; {@code sharedMemory}: ask for a region of shared memory (§6.3) and map the one offered. */
+    private static ShuffleClient handshake(Transport transport, String address, String name, long timeoutMillis,
+            long writerBufferBytes, String secret, String appSecret, String nonce, boolean sharedMemory)
             throws IOException {
         ShuffleClient client;
         try {
@@ -195,6 +216,9 @@ public final class ShuffleClient implements AutoCloseable {
         try {
             Map<String, Object> info = new LinkedHashMap<>();
             info.put("name", name);
+            if (sharedMemory) {
+                info.put("features", List.of(Wire.SHM));
+            }
             info.put("nonce", client.nonce);
             Frame.HelloAck ack;
             try {
@@ -205,6 +229,11 @@ public final class ShuffleClient implements AutoCloseable {
             }
             client.daemonNode = ack.node() == null ? "" : ack.node();
             client.segmentSize = ack.segmentSize();
+            try {
+                client.region = sharedMemory ? SharedRegion.of(ack) : null;
+            } catch (IOException e) {
+                throw new RegionUnmapped(e);
+            }
         } catch (IOException | RuntimeException e) {
             client.close();
             throw e;
@@ -450,6 +479,11 @@ public final class ShuffleClient implements AutoCloseable {
         return timeoutMillis;
     }
 
+    /** The connection's region of shared memory, or null (§6.3). */
+    SharedRegion region() {
+        return region;
+    }
+
     void check() throws ShuffledException {
         ShuffledException e = lost;
         if (e != null) {
@@ -626,7 +660,7 @@ public final class ShuffleClient implements AutoCloseable {
             throw new ProtocolException(frame.type() + " on stream 0");
         }
         switch (frame.type()) {
-            case BUFFER_RESPONSE, PUSH_CREDIT, COMMIT_ACK, ABORT_ACK, ADMIN_RESPONSE -> {
+            case BUFFER_RESPONSE, PUSH_CREDIT, PUSH_SLOTS, COMMIT_ACK, ABORT_ACK, ADMIN_RESPONSE -> {
                 StreamHandler h = streams.get(frame.stream());
                 if (h != null) {
                     try {

@@ -514,6 +514,77 @@ public sealed interface Frame {
         }
     }
 
+    /**
+     * PushSlots (0x27): push credit on a connection with shared memory, one per slot named, each the place in
+     * the connection's region where the writer may put one packed group (§6.3, §7.9a).
+     */
+    record PushSlots(long writer, long[] slots) implements Frame {
+        public PushSlots {
+            Wire.checkU32("writer", writer);
+            if (slots.length == 0) {
+                throw new IllegalArgumentException("PushSlots names at least one slot");
+            }
+            slots = slots.clone();
+            for (long slot : slots) {
+                Wire.checkU32("slot", slot);
+            }
+        }
+
+        @Override
+        public long[] slots() {
+            return slots.clone();
+        }
+
+        @Override
+        public FrameType type() {
+            return FrameType.PUSH_SLOTS;
+        }
+
+        @Override
+        public long stream() {
+            return writer;
+        }
+
+        @Override
+        public boolean equals(Object o) {
+            return o instanceof PushSlots p && writer == p.writer && Arrays.equals(slots, p.slots);
+        }
+
+        @Override
+        public int hashCode() {
+            return Long.hashCode(writer) * 31 + Arrays.hashCode(slots);
+        }
+
+        @Override
+        public String toString() {
+            return "PushSlots[writer=" + writer + ", slots=" + Arrays.toString(slots) + "]";
+        }
+    }
+
+    /**
+     * PushPlaced (0x28): PushData whose payload, {@code length} bytes with CRC32C {@code crc}, the writer put in
+     * {@code slot} of the connection's region (§6.3, §7.10a).
+     */
+    record PushPlaced(long writer, long sequence, long crc, long slot, long length) implements Frame {
+        public PushPlaced {
+            Wire.checkU32("writer", writer);
+            Wire.checkU32("sequence", sequence);
+            Wire.checkU32("crc", crc);
+            Wire.checkU32("slot", slot);
+            Wire.checkU32("length", length);
+        }
+
+        @Override
+        public FrameType type() {
+            return FrameType.PUSH_PLACED;
+        }
+
+        @Override
+        public long stream() {
+            return writer;
+        }
+    }
+
     /** AbortMapOutput (0x25): discard push stream {@code writer} (§7.13). */
     record AbortMapOutput(long writer) implements Frame {
         public AbortMapOutput {

@@ -370,6 +370,25 @@ public final class FrameDecoder {
                 }
                 return new Frame.PushCredit(stream, credit);
             }
+            case PUSH_SLOTS: {
+                if (len == 0 || len % 4 != 0) {
+                    throw new ProtocolException(name + ": body must be one or more u32s, got " + len + " bytes");
+                }
+                ByteBuffer b = ByteBuffer.wrap(buf, off, len);
+                long[] slots = new long[len / 4];
+                for (int i = 0; i < slots.length; i++) {
+                    slots[i] = Integer.toUnsignedLong(b.getInt());
+                }
+                return new Frame.PushSlots(stream, slots);
+            }
+            case PUSH_PLACED: {
+                if (len != Wire.PUSH_PLACED_FIXED) {
+                    throw new ProtocolException(name + ": body must be " + Wire.PUSH_PLACED_FIXED + " bytes, got " + len);
+                }
+                ByteBuffer b = ByteBuffer.wrap(buf, off, len);
+                return new Frame.PushPlaced(stream, Integer.toUnsignedLong(b.getInt()), Integer.toUnsignedLong(b.getInt()),
+                        Integer.toUnsignedLong(b.getInt()), Integer.toUnsignedLong(b.getInt()));
+            }
             case COMMIT_MAP_OUTPUT:
                 return new Frame.CommitMapOutput(stream, u32Body(buf, off, len, name));
             case COMMIT_ACK: {

@@ -84,6 +84,13 @@ public final class FrameEncoder {
         out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("crc", crc));
     }
 
+    /** A whole PushPlaced (§7.10a), written into {@code out} without allocating. */
+    public static void writePushPlaced(ByteBuffer out, long writer, long sequence, long crc, long slot, int length) {
+        writeHeader(out, FrameType.PUSH_PLACED, writer, Wire.PUSH_PLACED_FIXED);
+        out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("crc", crc))
+                .putInt((int) Wire.checkU32("slot", slot)).putInt(length);
+    }
+
     private static void putPayload(ByteBuffer out, ByteBuffer payload, int length) {
         if (payload == null) {
             if (length != 0) {
@@ -183,6 +190,18 @@ public final class FrameEncoder {
         }
         if (frame instanceof Frame.PushCredit c) {
             return u32(c.credit());
+        }
+        if (frame instanceof Frame.PushSlots s) {
+            ByteBuffer out = ByteBuffer.allocate(4 * s.slots().length);
+            for (long slot : s.slots()) {
+                out.putInt((int) slot);
+            }
+            return out.array();
+        }
+        if (frame instanceof Frame.PushPlaced p) {
+            ByteBuffer out = ByteBuffer.allocate(Wire.PUSH_PLACED_FIXED);
+            return out.putInt((int) p.sequence()).putInt((int) p.crc()).putInt((int) p.slot()).putInt((int) p.length())
+                    .array();
         }
         if (frame instanceof Frame.CommitMapOutput c) {
             return u32(c.pushes());

@@ -26,6 +26,8 @@ public enum FrameType {
     COMMIT_ACK(0x24, -1, false, true, false),
     ABORT_MAP_OUTPUT(0x25, -1, true, false, false),
     ABORT_ACK(0x26, -1, false, true, false),
+    PUSH_SLOTS(0x27, -1, false, true, false),
+    PUSH_PLACED(0x28, -1, true, false, false),
     ADMIN_REQUEST(0x30, -1, true, false, true),
     ADMIN_RESPONSE(0x31, -1, false, true, true);
 

@@ -27,6 +27,10 @@ public final class Wire {
     public static final int BUFFER_RESPONSE_FIXED = 16;
     /** sequence u32, crc u32 (§7.10). */
     public static final int PUSH_DATA_FIXED = 8;
+    /** PushPlaced's body: sequence, crc, slot, length, u32 each (§7.10a). */
+    public static final int PUSH_PLACED_FIXED = 16;
+    /** The Hello/HelloAck feature of pushes through shared memory (§6.3). */
+    public static final String SHM = "shm";
     /** A packed group's attempt u64 and run count u32, before its directory (§3.3). */
     public static final int GROUP_HEADER = 12;
     /** One directory entry of a packed group: partition u32, length u32 (§3.3). */

@@ -523,6 +523,8 @@ public final class CodecSelfTest {
                 new Frame.OpenMapOutput(7, "app", 1, 2, 3L, 4, "tok", 2, "object-store", "commit"),
                 new Frame.PushCredit(2, 1),
                 new Frame.PushData(2, 0, ByteBuffer.wrap(new byte[] {1})),
+                new Frame.PushSlots(2, new long[] {0, 0xFFFF_FFFFL}),
+                new Frame.PushPlaced(2, 1, 0xFFFF_FFFFL, 7, 32768),
                 new Frame.CommitMapOutput(2, 1),
                 new Frame.CommitAck(2, new long[] {1, -1L}),
                 new Frame.AbortMapOutput(3),
@@ -545,6 +547,8 @@ public final class CodecSelfTest {
             Body[] bad = {
                 () -> new Frame.AddCredit(1, 0),
                 () -> new Frame.PushCredit(1, 0),
+                () -> new Frame.PushSlots(1, new long[0]),
+                () -> new Frame.PushPlaced(1, 0, 0, 1L << 32, 1),
                 () -> new Frame.AddCredit(-1, 1),
                 () -> new Frame.CommitMapOutput(1, 1L << 32),
                 () -> new Frame.ErrorResponse(0, 70000, ""),

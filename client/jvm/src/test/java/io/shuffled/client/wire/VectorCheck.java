@@ -272,6 +272,8 @@ public final class VectorCheck {
         FIELDS.put("OPEN_MAP_OUTPUT", List.of("writer", "app", "shuffle", "map_index", "attempt", "partitions"));
         FIELDS.put("PUSH_CREDIT", List.of("writer", "credit"));
         FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "payload_hex", "crc"));
+        FIELDS.put("PUSH_SLOTS", List.of("writer", "slots"));
+        FIELDS.put("PUSH_PLACED", List.of("writer", "sequence", "crc", "slot", "length"));
         FIELDS.put("COMMIT_MAP_OUTPUT", List.of("writer", "pushes"));
         FIELDS.put("COMMIT_ACK", List.of("writer", "lengths"));
         FIELDS.put("ABORT_MAP_OUTPUT", List.of("writer"));
@@ -339,6 +341,17 @@ public final class VectorCheck {
                 byte[] pushed = HEX.parseHex(text(f, "payload_hex"));
                 return new Frame.PushData(u32(f, "writer"), u32(f, "sequence"), pushed.length, ByteBuffer.wrap(pushed),
                         u32(f, "crc"));
+            case "PUSH_SLOTS": {
+                JsonNode list = f.path("slots");
+                long[] slots = new long[list.size()];
+                for (int i = 0; i < slots.length; i++) {
+                    slots[i] = u64(list.get(i), "slots");
+                }
+                return new Frame.PushSlots(u32(f, "writer"), slots);
+            }
+            case "PUSH_PLACED":
+                return new Frame.PushPlaced(u32(f, "writer"), u32(f, "sequence"), u32(f, "crc"), u32(f, "slot"),
+                        u32(f, "length"));
             case "COMMIT_MAP_OUTPUT":
                 return new Frame.CommitMapOutput(u32(f, "writer"), u32(f, "pushes"));
             case "COMMIT_ACK": {
