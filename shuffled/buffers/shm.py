@@ -6,17 +6,18 @@ of that region the writer may fill. A group the writer put in a slot becomes sto
 the daemon points the pool segment that backs the credit at the slot (`SharedRegion.lend`), checks the
 writer's CRC32C in place, and points it home again when the stored data is freed (`restore`). While a
 segment's data lives in a region its own memory is idle, and is given back to the kernel
-(`GlobalPool.idle`): the daemon's memory stays the pool's size.
+(`pool.idle`): the daemon's memory stays the pool's size.
 
 Isolation: a region holds only what its own connection pushed, so a client can see no other client's data.
 Its file is made for the users the Unix socket is for (its mode's owner and group bits, never others'; owned
-by the client's user when the daemon may give it away) in a directory others may pass through but not list,
-under a random name, and unlinked as soon as the client sent its first frame after the handshake, and
-otherwise when the connection ends: no name is left on the host for another process to open. The pages live on while either side maps them (stored data the
-connection pushed outlives it, until it is read, spilled or dropped).
+by the client's user when the daemon is root) in a directory others may pass through but not list, under a
+random name, and unlinked as soon as the client sent its first frame after the handshake, and otherwise
+when the connection ends: no name is left on the host for another process to open. The pages live on while
+either side maps them (stored data the connection pushed outlives it, until it is read, spilled or dropped).
 
-Slots freed beyond `keep` lose their pages (`MADV_REMOVE`): a connection that once pushed a burst does not
-hold its peak in memory.
+A slot's pages are allocated when it is granted: a full tmpfs fails that push with the reason, where a
+store into a page that cannot be had would kill the writer (SIGBUS). Slots freed beyond `keep` lose their
+pages (`MADV_REMOVE`): a connection that once pushed a burst does not hold its peak in memory.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ First as in an executor pod: a daemon container without a network, its Unix sock
 with the host (as a pod's containers share an emptyDir), and a Spark application on `local-cluster` (two
 executors) on the host reaching it at ``unix:…``: every job equals Spark's built-in shuffle, the daemon
 committed and served exactly the job's shuffle bytes, and the executors pushed them through a directory of
-shared memory the two sides share (as a pod's emptyDir of medium Memory). Then as on a cluster: two daemon containers, each in
-a network namespace of its own with a Spark worker beside it (two hosts of tests/hosts.py), peers of each
-other with two copies of every map output; reads cross the hosts through the daemons, and one container
-killed with `podman kill` after the map stage (and started again, empty) costs no recomputation.
+shared memory the two sides share (as a pod's emptyDir of medium Memory). Then as on a cluster: two daemon
+containers, each in a network namespace of its own with a Spark worker beside it (two hosts of
+tests/hosts.py), peers of each other with two copies of every map output; reads cross the hosts through the
+daemons, and one container killed with `podman kill` after the map stage (and started again, empty) costs
+no recomputation.
 
 The image is the session's build (tests/image.py); skipped with the reason where podman, or for the hosts
 network namespaces, cannot be had.
