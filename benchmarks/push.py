@@ -58,7 +58,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     nbytes = ctx.pick(512 * MiB, 64 * MiB)
     bare = await bare_throughput(ctx)
     rates: dict[str, list[float]] = {"TCP": [], "Unix socket": [], "shared memory": []}
-    async with ctx.daemons(store_pool(nbytes), unix=True) as (a,):
+    async with ctx.daemons(store_pool(nbytes), unix=True, extra=["--shm-dir", "/dev/shm"]) as (a,):
         cpu = CpuMeter({"daemon": a.pid, "client": None})
         local = f"unix:{a.ready_field('unix')}"
         async with (

@@ -200,11 +200,12 @@ class DaemonConfig:
         metavar="MODE",
     )
     shm_dir: str | None = setting(
-        "/dev/shm",
-        "where the regions of shared memory that clients of the Unix socket push through are made: a tmpfs at "
-        "least the pool's size, at the same path for the daemon and its clients (the pod's emptyDir of medium "
-        "Memory); its files are for the users the socket is for. Smaller, or `none`: they push through the socket",
+        None,
+        "lets clients of the Unix socket push through shared memory, in regions made here: a tmpfs at least the "
+        "pool's size, at the same path for the daemon and its clients (the pod's emptyDir of medium Memory); its "
+        "files are for the users the socket is for. Off by default: it does not yet push faster (docs/performance.md)",
         parse=_optional_none,
+        default_text="none",
         metavar="DIR",
     )
     advertise: str | None = setting(

@@ -53,7 +53,8 @@ def unix_socket(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(unix_socket: Path) -> Iterator[DaemonProcess]:
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--unix-socket", str(unix_socket)])
+    flags = ["--unix-socket", str(unix_socket), "--shm-dir", "/dev/shm"]  # clients of the socket: shared memory
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", flags)
     try:
         yield d
     finally:

@@ -44,6 +44,8 @@ from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start
 from tests.integration.test_bad_input import Raw
 
 SHM_ROOT = "/dev/shm"
+#: shared memory is off by default (shm-dir none): the daemons here turn it on
+SHM_ON = ["--shm-dir", SHM_ROOT]
 APP = "shm-app"
 
 
@@ -63,7 +65,7 @@ def local(tmp_path: Path) -> Iterator[tuple[DaemonProcess, str]]:
     if not os.path.isdir(SHM_ROOT):
         pytest.skip(f"no {SHM_ROOT} on this host")
     sock = tmp_path / "d.sock"
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--unix-socket", str(sock)])
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--unix-socket", str(sock), *SHM_ON])
     try:
         yield d, f"unix:{sock}"
     finally:
@@ -144,7 +146,7 @@ async def test_the_region_has_no_name_on_the_host_once_the_client_speaks(local: 
 @within(60)
 async def test_without_shared_memory_a_local_client_pushes_through_the_socket(tmp_path: Path) -> None:
     sock = tmp_path / "d.sock"
-    flags = ["--unix-socket", str(sock), "--shm-dir", "none"]
+    flags = ["--unix-socket", str(sock)]  # shared memory is off unless shm-dir is set
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
     try:
         assert not any(n.startswith(f"{DIR_PREFIX}{d.pid}-") for n in os.listdir(SHM_ROOT))
@@ -263,7 +265,7 @@ def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
     where = Path(tempfile.mkdtemp(prefix="shm-users-"))
     where.chmod(0o755)
     sock = str(where / "d.sock")
-    flags = ["--unix-socket", sock, "--unix-socket-mode", "0666"]
+    flags = ["--unix-socket", sock, "--unix-socket-mode", "0666", *SHM_ON]
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
     try:
         owner, ack = _other_user(sock, nobody)
@@ -284,12 +286,12 @@ def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
 
 def test_a_daemon_killed_leaves_its_directory_to_the_next_one(tmp_path: Path) -> None:
     sock = tmp_path / "d.sock"
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock)])
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
     directory = _own_dir(d)
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait(10)
     assert os.path.isdir(directory)
-    again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock)])
+    again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
     try:
         assert not os.path.exists(directory)
         mine = _own_dir(again)

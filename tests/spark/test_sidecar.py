@@ -47,7 +47,7 @@ def image_jar(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sidecar(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     sockets = daemon_dir(tmp_path_factory.mktemp("sidecar") / "run")
-    # the pod's shared emptyDir (medium: Memory), at the same path in both containers (deploy/kubernetes)
+    # shared memory as a pod's emptyDir (medium: Memory) gives it, at the same path in both (docs/operations.md)
     shm = daemon_dir(tmp_path_factory.mktemp("sidecar") / "shm")
     options = [
         "--network", "none", "--volume", f"{sockets}:/run/shuffled", "--volume", f"{shm}:{shm}",

@@ -62,12 +62,13 @@ def test_spark_conf_for_a_spark_35_jar_puts_it_on_the_class_path_too() -> None:
 
 @pytest.mark.timeout(300)
 def test_job_through_the_unix_socket(builtin: dict[str, Any], plugin_jar: Path, tmp_path: Path) -> None:
-    """The deployment default: executors reach their daemon over a Unix socket (deploy/), and push through
-    shared memory."""
+    """The deployment default: executors reach their daemon over a Unix socket (deploy/); with shm-dir set,
+    they push through shared memory."""
     from shuffled import spark_jar
 
     sock = tmp_path / "shuffled.sock"
-    daemon = start_daemon("127.0.0.10", free_port(["127.0.0.10"]), "64M", ["--unix-socket", str(sock)])
+    flags = ["--unix-socket", str(sock), "--shm-dir", "/dev/shm"]
+    daemon = start_daemon("127.0.0.10", free_port(["127.0.0.10"]), "64M", flags)
     try:
         spark = spark_jobs.session("local[2]", spark_jar.spark_conf(plugin_jar, [f"unix:{sock}"]))
         try:
