@@ -305,17 +305,6 @@ class GlobalPool:
         return pool
 
 
-def idle(pool: GlobalPool, buffer: Buffer) -> None:
-    """The segment's own memory is not in use for a while (its data lives in shared memory, shm.py): its
-    whole pages go back to the kernel, and come back zeroed when it is written again."""
-    stride = pool.segment_size + SLACK
-    page = mmap.PAGESIZE
-    start = -(-buffer.index * stride // page) * page
-    end = (buffer.index * stride + pool.segment_size) // page * page
-    if end > start:
-        pool._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-
 class LocalPools:
     """The local pools of one global pool, and their targets: the segments above every pool's minimum shared
     in proportion to what each may still take (Flink's redistribution)."""

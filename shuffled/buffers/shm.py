@@ -2,22 +2,20 @@
 
 A local writer's bytes need not cross a socket: the daemon gives each connection that asks for it a region
 of its own, a file on tmpfs the client maps, and names in its push credit the slots (segment-sized places)
-of that region the writer may fill. A group the writer put in a slot becomes stored data without a copy:
-the daemon points the pool segment that backs the credit at the slot (`SharedRegion.lend`), checks the
-writer's CRC32C in place, and points it home again when the stored data is freed (`restore`). While a
-segment's data lives in a region its own memory is idle, and is given back to the kernel
-(`pool.idle`): the daemon's memory stays the pool's size.
+of that region the writer may fill. When the writer says it filled one, the daemon copies the group into the
+pool segment that backs the credit (one copy, where a socket takes two and a system call) and the slot is
+free again at once: a region holds only what is in flight, at most the connection's push credit, and the
+writer cannot change what was stored.
 
 Isolation: a region holds only what its own connection pushed, so a client can see no other client's data.
 Its file is made for the users the Unix socket is for (its mode's owner and group bits, never others'; owned
 by the client's user when the daemon is root) in a directory others may pass through but not list, under a
 random name, and unlinked as soon as the client sent its first frame after the handshake, and otherwise
-when the connection ends: no name is left on the host for another process to open. The pages live on while
-either side maps them (stored data the connection pushed outlives it, until it is read, spilled or dropped).
+when the connection ends: no name is left on the host for another process to open.
 
-A slot's pages are allocated when it is granted: a full tmpfs fails that push with the reason, where a
-store into a page that cannot be had would kill the writer (SIGBUS). Slots freed beyond `keep` lose their
-pages (`MADV_REMOVE`): a connection that once pushed a burst does not hold its peak in memory.
+A slot's pages are allocated the first time it is granted: a full tmpfs fails that push with the reason,
+where a store into a page that cannot be had would kill the writer (SIGBUS). They stay while the connection
+lives (slots are reused, last freed first, so few are ever touched) and go when it ends.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import secrets
 import shutil
 from collections.abc import Iterable
 
-from .pool import Buffer, Recycler
+from .pool import Buffer
 
 #: the name of a daemon's directory of regions: this prefix, its process id and a random part
 DIR_PREFIX = "shuffled-"
@@ -38,24 +36,12 @@ _MAKE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 class SharedRegion:
     """The daemon's side of one connection's region: `slots` places of `slot_size` bytes."""
 
-    def __init__(
-        self,
-        directory: str,
-        slots: int,
-        slot_size: int,
-        keep: int,
-        home: Recycler,
-        owner: int | None = None,
-        mode: int = 0o600,
-    ) -> None:
+    def __init__(self, directory: str, slots: int, slot_size: int, owner: int | None = None, mode: int = 0o600) -> None:
         self.slot_size = slot_size
-        self._dir = directory
-        #: where a segment goes once its stored data in a slot is freed (the global pool)
-        self.home = home
         self.slots = slots
-        self.keep = keep
+        self._dir = directory
         self.path: str | None = os.path.join(directory, secrets.token_hex(16))
-        #: open while slots may be granted: a slot's pages are allocated before it is named (`take`)
+        #: open while slots may be granted: a slot's pages are allocated before it is first named (`take`)
         self._fd: int | None = os.open(self.path, _MAKE, 0o600)
         try:
             os.fchmod(self._fd, mode)
@@ -67,11 +53,9 @@ class SharedRegion:
             self.close()
             raise
         self._view = memoryview(self._map)
-        #: free slots whose pages are resident (reused first, last freed first) and free slots without pages
+        #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
-        #: buffers pointed at a slot -> (the slot, the buffer's own room and memory)
-        self._lent: dict[Buffer, tuple[int, memoryview, memoryview]] = {}
 
     def unlink(self) -> None:
         """Take the region's name off the host (its pages stay while mapped)."""
@@ -83,27 +67,22 @@ class SharedRegion:
                 pass
 
     def close(self) -> None:
-        """The connection ended: no slot will be granted again, so free ones give their pages back now, and
-        the others as their stored data is freed."""
+        """The connection ended: no slot is granted again, and the pages go (slots still granted to pushes
+        going away give theirs back as those end)."""
         self.unlink()
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
         warm, self._warm = self._warm, []
-        for slot in warm:
-            self._free(slot)
+        self.give_back(warm)
 
     @property
     def free(self) -> int:
         return len(self._warm) + len(self._cold)
 
-    @property
-    def lent(self) -> int:
-        return len(self._lent)
-
     def take(self, n: int) -> list[int]:
-        """n free slots to name in push credit. There are always enough: every slot named or lent stands
-        for a pool segment held as credit or as stored data, and the region has one slot per segment."""
+        """n free slots to name in push credit. There are always enough: every slot named stands for a pool
+        segment promised as credit, and the region has one slot per segment."""
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
         warm, cold = self._warm, self._cold
@@ -124,31 +103,21 @@ class SharedRegion:
             raise OSError(f"no room for shared memory in {self._dir}: {exc}") from None
         return slot
 
-    def give_back(self, slots: Iterable[int]) -> None:
-        """Slots named in credit that was never used (the push ended) are free again."""
-        for slot in slots:
-            self._free(slot)
-
-    def lend(self, buf: Buffer, slot: int, length: int) -> None:
-        """Point `buf` at `slot`, whose first `length` bytes the writer filled: stored data from now."""
-        self._lent[buf] = (slot, buf.room, buf.memory)
+    def copy_out(self, slot: int, into: Buffer, length: int) -> None:
+        """The group the writer put in `slot`, copied into `into`; the slot is free again."""
         start = slot * self.slot_size
-        buf.room = buf.memory = self._view[start : start + self.slot_size]
-        buf.length = length
+        into.memory[:length] = self._view[start : start + length]
+        into.length = length
+        self.give_back((slot,))
 
-    def recycle(self, buf: Buffer) -> None:
-        """The recycler of a lent buffer: its memory is its own segment again, its slot is free, and it goes
-        home."""
-        slot, buf.room, buf.memory = self._lent.pop(buf)
-        self._free(slot)
-        self.home(buf)
-
-    def _free(self, slot: int) -> None:
-        if self._fd is not None and len(self._warm) < self.keep:
-            self._warm.append(slot)
-            return
-        self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
-        self._cold.append(slot)
+    def give_back(self, slots: Iterable[int]) -> None:
+        """Slots are free again: used, or named in credit that was never used (the push ended)."""
+        for slot in slots:
+            if self._fd is not None:
+                self._warm.append(slot)
+            else:
+                self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+                self._cold.append(slot)
 
 
 class RegionDirectory:
@@ -175,7 +144,7 @@ class RegionDirectory:
         os.chmod(path, 0o711)  # whatever the umask
         self.path = path
 
-    def region(self, slots: int, slot_size: int, keep: int, home: Recycler, owner: int | None) -> SharedRegion | None:
+    def region(self, slots: int, slot_size: int, owner: int | None) -> SharedRegion | None:
         """A new region, or None when this daemon offers none (no directory). OSError when the directory's
         filesystem is smaller than the pool: the regions together hold at most about the pool, which must fit
         (a container's own /dev/shm is often 64 MiB); room others take is `take`'s to find."""
@@ -185,7 +154,7 @@ class RegionDirectory:
         if fs.f_blocks * fs.f_frsize < slots * slot_size:
             size = fs.f_blocks * fs.f_frsize >> 20
             raise OSError(f"{self.parent} holds {size} MiB, less than the pool ({slots * slot_size >> 20} MiB)")
-        return SharedRegion(self.path, slots, slot_size, keep, home, owner, self.mode)
+        return SharedRegion(self.path, slots, slot_size, owner, self.mode)
 
     def close(self) -> None:
         path, self.path = self.path, None

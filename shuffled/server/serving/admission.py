@@ -142,9 +142,7 @@ def _shared_memory(conn: DaemonLink, host: ShuffleEnvironment[Any], info: dict[s
         return {}
     cfg = host.config
     try:
-        region = host.shm.region(
-            host.pool.total, cfg.segment_size, 4 * cfg.push_window, host.pool.give, _peer_uid(conn)
-        )
+        region = host.shm.region(host.pool.total, cfg.segment_size, _peer_uid(conn))
     except OSError as exc:
         event(log, "no shared memory for a client", logging.WARNING, peer=conn.host, reason=str(exc))
         return {}

@@ -1,8 +1,8 @@
 """What a push's data frames become (push_session.py owns the push; this is its data path).
 
 Each PushData or PushPlaced uses one unit of the push's credit, which is one promised segment of its window:
-a PushData's payload was read into that segment; a PushPlaced's is in a slot of the connection's shared
-memory, and the segment is pointed at it (push_slots.py). Either is stored once its sequence number, CRC32C
+a PushData's payload was read into that segment; a PushPlaced's is copied there from a slot of the
+connection's shared memory (push_slots.py). Either is stored once its sequence number, CRC32C
 and packed group are right. A PushData whose sequence number was already received (a writer retrying after
 a lost reply) is dropped: its bytes are not stored twice, and the segment becomes push credit again.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...buffers import Buffer
-from ...buffers.pool import Recycler
 from ...protocol.credit import SequenceChecker
 from ...protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ...protocol.frames import PushData, PushPlaced
@@ -64,7 +63,7 @@ class PushIntake:
         if self.seq.is_duplicate(frame.sequence):
             self._duplicate(buf)
             return None
-        return self._store(buf, frame.sequence, frame.crc or 0, self.env.pool.give)
+        return self._store(buf, frame.sequence, frame.crc or 0)
 
     def placed(self, frame: PushPlaced) -> Stored | None:
         """What a PushPlaced stored (None: a duplicate); a ShuffledError discards the attempt."""
@@ -76,8 +75,8 @@ class PushIntake:
             slots.dropped(frame)
             self._duplicate(buf)
             return None
-        slots.lend(buf, frame)
-        stored = self._store(buf, frame.sequence, frame.crc, slots.region.recycle)
+        slots.copy_out(frame, buf)
+        stored = self._store(buf, frame.sequence, frame.crc)
         self.counters.placed_buffers += 1
         return stored
 
@@ -85,11 +84,11 @@ class PushIntake:
         self.duplicates += 1
         buf.release()  # back into the window: credit again
 
-    def _store(self, buf: Buffer, sequence: int, sent_crc: int, home: Recycler) -> Stored:
-        """The buffer leaves the window for the store, and goes `home` when the store frees it."""
+    def _store(self, buf: Buffer, sequence: int, sent_crc: int) -> Stored:
+        """The buffer leaves the window for the store (the global pool's again when the store frees it)."""
         pool = self.window.pool
         assert pool is not None
-        pool.detach(buf, home)
+        pool.detach(buf, self.env.pool.give)
         try:
             self.seq.check(sequence)
             crc = checksum(buf.data())

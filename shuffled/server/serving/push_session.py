@@ -108,7 +108,7 @@ class PushSession:
         self._unannounced = 0
         self._announce_soon = OncePerTurn(self._announce)
         #: on a connection with shared memory, the credit as slots of it (push_slots.py)
-        self.slots = SlotCredit(conn.shm, env.pool, req.writer) if conn.shm is not None else None
+        self.slots = SlotCredit(conn.shm, req.writer) if conn.shm is not None else None
         self.intake = PushIntake(req.writer, self.window, out, env, self.slots)
         #: opening the replicas and the pool, then a replicated commit
         self.task: asyncio.Task[None] | None = None

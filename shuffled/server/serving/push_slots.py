@@ -3,22 +3,20 @@
 On a connection that agreed on shared memory, each unit of push credit names a slot of the connection's
 region (buffers/shm.py); the writer puts a packed group there and says so with PushPlaced. A slot the push
 was not granted, or granted and already used, is a credit violation on the push's stream: slots are the
-credit, so a writer that names another's slot could overwrite what that push stored.
+credit, so a writer that names another's slot could overwrite that push's group before the daemon took it.
 """
 
 from __future__ import annotations
 
-from ...buffers import Buffer, GlobalPool
-from ...buffers.pool import idle
+from ...buffers import Buffer
 from ...buffers.shm import SharedRegion
 from ...protocol.errors import CreditViolation, InvalidRequest, StorageError
 from ...protocol.frames import PushPlaced
 
 
 class SlotCredit:
-    def __init__(self, region: SharedRegion, pool: GlobalPool, writer: int) -> None:
+    def __init__(self, region: SharedRegion, writer: int) -> None:
         self.region = region
-        self.pool = pool
         self.writer = writer
         #: slots granted to the writer and not yet used
         self.granted: set[int] = set()
@@ -42,10 +40,9 @@ class SlotCredit:
             )
         self.granted.remove(frame.slot)
 
-    def lend(self, buf: Buffer, frame: PushPlaced) -> None:
-        """`buf`, a segment of the push's window, holds the placed group from now on: its own memory idles."""
-        idle(self.pool, buf)
-        self.region.lend(buf, frame.slot, frame.length)
+    def copy_out(self, frame: PushPlaced, into: Buffer) -> None:
+        """The placed group, copied into `into` (a segment of the push's window); its slot is free again."""
+        self.region.copy_out(frame.slot, into, frame.length)
 
     def dropped(self, frame: PushPlaced) -> None:
         """A duplicate's slot is free again (nothing of it is stored)."""
