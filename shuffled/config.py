@@ -200,12 +200,11 @@ class DaemonConfig:
         metavar="MODE",
     )
     shm_dir: str | None = setting(
-        None,
-        "lets clients of the Unix socket push through shared memory, in regions made here: a tmpfs at least the "
-        "pool's size, at the same path for the daemon and its clients (the pod's emptyDir of medium Memory); its "
-        "files are for the users the socket is for. Off by default: it does not yet push faster (docs/performance.md)",
+        "/dev/shm",
+        "where clients of the Unix socket get their regions of shared memory to push through: a tmpfs at least "
+        "the pool's size (else they push through the socket), at the same path for the daemon and its clients "
+        "(the pod's emptyDir of medium Memory); its files are for the users the socket is for. `none`: off",
         parse=_optional_none,
-        default_text="none",
         metavar="DIR",
     )
     advertise: str | None = setting(

@@ -131,10 +131,16 @@ class RegionDirectory:
         self.mode = mode & 0o660
         self.path: str | None = None
 
-    def open(self) -> None:
+    def open(self, pool_bytes: int) -> None:
+        """OSError when `parent` cannot serve: its filesystem smaller than the pool (a container's own
+        /dev/shm is often 64 MiB) could run out of pages a writer was promised."""
         parent = self.parent
         if parent is None:
             return
+        fs = os.statvfs(parent)
+        if fs.f_blocks * fs.f_frsize < pool_bytes:
+            size = fs.f_blocks * fs.f_frsize >> 20
+            raise OSError(f"{parent} holds {size} MiB, less than the pool ({pool_bytes >> 20} MiB)")
         for name in os.listdir(parent):
             pid = name[len(DIR_PREFIX) :].split("-", 1)[0] if name.startswith(DIR_PREFIX) else ""
             if pid.isdigit() and not _running(int(pid)):
@@ -145,15 +151,9 @@ class RegionDirectory:
         self.path = path
 
     def region(self, slots: int, slot_size: int, owner: int | None) -> SharedRegion | None:
-        """A new region, or None when this daemon offers none (no directory). OSError when the directory's
-        filesystem is smaller than the pool: the regions together hold at most about the pool, which must fit
-        (a container's own /dev/shm is often 64 MiB); room others take is `take`'s to find."""
+        """A new region, or None when this daemon offers none (no usable directory)."""
         if self.path is None:
             return None
-        fs = os.statvfs(self.path)
-        if fs.f_blocks * fs.f_frsize < slots * slot_size:
-            size = fs.f_blocks * fs.f_frsize >> 20
-            raise OSError(f"{self.parent} holds {size} MiB, less than the pool ({slots * slot_size >> 20} MiB)")
         return SharedRegion(self.path, slots, slot_size, owner, self.mode)
 
     def close(self) -> None:

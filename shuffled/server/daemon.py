@@ -202,8 +202,8 @@ class Daemon:
         # Before listening: no request may see a half-restored store.
         restored = self.storage.restore()
         try:
-            self.shm.open()
-        except OSError as exc:
+            self.shm.open(self.pool.total * cfg.segment_size)
+        except OSError as exc:  # said once: its clients push through the socket
             event(log, "no shared memory for local clients", logging.WARNING, dir=cfg.shm_dir, reason=str(exc))
         port = await self.listeners.open(lambda arrived: DaemonConnection(self.env, port=arrived))
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host

@@ -44,7 +44,7 @@ from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start
 from tests.integration.test_bad_input import Raw
 
 SHM_ROOT = "/dev/shm"
-#: shared memory is off by default (shm-dir none): the daemons here turn it on
+#: the daemons here say where their regions go, whatever the default
 SHM_ON = ["--shm-dir", SHM_ROOT]
 APP = "shm-app"
 SEGMENT_KIB = 32
@@ -148,7 +148,7 @@ async def test_the_region_has_no_name_on_the_host_once_the_client_speaks(local: 
 @within(60)
 async def test_without_shared_memory_a_local_client_pushes_through_the_socket(tmp_path: Path) -> None:
     sock = tmp_path / "d.sock"
-    flags = ["--unix-socket", str(sock)]  # shared memory is off unless shm-dir is set
+    flags = ["--unix-socket", str(sock), "--shm-dir", "none"]
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
     try:
         assert not any(n.startswith(f"{DIR_PREFIX}{d.pid}-") for n in os.listdir(SHM_ROOT))
