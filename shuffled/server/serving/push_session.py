@@ -107,6 +107,8 @@ class PushSession:
         self.window = PushWindow(env, conn.push_share, out, self.fail, self._top_up)
         self._unannounced = 0
         self._announce_soon = OncePerTurn(self._announce)
+        #: the frames of one read are all taken before the window is refilled once for them
+        self._top_up_soon = OncePerTurn(self._top_up)
         #: on a connection with shared memory, the credit as slots of it (push_slots.py)
         self.slots = SlotCredit(conn.shm, req.writer) if conn.shm is not None else None
         self.intake = PushIntake(req.writer, self.window, out, env, self.slots)
@@ -164,7 +166,7 @@ class PushSession:
             return
         if stored is not None and self.links is not None:
             self.links.forward(*stored)
-        self._top_up()
+        self._top_up_soon()
 
     def _top_up(self) -> None:
         """Refill the window and grant one credit per new free segment (none while a replica lags)."""
