@@ -9,7 +9,9 @@ then the plugin with one daemon on its defaults. Every query's result must be id
 reports session time through shuffled over the built-in one per width (the goal: at most 0.8) and per query. With
 ``SHUFFLED_BENCH_SHAPES_BEFORE_JAR`` naming another plugin jar (an older build), a third session per width runs
 it against the same daemon build, for a before/after of the plugin in one run; ``SHUFFLED_BENCH_SHAPES_WIDTHS``
-(comma-separated) and ``SHUFFLED_BENCH_SHAPES_ROWS`` choose other widths and sizes.
+(comma-separated) and ``SHUFFLED_BENCH_SHAPES_ROWS`` choose other widths and sizes. With
+``SHUFFLED_BENCH_SHAPES_LOCAL=1`` two more sessions per width reach the daemon at its Unix socket, one pushing
+through shared memory and one through the socket (``--shm-dir none``), to compare the two in one run.
 
 The breakdown (notes, and ``breakdown`` in results.json) puts the two shuffles' reduce stages side by side:
 Spark's metrics (tasks, run and CPU time, fetch wait, blocks fetched: the built-in reader fetches an attempt's
@@ -38,21 +40,31 @@ BEFORE_JAR_VARIABLE = "SHUFFLED_BENCH_SHAPES_BEFORE_JAR"
 #: the widths of a full run, comma-separated (default: WIDTHS)
 WIDTHS_VARIABLE = "SHUFFLED_BENCH_SHAPES_WIDTHS"
 WIDTHS = [200, 2_000, 10_000]
+#: set to 1: also the sessions over the Unix socket, with shared memory and without
+LOCAL_VARIABLE = "SHUFFLED_BENCH_SHAPES_LOCAL"
 QUICK_WIDTHS = [2_000]
 QUICK_QUERIES = ["full_outer_distinct"]
 #: the issue's goal: shuffled at most 0.8 of the built-in shuffle's time at every width
 GOAL = Goal("ratio", "<=", 0.8)
+#: through shared memory against the Unix socket: faster
+SHM_GOAL = Goal("ratio", "<", 1.0)
 #: six to nine sessions of four heavy queries on 2 cores
 TIME_LIMIT = 5400.0
 QUICK_TIME_LIMIT = 150.0
 BUILTIN, SHUFFLED, BEFORE = "built-in", "shuffled", "shuffled before"
+#: the sessions over the Unix socket: the daemon's flags for each
+LOCAL = {"shuffled, shared memory": ("--shm-dir", "/dev/shm"), "shuffled, Unix socket": ("--shm-dir", "none")}
 
 
-async def _plugin(ctx: Context, rows: int, jar: str, queries: str, extra: tuple[str, ...]) -> dict[str, Any]:
-    """A session through one daemon on its defaults; its JSON line gains the daemon's CPU seconds."""
-    async with ctx.daemons(default_pool()) as (daemon,):
+async def _plugin(
+    ctx: Context, rows: int, jar: str, queries: str, extra: tuple[str, ...], local: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """A session through one daemon on its defaults (`local`: at its Unix socket, with these flags); its JSON
+    line gains the daemon's CPU seconds."""
+    async with ctx.daemons(default_pool(), unix=local is not None, extra=local or ()) as (daemon,):
         before = cpu_seconds(daemon.pid)
-        out = await run_session(ctx, "plugin", rows, daemon.addr, jar, queries, extra)
+        address = daemon.addr if local is None else f"unix:{daemon.ready_field('unix')}"
+        out = await run_session(ctx, "plugin", rows, address, jar, queries, extra)
         out["daemon_cpu"] = cpu_seconds(daemon.pid) - before
     return out
 
@@ -114,6 +126,9 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         runs[SHUFFLED] = await _plugin(ctx, rows, jar, queries, extra)
         if before_jar:
             runs[BEFORE] = await _plugin(ctx, rows, before_jar, queries, extra)
+        if os.environ.get(LOCAL_VARIABLE) == "1":
+            for setup, flags in LOCAL.items():
+                runs[setup] = await _plugin(ctx, rows, jar, queries, extra, flags)
         for q in runs[BUILTIN]["queries"]:
             digests = {r["queries"][q]["result"] for r in runs.values()}
             require(len(digests) == 1, f"{width} partitions, {q}: results differ between the shuffles")
@@ -135,6 +150,16 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                     baseline_name=BUILTIN,
                     baseline=runs[BUILTIN]["queries"][q]["seconds"],
                 )
+        shm, socket = (runs.get(setup) for setup in LOCAL)
+        if shm is not None and socket is not None:
+            result.add(
+                f"{width:,} partitions: session through shared memory",
+                session_seconds(shm),
+                "s",
+                baseline_name="the Unix socket",
+                baseline=session_seconds(socket),
+                goal=SHM_GOAL,
+            )
         for setup, r in runs.items():
             times.bars[f"{width:,}: {setup}"] = session_seconds(r)
         ctx.progress(", ".join(f"{s} {session_seconds(r):.1f}s" for s, r in runs.items()) + f" at {width:,}")
