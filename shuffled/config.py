@@ -169,11 +169,10 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 
 
 def _parse_s3_url(text: str) -> str | None:
-    text = text.strip()
-    if not text or text.lower() == "none":
-        return None
-    parse_s3_url(text)
-    return text
+    url = _optional_none(text.strip())
+    if url is not None:
+        parse_s3_url(url)
+    return url
 
 
 def _parse_mode(text: str) -> int:

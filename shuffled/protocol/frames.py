@@ -201,23 +201,30 @@ class SlotsBody:
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
         values = getattr(frame, self.values)
-        return HEADER.pack(4 * len(values), ftype, 0, 0, getattr(frame, self.stream)) + _u32s(values)
+        return HEADER.pack(4 * len(values), ftype, 0, 0, getattr(frame, self.stream)) + _to_wire("I", values).tobytes()
 
     def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
         if not body or len(body) % 4:
             raise ProtocolError(f"{cls.TYPE.name}: body must be one or more u32s, got {len(body)} bytes")
-        values = array("I")
-        values.frombytes(body)
-        if _SWAP:
-            values.byteswap()
-        return cls(stream, values.tolist())
+        return cls(stream, _from_wire("I", body))
 
 
-def _u32s(values: list[int]) -> bytes:
-    wire = array("I", values)
+def _to_wire(typecode: str, values: Sequence[int]) -> array[int]:
+    """`values` as a big-endian array of `typecode`: an array of that type already is byte-swapped in place,
+    without a copy (a CommitAck's lengths can be 8 MB)."""
+    wire = values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
     if _SWAP:
         wire.byteswap()
-    return wire.tobytes()
+    return wire
+
+
+def _from_wire(typecode: str, body: memoryview) -> list[int]:
+    """The big-endian integers of `typecode` that fill `body`."""
+    values = array(typecode)
+    values.frombytes(body)
+    if _SWAP:
+        values.byteswap()
+    return values.tolist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,9 +499,7 @@ class CommitAckBody:
         (a list of them is a Python int a partition)."""
 
         def pack(writer: int, lengths: Sequence[int]) -> bytes:
-            wire = lengths if isinstance(lengths, array) and lengths.typecode == "Q" else array("Q", lengths)
-            if _SWAP:
-                wire.byteswap()
+            wire = _to_wire("Q", lengths)
             n = len(wire)
             return b"".join((HEADER.pack(4 + 8 * n, ftype, 0, 0, writer), U32.pack(n), memoryview(wire).cast("B")))
 
@@ -506,11 +511,7 @@ class CommitAckBody:
         (n,) = U32.unpack_from(body)
         if len(body) != 4 + 8 * n:
             raise ProtocolError(f"CommitAck: {n} lengths need {4 + 8 * n} bytes, got {len(body)}")
-        lengths = array("Q")
-        lengths.frombytes(body[4:])
-        if _SWAP:
-            lengths.byteswap()
-        return cls(stream, lengths.tolist())
+        return cls(stream, _from_wire("Q", body[4:]))
 
 
 def pack_buffer_response_prefix(

@@ -112,7 +112,7 @@ class Inbound:
             case PushSlots(writer, slots):
                 if SHM not in self.handshake.features:
                     raise ProtocolError("PushSlots on a connection that did not agree on shared memory")
-                return self._on_push_slots(writer, slots)
+                return self._on_push_credit(writer, len(slots), slots)
             case CommitAck(writer, lengths):
                 return Committed(writer, lengths) if self.streams.take(self.streams.own, writer, Kind.PUSH) else None
             case AbortAck(writer):
@@ -245,21 +245,17 @@ class Inbound:
             del self.streams.own[frame.receiver]
         return BufferArrived(frame)
 
-    def _on_push_credit(self, writer: int, credit: int) -> Event | None:
+    def _on_push_credit(self, writer: int, credit: int, slots: list[int] | None = None) -> Event | None:
+        """PushCredit, or with shared memory PushSlots: `slots`, a credit each (§6.3)."""
         stream = self.streams.step(self.streams.own, writer, Kind.PUSH, Step.GRANT)
         if stream is None:
             return None
         if stream.outbound is not None:
-            stream.outbound.add_credit(credit)
+            if slots is None:
+                stream.outbound.add_credit(credit)
+            else:
+                stream.outbound.add_slots(slots)
         return PushCredited(writer, credit)
-
-    def _on_push_slots(self, writer: int, slots: list[int]) -> Event | None:
-        stream = self.streams.step(self.streams.own, writer, Kind.PUSH, Step.GRANT)
-        if stream is None:
-            return None
-        if stream.outbound is not None:
-            stream.outbound.add_slots(slots)
-        return PushCredited(writer, len(slots))
 
 
 def _check_landed(payload: object, stream: int) -> None:

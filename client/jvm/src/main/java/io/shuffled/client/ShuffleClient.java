@@ -162,7 +162,7 @@ public final class ShuffleClient implements AutoCloseable {
             String appSecret,
             SSLContext tls)
             throws IOException {
-        boolean local = address.startsWith("unix:"); // the daemon's own host: shared memory, if it offers it
+        boolean local = address.startsWith(Transport.UNIX); // the daemon's host: shared memory, if it offers it
         try {
             return open(address, name, timeoutMillis, writerBufferBytes, secret, appSecret, tls, local);
         } catch (RegionUnmapped e) {

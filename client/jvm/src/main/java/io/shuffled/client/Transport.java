@@ -39,6 +39,8 @@ abstract class Transport implements Closeable {
     abstract OutputStream output() throws IOException;
 
     static final String TLS = "tls:";
+    /** The prefix of a Unix socket's address: the daemon on this host (and its shared memory, §6.3). */
+    static final String UNIX = "unix:";
     /**
      * Over TLS 1.3 a daemon checks the client's certificate after the client's side of the handshake is done,
      * and may end the connection without an alert when it wants one and got none it trusts: the client sees
@@ -57,8 +59,8 @@ abstract class Transport implements Closeable {
         if (tls != null && !overTls) {
             throw new IllegalArgumentException("a TLS context needs a tls:host:port address, got " + address);
         }
-        if (address.startsWith("unix:")) {
-            return new Unix(address.substring("unix:".length()));
+        if (address.startsWith(UNIX)) {
+            return new Unix(address.substring(UNIX.length()));
         }
         int timeout = (int) Math.min(Integer.MAX_VALUE, timeoutMillis);
         if (overTls) {
