@@ -20,6 +20,7 @@ lives (slots are reused, last freed first, so few are ever touched) and go when 
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -123,13 +124,17 @@ class SharedRegion:
 class RegionDirectory:
     """Where a daemon makes its regions: a directory of its own under `parent` (mode 0711: others may pass
     through it to a name they were given, but not list it), made at start and removed at stop. A daemon
-    killed leaves its directory behind; the next one on the host removes it (`open`)."""
+    killed leaves its directory behind; the next one on the host removes it (`open`), once it holds the lock
+    the owner held on it for its whole life: a process id that is not running here may be a live daemon's in
+    another PID namespace sharing the directory, but a lock is released only by its holder's end."""
 
     def __init__(self, parent: str | None, mode: int = 0o600) -> None:
         self.parent = parent
         #: the regions' file mode: the Unix socket's, for its owner and group only (never others)
         self.mode = mode & 0o660
         self.path: str | None = None
+        #: the directory, open and locked while this daemon lives
+        self._lock: int | None = None
 
     def open(self, pool_bytes: int) -> None:
         """OSError when `parent` cannot serve: its filesystem smaller than the pool (a container's own
@@ -143,11 +148,12 @@ class RegionDirectory:
             raise OSError(f"{parent} holds {size} MiB, less than the pool ({pool_bytes >> 20} MiB)")
         for name in os.listdir(parent):
             pid = name[len(DIR_PREFIX) :].split("-", 1)[0] if name.startswith(DIR_PREFIX) else ""
-            if pid.isdigit() and not _running(int(pid)):
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            if pid.isdigit():
+                _remove_if_abandoned(os.path.join(parent, name))
         path = os.path.join(parent, f"{DIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
         os.mkdir(path, 0o711)
         os.chmod(path, 0o711)  # whatever the umask
+        self._lock = _locked(path)
         self.path = path
 
     def region(self, slots: int, slot_size: int, owner: int | None) -> SharedRegion | None:
@@ -160,16 +166,33 @@ class RegionDirectory:
         path, self.path = self.path, None
         if path is not None:
             shutil.rmtree(path, ignore_errors=True)
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            os.close(lock)
 
 
-def _running(pid: int) -> bool:
+def _locked(path: str) -> int:
+    """`path` (a directory) open with an exclusive lock, or BlockingIOError while someone else holds it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: its directory is not ours to judge
-        return True
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_if_abandoned(path: str) -> None:
+    """Remove another daemon's directory if its owner is gone (its lock is free); keep it when that cannot
+    be told (another user's, locked, or gone meanwhile)."""
+    try:
+        fd = _locked(path)
+    except OSError:  # held by a live daemon, or not ours to open
+        return
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 class MappedRegion:

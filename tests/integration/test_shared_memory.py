@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import pwd
 import shutil
@@ -287,19 +288,30 @@ def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
 
 
 def test_a_daemon_killed_leaves_its_directory_to_the_next_one(tmp_path: Path) -> None:
+    """...and only then: a directory whose owner's process id is not running here, but whose lock is held (a
+    live daemon in another PID namespace sharing the directory), is kept."""
     sock = tmp_path / "d.sock"
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
     directory = _own_dir(d)
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait(10)
     assert os.path.isdir(directory)
-    again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
+    elsewhere = os.path.join(SHM_ROOT, f"{DIR_PREFIX}{2**22 + 7}-{os.getpid():x}")  # no such pid here
+    os.mkdir(elsewhere)
+    held = os.open(elsewhere, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        assert not os.path.exists(directory)
-        mine = _own_dir(again)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
+        try:
+            assert not os.path.exists(directory)
+            assert os.path.isdir(elsewhere), "a directory whose owner holds its lock stays"
+            mine = _own_dir(again)
+        finally:
+            again.stop()
+        assert not os.path.exists(mine), "a daemon stopping removes its directory"
     finally:
-        again.stop()
-    assert not os.path.exists(mine), "a daemon stopping removes its directory"
+        os.close(held)
+        shutil.rmtree(elsewhere, ignore_errors=True)
 
 
 class _Local(Raw):
