@@ -219,10 +219,25 @@ class SeaweedFS:
             return False
 
     def _s3_answers(self) -> bool:
+        """A signed listing succeeds; then one object is written and deleted, with time to spare. A fresh
+        server's first write takes seconds (it grows its first volume): a daemon's probe with a short
+        timeout would give up on it, and the PUT it abandoned would land after its delete, leaving an
+        object no test wrote."""
         import obstore
+
+        try:
+            obstore.list(self._client("5s"), "ready-probe/", chunk_size=1).collect()
+        except Exception as exc:  # any client error means: not yet
+            raise RuntimeError(f"S3 listing failed: {' '.join(str(exc).split())[:200]}") from None
+        patient = self._client("60s")
+        obstore.put(patient, "ready-probe/first-write", b"the first write grows a volume")
+        obstore.delete(patient, "ready-probe/first-write")
+        return True
+
+    def _client(self, timeout: str) -> Any:
         from obstore.store import S3Store
 
-        store = S3Store(
+        return S3Store(
             self.bucket,
             config={
                 "endpoint": self.endpoint,
@@ -231,14 +246,9 @@ class SeaweedFS:
                 "secret_access_key": self.admin.secret_key,
                 "virtual_hosted_style_request": False,
             },
-            client_options={"allow_http": True, "timeout": "5s"},
+            client_options={"allow_http": True, "timeout": timeout},
             retry_config={"max_retries": 0},
         )
-        try:
-            obstore.list(store, "ready-probe/", chunk_size=1).collect()
-        except Exception as exc:  # any client error means: not yet
-            raise RuntimeError(f"S3 listing failed: {' '.join(str(exc).split())[:200]}") from None
-        return True
 
     def shell(self, command: str, timeout: float = 20.0) -> str:
         """Run one `weed shell` command against this server's master; its output."""

@@ -25,9 +25,9 @@ from shuffled.protocol.errors import StorageError
 from shuffled.server.storage.lease import lease_node
 from shuffled.server.storage.object_format import node_dir
 from shuffled.server.storage.objects import ObjectNotFound, ObjectStore
-from shuffled.server.storage.probe import probe
+from shuffled.server.storage.probe import ObjectStoreProbe, probe
 from tests.aio import run, within
-from tests.cluster import DaemonProcess, http_get, poll_until
+from tests.cluster import DaemonProcess, http_get, poll_until, wait_until
 from tests.integration.faultproxy import FaultProxy
 from tests.seaweedfs import SeaweedFS, environ_without_aws, seaweedfs_fixture
 from tests.units import MiB
@@ -391,7 +391,33 @@ def test_no_probe_object_is_left_behind(s3: SeaweedFS) -> None:
         return [o.key for o in await _store(s3, prefix).list_objects()]
 
     left = run(listing(), 30)
-    assert [lease_node(k) for k in left] == [node_dir(d.addr)], left
+    assert [lease_node(k) for k in left] == [node_dir(d.addr)], (left, "".join(d.log))
+
+
+@within(60)
+async def test_a_probe_under_way_at_stop_still_deletes_its_object(s3: SeaweedFS) -> None:
+    """A daemon stopping while its probe reads back what it wrote (every request held back 0.5 s each way)
+    waits for the probe to delete its object: cancelled there, the probe's delete was still on its way when
+    the daemon's loop ended, and the object stayed under the daemon's prefix."""
+    objects = _store(s3, f"test-{uuid.uuid4().hex[:12]}", timeout=10.0, retries=1)
+    proxy = FaultProxy("127.0.0.1", s3.s3_address, frames=False)
+    address = await proxy.start()
+    proxy.up.delay = proxy.down.delay = 0.5
+    slow = _store(s3, objects.config.prefix, endpoint=f"http://{address}", timeout=10.0, retries=1)
+    checker = ObjectStoreProbe(slow, slow.stats)
+    try:
+        checker.start()
+
+        async def written() -> int:
+            return slow.stats.requests.get("put", 0)
+
+        await wait_until(written, lambda n: n > 0, 10, "the probe's object written")
+        await checker.close()
+        assert await objects.list_objects() == []
+    finally:
+        await proxy.close()
+    assert slow.stats.state == "ready", slow.stats.reason
+    await objects.close()
 
 
 def test_a_daemon_becomes_ready_when_its_store_comes_right(s3: SeaweedFS) -> None:

@@ -118,7 +118,11 @@ def test_daemons_without_a_data_dir_serve_a_session_of_many_jobs(
 
 def test_a_lost_host_costs_no_recomputation_with_one_durable_copy(spark: Any, host_daemons: HostDaemons) -> None:
     """Host 2's daemon is killed (-9) once the map output is durable and replaced by an empty one: the reduce
-    stage reads host 2's map output from the objects, the result is exact, and Spark resubmits no stage."""
+    stage reads host 2's map output from the objects, the result is exact, and Spark resubmits no stage.
+
+    Which daemon reads the objects is a race, and either is right: the replacement restores its
+    predecessor's objects as it starts, and a reader that asks before that is done fails over to the
+    object store and adopts them itself."""
     daemons = host_daemons.daemons
     job, expected = keyed_sums(spark, ROWS)
     assert sorted(job.collect()) == expected
@@ -132,6 +136,8 @@ def test_a_lost_host_costs_no_recomputation_with_one_durable_copy(spark: Any, ho
     assert sorted(job.collect()) == expected
     assert not resubmitted(spark, before), "a stage was resubmitted: map output was recomputed"
     daemons = host_daemons.daemons
-    assert total(daemons, "failover.recovered") > recovered, "no read failed over: the test proved nothing"
+    failed_over = total(daemons, "failover.recovered") > recovered
+    restored = total(daemons[2:3], "tier.adopted_attempts") > 0
+    assert failed_over or restored, "host 2's output was neither restored nor failed over to: the test proved nothing"
     assert total(daemons, "tier.adopted_attempts") > 0, "nothing was read from the object store"
     host_daemons.settled()

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between probes of an object store whose probe failed (readiness follows the last one)
 OBJECT_STORE_REPROBE = 10.0
+#: seconds a stopping daemon waits for a probe under way to delete its object
+PROBE_STOP_WAIT = 5.0
 
 
 class ObjectStoreProbe:
@@ -57,9 +59,13 @@ class ObjectStoreProbe:
         return [stats.reason] if stats.state == "failed" else []
 
     async def close(self) -> None:
-        """Stop probing; let the store finish what it abandoned (bounded)."""
-        if self._task is not None:
-            self._task.cancel()
+        """Stop probing; let the store finish what it abandoned (bounded). A probe under way is given
+        `PROBE_STOP_WAIT` to end, as it deletes its object last: cancelled at once, it would leave it behind."""
+        task = self._task
+        if task is not None and not task.done():
+            done, _ = await asyncio.wait({task}, timeout=PROBE_STOP_WAIT)
+            if not done:
+                task.cancel()
         if self.objects is not None:
             await self.objects.close()
 
