@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
 from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import add
@@ -23,10 +24,12 @@ DEFAULT_WRITER_BUFFER = 8 << 20
 class MapWriter:
     """One map attempt's output: writes collected in one bounded buffer, pushed ordered by partition.
 
-    The buffer holds each partition's bytes appended in write order (one growing bytearray per partition
-    written since the last flush, so a write is a dict lookup and one copy, whatever the partition count);
-    a flush joins them in partition order and packs the result into full segments (`RunPacker`), so every
-    flush is one ascending sequence of packed groups and a partition's writes keep their order.
+    Writes are copied, in the order they come, into one buffer of `buffer_size` mapped once per writer and
+    reused by every flush (a bytearray grown per write, or a buffer made per flush, costs its page faults
+    again each time: several times the copy). A flush packs it into full segments (`RunPacker`) in partition
+    order, so every flush is one ascending sequence of packed groups and a partition's writes keep their
+    order. Writes that came in ascending partition order (a sorted writer's, or one partition's) are packed
+    from where they lie; others are first gathered by partition into a second reused buffer.
     """
 
     def __init__(
@@ -47,8 +50,18 @@ class MapWriter:
         self.uncompressed_lengths = [0] * partitions
         region = session.region
         self.stream = PushStream(stream_id) if region is None else PlacedPushStream(stream_id, region)
-        self._held: dict[int, bytearray] = {}
+        #: bytes held per partition, in the order the partitions were first written since the last flush
+        self._held: dict[int, int] = {}
         self._held_bytes = 0
+        #: the writes held, as (partition, bytes), in the order they lie in the buffer
+        self._writes: list[tuple[int, int]] = []
+        #: the partition last written, and whether every write since the last flush kept ascending order
+        self._last = -1
+        self._in_order = True
+        self._buffer: mmap.mmap | None = None
+        self._gathered: mmap.mmap | None = None
+        #: held while a flush packs from the buffer: writes wait for it to end
+        self._flushing = asyncio.Lock()
         loop = asyncio.get_running_loop()
         self._opened: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[list[int] | None] = loop.create_future()
@@ -63,14 +76,20 @@ class MapWriter:
         if type(data) is not bytes or self._finished or not 0 <= partition < self.partitions:
             data = self._accept(partition, data)  # what is wrong, or any other buffer as a view of bytes
         n = len(data)
-        if self._held_bytes + n > self.buffer_size:
+        if not n:
+            return True
+        start = self._held_bytes
+        if start + n > self.buffer_size or self._flushing.locked():
             return False
-        held = self._held.get(partition)
-        if held is None:
-            self._held[partition] = bytearray(data)
-        else:
-            held += data
-        self._held_bytes += n
+        if self._buffer is None:
+            self._buffer = _anonymous(self.buffer_size)
+        self._buffer[start : start + n] = data
+        self._held[partition] = self._held.get(partition, 0) + n
+        self._writes.append((partition, n))
+        if partition < self._last:
+            self._in_order = False
+        self._last = partition
+        self._held_bytes = start + n
         self.bytes_written += n
         self.uncompressed_lengths[partition] += n
         return True
@@ -121,16 +140,50 @@ class MapWriter:
 
     async def _flush(self) -> None:
         """Push what the buffer holds: one ascending sequence of full groups."""
-        if not self._held:
-            return
-        order = sorted(self._held)
-        held = list(map(self._held.__getitem__, order))
-        lengths = list(map(len, held))
-        data = b"".join(held)
-        del held
+        async with self._flushing:
+            if not self._held:
+                return
+            if self._in_order:
+                order = list(self._held)
+                assert self._buffer is not None
+                data = memoryview(self._buffer)[: self._held_bytes]
+            else:
+                order = sorted(self._held)
+                data = self._gather(order)
+            lengths = list(map(self._held.__getitem__, order))
+            self._clear()
+            await self._push_packed(RunPacker(order, lengths, data, ascending=True))
+
+    def _gather(self, order: list[int]) -> memoryview:
+        """The held writes copied into the second buffer grouped by partition, in `order`, each partition's
+        writes in the order they came."""
+        assert self._buffer is not None
+        if self._gathered is None:
+            self._gathered = _anonymous(self.buffer_size)
+        at: dict[int, int] = {}
+        offset = 0
+        for partition in order:
+            at[partition] = offset
+            offset += self._held[partition]
+        source = memoryview(self._buffer)
+        into = memoryview(self._gathered)
+        start = 0
+        for partition, n in self._writes:
+            dest = at[partition]
+            into[dest : dest + n] = source[start : start + n]
+            at[partition] = dest + n
+            start += n
+        return into[:offset]
+
+    def _clear(self, *, for_good: bool = False) -> None:
+        """Forget what is held; `for_good`: the writer is done with its buffers too."""
+        if for_good:
+            self._buffer = self._gathered = None
         self._held = {}
         self._held_bytes = 0
-        await self._push_packed(RunPacker(order, lengths, data, ascending=True))
+        self._writes = []
+        self._last = -1
+        self._in_order = True
 
     async def _push_packed(self, packer: RunPacker) -> None:
         while not packer.done:
@@ -160,6 +213,7 @@ class MapWriter:
         """Push what is buffered and commit; returns bytes per reduce partition as the daemon stored them."""
         self._finish()
         await self._flush()
+        self._clear(for_good=True)
         self._send(PushEvent.COMMIT)
         lengths = await self._done
         assert lengths is not None
@@ -170,7 +224,7 @@ class MapWriter:
         if self._finished and self._done.done():
             return
         self._finish()
-        self._held.clear()
+        self._clear(for_good=True)
         self._send(PushEvent.ABORT)
         await self._done
 
@@ -203,11 +257,17 @@ class MapWriter:
     def on_error(self, exc: ShuffledError) -> None:
         self._finished = True
         self.stream.shutdown()
-        self._held.clear()
+        self._clear(for_good=True)
         for fut in (self._opened, self._done):
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # retrieved here; raised to the caller via _raise_if_failed or await
+
+
+def _anonymous(size: int) -> mmap.mmap:
+    """Memory whose pages are made as they are first written, and stay for the writer's life: a writer of a
+    few bytes costs a page, not the whole buffer zeroed."""
+    return mmap.mmap(-1, size)
 
 
 def check_replicas(replicas: int | None) -> None:
