@@ -96,6 +96,16 @@ class Payload:
     crc: int = 0
 
 
+@dataclass(slots=True)
+class Placed:
+    """A packed group a writer put straight into a slot it took (`PlacedPushStream.take_slot`): its length and
+    CRC32C; only its PushPlaced goes out."""
+
+    slot: int
+    length: int
+    crc: int
+
+
 class PushStream(Outbound):
     """Client (or primary daemon) → daemon: PushData under push credit, then Commit or Abort in the same order.
 
@@ -137,9 +147,9 @@ class PushStream(Outbound):
 
 
 class PlacedPushStream(PushStream):
-    """A local client's push over shared memory (PROTOCOL.md §6.3): each payload is copied into a slot of the
-    connection's region the daemon granted (PushSlots), and a PushPlaced says which; nothing is lent to the
-    transport, so the buffer is free again at once."""
+    """A local client's push over shared memory (PROTOCOL.md §6.3): the writer takes a slot of the connection's
+    region the daemon granted (PushSlots) and packs a group straight into it, and a PushPlaced says which;
+    nothing is copied on the way out or lent to the transport."""
 
     __slots__ = ("_slots", "region")
 
@@ -152,21 +162,29 @@ class PlacedPushStream(PushStream):
         self._slots.extend(slots)
         self.add_credit(len(slots))
 
+    def take_slot(self) -> int | None:
+        """A granted slot to pack into, or None while there is none. Each slot taken is pushed as one `Placed`,
+        which uses that slot's credit: items never outnumber the credit."""
+        return self._slots.popleft() if self._slots else None
+
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
         if is_event:
             return super().pack(into, offset, item, seq, backlog, is_event)
-        payload: Payload = item
-        buf = payload.buffer
-        n = buf.length
-        slot = self._slots.popleft()
-        place = self.region.slot(slot)[:n]
-        place[:] = buf.memory[:n]
-        crc = checksum(place)
+        placed: Placed = item
         PUSH_PLACED_FRAME.pack_into(
-            into, offset, PUSH_PLACED_FIXED.size, FrameType.PUSH_PLACED, 0, 0, self.stream, self.pushed, crc, slot, n
+            into,
+            offset,
+            PUSH_PLACED_FIXED.size,
+            FrameType.PUSH_PLACED,
+            0,
+            0,
+            self.stream,
+            self.pushed,
+            placed.crc,
+            placed.slot,
+            placed.length,
         )
         self.pushed += 1
-        buf.release()
         return PUSH_PLACED_FRAME.size, None

@@ -1,6 +1,7 @@
-"""The Python client's map writer, against a real daemon: whatever the order, sizes and kinds of the
-writes, and however often the buffer fills, each partition reads back as its writes in the order they
-were made, and `commit()` returns its lengths.
+"""The Python client's map writer, against a real daemon, over TCP and through shared memory (where it packs
+straight into the daemon's slots): whatever the order, sizes and kinds of the writes, and however often
+the buffer fills, each partition reads back as its writes in the order they were made, and `commit()`
+returns its lengths.
 
 Hypothesis makes the writes: partitions ascending (packed from where they lie in the writer's buffer) or in
 any order (gathered by partition first), sizes from empty to larger than the whole buffer (pushed straight
@@ -33,11 +34,14 @@ Write = tuple[int, int, str]
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    root = str(tmp_path_factory.mktemp("data"))
-    d = start_daemon("127.0.0.1", 0, "4M", ["--data-dir", root, "--segment-size", str(SEGMENT)])
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, str]]:
+    """A daemon and its Unix socket's address (through which it offers shared memory)."""
+    root = tmp_path_factory.mktemp("data")
+    sock = root / "d.sock"
+    flags = ["--data-dir", str(root), "--segment-size", str(SEGMENT), "--unix-socket", str(sock)]
+    d = start_daemon("127.0.0.1", 0, "4M", [*flags, "--shm-dir", "/dev/shm"])
     try:
-        yield d
+        yield d, f"unix:{sock}"
     finally:
         d.stop()
 
@@ -59,13 +63,19 @@ def writes(draw: st.DrawFn) -> tuple[int, list[Write]]:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(writes())
-def test_every_partition_reads_back_as_written_in_order(daemon: DaemonProcess, case: tuple[int, list[Write]]) -> None:
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_every_partition_reads_back_as_written_in_order(
+    daemon: tuple[DaemonProcess, str], transport: str, case: tuple[int, list[Write]]
+) -> None:
     buffer_size, made = case
     shuffle = next(_shuffles)
     want = [bytearray() for _ in range(PARTITIONS)]
 
     async def body() -> None:
-        async with await AsyncClient.connect(daemon.addr) as client:
+        process, local = daemon
+        async with await AsyncClient.connect(process.addr if transport == "tcp" else local) as client:
+            assert (client.session.region is not None) == (transport == "shm")
+            before = (await client.stats())["traffic"]
             writer = await client.open_writer(APP, shuffle, 0, 1, PARTITIONS, buffer_size=buffer_size)
             for step, (partition, size, kind) in enumerate(made):
                 data = _body(step, size)
@@ -89,5 +99,7 @@ def test_every_partition_reads_back_as_written_in_order(daemon: DaemonProcess, c
             await client.unregister_shuffle(APP, shuffle)
             s = await pool_settled(client)
             assert s["pool"]["used"] == 0, s["pool"]
+            placed, pushed = (s["traffic"][k] - before[k] for k in ("placed_buffers", "pushed_buffers"))
+            assert placed == (pushed if transport == "shm" else 0), (placed, pushed)
 
     run(body(), 60)

@@ -3,33 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import mmap
 from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import add
+from typing import Any
 
 from shuffled.buffers import Buffer
-from shuffled.net.streams import Payload, PlacedPushStream, PushEvent, PushStream
+from shuffled.net.streams import Payload, Placed, PlacedPushStream, PushEvent, PushStream
 from shuffled.protocol.compression import compress_block
 from shuffled.protocol.errors import InvalidRequest, MapOutputStateError, ShuffledError
 from shuffled.protocol.frames import MAX_REPLICAS
+from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import RunPacker
 
 from .session import Session
+from .write_buffer import WriteBuffer
 
 #: bytes a writer collects before it orders them by partition and pushes them
 DEFAULT_WRITER_BUFFER = 8 << 20
 
 
 class MapWriter:
-    """One map attempt's output: writes collected in one bounded buffer, pushed ordered by partition.
-
-    Writes are copied, in the order they come, into one buffer of `buffer_size` mapped once per writer and
-    reused by every flush (a bytearray grown per write, or a buffer made per flush, costs its page faults
-    again each time: several times the copy). A flush packs it into full segments (`RunPacker`) in partition
-    order, so every flush is one ascending sequence of packed groups and a partition's writes keep their
-    order. Writes that came in ascending partition order (a sorted writer's, or one partition's) are packed
-    from where they lie; others are first gathered by partition into a second reused buffer.
+    """One map attempt's output: writes collected in one bounded buffer (write_buffer.py), pushed ordered by
+    partition. A flush packs what the buffer holds into full segments (`RunPacker`) in partition order, so
+    every flush is one ascending sequence of packed groups and a partition's writes keep their order.
     """
 
     def __init__(
@@ -45,23 +42,15 @@ class MapWriter:
         self.attempt = attempt
         self.partitions = partitions
         self.compression = compression
-        self.buffer_size = buffer_size
         #: bytes written per partition before compression (what `commit()` returns is what the daemon stores)
         self.uncompressed_lengths = [0] * partitions
         region = session.region
         self.stream = PushStream(stream_id) if region is None else PlacedPushStream(stream_id, region)
-        #: bytes held per partition, in the order the partitions were first written since the last flush
-        self._held: dict[int, int] = {}
-        self._held_bytes = 0
-        #: the writes held, as (partition, bytes), in the order they lie in the buffer
-        self._writes: list[tuple[int, int]] = []
-        #: the partition last written, and whether every write since the last flush kept ascending order
-        self._last = -1
-        self._in_order = True
-        self._buffer: mmap.mmap | None = None
-        self._gathered: mmap.mmap | None = None
+        self._buffer = WriteBuffer(buffer_size)
         #: held while a flush packs from the buffer: writes wait for it to end
         self._flushing = asyncio.Lock()
+        #: set by the next push credit, for a writer waiting for a slot of shared memory
+        self._credited: asyncio.Future[None] | None = None
         loop = asyncio.get_running_loop()
         self._opened: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[list[int] | None] = loop.create_future()
@@ -78,18 +67,8 @@ class MapWriter:
         n = len(data)
         if not n:
             return True
-        start = self._held_bytes
-        if start + n > self.buffer_size or self._flushing.locked():
+        if self._flushing.locked() or not self._buffer.put(partition, data):
             return False
-        if self._buffer is None:
-            self._buffer = _anonymous(self.buffer_size)
-        self._buffer[start : start + n] = data
-        self._held[partition] = self._held.get(partition, 0) + n
-        self._writes.append((partition, n))
-        if partition < self._last:
-            self._in_order = False
-        self._last = partition
-        self._held_bytes = start + n
         self.bytes_written += n
         self.uncompressed_lengths[partition] += n
         return True
@@ -141,79 +120,57 @@ class MapWriter:
     async def _flush(self) -> None:
         """Push what the buffer holds: one ascending sequence of full groups."""
         async with self._flushing:
-            if not self._held:
-                return
-            if self._in_order:
-                order = list(self._held)
-                assert self._buffer is not None
-                data = memoryview(self._buffer)[: self._held_bytes]
-            else:
-                order = sorted(self._held)
-                data = self._gather(order)
-            lengths = list(map(self._held.__getitem__, order))
-            self._clear()
-            await self._push_packed(RunPacker(order, lengths, data, ascending=True))
-
-    def _gather(self, order: list[int]) -> memoryview:
-        """The held writes copied into the second buffer grouped by partition, in `order`, each partition's
-        writes in the order they came."""
-        assert self._buffer is not None
-        if self._gathered is None:
-            self._gathered = _anonymous(self.buffer_size)
-        at: dict[int, int] = {}
-        offset = 0
-        for partition in order:
-            at[partition] = offset
-            offset += self._held[partition]
-        source = memoryview(self._buffer)
-        into = memoryview(self._gathered)
-        start = 0
-        for partition, n in self._writes:
-            dest = at[partition]
-            into[dest : dest + n] = source[start : start + n]
-            at[partition] = dest + n
-            start += n
-        return into[:offset]
-
-    def _clear(self, *, for_good: bool = False) -> None:
-        """Forget what is held; `for_good`: the writer is done with its buffers too."""
-        if for_good:
-            self._buffer = self._gathered = None
-        self._held = {}
-        self._held_bytes = 0
-        self._writes = []
-        self._last = -1
-        self._in_order = True
+            held = self._buffer.take()
+            if held is not None:
+                order, lengths, data = held
+                await self._push_packed(RunPacker(order, lengths, data, ascending=True))
 
     async def _push_packed(self, packer: RunPacker) -> None:
+        stream = self.stream
         while not packer.done:
-            buf = await self._take_buffer()
+            memory, buf, slot = await self._room()
             if self.compression:
-                buf.length = packer.pack_blocks_into(buf.memory, self.attempt, compress_block)
+                n = packer.pack_blocks_into(memory, self.attempt, compress_block)
             else:
-                buf.length = packer.pack_into(buf.memory, self.attempt)
-            if self.stream.closed:  # the daemon failed this writer: nothing more goes out
-                buf.release()
-                self._raise_if_failed()
-                return
-            if self._ended:  # a write that waited for memory while the output was committed or aborted
-                buf.release()
+                n = packer.pack_into(memory, self.attempt)
+            if stream.closed or self._ended:
+                if buf is not None:
+                    buf.release()
+                if stream.closed:  # the daemon failed this writer: nothing more goes out
+                    self._raise_if_failed()
+                    return
+                # a write that waited for memory while the output was committed or aborted
                 raise MapOutputStateError("map output already committed or aborted")
-            self.stream.push_data(Payload(buf))
-            self.session.wake(self.stream)
+            if buf is None:
+                stream.push_data(Placed(slot, n, checksum(memory[:n])))
+            else:
+                buf.length = n
+                stream.push_data(Payload(buf))
+            self.session.wake(stream)
 
-    async def _take_buffer(self) -> Buffer:
-        buf = await self.session.segment(self._done)
-        if buf is None:
-            self._raise_if_failed()
-            raise MapOutputStateError("map output finished while waiting for memory")
-        return buf
+    async def _room(self) -> tuple[memoryview, Buffer | None, int]:
+        """Where the next group is packed: a segment of the client's pool, or with shared memory straight into
+        a slot the daemon granted (no copy on the way out), waiting for its next PushSlots while none is."""
+        stream = self.stream
+        if not isinstance(stream, PlacedPushStream):
+            buf = await self.session.segment(self._done)
+            if buf is not None:
+                return buf.memory, buf, -1
+        else:
+            while (slot := stream.take_slot()) is None and not self._done.done():
+                self._credited = credited = asyncio.get_running_loop().create_future()
+                either: set[asyncio.Future[Any]] = {credited, self._done}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if slot is not None:
+                return stream.region.slot(slot), None, slot
+        self._raise_if_failed()
+        raise MapOutputStateError("map output finished while waiting for memory")
 
     async def commit(self) -> list[int]:
         """Push what is buffered and commit; returns bytes per reduce partition as the daemon stored them."""
         self._finish()
         await self._flush()
-        self._clear(for_good=True)
+        self._buffer.clear(for_good=True)
         self._send(PushEvent.COMMIT)
         lengths = await self._done
         assert lengths is not None
@@ -224,7 +181,7 @@ class MapWriter:
         if self._finished and self._done.done():
             return
         self._finish()
-        self._clear(for_good=True)
+        self._buffer.clear(for_good=True)
         self._send(PushEvent.ABORT)
         await self._done
 
@@ -248,6 +205,8 @@ class MapWriter:
         """Push credit arrived (the protocol connection added it to this writer's stream)."""
         if not self._opened.done():
             self._opened.set_result(None)
+        if self._credited is not None and not self._credited.done():
+            self._credited.set_result(None)
         self.session.wake(self.stream)
 
     def on_done(self, lengths: list[int] | None) -> None:
@@ -257,17 +216,11 @@ class MapWriter:
     def on_error(self, exc: ShuffledError) -> None:
         self._finished = True
         self.stream.shutdown()
-        self._clear(for_good=True)
+        self._buffer.clear(for_good=True)
         for fut in (self._opened, self._done):
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # retrieved here; raised to the caller via _raise_if_failed or await
-
-
-def _anonymous(size: int) -> mmap.mmap:
-    """Memory whose pages are made as they are first written, and stay for the writer's life: a writer of a
-    few bytes costs a page, not the whole buffer zeroed."""
-    return mmap.mmap(-1, size)
 
 
 def check_replicas(replicas: int | None) -> None:
