@@ -300,8 +300,9 @@ VALID: list[tuple[str, F.Frame]] = [
     ),
     ("PushSlots, one slot", F.PushSlots(5, [0])),
     ("PushSlots, several slots", F.PushSlots(5, [17, 3, 8191, U32_MAX])),
-    ("PushPlaced", F.PushPlaced(5, 0, 0x1F2E3D4C, 17, 32768)),
-    ("PushPlaced, largest values", F.PushPlaced(5, U32_MAX, U32_MAX, U32_MAX, 1)),
+    ("PushPlaced", F.PushPlaced(5, [0, 0x1F2E3D4C, 17, 32768])),
+    ("PushPlaced, largest values", F.PushPlaced(5, [U32_MAX, U32_MAX, U32_MAX, 1])),
+    ("PushPlaced, three groups", F.PushPlaced(5, [7, 0x1F2E3D4C, 17, 32768, 8, 0xA1B2C3D4, 3, 100, 9, 0, 8191, 1])),
     ("CommitMapOutput", F.CommitMapOutput(5, 38)),
     (
         "CommitAck, several lengths including some over 2^32",
@@ -510,11 +511,19 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ("PushCredit with credit 0", frame(F.FrameType.PUSH_CREDIT, 1, b"\0\0\0\0"), P, "credit must be > 0", False),
     ("PushSlots naming no slot", frame(F.FrameType.PUSH_SLOTS, 1, b""), P, "one or more u32 slots", False),
     ("PushSlots of 6 bytes", frame(F.FrameType.PUSH_SLOTS, 1, b"\0\0\0\1\0\0"), P, "a whole number of u32s", False),
+    ("PushPlaced naming no group", frame(F.FrameType.PUSH_PLACED, 1, b""), P, "one or more 16-byte entries", False),
     (
         "PushPlaced body of 12 bytes",
         frame(F.FrameType.PUSH_PLACED, 1, b"\0" * 12),
         P,
-        "body must be exactly 16 bytes",
+        "a whole number of 16-byte entries",
+        False,
+    ),
+    (
+        "PushPlaced body of 20 bytes",
+        frame(F.FrameType.PUSH_PLACED, 1, b"\0" * 20),
+        P,
+        "a whole number of 16-byte entries",
         False,
     ),
     (

@@ -27,6 +27,9 @@ DEFAULT_HIGH_WATERMARK = 1 << 20
 DEFAULT_LOW_WATERMARK = 256 << 10
 _BATCH_BYTES = 256 << 10
 _BATCH_FRAMES = 64
+#: the most one `Outbound.pack` writes into a batch's headers (most frames take at most 64 bytes; a PushPlaced
+#: naming many groups takes more, streams.py)
+MAX_PREFIX = 1 << 10
 
 
 class Outbound(OutboundStream[Any]):
@@ -43,7 +46,8 @@ class Outbound(OutboundStream[Any]):
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
-        """Write the frame prefix at `offset`; return (prefix length, buffer whose data follows or None)."""
+        """Write the frame prefix at `offset`, at most `MAX_PREFIX` bytes; return (prefix length, buffer whose
+        data follows or None)."""
         raise NotImplementedError
 
     def on_sent(self, item: Any, is_event: bool) -> None:
@@ -216,14 +220,14 @@ class Sender:
 
     def _send_batch(self) -> None:
         scheduler = self.scheduler
-        headers = bytearray(64 * _BATCH_FRAMES)
+        headers = bytearray(64 * _BATCH_FRAMES + MAX_PREFIX)
         hview = memoryview(headers)
         parts: list[Any] = []
         lent: list[tuple[int, Buffer]] = []
         offset = 0
         nbytes = 0
         frames = 0
-        while frames < _BATCH_FRAMES and nbytes < _BATCH_BYTES:
+        while frames < _BATCH_FRAMES and nbytes < _BATCH_BYTES and offset <= 64 * _BATCH_FRAMES:
             nxt = scheduler.next()
             if nxt is None:
                 break

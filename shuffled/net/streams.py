@@ -14,8 +14,7 @@ from ..protocol.frames import (
     BUFFER_RESPONSE_PREFIX,
     HEADER,
     PUSH_DATA_PREFIX,
-    PUSH_PLACED_FIXED,
-    PUSH_PLACED_FRAME,
+    PUSH_PLACED_ENTRY,
     U32,
     BufferKind,
     FrameType,
@@ -23,7 +22,7 @@ from ..protocol.frames import (
     pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
-from .sender import Outbound
+from .sender import MAX_PREFIX, Outbound
 
 
 class Feed(Protocol):
@@ -170,21 +169,23 @@ class PlacedPushStream(PushStream):
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
+        """One PushPlaced for this group and those queued behind it that credit allows, up to
+        `MAX_PLACED_PER_FRAME`: the daemon takes them with one frame's work."""
         if is_event:
             return super().pack(into, offset, item, seq, backlog, is_event)
-        placed: Placed = item
-        PUSH_PLACED_FRAME.pack_into(
-            into,
-            offset,
-            PUSH_PLACED_FIXED.size,
-            FrameType.PUSH_PLACED,
-            0,
-            0,
-            self.stream,
-            self.pushed,
-            placed.crc,
-            placed.slot,
-            placed.length,
-        )
-        self.pushed += 1
-        return PUSH_PLACED_FRAME.size, None
+        at = offset + HEADER.size
+        entry = PUSH_PLACED_ENTRY
+        placed: Placed | None = item
+        n = 0
+        while placed is not None:
+            entry.pack_into(into, at, self.pushed, placed.crc, placed.slot, placed.length)
+            self.pushed += 1
+            at += entry.size
+            n += 1
+            placed = self.pop_more_data() if n < MAX_PLACED_PER_FRAME else None
+        HEADER.pack_into(into, offset, n * entry.size, FrameType.PUSH_PLACED, 0, 0, self.stream)
+        return at - offset, None
+
+
+#: groups one PushPlaced names at most: what fits a frame's prefix in the sender's batch
+MAX_PLACED_PER_FRAME = (MAX_PREFIX - HEADER.size) // PUSH_PLACED_ENTRY.size

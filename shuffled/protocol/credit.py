@@ -354,6 +354,16 @@ class OutboundStream(Generic[T]):
         self.sequence = (seq + 1) & 0xFFFFFFFF
         return item, seq, self.backlog, is_event
 
+    def pop_more_data(self) -> T | None:
+        """The next item if it is data and there is credit for it, else None: for a stream that puts several
+        items in one frame (the credit and sequence counted as `pop` counts them)."""
+        if not self._items or self._items[0][0] or self.credit <= 0:
+            return None
+        self.credit -= 1
+        self._data -= 1
+        self.sequence = (self.sequence + 1) & 0xFFFFFFFF
+        return self._items.popleft()[1]
+
     def close(self) -> list[T]:
         """Stop sending; returns the items never sent so the caller can release them."""
         self.closed = True

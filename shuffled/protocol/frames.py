@@ -45,10 +45,11 @@ PUSH_DATA_FIXED = struct.Struct(">II")
 #: header and fixed part in one pack_into call
 BUFFER_RESPONSE_PREFIX = struct.Struct(">IBBHIIIHHI")
 PUSH_DATA_PREFIX = struct.Struct(">IBBHIII")
-#: PushPlaced body: sequence u32, crc u32, slot u32, length u32 (a PushData whose payload is in shared memory)
-PUSH_PLACED_FIXED = struct.Struct(">IIII")
-#: PushPlaced with its header, packed in one call
-PUSH_PLACED_FRAME = struct.Struct(">IBBHIIIII")
+#: one group of a PushPlaced body: sequence u32, crc u32, slot u32, length u32 (a PushData whose payload is in
+#: shared memory); a body holds one or more
+PUSH_PLACED_ENTRY = struct.Struct(">IIII")
+#: u32s per group of a PushPlaced body
+PLACED_FIELDS = 4
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
@@ -194,18 +195,21 @@ class U32Body:
 
 @dataclass(frozen=True, slots=True)
 class SlotsBody:
-    """A body of one or more u32s on a stream (PushSlots): the class's fields are the stream, then the list."""
+    """A body of one or more entries of `per` u32s on a stream (PushSlots: a slot each; PushPlaced: a group's
+    four fields each): the class's fields are the stream, then the flat list."""
 
     stream: str
     values: str
+    per: int = 1
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
         values = getattr(frame, self.values)
         return HEADER.pack(4 * len(values), ftype, 0, 0, getattr(frame, self.stream)) + _to_wire("I", values).tobytes()
 
     def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
-        if not body or len(body) % 4:
-            raise ProtocolError(f"{cls.TYPE.name}: body must be one or more u32s, got {len(body)} bytes")
+        if not body or len(body) % (4 * self.per):
+            what = "u32s" if self.per == 1 else f"entries of {4 * self.per} bytes"
+            raise ProtocolError(f"{cls.TYPE.name}: body must be one or more {what}, got {len(body)} bytes")
         return cls(stream, _from_wire("I", body))
 
 
@@ -225,25 +229,6 @@ def _from_wire(typecode: str, body: memoryview) -> list[int]:
     if _SWAP:
         values.byteswap()
     return values.tolist()
-
-
-@dataclass(frozen=True, slots=True)
-class FixedBody:
-    """A body of fixed fields on a stream (PushPlaced): the class's fields are the stream, then `fields`, in the
-    layout of `fixed`."""
-
-    stream: str
-    fixed: struct.Struct
-    fields: tuple[str, ...]
-
-    def pack(self, ftype: FrameType, frame: Any) -> bytes:
-        head = HEADER.pack(self.fixed.size, ftype, 0, 0, getattr(frame, self.stream))
-        return head + self.fixed.pack(*(getattr(frame, f) for f in self.fields))
-
-    def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:
-        if len(body) != self.fixed.size:
-            raise ProtocolError(f"{cls.TYPE.name}: body must be {self.fixed.size} bytes, got {len(body)}")
-        return cls(stream, *self.fixed.unpack(body))
 
 
 #: checks one key of a received msgpack map: (map, key, frame class) -> the field's value, or ProtocolError
@@ -792,16 +777,14 @@ class PushSlots:
 
 @dataclass(slots=True)
 class PushPlaced:
-    """PushData on a connection that agreed on shared memory: the packed group is in `slot` of the region."""
+    """PushData on a connection that agreed on shared memory, for one or more packed groups in slots of the
+    region: `placed` holds each group's sequence, CRC32C, slot and length, one after the other."""
 
     TYPE: ClassVar[FrameType] = FrameType.PUSH_PLACED
-    BODY: ClassVar[FixedBody] = FixedBody("writer", PUSH_PLACED_FIXED, ("sequence", "crc", "slot", "length"))
+    BODY: ClassVar[SlotsBody] = SlotsBody("writer", "placed", PLACED_FIELDS)
 
     writer: int
-    sequence: int
-    crc: int
-    slot: int
-    length: int
+    placed: list[int]
 
 
 @dataclass(slots=True)

@@ -68,7 +68,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 async def push_groups(writer: MapWriter, groups: list[bytes]) -> None:
     """Push exactly these groups (the client's writers pack their own): one PushData each, under credit."""
     for group in groups:
-        buf = await writer._take_buffer()
+        _, buf, _ = await writer._room()
+        assert buf is not None, "over TCP a group goes into a segment of the client's pool"
         buf.memory[: len(group)] = group
         buf.length = len(group)
         writer.stream.push_data(Payload(buf))

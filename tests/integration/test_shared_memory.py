@@ -352,25 +352,35 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
         other = await raw.open_push(2, 2)
         assert not set(mine) & set(other), "each push gets slots of its own"
         # push 1 names a slot granted to push 2: a credit violation on push 1's stream
-        await raw.send(codec.encode(PushPlaced(1, 0, 0, other[0], 100)))
+        await raw.send(codec.encode(PushPlaced(1, [0, 0, other[0], 100])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.CREDIT_VIOLATION, err
         # push 2's bytes in its own slot, with a CRC that does not match them
         n, crc = raw.place(other[0], 2, b"x" * 1000)
-        await raw.send(codec.encode(PushPlaced(2, 0, crc ^ 1, other[0], n)))
+        await raw.send(codec.encode(PushPlaced(2, [0, crc ^ 1, other[0], n])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 2 and err.code == ErrorCode.CORRUPT_DATA, err
         # a length no slot holds
         third = await raw.open_push(3, 3)
-        await raw.send(codec.encode(PushPlaced(3, 0, 0, third[0], raw.region.slot_size + 1)))
+        await raw.send(codec.encode(PushPlaced(3, [0, 0, third[0], raw.region.slot_size + 1])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 3 and err.code == ErrorCode.INVALID_REQUEST, err
-        # the connection serves on: a push done right commits
+        # one frame naming three groups, the second in a slot of another push: the first is taken, the push
+        # ends at the second, and the third is never looked at
         good = await raw.open_push(4, 4)
-        n, crc = raw.place(good[0], 4, b"y" * 5000)
-        await raw.send(codec.encode(PushPlaced(4, 0, crc, good[0], n)) + codec.encode(CommitMapOutput(4, 1)))
+        fifth = await raw.open_push(5, 5)
+        n, crc = raw.place(fifth[0], 5, b"z" * 700)
+        await raw.send(codec.encode(PushPlaced(5, [0, crc, fifth[0], n, 1, 0, good[0], 100, 2, 0, fifth[1], 100])))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 5 and err.code == ErrorCode.CREDIT_VIOLATION, err
+        # the connection serves on: a push done right, three groups in one frame, commits
+        entries = []
+        for i, size in enumerate((5000, 1, 3000)):
+            n, crc = raw.place(good[i], 4, b"y" * size)
+            entries += [i, crc, good[i], n]
+        await raw.send(codec.encode(PushPlaced(4, entries)) + codec.encode(CommitMapOutput(4, 3)))
         ack = await raw.frame()
-        assert isinstance(ack, CommitAck) and ack.lengths == [0, 5000], ack
+        assert isinstance(ack, CommitAck) and ack.lengths == [0, 8001], ack
     finally:
         raw.writer.close()
     async with await AsyncClient.connect(address) as c:

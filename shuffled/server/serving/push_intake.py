@@ -14,7 +14,7 @@ from typing import Any
 from ...buffers import Buffer
 from ...protocol.credit import SequenceChecker
 from ...protocol.errors import CorruptData, CreditViolation, ShuffledError
-from ...protocol.frames import PushData, PushPlaced
+from ...protocol.frames import PLACED_FIELDS, PushData, PushPlaced
 from ...protocol.integrity import checksum
 from ...protocol.packed import check_push
 from ..storage.writer import MapOutputWriter
@@ -65,19 +65,24 @@ class PushIntake:
             return None
         return self._store(buf, frame.sequence, frame.crc or 0)
 
-    def placed(self, frame: PushPlaced) -> Stored | None:
-        """What a PushPlaced stored (None: a duplicate); a ShuffledError discards the attempt."""
+    def placed(self, frame: PushPlaced) -> list[Stored]:
+        """What the groups a PushPlaced names stored, in order (duplicates left out); a ShuffledError discards
+        the attempt."""
         slots = self.slots
         assert slots is not None, "PushPlaced comes only with shared memory"
-        slots.placed(frame)
-        buf = self.credited()
-        if self.seq.is_duplicate(frame.sequence):
-            slots.dropped(frame)
-            self._duplicate(buf)
-            return None
-        slots.copy_out(frame, buf)
-        stored = self._store(buf, frame.sequence, frame.crc)
-        self.counters.placed_buffers += 1
+        stored: list[Stored] = []
+        entries = frame.placed
+        for i in range(0, len(entries), PLACED_FIELDS):
+            sequence, crc, slot, length = entries[i : i + PLACED_FIELDS]
+            slots.placed(slot, length)
+            buf = self.credited()
+            if self.seq.is_duplicate(sequence):
+                slots.dropped(slot)
+                self._duplicate(buf)
+                continue
+            slots.copy_out(slot, length, buf)
+            stored.append(self._store(buf, sequence, crc))
+            self.counters.placed_buffers += 1
         return stored
 
     def _duplicate(self, buf: Buffer) -> None:

@@ -157,15 +157,17 @@ class PushSession:
     def on_placed(self, frame: PushPlaced) -> None:
         self._took(self.intake.placed, frame)
 
-    def _took(self, take: Callable[[Any], Stored | None], frame: PushData | PushPlaced) -> None:
-        """A data frame went into the store (to the replicas too), or was a duplicate; new credit follows."""
+    def _took(self, take: Callable[[Any], Stored | list[Stored] | None], frame: PushData | PushPlaced) -> None:
+        """A data frame's groups went into the store (to the replicas too), or were duplicates; new credit
+        follows."""
         try:
             stored = take(frame)
         except ShuffledError as exc:
             self.fail(exc)
             return
-        if stored is not None and self.links is not None:
-            self.links.forward(*stored)
+        if stored and self.links is not None:
+            for piece in stored if isinstance(stored, list) else (stored,):
+                self.links.forward(*piece)
         self._top_up_soon()
 
     def _top_up(self) -> None:

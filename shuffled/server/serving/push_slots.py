@@ -11,7 +11,6 @@ from __future__ import annotations
 from ...buffers import Buffer
 from ...buffers.shm import SharedRegion
 from ...protocol.errors import CreditViolation, InvalidRequest, StorageError
-from ...protocol.frames import PushPlaced
 
 
 class SlotCredit:
@@ -30,23 +29,23 @@ class SlotCredit:
         self.granted.update(slots)
         return slots
 
-    def placed(self, frame: PushPlaced) -> None:
-        """The writer used slot `frame.slot` (the credit it stands for is used up); an error if it may not."""
-        if frame.slot not in self.granted:
-            raise CreditViolation(f"writer {self.writer}: PushPlaced names slot {frame.slot}, not granted to it")
-        if not 0 < frame.length <= self.region.slot_size:
+    def placed(self, slot: int, length: int) -> None:
+        """The writer used `slot` (the credit it stands for is used up); an error if it may not."""
+        if slot not in self.granted:
+            raise CreditViolation(f"writer {self.writer}: PushPlaced names slot {slot}, not granted to it")
+        if not 0 < length <= self.region.slot_size:
             raise InvalidRequest(
-                f"writer {self.writer}: PushPlaced of {frame.length} bytes (1..{self.region.slot_size} fit a slot)"
+                f"writer {self.writer}: PushPlaced of {length} bytes (1..{self.region.slot_size} fit a slot)"
             )
-        self.granted.remove(frame.slot)
+        self.granted.remove(slot)
 
-    def copy_out(self, frame: PushPlaced, into: Buffer) -> None:
+    def copy_out(self, slot: int, length: int, into: Buffer) -> None:
         """The placed group, copied into `into` (a segment of the push's window); its slot is free again."""
-        self.region.copy_out(frame.slot, into, frame.length)
+        self.region.copy_out(slot, into, length)
 
-    def dropped(self, frame: PushPlaced) -> None:
+    def dropped(self, slot: int) -> None:
         """A duplicate's slot is free again (nothing of it is stored)."""
-        self.region.give_back((frame.slot,))
+        self.region.give_back((slot,))
 
     def close(self) -> None:
         """The push ended: slots granted and never used are free again."""

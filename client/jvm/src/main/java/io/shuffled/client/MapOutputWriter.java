@@ -33,6 +33,13 @@ import java.util.zip.CRC32C;
  * later call with a {@link ShuffledException} carrying its code. {@link #close()} aborts unless committed.
  */
 public final class MapOutputWriter implements AutoCloseable {
+    /**
+     * Groups one PushPlaced names at most. The groups a burst of pushes placed go in one frame, told when the
+     * burst ends, before waiting for credit, or when this many are placed: the daemon takes them with one
+     * frame's work, and the socket sees one write.
+     */
+    static final int PLACED_PER_FRAME = 64;
+
     private final ShuffleClient client;
     private final long stream;
     private final int numPartitions;
@@ -54,7 +61,9 @@ public final class MapOutputWriter implements AutoCloseable {
     private final byte[] prefix = new byte[FrameEncoder.PUSH_DATA_PREFIX];
     /** The connection's region of shared memory, null: PushData through the socket. */
     private final SharedRegion region;
-    private final byte[] placed = new byte[Wire.HEADER_SIZE + Wire.PUSH_PLACED_FIXED];
+    /** A PushPlaced being built: the groups placed and not yet told, up to {@link #PLACED_PER_FRAME}. */
+    private final byte[] placed;
+    private int placedGroups;
     private final CRC32C crc = new CRC32C();
     private long nextSequence;
     private long pushes;
@@ -69,6 +78,7 @@ public final class MapOutputWriter implements AutoCloseable {
         this.stream = stream;
         this.numPartitions = numPartitions;
         this.region = client.region();
+        this.placed = region == null ? null : new byte[Wire.HEADER_SIZE + PLACED_PER_FRAME * Wire.PUSH_PLACED_FIXED];
         this.buffer = new PackingBuffer(bufferBytes, segmentSize, attempt, this::push);
     }
 
@@ -110,6 +120,9 @@ public final class MapOutputWriter implements AutoCloseable {
         bytesWritten += len;
         try {
             buffer.write(partition, data, off, len);
+            if (placedGroups > 0) {
+                tellPlaced();
+            }
         } catch (IOException | RuntimeException e) {
             pushFailed = e;
             throw e;
@@ -124,6 +137,9 @@ public final class MapOutputWriter implements AutoCloseable {
         raiseIfFailed();
         try {
             buffer.finish();
+            if (placedGroups > 0) {
+                tellPlaced();
+            }
         } catch (IOException | RuntimeException e) {
             pushFailed = e;
             throw e;
@@ -198,12 +214,15 @@ public final class MapOutputWriter implements AutoCloseable {
 
     /**
      * Sends one packed group as one PushData after taking one push credit (blocks for it); with shared memory,
-     * puts it in the credit's slot and sends a PushPlaced saying so.
+     * puts it in the credit's slot and adds it to the next PushPlaced.
      */
     private void push(byte[] head, int headLength, byte[] data, int dataLength) throws IOException {
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
         long seq;
         long slot = -1;
+        if (placedGroups > 0 && !hasCredit()) {
+            tellPlaced(); // the daemon frees credit only for groups it was told of
+        }
         lock.lock();
         try {
             while (credit == 0 && failure == null) {
@@ -235,12 +254,30 @@ public final class MapOutputWriter implements AutoCloseable {
         crc.update(data, 0, dataLength);
         if (region != null) {
             region.put(slot, head, headLength, data, dataLength);
-            FrameEncoder.writePushPlaced(ByteBuffer.wrap(placed), stream, seq, crc.getValue(), slot, headLength + dataLength);
-            client.send(placed);
+            FrameEncoder.putPlacedEntry(placed, placedGroups, seq, crc.getValue(), slot, headLength + dataLength);
+            if (++placedGroups == PLACED_PER_FRAME) {
+                tellPlaced();
+            }
             return;
         }
         FrameEncoder.writePushDataPrefix(ByteBuffer.wrap(prefix), stream, seq, headLength + dataLength, crc.getValue());
         client.send(prefix, head, headLength, data, dataLength);
+    }
+
+    /** Sends the PushPlaced of the groups placed since the last one. */
+    private void tellPlaced() throws IOException {
+        int length = FrameEncoder.writePushPlacedHeader(placed, stream, placedGroups);
+        placedGroups = 0;
+        client.send(placed, length);
+    }
+
+    private boolean hasCredit() {
+        lock.lock();
+        try {
+            return credit > 0;
+        } finally {
+            lock.unlock();
+        }
     }
 
     void awaitOpened() throws IOException {

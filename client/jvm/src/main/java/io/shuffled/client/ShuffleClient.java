@@ -45,6 +45,8 @@ import javax.net.ssl.SSLContext;
  * stream fails with {@link ErrorCode#CONNECTION_LOST} (or the code of a fatal Error on stream 0).
  */
 public final class ShuffleClient implements AutoCloseable {
+    private static final byte[] NO_BYTES = new byte[0];
+
     /** Default bound of every blocking wait. */
     public static final long DEFAULT_TIMEOUT_MILLIS = 60_000;
     /** Default size of one writer's buffer, which holds bytes for all partitions until they are pushed. */
@@ -506,6 +508,11 @@ public final class ShuffleClient implements AutoCloseable {
     /** Writes one whole frame and flushes. */
     void send(byte[] frame) throws IOException {
         send(frame, null, 0, null, 0);
+    }
+
+    /** Writes the first {@code length} bytes of {@code frame}. */
+    void send(byte[] frame, int length) throws IOException {
+        send(NO_BYTES, frame, length, null, 0);
     }
 
     /** Writes a frame prefix, then its payload (the first bytes of {@code first}, then of {@code second}). */

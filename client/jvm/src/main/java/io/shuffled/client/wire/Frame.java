@@ -562,16 +562,25 @@ public sealed interface Frame {
     }
 
     /**
-     * PushPlaced (0x28): PushData whose payload, {@code length} bytes with CRC32C {@code crc}, the writer put in
-     * {@code slot} of the connection's region (§6.3, §7.10a).
+     * PushPlaced (0x28): PushData for one or more packed groups the writer put in slots of the connection's region
+     * (§6.3, §7.10a): {@code placed} holds each group's sequence, CRC32C, slot and length, one after the other.
      */
-    record PushPlaced(long writer, long sequence, long crc, long slot, long length) implements Frame {
+    record PushPlaced(long writer, long[] placed) implements Frame {
         public PushPlaced {
             Wire.checkU32("writer", writer);
-            Wire.checkU32("sequence", sequence);
-            Wire.checkU32("crc", crc);
-            Wire.checkU32("slot", slot);
-            Wire.checkU32("length", length);
+            if (placed.length == 0 || placed.length % Wire.PLACED_FIELDS != 0) {
+                throw new IllegalArgumentException("PushPlaced names one or more groups of "
+                        + Wire.PLACED_FIELDS + " fields, got " + placed.length + " values");
+            }
+            placed = placed.clone();
+            for (long value : placed) {
+                Wire.checkU32("placed", value);
+            }
+        }
+
+        @Override
+        public long[] placed() {
+            return placed.clone();
         }
 
         @Override
@@ -582,6 +591,21 @@ public sealed interface Frame {
         @Override
         public long stream() {
             return writer;
+        }
+
+        @Override
+        public boolean equals(Object o) {
+            return o instanceof PushPlaced p && writer == p.writer && Arrays.equals(placed, p.placed);
+        }
+
+        @Override
+        public int hashCode() {
+            return Long.hashCode(writer) * 31 + Arrays.hashCode(placed);
+        }
+
+        @Override
+        public String toString() {
+            return "PushPlaced[writer=" + writer + ", placed=" + Arrays.toString(placed) + "]";
         }
     }
 

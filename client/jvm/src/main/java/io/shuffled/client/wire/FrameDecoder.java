@@ -382,12 +382,16 @@ public final class FrameDecoder {
                 return new Frame.PushSlots(stream, slots);
             }
             case PUSH_PLACED: {
-                if (len != Wire.PUSH_PLACED_FIXED) {
-                    throw new ProtocolException(name + ": body must be " + Wire.PUSH_PLACED_FIXED + " bytes, got " + len);
+                if (len == 0 || len % Wire.PUSH_PLACED_FIXED != 0) {
+                    throw new ProtocolException(name + ": body must be one or more entries of "
+                            + Wire.PUSH_PLACED_FIXED + " bytes, got " + len + " bytes");
                 }
                 ByteBuffer b = ByteBuffer.wrap(buf, off, len);
-                return new Frame.PushPlaced(stream, Integer.toUnsignedLong(b.getInt()), Integer.toUnsignedLong(b.getInt()),
-                        Integer.toUnsignedLong(b.getInt()), Integer.toUnsignedLong(b.getInt()));
+                long[] placed = new long[len / 4];
+                for (int i = 0; i < placed.length; i++) {
+                    placed[i] = Integer.toUnsignedLong(b.getInt());
+                }
+                return new Frame.PushPlaced(stream, placed);
             }
             case COMMIT_MAP_OUTPUT:
                 return new Frame.CommitMapOutput(stream, u32Body(buf, off, len, name));

@@ -84,10 +84,23 @@ public final class FrameEncoder {
         out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("crc", crc));
     }
 
-    /** A whole PushPlaced (§7.10a), written into {@code out} without allocating. */
-    public static void writePushPlaced(ByteBuffer out, long writer, long sequence, long crc, long slot, int length) {
-        writeHeader(out, FrameType.PUSH_PLACED, writer, Wire.PUSH_PLACED_FIXED);
-        out.putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("crc", crc))
+    /**
+     * A PushPlaced (§7.10a) of the first {@code groups} entries already in {@code frame} after its header (see
+     * {@link #putPlacedEntry}): its header written in place, without allocating. Returns the frame's length.
+     */
+    public static int writePushPlacedHeader(byte[] frame, long writer, int groups) {
+        if (groups <= 0) {
+            throw new IllegalArgumentException("a PushPlaced names at least one group");
+        }
+        int body = groups * Wire.PUSH_PLACED_FIXED;
+        writeHeader(ByteBuffer.wrap(frame), FrameType.PUSH_PLACED, writer, body);
+        return Wire.HEADER_SIZE + body;
+    }
+
+    /** The {@code index}th group's entry of a PushPlaced being built in {@code frame}. */
+    public static void putPlacedEntry(byte[] frame, int index, long sequence, long crc, long slot, int length) {
+        ByteBuffer.wrap(frame, Wire.HEADER_SIZE + index * Wire.PUSH_PLACED_FIXED, Wire.PUSH_PLACED_FIXED)
+                .putInt((int) Wire.checkU32("sequence", sequence)).putInt((int) Wire.checkU32("crc", crc))
                 .putInt((int) Wire.checkU32("slot", slot)).putInt(length);
     }
 
@@ -192,16 +205,10 @@ public final class FrameEncoder {
             return u32(c.credit());
         }
         if (frame instanceof Frame.PushSlots s) {
-            ByteBuffer out = ByteBuffer.allocate(4 * s.slots().length);
-            for (long slot : s.slots()) {
-                out.putInt((int) slot);
-            }
-            return out.array();
+            return u32s(s.slots());
         }
         if (frame instanceof Frame.PushPlaced p) {
-            ByteBuffer out = ByteBuffer.allocate(Wire.PUSH_PLACED_FIXED);
-            return out.putInt((int) p.sequence()).putInt((int) p.crc()).putInt((int) p.slot()).putInt((int) p.length())
-                    .array();
+            return u32s(p.placed());
         }
         if (frame instanceof Frame.CommitMapOutput c) {
             return u32(c.pushes());
@@ -235,6 +242,14 @@ public final class FrameEncoder {
                 .put((byte) role.code())
                 .put((byte) 0);
         w.writeTo(out);
+        return out.array();
+    }
+
+    private static byte[] u32s(long[] values) {
+        ByteBuffer out = ByteBuffer.allocate(4 * values.length);
+        for (long value : values) {
+            out.putInt((int) value);
+        }
         return out.array();
     }
 

@@ -27,8 +27,10 @@ public final class Wire {
     public static final int BUFFER_RESPONSE_FIXED = 16;
     /** sequence u32, crc u32 (§7.10). */
     public static final int PUSH_DATA_FIXED = 8;
-    /** PushPlaced's body: sequence, crc, slot, length, u32 each (§7.10a). */
+    /** One group of a PushPlaced body: sequence, crc, slot, length, u32 each (§7.10a); a body holds one or more. */
     public static final int PUSH_PLACED_FIXED = 16;
+    /** u32s per group of a PushPlaced body. */
+    public static final int PLACED_FIELDS = 4;
     /** The Hello/HelloAck feature of pushes through shared memory (§6.3). */
     public static final String SHM = "shm";
     /** A packed group's attempt u64 and run count u32, before its directory (§3.3). */

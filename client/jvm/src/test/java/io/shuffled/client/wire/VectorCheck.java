@@ -273,7 +273,7 @@ public final class VectorCheck {
         FIELDS.put("PUSH_CREDIT", List.of("writer", "credit"));
         FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "payload_hex", "crc"));
         FIELDS.put("PUSH_SLOTS", List.of("writer", "slots"));
-        FIELDS.put("PUSH_PLACED", List.of("writer", "sequence", "crc", "slot", "length"));
+        FIELDS.put("PUSH_PLACED", List.of("writer", "placed"));
         FIELDS.put("COMMIT_MAP_OUTPUT", List.of("writer", "pushes"));
         FIELDS.put("COMMIT_ACK", List.of("writer", "lengths"));
         FIELDS.put("ABORT_MAP_OUTPUT", List.of("writer"));
@@ -349,9 +349,14 @@ public final class VectorCheck {
                 }
                 return new Frame.PushSlots(u32(f, "writer"), slots);
             }
-            case "PUSH_PLACED":
-                return new Frame.PushPlaced(u32(f, "writer"), u32(f, "sequence"), u32(f, "crc"), u32(f, "slot"),
-                        u32(f, "length"));
+            case "PUSH_PLACED": {
+                JsonNode list = f.path("placed");
+                long[] placed = new long[list.size()];
+                for (int i = 0; i < placed.length; i++) {
+                    placed[i] = u64(list.get(i), "placed");
+                }
+                return new Frame.PushPlaced(u32(f, "writer"), placed);
+            }
             case "COMMIT_MAP_OUTPUT":
                 return new Frame.CommitMapOutput(u32(f, "writer"), u32(f, "pushes"));
             case "COMMIT_ACK": {
