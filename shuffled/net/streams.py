@@ -161,6 +161,11 @@ class PlacedPushStream(PushStream):
         self._slots.extend(slots)
         self.add_credit(len(slots))
 
+    def close(self) -> list[Any]:
+        """The push ended: its slots are the daemon's again, and none may be taken any more."""
+        self._slots.clear()
+        return super().close()
+
     def take_slot(self) -> int | None:
         """A granted slot to pack into, or None while there is none. Each slot taken is pushed as one `Placed`,
         which uses that slot's credit: items never outnumber the credit."""

@@ -204,6 +204,8 @@ class SlotsBody:
 
     def pack(self, ftype: FrameType, frame: Any) -> bytes:
         values = getattr(frame, self.values)
+        if not values or len(values) % self.per:
+            raise ValueError(f"{ftype.name}: one or more entries of {self.per} u32s, got {len(values)} values")
         return HEADER.pack(4 * len(values), ftype, 0, 0, getattr(frame, self.stream)) + _to_wire("I", values).tobytes()
 
     def unpack(self, cls: Any, stream: int, body: memoryview) -> Any:

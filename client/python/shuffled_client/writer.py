@@ -133,13 +133,10 @@ class MapWriter:
                 n = packer.pack_blocks_into(memory, self.attempt, compress_block)
             else:
                 n = packer.pack_into(memory, self.attempt)
-            if stream.closed or self._ended:
+            if stream.closed or self._ended:  # the daemon failed this writer, or it ended while this waited
                 if buf is not None:
                     buf.release()
-                if stream.closed:  # the daemon failed this writer: nothing more goes out
-                    self._raise_if_failed()
-                    return
-                # a write that waited for memory while the output was committed or aborted
+                self._raise_if_failed()
                 raise MapOutputStateError("map output already committed or aborted")
             if buf is None:
                 stream.push_data(Placed(slot, n, checksum(memory[:n])))
@@ -150,19 +147,24 @@ class MapWriter:
 
     async def _room(self) -> tuple[memoryview, Buffer | None, int]:
         """Where the next group is packed: a segment of the client's pool, or with shared memory straight into
-        a slot the daemon granted (no copy on the way out), waiting for its next PushSlots while none is."""
+        a slot the daemon granted (no copy on the way out), waiting for its next PushSlots while none is. A slot
+        is taken only while the push goes on: the slots of one that failed or ended may be another's now."""
         stream = self.stream
         if not isinstance(stream, PlacedPushStream):
             buf = await self.session.segment(self._done)
             if buf is not None:
                 return buf.memory, buf, -1
         else:
-            while (slot := stream.take_slot()) is None and not self._done.done():
-                self._credited = credited = asyncio.get_running_loop().create_future()
-                either: set[asyncio.Future[Any]] = {credited, self._done}
+            while not (self._done.done() or stream.closed or self._ended):
+                slot = stream.take_slot()
+                if slot is not None:
+                    return stream.region.slot(slot), None, slot
+                if self._credited is None or self._credited.done():  # one future, so every waiter wakes
+                    self._credited = asyncio.get_running_loop().create_future()
+                either: set[asyncio.Future[Any]] = {self._credited, self._done}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if slot is not None:
-                return stream.region.slot(slot), None, slot
+            if self._ended and not self._done.done():
+                raise MapOutputStateError("map output already committed or aborted")
         self._raise_if_failed()
         raise MapOutputStateError("map output finished while waiting for memory")
 

@@ -341,10 +341,10 @@ public final class MapOutputWriter implements AutoCloseable {
                         credit += c.credit();
                         opened = true;
                     } else if (frame instanceof Frame.PushSlots s && region != null) {
-                        for (long slot : s.slots()) {
-                            slots.addLast(slot);
+                        for (int i = 0; i < s.slots().size(); i++) {
+                            slots.addLast(s.slots().get(i));
                         }
-                        credit += s.slots().length;
+                        credit += s.slots().size();
                         opened = true;
                     } else if (frame instanceof Frame.CommitAck ack) {
                         client.forget(stream);

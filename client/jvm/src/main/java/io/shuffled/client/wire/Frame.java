@@ -518,21 +518,14 @@ public sealed interface Frame {
      * PushSlots (0x27): push credit on a connection with shared memory, one per slot named, each the place in
      * the connection's region where the writer may put one packed group (§6.3, §7.9a).
      */
-    record PushSlots(long writer, long[] slots) implements Frame {
+    record PushSlots(long writer, U32s slots) implements Frame {
         public PushSlots {
             Wire.checkU32("writer", writer);
-            if (slots.length == 0) {
-                throw new IllegalArgumentException("PushSlots names at least one slot");
-            }
-            slots = slots.clone();
-            for (long slot : slots) {
-                Wire.checkU32("slot", slot);
-            }
+            Objects.requireNonNull(slots, "slots");
         }
 
-        @Override
-        public long[] slots() {
-            return slots.clone();
+        public PushSlots(long writer, long[] slots) {
+            this(writer, new U32s("slots", slots, 1));
         }
 
         @Override
@@ -544,43 +537,20 @@ public sealed interface Frame {
         public long stream() {
             return writer;
         }
-
-        @Override
-        public boolean equals(Object o) {
-            return o instanceof PushSlots p && writer == p.writer && Arrays.equals(slots, p.slots);
-        }
-
-        @Override
-        public int hashCode() {
-            return Long.hashCode(writer) * 31 + Arrays.hashCode(slots);
-        }
-
-        @Override
-        public String toString() {
-            return "PushSlots[writer=" + writer + ", slots=" + Arrays.toString(slots) + "]";
-        }
     }
 
     /**
      * PushPlaced (0x28): PushData for one or more packed groups the writer put in slots of the connection's region
      * (§6.3, §7.10a): {@code placed} holds each group's sequence, CRC32C, slot and length, one after the other.
      */
-    record PushPlaced(long writer, long[] placed) implements Frame {
+    record PushPlaced(long writer, U32s placed) implements Frame {
         public PushPlaced {
             Wire.checkU32("writer", writer);
-            if (placed.length == 0 || placed.length % Wire.PLACED_FIELDS != 0) {
-                throw new IllegalArgumentException("PushPlaced names one or more groups of "
-                        + Wire.PLACED_FIELDS + " fields, got " + placed.length + " values");
-            }
-            placed = placed.clone();
-            for (long value : placed) {
-                Wire.checkU32("placed", value);
-            }
+            Objects.requireNonNull(placed, "placed");
         }
 
-        @Override
-        public long[] placed() {
-            return placed.clone();
+        public PushPlaced(long writer, long[] placed) {
+            this(writer, new U32s("placed groups", placed, Wire.PLACED_FIELDS));
         }
 
         @Override
@@ -591,21 +561,6 @@ public sealed interface Frame {
         @Override
         public long stream() {
             return writer;
-        }
-
-        @Override
-        public boolean equals(Object o) {
-            return o instanceof PushPlaced p && writer == p.writer && Arrays.equals(placed, p.placed);
-        }
-
-        @Override
-        public int hashCode() {
-            return Long.hashCode(writer) * 31 + Arrays.hashCode(placed);
-        }
-
-        @Override
-        public String toString() {
-            return "PushPlaced[writer=" + writer + ", placed=" + Arrays.toString(placed) + "]";
         }
     }
 

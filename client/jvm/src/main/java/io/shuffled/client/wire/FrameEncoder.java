@@ -245,10 +245,10 @@ public final class FrameEncoder {
         return out.array();
     }
 
-    private static byte[] u32s(long[] values) {
-        ByteBuffer out = ByteBuffer.allocate(4 * values.length);
-        for (long value : values) {
-            out.putInt((int) value);
+    private static byte[] u32s(U32s values) {
+        ByteBuffer out = ByteBuffer.allocate(4 * values.size());
+        for (int i = 0; i < values.size(); i++) {
+            out.putInt((int) values.get(i));
         }
         return out.array();
     }

@@ -341,32 +341,14 @@ public final class VectorCheck {
                 byte[] pushed = HEX.parseHex(text(f, "payload_hex"));
                 return new Frame.PushData(u32(f, "writer"), u32(f, "sequence"), pushed.length, ByteBuffer.wrap(pushed),
                         u32(f, "crc"));
-            case "PUSH_SLOTS": {
-                JsonNode list = f.path("slots");
-                long[] slots = new long[list.size()];
-                for (int i = 0; i < slots.length; i++) {
-                    slots[i] = u64(list.get(i), "slots");
-                }
-                return new Frame.PushSlots(u32(f, "writer"), slots);
-            }
-            case "PUSH_PLACED": {
-                JsonNode list = f.path("placed");
-                long[] placed = new long[list.size()];
-                for (int i = 0; i < placed.length; i++) {
-                    placed[i] = u64(list.get(i), "placed");
-                }
-                return new Frame.PushPlaced(u32(f, "writer"), placed);
-            }
+            case "PUSH_SLOTS":
+                return new Frame.PushSlots(u32(f, "writer"), longs(f, "slots"));
+            case "PUSH_PLACED":
+                return new Frame.PushPlaced(u32(f, "writer"), longs(f, "placed"));
             case "COMMIT_MAP_OUTPUT":
                 return new Frame.CommitMapOutput(u32(f, "writer"), u32(f, "pushes"));
-            case "COMMIT_ACK": {
-                JsonNode list = f.path("lengths");
-                long[] lengths = new long[list.size()];
-                for (int i = 0; i < lengths.length; i++) {
-                    lengths[i] = u64(list.get(i), "lengths");
-                }
-                return new Frame.CommitAck(u32(f, "writer"), lengths);
-            }
+            case "COMMIT_ACK":
+                return new Frame.CommitAck(u32(f, "writer"), longs(f, "lengths"));
             case "ABORT_MAP_OUTPUT":
                 return new Frame.AbortMapOutput(u32(f, "writer"));
             case "ABORT_ACK":
@@ -401,6 +383,16 @@ public final class VectorCheck {
         BigInteger v = integer(f.get(key), key);
         require(v.signum() >= 0 && v.bitLength() <= 32, "'" + key + "' is not a u32: " + v);
         return v.longValue();
+    }
+
+    /** The list {@code key} of u64s (u32s are checked by the frame's constructor). */
+    private static long[] longs(JsonNode f, String key) {
+        JsonNode list = f.path(key);
+        long[] values = new long[list.size()];
+        for (int i = 0; i < values.length; i++) {
+            values[i] = u64(list.get(i), key);
+        }
+        return values;
     }
 
     private static long u64(JsonNode n, String what) {
