@@ -57,6 +57,8 @@ class SharedRegion:
         #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
+        #: the log said that the tmpfs had no room for more slots (once per region)
+        self.full_told = False
 
     def unlink(self) -> None:
         """Take the region's name off the host (its pages stay while mapped)."""
@@ -81,28 +83,34 @@ class SharedRegion:
     def free(self) -> int:
         return len(self._warm) + len(self._cold)
 
-    def take(self, n: int) -> list[int]:
-        """n free slots to name in push credit. There are always enough: every slot named stands for a pool
-        segment promised as credit, and the region has one slot per segment."""
+    def take(self, n: int) -> tuple[list[int], str | None]:
+        """Up to n free slots to name in push credit, those with pages first, and why there are fewer: a
+        tmpfs with no room for a slot's pages (the rest of the credit then goes through the socket). There
+        are always n free slots: every slot named stands for a pool segment promised as credit, and the
+        region has one slot per segment."""
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
         warm, cold = self._warm, self._cold
         taken = [warm.pop() for _ in range(min(n, len(warm)))]
         while len(taken) < n:
-            taken.append(self._allocate(cold.pop()))
-        return taken
+            slot = cold.pop()
+            full = self._allocate(slot)
+            if full is not None:
+                cold.append(slot)
+                return taken, full
+            taken.append(slot)
+        return taken, None
 
-    def _allocate(self, slot: int) -> int:
-        """A slot without pages gets them now: a full tmpfs is a clear error here, where a writer's store into
-        a page that cannot be had would kill it (SIGBUS)."""
+    def _allocate(self, slot: int) -> str | None:
+        """A slot without pages gets them now (None), or why it cannot: a full tmpfs is found here, where a
+        writer's store into a page that cannot be had would kill it (SIGBUS)."""
         try:
             if self._fd is None:
                 raise OSError("the connection is closed")
             os.posix_fallocate(self._fd, slot * self.slot_size, self.slot_size)
         except OSError as exc:
-            self._cold.append(slot)
-            raise OSError(f"no room for shared memory in {self._dir}: {exc}") from None
-        return slot
+            return f"no room for shared memory in {self._dir}: {exc}"
+        return None
 
     def copy_out(self, slot: int, into: Buffer, length: int) -> None:
         """The group the writer put in `slot`, copied into `into`; the slot is free again."""

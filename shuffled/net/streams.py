@@ -148,22 +148,30 @@ class PushStream(Outbound):
 class PlacedPushStream(PushStream):
     """A local client's push over shared memory (PROTOCOL.md §6.3): the writer takes a slot of the connection's
     region the daemon granted (PushSlots) and packs a group straight into it, and a PushPlaced says which;
-    nothing is copied on the way out or lent to the transport."""
+    nothing is copied on the way out or lent to the transport. Credit the daemon grants as PushCredit (its
+    tmpfs had no room for more slots) is used as on any connection: a `Payload` in a pool segment, PushData."""
 
-    __slots__ = ("_slots", "region")
+    __slots__ = ("_slots", "plain", "region")
 
     def __init__(self, stream: int, region: MappedRegion) -> None:
         super().__init__(stream)
         self.region = region
         self._slots: deque[int] = deque()
+        #: credit granted as PushCredit and not yet taken by the writer
+        self.plain = 0
 
     def add_slots(self, slots: list[int]) -> None:
         self._slots.extend(slots)
-        self.add_credit(len(slots))
+        self.credit += len(slots)
+
+    def add_credit(self, n: int) -> None:
+        super().add_credit(n)
+        self.plain += n
 
     def close(self) -> list[Any]:
-        """The push ended: its slots are the daemon's again, and none may be taken any more."""
+        """The push ended: its slots are the daemon's again, and no credit may be taken any more."""
         self._slots.clear()
+        self.plain = 0
         return super().close()
 
     def take_slot(self) -> int | None:
@@ -171,12 +179,19 @@ class PlacedPushStream(PushStream):
         which uses that slot's credit: items never outnumber the credit."""
         return self._slots.popleft() if self._slots else None
 
+    def take_plain(self) -> bool:
+        """Whether a unit of PushCredit was there for the writer (now taken, for one `Payload`)."""
+        if self.plain <= 0:
+            return False
+        self.plain -= 1
+        return True
+
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
-        """One PushPlaced for this group and those queued behind it that credit allows, up to
+        """One PushPlaced for this group and the placed groups queued behind it that credit allows, up to
         `MAX_PLACED_PER_FRAME`: the daemon takes them with one frame's work."""
-        if is_event:
+        if is_event or type(item) is not Placed:
             return super().pack(into, offset, item, seq, backlog, is_event)
         at = offset + HEADER.size
         entry = PUSH_PLACED_ENTRY
@@ -187,7 +202,7 @@ class PlacedPushStream(PushStream):
             self.pushed += 1
             at += entry.size
             n += 1
-            placed = self.pop_more_data() if n < MAX_PLACED_PER_FRAME else None
+            placed = self.pop_more_data(item) if n < MAX_PLACED_PER_FRAME else None
         HEADER.pack_into(into, offset, n * entry.size, FrameType.PUSH_PLACED, 0, 0, self.stream)
         return at - offset, None
 

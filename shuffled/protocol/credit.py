@@ -354,10 +354,13 @@ class OutboundStream(Generic[T]):
         self.sequence = (seq + 1) & 0xFFFFFFFF
         return item, seq, self.backlog, is_event
 
-    def pop_more_data(self) -> T | None:
-        """The next item if it is data and there is credit for it, else None: for a stream that puts several
-        items in one frame (the credit and sequence counted as `pop` counts them)."""
-        if not self._items or self._items[0][0] or self.credit <= 0:
+    def pop_more_data(self, like: T) -> T | None:
+        """The next item if it is data of the same type as `like` and there is credit for it, else None: for a
+        stream that puts several items in one frame (the credit and sequence counted as `pop` counts them)."""
+        if not self._items or self.credit <= 0:
+            return None
+        is_event, item = self._items[0]
+        if is_event or type(item) is not type(like):
             return None
         self.credit -= 1
         self._data -= 1

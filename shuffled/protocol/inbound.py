@@ -205,9 +205,6 @@ class Inbound:
         return None if stream is not None else self._unknown_push(writer)
 
     def _on_push_data(self, frame: PushData) -> Event | None:
-        if SHM in self.handshake.features:
-            release_payload(frame)
-            raise ProtocolError("PushData on a connection that agreed on shared memory (send PushPlaced)")
         refused = self._data_step(frame.writer)
         if refused is not True:
             release_payload(frame)

@@ -23,6 +23,7 @@ from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import BufferKind, ErrorResponse, Hello, HelloAck, PartitionRequest, Role
 from shuffled.protocol.packed import group_bytes
 from shuffled_client import AsyncClient, Client
+from tests import small_tmpfs
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, secret_flags, start_daemon
 from tests.jvm import SUMMARY, needs_jdk
@@ -92,6 +93,26 @@ def test_client_check_against_a_daemon(
     placed = after["placed_buffers"] - before["placed_buffers"]
     pushed = after["pushed_buffers"] - before["pushed_buffers"]
     assert pushed > 0 and placed == (pushed if transport == "unix" else 0), (placed, pushed)
+
+
+def test_java_writer_pushes_through_the_socket_when_the_tmpfs_is_full(jars: tuple[Path, Path], tmp_path: Path) -> None:
+    """A daemon whose shm-dir tmpfs is full grants the credit it has no room for as PushCredit on the Java
+    writer's shared-memory connection (PROTOCOL.md §6.3): the writer sends those groups as PushData, in
+    sequence with any it placed, and the output reads back exact."""
+    if (why := small_tmpfs.why_not()) is not None:
+        pytest.skip(why)
+    app, shuffle, attempts = "java-full-tmpfs", 15, ["41", "42"]
+    with small_tmpfs.tmpfs_daemon(tmp_path, "48m") as where:
+        subprocess.run(small_tmpfs.fill(where), check=True, timeout=60)
+        java = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(*jars), "io.shuffled.client.ClientCheck"]
+        argv = where.enter(*java, where.unix, "push", app, str(shuffle), *attempts)
+        _assert_clean(subprocess.run(argv, capture_output=True, text=True, timeout=JAVA_TIMEOUT, cwd=ROOT))
+        _assert_clean(_client_check(jars, where.daemon.addr, "verify", app, str(shuffle), *attempts))
+        with Client(where.daemon.addr, timeout=10) as client:
+            traffic = client.stats()["traffic"]
+        log = list(where.daemon.log)
+    assert traffic["pushed_buffers"] > 100 and traffic["placed_buffers"] < traffic["pushed_buffers"], traffic
+    assert any("pushes through the socket" in line for line in log), log[-5:]
 
 
 def test_java_writer_asks_for_its_commit_to_follow_an_fsync(jars: tuple[Path, Path], daemon: DaemonProcess) -> None:

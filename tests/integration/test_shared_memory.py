@@ -40,6 +40,7 @@ from shuffled.protocol.frames import (
 from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import RunPacker
 from shuffled_client import AsyncClient
+from tests import small_tmpfs
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
@@ -389,7 +390,7 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
 
 
 #: in the daemon's mount namespace: connect, then (with "fill") fill the region's tmpfs and push, which must
-#: fail with the reason; then push again with room, which must work
+#: go through the socket; then push again with room, which must go through shared memory again
 SMALL_TMPFS = """
 import asyncio, os, sys
 sys.path[:0] = sys.argv[4:]
@@ -397,9 +398,14 @@ from shuffled_client import AsyncClient
 from tests.cluster import payload
 
 async def push(c, shuffle):
+    before = (await c.stats())["traffic"]
     w = await c.open_writer("tmpfs-app", shuffle, 0, shuffle, 2)
     await w.write(1, payload(shuffle, 1, 2_000_000))
     await w.commit()
+    async with c.read("tmpfs-app", shuffle, 1, 2, {"": [shuffle]}) as r:
+        assert b"".join([bytes(chunk.data) async for chunk in r]) == payload(shuffle, 1, 2_000_000)
+    after = (await c.stats())["traffic"]
+    return [after[k] - before[k] for k in ("pushed_buffers", "placed_buffers")]
 
 async def main(address, fill, shm):
     async with await AsyncClient.connect(address) as c:
@@ -413,47 +419,38 @@ async def main(address, fill, shm):
                         f.flush()
                 except OSError:
                     pass
-            try:
-                await push(c, 1)
-                print("pushed into a full tmpfs", flush=True)
-            except Exception as exc:
-                print("refused:", type(exc).__name__, exc, flush=True)
+            print("full", *await push(c, 1), flush=True)
             os.unlink(filler)
-        await push(c, 2)
-        print("pushed", flush=True)
+        print("room", *await push(c, 2), flush=True)
 
 asyncio.run(main(*sys.argv[1:4]))
 """
 
 
 @pytest.mark.parametrize(("size", "fill"), [("16m", "as is"), ("48m", "fill")])
-def test_a_region_needs_room_for_the_pool_and_a_full_tmpfs_fails_a_push_not_the_writer(
+def test_a_region_needs_room_for_the_pool_and_a_full_tmpfs_sends_pushes_through_the_socket(
     tmp_path: Path, size: str, fill: str
 ) -> None:
     """A daemon whose shm-dir has less room than its pool offers no region (its clients push through the
-    socket); one whose tmpfs fills up later fails the push that needs new pages, with the reason, instead of
-    the writer dying of SIGBUS on a page that cannot be had, and serves on once there is room again."""
-    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
-        pytest.skip("needs root, unshare and nsenter to mount a small tmpfs in a mount namespace of its own")
-    shm, sock = tmp_path / "shm", tmp_path / "d.sock"
-    shm.mkdir()
-    mount = f'mount -t tmpfs -o size={size} tmpfs {shm} && exec "$0" "$@"'
-    flags = ["--unix-socket", str(sock), "--shm-dir", str(shm), "--data-dir", "none"]
-    namespace = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, sys.executable]
-    d = DaemonProcess("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags, interpreter=namespace)
-    try:
-        d.wait_ready()
+    socket). One whose tmpfs fills up later grants the credit it has no room for as PushCredit: the push goes
+    through the socket, exact, instead of failing or the writer dying of SIGBUS on a page that cannot be
+    had; once there is room again pushes go through shared memory."""
+    if (why := small_tmpfs.why_not()) is not None:
+        pytest.skip(why)
+    with small_tmpfs.tmpfs_daemon(tmp_path, size) as where:
         root = str(Path(__file__).resolve().parents[2])
-        client = ["nsenter", "-t", str(d.proc.pid), "-m", sys.executable, "-c", SMALL_TMPFS]
-        argv = [*client, f"unix:{sock}", fill, str(shm), root, os.path.join(root, "client", "python")]
+        client = where.enter(sys.executable, "-c", SMALL_TMPFS)
+        argv = [*client, where.unix, fill, str(where.shm), root, os.path.join(root, "client", "python")]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
-        lines = done.stdout.splitlines()
-    finally:
-        d.stop()
+        lines = [line.split() for line in done.stdout.splitlines()]
+        log = list(where.daemon.log)
     if fill == "as is":
-        assert lines == ["socket", "pushed"], lines
-        assert any("less than the pool" in line for line in d.log), d.log[-5:]  # said in the daemon's log
+        assert lines[0] == ["socket"] and lines[1][0] == "room" and lines[1][2] == "0", lines
+        assert any("less than the pool" in line for line in log), log[-5:]  # said in the daemon's log
     else:
-        assert lines[0] == "region" and lines[2] == "pushed", lines
-        assert lines[1].startswith("refused: StorageError") and "no room for shared memory" in lines[1], lines
+        assert lines[0] == ["region"] and lines[1][0] == "full" and lines[2][0] == "room", lines
+        (full_pushed, full_placed), (pushed, placed) = ((int(n) for n in line[1:]) for line in lines[1:])
+        assert full_pushed > 50 and full_placed < full_pushed, lines  # through the socket, mostly or all
+        assert placed == pushed > 50, lines  # room again: through shared memory
+        assert sum("pushes through the socket" in line for line in log) == 1, log[-5:]

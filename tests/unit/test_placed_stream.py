@@ -1,6 +1,7 @@
 """A local client's push through shared memory, as its stream frames it (shuffled/net/streams.py): the groups
 queued behind one go out in the same PushPlaced as far as credit allows and no further (credit never
-negative, sequence numbers consecutive, a commit never overtaken), and a push that ended hands out no slot.
+negative, sequence numbers consecutive, a commit never overtaken), credit granted as PushCredit goes as
+PushData in turn, and a push that ended hands out no slot.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shuffled.buffers.pool import GlobalPool
 from shuffled.buffers.shm import MappedRegion
-from shuffled.net.streams import MAX_PLACED_PER_FRAME, Placed, PlacedPushStream, PushEvent
+from shuffled.net.streams import MAX_PLACED_PER_FRAME, Payload, Placed, PlacedPushStream, PushEvent
 from shuffled.protocol.codec import decode_all
-from shuffled.protocol.frames import CommitMapOutput, PushPlaced
+from shuffled.protocol.frames import CommitMapOutput, PushData, PushPlaced
 
 SLOT = 4096
 SLOTS = 200
@@ -33,9 +35,11 @@ def _send_all(stream: PlacedPushStream) -> list[object]:
         item, seq, backlog, is_event = stream.pop()
         head = bytearray(1 << 12)
         n, buf = stream.pack(head, 0, item, seq, backlog, is_event)
-        assert buf is None, "nothing is lent to the transport"
         assert stream.credit >= 0
         out += head[:n]
+        if buf is not None:  # a PushData's payload, lent to the transport
+            out += buf.data()
+            buf.release()
     return list(decode_all(bytes(out)))
 
 
@@ -89,3 +93,28 @@ def test_a_push_that_ended_hands_out_no_slot(tmp_path: Path) -> None:
     assert stream.take_slot() == 0
     stream.shutdown()
     assert stream.take_slot() is None
+
+
+def test_credit_granted_as_push_credit_goes_as_push_data_in_sequence(tmp_path: Path) -> None:
+    """A daemon whose tmpfs had no room grants PushCredit on the connection (§6.3): the writer's group in a
+    segment of its pool goes as PushData, between PushPlaced frames, its sequence number in turn, and a
+    PushPlaced never takes a PushData's group into its entries."""
+    stream = PlacedPushStream(4, _region(tmp_path))
+    pool = GlobalPool(4 * SLOT, SLOT)
+    stream.add_slots([3])
+    stream.add_credit(1)
+    stream.add_slots([8])
+    assert stream.take_slot() == 3 and stream.take_plain() and not stream.take_plain()
+    stream.push_data(Placed(3, 20, 0))
+    (buf,) = pool.try_take(1) or []
+    buf.set_recycler(pool.give)  # as the client's session lends it to a writer
+    buf.memory[:5] = b"group"
+    buf.length = 5
+    stream.push_data(Payload(buf))
+    assert stream.take_slot() == 8
+    stream.push_data(Placed(8, 30, 0))
+    first, data, last = _send_all(stream)
+    assert first == PushPlaced(4, [0, 0, 3, 20])
+    assert isinstance(data, PushData) and data.sequence == 1 and bytes(data.payload) == b"group"
+    assert last == PushPlaced(4, [2, 0, 8, 30])
+    assert stream.credit == 0 and pool.used == 0, "the segment is back in the pool once sent"

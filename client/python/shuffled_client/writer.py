@@ -88,10 +88,8 @@ class MapWriter:
     async def write_sorted(self, lengths: Sequence[int], data: bytes | bytearray | memoryview) -> None:
         """Write data already grouped by partition: `lengths[p]` bytes of partition p, back to back in `data`
         (the shape of a Spark index file; zeros for empty partitions, partitions past `len(lengths)` empty).
-
-        What `write` buffered goes out first, then `data` is packed straight into segments: no copy into the
-        buffer, and a few C-level calls per segment however many partitions. `data` may be reused when this
-        returns."""
+        What `write` buffered goes out first, then `data` is packed straight into segments (no copy into the
+        buffer, a few C-level calls per segment however many partitions); it may be reused on return."""
         self._check_open()
         if len(lengths) > self.partitions:
             raise InvalidRequest(f"{len(lengths)} lengths for a map output of {self.partitions} partitions")
@@ -159,12 +157,14 @@ class MapWriter:
                 slot = stream.take_slot()
                 if slot is not None:
                     return stream.region.slot(slot), None, slot
+                if stream.take_plain():  # the daemon's tmpfs had no room for a slot: through the socket
+                    buf = await self.session.segment(self._done)
+                    if buf is not None:
+                        return buf.memory, buf, -1
                 if self._credited is None or self._credited.done():  # one future, so every waiter wakes
                     self._credited = asyncio.get_running_loop().create_future()
                 either: set[asyncio.Future[Any]] = {self._credited, self._done}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if self._ended and not self._done.done():
-                raise MapOutputStateError("map output already committed or aborted")
         self._raise_if_failed()
         raise MapOutputStateError("map output finished while waiting for memory")
 

@@ -50,7 +50,10 @@ class Liveness:
 
     @classmethod
     def starting(cls, now: float) -> Liveness:
-        return cls(now, now)
+        """A new connection's: every clock starts now (an answer queued before anything was flushed, as a
+        TLS handshake holds the first ones, waited since the connection was made, not since the loop's
+        clock began)."""
+        return cls(now, now, unread_since=now)
 
 
 class DaemonLink(FrameConnection):

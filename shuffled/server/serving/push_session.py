@@ -197,12 +197,14 @@ class PushSession:
     def _announce(self) -> None:
         n, self._unannounced = self._unannounced, 0
         if n and self.phase is Phase.RECEIVING and self.conn.is_open:
-            try:
-                slots = None if self.slots is None else self.slots.grant(n)
-            except ShuffledError as exc:  # no room for shared memory: the push cannot go on
-                self.fail(exc)
-                return
-            self.conn.proto.grant_push_credit(self.writer, n, slots)
+            proto = self.conn.proto
+            if self.slots is not None:  # with shared memory: slots as far as its tmpfs has room (§6.3)
+                slots = self.slots.grant(n)
+                if slots:
+                    proto.grant_push_credit(self.writer, len(slots), slots)
+                n -= len(slots)
+            if n:
+                proto.grant_push_credit(self.writer, n)
 
     def commit(self, pushes: int) -> None:
         if pushes != self.intake.received:

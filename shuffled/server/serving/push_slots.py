@@ -8,9 +8,14 @@ credit, so a writer that names another's slot could overwrite that push's group 
 
 from __future__ import annotations
 
+import logging
+
 from ...buffers import Buffer
 from ...buffers.shm import SharedRegion
-from ...protocol.errors import CreditViolation, InvalidRequest, StorageError
+from ...logs import event
+from ...protocol.errors import CreditViolation, InvalidRequest
+
+log = logging.getLogger(__name__)
 
 
 class SlotCredit:
@@ -21,11 +26,12 @@ class SlotCredit:
         self.granted: set[int] = set()
 
     def grant(self, n: int) -> list[int]:
-        """n slots to name in credit; StorageError when the region's directory has no room left for them."""
-        try:
-            slots = self.region.take(n)
-        except OSError as exc:
-            raise StorageError(f"writer {self.writer}: {exc}") from None
+        """Up to n slots to name in credit; fewer when the region's tmpfs has no room for their pages, and
+        the rest of the credit goes through the socket (said once per connection in the log)."""
+        slots, full = self.region.take(n)
+        if full is not None and not self.region.full_told:
+            self.region.full_told = True
+            event(log, "pushes through the socket", logging.WARNING, writer=self.writer, reason=full)
         self.granted.update(slots)
         return slots
 

@@ -48,7 +48,7 @@ public final class MapOutputWriter implements AutoCloseable {
     private final Condition changed = lock.newCondition();
     // written under lock (by the reader thread)
     private long credit;
-    /** With shared memory (§6.3): the slots granted and not used, one per credit. */
+    /** With shared memory (§6.3): the slots granted and not used, one per credit; the rest came as PushCredit. */
     private final ArrayDeque<Long> slots = new ArrayDeque<>();
     private boolean opened;
     /** Volatile so that each write checks it without taking the lock. */
@@ -214,7 +214,8 @@ public final class MapOutputWriter implements AutoCloseable {
 
     /**
      * Sends one packed group as one PushData after taking one push credit (blocks for it); with shared memory,
-     * puts it in the credit's slot and adds it to the next PushPlaced.
+     * puts it in the credit's slot and adds it to the next PushPlaced (credit the daemon granted as PushCredit,
+     * its tmpfs having no room for a slot, goes as PushData).
      */
     private void push(byte[] head, int headLength, byte[] data, int dataLength) throws IOException {
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(client.timeoutMillis());
@@ -237,7 +238,7 @@ public final class MapOutputWriter implements AutoCloseable {
                 throw failure;
             }
             credit--;
-            if (region != null) {
+            if (!slots.isEmpty()) {
                 slot = slots.removeFirst();
             }
             seq = nextSequence;
@@ -252,13 +253,16 @@ public final class MapOutputWriter implements AutoCloseable {
         crc.reset(); // once per group, checked by the daemon
         crc.update(head, 0, headLength);
         crc.update(data, 0, dataLength);
-        if (region != null) {
+        if (slot >= 0) {
             region.put(slot, head, headLength, data, dataLength);
             FrameEncoder.putPlacedEntry(placed, placedGroups, seq, crc.getValue(), slot, headLength + dataLength);
             if (++placedGroups == PLACED_PER_FRAME) {
                 tellPlaced();
             }
             return;
+        }
+        if (placedGroups > 0) {
+            tellPlaced(); // the groups placed before this one go first: the daemon takes them in order
         }
         FrameEncoder.writePushDataPrefix(ByteBuffer.wrap(prefix), stream, seq, headLength + dataLength, crc.getValue());
         client.send(prefix, head, headLength, data, dataLength);
@@ -337,7 +341,7 @@ public final class MapOutputWriter implements AutoCloseable {
             public void onFrame(Frame frame) throws ShuffledException {
                 lock.lock();
                 try {
-                    if (frame instanceof Frame.PushCredit c && region == null) {
+                    if (frame instanceof Frame.PushCredit c) { // with shared memory: its tmpfs had no room
                         credit += c.credit();
                         opened = true;
                     } else if (frame instanceof Frame.PushSlots s && region != null) {
