@@ -370,29 +370,10 @@ public final class FrameDecoder {
                 }
                 return new Frame.PushCredit(stream, credit);
             }
-            case PUSH_SLOTS: {
-                if (len == 0 || len % 4 != 0) {
-                    throw new ProtocolException(name + ": body must be one or more u32s, got " + len + " bytes");
-                }
-                ByteBuffer b = ByteBuffer.wrap(buf, off, len);
-                long[] slots = new long[len / 4];
-                for (int i = 0; i < slots.length; i++) {
-                    slots[i] = Integer.toUnsignedLong(b.getInt());
-                }
-                return new Frame.PushSlots(stream, slots);
-            }
-            case PUSH_PLACED: {
-                if (len == 0 || len % Wire.PUSH_PLACED_FIXED != 0) {
-                    throw new ProtocolException(name + ": body must be one or more entries of "
-                            + Wire.PUSH_PLACED_FIXED + " bytes, got " + len + " bytes");
-                }
-                ByteBuffer b = ByteBuffer.wrap(buf, off, len);
-                long[] placed = new long[len / 4];
-                for (int i = 0; i < placed.length; i++) {
-                    placed[i] = Integer.toUnsignedLong(b.getInt());
-                }
-                return new Frame.PushPlaced(stream, placed);
-            }
+            case PUSH_SLOTS:
+                return new Frame.PushSlots(stream, u32Entries(buf, off, len, 4, name));
+            case PUSH_PLACED:
+                return new Frame.PushPlaced(stream, u32Entries(buf, off, len, Wire.PUSH_PLACED_FIXED, name));
             case COMMIT_MAP_OUTPUT:
                 return new Frame.CommitMapOutput(stream, u32Body(buf, off, len, name));
             case COMMIT_ACK: {
@@ -503,6 +484,20 @@ public final class FrameDecoder {
     }
 
     // ---------------------------------------------------------------------------------------- fields
+
+    /** A body of one or more entries of {@code entry} bytes of u32s (PushSlots, PushPlaced), as one array. */
+    private static long[] u32Entries(byte[] buf, int off, int len, int entry, String name) throws ProtocolException {
+        if (len == 0 || len % entry != 0) {
+            String what = entry == 4 ? "u32s" : "entries of " + entry + " bytes";
+            throw new ProtocolException(name + ": body must be one or more " + what + ", got " + len + " bytes");
+        }
+        ByteBuffer b = ByteBuffer.wrap(buf, off, len);
+        long[] values = new long[len / 4];
+        for (int i = 0; i < values.length; i++) {
+            values[i] = Integer.toUnsignedLong(b.getInt());
+        }
+        return values;
+    }
 
     private static long u32Body(byte[] buf, int off, int len, String name) throws ProtocolException {
         if (len != 4) {
