@@ -35,9 +35,11 @@ from .common import (
     bounded,
     cpu_cap_unavailable,
     cpu_capped,
+    drain,
     median,
     mib_per_s,
     push,
+    require,
     store_pool,
 )
 
@@ -98,32 +100,66 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             samples=samples,
         )
     unix_rate = median(rates["Unix socket"])
+    _against_the_socket(result, cpu, rates, "push", "")
+    result.notes.append(
+        f"{nbytes // MiB} MiB per push into one partition, 1 MiB writes, medians of {len(rates['TCP'])}; "
+        f"Unix/TCP = {unix_rate / median(rates['TCP']):.2f}"
+    )
+    result.notes.extend(cpu.notes())
+    await _read_in_place(ctx, result, nbytes)
+    await _replicated(ctx, result, nbytes)
+    await _fsynced(ctx, result, nbytes)
+
+
+async def _read_in_place(ctx: Context, result: ScenarioResult, nbytes: int) -> None:
+    """The reducer→sidecar hop: one stored partition read by a client of the daemon's Unix socket through the
+    socket and in place in shared memory (PROTOCOL.md §6.3), alternately, with each side's CPU per GiB."""
+    rates: dict[str, list[float]] = {"Unix socket": [], "shared memory": []}
+    async with ctx.daemons(store_pool(nbytes), unix=True, extra=["--shm-dir", "/dev/shm"]) as (a,):
+        cpu = CpuMeter({"daemon": a.pid, "client": None})
+        local = f"unix:{a.ready_field('unix')}"
+        async with ctx.client(local, shared_memory=False) as unix, ctx.client(local) as shm:
+            if shm.session.in_place is None:
+                raise RuntimeError("the daemon offered no reads in place to a client of its Unix socket")
+            await push(unix, APP, 0, 0, [nbytes])
+            for _ in bounded(ctx.repeats, ctx.pick(120.0, 15.0)):
+                for kind, client in (("Unix socket", unix), ("shared memory", shm)):
+                    t0 = time.perf_counter()
+                    with cpu.measure(f"read over {kind}", nbytes):
+                        got = await drain(client.read(APP, 0, 0, 1, {"": [0]}))
+                    require(got == nbytes, f"read {got} of {nbytes} bytes")
+                    rates[kind].append(mib_per_s(nbytes, time.perf_counter() - t0))
+                ctx.progress(", ".join(f"read {kind} {r[-1]:,.0f} MiB/s" for kind, r in rates.items()))
+            placed = (await shm.stats())["traffic"]["read_placed_buffers"]
+            require(placed > 0, "no buffer was read in place")
+    _against_the_socket(result, cpu, rates, "read", "of a local read ")
+    result.notes.append(f"local read: {nbytes // MiB} MiB in one partition, medians of {len(rates['Unix socket'])}")
+    result.notes.extend(cpu.notes())
+
+
+def _against_the_socket(result: ScenarioResult, cpu: CpuMeter, rates: dict[str, list[float]], op: str, of: str) -> None:
+    """The rows that judge shared memory against the Unix socket for `op` ("push" or "read", as `cpu` labels
+    them): its rate, then each side's CPU per GiB (`of` names the op in those rows)."""
+    what = "push" if op == "push" else "local read"
     result.add(
-        "push through shared memory, against the Unix socket",
+        f"{what} through shared memory, against the Unix socket",
         median(rates["shared memory"]),
         "MiB/s",
         baseline_name="Unix socket",
-        baseline=unix_rate,
+        baseline=median(rates["Unix socket"]),
         goal=SHM_GOAL,
         samples=rates["shared memory"],
     )
     for who, goal in SHM_CPU_GOALS.items():
         per_gib = cpu.per_gib(who)
         result.add(
-            f"{who} CPU per GiB through shared memory, against the Unix socket",
-            per_gib["push over shared memory"],
+            f"{who} CPU per GiB {of}through shared memory, against the Unix socket",
+            per_gib[f"{op} over shared memory"],
             "s/GiB",
             baseline_name="Unix socket",
-            baseline=per_gib["push over Unix socket"],
+            baseline=per_gib[f"{op} over Unix socket"],
             goal=goal,
         )
-    result.notes.append(
-        f"{nbytes // MiB} MiB per push into one partition, 1 MiB writes, medians of {len(rates['TCP'])}; "
-        f"Unix/TCP = {unix_rate / median(rates['TCP']):.2f}"
-    )
-    result.notes.extend(cpu.notes())
-    await _replicated(ctx, result, nbytes)
-    await _fsynced(ctx, result, nbytes)
 
 
 #: the goal for pushes acknowledged only once on the device (`--fsync commit`) against none synced

@@ -200,11 +200,17 @@ class DaemonConfig:
     )
     shm_dir: str | None = setting(
         "/dev/shm",
-        "where clients of the Unix socket get their regions of shared memory to push through: a tmpfs at least "
-        "the pool's size (else they push through the socket), at the same path for the daemon and its clients "
+        "where clients of the Unix socket get their regions of shared memory to push and read through: a tmpfs at "
+        "least the pool's size (else they push through the socket), at the same path for the daemon and its clients "
         "(the pod's emptyDir of medium Memory); its files are for the users the socket is for. `none`: off",
         parse=_optional_none,
         metavar="DIR",
+    )
+    shm_read_slots: int = setting(
+        512,
+        "slots of a local client's region the daemon may put served buffers in for it to read in place (each one "
+        "segment of tmpfs while the client holds it); past them, or with 0, reads come through the socket",
+        metavar="N",
     )
     advertise: str | None = setting(
         None,
@@ -761,6 +767,7 @@ class DaemonConfig:
         need(self.pool_size >= 16 * self.segment_size, "pool-size must hold at least 16 segments")
         need(self.exclusive_buffers >= 1, "exclusive-buffers must be >= 1")
         need(self.floating_buffers >= 0, "floating-buffers must be >= 0")
+        need(0 <= self.shm_read_slots <= 1 << 20, "shm-read-slots must be in 0..1048576")
         need(1 <= self.push_min <= self.push_window, f"push-window must be >= {self.push_min}")
         need(0.0 < self.read_reserve < 0.5, "read-reserve must be in (0, 0.5)")
         need(0 <= self.low_watermark < self.high_watermark, "low watermark must be below the high watermark")

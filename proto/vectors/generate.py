@@ -298,6 +298,30 @@ VALID: list[tuple[str, F.Frame]] = [
             },
         ),
     ),
+    (
+        "Hello from a client, asking for shared memory and reads in place",
+        F.Hello(F.Role.CLIENT, info={"name": "executor-3", "features": [F.SHM, F.SHM_READ]}),
+    ),
+    (
+        "HelloAck to a client, giving it shared memory and reads in place",
+        F.HelloAck(
+            F.Role.DAEMON,
+            info={
+                "node": "10.0.0.1:7337",
+                "segment_size": 32768,
+                "features": [F.SHM, F.SHM_READ],
+                "shm": {"path": "/dev/shm/shuffled-4242-0a1b2c3d/0f1e2d3c4b5a69788796a5b4c3d2e1f0", "size": 285212672},
+            },
+        ),
+    ),
+    ("BufferPlaced", F.BufferPlaced(7, [0, 3, 0x1F2E3D4C, 8192, 32768])),
+    ("BufferPlaced, largest values", F.BufferPlaced(7, [U32_MAX, U32_MAX, U32_MAX, U32_MAX, 1])),
+    (
+        "BufferPlaced, three buffers",
+        F.BufferPlaced(7, [4, 2, 0xA1B2C3D4, 8192, 32768, 5, 1, 0x1F2E3D4C, 8200, 100, 6, 0, 0, 8193, 1]),
+    ),
+    ("ReturnSlots, one slot", F.ReturnSlots(0, [8192])),
+    ("ReturnSlots, several slots", F.ReturnSlots(0, [8200, 8192, 8193, U32_MAX])),
     ("PushSlots, one slot", F.PushSlots(5, [0])),
     ("PushSlots, several slots", F.PushSlots(5, [17, 3, 8191, U32_MAX])),
     ("PushPlaced", F.PushPlaced(5, [0, 0x1F2E3D4C, 17, 32768])),
@@ -512,6 +536,21 @@ INVALID: list[tuple[str, bytes, int, str, bool]] = [
     ("PushSlots naming no slot", frame(F.FrameType.PUSH_SLOTS, 1, b""), P, "one or more u32 slots", False),
     ("PushSlots of 6 bytes", frame(F.FrameType.PUSH_SLOTS, 1, b"\0\0\0\1\0\0"), P, "a whole number of u32s", False),
     ("PushPlaced naming no group", frame(F.FrameType.PUSH_PLACED, 1, b""), P, "one or more 16-byte entries", False),
+    (
+        "BufferPlaced naming no buffer",
+        frame(F.FrameType.BUFFER_PLACED, 1, b""),
+        P,
+        "one or more 20-byte entries",
+        False,
+    ),
+    (
+        "BufferPlaced body of 16 bytes",
+        frame(F.FrameType.BUFFER_PLACED, 1, b"\0" * 16),
+        P,
+        "a whole number of 20-byte entries",
+        False,
+    ),
+    ("ReturnSlots naming no slot", frame(F.FrameType.RETURN_SLOTS, 0, b""), P, "one or more u32 slots", False),
     (
         "PushPlaced body of 12 bytes",
         frame(F.FrameType.PUSH_PLACED, 1, b"\0" * 12),

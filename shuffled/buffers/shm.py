@@ -37,9 +37,20 @@ _MAKE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 class SharedRegion:
     """The daemon's side of one connection's region: `slots` places of `slot_size` bytes."""
 
-    def __init__(self, directory: str, slots: int, slot_size: int, owner: int | None = None, mode: int = 0o600) -> None:
+    def __init__(
+        self,
+        directory: str,
+        slots: int,
+        slot_size: int,
+        owner: int | None = None,
+        mode: int = 0o600,
+        read_slots: int = 0,
+    ) -> None:
         self.slot_size = slot_size
+        #: slots for push credit (0..slots-1), then slots for served buffers (slots..slots+read_slots-1)
         self.slots = slots
+        self.read_slots = read_slots
+        self.size = (slots + read_slots) * slot_size
         self._dir = directory
         self.path: str | None = os.path.join(directory, secrets.token_hex(16))
         #: open while slots may be granted: a slot's pages are allocated before it is first named (`take`)
@@ -48,8 +59,8 @@ class SharedRegion:
             os.fchmod(self._fd, mode)
             if owner is not None and os.geteuid() == 0:  # the client's own; else it is the socket's group's
                 os.fchown(self._fd, owner, -1)
-            os.ftruncate(self._fd, slots * slot_size)
-            self._map = mmap.mmap(self._fd, slots * slot_size, flags=mmap.MAP_SHARED)
+            os.ftruncate(self._fd, self.size)
+            self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED)
         except BaseException:
             self.close()
             raise
@@ -57,6 +68,10 @@ class SharedRegion:
         #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
+        #: the same for the read slots, and the read slots holding a served buffer the client has not returned
+        self._read_warm: list[int] = []
+        self._read_cold: list[int] = list(range(slots + read_slots - 1, slots - 1, -1))
+        self.lent: set[int] = set()
         #: the log said that the tmpfs had no room for more slots (once per region)
         self.full_told = False
 
@@ -77,7 +92,9 @@ class SharedRegion:
         if fd is not None:
             os.close(fd)
         warm, self._warm = self._warm, []
-        self.give_back(warm)
+        read_warm, self._read_warm = self._read_warm, []
+        lent, self.lent = self.lent, set()
+        self.give_back([*warm, *read_warm, *lent])
 
     @property
     def free(self) -> int:
@@ -90,16 +107,52 @@ class SharedRegion:
         region has one slot per segment."""
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
-        warm, cold = self._warm, self._cold
-        taken = [warm.pop() for _ in range(min(n, len(warm)))]
+        taken: list[int] = []
         while len(taken) < n:
-            slot = cold.pop()
-            full = self._allocate(slot)
-            if full is not None:
-                cold.append(slot)
+            slot, full = self._take_from(self._warm, self._cold)
+            if slot is None:
                 return taken, full
             taken.append(slot)
         return taken, None
+
+    def take_read(self) -> int | None:
+        """A read slot to put a served buffer in (lent to the client until it returns it), or None: all are
+        lent, or the tmpfs has no room for one's pages (the buffer then goes through the socket)."""
+        if not self._read_warm and not self._read_cold:
+            return None
+        slot, _ = self._take_from(self._read_warm, self._read_cold)
+        if slot is not None:
+            self.lent.add(slot)
+        return slot
+
+    def put(self, slot: int, data: memoryview) -> None:
+        start = slot * self.slot_size
+        self._view[start : start + len(data)] = data
+
+    def returned(self, slots: Iterable[int]) -> None:
+        """The client is done with these read slots; ValueError names one it does not hold (the others of the
+        list are back)."""
+        lent, back, wrong = self.lent, [], None
+        for slot in slots:
+            if slot in lent:
+                lent.remove(slot)
+                back.append(slot)
+            elif wrong is None:
+                wrong = slot
+        self.give_back(back)
+        if wrong is not None:
+            raise ValueError(f"slot {wrong} holds no served buffer of the client's")
+
+    def _take_from(self, warm: list[int], cold: list[int]) -> tuple[int | None, str | None]:
+        """A free slot of one kind, one with pages first; (None, why) when a cold one cannot get pages."""
+        if warm:
+            return warm.pop(), None
+        slot = cold.pop()
+        full = self._allocate(slot)
+        if full is not None:
+            cold.append(slot)
+            return None, full
+        return slot, None
 
     def _allocate(self, slot: int) -> str | None:
         """A slot without pages gets them now (None), or why it cannot: a full tmpfs is found here, where a
@@ -122,11 +175,12 @@ class SharedRegion:
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots are free again: used, or named in credit that was never used (the push ended)."""
         for slot in slots:
+            read = slot >= self.slots
             if self._fd is not None:
-                self._warm.append(slot)
+                (self._read_warm if read else self._warm).append(slot)
             else:
                 self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
-                self._cold.append(slot)
+                (self._read_cold if read else self._cold).append(slot)
 
 
 class RegionDirectory:
@@ -164,11 +218,11 @@ class RegionDirectory:
         self._lock = _locked(path)
         self.path = path
 
-    def region(self, slots: int, slot_size: int, owner: int | None) -> SharedRegion | None:
+    def region(self, slots: int, slot_size: int, owner: int | None, read_slots: int = 0) -> SharedRegion | None:
         """A new region, or None when this daemon offers none (no usable directory)."""
         if self.path is None:
             return None
-        return SharedRegion(self.path, slots, slot_size, owner, self.mode)
+        return SharedRegion(self.path, slots, slot_size, owner, self.mode, read_slots)
 
     def close(self) -> None:
         path, self.path = self.path, None
@@ -215,6 +269,7 @@ class MappedRegion:
         finally:
             os.close(fd)
         self.slot_size = slot_size
+        self.slots = size // slot_size
         self.view = memoryview(self._map)
 
     def slot(self, index: int) -> memoryview:

@@ -9,8 +9,9 @@ from enum import Enum
 from typing import Any, Protocol
 
 from ..buffers import Buffer, Chunk
-from ..buffers.shm import MappedRegion
+from ..buffers.shm import MappedRegion, SharedRegion
 from ..protocol.frames import (
+    BUFFER_PLACED_ENTRY,
     BUFFER_RESPONSE_PREFIX,
     HEADER,
     PUSH_DATA_PREFIX,
@@ -80,6 +81,54 @@ class BufferResponseStream(Outbound):
 
     def end(self) -> None:
         self.push_event(None)
+
+
+class PlacedBufferResponseStream(BufferResponseStream):
+    """A read served to a local client over shared memory (PROTOCOL.md §6.3): each buffer is copied into a read
+    slot of the connection's region and a BufferPlaced names it, with the buffers queued behind it that credit
+    and free slots allow; the pool segment is free at once, not when the kernel took it. With no slot free
+    (the client holds them all, or the tmpfs is full) a buffer goes as a BufferResponse, as on any connection."""
+
+    __slots__ = ("region",)
+
+    def __init__(
+        self,
+        stream: int,
+        credit: int,
+        region: SharedRegion,
+        on_end: Callable[[BufferResponseStream], None] | None = None,
+    ) -> None:
+        super().__init__(stream, credit, on_end)
+        self.region = region
+
+    def pack(
+        self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
+    ) -> tuple[int, Buffer | None]:
+        region = self.region
+        slot = None if is_event else region.take_read()
+        if slot is None:
+            return super().pack(into, offset, item, seq, backlog, is_event)
+        entry = BUFFER_PLACED_ENTRY
+        at = offset + HEADER.size
+        chunk: Chunk = item
+        n = 0
+        while True:
+            buf = chunk.buffer
+            region.put(slot, buf.data())
+            entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
+            buf.release()
+            at += entry.size
+            n += 1
+            slot = region.take_read() if n < MAX_BUFFERS_PER_PLACED else None
+            if slot is None:
+                break
+            more = self.pop_more_data(chunk)
+            if more is None:
+                region.returned((slot,))
+                break
+            chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
+        HEADER.pack_into(into, offset, n * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)
+        return at - offset, None
 
 
 class PushEvent(Enum):
@@ -209,3 +258,5 @@ class PlacedPushStream(PushStream):
 
 #: groups one PushPlaced names at most: what fits a frame's prefix in the sender's batch
 MAX_PLACED_PER_FRAME = (MAX_PREFIX - HEADER.size) // PUSH_PLACED_ENTRY.size
+#: served buffers one BufferPlaced names at most (the same bound)
+MAX_BUFFERS_PER_PLACED = (MAX_PREFIX - HEADER.size) // BUFFER_PLACED_ENTRY.size

@@ -272,6 +272,11 @@ def families(s: DaemonStats) -> Iterator[Metric]:
         CounterMetricFamily("shuffled_served_buffers", "Data buffers queued to readers", labels=["source"]),
         {"local": t.served_local_buffers, "relayed": t.relayed_buffers},
     )
+    yield _counter(
+        "shuffled_read_placed_buffers",
+        "Of the buffers served, those local clients read in place in shared memory instead of through the socket",
+        t.read_placed_buffers,
+    )
     yield _labelled(
         CounterMetricFamily("shuffled_transport_sent_bytes", "Bytes written to connections", labels=["role"]),
         t.sent_bytes,

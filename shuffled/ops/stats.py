@@ -149,6 +149,8 @@ class TrafficStats:
     placed_buffers: int
     served_local_bytes: int
     served_local_buffers: int
+    #: served buffers local clients read in place in shared memory (§6.3), counted as they gave them back
+    read_placed_buffers: int
     relayed_bytes: int
     relayed_buffers: int
     #: role -> bytes written to connections

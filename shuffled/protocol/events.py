@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ShuffledError
-from .frames import AdminRequest, BufferResponse, OpenMapOutput, PartitionRequest, PushData, PushPlaced, Role
+from .frames import (
+    AdminRequest,
+    BufferPlaced,
+    BufferResponse,
+    OpenMapOutput,
+    PartitionRequest,
+    PushData,
+    PushPlaced,
+    Role,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,20 @@ class BufferArrived:
 
 
 @dataclass(frozen=True, slots=True)
+class BuffersPlaced:
+    """Data buffers of one of our reads that the daemon put in the connection's shared memory (§6.3)."""
+
+    frame: BufferPlaced
+
+
+@dataclass(frozen=True, slots=True)
+class SlotsReturned:
+    """The client is done with slots of its region that served buffers were put in (§6.3)."""
+
+    slots: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class PushCredited:
     """More credit for one of our pushes (already added to its outbound stream)."""
 
@@ -173,6 +196,8 @@ Event = (
     | PushOutOfTurn
     | AdminRequested
     | BufferArrived
+    | BuffersPlaced
+    | SlotsReturned
     | PushCredited
     | Committed
     | Aborted

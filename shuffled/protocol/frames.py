@@ -50,6 +50,11 @@ PUSH_DATA_PREFIX = struct.Struct(">IBBHIII")
 PUSH_PLACED_ENTRY = struct.Struct(">IIII")
 #: u32s per group of a PushPlaced body
 PLACED_FIELDS = 4
+#: one buffer of a BufferPlaced body: sequence u32, backlog u32, crc u32, slot u32, length u32 (a DATA
+#: BufferResponse whose payload the daemon put in shared memory); a body holds one or more
+BUFFER_PLACED_ENTRY = struct.Struct(">IIIII")
+#: u32s per buffer of a BufferPlaced body
+BUFFER_PLACED_FIELDS = 5
 
 HELLO_FIXED = struct.Struct(">4sHBB")  # magic, version, role, reserved
 U32 = struct.Struct(">I")
@@ -91,6 +96,8 @@ class FrameType(IntEnum):
     ADD_CREDIT = 0x11
     BUFFER_RESPONSE = 0x12
     CANCEL_PARTITION_REQUEST = 0x13
+    BUFFER_PLACED = 0x14
+    RETURN_SLOTS = 0x15
     OPEN_MAP_OUTPUT = 0x20
     PUSH_CREDIT = 0x21
     PUSH_DATA = 0x22
@@ -283,6 +290,8 @@ def attempt_locations(m: dict[str, Any], key: str, cls: Any) -> Any:
 REPLICA = "replica"
 #: the Hello/HelloAck feature a local client and its daemon agree on for pushes through shared memory (§6.3)
 SHM = "shm"
+#: with `SHM`: the daemon may also put served buffers in the region (BufferPlaced, ReturnSlots; §6.3)
+SHM_READ = "shm-read"
 #: most copies of one map output a push may ask for (OpenMapOutput `replicas`, §12.4)
 MAX_REPLICAS = 4
 
@@ -697,6 +706,31 @@ class BufferResponse:
 
 
 @dataclass(slots=True)
+class BufferPlaced:
+    """DATA BufferResponses on a connection that agreed on shared-memory reads (§6.3), for one or more buffers
+    the daemon put in slots of the region: `placed` holds each one's sequence, backlog, CRC32C, slot and
+    length, one after the other."""
+
+    TYPE: ClassVar[FrameType] = FrameType.BUFFER_PLACED
+    BODY: ClassVar[SlotsBody] = SlotsBody("receiver", "placed", BUFFER_PLACED_FIELDS)
+
+    receiver: int
+    placed: list[int]
+
+
+@dataclass(slots=True)
+class ReturnSlots:
+    """The client is done with these slots of its region that BufferPlaced named (§6.3): the daemon's again.
+    On stream 0: a slot outlives its read (the last buffers are read after the stream's end)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.RETURN_SLOTS
+    BODY: ClassVar[SlotsBody] = SlotsBody("stream", "slots")
+
+    stream: int
+    slots: list[int]
+
+
+@dataclass(slots=True)
 class CancelPartitionRequest:
     TYPE: ClassVar[FrameType] = FrameType.CANCEL_PARTITION_REQUEST
     BODY: ClassVar[NoBody] = NoBody("receiver")
@@ -852,6 +886,8 @@ Frame = (
     | PartitionRequest
     | AddCredit
     | BufferResponse
+    | BufferPlaced
+    | ReturnSlots
     | CancelPartitionRequest
     | OpenMapOutput
     | PushCredit

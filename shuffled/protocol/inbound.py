@@ -12,7 +12,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Literal
 
-from .codec import encode_error_from
+from .codec import encode, encode_error_from
 from .errors import (
     CreditViolation,
     LimitExceeded,
@@ -29,6 +29,7 @@ from .events import (
     AdminAnswered,
     AdminRequested,
     BufferArrived,
+    BuffersPlaced,
     CloseRequested,
     CommitRequested,
     Committed,
@@ -42,18 +43,22 @@ from .events import (
     PushPlacedArrived,
     ReadCancelled,
     ReadRequested,
+    SlotsReturned,
     StreamFailed,
     StreamRefused,
 )
 from .frames import (
+    BUFFER_PLACED_FIELDS,
     REPLICA,
     SHM,
+    SHM_READ,
     AbortAck,
     AbortMapOutput,
     AddCredit,
     AdminRequest,
     AdminResponse,
     BufferKind,
+    BufferPlaced,
     BufferResponse,
     CancelPartitionRequest,
     Close,
@@ -67,6 +72,7 @@ from .frames import (
     PushData,
     PushPlaced,
     PushSlots,
+    ReturnSlots,
     Role,
 )
 from .handshake import Handshake
@@ -95,6 +101,8 @@ class Inbound:
             if self.handshake.peer_role is Role.CLIENT:
                 raise ProtocolError("BufferResponse is not expected from a client")
             return self._on_buffer(frame)
+        if type(frame) is BufferPlaced:
+            return self._on_placed(frame)
         daemon = self.handshake.role is Role.DAEMON
         if type(frame) is PushData and daemon:
             return self._on_push_data(frame)
@@ -150,6 +158,12 @@ class Inbound:
                 else:  # its request waits to be served (the daemon's backlog): the credit waits with it
                     stream.early_credit += credit
                 return CreditAdded(receiver, credit)
+            case ReturnSlots(stream, slots):
+                if SHM_READ not in self.handshake.features:
+                    raise ProtocolError("ReturnSlots on a connection that did not agree on shared-memory reads")
+                if stream != 0:
+                    raise ProtocolError(f"ReturnSlots on stream {stream}: it belongs on stream 0")
+                return SlotsReturned(slots)
             case CancelPartitionRequest(receiver):
                 stream = self.streams.theirs.get(receiver)
                 if stream is not None and stream.kind is not Kind.READ:
@@ -241,6 +255,19 @@ class Inbound:
         else:
             del self.streams.own[frame.receiver]
         return BufferArrived(frame)
+
+    def _on_placed(self, frame: BufferPlaced) -> Event | None:
+        """Buffers of one of our reads in slots of the region (§6.3): each is a DATA frame of the read; those of
+        a read that is gone (cancelled while they came) go straight back to the daemon."""
+        if self.handshake.peer_role is Role.CLIENT or SHM_READ not in self.handshake.features:
+            raise ProtocolError("BufferPlaced on a connection that did not agree on shared-memory reads")
+        stream = self.streams.own.get(frame.receiver)
+        if stream is None or stream.kind is not Kind.READ:
+            self.send(encode(ReturnSlots(0, frame.placed[3::BUFFER_PLACED_FIELDS])))
+            return None
+        for _ in range(len(frame.placed) // BUFFER_PLACED_FIELDS):
+            self.streams.step(self.streams.own, frame.receiver, Kind.READ, Step.DATA)
+        return BuffersPlaced(frame)
 
     def _on_push_credit(self, writer: int, credit: int, slots: list[int] | None = None) -> Event | None:
         """PushCredit, or with shared memory PushSlots: `slots`, a credit each (§6.3)."""

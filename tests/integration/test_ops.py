@@ -384,6 +384,7 @@ WIRE_STATS = {
                 "placed_buffers",
                 "served_local_bytes",
                 "served_local_buffers",
+                "read_placed_buffers",
                 "relayed_bytes",
                 "relayed_buffers",
             ),

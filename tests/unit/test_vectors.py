@@ -301,7 +301,8 @@ def test_client_vectors_carry_no_daemon_only_key() -> None:
     for v in VALID + DECODE_ONLY:
         frame = v["frame"]
         assert not daemon_only & (set(frame) | set(frame.get("info", {}))), v["name"]
-        assert set(frame.get("info", {}).get("features", [])) <= {F.SHM}, f"{v['name']}: a client offers shm alone"
+        features = set(frame.get("info", {}).get("features", []))
+        assert features <= {F.SHM, F.SHM_READ}, f"{v['name']}: a client offers shared memory, nothing else"
     for v in PEER_VALID:
         frame = v["frame"]
         keys = set(frame) | set(frame.get("info", {}))

@@ -35,9 +35,10 @@ from shuffled.protocol.events import (
     Event,
     HandshakeDone,
 )
-from shuffled.protocol.frames import DURABILITIES, FSYNCS, SHM, OpenMapOutput, PartitionRequest, Role
+from shuffled.protocol.frames import DURABILITIES, FSYNCS, SHM, SHM_READ, OpenMapOutput, PartitionRequest, Role
 
 from .admin import AdminCalls
+from .in_place import ReadsInPlace
 from .reader import PartitionReader
 from .session import Session
 from .writer import DEFAULT_WRITER_BUFFER, MapWriter, check_replicas
@@ -108,7 +109,7 @@ class _ClientConnection(FrameConnection):
 
     def on_made(self) -> None:
         self.client._conn = self.client.session.conn = self  # before any frame arrives, so HelloAck finds it
-        self.proto.start({"name": "shuffled_client", **({"features": [SHM]} if self.client._shm else {})})
+        self.proto.start({"name": "shuffled_client", **({"features": [SHM, SHM_READ]} if self.client._shm else {})})
 
     def handle_event(self, ev: Event) -> None:
         if not self.client.session.on_event(ev):  # about a stream (nearly every event), else the connection
@@ -309,12 +310,15 @@ class AsyncClient(AdminCalls):
         self.session.pool = _client_pool(self._pool_size, self.segment_size, self.session.exclusive)
         self.session.proto.reader.set_max_payload(self.segment_size)
         assert self._ready is not None
-        if SHM in self.session.proto.features:
+        features = self.session.proto.features
+        if SHM in features:
             try:
-                self.session.region = _map_region(info.get("shm"), self.segment_size)
+                region = self.session.region = _map_region(info.get("shm"), self.segment_size)
             except (OSError, ValueError) as exc:
                 self._ready.set_exception(_Unmapped(str(exc)))
                 return
+            if SHM_READ in features:
+                self.session.in_place = ReadsInPlace(region, self.session.proto)
         if not self._ready.done():
             self._ready.set_result(None)
 

@@ -9,6 +9,7 @@ is lost or fails, every stream open on it fails with the reason (`fail_all`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from shuffled.buffers import Buffer, GlobalPool
@@ -18,8 +19,19 @@ from shuffled.net.streams import PushStream
 from shuffled.protocol.auth import app_token
 from shuffled.protocol.connection import ProtocolConnection, release_payload
 from shuffled.protocol.errors import ShuffledError
-from shuffled.protocol.events import Aborted, AdminAnswered, BufferArrived, Committed, Event, PushCredited, StreamFailed
+from shuffled.protocol.events import (
+    Aborted,
+    AdminAnswered,
+    BufferArrived,
+    BuffersPlaced,
+    Committed,
+    Event,
+    PushCredited,
+    StreamFailed,
+)
 from shuffled.protocol.frames import BufferResponse
+
+from .in_place import ReadsInPlace
 
 
 class Writing(Protocol):
@@ -37,6 +49,10 @@ class Reading(Protocol):
 
     def on_buffer(self, frame: BufferResponse) -> None: ...
 
+    def on_placed(
+        self, sequence: int, backlog: int, crc: int, slot: memoryview, give_back: Callable[[], None]
+    ) -> None: ...
+
     def on_error(self, exc: ShuffledError) -> None: ...
 
 
@@ -53,6 +69,8 @@ class Session:
         self.conn: FrameConnection | None = None
         #: the connection's region of shared memory, where pushes place their data (None: through the socket)
         self.region: MappedRegion | None = None
+        #: reads whose buffers the daemon puts in the region (None: they come through the socket)
+        self.in_place: ReadsInPlace | None = None
         #: why the connection is gone (every request then fails with it)
         self.lost: ShuffledError | None = None
         self._writers: dict[int, Writing] = {}
@@ -129,6 +147,9 @@ class Session:
                     reader.on_buffer(frame)
                 else:
                     release_payload(frame)
+            case BuffersPlaced(frame):
+                assert self.in_place is not None  # the feature is agreed only with a region
+                self.in_place.arrived(frame, self._readers.get(frame.receiver))
             case PushCredited(writer):
                 if (w := self._writers.get(writer)) is not None:
                     w.on_credit()

@@ -65,6 +65,9 @@ class Counters:
     #: stored data queued to readers (clients or peers) from this daemon's own store
     served_local_bytes: int = 0
     served_local_buffers: int = 0
+    #: served buffers (local or relayed) local clients read in place in shared memory, counted as they gave
+    #: their slots back
+    read_placed_buffers: int = 0
     #: data from other daemons relayed to this daemon's clients
     relayed_bytes: int = 0
     relayed_buffers: int = 0
@@ -125,6 +128,7 @@ class Counters:
             placed_buffers=self.placed_buffers,
             served_local_bytes=self.served_local_bytes,
             served_local_buffers=self.served_local_buffers,
+            read_placed_buffers=self.read_placed_buffers,
             relayed_bytes=self.relayed_bytes,
             relayed_buffers=self.relayed_buffers,
             sent_bytes=sent,

@@ -21,7 +21,7 @@ from ...config import DaemonConfig
 from ...logs import event
 from ...net.ports import Port
 from ...protocol.errors import AuthFailed, InvalidRequest, LimitExceeded, ProtocolError, ShuffledError
-from ...protocol.frames import REPLICA, SHM, Role
+from ...protocol.frames import REPLICA, SHM, SHM_READ, Role
 from .environment import ShuffleEnvironment
 from .link import DaemonLink
 
@@ -141,15 +141,17 @@ def _shared_memory(conn: DaemonLink, host: ShuffleEnvironment[Any], info: dict[s
     if conn.port is not Port.UNIX or not isinstance(offered, list) or SHM not in offered:
         return {}
     cfg = host.config
+    read_slots = cfg.shm_read_slots if SHM_READ in offered else 0
     try:
-        region = host.shm.region(host.pool.total, cfg.segment_size, _peer_uid(conn))
+        region = host.shm.region(host.pool.total, cfg.segment_size, _peer_uid(conn), read_slots)
     except OSError as exc:
         event(log, "no shared memory for a client", logging.WARNING, peer=conn.host, reason=str(exc))
         return {}
     if region is None:
         return {}
     conn.shm = region
-    return {"features": [SHM], "shm": {"path": region.path, "size": region.slots * region.slot_size}}
+    features = [SHM, SHM_READ] if read_slots else [SHM]
+    return {"features": features, "shm": {"path": region.path, "size": region.size}}
 
 
 def _peer_uid(conn: DaemonLink) -> int | None:

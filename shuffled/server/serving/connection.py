@@ -20,7 +20,7 @@ from ...net.ports import Port
 from ...net.sender import Outbound
 from ...ops.stats import ConnectionCounts
 from ...protocol import events
-from ...protocol.errors import ConnectionLost, LimitExceeded, ShuffledError, TimedOut
+from ...protocol.errors import ConnectionLost, LimitExceeded, ProtocolError, ShuffledError, TimedOut
 from ...protocol.frames import REPLICA, Role
 from ..cluster.replication import ReplicaService
 from . import admission
@@ -156,6 +156,16 @@ class DaemonConnection(DaemonLink):
             return
         self._handle(ev)
 
+    def _slots_returned(self, slots: list[int]) -> None:
+        """The client is done with read slots (§6.3): free for the next buffers; one it does not hold is its
+        error, fatal as any broken rule (it could read a buffer the daemon then puts another in)."""
+        assert self.shm is not None  # the feature is agreed only with a region
+        try:
+            self.shm.returned(slots)
+            self.env.counters.read_placed_buffers += len(slots)
+        except ValueError as exc:
+            self.fail(ProtocolError(f"ReturnSlots: {exc}"))
+
     def on_drained(self) -> None:
         self.env.unsent.drained()
 
@@ -165,6 +175,8 @@ class DaemonConnection(DaemonLink):
                 self.requests.on_buffer(frame)
             case events.CreditAdded(stream):
                 self.reads.on_credit(stream)
+            case events.SlotsReturned(slots):
+                self._slots_returned(slots)
             case events.PushDataArrived(frame):
                 self.pushes.on_data(frame)
             case events.PushPlacedArrived(frame):

@@ -18,7 +18,7 @@ from typing import Any
 from ...buffers import Chunk
 from ...logs import event
 from ...net.sender import Sender
-from ...net.streams import BufferResponseStream
+from ...net.streams import BufferResponseStream, PlacedBufferResponseStream
 from ...protocol.auth import token_digest
 from ...protocol.errors import AuthFailed, InvalidRequest, PartitionNotFound, ShuffledError, ShuttingDown
 from ...protocol.frames import PartitionRequest, check_app_id
@@ -145,7 +145,11 @@ class ReadService:
             return
         if resume is not None:
             self.env.counters.resumed_reads += 1
-        stream = BufferResponseStream(rid, req.credit, self._stream_ended)
+        region = self.link.shm
+        if region is not None and region.read_slots:  # a local client reads in place (§6.3)
+            stream: BufferResponseStream = PlacedBufferResponseStream(rid, req.credit, region, self._stream_ended)
+        else:
+            stream = BufferResponseStream(rid, req.credit, self._stream_ended)
         stream.opened_at = time.monotonic()
         stream.relayed = bool(remote)
         read = self.served[rid] = ServedRead(self, stream)

@@ -1,8 +1,10 @@
 package io.shuffled.client;
 
 import io.shuffled.client.wire.Frame;
+import io.shuffled.client.wire.ProtocolException;
 import io.shuffled.client.wire.Wire;
 import java.io.IOException;
+import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.LinkOption;
@@ -13,7 +15,8 @@ import java.util.Map;
 
 /**
  * The connection's region of shared memory with its daemon (PROTOCOL.md §6.3): slots of the daemon's segment
- * size, where pushes put their packed groups instead of sending them through the socket.
+ * size, where pushes put their packed groups and the daemon puts the buffers of reads, instead of sending them
+ * through the socket.
  *
  * <p>Mapped in parts of at most 1 GiB (a {@link MappedByteBuffer} holds at most 2 GiB), each a whole number
  * of slots, so no slot straddles two parts. Writes use absolute puts: the task threads of an executor fill
@@ -26,11 +29,13 @@ final class SharedRegion {
     private final MappedByteBuffer[] parts;
     private final int slotSize;
     private final int slotsPerPart;
+    private final long slots;
 
-    private SharedRegion(MappedByteBuffer[] parts, int slotSize, int slotsPerPart) {
+    private SharedRegion(MappedByteBuffer[] parts, int slotSize, int slotsPerPart, long slots) {
         this.parts = parts;
         this.slotSize = slotSize;
         this.slotsPerPart = slotsPerPart;
+        this.slots = slots;
     }
 
     /**
@@ -62,13 +67,27 @@ final class SharedRegion {
                 long start = i * partBytes;
                 parts[i] = file.map(FileChannel.MapMode.READ_WRITE, start, Math.min(partBytes, size - start));
             }
-            return new SharedRegion(parts, slotSize, slotsPerPart);
+            return new SharedRegion(parts, slotSize, slotsPerPart, size / slotSize);
         }
+    }
+
+    /**
+     * The first {@code length} bytes of {@code slot}, copied to the heap (a served buffer the daemon put there);
+     * a slot outside the region or a length no slot holds breaks the rules.
+     */
+    ByteBuffer copy(long slot, long length) throws ProtocolException {
+        if (slot >= slots || length < 1 || length > slotSize) {
+            throw new ProtocolException("BufferPlaced: " + length + " bytes in slot " + slot + " (the region has "
+                    + slots + " slots of " + slotSize + " bytes)");
+        }
+        byte[] out = new byte[(int) length];
+        parts[(int) (slot / slotsPerPart)].get((int) (slot % slotsPerPart) * slotSize, out);
+        return ByteBuffer.wrap(out);
     }
 
     /** Puts {@code head} then {@code data} at the start of {@code slot}; they fit (a packed group's size). */
     void put(long slot, byte[] head, int headLength, byte[] data, int dataLength) {
-        if (slot < 0 || slot >= (long) parts.length * slotsPerPart || headLength + dataLength > slotSize) {
+        if (slot < 0 || slot >= slots || headLength + dataLength > slotSize) {
             throw new IllegalArgumentException("slot " + slot + " cannot take " + (headLength + dataLength) + " bytes");
         }
         MappedByteBuffer part = parts[(int) (slot / slotsPerPart)];

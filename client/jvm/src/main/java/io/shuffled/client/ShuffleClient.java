@@ -1,6 +1,7 @@
 package io.shuffled.client;
 
 import io.shuffled.client.wire.Auth;
+import io.shuffled.client.wire.BufferKind;
 import io.shuffled.client.wire.ErrorCode;
 import io.shuffled.client.wire.Frame;
 import io.shuffled.client.wire.FrameDecoder;
@@ -10,6 +11,7 @@ import io.shuffled.client.wire.MsgPack;
 import io.shuffled.client.wire.ProtocolException;
 import io.shuffled.client.wire.Role;
 import io.shuffled.client.wire.ShuffledException;
+import io.shuffled.client.wire.U32s;
 import io.shuffled.client.wire.Wire;
 import java.io.BufferedOutputStream;
 import java.io.IOException;
@@ -80,6 +82,8 @@ public final class ShuffleClient implements AutoCloseable {
     private volatile int segmentSize;
     /** The connection's region of shared memory (§6.3), null: pushes go through the socket. */
     private volatile SharedRegion region;
+    /** The daemon may put the buffers of reads in the region (§6.3). */
+    private volatile boolean readsInPlace;
     private volatile String daemonNode = "";
     /** The cluster secret (§6.1), null: none; the nonce this client sent in Hello. */
     private final byte[] secret;
@@ -219,7 +223,7 @@ public final class ShuffleClient implements AutoCloseable {
             Map<String, Object> info = new LinkedHashMap<>();
             info.put("name", name);
             if (sharedMemory) {
-                info.put("features", List.of(Wire.SHM));
+                info.put("features", List.of(Wire.SHM, Wire.SHM_READ));
             }
             info.put("nonce", client.nonce);
             Frame.HelloAck ack;
@@ -233,6 +237,8 @@ public final class ShuffleClient implements AutoCloseable {
             client.segmentSize = ack.segmentSize();
             try {
                 client.region = sharedMemory ? SharedRegion.of(ack) : null;
+                client.readsInPlace = client.region != null
+                        && ack.info().get("features") instanceof List<?> agreed && agreed.contains(Wire.SHM_READ);
             } catch (IOException e) {
                 throw new RegionUnmapped(e);
             }
@@ -670,18 +676,56 @@ public final class ShuffleClient implements AutoCloseable {
             case BUFFER_RESPONSE, PUSH_CREDIT, PUSH_SLOTS, COMMIT_ACK, ABORT_ACK, ADMIN_RESPONSE -> {
                 StreamHandler h = streams.get(frame.stream());
                 if (h != null) {
-                    try {
-                        h.onFrame(frame);
-                    } catch (ProtocolException e) {
-                        throw e;
-                    } catch (ShuffledException e) {
-                        streams.remove(frame.stream());
-                        h.onError(e);
-                    }
+                    deliver(h, frame);
                 }
                 // else: a stream that ended or was cancelled; ignore (§5)
             }
+            case BUFFER_PLACED -> inPlace((Frame.BufferPlaced) frame);
             default -> throw new ProtocolException(frame.type() + " is not sent to a client");
+        }
+    }
+
+    private void deliver(StreamHandler h, Frame frame) throws ProtocolException {
+        try {
+            h.onFrame(frame);
+        } catch (ProtocolException e) {
+            throw e;
+        } catch (ShuffledException e) {
+            streams.remove(frame.stream());
+            h.onError(e);
+        }
+    }
+
+    /**
+     * Buffers of a read the daemon put in slots of the region (§6.3): each is copied out to the heap (a read's
+     * chunks are the caller's to keep) and handed to its read as the BufferResponse it stands for; the slots go
+     * back to the daemon at once, in one ReturnSlots. A slot outside the region breaks the rules.
+     */
+    private void inPlace(Frame.BufferPlaced placed) throws ProtocolException {
+        SharedRegion r = region;
+        if (r == null || !readsInPlace) {
+            throw new ProtocolException("BufferPlaced on a connection that did not agree on reads in place");
+        }
+        U32s p = placed.placed();
+        long[] slots = new long[p.size() / Wire.BUFFER_PLACED_FIELDS];
+        int taken = 0;
+        try {
+            for (; taken < slots.length; taken++) {
+                int at = taken * Wire.BUFFER_PLACED_FIELDS;
+                long slot = p.get(at + 3);
+                long length = p.get(at + 4);
+                ByteBuffer payload = r.copy(slot, length);
+                slots[taken] = slot;
+                StreamHandler h = streams.get(placed.receiver());
+                if (h != null && h.wantsPayload()) {
+                    deliver(h, new Frame.BufferResponse(placed.receiver(), p.get(at), p.get(at + 1), BufferKind.DATA,
+                            (int) length, payload, p.get(at + 2)));
+                }
+            }
+        } finally {
+            if (taken > 0) {
+                sendQuietly(new Frame.ReturnSlots(Arrays.copyOf(slots, taken)));
+            }
         }
     }
 

@@ -564,6 +564,53 @@ public sealed interface Frame {
         }
     }
 
+    /**
+     * BufferPlaced (0x14): DATA BufferResponses for one or more buffers of read stream {@code receiver} the daemon
+     * put in slots of the connection's region (§6.3, §7.6a): {@code placed} holds each one's sequence, backlog,
+     * CRC32C, slot and length, one after the other.
+     */
+    record BufferPlaced(long receiver, U32s placed) implements Frame {
+        public BufferPlaced {
+            Wire.checkU32("receiver", receiver);
+            Objects.requireNonNull(placed, "placed");
+        }
+
+        public BufferPlaced(long receiver, long[] placed) {
+            this(receiver, new U32s("placed buffers", placed, Wire.BUFFER_PLACED_FIELDS));
+        }
+
+        @Override
+        public FrameType type() {
+            return FrameType.BUFFER_PLACED;
+        }
+
+        @Override
+        public long stream() {
+            return receiver;
+        }
+    }
+
+    /** ReturnSlots (0x15): the client is done with these slots BufferPlaced named; on stream 0 (§6.3, §7.6b). */
+    record ReturnSlots(U32s slots) implements Frame {
+        public ReturnSlots {
+            Objects.requireNonNull(slots, "slots");
+        }
+
+        public ReturnSlots(long[] slots) {
+            this(new U32s("slots", slots, 1));
+        }
+
+        @Override
+        public FrameType type() {
+            return FrameType.RETURN_SLOTS;
+        }
+
+        @Override
+        public long stream() {
+            return 0;
+        }
+    }
+
     /** AbortMapOutput (0x25): discard push stream {@code writer} (§7.13). */
     record AbortMapOutput(long writer) implements Frame {
         public AbortMapOutput {

@@ -374,6 +374,10 @@ public final class FrameDecoder {
                 return new Frame.PushSlots(stream, u32Entries(buf, off, len, 4, name));
             case PUSH_PLACED:
                 return new Frame.PushPlaced(stream, u32Entries(buf, off, len, Wire.PUSH_PLACED_FIXED, name));
+            case BUFFER_PLACED:
+                return new Frame.BufferPlaced(stream, u32Entries(buf, off, len, Wire.BUFFER_PLACED_FIXED, name));
+            case RETURN_SLOTS:
+                return new Frame.ReturnSlots(u32Entries(buf, off, len, 4, name));
             case COMMIT_MAP_OUTPUT:
                 return new Frame.CommitMapOutput(stream, u32Body(buf, off, len, name));
             case COMMIT_ACK: {
@@ -485,7 +489,10 @@ public final class FrameDecoder {
 
     // ---------------------------------------------------------------------------------------- fields
 
-    /** A body of one or more entries of {@code entry} bytes of u32s (PushSlots, PushPlaced), as one array. */
+    /**
+     * A body of one or more entries of {@code entry} bytes of u32s (PushSlots, PushPlaced, BufferPlaced,
+     * ReturnSlots), as one array.
+     */
     private static long[] u32Entries(byte[] buf, int off, int len, int entry, String name) throws ProtocolException {
         if (len == 0 || len % entry != 0) {
             String what = entry == 4 ? "u32s" : "entries of " + entry + " bytes";

@@ -210,6 +210,12 @@ public final class FrameEncoder {
         if (frame instanceof Frame.PushPlaced p) {
             return u32s(p.placed());
         }
+        if (frame instanceof Frame.BufferPlaced p) {
+            return u32s(p.placed());
+        }
+        if (frame instanceof Frame.ReturnSlots r) {
+            return u32s(r.slots());
+        }
         if (frame instanceof Frame.CommitMapOutput c) {
             return u32(c.pushes());
         }

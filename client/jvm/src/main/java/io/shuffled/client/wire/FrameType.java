@@ -19,6 +19,8 @@ public enum FrameType {
     ADD_CREDIT(0x11, -1, true, false, true),
     BUFFER_RESPONSE(0x12, Wire.BUFFER_RESPONSE_FIXED, false, true, true),
     CANCEL_PARTITION_REQUEST(0x13, -1, true, false, true),
+    BUFFER_PLACED(0x14, -1, false, true, false),
+    RETURN_SLOTS(0x15, -1, true, false, false),
     OPEN_MAP_OUTPUT(0x20, -1, true, false, false),
     PUSH_CREDIT(0x21, -1, false, true, false),
     PUSH_DATA(0x22, Wire.PUSH_DATA_FIXED, true, false, false),

@@ -31,8 +31,14 @@ public final class Wire {
     public static final int PUSH_PLACED_FIXED = 16;
     /** u32s per group of a PushPlaced body. */
     public static final int PLACED_FIELDS = 4;
+    /** One buffer of a BufferPlaced body: sequence, backlog, crc, slot, length, u32 each (§7.6a); one or more. */
+    public static final int BUFFER_PLACED_FIXED = 20;
+    /** u32s per buffer of a BufferPlaced body. */
+    public static final int BUFFER_PLACED_FIELDS = 5;
     /** The Hello/HelloAck feature of pushes through shared memory (§6.3). */
     public static final String SHM = "shm";
+    /** With {@link #SHM}: the daemon may put served buffers in the region too (§6.3). */
+    public static final String SHM_READ = "shm-read";
     /** A packed group's attempt u64 and run count u32, before its directory (§3.3). */
     public static final int GROUP_HEADER = 12;
     /** One directory entry of a packed group: partition u32, length u32 (§3.3). */

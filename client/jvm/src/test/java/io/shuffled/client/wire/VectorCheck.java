@@ -274,6 +274,8 @@ public final class VectorCheck {
         FIELDS.put("PUSH_DATA", List.of("writer", "sequence", "payload_hex", "crc"));
         FIELDS.put("PUSH_SLOTS", List.of("writer", "slots"));
         FIELDS.put("PUSH_PLACED", List.of("writer", "placed"));
+        FIELDS.put("BUFFER_PLACED", List.of("receiver", "placed"));
+        FIELDS.put("RETURN_SLOTS", List.of("stream", "slots"));
         FIELDS.put("COMMIT_MAP_OUTPUT", List.of("writer", "pushes"));
         FIELDS.put("COMMIT_ACK", List.of("writer", "lengths"));
         FIELDS.put("ABORT_MAP_OUTPUT", List.of("writer"));
@@ -345,6 +347,11 @@ public final class VectorCheck {
                 return new Frame.PushSlots(u32(f, "writer"), longs(f, "slots"));
             case "PUSH_PLACED":
                 return new Frame.PushPlaced(u32(f, "writer"), longs(f, "placed"));
+            case "BUFFER_PLACED":
+                return new Frame.BufferPlaced(u32(f, "receiver"), longs(f, "placed"));
+            case "RETURN_SLOTS":
+                require(u32(f, "stream") == 0, "ReturnSlots travels on stream 0");
+                return new Frame.ReturnSlots(longs(f, "slots"));
             case "COMMIT_MAP_OUTPUT":
                 return new Frame.CommitMapOutput(u32(f, "writer"), u32(f, "pushes"));
             case "COMMIT_ACK":

@@ -1,0 +1,113 @@
+"""A read served in place (shuffled/net/streams.py, shuffled/buffers/shm.py): each buffer is copied into a
+read slot of a real region and named in a BufferPlaced with the buffers queued behind it, as far as credit
+and free slots allow and no further (credit never negative, sequence numbers consecutive, the backlog after
+each); with no slot free a buffer goes as a BufferResponse in turn; every pool segment comes back at once;
+a slot is lent until returned, and returning one not lent is refused without losing the others.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shuffled.buffers import Chunk
+from shuffled.buffers.pool import GlobalPool
+from shuffled.buffers.shm import SharedRegion
+from shuffled.net.streams import MAX_BUFFERS_PER_PLACED, PlacedBufferResponseStream
+from shuffled.protocol.codec import decode_all
+from shuffled.protocol.frames import BUFFER_PLACED_FIELDS, BufferKind, BufferPlaced, BufferResponse
+from shuffled.protocol.integrity import checksum
+
+SLOT = 4096
+PUSH_SLOTS = 8
+
+
+def _send_all(stream: PlacedBufferResponseStream) -> list[tuple[object, int]]:
+    """Every frame the stream can send now, as the sender packs them, decoded, each with the read slots that
+    were lent when it was packed."""
+    out: list[tuple[object, int]] = []
+    while stream.ready():
+        item, seq, backlog, is_event = stream.pop()
+        head = bytearray(1 << 12)
+        lent = len(stream.region.lent)
+        n, buf = stream.pack(head, 0, item, seq, backlog, is_event)
+        assert stream.credit >= 0
+        frame = bytes(head[:n])
+        if buf is not None:  # a BufferResponse's payload, lent to the transport
+            frame += buf.data()
+            buf.release()
+        (decoded,) = decode_all(frame)
+        out.append((decoded, lent))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    read_slots=st.integers(1, 90),
+    sizes=st.lists(st.integers(1, SLOT), min_size=1, max_size=150),
+    credits=st.lists(st.integers(1, 70), min_size=1, max_size=5),
+    give_back=st.booleans(),
+)
+def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket(
+    tmp_path_factory: pytest.TempPathFactory, read_slots: int, sizes: list[int], credits: list[int], give_back: bool
+) -> None:
+    directory = str(tmp_path_factory.mktemp("r"))
+    region = SharedRegion(directory, PUSH_SLOTS, SLOT, read_slots=read_slots)
+    pool = GlobalPool(len(sizes) * SLOT, SLOT)
+    stream = PlacedBufferResponseStream(9, 0, region)
+    payloads = [bytes((k * 7 + i) % 251 for i in range(n)) for k, n in enumerate(sizes)]
+    for data in payloads:
+        (buf,) = pool.try_take(1) or []
+        buf.memory[: len(data)] = data
+        buf.length, buf.refs = len(data), 1
+        buf.set_recycler(pool.give)
+        stream.push_data(Chunk(buf, checksum(data)))
+    stream.end()
+    got: list[bytes] = []
+    for credit in [*credits, len(sizes)]:
+        stream.add_credit(credit)
+        for f, lent in _send_all(stream):
+            if isinstance(f, BufferPlaced):
+                assert f.receiver == 9
+                entries = [
+                    f.placed[i : i + BUFFER_PLACED_FIELDS] for i in range(0, len(f.placed), BUFFER_PLACED_FIELDS)
+                ]
+                assert 1 <= len(entries) <= MAX_BUFFERS_PER_PLACED
+                for sequence, backlog, crc, slot, length in entries:
+                    assert sequence == len(got) and backlog == len(sizes) - len(got) - 1
+                    assert PUSH_SLOTS <= slot < PUSH_SLOTS + read_slots and slot in region.lent
+                    data = bytes(region._view[slot * SLOT : slot * SLOT + length])
+                    assert crc == checksum(data)
+                    got.append(data)
+                    if give_back:
+                        region.returned([slot])
+            else:
+                assert isinstance(f, BufferResponse) and f.receiver == 9 and f.sequence == len(got)
+                if f.kind is BufferKind.END_OF_PARTITION:
+                    continue
+                assert lent == read_slots, "through the socket only with no read slot free"
+                got.append(bytes(f.payload))
+        assert stream.credit >= 0
+    assert got == payloads, "every buffer once, in order, whole"
+    assert pool.used == 0, "a pool segment is free once its buffer is in a slot or sent"
+    assert len(region.lent) == (0 if give_back else min(read_slots, len(sizes)))
+    region.close()
+
+
+def test_a_slot_is_lent_until_returned_and_a_wrong_return_keeps_the_rest(tmp_path: Path) -> None:
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=3)
+    taken = [region.take_read() for _ in range(4)]
+    assert taken[:3] == [8, 9, 10] and taken[3] is None, "three read slots, after the push slots"
+    with pytest.raises(ValueError, match="slot 3 holds no served buffer"):
+        region.returned([8, 3, 9, 9])  # a push slot, and one slot twice
+    assert region.lent == {10}, "the slots it did hold are back, each once"
+    assert {region.take_read(), region.take_read()} == {8, 9} and region.take_read() is None
+    pushes, _ = region.take(PUSH_SLOTS)
+    assert sorted(pushes) == list(range(PUSH_SLOTS)), "push slots are never lent to reads"
+    region.close()
+    assert region.lent == set() and region.take_read() is None, "a closed region lends nothing"
+    assert os.listdir(tmp_path) == []
