@@ -25,7 +25,8 @@ import mmap
 import os
 import secrets
 import shutil
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from .pool import Buffer
 
@@ -68,10 +69,8 @@ class SharedRegion:
         #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
-        #: the same for the read slots, and the read slots holding a served buffer the client has not returned
-        self._read_warm: list[int] = []
-        self._read_cold: list[int] = list(range(slots + read_slots - 1, slots - 1, -1))
-        self.lent: set[int] = set()
+        #: the slots served buffers are put in, for a client that reads in place (None: it does not)
+        self.reads = ReadSlots(self, slots, read_slots) if read_slots else None
         #: the log said that the tmpfs had no room for more slots (once per region)
         self.full_told = False
 
@@ -92,9 +91,9 @@ class SharedRegion:
         if fd is not None:
             os.close(fd)
         warm, self._warm = self._warm, []
-        read_warm, self._read_warm = self._read_warm, []
-        lent, self.lent = self.lent, set()
-        self.give_back([*warm, *read_warm, *lent])
+        self.give_back(warm)
+        if self.reads is not None:
+            self.reads.close()
 
     @property
     def free(self) -> int:
@@ -107,54 +106,22 @@ class SharedRegion:
         region has one slot per segment."""
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
-        taken: list[int] = []
+        warm, cold = self._warm, self._cold
+        taken = [warm.pop() for _ in range(min(n, len(warm)))]
         while len(taken) < n:
-            slot, full = self._take_from(self._warm, self._cold)
-            if slot is None:
+            slot = cold.pop()
+            full = self.allocate(slot)
+            if full is not None:
+                cold.append(slot)
                 return taken, full
             taken.append(slot)
         return taken, None
-
-    def take_read(self) -> int | None:
-        """A read slot to put a served buffer in (lent to the client until it returns it), or None: all are
-        lent, or the tmpfs has no room for one's pages (the buffer then goes through the socket)."""
-        if not self._read_warm and not self._read_cold:
-            return None
-        slot, _ = self._take_from(self._read_warm, self._read_cold)
-        if slot is not None:
-            self.lent.add(slot)
-        return slot
 
     def put(self, slot: int, data: memoryview) -> None:
         start = slot * self.slot_size
         self._view[start : start + len(data)] = data
 
-    def returned(self, slots: Iterable[int]) -> None:
-        """The client is done with these read slots; ValueError names one it does not hold (the others of the
-        list are back)."""
-        lent, back, wrong = self.lent, [], None
-        for slot in slots:
-            if slot in lent:
-                lent.remove(slot)
-                back.append(slot)
-            elif wrong is None:
-                wrong = slot
-        self.give_back(back)
-        if wrong is not None:
-            raise ValueError(f"slot {wrong} holds no served buffer of the client's")
-
-    def _take_from(self, warm: list[int], cold: list[int]) -> tuple[int | None, str | None]:
-        """A free slot of one kind, one with pages first; (None, why) when a cold one cannot get pages."""
-        if warm:
-            return warm.pop(), None
-        slot = cold.pop()
-        full = self._allocate(slot)
-        if full is not None:
-            cold.append(slot)
-            return None, full
-        return slot, None
-
-    def _allocate(self, slot: int) -> str | None:
+    def allocate(self, slot: int) -> str | None:
         """A slot without pages gets them now (None), or why it cannot: a full tmpfs is found here, where a
         writer's store into a page that cannot be had would kill it (SIGBUS)."""
         try:
@@ -175,12 +142,88 @@ class SharedRegion:
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots are free again: used, or named in credit that was never used (the push ended)."""
         for slot in slots:
-            read = slot >= self.slots
             if self._fd is not None:
-                (self._read_warm if read else self._warm).append(slot)
+                self._warm.append(slot)
             else:
-                self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
-                (self._read_cold if read else self._cold).append(slot)
+                self.punch(slot)
+                self._cold.append(slot)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def punch(self, slot: int) -> None:
+        """The slot's pages go back to the host (the next to use it allocates them again)."""
+        self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+
+
+class ReadSlots:
+    """The read slots of a region (PROTOCOL.md §6.3, reads in place): the daemon puts a served buffer in one
+    and lends it to the client until the client gives it back. Pages are allocated when a slot is first
+    taken (a full tmpfs sends buffers through the socket for `FULL_RETRY` seconds, told once to `on_full`);
+    `WARM` free slots keep theirs for the next buffers, and the others' go back to the host as they come
+    back, so a connection whose reads once held many slots does not keep that much tmpfs."""
+
+    #: free read slots that keep their pages
+    WARM = 128
+    #: after a tmpfs had no room for a slot's pages, seconds before a cold slot is tried again
+    FULL_RETRY = 1.0
+
+    def __init__(self, region: SharedRegion, first: int, count: int) -> None:
+        self.region = region
+        self._warm: list[int] = []
+        self._cold: list[int] = list(range(first + count - 1, first - 1, -1))
+        #: slots holding a served buffer the client has not given back
+        self.lent: set[int] = set()
+        self._full_until = 0.0
+        #: told the first time the tmpfs has no room for a slot's pages, with the reason (the daemon logs it)
+        self.on_full: Callable[[str], None] | None = None
+
+    def take(self) -> int | None:
+        """A slot to put a served buffer in, lent from now on; None: every slot is lent, or the tmpfs has no
+        room for one's pages (the buffer then goes through the socket)."""
+        if self._warm:
+            slot = self._warm.pop()
+        elif self._cold and time.monotonic() >= self._full_until:
+            slot = self._cold.pop()
+            full = self.region.allocate(slot)
+            if full is not None:
+                self._cold.append(slot)
+                self._full_until = time.monotonic() + self.FULL_RETRY
+                on_full, self.on_full = self.on_full, None
+                if on_full is not None:
+                    on_full(full)
+                return None
+        else:
+            return None
+        self.lent.add(slot)
+        return slot
+
+    def returned(self, slots: Iterable[int]) -> None:
+        """The client is done with these slots; ValueError names one it does not hold (the others are back)."""
+        lent, wrong = self.lent, None
+        for slot in slots:
+            if slot not in lent:
+                wrong = slot if wrong is None else wrong
+                continue
+            lent.remove(slot)
+            if len(self._warm) < self.WARM and not self.region.closed:
+                self._warm.append(slot)
+            else:
+                self.region.punch(slot)
+                self._cold.append(slot)
+        if wrong is not None:
+            raise ValueError(f"slot {wrong} holds no served buffer of the client's")
+
+    def close(self) -> None:
+        """The connection ended: free slots give their pages back. Lent ones keep theirs: the client may still
+        be reading them (the daemon may have ended the connection, not the client), and they go when the
+        client's mapping goes (the file has no name any more)."""
+        warm, self._warm = self._warm, []
+        for slot in warm:
+            self.region.punch(slot)
+        self._cold.extend(warm)
+        self.lent.clear()
 
 
 class RegionDirectory:

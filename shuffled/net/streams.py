@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from ..buffers import Buffer, Chunk
-from ..buffers.shm import MappedRegion, SharedRegion
+from ..buffers.shm import MappedRegion, ReadSlots
 from ..protocol.frames import (
     BUFFER_PLACED_ENTRY,
     BUFFER_RESPONSE_PREFIX,
@@ -89,23 +89,24 @@ class PlacedBufferResponseStream(BufferResponseStream):
     and free slots allow; the pool segment is free at once, not when the kernel took it. With no slot free
     (the client holds them all, or the tmpfs is full) a buffer goes as a BufferResponse, as on any connection."""
 
-    __slots__ = ("region",)
+    __slots__ = ("slots",)
 
     def __init__(
         self,
         stream: int,
         credit: int,
-        region: SharedRegion,
+        slots: ReadSlots,
         on_end: Callable[[BufferResponseStream], None] | None = None,
     ) -> None:
         super().__init__(stream, credit, on_end)
-        self.region = region
+        self.slots = slots
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
-        region = self.region
-        slot = None if is_event else region.take_read()
+        slots = self.slots
+        region = slots.region
+        slot = None if is_event else slots.take()
         if slot is None:
             return super().pack(into, offset, item, seq, backlog, is_event)
         entry = BUFFER_PLACED_ENTRY
@@ -119,12 +120,12 @@ class PlacedBufferResponseStream(BufferResponseStream):
             buf.release()
             at += entry.size
             n += 1
-            slot = region.take_read() if n < MAX_BUFFERS_PER_PLACED else None
+            slot = slots.take() if n < MAX_BUFFERS_PER_PLACED else None
             if slot is None:
                 break
             more = self.pop_more_data(chunk)
             if more is None:
-                region.returned((slot,))
+                slots.returned((slot,))
                 break
             chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
         HEADER.pack_into(into, offset, n * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)

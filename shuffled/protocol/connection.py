@@ -56,7 +56,6 @@ from .frames import (
     OpenMapOutput,
     PartitionRequest,
     PushSlots,
-    ReturnSlots,
     Role,
 )
 from .handshake import Handshake, Phase, Side
@@ -170,11 +169,6 @@ class ProtocolConnection:
     def cancel_read(self, receiver: int) -> None:
         if self.streams.take(self.streams.own, receiver, Kind.READ) and self.is_open:
             self.send(encode_cancel(receiver))
-
-    def return_slots(self, slots: list[int]) -> None:
-        """Give the daemon back read slots of the region whose buffers were let go (§6.3)."""
-        if self.is_open:
-            self.send(encode(ReturnSlots(0, slots)))
 
     def open_push(self, request: OpenMapOutput, outbound: OutboundStream[Any]) -> None:
         """Open a push; PushCredit goes to `outbound`, whose data the shell frames under it."""

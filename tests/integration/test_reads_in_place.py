@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from shuffled import children
 from shuffled.launch import DaemonProcess
 from shuffled.protocol import codec
-from shuffled.protocol.errors import ConnectionLost, ErrorCode
+from shuffled.protocol.errors import ConnectionLost, ErrorCode, ShuffledError
 from shuffled.protocol.frames import SHM, SHM_READ, ErrorResponse, Hello, HelloAck, ReturnSlots, Role
 from shuffled_client import AsyncClient
 from tests.aio import run, within
@@ -266,6 +266,29 @@ async def test_a_daemon_killed_mid_read_fails_the_read(own: tuple[DaemonProcess,
             with pytest.raises(ConnectionLost):
                 while await r.next_group() is not None:
                     pass
+
+
+@within(60)
+async def test_buffers_a_reader_holds_stay_whole_when_the_daemon_ends_its_connection(
+    own: tuple[DaemonProcess, str],
+) -> None:
+    """The daemon may end a connection while its reader still holds buffers in place (here: the client breaks
+    a rule on purpose); what arrived stays readable and whole, and the read then fails."""
+    _, address = own
+    want = payload(0, 0, 2 << 20)
+    async with await AsyncClient.connect(address) as c:
+        await _one_partition(c, len(want))
+        async with c.read(APP, 1, 0, 1, {"": [0]}) as r:
+            first = await r.next_group()
+            assert first is not None and c.session.in_place is not None
+            got = bytearray(first.data)
+            c.session.proto.send(codec.encode(ReturnSlots(0, [0])))  # a push slot, never lent: the daemon ends it
+            await wait_until(lambda: asyncio.sleep(0, c.session.lost), lambda lost: lost is not None, 10, "lost")
+            assert bytes(first.data) == want[: len(got)], "the buffer held is as it arrived"
+            with pytest.raises(ShuffledError):
+                while (group := await r.next_group()) is not None:
+                    got += group.data
+            assert len(got) < len(want) and got == want[: len(got)]
 
 
 @within(60)

@@ -408,7 +408,8 @@ async def push(c, shuffle):
     async with c.read("tmpfs-app", shuffle, 1, 2, {"": [shuffle]}) as r:
         assert b"".join([bytes(chunk.data) async for chunk in r]) == payload(shuffle, 1, 2_000_000)
     after = (await c.stats())["traffic"]
-    return [after[k] - before[k] for k in ("pushed_buffers", "placed_buffers")]
+    keys = ("pushed_buffers", "placed_buffers", "served_local_buffers", "read_placed_buffers")
+    return [after[k] - before[k] for k in keys]
 
 async def main(address, fill, shm):
     async with await AsyncClient.connect(address) as c:
@@ -437,7 +438,8 @@ def test_a_region_needs_room_for_the_pool_and_a_full_tmpfs_sends_pushes_through_
     """A daemon whose shm-dir has less room than its pool offers no region (its clients push through the
     socket). One whose tmpfs fills up later grants the credit it has no room for as PushCredit: the push goes
     through the socket, exact, instead of failing or the writer dying of SIGBUS on a page that cannot be
-    had; once there is room again pushes go through shared memory."""
+    had; once there is room again pushes go through shared memory. Reads meanwhile come through the socket
+    (said once in the log too), exact."""
     if (why := small_tmpfs.why_not()) is not None:
         pytest.skip(why)
     with small_tmpfs.tmpfs_daemon(tmp_path, size) as where:
@@ -453,7 +455,10 @@ def test_a_region_needs_room_for_the_pool_and_a_full_tmpfs_sends_pushes_through_
         assert any("less than the pool" in line for line in log), log[-5:]  # said in the daemon's log
     else:
         assert lines[0] == ["region"] and lines[1][0] == "full" and lines[2][0] == "room", lines
-        (full_pushed, full_placed), (pushed, placed) = ((int(n) for n in line[1:]) for line in lines[1:])
+        full, room = ([int(n) for n in line[1:]] for line in lines[1:])
+        full_pushed, full_placed, full_served, full_read_placed = full
         assert full_pushed > 50 and full_placed < full_pushed, lines  # through the socket, mostly or all
-        assert placed == pushed > 50, lines  # room again: through shared memory
+        assert full_served > 50 and full_read_placed < full_served, lines  # reads too
+        assert room[1] == room[0] > 50, lines  # room again: pushes through shared memory
         assert sum("pushes through the socket" in line for line in log) == 1, log[-5:]
+        assert sum("reads through the socket" in line for line in log) == 1, log[-5:]

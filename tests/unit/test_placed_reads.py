@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from shuffled.buffers import Chunk
 from shuffled.buffers.pool import GlobalPool
-from shuffled.buffers.shm import SharedRegion
+from shuffled.buffers.shm import ReadSlots, SharedRegion
 from shuffled.net.streams import MAX_BUFFERS_PER_PLACED, PlacedBufferResponseStream
 from shuffled.protocol.codec import decode_all
 from shuffled.protocol.frames import BUFFER_PLACED_FIELDS, BufferKind, BufferPlaced, BufferResponse
@@ -33,7 +33,7 @@ def _send_all(stream: PlacedBufferResponseStream) -> list[tuple[object, int]]:
     while stream.ready():
         item, seq, backlog, is_event = stream.pop()
         head = bytearray(1 << 12)
-        lent = len(stream.region.lent)
+        lent = len(stream.slots.lent)
         n, buf = stream.pack(head, 0, item, seq, backlog, is_event)
         assert stream.credit >= 0
         frame = bytes(head[:n])
@@ -57,8 +57,10 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
 ) -> None:
     directory = str(tmp_path_factory.mktemp("r"))
     region = SharedRegion(directory, PUSH_SLOTS, SLOT, read_slots=read_slots)
+    reads = region.reads
+    assert reads is not None
     pool = GlobalPool(len(sizes) * SLOT, SLOT)
-    stream = PlacedBufferResponseStream(9, 0, region)
+    stream = PlacedBufferResponseStream(9, 0, reads)
     payloads = [bytes((k * 7 + i) % 251 for i in range(n)) for k, n in enumerate(sizes)]
     for data in payloads:
         (buf,) = pool.try_take(1) or []
@@ -79,12 +81,12 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
                 assert 1 <= len(entries) <= MAX_BUFFERS_PER_PLACED
                 for sequence, backlog, crc, slot, length in entries:
                     assert sequence == len(got) and backlog == len(sizes) - len(got) - 1
-                    assert PUSH_SLOTS <= slot < PUSH_SLOTS + read_slots and slot in region.lent
+                    assert PUSH_SLOTS <= slot < PUSH_SLOTS + read_slots and slot in reads.lent
                     data = bytes(region._view[slot * SLOT : slot * SLOT + length])
                     assert crc == checksum(data)
                     got.append(data)
                     if give_back:
-                        region.returned([slot])
+                        reads.returned([slot])
             else:
                 assert isinstance(f, BufferResponse) and f.receiver == 9 and f.sequence == len(got)
                 if f.kind is BufferKind.END_OF_PARTITION:
@@ -94,20 +96,36 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
         assert stream.credit >= 0
     assert got == payloads, "every buffer once, in order, whole"
     assert pool.used == 0, "a pool segment is free once its buffer is in a slot or sent"
-    assert len(region.lent) == (0 if give_back else min(read_slots, len(sizes)))
+    assert len(reads.lent) == (0 if give_back else min(read_slots, len(sizes)))
     region.close()
 
 
 def test_a_slot_is_lent_until_returned_and_a_wrong_return_keeps_the_rest(tmp_path: Path) -> None:
     region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=3)
-    taken = [region.take_read() for _ in range(4)]
+    reads = region.reads
+    assert reads is not None
+    taken = [reads.take() for _ in range(4)]
     assert taken[:3] == [8, 9, 10] and taken[3] is None, "three read slots, after the push slots"
     with pytest.raises(ValueError, match="slot 3 holds no served buffer"):
-        region.returned([8, 3, 9, 9])  # a push slot, and one slot twice
-    assert region.lent == {10}, "the slots it did hold are back, each once"
-    assert {region.take_read(), region.take_read()} == {8, 9} and region.take_read() is None
+        reads.returned([8, 3, 9, 9])  # a push slot, and one slot twice
+    assert reads.lent == {10}, "the slots it did hold are back, each once"
+    assert {reads.take(), reads.take()} == {8, 9} and reads.take() is None
     pushes, _ = region.take(PUSH_SLOTS)
     assert sorted(pushes) == list(range(PUSH_SLOTS)), "push slots are never lent to reads"
     region.close()
-    assert region.lent == set() and region.take_read() is None, "a closed region lends nothing"
+    assert reads.lent == set() and reads.take() is None, "a closed region lends nothing"
     assert os.listdir(tmp_path) == []
+
+
+def test_slots_given_back_beyond_the_warm_ones_give_their_pages_back(tmp_path: Path) -> None:
+    """A connection whose reads once held many slots keeps the pages of `ReadSlots.WARM` of them only."""
+    many = ReadSlots.WARM + 50
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=many)
+    reads = region.reads
+    assert reads is not None and region.path is not None
+    held = [reads.take() for _ in range(many)]
+    before = os.stat(region.path).st_blocks * 512
+    assert None not in held and before >= many * SLOT
+    reads.returned(s for s in held if s is not None)
+    assert before - os.stat(region.path).st_blocks * 512 == (many - ReadSlots.WARM) * SLOT
+    region.close()

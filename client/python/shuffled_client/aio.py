@@ -38,7 +38,6 @@ from shuffled.protocol.events import (
 from shuffled.protocol.frames import DURABILITIES, FSYNCS, SHM, SHM_READ, OpenMapOutput, PartitionRequest, Role
 
 from .admin import AdminCalls
-from .in_place import ReadsInPlace
 from .reader import PartitionReader
 from .session import Session
 from .writer import DEFAULT_WRITER_BUFFER, MapWriter, check_replicas
@@ -310,15 +309,12 @@ class AsyncClient(AdminCalls):
         self.session.pool = _client_pool(self._pool_size, self.segment_size, self.session.exclusive)
         self.session.proto.reader.set_max_payload(self.segment_size)
         assert self._ready is not None
-        features = self.session.proto.features
-        if SHM in features:
+        if SHM in self.session.proto.features:
             try:
-                region = self.session.region = _map_region(info.get("shm"), self.segment_size)
+                self.session.use_region(_map_region(info.get("shm"), self.segment_size))
             except (OSError, ValueError) as exc:
                 self._ready.set_exception(_Unmapped(str(exc)))
                 return
-            if SHM_READ in features:
-                self.session.in_place = ReadsInPlace(region, self.session.proto)
         if not self._ready.done():
             self._ready.set_result(None)
 

@@ -13,9 +13,10 @@ from typing import Protocol
 
 from shuffled.buffers.shm import MappedRegion
 from shuffled.net.once_per_turn import OncePerTurn
+from shuffled.protocol.codec import encode
 from shuffled.protocol.connection import ProtocolConnection
 from shuffled.protocol.errors import ProtocolError
-from shuffled.protocol.frames import BUFFER_PLACED_FIELDS, BufferPlaced
+from shuffled.protocol.frames import BUFFER_PLACED_FIELDS, BufferPlaced, ReturnSlots
 
 
 class PlacedReader(Protocol):
@@ -33,9 +34,10 @@ class ReadsInPlace:
         self._back: list[int] = []
         self._send_soon = OncePerTurn(self._send)
 
-    def arrived(self, frame: BufferPlaced, reader: PlacedReader | None) -> None:
-        """Hand each buffer of `frame` to its read (None: the read is gone, and the slots go back); a slot
-        outside the region or a length that no slot holds breaks the rules (fatal for the connection)."""
+    def arrived(self, frame: BufferPlaced, reader_of: Callable[[int], PlacedReader | None]) -> None:
+        """Hand each buffer of `frame` to its read, looked up for each (a buffer may end the read: one that
+        fails its check), or give its slot back when the read is gone; a slot outside the region or a length
+        that no slot holds breaks the rules (fatal for the connection)."""
         region = self.region
         placed = frame.placed
         for i in range(0, len(placed), BUFFER_PLACED_FIELDS):
@@ -45,6 +47,7 @@ class ReadsInPlace:
                     f"BufferPlaced on read stream {frame.receiver}: {length} bytes in slot {slot} (the region "
                     f"has {region.slots} slots of {region.slot_size} bytes)"
                 )
+            reader = reader_of(frame.receiver)
             if reader is None:
                 self.give_back(slot)
             else:
@@ -56,5 +59,5 @@ class ReadsInPlace:
 
     def _send(self) -> None:
         back, self._back = self._back, []
-        if back:
-            self.proto.return_slots(back)
+        if back and self.proto.is_open:
+            self.proto.send(encode(ReturnSlots(0, back)))

@@ -29,7 +29,7 @@ from shuffled.protocol.events import (
     PushCredited,
     StreamFailed,
 )
-from shuffled.protocol.frames import BufferResponse
+from shuffled.protocol.frames import SHM_READ, BufferResponse
 
 from .in_place import ReadsInPlace
 
@@ -106,6 +106,13 @@ class Session:
         buf.set_recycler(pool.give)
         return buf
 
+    def use_region(self, region: MappedRegion) -> None:
+        """The connection's region is mapped: pushes place their groups there, and with `shm-read` the daemon
+        puts the reads' buffers there too (§6.3)."""
+        self.region = region
+        if SHM_READ in self.proto.features:
+            self.in_place = ReadsInPlace(region, self.proto)
+
     def check(self) -> None:
         if self.lost is not None:
             raise self.lost
@@ -149,7 +156,7 @@ class Session:
                     release_payload(frame)
             case BuffersPlaced(frame):
                 assert self.in_place is not None  # the feature is agreed only with a region
-                self.in_place.arrived(frame, self._readers.get(frame.receiver))
+                self.in_place.arrived(frame, self._readers.get)
             case PushCredited(writer):
                 if (w := self._writers.get(writer)) is not None:
                     w.on_credit()

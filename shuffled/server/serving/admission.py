@@ -11,6 +11,7 @@ the daemon's answers to the protocol connection's `HelloReceived` and
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import struct
@@ -150,8 +151,14 @@ def _shared_memory(conn: DaemonLink, host: ShuffleEnvironment[Any], info: dict[s
     if region is None:
         return {}
     conn.shm = region
+    if region.reads is not None:
+        region.reads.on_full = functools.partial(_reads_through_the_socket, conn.host)
     features = [SHM, SHM_READ] if read_slots else [SHM]
     return {"features": features, "shm": {"path": region.path, "size": region.size}}
+
+
+def _reads_through_the_socket(peer: str, reason: str) -> None:
+    event(log, "reads through the socket", logging.WARNING, peer=peer, reason=reason)
 
 
 def _peer_uid(conn: DaemonLink) -> int | None:

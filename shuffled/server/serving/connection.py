@@ -159,9 +159,9 @@ class DaemonConnection(DaemonLink):
     def _slots_returned(self, slots: list[int]) -> None:
         """The client is done with read slots (§6.3): free for the next buffers; one it does not hold is its
         error, fatal as any broken rule (it could read a buffer the daemon then puts another in)."""
-        assert self.shm is not None  # the feature is agreed only with a region
+        assert self.shm is not None and self.shm.reads is not None  # the feature is agreed only with read slots
         try:
-            self.shm.returned(slots)
+            self.shm.reads.returned(slots)
             self.env.counters.read_placed_buffers += len(slots)
         except ValueError as exc:
             self.fail(ProtocolError(f"ReturnSlots: {exc}"))

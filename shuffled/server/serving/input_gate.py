@@ -149,6 +149,8 @@ class RemoteInputChannel(InputChannel):
         the read instead, as the client would (the relay is this stream's reader, §7.6)."""
         self._count_upstream(self.credit.backlog)
         try:
+            if not payload.length:  # at least one group (§7.6); a reader in place could not even be told of it
+                raise ProtocolError("a DATA payload with no group")
             data = self.location.progress.add(payload.data())
         except ProtocolError as exc:
             payload.release()

@@ -145,9 +145,9 @@ class ReadService:
             return
         if resume is not None:
             self.env.counters.resumed_reads += 1
-        region = self.link.shm
-        if region is not None and region.read_slots:  # a local client reads in place (§6.3)
-            stream: BufferResponseStream = PlacedBufferResponseStream(rid, req.credit, region, self._stream_ended)
+        reads = self.link.shm.reads if self.link.shm is not None else None
+        if reads is not None:  # a local client reads in place (§6.3)
+            stream: BufferResponseStream = PlacedBufferResponseStream(rid, req.credit, reads, self._stream_ended)
         else:
             stream = BufferResponseStream(rid, req.credit, self._stream_ended)
         stream.opened_at = time.monotonic()

@@ -76,13 +76,18 @@ final class SharedRegion {
      * a slot outside the region or a length no slot holds breaks the rules.
      */
     ByteBuffer copy(long slot, long length) throws ProtocolException {
+        check(slot, length);
+        byte[] out = new byte[(int) length];
+        parts[(int) (slot / slotsPerPart)].get((int) (slot % slotsPerPart) * slotSize, out);
+        return ByteBuffer.wrap(out);
+    }
+
+    /** A BufferPlaced entry names a slot of the region and a length a slot holds, or breaks the rules. */
+    void check(long slot, long length) throws ProtocolException {
         if (slot >= slots || length < 1 || length > slotSize) {
             throw new ProtocolException("BufferPlaced: " + length + " bytes in slot " + slot + " (the region has "
                     + slots + " slots of " + slotSize + " bytes)");
         }
-        byte[] out = new byte[(int) length];
-        parts[(int) (slot / slotsPerPart)].get((int) (slot % slotsPerPart) * slotSize, out);
-        return ByteBuffer.wrap(out);
     }
 
     /** Puts {@code head} then {@code data} at the start of {@code slot}; they fit (a packed group's size). */

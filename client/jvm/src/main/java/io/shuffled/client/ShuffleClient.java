@@ -113,6 +113,7 @@ public final class ShuffleClient implements AutoCloseable {
         this.decoder = new FrameDecoder(this::payloadTarget, Wire.DEFAULT_MAX_PAYLOAD);
         this.readerThread = new Thread(this::readLoop, "shuffled-client-reader " + address);
         this.readerThread.setDaemon(true);
+        transport.trust(readerThread);
     }
 
     /**
@@ -714,12 +715,12 @@ public final class ShuffleClient implements AutoCloseable {
                 int at = taken * Wire.BUFFER_PLACED_FIELDS;
                 long slot = p.get(at + 3);
                 long length = p.get(at + 4);
-                ByteBuffer payload = r.copy(slot, length);
+                r.check(slot, length);
                 slots[taken] = slot;
                 StreamHandler h = streams.get(placed.receiver());
                 if (h != null && h.wantsPayload()) {
                     deliver(h, new Frame.BufferResponse(placed.receiver(), p.get(at), p.get(at + 1), BufferKind.DATA,
-                            (int) length, payload, p.get(at + 2)));
+                            (int) length, r.copy(slot, length), p.get(at + 2)));
                 }
             }
         } finally {

@@ -29,7 +29,8 @@ import javax.net.ssl.SSLSocket;
  * speculative copies, and half a frame would break the connection every other task shares. The streams of
  * a {@link Socket}, and of an {@link SSLSocket} layered on one, ignore interrupts; a {@link SocketChannel}
  * (the only way to reach a Unix socket) closes itself when a writing thread is interrupted, so Unix writes
- * run on one writer thread of the connection and the caller waits for them without reacting to interrupts.
+ * run on one writer thread of the connection and the caller waits for them without reacting to interrupts
+ * (but the connection's own reader thread's, which nothing interrupts: {@link #trust}).
  */
 abstract class Transport implements Closeable {
     /** Bytes from the daemon; read by the connection's reader thread only. */
@@ -37,6 +38,13 @@ abstract class Transport implements Closeable {
 
     /** Bytes to the daemon; callers serialise writes themselves and write whole frames. */
     abstract OutputStream output() throws IOException;
+
+    /**
+     * {@code thread} (the connection's own reader, which no task interrupts) may write without the hop to a
+     * writer thread that keeps a task's interrupt away from the socket: its credit and returned slots go out
+     * as it reads, not after two thread switches each.
+     */
+    void trust(Thread thread) {}
 
     static final String TLS = "tls:";
     /** The prefix of a Unix socket's address: the daemon on this host (and its shared memory, §6.3). */
@@ -158,6 +166,7 @@ abstract class Transport implements Closeable {
     private static final class Unix extends Transport {
         private final SocketChannel channel;
         private final ExecutorService writer;
+        private volatile Thread trusted;
 
         Unix(String path) throws IOException {
             channel = SocketChannel.open(StandardProtocolFamily.UNIX);
@@ -200,16 +209,26 @@ abstract class Transport implements Closeable {
 
                 @Override
                 public void write(byte[] b, int off, int len) throws IOException {
-                    Future<?> done = writer.submit(() -> {
-                        ByteBuffer buf = ByteBuffer.wrap(b, off, len);
-                        while (buf.hasRemaining()) {
-                            channel.write(buf);
-                        }
-                        return null;
-                    });
-                    awaitUninterruptibly(done);
+                    if (Thread.currentThread() == trusted) {
+                        writeAll(b, off, len);
+                        return;
+                    }
+                    awaitUninterruptibly(writer.submit(() -> writeAll(b, off, len)));
                 }
             };
+        }
+
+        private Void writeAll(byte[] b, int off, int len) throws IOException {
+            ByteBuffer buf = ByteBuffer.wrap(b, off, len);
+            while (buf.hasRemaining()) {
+                channel.write(buf);
+            }
+            return null;
+        }
+
+        @Override
+        void trust(Thread thread) {
+            trusted = thread;
         }
 
         private static void awaitUninterruptibly(Future<?> done) throws IOException {
