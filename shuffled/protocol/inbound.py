@@ -158,11 +158,11 @@ class Inbound:
                 else:  # its request waits to be served (the daemon's backlog): the credit waits with it
                     stream.early_credit += credit
                 return CreditAdded(receiver, credit)
-            case ReturnSlots(stream, slots):
+            case ReturnSlots(sid, slots):  # not `stream`: a Stream above (compiled, a local has one type)
                 if SHM_READ not in self.handshake.features:
                     raise ProtocolError("ReturnSlots on a connection that did not agree on shared-memory reads")
-                if stream != 0:
-                    raise ProtocolError(f"ReturnSlots on stream {stream}: it belongs on stream 0")
+                if sid != 0:
+                    raise ProtocolError(f"ReturnSlots on stream {sid}: it belongs on stream 0")
                 return SlotsReturned(slots)
             case CancelPartitionRequest(receiver):
                 stream = self.streams.theirs.get(receiver)

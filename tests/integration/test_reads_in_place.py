@@ -29,12 +29,23 @@ from hypothesis import strategies as st
 from shuffled import children
 from shuffled.launch import DaemonProcess
 from shuffled.protocol import codec
-from shuffled.protocol.errors import ConnectionLost, ErrorCode, ShuffledError
-from shuffled.protocol.frames import SHM, SHM_READ, ErrorResponse, Hello, HelloAck, ReturnSlots, Role
+from shuffled.protocol.errors import ConnectionLost, ErrorCode, ProtocolError, ShuffledError
+from shuffled.protocol.frames import (
+    SHM,
+    SHM_READ,
+    BufferKind,
+    ErrorResponse,
+    Hello,
+    HelloAck,
+    PartitionRequest,
+    ReturnSlots,
+    Role,
+)
 from shuffled_client import AsyncClient
 from tests.aio import run, within
 from tests.cluster import free_port, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
+from tests.integration.test_security import corrupting_peer
 
 SHM_ROOT = "/dev/shm"
 APP = "in-place-app"
@@ -317,3 +328,20 @@ async def test_a_client_that_returns_a_slot_it_does_not_hold_loses_its_connectio
             assert await r.read_all() == payload(0, 0, 100_000)
         s = await pool_settled(c)
         assert s["traffic"]["read_placed_buffers"] > 0, s["traffic"]
+
+
+@within(60)
+async def test_an_empty_payload_from_a_peer_fails_that_read_only(own: tuple[DaemonProcess, str]) -> None:
+    """A DATA buffer holds at least one group: a peer's empty one fails the read it came on (a reader in place
+    could not even be told of it), and the client's connection serves on."""
+    _, address = own
+
+    def empty(req: PartitionRequest) -> bytes:
+        return codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, b"", 0)
+
+    async with corrupting_peer(empty) as peer, await AsyncClient.connect(address) as c:
+        with pytest.raises(ProtocolError, match="no group"):
+            await _read(c, 1, 0, 1, "chunks", {peer: [1]})
+        await _one_partition(c, 100_000)
+        async with c.read(APP, 1, 0, 1, {"": [0]}) as r:
+            assert await r.read_all() == payload(0, 0, 100_000)

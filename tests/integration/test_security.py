@@ -532,9 +532,15 @@ async def test_a_flipped_byte_in_a_push_is_refused_and_the_attempt_discarded(pai
     await c.close()
 
 
+def _bad_crc(req: PartitionRequest) -> bytes:
+    data = group_bytes(1, [(req.start, b"rows" * 100)])
+    return codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, data, 12345)
+
+
 @asynccontextmanager
-async def corrupting_peer() -> AsyncIterator[str]:
-    """A 'daemon' without a secret that answers every read with one buffer whose CRC32C does not match."""
+async def corrupting_peer(answer: Callable[[PartitionRequest], bytes] = _bad_crc) -> AsyncIterator[str]:
+    """A 'daemon' without a secret that answers every read with `answer`: by default one buffer whose CRC32C
+    does not match."""
 
     async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         raw = Raw(r, w)
@@ -545,9 +551,7 @@ async def corrupting_peer() -> AsyncIterator[str]:
             while True:
                 req = await raw.frame()
                 if isinstance(req, PartitionRequest):
-                    data = group_bytes(1, [(req.start, b"rows" * 100)])
-                    bad = codec.encode_buffer_response(req.receiver, 0, 0, BufferKind.DATA, data, 12345)
-                    await raw.send(bad)
+                    await raw.send(answer(req))
         except (TimeoutError, EOFError, ConnectionError):
             return
 

@@ -550,8 +550,14 @@ public final class ShuffleClient implements AutoCloseable {
         if (lost != null) {
             return;
         }
+        byte[] bytes = FrameEncoder.encode(frame);
         try {
-            send(FrameEncoder.encode(frame));
+            synchronized (writeLock) { // every send flushes: nothing of another frame is buffered here
+                if (transport.writeLater(bytes)) {
+                    return;
+                }
+            }
+            send(bytes);
         } catch (IOException ignored) {
             // the connection is gone; the stream is over anyway
         }

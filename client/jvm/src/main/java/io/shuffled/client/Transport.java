@@ -17,6 +17,8 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.atomic.AtomicInteger;
 import javax.net.ssl.SSLContext;
 import javax.net.ssl.SSLParameters;
 import javax.net.ssl.SSLSocket;
@@ -45,6 +47,14 @@ abstract class Transport implements Closeable {
      * as it reads, not after two thread switches each.
      */
     void trust(Thread thread) {}
+
+    /**
+     * Queues a whole frame to be written after those queued before it, without waiting, where a write would
+     * otherwise wait for another thread (a task's credit to a Unix socket); false: write it as any other.
+     */
+    boolean writeLater(byte[] frame) {
+        return false;
+    }
 
     static final String TLS = "tls:";
     /** The prefix of a Unix socket's address: the daemon on this host (and its shared memory, §6.3). */
@@ -167,6 +177,8 @@ abstract class Transport implements Closeable {
         private final SocketChannel channel;
         private final ExecutorService writer;
         private volatile Thread trusted;
+        /** writes handed to the writer thread and not done: the reader thread writes directly only with none */
+        private final AtomicInteger queued = new AtomicInteger();
 
         Unix(String path) throws IOException {
             channel = SocketChannel.open(StandardProtocolFamily.UNIX);
@@ -209,13 +221,33 @@ abstract class Transport implements Closeable {
 
                 @Override
                 public void write(byte[] b, int off, int len) throws IOException {
-                    if (Thread.currentThread() == trusted) {
+                    if (Thread.currentThread() == trusted && queued.get() == 0) {
                         writeAll(b, off, len);
                         return;
                     }
-                    awaitUninterruptibly(writer.submit(() -> writeAll(b, off, len)));
+                    awaitUninterruptibly(queue(b, off, len));
                 }
             };
+        }
+
+        /**
+         * Hands a write to the writer thread, in order with those before it (callers hold the connection's write
+         * lock, so the count is never raised while the reader thread looks at it).
+         */
+        private Future<Void> queue(byte[] b, int off, int len) {
+            queued.incrementAndGet();
+            try {
+                return writer.submit(() -> {
+                    try {
+                        return writeAll(b, off, len);
+                    } finally {
+                        queued.decrementAndGet();
+                    }
+                });
+            } catch (RejectedExecutionException e) {
+                queued.decrementAndGet();
+                throw e;
+            }
         }
 
         private Void writeAll(byte[] b, int off, int len) throws IOException {
@@ -229,6 +261,19 @@ abstract class Transport implements Closeable {
         @Override
         void trust(Thread thread) {
             trusted = thread;
+        }
+
+        @Override
+        boolean writeLater(byte[] frame) {
+            if (Thread.currentThread() == trusted) {
+                return false;
+            }
+            try {
+                queue(frame, 0, frame.length); // a failure shows on the next read or write
+            } catch (RejectedExecutionException closed) {
+                // the connection is closed: a frame whose loss does not matter (sendQuietly)
+            }
+            return true;
         }
 
         private static void awaitUninterruptibly(Future<?> done) throws IOException {
