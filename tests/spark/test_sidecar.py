@@ -72,8 +72,8 @@ def test_jobs_through_the_sidecar_match_the_builtin_shuffle(
 ) -> None:
     with job_traffic(spark, [sidecar]) as traffic:
         assert spark_jobs.JOBS[name](spark) == builtin[name]
-    moved = traffic.daemon_deltas[0]["traffic"]  # the executors pushed through the pod's shared memory
-    assert moved["placed_buffers"] == moved["pushed_buffers"] > 0, moved
+    moved = traffic.daemon_deltas[0]["traffic"]  # the executors pushed and read through the pod's shared memory
+    assert moved["placed_buffers"] == moved["pushed_buffers"] > 0 and moved["read_placed_buffers"] > 0, moved
 
 
 def test_the_application_end_frees_the_sidecar_which_stops_cleanly(spark: Any, sidecar: Container) -> None:
