@@ -69,6 +69,24 @@ async def _plugin(
     return out
 
 
+async def local_sessions(
+    ctx: Context, result: ScenarioResult, label: str, rows: int, jar: str, queries: str, extra: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """The sessions at the daemon's Unix socket, through shared memory and through the socket alone, and the
+    row that judges the one against the other (`label` names the width)."""
+    runs = {setup: await _plugin(ctx, rows, jar, queries, extra, flags) for setup, flags in LOCAL.items()}
+    shm, socket = (runs[setup] for setup in LOCAL)
+    result.add(
+        f"{label}: session through shared memory",
+        session_seconds(shm),
+        "s",
+        baseline_name="the Unix socket",
+        baseline=session_seconds(socket),
+        goal=SHM_GOAL,
+    )
+    return runs
+
+
 def _reduce(query: dict[str, Any]) -> dict[str, int]:
     stages: dict[str, int] = query["breakdown"]["stages"]["reduce"]
     return stages
@@ -127,8 +145,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         if before_jar:
             runs[BEFORE] = await _plugin(ctx, rows, before_jar, queries, extra)
         if os.environ.get(LOCAL_VARIABLE) == "1":
-            for setup, flags in LOCAL.items():
-                runs[setup] = await _plugin(ctx, rows, jar, queries, extra, flags)
+            runs.update(await local_sessions(ctx, result, f"{width:,} partitions", rows, jar, queries, extra))
         for q in runs[BUILTIN]["queries"]:
             digests = {r["queries"][q]["result"] for r in runs.values()}
             require(len(digests) == 1, f"{width} partitions, {q}: results differ between the shuffles")
@@ -150,16 +167,6 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
                     baseline_name=BUILTIN,
                     baseline=runs[BUILTIN]["queries"][q]["seconds"],
                 )
-        shm, socket = (runs.get(setup) for setup in LOCAL)
-        if shm is not None and socket is not None:
-            result.add(
-                f"{width:,} partitions: session through shared memory",
-                session_seconds(shm),
-                "s",
-                baseline_name="the Unix socket",
-                baseline=session_seconds(socket),
-                goal=SHM_GOAL,
-            )
         for setup, r in runs.items():
             times.bars[f"{width:,}: {setup}"] = session_seconds(r)
         ctx.progress(", ".join(f"{s} {session_seconds(r):.1f}s" for s, r in runs.items()) + f" at {width:,}")

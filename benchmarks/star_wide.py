@@ -19,10 +19,15 @@ import os
 from . import star_schema
 from .common import Context, MiB, Plot, ScenarioResult
 from .scale import BUILTIN, compare_sessions, default_pool, plugin_session, session_seconds
+from .shapes import local_sessions
 from .spark import plugin_jar, run_session
 
 #: sales rows of a full run (override with SHUFFLED_BENCH_STAR_WIDE_ROWS)
 ROWS_VARIABLE = "SHUFFLED_BENCH_STAR_WIDE_ROWS"
+#: the widths of a full run, comma-separated (default: WIDTHS)
+WIDTHS_VARIABLE = "SHUFFLED_BENCH_STAR_WIDE_WIDTHS"
+#: set to 1: also the sessions at the daemon's Unix socket, with shared memory and without (as `shapes`)
+LOCAL_VARIABLE = "SHUFFLED_BENCH_STAR_WIDE_LOCAL"
 WIDTHS = [200, 2_000, 10_000]
 #: --quick (part of the test suite): the two sessions of one wide width, of the skewed join alone
 QUICK_WIDTHS = [2_000]
@@ -37,7 +42,8 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
     rows = ctx.pick(int(os.environ.get(ROWS_VARIABLE, 2_000_000)), 100_000)
     queries = ",".join(ctx.pick(star_schema.QUERIES, QUICK_QUERIES))
     pool = default_pool()
-    widths = ctx.pick(WIDTHS, QUICK_WIDTHS)
+    chosen = os.environ.get(WIDTHS_VARIABLE, "")
+    widths = ctx.pick([int(w) for w in chosen.split(",")] if chosen else WIDTHS, QUICK_WIDTHS)
     times = Plot("star_wide", "Star-schema session by shuffle partitions", "", "session seconds")
     memory = Plot("star_wide_rss", "Star-schema session: daemon RSS", "seconds", "RSS (MiB)")
     memory.hlines[f"pool + 100 MiB ({pool // MiB + 100} MiB)"] = pool / MiB + 100
@@ -47,7 +53,11 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         builtin = await run_session(ctx, "builtin", rows, "", jar, queries, extra)
         plugin = await plugin_session(ctx, f"{width:,} partitions", [pool], rows, jar, queries, extra, result)
         memory.lines.update(plugin.pop("rss"))
-        compare_sessions(result, f"{width:,} partitions: ", {BUILTIN: builtin, f"{width:,} partitions": plugin})
+        runs = {BUILTIN: builtin, f"{width:,} partitions": plugin}
+        if os.environ.get(LOCAL_VARIABLE) == "1":
+            local = await local_sessions(ctx, result, f"{width:,} partitions", rows, jar, queries, extra)
+            runs.update({f"{width:,} partitions, {setup}": run for setup, run in local.items()})
+        compare_sessions(result, f"{width:,} partitions: ", runs)
         times.bars[f"{width:,}: built-in"] = session_seconds(builtin)
         times.bars[f"{width:,}: shuffled"] = session_seconds(plugin)
         shuffled_bytes[width] = sum(q["shuffle_bytes"] for q in builtin["queries"].values())
