@@ -50,7 +50,6 @@ class SharedRegion:
         self.slot_size = slot_size
         #: slots for push credit (0..slots-1), then slots for served buffers (slots..slots+read_slots-1)
         self.slots = slots
-        self.read_slots = read_slots
         self.size = (slots + read_slots) * slot_size
         self._dir = directory
         self.path: str | None = os.path.join(directory, secrets.token_hex(16))
@@ -106,13 +105,11 @@ class SharedRegion:
         region has one slot per segment."""
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
-        warm, cold = self._warm, self._cold
+        warm = self._warm
         taken = [warm.pop() for _ in range(min(n, len(warm)))]
         while len(taken) < n:
-            slot = cold.pop()
-            full = self.allocate(slot)
-            if full is not None:
-                cold.append(slot)
+            slot, full = self.take_cold(self._cold)
+            if slot is None:
                 return taken, full
             taken.append(slot)
         return taken, None
@@ -121,16 +118,19 @@ class SharedRegion:
         start = slot * self.slot_size
         self._view[start : start + len(data)] = data
 
-    def allocate(self, slot: int) -> str | None:
-        """A slot without pages gets them now (None), or why it cannot: a full tmpfs is found here, where a
-        writer's store into a page that cannot be had would kill it (SIGBUS)."""
+    def take_cold(self, cold: list[int]) -> tuple[int | None, str | None]:
+        """The last slot of `cold` (free slots without pages, push or read), taken with its pages allocated
+        now; or (None, why) with `cold` as it was: a full tmpfs is found here, where a store into a page that
+        cannot be had would kill the process (SIGBUS)."""
+        slot = cold.pop()
         try:
             if self._fd is None:
                 raise OSError("the connection is closed")
             os.posix_fallocate(self._fd, slot * self.slot_size, self.slot_size)
         except OSError as exc:
-            return f"no room for shared memory in {self._dir}: {exc}"
-        return None
+            cold.append(slot)
+            return None, f"no room for shared memory in {self._dir}: {exc}"
+        return slot, None
 
     def copy_out(self, slot: int, into: Buffer, length: int) -> None:
         """The group the writer put in `slot`, copied into `into`; the slot is free again."""
@@ -185,15 +185,14 @@ class ReadSlots:
         if self._warm:
             slot = self._warm.pop()
         elif self._cold and time.monotonic() >= self._full_until:
-            slot = self._cold.pop()
-            full = self.region.allocate(slot)
-            if full is not None:
-                self._cold.append(slot)
+            taken, full = self.region.take_cold(self._cold)
+            if taken is None:
                 self._full_until = time.monotonic() + self.FULL_RETRY
                 on_full, self.on_full = self.on_full, None
-                if on_full is not None:
+                if on_full is not None and full is not None:
                     on_full(full)
                 return None
+            slot = taken
         else:
             return None
         self.lent.add(slot)

@@ -10,7 +10,6 @@ import java.nio.channels.FileChannel;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.util.List;
 import java.util.Map;
 
 /**
@@ -43,7 +42,7 @@ final class SharedRegion {
      * client then connects again without asking for one).
      */
     static SharedRegion of(Frame.HelloAck ack) throws IOException {
-        if (!(ack.info().get("features") instanceof List<?> features) || !features.contains(Wire.SHM)) {
+        if (!ack.agrees(Wire.SHM)) {
             return null;
         }
         if (!(ack.info().get(Wire.SHM) instanceof Map<?, ?> offer)
@@ -71,12 +70,8 @@ final class SharedRegion {
         }
     }
 
-    /**
-     * The first {@code length} bytes of {@code slot}, copied to the heap (a served buffer the daemon put there);
-     * a slot outside the region or a length no slot holds breaks the rules.
-     */
-    ByteBuffer copy(long slot, long length) throws ProtocolException {
-        check(slot, length);
+    /** The first {@code length} bytes of {@code slot}, one {@link #check} took, copied to the heap. */
+    ByteBuffer copy(long slot, long length) {
         byte[] out = new byte[(int) length];
         parts[(int) (slot / slotsPerPart)].get((int) (slot % slotsPerPart) * slotSize, out);
         return ByteBuffer.wrap(out);

@@ -238,8 +238,7 @@ public final class ShuffleClient implements AutoCloseable {
             client.segmentSize = ack.segmentSize();
             try {
                 client.region = sharedMemory ? SharedRegion.of(ack) : null;
-                client.readsInPlace = client.region != null
-                        && ack.info().get("features") instanceof List<?> agreed && agreed.contains(Wire.SHM_READ);
+                client.readsInPlace = client.region != null && ack.agrees(Wire.SHM_READ);
             } catch (IOException e) {
                 throw new RegionUnmapped(e);
             }

@@ -4,6 +4,7 @@ import java.nio.ByteBuffer;
 import java.util.Arrays;
 import java.util.Collections;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 
@@ -68,6 +69,11 @@ public sealed interface Frame {
         /** The announced segment size (the decoder has checked it), 32768 when absent (§7.1). */
         public int segmentSize() {
             return info.get("segment_size") instanceof Long n ? (int) (long) n : Wire.DEFAULT_SEGMENT_SIZE;
+        }
+
+        /** Whether the acceptor lists {@code feature} in {@code features}: both ends agreed on it (§6). */
+        public boolean agrees(String feature) {
+            return info.get("features") instanceof List<?> features && features.contains(feature);
         }
 
         @Override
