@@ -96,14 +96,14 @@ def push(pool: GlobalPool, store: Store, out: MapOutput, group: bytes) -> None:
 
 async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float = 10) -> list[bytes]:
     """Every payload a plan's view makes, in order, each checked against its CRC32C (its segment then goes
-    back), that it fits a segment, and that the bytes the view says it holds (what the traffic counters
+    back), that it fits a segment, and that the bytes the view says a batch holds (what the traffic counters
     count) are exactly those of its runs."""
-    got: list[tuple[Chunk, int]] = []
+    got: list[tuple[list[Chunk], int]] = []
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     view = ReadView(plan, pool, PieceLoader(disk))
     sink = ViewReader(
         view,
-        lambda chunk, data: got.append((chunk, data)),
+        lambda chunks, data: got.append((chunks, data)),
         lambda: 1 << 20,
         lambda: done.set_result(None),
         done.set_exception,
@@ -112,12 +112,16 @@ async def serve(pool: GlobalPool, disk: Disk | None, plan: Plan, timeout: float 
     try:
         await asyncio.wait_for(done, timeout)
     finally:
-        payloads = []
-        for chunk, data in got:
-            assert checksum(chunk.buffer.data()) == chunk.crc and 0 < chunk.buffer.length <= pool.segment_size
-            payloads.append(bytes(chunk.buffer.data()))
-            chunk.buffer.release()
-            assert data == sum(len(run) for *_, run in unpack(payloads[-1]))
+        payloads: list[bytes] = []
+        for chunks, data in got:
+            assert chunks
+            batch = []
+            for chunk in chunks:
+                assert checksum(chunk.buffer.data()) == chunk.crc and 0 < chunk.buffer.length <= pool.segment_size
+                batch.append(bytes(chunk.buffer.data()))
+                chunk.buffer.release()
+            assert data == sum(len(run) for payload in batch for *_, run in unpack(payload))
+            payloads += batch
     return payloads
 
 

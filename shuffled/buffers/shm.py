@@ -179,35 +179,39 @@ class ReadSlots:
         #: told the first time the tmpfs has no room for a slot's pages, with the reason (the daemon logs it)
         self.on_full: Callable[[str], None] | None = None
 
-    def take(self) -> int | None:
-        """A slot to put a served buffer in, lent from now on; None: every slot is lent, or the tmpfs has no
-        room for one's pages (the buffer then goes through the socket)."""
-        if self._warm:
-            slot = self._warm.pop()
-        elif self._cold and time.monotonic() >= self._full_until:
-            taken, full = self.region.take_cold(self._cold)
-            if taken is None:
+    def take(self, n: int) -> list[int]:
+        """Up to `n` slots to put served buffers in, lent from now on, those with pages first; fewer (or none):
+        every slot is lent, or the tmpfs has no room for more pages (the other buffers then go through the
+        socket)."""
+        warm = self._warm
+        keep = max(0, len(warm) - n)
+        taken = warm[keep:][::-1]  # the slots given back last first, as their pages are the likeliest in cache
+        del warm[keep:]
+        cold = self._cold
+        while len(taken) < n and cold and time.monotonic() >= self._full_until:
+            slot, full = self.region.take_cold(cold)
+            if slot is None:
                 self._full_until = time.monotonic() + self.FULL_RETRY
                 on_full, self.on_full = self.on_full, None
                 if on_full is not None and full is not None:
                     on_full(full)
-                return None
-            slot = taken
-        else:
-            return None
-        self.lent.add(slot)
-        return slot
+                break
+            taken.append(slot)
+        self.lent.update(taken)
+        return taken
 
     def returned(self, slots: Iterable[int]) -> None:
         """The client is done with these slots; ValueError names one it does not hold (the others are back)."""
-        lent, wrong = self.lent, None
+        lent, warm, wrong = self.lent, self._warm, None
+        keep = 0 if self.region.closed else self.WARM - len(warm)
         for slot in slots:
             if slot not in lent:
                 wrong = slot if wrong is None else wrong
                 continue
             lent.remove(slot)
-            if len(self._warm) < self.WARM and not self.region.closed:
-                self._warm.append(slot)
+            if keep > 0:
+                warm.append(slot)
+                keep -= 1
             else:
                 self.region.punch(slot)
                 self._cold.append(slot)

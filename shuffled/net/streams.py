@@ -105,29 +105,28 @@ class PlacedBufferResponseStream(BufferResponseStream):
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
         slots = self.slots
-        region = slots.region
-        slot = None if is_event else slots.take()
-        if slot is None:
+        # as many slots as this frame may name: the item popped, and what credit and the queue allow after it
+        taken = [] if is_event else slots.take(1 + min(self.credit, self.queued, MAX_BUFFERS_PER_PLACED - 1))
+        if not taken:
             return super().pack(into, offset, item, seq, backlog, is_event)
+        put = slots.region.put
         entry = BUFFER_PLACED_ENTRY
         at = offset + HEADER.size
         chunk: Chunk = item
         n = 0
-        while True:
+        for slot in taken:
+            if n:
+                more = self.pop_more_data(chunk)
+                if more is None:  # the next item is an event, or not a chunk
+                    slots.returned(taken[n:])
+                    break
+                chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
             buf = chunk.buffer
-            region.put(slot, buf.data())
+            put(slot, buf.data())
             entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
             buf.release()
             at += entry.size
             n += 1
-            slot = slots.take() if n < MAX_BUFFERS_PER_PLACED else None
-            if slot is None:
-                break
-            more = self.pop_more_data(chunk)
-            if more is None:
-                slots.returned((slot,))
-                break
-            chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
         HEADER.pack_into(into, offset, n * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)
         return at - offset, None
 

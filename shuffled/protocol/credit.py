@@ -323,6 +323,11 @@ class OutboundStream(Generic[T]):
         self._items.append((False, item))
         self._data += 1
 
+    def push_many(self, items: list[T]) -> None:
+        """Several data items at once (a batch a server's reader took from storage)."""
+        self._items.extend([(False, item) for item in items])
+        self._data += len(items)
+
     def push_event(self, item: T) -> None:
         self._items.append((True, item))
 

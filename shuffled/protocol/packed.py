@@ -269,11 +269,12 @@ def directory(group: BytesLike, start: int = 0) -> Directory:
     return Directory(attempt, entries[0::2], lengths, start, data, data + sum(lengths))
 
 
-def data_bytes(group: BytesLike) -> int:
-    """Bytes of the runs of one checked group (a stored piece): its length less its header and directory, from
-    the count in its header (what the daemon's traffic counters count, like Spark's shuffle metrics)."""
+def data_bytes(group: BytesLike, length: int = -1) -> int:
+    """Bytes of the runs of one checked group (a stored piece, `length` bytes from the start of `group` if
+    given, else all of it): its length less its header and directory, from the count in its header (what the
+    daemon's traffic counters count, like Spark's shuffle metrics)."""
     n: int = GROUP_HEADER.unpack_from(group)[1]
-    return len(group) - HEADER_SIZE - RUN_SIZE * n
+    return (len(group) if length < 0 else length) - HEADER_SIZE - RUN_SIZE * n
 
 
 def walk(payload: BytesLike) -> list[tuple[int, int, int, int, int, int]]:

@@ -97,8 +97,8 @@ class FakeOut:
     feeds: list[Any] = field(default_factory=list)
     queued: int = 0
 
-    def push_data(self, chunk: Chunk) -> None:
-        self.chunks.append(chunk)
+    def push_many(self, chunks: list[Chunk]) -> None:
+        self.chunks += chunks
 
     def end(self) -> None:
         self.ended = True

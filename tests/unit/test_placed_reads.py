@@ -100,20 +100,50 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
     region.close()
 
 
+def test_a_frame_ends_at_an_event_and_gives_back_the_slots_it_took_for_more(tmp_path: Path) -> None:
+    """A BufferPlaced takes its slots together, as many as credit and the queue allow; where an event comes
+    first, the slots it did not fill are free again (not lent), and the data after the event goes in order."""
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=8)
+    reads = region.reads
+    assert reads is not None
+    pool = GlobalPool(3 * SLOT, SLOT)
+    stream = PlacedBufferResponseStream(9, 5, reads)
+    for item in [b"one", b"two", None, b"three"]:
+        if item is None:
+            stream.push_event(None)  # an event between data items: the frame ends there
+            continue
+        (buf,) = pool.try_take(1) or []
+        buf.memory[: len(item)] = item
+        buf.length, buf.refs = len(item), 1
+        buf.set_recycler(pool.give)
+        stream.push_data(Chunk(buf, checksum(item)))
+    frames = [f for f, _ in _send_all(stream)]
+    assert [type(f) for f in frames] == [BufferPlaced, BufferResponse, BufferPlaced]
+    first, event, last = frames
+    assert isinstance(first, BufferPlaced) and isinstance(event, BufferResponse) and isinstance(last, BufferPlaced)
+    entries = [first.placed[i : i + BUFFER_PLACED_FIELDS] for i in range(0, len(first.placed), BUFFER_PLACED_FIELDS)]
+    assert [e[0] for e in entries] == [0, 1] and event.sequence == 2 and last.placed[0] == 3, "in order"
+    assert event.kind is BufferKind.END_OF_PARTITION
+    assert len(reads.lent) == 3 and stream.credit == 2, "three buffers lent, three credits used, no slot lost"
+    assert len(reads.take(8)) == 5, "the slot taken for a fourth buffer of the first frame is free again"
+    assert pool.used == 0
+    region.close()
+
+
 def test_a_slot_is_lent_until_returned_and_a_wrong_return_keeps_the_rest(tmp_path: Path) -> None:
     region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=3)
     reads = region.reads
     assert reads is not None
-    taken = [reads.take() for _ in range(4)]
-    assert taken[:3] == [8, 9, 10] and taken[3] is None, "three read slots, after the push slots"
+    taken = reads.take(4)
+    assert sorted(taken) == [8, 9, 10], "three read slots, after the push slots"
     with pytest.raises(ValueError, match="slot 3 holds no served buffer"):
         reads.returned([8, 3, 9, 9])  # a push slot, and one slot twice
     assert reads.lent == {10}, "the slots it did hold are back, each once"
-    assert {reads.take(), reads.take()} == {8, 9} and reads.take() is None
+    assert set(reads.take(1) + reads.take(1)) == {8, 9} and reads.take(1) == []
     pushes, _ = region.take(PUSH_SLOTS)
     assert sorted(pushes) == list(range(PUSH_SLOTS)), "push slots are never lent to reads"
     region.close()
-    assert reads.lent == set() and reads.take() is None, "a closed region lends nothing"
+    assert reads.lent == set() and reads.take(1) == [], "a closed region lends nothing"
     assert os.listdir(tmp_path) == []
 
 
@@ -123,9 +153,9 @@ def test_slots_given_back_beyond_the_warm_ones_give_their_pages_back(tmp_path: P
     region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=many)
     reads = region.reads
     assert reads is not None and region.path is not None
-    held = [reads.take() for _ in range(many)]
+    held = reads.take(many)
     before = os.stat(region.path).st_blocks * 512
-    assert None not in held and before >= many * SLOT
-    reads.returned(s for s in held if s is not None)
+    assert len(held) == many and before >= many * SLOT
+    reads.returned(held)
     assert before - os.stat(region.path).st_blocks * 512 == (many - ReadSlots.WARM) * SLOT
     region.close()

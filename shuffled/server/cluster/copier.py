@@ -164,14 +164,14 @@ class Copier:
         view.listener = loaded.set
         while True:
             await link.caught_up()
-            got = view.next(LOAD_BATCH)
-            if got is None:
+            got, _ = view.take(LOAD_BATCH, 1)
+            if not got:
                 if view.finished:
                     return
                 loaded.clear()
                 await loaded.wait()  # the view loads the next pieces (it raises a failure at the next call)
                 continue
-            chunk, _ = got
+            (chunk,) = got
             buf = chunk.buffer
             sent.add(group_entries(buf.data()))
             size = buf.length

@@ -156,7 +156,7 @@ class RemoteInputChannel(InputChannel):
             payload.release()
             self.on_stream_error(ProtocolError(f"daemon {self.location.primary} sent a malformed payload: {exc}"))
             return
-        self.gate.relay(Chunk(payload, crc), data)
+        self.gate.relay([Chunk(payload, crc)], data)
 
     def _count_upstream(self, backlog: int) -> None:
         out = self.gate.out
@@ -304,15 +304,16 @@ class InputGate:
 
     # -- relaying
 
-    def relay(self, chunk: Chunk, data: int) -> None:
-        """Queue a payload for the client; `data` is the bytes of its runs (counted, as Spark counts them)."""
+    def relay(self, chunks: list[Chunk], data: int) -> None:
+        """Queue payloads for the client; `data` is the bytes of their runs (counted, as Spark counts them)."""
         if self.closed:
-            chunk.buffer.release()
+            for chunk in chunks:
+                chunk.buffer.release()
             return
         counters = self.env.counters
-        counters.relayed_buffers += 1
+        counters.relayed_buffers += len(chunks)
         counters.relayed_bytes += data
-        self.out.push_data(chunk)
+        self.out.push_many(chunks)
         self.client.sender.wake(self.out)
 
     def location_done(self, loc: Location) -> None:
@@ -488,9 +489,11 @@ class LocalInputChannel:
     def _room(self) -> int:
         return self.limit - self.gate.out.queued
 
-    def _relay(self, chunk: Chunk, data: int) -> None:
-        self.location.progress.add(chunk.buffer.data())
-        self.gate.relay(chunk, data)
+    def _relay(self, chunks: list[Chunk], data: int) -> None:
+        progress, gate = self.location.progress, self.gate
+        for chunk in chunks:
+            progress.add(chunk.buffer.data())
+        gate.relay(chunks, data)
 
     def _done(self) -> None:
         self._detach()

@@ -171,11 +171,11 @@ class ReadService:
         sender = self.sender
         stream = read.out
 
-        def sink(chunk: Chunk, data: int) -> None:
+        def sink(chunks: list[Chunk], data: int) -> None:
             counters.served_local_bytes += data
-            counters.served_local_buffers += 1
+            counters.served_local_buffers += len(chunks)
             stream.deferred = view.backlog
-            stream.push_data(chunk)
+            stream.push_many(chunks)
             sender.wake(stream)
 
         def room() -> int:

@@ -2,11 +2,11 @@
 its LocalInputChannel's pull): a served read's stream under the reader's credit, or a relayed read's
 client stream for a location served from this daemon's own copy.
 
-The reader pulls (`view.next`) while its `room()` is positive and hands each payload to its sink; when
-the view waits for a load (or a frame's memory) it calls back, and when room ran out the reader waits
-for a batch of it (`LOOKAHEAD`: the stream it feeds kicks it as credit comes back and frames leave), so
-it runs once per batch of frames, not per frame. It never touches what the view holds: how stored data
-is read is storage's (storage/view.py).
+The reader pulls (`view.take`) what its `room()` allows and hands the payloads to its sink as one batch
+(queued and the stream woken once a batch, not once a buffer); when the view waits for a load (or a
+frame's memory) it calls back, and when room ran out the reader waits for a batch of it (`LOOKAHEAD`: the
+stream it feeds kicks it as credit comes back and frames leave), so it runs once per batch of frames, not
+per frame. It never touches what the view holds: how stored data is read is storage's (storage/view.py).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ LOOKAHEAD = 8
 
 
 class ViewReader:
-    """Pulls `view` into `sink` (each payload with the bytes of its runs) while `room()` is positive; then
-    `done()`, or `failed(exc)` (the view is closed then). `start` it; `kick` it when room may have grown;
-    `close` it to stop early."""
+    """Pulls `view` into `sink` (batches of payloads, with the bytes of their runs) while `room()` is
+    positive; then `done()`, or `failed(exc)` (the view is closed then). `start` it; `kick` it when room may
+    have grown; `close` it to stop early."""
 
     __slots__ = ("_ended", "_scheduled", "_waiting", "done", "failed", "room", "sink", "view")
 
     def __init__(
         self,
         view: ReadView,
-        sink: Callable[[Chunk, int], None],
+        sink: Callable[[list[Chunk], int], None],
         room: Callable[[], int],
         done: Callable[[], None],
         failed: Callable[[ShuffledError], None],
@@ -84,14 +84,14 @@ class ViewReader:
         view = self.view
         while True:
             try:
-                got = view.next(self.room())
+                chunks, data = view.take(self.room())
             except ShuffledError as exc:
                 self._ended = True
                 self.failed(exc)
                 return
-            if got is None:
+            if not chunks:
                 break
-            self.sink(*got)
+            self.sink(chunks, data)
             if self._ended:  # the sink closed it (its stream went away)
                 return
         if view.finished:

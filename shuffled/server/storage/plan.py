@@ -100,11 +100,6 @@ class Plan:
         self.entries = [e for e in entries if e.ranges or e.skip]
         self.pieces = sum(e.pieces for e in self.entries)
 
-    @property
-    def removed(self) -> bool:
-        """The shuffle was dropped since: what is not served yet is gone."""
-        return self.data is not None and self.data.removed
-
 
 def _placed(out: MapOutput) -> tuple[float, int]:
     """Where an attempt's data starts: its place and offset there (the file first, then the objects in the
@@ -149,8 +144,9 @@ def items(entry: Entry) -> Iterator[Item]:
     firsts, lasts = out.firsts, out.lasts
     if len(ranges) == 1:
         i0, i1 = ranges[0]
-        for i in range(i0, i1):
-            yield i, max(lo, firsts[i]), min(hi, lasts[i] + 1), True
+        for i in range(i0, i1):  # a comparison, not max/min calls: this runs for every piece a read serves
+            first, end = firsts[i], lasts[i] + 1
+            yield i, first if first > lo else lo, end if end < hi else hi, True
         return
     yield from _merged(firsts, lasts, lo, hi, ranges)
 

@@ -1,14 +1,15 @@
-"""How stored data is read: a view of what one read (or one copy) may take, pulled a payload at a time
-(Flink's ResultSubpartitionView). Every path that serves or copies stored bytes reads through one: a
+"""How stored data is read: a view of what one read (or one copy) may take, pulled a batch of payloads at a
+time (Flink's ResultSubpartitionView). Every path that serves or copies stored bytes reads through one: a
 client's or a peer's read of this daemon's store, a failed-over location served from this daemon's own
 copy, a drain's or healing's copy of an attempt for another daemon.
 
-The consumer asks `next(room)` for the next payload while it has room (credit) for one: a `Chunk` (a pool
-buffer and its CRC32C) and the bytes of the runs it holds. None means nothing now: the view is
-`finished`, or `busy` (a load from the data file or an object, or memory for a frame, is on its way: the
-`listener` is called when it is there), or it needs a piece and `room` is spent (ask again once there is
-room). A failure is raised by `next` (a `ShuffledError`: PARTITION_NOT_FOUND once the shuffle was dropped,
-CORRUPT_DATA for a piece that fails its check, ...); the view then holds nothing any more.
+The consumer asks `take(room)` for the payloads its room (credit) allows, as many as there are now: each a
+`Chunk` (a pool buffer and its CRC32C), with the bytes of the runs they hold. No payload means nothing
+now: the view is `finished`, or `busy` (a load from the data file or an object, or memory for a frame, is
+on its way: the `listener` is called when it is there), or it needs a piece and `room` is spent (ask again
+once there is room). A failure is raised by `take` (a `ShuffledError`: PARTITION_NOT_FOUND once the
+shuffle was dropped, CORRUPT_DATA for a piece that fails its check, ...), after the payloads before it were
+given out; the view then holds nothing any more.
 
 What a payload is. A read's plan (plan.py) says which runs it serves, in order: a whole piece in memory
 goes out as it is (the payload is the pushed group, its CRC32C the writer's, nothing copied or parsed);
@@ -62,8 +63,8 @@ def push_order(entry: Entry) -> Iterator[Item]:
 
 
 class ReadView:
-    """One read's (or copy's) stored data, pulled a payload at a time (see the module). `close` it when the
-    consumer is done with it early; a view that finished or failed holds nothing."""
+    """One read's (or copy's) stored data, pulled a batch of payloads at a time (see the module). `close` it
+    when the consumer is done with it early; a view that finished or failed holds nothing."""
 
     def __init__(self, plan: Plan, pool: GlobalPool, loader: PieceLoader, *, whole: bool = False) -> None:
         self.plan = plan
@@ -101,67 +102,77 @@ class ReadView:
         """A load or a frame's memory is on its way: the `listener` is called when it is there."""
         return self._waiting is not None
 
-    def next(self, room: int) -> Payload | None:
-        """The next payload, or None (see the module); raises the read's failure."""
+    def take(self, room: int, most: int = 0) -> tuple[list[Chunk], int]:
+        """The payloads `room` allows (at most `most`, if given) as far as there are any now, with the bytes of
+        their runs: a server's reader queues a batch and wakes its stream once, not once a buffer. A failure
+        after some payloads comes at the next call, so those still go out first."""
         if self._error is not None:
             self.closed = True
             raise self._error
-        if self._waiting is not None or self.finished or self.closed:
-            return None
-        try:
-            return self._next(room)
-        except ShuffledError:
-            self.close()
-            raise
-        except Exception as exc:  # a bug must fail this read, never leave the reader waiting
-            self.close()
-            event(log, "serving a read failed", logging.ERROR, exc_info=True)
-            raise InternalError(f"serving a read failed: {exc.__class__.__name__}: {exc}") from exc
+        got: list[Payload] = []
+        if self._waiting is None and not self.finished and not self.closed:
+            try:
+                self._fill(got, room, most or -1)
+            except Exception as exc:  # a failure, or a bug: either ends this read (never leaves it waiting)
+                self.close()
+                failure = _failure(exc)
+                if not got:
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+                if failure is not exc:
+                    failure.__cause__ = exc
+                self._error = failure
+        return [chunk for chunk, _ in got], sum([data for _, data in got])
 
-    def _next(self, room: int) -> Payload | None:
-        ahead = self._ahead
-        while True:
+    def _fill(self, got: list[Payload], room: int, most: int) -> None:
+        """Add payloads to `got` until `room` (or `most`, if positive) is reached, or the view finished or waits
+        for something (one loop for a batch: this runs for every buffer a read serves)."""
+        ahead, frames, shuffle = self._ahead, self._frames, self.plan.data
+        while len(got) != most:
             if not ahead and not self._pull():
                 if not self._next_entry():
                     self.finished = True
-                    last = self._flush()
+                    self._flush(got)
                     self._release()
-                    return last
+                    return
                 continue
             entry = self._entry
             assert entry is not None
             out = entry.out
-            if room <= 0:
-                return None
-            if self.plan.removed:
+            if len(got) >= room:
+                return
+            if shuffle is not None and shuffle.removed:
                 raise PartitionNotFound(
                     f"shuffle {out.shuffle.app}/{out.shuffle.shuffle} was removed while being read (its data is gone)"
                 )
             i, lo, hi, final = ahead[0]
             buf = out.buffer(i) or self._loaded.get(i)
             if buf is None:
-                self._load(room)
-                return None
+                self._load(room - len(got))
+                return
             skip = self._skip
             if skip and lo != entry.lo:
                 raise InvalidRequest("resume point does not match this copy")
             whole = not skip and lo == out.firsts[i] and hi == out.lasts[i] + 1
-            frames = self._frames
             if whole and buf.length > self._whole_above:
                 if frames.fill:
-                    return self._flush()  # the frame in progress goes first
+                    self._flush(got)  # the frame in progress goes first
+                    continue
                 buf.retain()
                 self.backlog = self._left
                 self._served(i, final)
-                return Chunk(buf, out.crcs[i]), data_bytes(buf.data())
+                got.append((Chunk(buf, out.crcs[i]), data_bytes(buf.memory, buf.length)))
+                continue
             cut, skip = _cut(buf, lo, hi, whole, skip)
             if cut is not None:
                 parts, size, data = cut
-                if frames.fill + size > self.limit:
-                    return self._flush()
+                if frames.fill and frames.fill + size > self.limit:
+                    self._flush(got)
+                    continue
                 if not frames.copy(parts, data):
                     self._wait(frames.memory())
-                    return None
+                    return
             self._skip = skip
             self._served(i, final)
 
@@ -193,12 +204,12 @@ class ReadView:
             if loaded is not None:
                 loaded.release()
 
-    def _flush(self) -> Payload | None:
-        """The frame in progress as a payload (None if there is none)."""
+    def _flush(self, got: list[Payload]) -> None:
+        """The frame in progress (if any) as the next payload."""
         payload = self._frames.flush()
         if payload is not None:
             self.backlog = self._left
-        return payload
+            got.append(payload)
 
     def _load(self, room: int) -> None:
         """Load the piece the next item needs and those after it that lie right behind it, as far as `room`
@@ -221,11 +232,8 @@ class ReadView:
         async def waiting() -> None:
             try:
                 await work
-            except ShuffledError as exc:
-                self._error = exc
-            except Exception as exc:  # a bug must fail this read, never leave the reader waiting
-                event(log, "serving a read failed", logging.ERROR, exc_info=True)
-                self._error = InternalError(f"serving a read failed: {exc.__class__.__name__}: {exc}")
+            except Exception as exc:  # a failure, or a bug: either ends this read (never leaves it waiting)
+                self._error = _failure(exc)
             self._waiting = None
             if self.closed or self._error is not None:
                 self._release()  # what came after the view was closed, or what a failed view holds
@@ -250,6 +258,14 @@ class ReadView:
             buf.release()
         self._frames.release()
         self.loader.close()
+
+
+def _failure(exc: Exception) -> ShuffledError:
+    """What fails a read for `exc` (call it where it was caught): a bug is logged and fails it as INTERNAL."""
+    if isinstance(exc, ShuffledError):
+        return exc
+    event(log, "serving a read failed", logging.ERROR, exc_info=True)
+    return InternalError(f"serving a read failed: {exc.__class__.__name__}: {exc}")
 
 
 class FrameFiller:
@@ -304,6 +320,7 @@ class FrameFiller:
             if held is not None:
                 held.release()
         self._frame = self._spare = None
+        self.fill = self._data = 0
 
 
 #: what an item copies into a frame: its parts, their size, and the bytes of their runs
