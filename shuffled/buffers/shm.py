@@ -160,12 +160,17 @@ class SharedRegion:
 class ReadSlots:
     """The read slots of a region (PROTOCOL.md §6.3, reads in place): the daemon puts a served buffer in one
     and lends it to the client until the client gives it back. Pages are allocated when a slot is first
-    taken (a full tmpfs sends buffers through the socket for `FULL_RETRY` seconds, told once to `on_full`);
-    `WARM` free slots keep theirs for the next buffers, and the others' go back to the host as they come
-    back, so a connection whose reads once held many slots does not keep that much tmpfs."""
+    taken (a full tmpfs sends buffers through the socket for `FULL_RETRY` seconds, told once to `on_full`).
+    A slot given back keeps them for the next buffers (giving pages back and faulting them in anew per
+    buffer cost concurrent reads more than their copies); `IDLE` seconds after the client came to hold none,
+    if it still holds none, all but `WARM` free slots give theirs back to the host, so a connection whose
+    reads once held many slots does not keep that much tmpfs. The daemon sets `later` (its loop's
+    `call_later`); without it the free slots beyond `WARM` give their pages back at once."""
 
-    #: free read slots that keep their pages
+    #: free read slots that keep their pages while the client holds none
     WARM = 128
+    #: seconds the client holds no slot before the free ones beyond `WARM` give their pages back
+    IDLE = 5.0
     #: after a tmpfs had no room for a slot's pages, seconds before a cold slot is tried again
     FULL_RETRY = 1.0
 
@@ -178,6 +183,9 @@ class ReadSlots:
         self._full_until = 0.0
         #: told the first time the tmpfs has no room for a slot's pages, with the reason (the daemon logs it)
         self.on_full: Callable[[str], None] | None = None
+        #: runs a callback after some seconds (the daemon's loop's `call_later`), for the idle trim
+        self.later: Callable[[float, Callable[[], None]], object] | None = None
+        self._trim_due = False
 
     def take(self, n: int) -> list[int]:
         """Up to `n` slots to put served buffers in, lent from now on, those with pages first; fewer (or none):
@@ -203,20 +211,33 @@ class ReadSlots:
     def returned(self, slots: Iterable[int]) -> None:
         """The client is done with these slots; ValueError names one it does not hold (the others are back)."""
         lent, warm, wrong = self.lent, self._warm, None
-        keep = 0 if self.region.closed else self.WARM - len(warm)
         for slot in slots:
             if slot not in lent:
                 wrong = slot if wrong is None else wrong
                 continue
             lent.remove(slot)
-            if keep > 0:
-                warm.append(slot)
-                keep -= 1
+            warm.append(slot)
+        if not lent and len(warm) > self.WARM and not self._trim_due:
+            if self.later is None:
+                self._trim()
             else:
-                self.region.punch(slot)
-                self._cold.append(slot)
+                self._trim_due = True
+                self.later(self.IDLE, self._trim)
         if wrong is not None:
             raise ValueError(f"slot {wrong} holds no served buffer of the client's")
+
+    def _trim(self) -> None:
+        """The client holds no slot: the free slots beyond `WARM` give their pages back, those given back
+        longest ago first (a read takes the last given back)."""
+        self._trim_due = False
+        warm = self._warm
+        excess = len(warm) - self.WARM
+        if self.lent or excess <= 0 or self.region.closed:
+            return
+        for slot in warm[:excess]:
+            self.region.punch(slot)
+        self._cold.extend(warm[:excess])
+        del warm[:excess]
 
     def close(self) -> None:
         """The connection ended: free slots give their pages back. Lent ones keep theirs: the client may still

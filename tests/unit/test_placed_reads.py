@@ -8,6 +8,7 @@ a slot is lent until returned, and returning one not lent is refused without los
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -147,15 +148,37 @@ def test_a_slot_is_lent_until_returned_and_a_wrong_return_keeps_the_rest(tmp_pat
     assert os.listdir(tmp_path) == []
 
 
-def test_slots_given_back_beyond_the_warm_ones_give_their_pages_back(tmp_path: Path) -> None:
-    """A connection whose reads once held many slots keeps the pages of `ReadSlots.WARM` of them only."""
+def test_free_slots_keep_their_pages_until_the_client_held_none_for_a_while(tmp_path: Path) -> None:
+    """Slots given back keep their pages for the next buffers (no page given back and faulted in anew per
+    buffer), and a read takes the slots given back last; `IDLE` seconds after the client came to hold none,
+    if it still holds none, a connection whose reads once held many slots keeps the pages of `ReadSlots.WARM`
+    of them only (without a timer, at once)."""
     many = ReadSlots.WARM + 50
     region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=many)
     reads = region.reads
     assert reads is not None and region.path is not None
+    due: list[tuple[float, Callable[[], None]]] = []
+    reads.later = lambda seconds, trim: due.append((seconds, trim))
+
+    def pages() -> int:
+        assert region.path is not None
+        return os.stat(region.path).st_blocks * 512
+
     held = reads.take(many)
-    before = os.stat(region.path).st_blocks * 512
+    before = pages()
     assert len(held) == many and before >= many * SLOT
-    reads.returned(held)
-    assert before - os.stat(region.path).st_blocks * 512 == (many - ReadSlots.WARM) * SLOT
+    reads.returned(held[1:])
+    again = reads.take(many - 1)
+    assert again == held[1:][::-1] and pages() == before, "taken again, the last given back first, no new pages"
+    reads.returned(again + held[:1])
+    assert pages() == before and [s for s, _ in due] == [ReadSlots.IDLE], "a trim is due, none done yet"
+    reads.take(1)
+    due.pop()[1]()
+    assert pages() == before, "the client holds a slot again when the trim comes: nothing goes"
+    reads.returned(reads.lent.copy())
+    due.pop()[1]()
+    assert before - pages() == (many - ReadSlots.WARM) * SLOT, "idle: all but the warm ones gave theirs back"
+    reads.later = None
+    reads.returned(reads.take(many))
+    assert before - pages() == (many - ReadSlots.WARM) * SLOT and not due, "without a timer the trim is at once"
     region.close()

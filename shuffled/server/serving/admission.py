@@ -11,6 +11,7 @@ the daemon's answers to the protocol connection's `HelloReceived` and
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import socket
@@ -153,6 +154,7 @@ def _shared_memory(conn: DaemonLink, host: ShuffleEnvironment[Any], info: dict[s
     conn.shm = region
     if region.reads is not None:
         region.reads.on_full = functools.partial(_reads_through_the_socket, conn.host)
+        region.reads.later = asyncio.get_running_loop().call_later
     features = [SHM, SHM_READ] if read_slots else [SHM]
     return {"features": features, "shm": {"path": region.path, "size": region.size}}
 
