@@ -18,11 +18,17 @@ client a call and an object per block, which these widths make a few hundred byt
 efficiency after each push (the bytes the store holds in memory over the bytes of the segments holding
 them; goal at least 0.8); the daemon's peak RSS over its pool at each width; and in the notes the CPU
 seconds per GiB of the daemon and of the client for every path and width.
+
+With ``SHUFFLED_BENCH_WIDE_LOCAL=1`` the daemon also listens on a Unix socket, and each round the Python
+client's bulk paths (`write_sorted`, `groups()`) run there too, once through the socket and once through
+shared memory (PROTOCOL.md §6.3: pushes into slots, reads in place), the reducer→sidecar hop at every width;
+the rows then add shared memory against the Unix socket at each width, judged round by round.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -61,6 +67,11 @@ SORTED, WRITE, GROUPS, RUNS = (
     "Python read, per run",
 )
 JVM_PUSH, JVM_READ = "JVM push", "JVM read"
+#: the local transports of SHUFFLED_BENCH_WIDE_LOCAL=1, each with its client's `shared_memory`
+LOCAL_VARIABLE = "SHUFFLED_BENCH_WIDE_LOCAL"
+LOCAL = {"Unix socket": False, "shared memory": True}
+#: shared memory's rate against the Unix socket's, as `push` judges it
+SHM_GOAL = Goal("ratio", ">=", 2.0)
 #: the paths whose work is per buffer, held to the goal
 BULK = (SORTED, GROUPS, JVM_PUSH, JVM_READ)
 #: measured rounds of a full run: a step moves 128 MiB in a fraction of a second, which the other work on a
@@ -84,11 +95,14 @@ class Wide:
         client: AsyncClient,
         jvm: ManagedProcess | None,
         shape: tuple[int, int],
+        local: dict[str, AsyncClient],
     ) -> None:
         self.ctx = ctx
         self.daemon = daemon
         self.client = client
         self.jvm = jvm
+        #: clients of the daemon's Unix socket by transport (SHUFFLED_BENCH_WIDE_LOCAL=1), else none
+        self.local = local
         self.maps, self.map_bytes = shape
         self.pattern = memoryview(os.urandom(self.map_bytes))
         self.shuffles = itertools.count(1)
@@ -126,6 +140,22 @@ class Wide:
         self.rss[width] = max(self.rss.get(width, -math.inf), over)
         self.ctx.progress(f"{path}, {width:,} partitions: {mib_per_s(nbytes, seconds):,.0f} MiB/s")
 
+    async def local_round(self, width: int, measured: bool) -> None:
+        """The bulk paths through each local transport: `write_sorted`, then `groups()` of what it pushed."""
+        share = self.map_bytes // width
+        whole = self.pattern[: share * width]
+
+        async def write_sorted(w: MapWriter) -> None:
+            await w.write_sorted([share] * width, whole)
+
+        for transport, client in self.local.items():
+            shuffle = next(self.shuffles)
+            push = partial(self.python_push, shuffle, width, write_sorted, client)
+            read = partial(self.python_read, shuffle, width, True, client)
+            await self.step(f"{SORTED}, {transport}", width, measured, push)
+            await self.step(f"{GROUPS}, {transport}", width, measured, read)
+            await client.unregister_shuffle(APP, shuffle)
+
     async def stored(self, path: str, width: int, measured: bool) -> None:
         """After a push: what the store holds in memory over the bytes of the segments it holds them in."""
         stats = await self.client.stats()
@@ -161,27 +191,31 @@ class Wide:
         await self.stored(WRITE, width, measured)
         await self.client.unregister_shuffle(APP, shuffle)
 
-    async def python_push(self, shuffle: int, width: int, fill: Callable[[MapWriter], Awaitable[None]]) -> None:
+    async def python_push(
+        self, shuffle: int, width: int, fill: Callable[[MapWriter], Awaitable[None]], client: AsyncClient | None = None
+    ) -> None:
+        through = client or self.client
         queue = list(range(self.maps, 0, -1))
         want = [self.map_bytes // width] * width
 
         async def writer() -> None:
             while queue:
                 attempt = queue.pop()
-                w = await self.client.open_writer(APP, shuffle, attempt - 1, attempt, width)
+                w = await through.open_writer(APP, shuffle, attempt - 1, attempt, width)
                 await fill(w)
                 got = await w.commit()
                 require(got == want, f"attempt {attempt} committed {sum(got)} bytes, wrote {sum(want)}")
 
         await asyncio.gather(*(writer() for _ in range(WRITERS)))
 
-    async def python_read(self, shuffle: int, width: int, bulk: bool) -> None:
+    async def python_read(self, shuffle: int, width: int, bulk: bool, client: AsyncClient | None = None) -> None:
+        through = client or self.client
         attempts = list(range(1, self.maps + 1))
         step = -(-width // RANGES)
 
         async def one(lo: int) -> int:
             n = 0
-            async with self.client.read(APP, shuffle, lo, min(width, lo + step), {"": attempts}) as reader:
+            async with through.read(APP, shuffle, lo, min(width, lo + step), {"": attempts}) as reader:
                 if bulk:
                     async for group in reader.groups():
                         n += len(group.data)
@@ -227,18 +261,31 @@ def _wide_bench(daemon: DaemonProcess, maps: int, map_bytes: int) -> ManagedProc
 
 async def run(ctx: Context, result: ScenarioResult) -> None:
     shape = maps, map_bytes = ctx.pick(32, 8), ctx.pick(4 * MiB, MiB)
-    async with ctx.daemons(POOL) as (daemon,), ctx.client(daemon.addr, reader_client_pool(RANGES)) as client:
+    local = os.environ.get(LOCAL_VARIABLE) == "1"
+    extra = ["--shm-dir", "/dev/shm"] if local else []
+    async with (
+        ctx.daemons(POOL, unix=local, extra=extra) as (daemon,),
+        ctx.client(daemon.addr, reader_client_pool(RANGES)) as client,
+        contextlib.AsyncExitStack() as clients,
+    ):
+        at = f"unix:{daemon.ready_field('unix')}" if local else ""
+        locals_ = {
+            name: await clients.enter_async_context(ctx.client(at, reader_client_pool(RANGES), shared_memory=shm))
+            for name, shm in LOCAL.items()
+            if local
+        }
         jvm = await asyncio.to_thread(_wide_bench, daemon, maps, map_bytes)
         try:
             if isinstance(jvm, str):
                 result.notes.append(jvm)
             else:
                 await jvm.wait_ready(60)
-            wide = Wide(ctx, daemon, client, None if isinstance(jvm, str) else jvm, shape)
+            wide = Wide(ctx, daemon, client, None if isinstance(jvm, str) else jvm, shape, locals_)
             rounds = [False] * ctx.pick(1, 0) + [True] * ctx.pick(ROUNDS, 1)  # a warm-up round, then the measured
             for i, measured in enumerate(rounds):
                 for width in WIDTHS:
                     await wide.python_round(width, measured, runs_first=i % 2 == 0)
+                    await wide.local_round(width, measured)
                     if wide.jvm is not None:
                         await wide.jvm_round(width, measured)
         finally:
@@ -248,7 +295,8 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
 
 
 def _report(wide: Wide, result: ScenarioResult) -> None:
-    paths = [p for p in (SORTED, WRITE, GROUPS, RUNS, JVM_PUSH, JVM_READ) if (p, WIDTHS[0]) in wide.rates]
+    locally = [f"{p}, {t}" for p in (SORTED, GROUPS) for t in LOCAL]
+    paths = [p for p in (SORTED, WRITE, GROUPS, RUNS, JVM_PUSH, JVM_READ, *locally) if (p, WIDTHS[0]) in wide.rates]
     narrow, widest = WIDTHS[0], WIDTHS[-1]
     plot = Plot("wide", "One daemon, the same bytes at every width", "partitions", "MiB/s", logx=True)
     for path in paths:
@@ -273,6 +321,21 @@ def _report(wide: Wide, result: ScenarioResult) -> None:
             goal=GOAL if path in BULK else None,
             samples=ratios,
         )
+    for path in (SORTED, GROUPS) if wide.local else ():  # judged round by round, as the widths are
+        for width in WIDTHS:
+            ratios = [
+                m / u
+                for m, u in zip(
+                    wide.rates[f"{path}, shared memory", width], wide.rates[f"{path}, Unix socket", width], strict=True
+                )
+            ]
+            result.add(
+                f"{path}, {width:,} partitions, shared memory / Unix socket in the same round",
+                median(ratios),
+                "ratio",
+                goal=SHM_GOAL,
+                samples=ratios,
+            )
     for width in WIDTHS:
         per_path = {p: min(s) for (p, w), s in wide.efficiency.items() if w == width}
         result.add(
