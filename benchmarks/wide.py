@@ -140,15 +140,16 @@ class Wide:
         self.rss[width] = max(self.rss.get(width, -math.inf), over)
         self.ctx.progress(f"{path}, {width:,} partitions: {mib_per_s(nbytes, seconds):,.0f} MiB/s")
 
-    async def local_round(self, width: int, measured: bool) -> None:
-        """The bulk paths through each local transport: `write_sorted`, then `groups()` of what it pushed."""
+    async def local_round(self, width: int, measured: bool, shm_first: bool) -> None:
+        """The bulk paths through each local transport (in the order `shm_first` says, alternated by round):
+        `write_sorted`, then `groups()` of what it pushed."""
         share = self.map_bytes // width
         whole = self.pattern[: share * width]
 
         async def write_sorted(w: MapWriter) -> None:
             await w.write_sorted([share] * width, whole)
 
-        for transport, client in self.local.items():
+        for transport, client in sorted(self.local.items(), key=lambda kv: LOCAL[kv[0]] != shm_first):
             shuffle = next(self.shuffles)
             push = partial(self.python_push, shuffle, width, write_sorted, client)
             read = partial(self.python_read, shuffle, width, True, client)
@@ -274,6 +275,8 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             for name, shm in LOCAL.items()
             if local
         }
+        in_place = locals_.get("shared memory")
+        require(in_place is None or in_place.session.in_place is not None, "no reads in place at the Unix socket")
         jvm = await asyncio.to_thread(_wide_bench, daemon, maps, map_bytes)
         try:
             if isinstance(jvm, str):
@@ -285,9 +288,13 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             for i, measured in enumerate(rounds):
                 for width in WIDTHS:
                     await wide.python_round(width, measured, runs_first=i % 2 == 0)
-                    await wide.local_round(width, measured)
+                    await wide.local_round(width, measured, shm_first=i % 2 == 1)
                     if wide.jvm is not None:
                         await wide.jvm_round(width, measured)
+            if in_place is not None:
+                placed = (await in_place.stats())["traffic"]["read_placed_buffers"]
+                require(placed > 0, "no buffer was read in place")
+                result.notes.append("the daemon's RSS includes the pages of its local clients' shared memory")
         finally:
             if not isinstance(jvm, str):
                 jvm.stop()

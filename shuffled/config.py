@@ -210,7 +210,7 @@ class DaemonConfig:
         512,
         "slots of a local client's region the daemon may put served buffers in for it to read in place (each one "
         "segment of tmpfs while the client holds it; free ones keep theirs for the next reads, 128 of them once the "
-        "client has held none for 5 s); past them, or with 0, reads come through the socket",
+        "client has held none and been lent none for 5 s); past them, or with 0, reads come through the socket",
         metavar="N",
     )
     advertise: str | None = setting(

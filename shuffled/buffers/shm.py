@@ -162,14 +162,14 @@ class ReadSlots:
     and lends it to the client until the client gives it back. Pages are allocated when a slot is first
     taken (a full tmpfs sends buffers through the socket for `FULL_RETRY` seconds, told once to `on_full`).
     A slot given back keeps them for the next buffers (giving pages back and faulting them in anew per
-    buffer cost concurrent reads more than their copies); `IDLE` seconds after the client came to hold none,
-    if it still holds none, all but `WARM` free slots give theirs back to the host, so a connection whose
+    buffer cost concurrent reads more than their copies); once the client has held no slot and been lent
+    none for `IDLE` seconds, all but `WARM` free slots give theirs back to the host, so a connection whose
     reads once held many slots does not keep that much tmpfs. The daemon sets `later` (its loop's
-    `call_later`); without it the free slots beyond `WARM` give their pages back at once."""
+    `call_later`); without it the free slots beyond `WARM` give their pages back as soon as none is lent."""
 
-    #: free read slots that keep their pages while the client holds none
+    #: free read slots that keep their pages once the client's reads are idle
     WARM = 128
-    #: seconds the client holds no slot before the free ones beyond `WARM` give their pages back
+    #: seconds with no slot lent nor held before the free ones beyond `WARM` give their pages back
     IDLE = 5.0
     #: after a tmpfs had no room for a slot's pages, seconds before a cold slot is tried again
     FULL_RETRY = 1.0
@@ -186,6 +186,8 @@ class ReadSlots:
         #: runs a callback after some seconds (the daemon's loop's `call_later`), for the idle trim
         self.later: Callable[[float, Callable[[], None]], object] | None = None
         self._trim_due = False
+        #: when a slot was last lent (monotonic)
+        self._lent_at = 0.0
 
     def take(self, n: int) -> list[int]:
         """Up to `n` slots to put served buffers in, lent from now on, those with pages first; fewer (or none):
@@ -205,7 +207,9 @@ class ReadSlots:
                     on_full(full)
                 break
             taken.append(slot)
-        self.lent.update(taken)
+        if taken:
+            self.lent.update(taken)
+            self._lent_at = time.monotonic()
         return taken
 
     def returned(self, slots: Iterable[int]) -> None:
@@ -218,26 +222,34 @@ class ReadSlots:
             lent.remove(slot)
             warm.append(slot)
         if not lent and len(warm) > self.WARM and not self._trim_due:
-            if self.later is None:
-                self._trim()
-            else:
-                self._trim_due = True
-                self.later(self.IDLE, self._trim)
+            self._trim_after(self.IDLE)
         if wrong is not None:
             raise ValueError(f"slot {wrong} holds no served buffer of the client's")
 
+    def _trim_after(self, seconds: float) -> None:
+        if self.later is None:
+            self._trim()
+            return
+        self.later(seconds, self._trim)
+        self._trim_due = True
+
     def _trim(self) -> None:
-        """The client holds no slot: the free slots beyond `WARM` give their pages back, those given back
-        longest ago first (a read takes the last given back)."""
+        """If the client holds no slot and was lent none for `IDLE` seconds, the free slots beyond `WARM` give
+        their pages back, those given back longest ago first (a read takes the last given back); lent one
+        since, check again `IDLE` seconds after it."""
         self._trim_due = False
+        if self.lent or self.region.closed:
+            return  # the client's reads go on: the next slot it gives back that leaves none lent comes here
+        quiet = time.monotonic() - self._lent_at
+        if self.later is not None and quiet < self.IDLE:
+            self._trim_after(self.IDLE - quiet)
+            return
         warm = self._warm
         excess = len(warm) - self.WARM
-        if self.lent or excess <= 0 or self.region.closed:
-            return
-        for slot in warm[:excess]:
+        for slot in warm[: max(0, excess)]:
             self.region.punch(slot)
-        self._cold.extend(warm[:excess])
-        del warm[:excess]
+            self._cold.append(slot)
+        del warm[: max(0, excess)]
 
     def close(self) -> None:
         """The connection ended: free slots give their pages back. Lent ones keep theirs: the client may still

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -148,21 +149,32 @@ def test_a_slot_is_lent_until_returned_and_a_wrong_return_keeps_the_rest(tmp_pat
     assert os.listdir(tmp_path) == []
 
 
-def test_free_slots_keep_their_pages_until_the_client_held_none_for_a_while(tmp_path: Path) -> None:
+def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Slots given back keep their pages for the next buffers (no page given back and faulted in anew per
-    buffer), and a read takes the slots given back last; `IDLE` seconds after the client came to hold none,
-    if it still holds none, a connection whose reads once held many slots keeps the pages of `ReadSlots.WARM`
-    of them only (without a timer, at once)."""
+    buffer), and a read takes the slots given back last; once the client has held no slot and been lent none
+    for `IDLE` seconds, a connection whose reads once held many keeps the pages of `ReadSlots.WARM` of them
+    only, those given back last (without a timer, as soon as none is lent)."""
+    now = [100.0]
+    monkeypatch.setattr("shuffled.buffers.shm.time", SimpleNamespace(monotonic=lambda: now[0]))
     many = ReadSlots.WARM + 50
     region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=many)
     reads = region.reads
     assert reads is not None and region.path is not None
     due: list[tuple[float, Callable[[], None]]] = []
-    reads.later = lambda seconds, trim: due.append((seconds, trim))
+    reads.later = lambda seconds, trim: due.append((now[0] + seconds, trim))  # when it runs
 
     def pages() -> int:
         assert region.path is not None
         return os.stat(region.path).st_blocks * 512
+
+    def run_due(at: float) -> None:
+        (when, trim), *rest = due
+        assert when == at and not rest
+        due.clear()
+        now[0] = when
+        trim()
 
     held = reads.take(many)
     before = pages()
@@ -171,14 +183,16 @@ def test_free_slots_keep_their_pages_until_the_client_held_none_for_a_while(tmp_
     again = reads.take(many - 1)
     assert again == held[1:][::-1] and pages() == before, "taken again, the last given back first, no new pages"
     reads.returned(again + held[:1])
-    assert pages() == before and [s for s, _ in due] == [ReadSlots.IDLE], "a trim is due, none done yet"
-    reads.take(1)
-    due.pop()[1]()
-    assert pages() == before, "the client holds a slot again when the trim comes: nothing goes"
-    reads.returned(reads.lent.copy())
-    due.pop()[1]()
+    assert pages() == before and [at for at, _ in due] == [100 + ReadSlots.IDLE], "a trim is due, none done yet"
+    now[0] += 2
+    reads.returned(reads.take(1))  # lent one more 2 s later, and given it back
+    run_due(100 + ReadSlots.IDLE)
+    assert pages() == before, "lent one 3 s before: nothing goes yet"
+    run_due(102 + ReadSlots.IDLE)
     assert before - pages() == (many - ReadSlots.WARM) * SLOT, "idle: all but the warm ones gave theirs back"
+    kept = reads.take(ReadSlots.WARM)
+    assert set(kept) == set(held[: ReadSlots.WARM]), "the ones given back last kept theirs"
     reads.later = None
-    reads.returned(reads.take(many))
-    assert before - pages() == (many - ReadSlots.WARM) * SLOT and not due, "without a timer the trim is at once"
+    reads.returned(kept + reads.take(many))
+    assert before - pages() == (many - ReadSlots.WARM) * SLOT and not due, "without a timer, as soon as none is lent"
     region.close()
