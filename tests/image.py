@@ -22,6 +22,7 @@ their pid). `unavailable` says why podman cannot run here (tests skip with it; `
 from __future__ import annotations
 
 import ast
+import fcntl
 import hashlib
 import os
 import shutil
@@ -169,17 +170,22 @@ def _alive(owner: str) -> bool:
 
 
 def build(lines: dict[str, LineEnv], scratch: Path) -> Image:
-    """The Dockerfile built as this run's image on the stand-in base, with each line's pyspark mounted."""
+    """The Dockerfile built as this run's image on the stand-in base, with each line's pyspark mounted. The
+    test workers build the same image one at a time, so each after the first finds every layer in the build
+    cache (two builds at once on two cores each took the other's CPU for minutes)."""
     podman = Podman()
     name = f"{IMAGES}:{os.getpid()}"
-    remove_leftovers(podman)
-    _python_base(podman, _debian(podman, scratch), scratch)
-    mounts = [f"--volume={env.spark_home}:/spark/{line}:ro" for line, env in sorted(lines.items())]
-    podman(
-        "build", "--pull=never", "--format", "docker", "--network", "host", "--jobs", "2", *mounts, "--tag", name,
-        str(REPO),
-        timeout=BUILD_TIMEOUT,
-    )  # fmt: skip
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open(STATE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however it ends
+        remove_leftovers(podman)
+        _python_base(podman, _debian(podman, scratch), scratch)
+        mounts = [f"--volume={env.spark_home}:/spark/{line}:ro" for line, env in sorted(lines.items())]
+        podman(
+            "build", "--pull=never", "--format", "docker", "--network", "host", "--jobs", "2", *mounts,
+            "--tag", name, str(REPO),
+            timeout=BUILD_TIMEOUT,
+        )  # fmt: skip
     return Image(podman, name, lines)
 
 
