@@ -143,15 +143,10 @@ class Wide:
     async def local_round(self, width: int, measured: bool, shm_first: bool) -> None:
         """The bulk paths through each local transport (in the order `shm_first` says, alternated by round):
         `write_sorted`, then `groups()` of what it pushed."""
-        share = self.map_bytes // width
-        whole = self.pattern[: share * width]
-
-        async def write_sorted(w: MapWriter) -> None:
-            await w.write_sorted([share] * width, whole)
-
-        for transport, client in sorted(self.local.items(), key=lambda kv: LOCAL[kv[0]] != shm_first):
+        order = list(self.local.items())  # LOCAL's order: the socket first
+        for transport, client in reversed(order) if shm_first else order:
             shuffle = next(self.shuffles)
-            push = partial(self.python_push, shuffle, width, write_sorted, client)
+            push = partial(self.python_push, shuffle, width, self.sorted_fill(width), client)
             read = partial(self.python_read, shuffle, width, True, client)
             await self.step(f"{SORTED}, {transport}", width, measured, push)
             await self.step(f"{GROUPS}, {transport}", width, measured, read)
@@ -167,21 +162,28 @@ class Wide:
 
     # -- the Python client
 
-    async def python_round(self, width: int, measured: bool, runs_first: bool) -> None:
+    def sorted_fill(self, width: int) -> Callable[[MapWriter], Awaitable[None]]:
+        """A map output at `width` partitions written whole with `write_sorted` (grouped by partition, as a
+        Spark index file has it)."""
         share = self.map_bytes // width
-        lengths = [share] * width
-        whole = self.pattern[: share * width]
-        blocks = [bytes(whole[p * share : (p + 1) * share]) for p in range(width)]  # as a serializer makes them
+        lengths, whole = [share] * width, self.pattern[: share * width]
 
         async def write_sorted(w: MapWriter) -> None:
             await w.write_sorted(lengths, whole)
+
+        return write_sorted
+
+    async def python_round(self, width: int, measured: bool, runs_first: bool) -> None:
+        share = self.map_bytes // width
+        whole = self.pattern[: share * width]
+        blocks = [bytes(whole[p * share : (p + 1) * share]) for p in range(width)]  # as a serializer makes them
 
         async def write(w: MapWriter) -> None:
             for p, block in enumerate(blocks):
                 await w.write(p, block)
 
         shuffle = next(self.shuffles)
-        await self.step(SORTED, width, measured, partial(self.python_push, shuffle, width, write_sorted))
+        await self.step(SORTED, width, measured, partial(self.python_push, shuffle, width, self.sorted_fill(width)))
         await self.stored(SORTED, width, measured)
         for bulk in (not runs_first, runs_first):
             path = GROUPS if bulk else RUNS

@@ -244,22 +244,23 @@ class ReadSlots:
         if self.later is not None and quiet < self.IDLE:
             self._trim_after(self.IDLE - quiet)
             return
-        warm = self._warm
-        excess = len(warm) - self.WARM
-        for slot in warm[: max(0, excess)]:
-            self.region.punch(slot)
-            self._cold.append(slot)
-        del warm[: max(0, excess)]
+        excess = max(0, len(self._warm) - self.WARM)
+        self._pages_back(self._warm[:excess])
+        del self._warm[:excess]
 
     def close(self) -> None:
         """The connection ended: free slots give their pages back. Lent ones keep theirs: the client may still
         be reading them (the daemon may have ended the connection, not the client), and they go when the
         client's mapping goes (the file has no name any more)."""
         warm, self._warm = self._warm, []
-        for slot in warm:
-            self.region.punch(slot)
-        self._cold.extend(warm)
+        self._pages_back(warm)
         self.lent.clear()
+
+    def _pages_back(self, free: list[int]) -> None:
+        """These free slots give their pages back to the host (cold: the next to take one allocates them)."""
+        for slot in free:
+            self.region.punch(slot)
+        self._cold.extend(free)
 
 
 class RegionDirectory:
