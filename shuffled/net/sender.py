@@ -30,18 +30,23 @@ _BATCH_FRAMES = 64
 #: the most one `Outbound.pack` writes into a batch's headers (most frames take at most 64 bytes; a PushPlaced
 #: naming many groups takes more, streams.py)
 MAX_PREFIX = 1 << 10
+#: bytes a flush may copy into a client's shared memory before it lets the loop turn (the frames naming them
+#: are small, so the watermarks never stop it): what a socket's high watermark lets one connection write
+COPY_BYTES_PER_TURN = DEFAULT_HIGH_WATERMARK
 
 
 class Outbound(OutboundStream[Any]):
     """An outbound stream that knows how to frame its items."""
 
-    __slots__ = ("blocked_since", "sender")
+    __slots__ = ("blocked_since", "copied", "sender")
 
     def __init__(self, stream: int, credit: int) -> None:
         super().__init__(stream, credit)
         self.sender: Sender | None = None
         #: loop time since when data waits for credit (None: not waiting)
         self.blocked_since: float | None = None
+        #: bytes its frames put in shared memory since the sender last looked (`pack` adds, the sender takes)
+        self.copied = 0
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
@@ -110,6 +115,8 @@ class Sender:
         self.paused_seconds = 0.0
         self.frames_sent = 0
         self.bytes_sent = 0
+        #: bytes this loop turn's flush copied into shared memory (COPY_BYTES_PER_TURN bounds it)
+        self._copied = 0
         #: seconds streams of this connection had data queued and no credit (counted when credit arrives)
         self.zero_credit_seconds = 0.0
 
@@ -210,8 +217,12 @@ class Sender:
         if self.closed or self.transport.is_closing():
             return
         self.flush_control()
+        self._copied = 0
         while self.scheduler and not self.paused and not self.closed:
             self._send_batch()
+            if self._copied >= COPY_BYTES_PER_TURN:  # the rest at the next turn: other connections go first
+                self._schedule()
+                return
         self._reap()
         if self._inflight and not self.paused and not self.closed:
             # Idle with bytes still queued: ask for a callback when all are flushed.
@@ -227,13 +238,21 @@ class Sender:
         offset = 0
         nbytes = 0
         frames = 0
-        while frames < _BATCH_FRAMES and nbytes < _BATCH_BYTES and offset <= 64 * _BATCH_FRAMES:
+        while (
+            frames < _BATCH_FRAMES
+            and nbytes < _BATCH_BYTES
+            and offset <= 64 * _BATCH_FRAMES
+            and self._copied < COPY_BYTES_PER_TURN
+        ):
             nxt = scheduler.next()
             if nxt is None:
                 break
             stream, item, seq, backlog, is_event = nxt
             assert isinstance(stream, Outbound)
             n, buf = stream.pack(headers, offset, item, seq, backlog, is_event)
+            if stream.copied:
+                self._copied += stream.copied
+                stream.copied = 0
             parts.append(hview[offset : offset + n])
             offset += n
             nbytes += n

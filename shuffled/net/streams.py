@@ -123,6 +123,7 @@ class PlacedBufferResponseStream(BufferResponseStream):
                 chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
             buf = chunk.buffer
             put(slot, buf.data())
+            self.copied += buf.length
             entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
             buf.release()
             at += entry.size

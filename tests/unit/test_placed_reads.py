@@ -2,7 +2,8 @@
 read slot of a real region and named in a BufferPlaced with the buffers queued behind it, as far as credit
 and free slots allow and no further (credit never negative, sequence numbers consecutive, the backlog after
 each); with no slot free a buffer goes as a BufferResponse in turn; every pool segment comes back at once;
-a slot is lent until returned, and returning one not lent is refused without losing the others.
+a slot is lent until returned, and returning one not lent is refused without losing the others; a flush
+copies about a socket's high watermark into shared memory and then lets other connections send.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -19,10 +21,13 @@ from hypothesis import strategies as st
 from shuffled.buffers import Chunk
 from shuffled.buffers.pool import GlobalPool
 from shuffled.buffers.shm import ReadSlots, SharedRegion
-from shuffled.net.streams import MAX_BUFFERS_PER_PLACED, PlacedBufferResponseStream
+from shuffled.net.sender import COPY_BYTES_PER_TURN, Sender
+from shuffled.net.streams import MAX_BUFFERS_PER_PLACED, BufferResponseStream, PlacedBufferResponseStream
 from shuffled.protocol.codec import decode_all
 from shuffled.protocol.frames import BUFFER_PLACED_FIELDS, BufferKind, BufferPlaced, BufferResponse
 from shuffled.protocol.integrity import checksum
+from tests.aio import within
+from tests.turns import until
 
 SLOT = 4096
 PUSH_SLOTS = 8
@@ -99,6 +104,66 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
     assert got == payloads, "every buffer once, in order, whole"
     assert pool.used == 0, "a pool segment is free once its buffer is in a slot or sent"
     assert len(reads.lent) == (0 if give_back else min(read_slots, len(sizes)))
+    region.close()
+
+
+class _Transport:
+    """Takes every write at once, logging (connection, bytes placed in shared memory by the frames written)."""
+
+    def __init__(self, name: str, log: list[tuple[str, int]]) -> None:
+        self.name = name
+        self.log = log
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def writelines(self, parts: list[Any]) -> None:
+        frames = decode_all(b"".join(bytes(p) for p in parts))
+        placed = sum(f.placed[i + 4] for f in frames if isinstance(f, BufferPlaced) for i in range(0, len(f.placed), 5))
+        self.log.append((self.name, placed))
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _queue(stream: BufferResponseStream, pool: GlobalPool, n: int, size: int) -> None:
+    for k in range(n):
+        (buf,) = pool.try_take(1) or []
+        buf.memory[:size] = bytes([k % 251]) * size
+        buf.length, buf.refs = size, 1
+        buf.set_recycler(pool.give)
+        stream.push_data(Chunk(buf, checksum(buf.data())))
+
+
+@within(30)
+async def test_a_flush_copies_about_a_watermark_in_place_then_lets_other_connections_send(tmp_path: Path) -> None:
+    """A read in place puts bytes in shared memory and writes only small BufferPlaced frames, so the socket's
+    watermarks never stop its flush: without a bound of its own one flush copied everything credit and free
+    slots allowed (16 MiB by default) while every other connection of the daemon waited."""
+    big = 32 << 10
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, big, read_slots=160)
+    reads = region.reads
+    assert reads is not None
+    pool = GlobalPool(200 * big, big)
+    log: list[tuple[str, int]] = []
+    placed = PlacedBufferResponseStream(1, 160, reads)
+    other = BufferResponseStream(2, 4)
+    _queue(placed, pool, 160, big)
+    _queue(other, pool, 4, 100)
+    a = Sender(_Transport("in place", log), tally=None)  # type: ignore[arg-type]
+    b = Sender(_Transport("socket", log), tally=None)  # type: ignore[arg-type]
+    a.wake(placed)
+    b.wake(other)
+    await until(lambda: not a.scheduler and not b.scheduler)
+    first_other = next(i for i, (who, _) in enumerate(log) if who == "socket")
+    before = sum(n for who, n in log[:first_other] if who == "in place")
+    assert 0 < before < 160 * big, "the other connection sent before the read in place had placed everything"
+    assert before <= COPY_BYTES_PER_TURN + MAX_BUFFERS_PER_PLACED * big, "one turn's copies: about a watermark"
+    assert sum(n for who, n in log if who == "in place") == 160 * big, "and the rest at the next turns"
+    assert len(reads.lent) == 160 and pool.used == 0
     region.close()
 
 
