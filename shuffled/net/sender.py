@@ -116,7 +116,7 @@ class Sender:
         self.frames_sent = 0
         self.bytes_sent = 0
         #: bytes this loop turn's flush copied into shared memory (COPY_BYTES_PER_TURN bounds it)
-        self._copied = 0
+        self.copied = 0
         #: seconds streams of this connection had data queued and no credit (counted when credit arrives)
         self.zero_credit_seconds = 0.0
 
@@ -217,10 +217,10 @@ class Sender:
         if self.closed or self.transport.is_closing():
             return
         self.flush_control()
-        self._copied = 0
+        self.copied = 0
         while self.scheduler and not self.paused and not self.closed:
             self._send_batch()
-            if self._copied >= COPY_BYTES_PER_TURN:  # the rest at the next turn: other connections go first
+            if self.copied >= COPY_BYTES_PER_TURN:  # the rest at the next turn: other connections go first
                 self._schedule()
                 return
         self._reap()
@@ -242,7 +242,7 @@ class Sender:
             frames < _BATCH_FRAMES
             and nbytes < _BATCH_BYTES
             and offset <= 64 * _BATCH_FRAMES
-            and self._copied < COPY_BYTES_PER_TURN
+            and self.copied < COPY_BYTES_PER_TURN
         ):
             nxt = scheduler.next()
             if nxt is None:
@@ -251,7 +251,7 @@ class Sender:
             assert isinstance(stream, Outbound)
             n, buf = stream.pack(headers, offset, item, seq, backlog, is_event)
             if stream.copied:
-                self._copied += stream.copied
+                self.copied += stream.copied
                 stream.copied = 0
             parts.append(hview[offset : offset + n])
             offset += n

@@ -23,7 +23,7 @@ from ..protocol.frames import (
     pack_push_data_prefix,
 )
 from ..protocol.integrity import checksum
-from .sender import MAX_PREFIX, Outbound
+from .sender import COPY_BYTES_PER_TURN, MAX_PREFIX, Outbound
 
 
 class Feed(Protocol):
@@ -105,8 +105,11 @@ class PlacedBufferResponseStream(BufferResponseStream):
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
     ) -> tuple[int, Buffer | None]:
         slots = self.slots
-        # as many slots as this frame may name: the item popped, and what credit and the queue allow after it
-        taken = [] if is_event else slots.take(1 + min(self.credit, self.queued, MAX_BUFFERS_PER_PLACED - 1))
+        # as many slots as this frame may name: the item popped, and what credit, the queue and what is left of
+        # the flush's copy budget (with large segments a frame's copies alone could pass it) allow after it
+        left = COPY_BYTES_PER_TURN - (self.sender.copied if self.sender is not None else 0)
+        most = min(self.credit, self.queued, MAX_BUFFERS_PER_PLACED - 1, left // slots.region.slot_size - 1)
+        taken = [] if is_event else slots.take(1 + max(0, most))
         if not taken:
             return super().pack(into, offset, item, seq, backlog, is_event)
         put = slots.region.put

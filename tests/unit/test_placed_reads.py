@@ -138,20 +138,23 @@ def _queue(stream: BufferResponseStream, pool: GlobalPool, n: int, size: int) ->
         stream.push_data(Chunk(buf, checksum(buf.data())))
 
 
+@pytest.mark.parametrize(("big", "n"), [(32 << 10, 160), (512 << 10, 20)])
 @within(30)
-async def test_a_flush_copies_about_a_watermark_in_place_then_lets_other_connections_send(tmp_path: Path) -> None:
+async def test_a_flush_copies_about_a_watermark_in_place_then_lets_other_connections_send(
+    tmp_path: Path, big: int, n: int
+) -> None:
     """A read in place puts bytes in shared memory and writes only small BufferPlaced frames, so the socket's
     watermarks never stop its flush: without a bound of its own one flush copied everything credit and free
-    slots allowed (16 MiB by default) while every other connection of the daemon waited."""
-    big = 32 << 10
-    region = SharedRegion(str(tmp_path), PUSH_SLOTS, big, read_slots=160)
+    slots allowed (16 MiB by default) while every other connection of the daemon waited. With large segments
+    one frame's copies alone could pass the bound, so a frame takes no more slots than it leaves."""
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, big, read_slots=n)
     reads = region.reads
     assert reads is not None
-    pool = GlobalPool(200 * big, big)
+    pool = GlobalPool((n + 8) * big, big)
     log: list[tuple[str, int]] = []
-    placed = PlacedBufferResponseStream(1, 160, reads)
+    placed = PlacedBufferResponseStream(1, n, reads)
     other = BufferResponseStream(2, 4)
-    _queue(placed, pool, 160, big)
+    _queue(placed, pool, n, big)
     _queue(other, pool, 4, 100)
     a = Sender(_Transport("in place", log), tally=None)  # type: ignore[arg-type]
     b = Sender(_Transport("socket", log), tally=None)  # type: ignore[arg-type]
@@ -159,11 +162,11 @@ async def test_a_flush_copies_about_a_watermark_in_place_then_lets_other_connect
     b.wake(other)
     await until(lambda: not a.scheduler and not b.scheduler)
     first_other = next(i for i, (who, _) in enumerate(log) if who == "socket")
-    before = sum(n for who, n in log[:first_other] if who == "in place")
-    assert 0 < before < 160 * big, "the other connection sent before the read in place had placed everything"
-    assert before <= COPY_BYTES_PER_TURN + MAX_BUFFERS_PER_PLACED * big, "one turn's copies: about a watermark"
-    assert sum(n for who, n in log if who == "in place") == 160 * big, "and the rest at the next turns"
-    assert len(reads.lent) == 160 and pool.used == 0
+    before = sum(nbytes for who, nbytes in log[:first_other] if who == "in place")
+    assert 0 < before < n * big, "the other connection sent before the read in place had placed everything"
+    assert before <= COPY_BYTES_PER_TURN + big, "one turn's copies: a watermark's worth, a slot more at most"
+    assert sum(nbytes for who, nbytes in log if who == "in place") == n * big, "and the rest at the next turns"
+    assert len(reads.lent) == n and pool.used == 0
     region.close()
 
 
