@@ -43,13 +43,21 @@ def default_pool() -> int:
     return int(DaemonConfig().pool_size)
 
 
-def _spilled(daemons: list[DaemonProcess]) -> list[int]:
-    """Bytes each daemon has written to its spill files so far."""
-    out = []
+def _disk(daemons: list[DaemonProcess]) -> tuple[list[int], list[int]]:
+    """Bytes each daemon has written to its spill files so far, and read back from them for readers."""
+    spilled, loaded = [], []
     for d in daemons:
         with Client(d.addr, timeout=10) as client:
-            out.append(int(client.stats()["disk"]["spilled_bytes"]))
-    return out
+            disk = client.stats()["disk"]
+        spilled.append(int(disk["spilled_bytes"]))
+        loaded.append(int(disk["loaded_bytes"]))
+    return spilled, loaded
+
+
+def disk_note(label: str, run: dict[str, Any]) -> str:
+    """What a session's daemons spilled and read back (MiB per daemon)."""
+    spilled, loaded = (", ".join(f"{b / MiB:,.0f}" for b in run[key]) for key in ("spilled", "loaded"))
+    return f"{label}spilled {spilled} MiB, read back {loaded} MiB per daemon"
 
 
 async def plugin_session(
@@ -64,12 +72,12 @@ async def plugin_session(
 ) -> dict[str, Any]:
     """A Spark session through one daemon per pool (tasks spread over them), each daemon's RSS sampled:
     its peak is recorded against its pool (goal: at most pool + OVERHEAD_MIB); the session's JSON line
-    gains each daemon's spilled bytes and the RSS series."""
+    gains each daemon's spilled and read-back bytes and the RSS series."""
     async with ctx.daemons(*pools) as daemons:
         pids = {f"{setup}: {d.host}": d.pid for d in daemons}
         with RssSampler(pids, 0.5) as rss:
             out = await run_session(ctx, "plugin", rows, ",".join(d.addr for d in daemons), jar, queries, extra)
-        out["spilled"] = await asyncio.to_thread(_spilled, daemons)
+        out["spilled"], out["loaded"] = await asyncio.to_thread(_disk, daemons)
         for key, pool in zip(pids, pools, strict=True):
             result.add(
                 f"peak RSS, {key}",
@@ -130,8 +138,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         pools = 2 * (default_pool() if setup == DEFAULTS else small_pool)
         spilled = runs[setup]["spilled"]
         result.notes.append(
-            f"{setup}: shuffle {shuffled / pools:.1f}x the two pools ({pools // MiB} MiB); "
-            f"spilled {', '.join(f'{b / MiB:,.0f}' for b in spilled)} MiB per daemon"
+            disk_note(f"{setup}: shuffle {shuffled / pools:.1f}x the two pools ({pools // MiB} MiB); ", runs[setup])
         )
         if setup == SMALL:
             require(shuffled >= 8 * pools, f"the session shuffled only {shuffled / pools:.1f}x the pools")

@@ -11,7 +11,10 @@ reports session time through shuffled over the built-in one per width (the goal:
 it against the same daemon build, for a before/after of the plugin in one run; ``SHUFFLED_BENCH_SHAPES_WIDTHS``
 (comma-separated) and ``SHUFFLED_BENCH_SHAPES_ROWS`` choose other widths and sizes. With
 ``SHUFFLED_BENCH_SHAPES_LOCAL=1`` two more sessions per width reach the daemon at its Unix socket, one pushing
-through shared memory and one through the socket (``--shm-dir none``), to compare the two in one run.
+through shared memory and one through the socket (``--shm-dir none``), to compare the two in one run. With
+``SHUFFLED_BENCH_SHAPES_FLOOR=1`` one more built-in session per width runs under Java Flight Recorder
+(benchmarks/jfr_shares.py): the share of the JVM's samples in the built-in shuffle's own work, and so the least
+session time over the built-in one that a shuffle costing nothing could reach (the floor under the goal).
 
 The breakdown (notes, and ``breakdown`` in results.json) puts the two shuffles' reduce stages side by side:
 Spark's metrics (tasks, run and CPU time, fetch wait, blocks fetched: the built-in reader fetches an attempt's
@@ -28,7 +31,7 @@ import asyncio
 import os
 from typing import Any
 
-from . import sql_shapes
+from . import jfr_shares, sql_shapes
 from .common import Context, Goal, Plot, ScenarioResult, cpu_seconds, require
 from .scale import default_pool, session_seconds
 from .spark import plugin_jar, run_session
@@ -42,6 +45,8 @@ WIDTHS_VARIABLE = "SHUFFLED_BENCH_SHAPES_WIDTHS"
 WIDTHS = [200, 2_000, 10_000]
 #: set to 1: also the sessions over the Unix socket, with shared memory and without
 LOCAL_VARIABLE = "SHUFFLED_BENCH_SHAPES_LOCAL"
+#: set to 1: also a built-in session under Java Flight Recorder, for the floor under the goal
+FLOOR_VARIABLE = "SHUFFLED_BENCH_SHAPES_FLOOR"
 QUICK_WIDTHS = [2_000]
 QUICK_QUERIES = ["full_outer_distinct"]
 #: the issue's goal: shuffled at most 0.8 of the built-in shuffle's time at every width
@@ -85,6 +90,28 @@ async def local_sessions(
         goal=SHM_GOAL,
     )
     return runs
+
+
+async def floor(
+    ctx: Context, result: ScenarioResult, width: int, rows: int, jar: str, queries: str, extra: tuple[str, ...]
+) -> None:
+    """A built-in session recorded apart (the recording's cost stays out of the judged ones): about how much of
+    the JVM's work was the built-in shuffle's own, and what is left when a shuffle costs nothing. The
+    recording stays in the output directory, for a closer look (`jfr print`, JDK Mission Control)."""
+    recording = ctx.out_dir / f"shapes-builtin-{width}.jfr"
+    whole_stacks = f"--conf=spark.driver.extraJavaOptions={jfr_shares.STACK_DEPTH_OPTION}"  # quick runs' own wins
+    await run_session(ctx, "builtin", rows, "", jar, queries, (*extra, whole_stacks, "--record", str(recording)))
+    parts = await asyncio.to_thread(jfr_shares.shares, recording)
+    shuffle = parts[jfr_shares.OWN_WRITE] + parts[jfr_shares.READ]
+    result.add(f"{width:,} partitions: the built-in shuffle's own share of the JVM's samples", shuffle, "ratio")
+    result.add(f"{width:,} partitions: a shuffle costing nothing, about", 1 - shuffle, "ratio")
+    sampled = parts["samples"] * jfr_shares.SAMPLE_PERIOD
+    result.notes.append(
+        f"{width:,} partitions, the built-in session's JVM ({parts['samples']:,.0f} samples, {sampled:.0f} thread "
+        f"seconds of its {parts['cpu']:.0f} CPU seconds): the writer's own work {parts[jfr_shares.OWN_WRITE]:.1%}, "
+        f"rows and partition ids pulled through it {parts[jfr_shares.UPSTREAM_ROWS]:.1%}, the read "
+        f"{parts[jfr_shares.READ]:.1%}, the rest {parts[jfr_shares.OTHER]:.1%}"
+    )
 
 
 def _reduce(query: dict[str, Any]) -> dict[str, int]:
@@ -146,6 +173,8 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             runs[BEFORE] = await _plugin(ctx, rows, before_jar, queries, extra)
         if os.environ.get(LOCAL_VARIABLE) == "1":
             runs.update(await local_sessions(ctx, result, f"{width:,} partitions", rows, jar, queries, extra))
+        if os.environ.get(FLOOR_VARIABLE) == "1":
+            await floor(ctx, result, width, rows, jar, queries, extra)
         for q in runs[BUILTIN]["queries"]:
             digests = {r["queries"][q]["result"] for r in runs.values()}
             require(len(digests) == 1, f"{width} partitions, {q}: results differ between the shuffles")

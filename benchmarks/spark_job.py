@@ -185,6 +185,7 @@ def run(
     settings: dict[str, str] | None = None,
     executors: int = 0,
     breakdown: bool = False,
+    record: Path | None = None,
 ) -> dict[str, Any]:
     conf: dict[str, str | int | float | bool | None] = {
         "spark.ui.enabled": "false",
@@ -202,6 +203,7 @@ def run(
     out: dict[str, Any] = {"mode": mode, "queries": {}}
     try:
         _wait_for_executors(spark, executors)
+        recording = _recording(spark) if record is not None else None
         for name in queries:
             before = _shuffle_write_bytes(spark)
             seen = max((s.stageId() for s in _stages(spark)), default=-1) if breakdown else -1
@@ -219,9 +221,22 @@ def run(
                 out["queries"][name]["breakdown"] = _breakdown(spark, df, seen, counts)
             if not keep_shuffles:
                 _drop_shuffles(spark)
+        if recording is not None and record is not None:
+            recording.stop()
+            recording.dump(spark.sparkContext._jvm.java.io.File(str(record)).toPath())  # type: ignore[union-attr]
+            recording.close()
     finally:
         spark.stop()
     return out
+
+
+def _recording(spark: SparkSession) -> Any:
+    """A Java Flight Recorder recording of the driver's JVM (executors too in local mode), started now with the
+    JDK's "profile" settings: written before the session ends, unlike one the JVM writes at its exit."""
+    jfr = spark.sparkContext._jvm.jdk.jfr  # type: ignore[union-attr]
+    recording = jfr.Recording(jfr.Configuration.getConfiguration("profile"))
+    recording.start()
+    return recording
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--breakdown", action="store_true", help="per query: its stages' metrics, AQE's reads and the plugin's counts"
     )
+    parser.add_argument("--record", type=Path, help="write a Java Flight Recorder file of the queries here")
     args = parser.parse_args(argv)
     if any("=" not in c for c in args.conf):
         parser.error("--conf takes KEY=VALUE")
@@ -260,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         settings,
         args.executors,
         args.breakdown,
+        args.record,
     )
     print(json.dumps(out), flush=True)
     return 0

@@ -18,7 +18,7 @@ import os
 
 from . import star_schema
 from .common import Context, MiB, Plot, ScenarioResult
-from .scale import BUILTIN, compare_sessions, default_pool, plugin_session, session_seconds
+from .scale import BUILTIN, compare_sessions, default_pool, disk_note, plugin_session, session_seconds
 from .shapes import local_sessions
 from .spark import plugin_jar, run_session
 
@@ -53,6 +53,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
         builtin = await run_session(ctx, "builtin", rows, "", jar, queries, extra)
         plugin = await plugin_session(ctx, f"{width:,} partitions", [pool], rows, jar, queries, extra, result)
         memory.lines.update(plugin.pop("rss"))
+        result.notes.append(disk_note(f"{width:,} partitions: ", plugin))
         runs = {BUILTIN: builtin, f"{width:,} partitions": plugin}
         if os.environ.get(LOCAL_VARIABLE) == "1":
             local = await local_sessions(ctx, result, f"{width:,} partitions", rows, jar, queries, extra)

@@ -72,6 +72,10 @@ class DiskStats:
 
     spills: int = 0
     spilled_bytes: int = 0
+    #: reads that brought spilled pieces back into the pool for readers (one or more pieces each), their bytes:
+    #: against the bytes served, how much of what readers get the pool was too small to keep
+    loads: int = 0
+    loaded_bytes: int = 0
     used_bytes: int = 0
     #: spilled bytes of aborted attempts given back to the file system
     reclaimed_bytes: int = 0

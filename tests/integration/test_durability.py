@@ -110,6 +110,9 @@ async def test_twenty_times_the_pool_spills_with_bounded_rss_and_reads_back_byte
         assert {a: h.digest() for a, h in hashes.items()} == want, f"partition {p}"
         peak = max(peak, rss(d.pid))
     assert peak <= d.pool_size + 100 * MiB, f"peak RSS {peak / MiB:.0f} MiB"
+    disk = (await c.stats())["disk"]
+    # what the pool could not hold when it was read came back from the file, and the daemon says so
+    assert disk["loads"] > 0 and disk["loaded_bytes"] >= sum(sizes) * len(attempts) - d.pool_size, disk
     await c.unregister_shuffle(APP, 1)
     settled = await pool_settled(c)
     assert settled["pool"]["used"] == 0

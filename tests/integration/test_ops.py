@@ -371,7 +371,8 @@ WIRE_STATS = {
         "int",
     ),
     "disk": dict.fromkeys(
-        "spills spilled_bytes used_bytes reclaimed_bytes files syncs fsyncs sync_failures unsynced_bytes".split(),
+        "spills spilled_bytes loads loaded_bytes used_bytes reclaimed_bytes files syncs fsyncs sync_failures "
+        "unsynced_bytes".split(),
         "int",
     ),
     "connections": {"clients": "int", "peers": "int", "opened": _ROLES},

@@ -120,6 +120,9 @@ class PieceLoader:
         try:
             self._fd, crcs = await asyncio.shield(reading)
             self._path = path
+            stats = self.disk.stats
+            stats.loads += 1
+            stats.loaded_bytes += sum([b.length for b in buffers])
             return crcs, path
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):  # the thread fills the segments until it is done
