@@ -238,21 +238,15 @@ class Sender:
         offset = 0
         nbytes = 0
         frames = 0
-        while (
-            frames < _BATCH_FRAMES
-            and nbytes < _BATCH_BYTES
-            and offset <= 64 * _BATCH_FRAMES
-            and self.copied < COPY_BYTES_PER_TURN
-        ):
-            nxt = scheduler.next()
+        while frames < _BATCH_FRAMES and nbytes < _BATCH_BYTES and offset <= 64 * _BATCH_FRAMES:
+            nxt = scheduler.next() if self.copied < COPY_BYTES_PER_TURN else None
             if nxt is None:
                 break
             stream, item, seq, backlog, is_event = nxt
             assert isinstance(stream, Outbound)
             n, buf = stream.pack(headers, offset, item, seq, backlog, is_event)
-            if stream.copied:
-                self.copied += stream.copied
-                stream.copied = 0
+            self.copied += stream.copied
+            stream.copied = 0
             parts.append(hview[offset : offset + n])
             offset += n
             nbytes += n

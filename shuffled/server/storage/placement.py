@@ -10,6 +10,7 @@ through the store's `hold`.
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Callable, Container
 
@@ -26,6 +27,12 @@ class Placement:
         self.hold = hold
         #: spilled bytes no read will want, for the spiller to give back to the file system
         self.garbage: list[Garbage] = []
+        #: uses of shuffles so far (`used`)
+        self._uses = itertools.count(1)
+
+    def used(self, data: ShuffleData) -> None:
+        """The shuffle was used now (a push opened, a commit, a read): the last the spiller writes."""
+        data.used = next(self._uses)
 
     def discard(self, data: ShuffleData, ranges: list[tuple[int, int]]) -> None:
         """Ranges of the shuffle's data file no read will want again, for the spiller to punch."""
@@ -112,11 +119,13 @@ class Placement:
             data.disk_bytes += written
             data.usage.disk_bytes += written
 
-    def largest_in_memory(
+    def coldest_in_memory(
         self, app: str | None = None, busy: Container[MapOutput] = ()
     ) -> tuple[ShuffleData, list[MapOutput]] | None:
-        """The shuffle holding the most memory (of one application, or of all) and its attempts holding
-        memory that is not being written, the largest first then in push order; None if none."""
+        """The shuffle holding memory that was used longest ago (of one application, or of all) and its
+        attempts holding memory that is not being written, the largest first then in push order; None if
+        none. Longest ago, not largest: in a long session the shuffle being pushed grows largest while the
+        finished queries' shuffles sit unread, and writing it out made its own reads come back from disk."""
         candidates = [
             d
             for name, shuffles in self.apps.items()
@@ -124,7 +133,7 @@ class Placement:
             for d in shuffles.values()
             if d.segments
         ]
-        for data in sorted(candidates, key=lambda d: d.segments, reverse=True):
+        for data in sorted(candidates, key=lambda d: d.used):
             outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable and o not in busy]
             if outs:
                 largest = max(outs, key=lambda o: o.movable)

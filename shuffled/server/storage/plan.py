@@ -59,6 +59,7 @@ def lookup(
         shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
         raise PartitionNotFound(f"map attempts not committed here for {app}/{shuffle}: {shown}")
     data.usage.last_active = time.monotonic()
+    store.placement.used(data)
     return data, [committed[a] for a in attempts]
 
 

@@ -267,6 +267,9 @@ class ShuffleData:
     key_id: str | None = None
     removed: bool = False
     last_commit: float = field(default_factory=time.monotonic)
+    #: its last use (a push opened, a commit, a read), as a count of uses over the store (`Placement.used`): the
+    #: spiller writes the shuffles used longest ago first, which a long session's finished queries' are
+    used: int = 0
 
     def mark(self, out: MapOutput, copies: tuple[str, ...]) -> None:
         """Record what a committed attempt is a copy of, or where its copies are (commit and restart)."""

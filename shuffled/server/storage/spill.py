@@ -2,7 +2,7 @@
 
 Pressure uses marks on the share of pool segments in use. Passing the start mark
 (half way from the low watermark to the high one) starts spilling the shuffles
-holding the most memory in the background, pushes carry on; spilling goes on until
+used longest ago (pushed to, committed or read) in the background, pushes carry on; spilling goes on until
 what will be left once the writes under way are done is below the low watermark.
 Passing the high watermark also holds back new push credit (sessions wait on
 `admitted()`) until that projection is below the low one, or nothing more can be
@@ -10,7 +10,7 @@ spilled. The wait is the same back-pressure a full pool applies, just earlier, s
 the disk has time to catch up.
 
 One spill write takes at most `batch` in-memory pieces of one shuffle: the oldest of
-the attempt holding the most memory, then of its other attempts in turn (so an
+its attempt holding the most memory, then of its other attempts in turn (so an
 attempt's pieces lie mostly together in the file and a read of it goes forward), and
 writes them with one `writev` on the disk's writer thread into the shuffle's one
 data file, then the journal record describing them; only when both are done are the
@@ -250,9 +250,9 @@ class Spiller:
         target = self._quota_target
         for app in self._apps:
             usage = self.store.usage.get(app)
-            if usage is not None and usage.segments - self.writes.leaving_of(app) > target and self._spill_largest(app):
+            if usage is not None and usage.segments - self.writes.leaving_of(app) > target and self._spill_coldest(app):
                 return True
-        return self.pressure and self.pool.used - self.writes.leaving > self.low and self._spill_largest(None)
+        return self.pressure and self.pool.used - self.writes.leaving > self.low and self._spill_coldest(None)
 
     def _settle(self) -> None:
         """After queueing: let pushes go whose memory is on its way out (usage without the writes under way
@@ -279,10 +279,11 @@ class Spiller:
         """What an application over its memory quota is spilled down to (segments)."""
         return int(self.store.quotas.memory * self.low_share)
 
-    def _spill_largest(self, app: str | None) -> bool:
-        """Start writing the shuffle holding the most memory not being written (of `app`, or of anyone);
-        False if none. Memory an object holds already is freed on the way, which may be all it takes."""
-        found = self.store.placement.largest_in_memory(app, self.writes.by_attempt)
+    def _spill_coldest(self, app: str | None) -> bool:
+        """Start writing the shuffle used longest ago that holds memory not being written (of `app`, or of
+        anyone); False if none. Memory an object holds already is freed on the way, which may be all it
+        takes."""
+        found = self.store.placement.coldest_in_memory(app, self.writes.by_attempt)
         if found is None:
             return False
         freed = sum(self.store.placement.release_placed(out) for out in found[1])

@@ -95,6 +95,7 @@ class Store:
         out = MapOutput(data, map_index, attempt, next(self._serials), replica_of, replicas)
         data.open[attempt] = out
         data.usage.last_active = time.monotonic()
+        self.placement.used(data)
         return out
 
     def shuffle_data(self, app: str, shuffle: int, partitions: int) -> ShuffleData:
@@ -146,6 +147,7 @@ class Store:
         self.committed_bytes += out.bytes
         data.mark(out, copies)
         data.last_commit = data.usage.last_active = time.monotonic()
+        self.placement.used(data)
         return runs.lengths(data.partitions)
 
     def abort(self, out: MapOutput) -> None:
