@@ -359,7 +359,12 @@ def families(s: DaemonStats) -> Iterator[Metric]:
     yield _counter("shuffled_spills", "Spills of pool data to disk", disk.spills)
     yield _counter("shuffled_spilled_bytes", "Bytes spilled to disk", disk.spilled_bytes)
     yield _counter("shuffled_disk_loads", "Reads of spilled pieces back into the pool for readers", disk.loads)
-    yield _counter("shuffled_disk_loaded_bytes", "Bytes of spilled pieces read back for readers", disk.loaded_bytes)
+    yield _counter(
+        "shuffled_disk_loaded_bytes",
+        "Bytes of spilled pieces read back for readers: against shuffled_served_bytes_total, the share of what "
+        "readers got that the pool was too small to keep",
+        disk.loaded_bytes,
+    )
     yield _gauge("shuffled_disk_used_bytes", "Bytes in spill files", disk.used_bytes)
     yield _counter(
         "shuffled_disk_reclaimed_bytes",

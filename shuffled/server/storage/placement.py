@@ -10,7 +10,6 @@ through the store's `hold`.
 
 from __future__ import annotations
 
-import itertools
 from array import array
 from collections.abc import Callable, Container
 
@@ -27,12 +26,6 @@ class Placement:
         self.hold = hold
         #: spilled bytes no read will want, for the spiller to give back to the file system
         self.garbage: list[Garbage] = []
-        #: uses of shuffles so far (`used`)
-        self._uses = itertools.count(1)
-
-    def used(self, data: ShuffleData) -> None:
-        """The shuffle was used now (a push opened, a commit, a read): the last the spiller writes."""
-        data.used = next(self._uses)
 
     def discard(self, data: ShuffleData, ranges: list[tuple[int, int]]) -> None:
         """Ranges of the shuffle's data file no read will want again, for the spiller to punch."""
@@ -120,12 +113,15 @@ class Placement:
             data.usage.disk_bytes += written
 
     def coldest_in_memory(
-        self, app: str | None = None, busy: Container[MapOutput] = ()
+        self, app: str | None = None, busy: Container[MapOutput] = (), batch: int = 1
     ) -> tuple[ShuffleData, list[MapOutput]] | None:
-        """The shuffle holding memory that was used longest ago (of one application, or of all) and its
-        attempts holding memory that is not being written, the largest first then in push order; None if
-        none. Longest ago, not largest: in a long session the shuffle being pushed grows largest while the
-        finished queries' shuffles sit unread, and writing it out made its own reads come back from disk."""
+        """The shuffle to write next (of one application, or of all) and its attempts holding memory that is
+        not being written, the largest first then in push order; None if none. Shuffles being pushed go
+        last, then those holding less than a write's `batch` (one write each would be many small ones),
+        and otherwise the one used longest ago first; none being pushed while a colder one's memory is
+        still being written. Not the largest: in a long session the shuffle being pushed grows largest
+        while the finished queries' shuffles sit unread, and writing it out made its own reads, which come
+        next, load it back from disk."""
         candidates = [
             d
             for name, shuffles in self.apps.items()
@@ -133,10 +129,15 @@ class Placement:
             for d in shuffles.values()
             if d.segments
         ]
-        for data in sorted(candidates, key=lambda d: d.used):
-            outs = [o for o in (*data.committed.values(), *data.open.values()) if o.movable and o not in busy]
+        writing = False  # a colder shuffle's memory is being written already
+        for data in sorted(candidates, key=lambda d: (bool(d.open), d.segments < batch, d.used)):
+            if writing and data.open:
+                return None
+            held = [o for o in (*data.committed.values(), *data.open.values()) if o.movable]
+            outs = [o for o in held if o not in busy]
             if outs:
                 largest = max(outs, key=lambda o: o.movable)
                 outs.remove(largest)
                 return data, [largest, *outs]
+            writing = writing or bool(held)
         return None

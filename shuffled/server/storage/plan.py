@@ -29,7 +29,7 @@ from typing import Any
 
 from ...protocol.errors import InvalidRequest, PartitionNotFound
 from ...protocol.resume import Resume
-from .shuffles import MapOutput, ShuffleData
+from .shuffles import MapOutput, ShuffleData, touch
 from .store import Store
 
 
@@ -59,7 +59,7 @@ def lookup(
         shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
         raise PartitionNotFound(f"map attempts not committed here for {app}/{shuffle}: {shown}")
     data.usage.last_active = time.monotonic()
-    store.placement.used(data)
+    touch(data)
     return data, [committed[a] for a in attempts]
 
 

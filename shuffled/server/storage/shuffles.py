@@ -29,6 +29,7 @@ spill writes and served frames take their own references. This module does no I/
 
 from __future__ import annotations
 
+import itertools
 import time
 from array import array
 from collections.abc import Callable, Iterable
@@ -267,8 +268,8 @@ class ShuffleData:
     key_id: str | None = None
     removed: bool = False
     last_commit: float = field(default_factory=time.monotonic)
-    #: its last use (a push opened, a commit, a read), as a count of uses over the store (`Placement.used`): the
-    #: spiller writes the shuffles used longest ago first, which a long session's finished queries' are
+    #: its last use (a push opened, a commit, a batch of a read), as a count of uses (`touch`): the spiller
+    #: writes the shuffles used longest ago first, which a long session's finished queries' are
     used: int = 0
 
     def mark(self, out: MapOutput, copies: tuple[str, ...]) -> None:
@@ -282,6 +283,16 @@ class ShuffleData:
             self.copies[out.attempt] = copies
         if len(copies) < out.replicas - 1:
             self.under_replicated += 1
+
+
+#: uses of shuffles so far, in this process (only their order matters)
+_USES = itertools.count(1)
+
+
+def touch(data: ShuffleData | None) -> None:
+    """The shuffle is used now (a push opened, a commit, a read's batch): the last the spiller writes."""
+    if data is not None:
+        data.used = next(_USES)
 
 
 def piece_ids(pieces: Iterable[tuple[MapOutput, int]]) -> list[tuple[int, int, int]]:

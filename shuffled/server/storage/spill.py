@@ -2,7 +2,8 @@
 
 Pressure uses marks on the share of pool segments in use. Passing the start mark
 (half way from the low watermark to the high one) starts spilling the shuffles
-used longest ago (pushed to, committed or read) in the background, pushes carry on; spilling goes on until
+used longest ago (a push opened, a commit, a read) in the background, those being
+pushed last (placement.py says which exactly), pushes carry on; spilling goes on until
 what will be left once the writes under way are done is below the low watermark.
 Passing the high watermark also holds back new push credit (sessions wait on
 `admitted()`) until that projection is below the low one, or nothing more can be
@@ -283,7 +284,7 @@ class Spiller:
         """Start writing the shuffle used longest ago that holds memory not being written (of `app`, or of
         anyone); False if none. Memory an object holds already is freed on the way, which may be all it
         takes."""
-        found = self.store.placement.coldest_in_memory(app, self.writes.by_attempt)
+        found = self.store.placement.coldest_in_memory(app, self.writes.by_attempt, self.batch)
         if found is None:
             return False
         freed = sum(self.store.placement.release_placed(out) for out in found[1])

@@ -28,7 +28,7 @@ from .access import AppKeys
 from .at_rest import AtRestKeys
 from .placement import Placement
 from .quotas import Quotas
-from .shuffles import FILE, MAX_PARTITIONS, AppUsage, MapOutput, MapState, ShuffleData
+from .shuffles import FILE, MAX_PARTITIONS, AppUsage, MapOutput, MapState, ShuffleData, touch
 
 
 class Store:
@@ -95,7 +95,7 @@ class Store:
         out = MapOutput(data, map_index, attempt, next(self._serials), replica_of, replicas)
         data.open[attempt] = out
         data.usage.last_active = time.monotonic()
-        self.placement.used(data)
+        touch(data)
         return out
 
     def shuffle_data(self, app: str, shuffle: int, partitions: int) -> ShuffleData:
@@ -147,7 +147,7 @@ class Store:
         self.committed_bytes += out.bytes
         data.mark(out, copies)
         data.last_commit = data.usage.last_active = time.monotonic()
-        self.placement.used(data)
+        touch(data)
         return runs.lengths(data.partitions)
 
     def abort(self, out: MapOutput) -> None:

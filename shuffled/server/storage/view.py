@@ -44,6 +44,7 @@ from .disk import Disk
 from .loader import PieceLoader, run, take
 from .objects import ObjectStore
 from .plan import Entry, Item, Plan, items, lookup, make_plan
+from .shuffles import touch
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class ReadView:
             raise self._error
         got: list[Payload] = []
         if self._waiting is None and not self.finished and not self.closed:
+            touch(self.plan.data)  # a long read keeps its shuffle in use: the spiller writes others first
             try:
                 self._fill(got, room, most or -1)
             except Exception as exc:  # a failure, or a bug: either ends this read (never leaves it waiting)
