@@ -221,7 +221,7 @@ def run(
                 out["queries"][name]["breakdown"] = _breakdown(spark, df, seen, counts)
             if not keep_shuffles:
                 _drop_shuffles(spark)
-        if recording is not None and record is not None:
+        if recording is not None:
             recording.stop()
             recording.dump(spark.sparkContext._jvm.java.io.File(str(record)).toPath())  # type: ignore[union-attr]
             recording.close()

@@ -38,15 +38,13 @@ COPY_BYTES_PER_TURN = DEFAULT_HIGH_WATERMARK
 class Outbound(OutboundStream[Any]):
     """An outbound stream that knows how to frame its items."""
 
-    __slots__ = ("blocked_since", "copied", "sender")
+    __slots__ = ("blocked_since", "sender")
 
     def __init__(self, stream: int, credit: int) -> None:
         super().__init__(stream, credit)
         self.sender: Sender | None = None
         #: loop time since when data waits for credit (None: not waiting)
         self.blocked_since: float | None = None
-        #: bytes its frames put in shared memory since the sender last looked (`pack` adds, the sender takes)
-        self.copied = 0
 
     def pack(
         self, into: bytearray, offset: int, item: Any, seq: int, backlog: int, is_event: bool
@@ -115,7 +113,8 @@ class Sender:
         self.paused_seconds = 0.0
         self.frames_sent = 0
         self.bytes_sent = 0
-        #: bytes this loop turn's flush copied into shared memory (COPY_BYTES_PER_TURN bounds it)
+        #: bytes this loop turn's flush copied into shared memory (a stream's `pack` adds them;
+        #: COPY_BYTES_PER_TURN bounds them)
         self.copied = 0
         #: seconds streams of this connection had data queued and no credit (counted when credit arrives)
         self.zero_credit_seconds = 0.0
@@ -245,8 +244,6 @@ class Sender:
             stream, item, seq, backlog, is_event = nxt
             assert isinstance(stream, Outbound)
             n, buf = stream.pack(headers, offset, item, seq, backlog, is_event)
-            self.copied += stream.copied
-            stream.copied = 0
             parts.append(hview[offset : offset + n])
             offset += n
             nbytes += n

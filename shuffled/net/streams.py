@@ -107,12 +107,14 @@ class PlacedBufferResponseStream(BufferResponseStream):
         slots = self.slots
         # as many slots as this frame may name: the item popped, and what credit, the queue and what is left of
         # the flush's copy budget (with large segments a frame's copies alone could pass it) allow after it
-        left = COPY_BYTES_PER_TURN - (self.sender.copied if self.sender is not None else 0)
+        sender = self.sender
+        left = COPY_BYTES_PER_TURN - (sender.copied if sender is not None else 0)
         most = min(self.credit, self.queued, MAX_BUFFERS_PER_PLACED - 1, left // slots.region.slot_size - 1)
         taken = [] if is_event else slots.take(1 + max(0, most))
         if not taken:
             return super().pack(into, offset, item, seq, backlog, is_event)
         put = slots.region.put
+        copied = 0
         entry = BUFFER_PLACED_ENTRY
         at = offset + HEADER.size
         chunk: Chunk = item
@@ -126,12 +128,14 @@ class PlacedBufferResponseStream(BufferResponseStream):
                 chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
             buf = chunk.buffer
             put(slot, buf.data())
-            self.copied += buf.length
+            copied += buf.length
             entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
             buf.release()
             at += entry.size
             n += 1
         HEADER.pack_into(into, offset, n * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)
+        if sender is not None:
+            sender.copied += copied
         return at - offset, None
 
 

@@ -27,6 +27,7 @@ from shuffled.protocol.codec import decode_all
 from shuffled.protocol.frames import BUFFER_PLACED_FIELDS, BufferKind, BufferPlaced, BufferResponse
 from shuffled.protocol.integrity import checksum
 from tests.aio import within
+from tests.transports import InstantTransport
 from tests.turns import until
 
 SLOT = 4096
@@ -107,26 +108,17 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
     region.close()
 
 
-class _Transport:
-    """Takes every write at once, logging (connection, bytes placed in shared memory by the frames written)."""
+class _Transport(InstantTransport):
+    """Logs (connection, bytes placed in shared memory by the frames written)."""
 
     def __init__(self, name: str, log: list[tuple[str, int]]) -> None:
         self.name = name
         self.log = log
 
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
-
     def writelines(self, parts: list[Any]) -> None:
         frames = decode_all(b"".join(bytes(p) for p in parts))
         placed = sum(f.placed[i + 4] for f in frames if isinstance(f, BufferPlaced) for i in range(0, len(f.placed), 5))
         self.log.append((self.name, placed))
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def _queue(stream: BufferResponseStream, pool: GlobalPool, n: int, size: int) -> None:

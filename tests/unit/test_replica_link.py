@@ -17,6 +17,7 @@ from shuffled.net.streams import Payload
 from shuffled.protocol.frames import REPLICA, OpenMapOutput
 from shuffled.server.cluster.replication import ReplicaLink, ReplicaService
 from tests.aio import within
+from tests.transports import InstantTransport
 from tests.turns import until
 
 SEG = 4096
@@ -24,23 +25,14 @@ LAG = 8
 TIMEOUT = 10
 
 
-class Transport:
-    """Takes every write at once (nothing stays queued), counting the PushData payloads."""
+class Transport(InstantTransport):
+    """Counts the PushData payloads written."""
 
     def __init__(self) -> None:
         self.payloads = 0
 
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
-
     def writelines(self, parts: list[Any]) -> None:
         self.payloads += sum(1 for p in parts if len(p) == SEG)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def _link(sender: Sender) -> ReplicaLink:
