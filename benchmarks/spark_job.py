@@ -67,11 +67,12 @@ QUERIES: dict[str, Callable[[SparkSession, int], DataFrame]] = {
 #: what --queries may name: these, the star-schema session's and the four shuffle-heavy shapes
 ALL_QUERIES = {**QUERIES, **star_schema.QUERIES, **sql_shapes.QUERIES}
 
-#: per stage, Spark's metrics summed by `--breakdown` (times: run and fetch wait in ms, CPU and write in ns)
+#: per stage, Spark's metrics summed by `--breakdown` (times: run, GC and fetch wait in ms, CPU and write in ns)
 STAGE_METRICS = (
     "numTasks",
     "executorRunTime",
     "executorCpuTime",
+    "jvmGcTime",
     "shuffleFetchWaitTime",
     "shuffleRemoteBlocksFetched",
     "shuffleLocalBlocksFetched",
@@ -79,6 +80,8 @@ STAGE_METRICS = (
     "shuffleReadRecords",
     "shuffleWriteBytes",
     "shuffleWriteTime",
+    "memoryBytesSpilled",
+    "diskBytesSpilled",
 )
 
 

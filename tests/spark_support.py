@@ -118,6 +118,11 @@ def serialized_map_outputs(spark: Any) -> int:
     return writer_paths(spark)["serialized"]
 
 
+def serialized_fills(spark: Any) -> int:
+    """Fills this JVM's serialized path wrote out: each gives each partition in it a compressed stream."""
+    return int(spark.sparkContext._jvm.io.shuffled.spark.Counts.fills())
+
+
 def _numbers(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """Every number in a stats tree, keyed by its dotted path ("disk.spills")."""
     out: dict[str, float] = {}

@@ -13,11 +13,11 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
-from tests.spark_support import daemons_fixture, needs_spark, plugin_conf, serialized_map_outputs
+from tests.spark_support import daemons_fixture, needs_spark, plugin_conf, serialized_fills, serialized_map_outputs
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
-#: the fill (spark.shuffled.writerBufferSize): a wide job's map task writes a few hundred KiB of rows
+#: the fill (spark.shuffled.sortBufferSize): a wide job's map task writes a few hundred KiB of rows
 FILL = "16k"
 
 
@@ -28,7 +28,7 @@ daemons = daemons_fixture(["127.0.0.21"])
 def spark(request: pytest.FixtureRequest, plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
     conf = {
         **plugin_conf(plugin_jar, daemons, "executor"),
-        "spark.shuffled.writerBufferSize": FILL,
+        "spark.shuffled.sortBufferSize": FILL,
         "spark.io.compression.codec": request.param,
     }
     session = spark_jobs.session("local[2]", conf)
@@ -42,9 +42,11 @@ def test_wide_sql_jobs_in_many_fills_match_builtin(spark: Any, builtin: dict[str
         # the job asserts that AQE splits its skewed partition, which under zstd it does not do with Spark's
         # built-in shuffle either (the block sizes zstd gives miss the job's skew settings)
         pytest.skip("under zstd AQE splits no partition of this job, with the built-in shuffle too")
-    before = serialized_map_outputs(spark)
+    outputs, fills = serialized_map_outputs(spark), serialized_fills(spark)
     assert spark_jobs.JOBS[name](spark) == builtin[name]
-    assert serialized_map_outputs(spark) > before
+    outputs, fills = serialized_map_outputs(spark) - outputs, serialized_fills(spark) - fills
+    assert outputs > 0
+    assert fills > 2 * outputs, f"{fills} fills of {outputs} map outputs"
 
 
 def test_wide_kryo_rdd_shuffle_in_many_fills_is_exact(spark: Any) -> None:

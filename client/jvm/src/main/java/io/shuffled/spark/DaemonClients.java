@@ -43,9 +43,14 @@ final class DaemonClients implements AutoCloseable {
         return conf.replicas;
     }
 
-    /** {@code spark.shuffled.writerBufferSize}: a map task's push buffer, and its serialized records' bound. */
+    /** {@code spark.shuffled.writerBufferSize}: a map task's push buffer. */
     long writerBufferBytes() {
         return conf.writerBufferBytes;
+    }
+
+    /** {@code spark.shuffled.sortBufferSize}: the most a map task's serialized records take before they go. */
+    long sortBufferBytes() {
+        return conf.sortBufferBytes;
     }
 
     /** {@code spark.shuffled.durability}: "object-store", "none", or null for the daemons' own setting. */

@@ -21,17 +21,21 @@ import scala.reflect.ClassTag$;
  * Spark's object sorter would keep every record as an object (which Spark SQL must copy for it), sort the
  * objects and serialize them afterwards, partition by partition.
  *
- * <p>When the buffered bytes and their index reach {@code spark.shuffled.writerBufferSize} (a fill), and at
- * the end, the index is sorted (by partition, then arrival) and each partition's records are copied, in that
- * order, through one stream wrapped by Spark's {@link SerializerManager} (compression) into the partition's part of the push stream.
- * A partition that had records in several fills therefore gets several compressed streams back to back in
- * its block, which is why the path needs a codec whose streams concatenate (or no compression) and no IO
- * encryption ({@link #applies}); its serialized records concatenate by the serializer's promise.
+ * <p>When the buffered bytes and their index reach {@code spark.shuffled.sortBufferSize} or Spark's memory
+ * manager grants no more (a fill), and at the end, the index is sorted (by partition, then arrival) and each
+ * partition's records are copied, in that order, through one stream wrapped by Spark's {@link SerializerManager}
+ * (compression) into the partition's part of the push stream. A partition that had records in several fills
+ * therefore gets several compressed streams back to back in its block, which is why the path needs a codec
+ * whose streams concatenate (or no compression) and no IO encryption ({@link #applies}); its serialized records
+ * concatenate by the serializer's promise. Every stream costs a header and a compressor (tens of KiB
+ * allocated) and compresses worse than one longer stream, so at thousands of partitions a map output written
+ * in few fills is markedly smaller and cheaper to write and read.
  *
- * <p>The memory is the task's own heap, bounded by the fill size (arrays grow by doubling, so at most twice
- * that) besides the push stream's buffer of the same size, and, like that buffer, not acquired from Spark's
- * memory manager: a fill is written out, never spilled to disk, so there is nothing the memory manager could
- * ask it to free. Spark's object sorter, which this path replaces, holds its records under the manager.
+ * <p>The memory is the task's heap, held as its execution memory ({@link TaskMemory}): the arrays grow by
+ * doubling, each step asked of Spark first, so a task writes in fills as large as its share of memory allows
+ * (as Spark's own serialized sorter spills when its memory runs out), and an executor is never asked for
+ * heap Spark did not count. Only a record that does not fit in what is left grows the arrays regardless; its
+ * fill goes out after it. The push stream's buffer ({@code spark.shuffled.writerBufferSize}) is apart.
  */
 public final class SerializedSortWriter<K, V> {
     /** The largest fill: positions in a fill are ints. */
@@ -46,7 +50,8 @@ public final class SerializedSortWriter<K, V> {
     private final long mapId;
     private final SerializerManager serializers;
     private final ShuffledWriter.PartitionOutput sink;
-    /** Bytes of serialized records plus their index (12 bytes a record) that make a fill. */
+    private final TaskMemory memory;
+    /** Bytes of serialized records plus their index (12 bytes a record) that make a fill at most. */
     private final long fillBytes;
     private final Bytes bytes = new Bytes();
     /** {@code partition << 32 | record number} of each buffered record. */
@@ -54,13 +59,16 @@ public final class SerializedSortWriter<K, V> {
     /** Where each buffered record starts in {@link #bytes}; one more slot for the end of the last. */
     private int[] starts = new int[1025];
     private int records;
+    /** A record grew the arrays beyond what Spark granted: its fill goes out after it. */
+    private boolean full;
 
     SerializedSortWriter(ShuffleDependency<K, V, ?> dep, long mapId, SerializerManager serializers,
-            ShuffledWriter.PartitionOutput sink, long fillBytes) {
+            ShuffledWriter.PartitionOutput sink, TaskMemory memory, long fillBytes) {
         this.dep = dep;
         this.mapId = mapId;
         this.serializers = serializers;
         this.sink = sink;
+        this.memory = memory;
         this.fillBytes = Math.min(fillBytes, MAX_FILL_BYTES);
     }
 
@@ -75,32 +83,71 @@ public final class SerializedSortWriter<K, V> {
 
     /** Writes every record into the push stream through {@link #sink}; returns how many. */
     long write(Iterator<? extends Product2<K, V>> input) throws IOException {
-        SerializationStream stream = dep.serializer().newInstance().serializeStream(bytes);
-        Partitioner partitioner = dep.partitioner();
-        long count = 0;
-        while (input.hasNext()) {
-            Product2<K, V> record = input.next();
-            int partition = partitioner.getPartition(record._1());
-            if (records + 1 == starts.length) {
-                keys = Arrays.copyOf(keys, 2 * records);
-                starts = Arrays.copyOf(starts, 2 * records + 1);
+        try {
+            SerializationStream stream = dep.serializer().newInstance().serializeStream(bytes);
+            Partitioner partitioner = dep.partitioner();
+            long count = 0;
+            while (input.hasNext()) {
+                Product2<K, V> record = input.next();
+                int partition = partitioner.getPartition(record._1());
+                starts[records] = bytes.size;
+                keys[records] = (long) partition << 32 | records;
+                records++;
+                stream.writeKey(record._1(), ANY);
+                stream.writeValue(record._2(), ANY);
+                stream.flush(); // the record's bytes must be in the array before the next one starts
+                Checksums.update(dep, partition, record._1(), record._2());
+                count++;
+                if (full || !roomForNext()) {
+                    writeFill();
+                }
             }
-            starts[records] = bytes.size;
-            keys[records] = (long) partition << 32 | records;
-            records++;
-            stream.writeKey(record._1(), ANY);
-            stream.writeValue(record._2(), ANY);
-            stream.flush(); // the record's bytes must be in the array before the next one starts
-            Checksums.update(dep, partition, record._1(), record._2());
-            count++;
-            if (bytes.size + (long) INDEX_BYTES * records >= fillBytes) {
-                writeFill();
-            }
+            stream.close();
+            writeFill();
+            Counts.SERIALIZED.incrementAndGet();
+            return count;
+        } finally {
+            memory.keep(0);
         }
-        stream.close();
-        writeFill();
-        Counts.SERIALIZED.incrementAndGet();
-        return count;
+    }
+
+    /**
+     * Whether the fill takes another record: under its bound, with a free index slot and a sixteenth of the
+     * bytes array free (so that a record rarely grows it midway), growing either as far as Spark grants.
+     */
+    private boolean roomForNext() {
+        if (bytes.size + (long) INDEX_BYTES * records >= fillBytes) {
+            return false;
+        }
+        if (records + 1 == starts.length) {
+            int length = 2 * records;
+            if (!reserve((long) INDEX_BYTES * length)) {
+                return false;
+            }
+            keys = Arrays.copyOf(keys, length);
+            starts = Arrays.copyOf(starts, length + 1);
+            memory.keep(capacity());
+        }
+        int length = bytes.buf.length;
+        if (length - bytes.size < length >>> 4 && length < fillBytes) {
+            int larger = (int) Math.min(2L * length, fillBytes);
+            if (!reserve(larger)) {
+                return false;
+            }
+            bytes.buf = Arrays.copyOf(bytes.buf, larger);
+            memory.keep(capacity());
+        }
+        return true;
+    }
+
+    /** Asks Spark for the arrays held now and {@code more} bytes of a new one, both held while it is copied. */
+    private boolean reserve(long more) {
+        return memory.hold(capacity() + more);
+    }
+
+    /** Bytes of the arrays held now. */
+    private long capacity() {
+        return bytes.buf.length + 8L * keys.length + 4L * starts.length;
     }
 
     /** Writes the buffered records partition by partition, one wrapped stream each, and empties the buffer. */
@@ -128,12 +175,16 @@ public final class SerializedSortWriter<K, V> {
             out.write(buf, from, to - from);
             out.close();
         }
+        if (records > 0) {
+            Counts.FILLS.incrementAndGet();
+        }
         records = 0;
         bytes.size = 0;
+        full = false;
     }
 
     /** The serialized records of a fill, back to back. */
-    private static final class Bytes extends OutputStream {
+    private final class Bytes extends OutputStream {
         byte[] buf = new byte[64 << 10];
         int size;
 
@@ -150,13 +201,17 @@ public final class SerializedSortWriter<K, V> {
             size += len;
         }
 
+        /** In the middle of a record there is no choice: the array grows, and if Spark refused, the fill is full. */
         private void grow(int len) {
             if (len > buf.length - size) {
                 long need = (long) size + len;
                 if (need > Integer.MAX_VALUE - 8) {
                     throw new IllegalStateException("a serialized record of " + len + " bytes does not fit in an array");
                 }
-                buf = Arrays.copyOf(buf, (int) Math.max(need, Math.min(2L * buf.length, Integer.MAX_VALUE - 8)));
+                int larger = (int) Math.max(need, Math.min(2L * buf.length, Integer.MAX_VALUE - 8));
+                full |= !reserve(larger);
+                buf = Arrays.copyOf(buf, larger);
+                memory.keep(capacity());
             }
         }
     }

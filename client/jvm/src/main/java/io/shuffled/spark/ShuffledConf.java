@@ -46,11 +46,17 @@ final class ShuffledConf {
     /// Default: `60s`
     static final String TIMEOUT = "spark.shuffled.timeout";
     /// the one buffer in which a map task collects the bytes of all its partitions; when full, and at task
-    /// end, it is pushed ordered by partition and packed into 32 KiB segments. A wide shuffle written
-    /// serialized (SQL rows, Kryo) also sorts its records in fills of this size
+    /// end, it is pushed ordered by partition and packed into 32 KiB segments
     ///
     /// Default: `16m`
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
+    /// the most a map task of a wide shuffle written serialized (SQL rows, Kryo) buffers before it writes its
+    /// records out sorted by partition. The memory is the task's execution memory, asked of Spark's memory
+    /// manager as the buffer grows, so a task granted less writes out sooner. Each write-out gives every
+    /// partition a compressed stream of its own: the fewer, the smaller and cheaper to write and read
+    ///
+    /// Default: `128m`
+    static final String SORT_BUFFER = "spark.shuffled.sortBufferSize";
     /// the cluster secret, as in the daemons' `--secret-file` ([docs/security.md](docs/security.md)); the
     /// driver checks it with the admin daemon when the application starts, so a wrong one stops the
     /// application at once with the reason
@@ -118,6 +124,7 @@ final class ShuffledConf {
     final String adminAddress;
     final long timeoutMillis;
     final long writerBufferBytes;
+    final long sortBufferBytes;
     /** The cluster secret every daemon checks on connect (PROTOCOL.md §6.1); null: none configured. */
     final String secret;
     /** The application's own secret (§6.2): its tokens keep other applications away from its data. */
@@ -152,8 +159,12 @@ final class ShuffledConf {
         if (timeoutMillis <= 0) {
             throw new IllegalArgumentException(TIMEOUT + " must be positive");
         }
+        sortBufferBytes = conf.getSizeAsBytes(SORT_BUFFER, "128m");
         if (writerBufferBytes <= 0) {
             throw new IllegalArgumentException(WRITER_BUFFER + " must be positive");
+        }
+        if (sortBufferBytes <= 0) {
+            throw new IllegalArgumentException(SORT_BUFFER + " must be positive");
         }
         secret = secret(conf);
         String app = conf.get(APP_SECRET, "");

@@ -126,7 +126,8 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             Counts.UNSORTED.incrementAndGet();
         } else if (SerializedSortWriter.applies(dep, executor.streamsConcatenate())) {
             written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
-                    new PartitionOutput(output, 0, metrics), clients.writerBufferBytes()).write(records);
+                    new PartitionOutput(output, 0, metrics), new TaskMemory(context.taskMemoryManager()),
+                    clients.sortBufferBytes()).write(records);
         } else {
             ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
                     ? Checksums.<K, V, C>sorter(context, dep.aggregator(), Option.apply(dep.partitioner()),
