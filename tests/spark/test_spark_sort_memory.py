@@ -1,8 +1,9 @@
-"""The serialized path's memory is the task's execution memory: with Spark's default memory a map output of a
-few MiB is sorted and written in one fill (each partition one compressed stream), and with a few MiB of
-execution memory for the whole executor the same job writes many smaller fills instead of taking heap Spark
-never granted; either way every row arrives and no managed memory is left held when a task ends (Spark fails
-the task if it is, with `spark.unsafe.exceptionOnMemoryLeak`)."""
+"""The serialized path's memory is the task's execution memory. With Spark's default memory a map output of a
+few MiB is sorted and written in one fill (each partition one compressed stream), and a join's operators, which
+share the task's memory with the writer, spill nothing for it; with a small `spark.shuffled.sortBufferSize` or
+little execution memory the same job writes many smaller fills instead of taking heap Spark never granted, and
+records larger than all the task may hold still go through. Every row arrives, and no managed memory is left held
+when a task ends (Spark fails the task if it is, with `spark.unsafe.exceptionOnMemoryLeak`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ import pytest
 
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
-from tests.spark_support import daemons_fixture, needs_spark, plugin_conf, serialized_fills, serialized_map_outputs
+from tests.spark_support import (
+    daemons_fixture,
+    needs_spark,
+    plugin_conf,
+    serialized_fills,
+    serialized_map_outputs,
+    stage_data,
+)
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -23,33 +31,51 @@ MAPS = 4
 #: spark.sql.shuffle.partitions: wide enough for the serialized path (above Spark's 200-partition bypass) and
 #: coalesced by AQE, as users' jobs are
 PARTITIONS = "2000"
-#: execution and storage memory of the whole executor (two tasks): about 1 MiB a task can be granted
+#: the executor's memory in the "tight" session: 0.6 of it (1.2 MiB) for execution and storage, so each of two
+#: running tasks may hold about 0.6 MiB
 TIGHT_MEMORY = str(2 << 20)
+#: what each session changes: Spark's default memory, a fill bound far below a map output, little memory
+SESSIONS: dict[str, dict[str, str]] = {
+    "default": {},
+    "capped": {"spark.shuffled.sortBufferSize": "256k"},
+    "tight": {"spark.testing.memory": TIGHT_MEMORY, "spark.testing.reservedMemory": "0"},
+}
 
 daemons = daemons_fixture(["127.0.0.24"])
 
 
-@pytest.fixture(scope="module", params=["default", "tight"])
+@pytest.fixture(scope="module", params=list(SESSIONS))
 def spark(request: pytest.FixtureRequest, plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
     conf = {
         **plugin_conf(plugin_jar, daemons, "executor"),
         "spark.unsafe.exceptionOnMemoryLeak": "true",
         "spark.sql.shuffle.partitions": PARTITIONS,
+        **SESSIONS[request.param],
     }
-    if request.param == "tight":
-        conf |= {"spark.testing.memory": TIGHT_MEMORY, "spark.testing.reservedMemory": "0"}
     session = spark_jobs.session("local[2]", conf)
     yield session
     session.stop()
 
 
-def test_fills_are_as_large_as_the_tasks_memory_allows(spark: Any) -> None:
-    rows = spark.range(0, ROWS, numPartitions=MAPS).selectExpr(
+def _session(spark: Any) -> str:
+    """Which of SESSIONS `spark` is."""
+    chosen = [
+        name for name, conf in SESSIONS.items() if conf and all(spark.conf.get(k, None) == v for k, v in conf.items())
+    ]
+    return chosen[0] if chosen else "default"
+
+
+def _rows(spark: Any) -> Any:
+    return spark.range(0, ROWS, numPartitions=MAPS).selectExpr(
         "id", "id * 7919 % 1000003 AS k", "repeat(cast(id % 97 AS string), 3) AS s"
     )
+
+
+def test_fills_are_as_large_as_the_tasks_memory_and_the_bound_allow(spark: Any) -> None:
     outputs, fills = serialized_map_outputs(spark), serialized_fills(spark)
     got = (
-        rows.repartition("k")
+        _rows(spark)
+        .repartition("k")
         .selectExpr("count(*) AS n", "sum(id) AS ids", "sum(k) AS ks", "sum(length(s)) AS chars")
         .collect()[0]
     )
@@ -62,7 +88,37 @@ def test_fills_are_as_large_as_the_tasks_memory_allows(spark: Any) -> None:
     )
     outputs, fills = serialized_map_outputs(spark) - outputs, serialized_fills(spark) - fills
     assert outputs == MAPS
-    if spark.conf.get("spark.testing.memory", None) is None:
+    if _session(spark) == "default":
         assert fills == outputs, "a map output of a few MiB fits in one fill under Spark's default memory"
-    else:
-        assert fills > 3 * outputs, f"{fills} fills of {outputs} map outputs in about 1 MiB a task"
+    else:  # each map output is about 3 MiB of rows
+        assert fills > 3 * outputs, f"{fills} fills of {outputs} map outputs of about 3 MiB"
+
+
+def test_records_larger_than_the_tasks_memory_go_through(spark: Any) -> None:
+    """Rows of 300-400 KiB: in the tight session one is more than a task may hold, so its bytes array grows
+    beyond Spark's grant midway through it and the fill goes out after it; nothing is lost and the task ends
+    holding no managed memory."""
+    rows = spark.range(0, 64, numPartitions=MAPS).selectExpr("id", "repeat('x', 300000 + 1500 * id) AS s")
+    got = rows.repartition(300, "id").selectExpr("count(*) AS n", "sum(length(s)) AS chars").collect()[0]
+    assert (got.n, got.chars) == (64, sum(300_000 + 1500 * i for i in range(64)))
+
+
+@pytest.mark.parametrize("spark", ["default"], indirect=True)
+def test_a_growing_writer_makes_no_operator_of_its_task_spill_while_memory_suffices(spark: Any) -> None:
+    """A join's reduce tasks sort both sides (Spark's sorters hold task memory until the join ends) and write
+    the next wide shuffle from inside it: with the executor's memory ample, the writer's growth spills nothing."""
+    stages_before = {(s.stageId(), s.attemptId()) for s in stage_data(spark)}
+    left = _rows(spark)
+    right = _rows(spark).selectExpr("k", "id AS other")
+    got = left.join(right, "k").repartition("other").selectExpr("count(*) AS n", "sum(other) AS others")
+    row = got.collect()[0]
+    pairs: dict[int, list[int]] = {}
+    for i in range(ROWS):
+        pairs.setdefault(i * 7919 % 1000003, []).append(i)
+    assert (row.n, row.others) == (
+        sum(len(v) ** 2 for v in pairs.values()),
+        sum(len(v) * sum(v) for v in pairs.values()),
+    )
+    new = [s for s in stage_data(spark) if (s.stageId(), s.attemptId()) not in stages_before]
+    assert new
+    assert sum(s.memoryBytesSpilled() for s in new) == 0

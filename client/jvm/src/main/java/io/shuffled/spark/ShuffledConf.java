@@ -50,10 +50,12 @@ final class ShuffledConf {
     ///
     /// Default: `16m`
     static final String WRITER_BUFFER = "spark.shuffled.writerBufferSize";
-    /// the most a map task of a wide shuffle written serialized (SQL rows, Kryo) buffers before it writes its
-    /// records out sorted by partition. The memory is the task's execution memory, asked of Spark's memory
-    /// manager as the buffer grows, so a task granted less writes out sooner. Each write-out gives every
-    /// partition a compressed stream of its own: the fewer, the smaller and cheaper to write and read
+    /// how much a map task of a wide shuffle written serialized (SQL rows, Kryo) buffers, records and 12 bytes
+    /// a record of index, before it writes them out sorted by partition (its arrays grow by doubling, so they
+    /// may hold up to about twice that; a single larger record goes through). The memory is the task's
+    /// execution memory, asked of Spark's memory manager as the buffer grows, so a task granted less writes
+    /// out sooner. Each write-out gives every partition a compressed stream of its own: the fewer, the
+    /// smaller and cheaper to write and read
     ///
     /// Default: `128m`
     static final String SORT_BUFFER = "spark.shuffled.sortBufferSize";

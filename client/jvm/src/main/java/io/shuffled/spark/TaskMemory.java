@@ -7,26 +7,22 @@ import org.apache.spark.memory.TaskMemoryManager;
 /**
  * Heap a map task's writer holds as the task's execution memory, so that Spark's memory manager counts it
  * beside the task's other operators and bounds it: the writer asks before it grows and, when refused, writes
- * out what it holds instead. It never frees memory when another consumer asks (as Spark's own shuffle sorter
- * does not): the only way would be a write-out in the middle of a record, and what it holds is bounded anyway.
+ * out what it holds instead. It never frees memory when another consumer asks (nor does Spark's own shuffle
+ * sorter): such a request may come from another thread (a Python UDF's feeder pulls rows through the task's
+ * operators) while a record is being written, and what the writer holds is bounded anyway.
  */
 final class TaskMemory extends MemoryConsumer {
     TaskMemory(TaskMemoryManager manager) {
         super(manager, MemoryMode.ON_HEAP);
     }
 
-    /** Holds at least {@code total} bytes in all; false, holding no more than before, when Spark grants less. */
-    boolean hold(long total) {
+    /** Holds up to {@code total} bytes in all, as much of it as Spark grants; returns how much it holds. */
+    long hold(long total) {
         long more = total - getUsed();
-        if (more <= 0) {
-            return true;
+        if (more > 0) {
+            acquireMemory(more);
         }
-        long granted = acquireMemory(more);
-        if (granted >= more) {
-            return true;
-        }
-        freeMemory(granted);
-        return false;
+        return getUsed();
     }
 
     /** Gives back whatever it holds above {@code total} bytes. */
