@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from shuffled import spark_jar
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, poll_until
-from tests.jvm import SUMMARY
+from tests.jvm import run_checks
 from tests.spark_support import (
     daemons_fixture,
     needs_spark,
@@ -149,10 +148,5 @@ def test_plugin_rules_inside_the_jvm(plugin_jar: Path) -> None:
     spark.shuffled.replicas and the values of spark.shuffled.durability and spark.shuffled.fsync (a wrong one
     refused with the key named), the Spark line written into the jar (accepted by its own Spark, refused by
     another), and a writer stopped as a success before it committed (it throws)."""
-    tests_jar = spark_jar.build_test_classes()
-    cmd = [spark_jar.find_tool("java"), "-cp", spark_jar.classpath(plugin_jar, tests_jar)]
-    proc = subprocess.run([*cmd, "io.shuffled.spark.PluginCheck"], capture_output=True, text=True, timeout=60)
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
-    m = SUMMARY.fullmatch(lines[-1])
-    assert m and m.group(2) == "0" and int(m.group(1)) == 20, proc.stdout
+    passed, out = run_checks("io.shuffled.spark.PluginCheck", plugin_jar, spark_jar.build_test_classes())
+    assert passed == 20, out

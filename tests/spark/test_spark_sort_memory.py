@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from shuffled import spark_jar
 from tests import spark_jobs
 from tests.cluster import DaemonProcess
+from tests.jvm import run_checks
 from tests.spark_support import (
     daemons_fixture,
     needs_spark,
@@ -95,9 +97,9 @@ def test_fills_are_as_large_as_the_tasks_memory_and_the_bound_allow(spark: Any) 
 
 
 def test_records_larger_than_the_tasks_memory_go_through(spark: Any) -> None:
-    """Rows of 300-400 KiB: in the tight session one is more than a task may hold, so its bytes array grows
-    beyond Spark's grant midway through it and the fill goes out after it; nothing is lost and the task ends
-    holding no managed memory."""
+    """Rows of 300-400 KiB, larger than the capped session's bound and, with the array they grow, than what a
+    task of the tight session may hold: the bytes array grows midway through one regardless (FillBufferCheck
+    checks it shrinks back after the fill); nothing is lost and no task ends holding managed memory."""
     rows = spark.range(0, 64, numPartitions=MAPS).selectExpr("id", "repeat('x', 300000 + 1500 * id) AS s")
     got = rows.repartition(300, "id").selectExpr("count(*) AS n", "sum(length(s)) AS chars").collect()[0]
     assert (got.n, got.chars) == (64, sum(300_000 + 1500 * i for i in range(64)))
@@ -122,3 +124,12 @@ def test_a_growing_writer_makes_no_operator_of_its_task_spill_while_memory_suffi
     new = [s for s in stage_data(spark) if (s.stageId(), s.attemptId()) not in stages_before]
     assert new
     assert sum(s.memoryBytesSpilled() for s in new) == 0
+
+
+def test_fill_buffer_under_sparks_memory_manager(plugin_jar: Path) -> None:
+    """FillBufferCheck: the fill against a real TaskMemoryManager over seeded random bounds, memory, partition
+    counts and records (records larger than the bound too): every partition's bytes exact and in arrival order,
+    one fill when everything fits, many under little memory, the bytes array back within the bound after every
+    fill, no memory left held."""
+    passed, out = run_checks("io.shuffled.spark.FillBufferCheck", plugin_jar, spark_jar.build_test_classes())
+    assert passed == 4, out

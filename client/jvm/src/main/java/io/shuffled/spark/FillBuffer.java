@@ -13,13 +13,14 @@ import java.util.Arrays;
  * between records and only with Spark's grant, which may make the task's other operators spill (as that
  * sorter's growth does); the first time Spark grants less than asked they grow no more and fills keep the
  * size they have. A record that does not fit in what is left grows the bytes array regardless (there is no
- * stopping midway); its fill goes out after it, and the array shrinks back to what Spark granted.
+ * stopping midway), beyond the bound if it must; if Spark refused that growth the fill goes out after the
+ * record, and once a fill is out the array shrinks back within the bound and what Spark granted.
  */
 final class FillBuffer extends OutputStream {
     /** The largest fill: positions in a fill are ints. */
     static final long MAX_FILL_BYTES = 1L << 30;
     /** The bytes array's first size, and its least. */
-    private static final int FIRST_BYTES = 64 << 10;
+    static final int FIRST_BYTES = 64 << 10;
     /** Index bytes per record: its partition, where its bytes start and its place in the sorted order. */
     private static final int INDEX_BYTES = 12;
 
@@ -82,8 +83,9 @@ final class FillBuffer extends OutputStream {
         }
         int length = buf.length;
         if (length - size < length >>> 4 && length < fillBytes) {
-            long granted = grant(Math.min(2L * length, fillBytes));
-            if (granted <= length + (length >>> 3)) { // not worth a copy
+            long asked = Math.min(2L * length, fillBytes);
+            long granted = grant(asked);
+            if (granted < asked && granted <= length + (length >>> 3)) { // a partial grant not worth a copy
                 memory.keep(capacity());
                 return false;
             }
@@ -115,14 +117,18 @@ final class FillBuffer extends OutputStream {
         }
     }
 
-    /** Empties the fill (written out), the bytes array shrunk back to Spark's grant if a record grew it. */
+    /**
+     * Empties the fill (written out); a bytes array a record grew beyond the bound or beyond Spark's grant
+     * shrinks back within both.
+     */
     void clear() {
         records = 0;
         size = 0;
         full = false;
-        long over = capacity() - memory.getUsed();
-        if (over > 0 && buf.length > FIRST_BYTES) {
-            buf = new byte[(int) Math.max(FIRST_BYTES, buf.length - over)];
+        long over = Math.max(capacity() - memory.getUsed(), 0);
+        long target = Math.max(FIRST_BYTES, Math.min(buf.length - over, fillBytes));
+        if (target < buf.length) {
+            buf = new byte[(int) target];
             memory.keep(capacity());
         }
     }
@@ -152,7 +158,9 @@ final class FillBuffer extends OutputStream {
             if (need > Integer.MAX_VALUE - 8) {
                 throw new IllegalStateException("a serialized record of " + len + " bytes does not fit in an array");
             }
-            long most = need > fillBytes ? Integer.MAX_VALUE - 8 : fillBytes; // a record beyond the bound
+            // within the bound, by doubling; beyond it (a record that does not fit), by the record's own size
+            long record = records > 0 ? need - starts[records - 1] : need;
+            long most = need > fillBytes ? Math.min(need + record, Integer.MAX_VALUE - 8) : fillBytes;
             int larger = (int) Math.max(need, Math.min(2L * buf.length, most));
             full |= grant(larger) < larger;
             buf = Arrays.copyOf(buf, larger);
