@@ -2,7 +2,7 @@
 another holds memory, and otherwise the one used longest ago (a push opened, a commit, a read's batch),
 whatever its size. A long Spark session keeps its finished queries' shuffles; writing the largest instead
 put the shuffle being pushed on disk, and its reads, which come next, loaded it back while the finished
-ones sat in memory unread."""
+ones sat in memory unread. The same holds for spilled pieces moved from the data dir to objects."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def _push(pool: GlobalPool, store: Store, out: MapOutput, pieces: int) -> None:
         push(pool, store, out, pack(out.attempt, [(0, b"x" * 80)]))
 
 
-def _committed(pool: GlobalPool, store: Store, shuffle: int, pieces: int) -> None:
-    out = store.open_map_output("app", shuffle, 0, 1, 1)
+def _committed(pool: GlobalPool, store: Store, shuffle: int, pieces: int, app: str = "app") -> None:
+    out = store.open_map_output(app, shuffle, 0, 1, 1)
     _push(pool, store, out, pieces)
     store.commit(out)
 
@@ -96,4 +96,33 @@ async def test_shuffles_too_small_for_a_write_go_after_those_that_fill_one(tmp_p
     held = await _spill(store, spiller)
     assert held[1] == 8 and held[2] == 60 and all(held[100 + s] == 1 for s in range(60))
     assert disk.stats.spills == 1
+    disk.close()
+
+
+@pytest.mark.parametrize("case", ["unread", "read since", "over its quota"])
+@within(30)
+async def test_spilled_pieces_of_the_shuffle_used_longest_ago_move_to_objects_first(tmp_path: Path, case: str) -> None:
+    """With the data dir over its quota, spilled pieces move to objects (disk_moves.py), which reads serve
+    more slowly: those of the shuffle used longest ago first, the oldest in its file and up to an object's
+    worth, not those of the shuffle holding the most disk; an application over its own quota gives its
+    shuffles first. Pieces a write already claimed are not chosen again."""
+    pool = GlobalPool(200 * SEGMENT, SEGMENT, reserve=8)
+    store = Store(SEGMENT, can_spill=True)
+    disk = Disk(str(tmp_path))
+    spiller = Spiller(store, pool, disk, 0.85, 0.7)
+    _committed(pool, store, 1, 20)
+    _committed(pool, store, 2, 60, app="other")  # committed later, and the most disk
+    await spiller.flush([d for shuffles in store.apps.values() for d in shuffles.values()])
+    if case != "unread":
+        make_plan(store, "app", 1, 0, 1, [1], digest=b"")  # a read since: the other is colder
+    first = {"app"} if case == "over its quota" else set()
+    piece = store.apps["app"][1].committed[1].sizes[0]
+    found = store.placement.coldest_on_disk(first, (), 8 * piece)
+    assert found is not None
+    data, pieces = found
+    assert (data.app, data.shuffle) == (("other", 2) if case == "read since" else ("app", 1))
+    ((out, indices),) = pieces
+    assert indices == list(range(8)), "the oldest pieces in the file, up to an object's worth"
+    again = store.placement.coldest_on_disk(first, {out}, 8 * piece)
+    assert again is not None and again[0] is not data, "a claimed attempt's pieces wait for its write"
     disk.close()

@@ -1,7 +1,7 @@
 """Moves from the data dir (tier.py): with the data dir over `disk-quota`, or an application over
-`app-disk-quota`, the oldest pieces of the shuffle holding the most disk move to objects, until the disk
-is down to `DISK_LOW` of the quota; their blocks are punched once no load of that shuffle is under way
-(`disk_space.reclaim`).
+`app-disk-quota`, the oldest pieces of the shuffle used longest ago (of an application over its quota
+first) move to objects, until the disk is down to `DISK_LOW` of the quota; their blocks are punched once no
+load of that shuffle is under way (`disk_space.reclaim`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import logging
 from ...config import DaemonConfig
 from ...logs import event
 from ...protocol.errors import CorruptData, StorageError
-from .object_writer import ObjectWriter, Pieces
-from .shuffles import FILE, MapOutput, ShuffleData
+from .object_writer import ObjectWriter
+from .shuffles import AppUsage
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,14 @@ class DiskMover:
         live = self._live_disk_bytes()
         if cfg.disk_quota and live > cfg.disk_quota:
             over = live - int(cfg.disk_quota * DISK_LOW)
-        if cfg.app_disk_quota:
-            for usage in self.store.usage.values():
-                if usage.disk_bytes > cfg.app_disk_quota:
-                    over = max(over, usage.disk_bytes - int(cfg.app_disk_quota * DISK_LOW))
+        for usage in self._over_quota().values():
+            over = max(over, usage.disk_bytes - int(cfg.app_disk_quota * DISK_LOW))
         return over
+
+    def _over_quota(self) -> dict[str, AppUsage]:
+        """The applications over `app-disk-quota`, whose shuffles move first."""
+        quota = self.config.app_disk_quota
+        return {app: u for app, u in self.store.usage.items() if quota and u.disk_bytes > quota}
 
     def _live_disk_bytes(self) -> int:
         """Spill file bytes not yet given back, less those moved already (punched soon)."""
@@ -69,7 +72,7 @@ class DiskMover:
         try:
             over = self._over_disk()
             while over > 0:
-                found = self._most_disk()
+                found = self.store.placement.coldest_on_disk(self._over_quota(), self.writer.claimed, self.writer.most)
                 if found is None:
                     return
                 data, pieces = found
@@ -87,28 +90,3 @@ class DiskMover:
             event(log, "moving spilled data to the object store failed", logging.WARNING, reason=exc.message)
         except Exception:
             event(log, "moving spilled data to the object store failed", logging.ERROR, exc_info=True)
-
-    def _most_disk(self) -> tuple[ShuffleData, list[Pieces]] | None:
-        """The oldest pieces in the data file (by offset) of the committed attempts of the shuffle holding the
-        most disk, up to an object's worth."""
-        shuffles = [d for s in self.store.apps.values() for d in s.values() if d.file is not None and not d.removed]
-        for data in sorted(shuffles, key=lambda d: d.disk_bytes, reverse=True):
-            found: list[tuple[int, MapOutput, int]] = [
-                (out.offsets[i], out, i)
-                for out in data.committed.values()
-                if out not in self.writer.claimed
-                for i in range(out.placed)
-                if out.places[i] == FILE
-            ]
-            if not found:
-                continue
-            found.sort(key=lambda f: f[0])
-            chosen: dict[MapOutput, list[int]] = {}
-            size = 0
-            for _, out, i in found:
-                if size + out.sizes[i] > self.writer.most and chosen:
-                    break
-                chosen.setdefault(out, []).append(i)
-                size += out.sizes[i]
-            return data, [(out, sorted(indices)) for out, indices in chosen.items()]
-        return None

@@ -141,3 +141,36 @@ class Placement:
                 return data, [largest, *outs]
             writing = writing or bool(held)
         return None
+
+    def coldest_on_disk(
+        self, first: Container[str], claimed: Container[MapOutput], most: int
+    ) -> tuple[ShuffleData, list[tuple[MapOutput, list[int]]]] | None:
+        """The shuffle whose spilled pieces move to an object next and which pieces (the oldest in its file,
+        of committed attempts not `claimed` by a write under way, up to `most` bytes and one at least); None
+        if none is left. Shuffles of the applications named `first` (over their own quota) go before the
+        others, and otherwise the one used longest ago first, as in `coldest_in_memory`: a moved piece is
+        read from the object store, slower than from the file, so the shuffle read next should keep its."""
+        candidates = [
+            d for shuffles in self.apps.values() for d in shuffles.values() if d.file is not None and not d.removed
+        ]
+        for data in sorted(candidates, key=lambda d: (d.app not in first, d.used)):
+            found = sorted(
+                (
+                    (out.offsets[i], out, i)
+                    for out in data.committed.values()
+                    if out not in claimed
+                    for i in range(out.placed)
+                    if out.places[i] == FILE
+                ),
+                key=lambda f: f[0],
+            )
+            chosen: dict[MapOutput, list[int]] = {}
+            size = 0
+            for _, out, i in found:
+                if size + out.sizes[i] > most and chosen:
+                    break
+                chosen.setdefault(out, []).append(i)
+                size += out.sizes[i]
+            if chosen:
+                return data, [(out, sorted(indices)) for out, indices in chosen.items()]
+        return None

@@ -12,8 +12,8 @@ It writes for three reasons, and counts each (`TierStats`):
 
 - **spill** (no data dir): the spiller's writes go to an object instead of a file (`ObjectTarget`);
 - **move** (a data dir over `disk-quota` or an application over `app-disk-quota`): the oldest pieces
-  of the shuffle holding the most disk move to an object; their blocks are punched once no load of
-  that shuffle is under way (`disk_space.reclaim`);
+  of the shuffle used longest ago (an over-quota application's first) move to an object; their blocks
+  are punched once no load of that shuffle is under way (`disk_space.reclaim`);
 - **durable uploads** (`durability = object-store`): committed attempts that asked for it are queued
   per shuffle; a shuffle's queue is uploaded once its pieces not yet in an object fill a part, or
   `object-store-durable-delay` after its last commit. An object carries the commit records of the
