@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from shuffled.server.storage.lease import lease_node
-from shuffled.server.storage.object_format import node_dir
+from shuffled.server.storage.object_format import node_dir, shuffle_prefix
 from shuffled.server.storage.objects import ObjectStore
 from shuffled_client import AsyncClient, PartitionNotFound, ShuffledError, StorageError
 from tests.aio import within
@@ -33,6 +33,8 @@ from tests.seaweedfs import SeaweedFS, environ_without_aws, seaweedfs_fixture
 from tests.units import MiB
 
 APP = "app-tier"
+#: a second application, for quotas of one application
+OTHER = "app-tier-other"
 PART = "5M"
 #: a lease short enough for a test to see one expire (it must be more than twice both timeouts)
 SHORT_LEASE = ("--object-store-lease", "4", "--peer-timeout", "1.5", "--admin-timeout", "1.5")
@@ -117,19 +119,21 @@ def stopped() -> Iterator[Callable[[DaemonProcess], None]]:
 
 
 async def push(
-    client: AsyncClient, shuffle: int, attempt: int, sizes: list[int], durability: str | None = None
+    client: AsyncClient, shuffle: int, attempt: int, sizes: list[int], durability: str | None = None, app: str = APP
 ) -> None:
-    w = await client.open_writer(APP, shuffle, attempt, attempt, len(sizes), durability=durability)
+    w = await client.open_writer(app, shuffle, attempt, attempt, len(sizes), durability=durability)
     for p, size in enumerate(sizes):
         await w.write(p, data(attempt, p, size))
     assert await w.commit() == sizes
 
 
-async def check(client: AsyncClient, shuffle: int, locations: dict[str, list[int]], sizes: list[int]) -> None:
+async def check(
+    client: AsyncClient, shuffle: int, locations: dict[str, list[int]], sizes: list[int], app: str = APP
+) -> None:
     """Every partition of every attempt reads back byte-exact, one partition at a time."""
     for p, size in enumerate(sizes):
         got: dict[int, Any] = {}
-        async with client.read(APP, shuffle, p, p + 1, locations) as reader:
+        async with client.read(app, shuffle, p, p + 1, locations) as reader:
             async for chunk in reader:
                 got.setdefault(chunk.attempt, hashlib.sha256()).update(chunk.data)
         attempts = [a for attempts in locations.values() for a in attempts]
@@ -209,6 +213,39 @@ async def test_spill_files_over_the_disk_quota_move_to_objects_and_survive_a_res
     await c.remove_application(APP)
     assert await tier.objects() == []
     assert [p for p in (tmp_path / "data").rglob("*") if p.is_file() and p.name != "LOCK"] == []
+    await c.close()
+
+
+@within(180)
+async def test_an_application_over_its_own_disk_quota_moves_only_its_own_spills(tier: Tier, tmp_path: Path) -> None:
+    """Two applications spill to the data dir and one passes `--app-disk-quota` (the daemon has no quota of
+    its own) with three shuffles of 4 MiB: only its pieces move to objects, though the other application's
+    one shuffle of 6 MiB is larger, older and unread, and it is brought down to its quota; both read back
+    byte-exact."""
+    host = "127.0.0.1"
+    port = free_port([host])
+    d = tier.start(host, port, data_dir=tmp_path / "data", extra=("--app-disk-quota", "8M"))
+    c = await AsyncClient.connect(d.addr)
+    await push(c, 9, 1, [2 * MiB] * 3, app=OTHER)
+    await c.flush(OTHER, 9)
+    sizes = [1 * MiB] * 4
+    for shuffle in (1, 2, 3):
+        await push(c, shuffle, 1, sizes)
+        await c.flush(APP, shuffle)
+    await wait_until(
+        c.stats,
+        lambda s: s["tier"]["moved_objects"] > 0 and s["disk"]["used_bytes"] <= 6 * MiB + 8 * MiB,
+        30,
+        "the application over its quota brought down to it",
+    )
+    moved = await tier.objects()
+    assert moved and all(k.startswith(tuple(shuffle_prefix(APP, s) for s in (1, 2, 3))) for k in moved), moved
+    for shuffle in (1, 2, 3):
+        await check(c, shuffle, {"": [1]}, sizes)
+    await check(c, 9, {"": [1]}, [2 * MiB] * 3, app=OTHER)
+    for app in (APP, OTHER):
+        await c.remove_application(app)
+    assert await tier.objects() == []
     await c.close()
 
 

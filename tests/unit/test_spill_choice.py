@@ -125,4 +125,6 @@ async def test_spilled_pieces_of_the_shuffle_used_longest_ago_move_to_objects_fi
     assert indices == list(range(8)), "the oldest pieces in the file, up to an object's worth"
     again = store.placement.coldest_on_disk(first, {out}, 8 * piece)
     assert again is not None and again[0] is not data, "a claimed attempt's pieces wait for its write"
+    if first:  # only the daemon's own quota lets another application's pieces move
+        assert store.placement.coldest_on_disk(first, {out}, 8 * piece, others=False) is None
     disk.close()

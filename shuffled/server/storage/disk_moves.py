@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 
 from ...config import DaemonConfig
 from ...logs import event
 from ...protocol.errors import CorruptData, StorageError
-from .object_writer import ObjectWriter
-from .shuffles import AppUsage
+from .object_writer import ObjectWriter, Pieces
+from .shuffles import ShuffleData
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,29 @@ class DiskMover:
         live = self._live_disk_bytes()
         if cfg.disk_quota and live > cfg.disk_quota:
             over = live - int(cfg.disk_quota * DISK_LOW)
-        for usage in self._over_quota().values():
-            over = max(over, usage.disk_bytes - int(cfg.app_disk_quota * DISK_LOW))
+        if cfg.app_disk_quota:
+            for held in self._app_disk_bytes().values():
+                if held > cfg.app_disk_quota:
+                    over = max(over, held - int(cfg.app_disk_quota * DISK_LOW))
         return over
 
-    def _over_quota(self) -> dict[str, AppUsage]:
-        """The applications over `app-disk-quota`, whose shuffles move first."""
-        quota = self.config.app_disk_quota
-        return {app: u for app, u in self.store.usage.items() if quota and u.disk_bytes > quota}
+    def _app_disk_bytes(self) -> dict[str, int]:
+        """Each application's spill file bytes, less those moved already (punched soon), as the daemon's."""
+        moved: Counter[str] = Counter()
+        for g in self.store.placement.garbage:
+            if not g.shuffle.removed:  # a removed shuffle's bytes left its application's count at once
+                moved[g.shuffle.app] += g.length
+        return {app: usage.disk_bytes - moved[app] for app, usage in self.store.usage.items()}
+
+    def _choose(self) -> tuple[ShuffleData, list[Pieces]] | None:
+        """The next pieces to move: of the applications still above DISK_LOW of their own quota first, of
+        any application only while the daemon's own spill files are above DISK_LOW of theirs (moving another
+        application's pieces brings no application under its quota)."""
+        cfg = self.config
+        quota = cfg.app_disk_quota
+        first = {app for app, held in self._app_disk_bytes().items() if quota and held > quota * DISK_LOW}
+        everyone = bool(cfg.disk_quota) and self._live_disk_bytes() > cfg.disk_quota * DISK_LOW
+        return self.store.placement.coldest_on_disk(first, self.writer.claimed, self.writer.most, everyone)
 
     def _live_disk_bytes(self) -> int:
         """Spill file bytes not yet given back, less those moved already (punched soon)."""
@@ -72,7 +88,7 @@ class DiskMover:
         try:
             over = self._over_disk()
             while over > 0:
-                found = self.store.placement.coldest_on_disk(self._over_quota(), self.writer.claimed, self.writer.most)
+                found = self._choose()
                 if found is None:
                     return
                 data, pieces = found

@@ -143,15 +143,20 @@ class Placement:
         return None
 
     def coldest_on_disk(
-        self, first: Container[str], claimed: Container[MapOutput], most: int
+        self, first: Container[str], claimed: Container[MapOutput], most: int, others: bool = True
     ) -> tuple[ShuffleData, list[tuple[MapOutput, list[int]]]] | None:
         """The shuffle whose spilled pieces move to an object next and which pieces (the oldest in its file,
         of committed attempts not `claimed` by a write under way, up to `most` bytes and one at least); None
         if none is left. Shuffles of the applications named `first` (over their own quota) go before the
-        others, and otherwise the one used longest ago first, as in `coldest_in_memory`: a moved piece is
-        read from the object store, slower than from the file, so the shuffle read next should keep its."""
+        others, which are candidates only if `others`; otherwise the one used longest ago first, as in
+        `coldest_in_memory`: a moved piece is read from the object store, slower than from the file, so the
+        shuffle read next should keep its."""
         candidates = [
-            d for shuffles in self.apps.values() for d in shuffles.values() if d.file is not None and not d.removed
+            d
+            for app, shuffles in self.apps.items()
+            if others or app in first
+            for d in shuffles.values()
+            if d.file is not None and not d.removed
         ]
         for data in sorted(candidates, key=lambda d: (d.app not in first, d.used)):
             found = sorted(
