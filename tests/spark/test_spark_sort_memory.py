@@ -47,7 +47,10 @@ daemons = daemons_fixture(["127.0.0.24"])
 
 
 @pytest.fixture(scope="module", params=list(SESSIONS))
-def spark(request: pytest.FixtureRequest, plugin_jar: Path, daemons: list[DaemonProcess]) -> Iterator[Any]:
+def spark(
+    request: pytest.FixtureRequest, builtin: dict[str, Any], plugin_jar: Path, daemons: list[DaemonProcess]
+) -> Iterator[Any]:
+    """`builtin` first: the first session in a process's JVM leaves its settings to every later one."""
     conf = {
         **plugin_conf(plugin_jar, daemons, "executor"),
         "spark.unsafe.exceptionOnMemoryLeak": "true",
