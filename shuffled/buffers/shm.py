@@ -16,6 +16,13 @@ when the connection ends: no name is left on the host for another process to ope
 A slot's pages are allocated the first time it is granted: a full tmpfs fails that push with the reason,
 where a store into a page that cannot be had would kill the writer (SIGBUS). They stay while the connection
 lives (slots are reused, last freed first, so few are ever touched) and go when it ends.
+
+The daemon never loads or stores through a mapping of a region: the client holds the file open read-write
+and may shrink it (`ftruncate`), and a load from a mapped page past the end of a file is SIGBUS, the death
+of the daemon and of everyone's shuffles. It copies with `pread`/`pwrite` on its own descriptor instead (one
+system call a slot, the same one copy), which past the end reads short or extends the file: the client who
+shrank its region loses its own push or connection (`RegionLost`). Its mapping is only for giving pages
+back (`MADV_REMOVE`, which touches no page).
 """
 
 from __future__ import annotations
@@ -28,11 +35,17 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 
+from ..protocol.errors import InvalidRequest
 from .pool import Buffer
 
 #: the name of a daemon's directory of regions: this prefix, its process id and a random part
 DIR_PREFIX = "shuffled-"
 _MAKE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+class RegionLost(InvalidRequest):
+    """The client's region no longer holds a slot the daemon copies from or into: the client shrank the file
+    (only its own connection's data is in it, so only its own push or connection fails)."""
 
 
 class SharedRegion:
@@ -53,18 +66,19 @@ class SharedRegion:
         self.size = (slots + read_slots) * slot_size
         self._dir = directory
         self.path: str | None = os.path.join(directory, secrets.token_hex(16))
-        #: open while slots may be granted: a slot's pages are allocated before it is first named (`take`)
+        #: what the daemon copies through (pread/pwrite), and where a slot's pages are allocated before it is
+        #: first named (`take`); open while slots may be granted
         self._fd: int | None = os.open(self.path, _MAKE, 0o600)
         try:
             os.fchmod(self._fd, mode)
             if owner is not None and os.geteuid() == 0:  # the client's own; else it is the socket's group's
                 os.fchown(self._fd, owner, -1)
             os.ftruncate(self._fd, self.size)
+            #: only for giving pages back: never loaded from nor stored into (see the module's docstring)
             self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED)
         except BaseException:
             self.close()
             raise
-        self._view = memoryview(self._map)
         #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
@@ -72,6 +86,8 @@ class SharedRegion:
         self.reads = ReadSlots(self, slots, read_slots) if read_slots else None
         #: the log said that the tmpfs had no room for more slots (once per region)
         self.full_told = False
+        #: told, once, that a served buffer could not be put in its slot (the daemon ends the connection)
+        self.on_lost: Callable[[RegionLost], object] | None = None
 
     def unlink(self) -> None:
         """Take the region's name off the host (its pages stay while mapped)."""
@@ -115,8 +131,20 @@ class SharedRegion:
         return taken, None
 
     def put(self, slot: int, data: memoryview) -> None:
-        start = slot * self.slot_size
-        self._view[start : start + len(data)] = data
+        """`data` into `slot` (a served buffer, read in place). Past the end of a region the client shrank, the
+        write grows it back; where the host has no pages for that (or the connection ended), the slot keeps
+        what it held, and `on_lost` is told, once: the daemon ends that client's connection with the reason
+        (the buffer's CRC32C, which the client checks, would not match either)."""
+        try:
+            if self._fd is None:
+                raise OSError("the connection is closed")
+            written = os.pwrite(self._fd, data, slot * self.slot_size)
+            if written != len(data):
+                raise OSError(f"{written} of {len(data)} bytes written")
+        except OSError as exc:
+            on_lost, self.on_lost = self.on_lost, None
+            if on_lost is not None:
+                on_lost(RegionLost(f"cannot put a served buffer in shared memory slot {slot}: {exc}"))
 
     def take_cold(self, cold: list[int]) -> tuple[int | None, str | None]:
         """The last slot of `cold` (free slots without pages, push or read), taken with its pages allocated
@@ -133,11 +161,19 @@ class SharedRegion:
         return slot, None
 
     def copy_out(self, slot: int, into: Buffer, length: int) -> None:
-        """The group the writer put in `slot`, copied into `into`; the slot is free again."""
-        start = slot * self.slot_size
-        into.memory[:length] = self._view[start : start + length]
+        """The group the writer put in `slot`, copied into `into`; the slot is free again either way.
+        RegionLost when the slot no longer holds `length` bytes (the client shrank its region)."""
+        try:
+            if self._fd is None:
+                raise OSError("the connection is closed")
+            got = os.preadv(self._fd, (into.memory[:length],), slot * self.slot_size)
+        except OSError as exc:
+            raise RegionLost(f"cannot read shared memory slot {slot}: {exc}") from None
+        finally:
+            self.give_back((slot,))
+        if got != length:
+            raise RegionLost(f"shared memory slot {slot} holds {got} of {length} bytes placed: the region was shrunk")
         into.length = length
-        self.give_back((slot,))
 
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots are free again: used, or named in credit that was never used (the push ended)."""

@@ -100,6 +100,8 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
     d, address = local
     async with await AsyncClient.connect(address) as c:
         assert c.session.region is not None, "a client of the Unix socket gets a region"
+        (name,) = os.listdir(_own_dir(d))  # named until the client speaks: held open to count its pages
+        region = os.open(os.path.join(_own_dir(d), name), os.O_RDONLY)
         before = (await c.stats())["traffic"]
         # wide map outputs of small blocks (thousands of partitions, AQE's shape) and a large one of few
         await _push_and_read(c, 1, 2000, [37, 0, 211])
@@ -115,16 +117,18 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
         # the region holds what is in flight only: slots are reused, a few push windows' worth of pages in all,
         # and what the reads' credit let the daemon put in it for them (the four reads at once above)
         read_kib = 4 * (DEFAULT_EXCLUSIVE + DEFAULT_FLOATING) * SEGMENT_KIB
-        assert 0 < _shared_kib(d.proc.pid) <= 8 * 16 * SEGMENT_KIB + read_kib, _shared_kib(d.proc.pid)
+        assert 0 < _held_kib(region) <= 8 * 16 * SEGMENT_KIB + read_kib, _held_kib(region)
     assert _regions()[os.path.basename(_own_dir(d))] == []
     # the connection gone, the region's pages go back to the host
-    await wait_until(lambda: asyncio.sleep(0, _shared_kib(d.proc.pid)), lambda kib: kib < 512, 10, "pages freed")
+    try:
+        await wait_until(lambda: asyncio.sleep(0, _held_kib(region)), lambda kib: kib < 512, 10, "pages freed")
+    finally:
+        os.close(region)
 
 
-def _shared_kib(pid: int) -> int:
-    """KiB of shared memory the process has resident (its regions' pages)."""
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("RssShmem:"))
+def _held_kib(fd: int) -> int:
+    """KiB of pages the region open as `fd` holds on its tmpfs."""
+    return os.fstat(fd).st_blocks // 2
 
 
 @within(60)
@@ -390,6 +394,52 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
     async with await AsyncClient.connect(address) as c:
         await c.remove_application(APP)
         assert (await pool_settled(c))["pool"]["used"] == 0
+
+
+@within(60)
+async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_daemon_serves_on(
+    local: tuple[DaemonProcess, str],
+) -> None:
+    """A client holds its region's file open read-write and may shrink it under the daemon (`ftruncate`); a
+    daemon that copied through its own mapping died of SIGBUS there, every client's shuffles with it. Now the
+    shrinking client's push fails on its stream with the reason, and a read in place by a client whose
+    region was shrunk is exact (the daemon's write grows the file back)."""
+    d, address = local
+    directory = _own_dir(d)
+    raw = await _Local.dial(address)
+    (name,) = os.listdir(directory)  # named until the client speaks: open it as the client may
+    fd = os.open(os.path.join(directory, name), os.O_RDWR)
+    try:
+        slots = await raw.open_push(1, 1)
+        n, crc = raw.place(slots[0], 1, b"x" * 1000)
+        os.ftruncate(fd, 0)
+        await raw.send(codec.encode(PushPlaced(1, [0, crc, slots[0], n])))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 1, err
+        assert err.code == ErrorCode.INVALID_REQUEST and "shrunk" in err.message, err
+    finally:
+        os.close(fd)
+        raw.writer.close()
+    async with await AsyncClient.connect(address) as writer:
+        w = await writer.open_writer(APP, 2, 0, 0, 3)
+        await w.write_sorted([300_000, 0, 200_000], payload(0, 0, 500_000))
+        await w.commit()
+        reader = await AsyncClient.connect(address)
+        try:
+            (name,) = os.listdir(directory)
+            fd = os.open(os.path.join(directory, name), os.O_RDWR)
+            os.ftruncate(fd, 0)
+            os.close(fd)
+            before = (await reader.stats())["traffic"]["read_placed_buffers"]
+            async with reader.read(APP, 2, 0, 3, {"": [0]}) as r:
+                got = b"".join([bytes(chunk.data) async for chunk in r])
+            assert got == payload(0, 0, 500_000)
+            assert (await reader.stats())["traffic"]["read_placed_buffers"] > before, "read in place"
+        finally:
+            await reader.close()
+        await writer.remove_application(APP)
+        assert (await pool_settled(writer))["pool"]["used"] == 0
+    assert d.proc.poll() is None, "the daemon lives"
 
 
 #: in the daemon's mount namespace: connect, then (with "fill") fill the region's tmpfs and push, which must

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from shuffled.buffers import Chunk
 from shuffled.buffers.pool import GlobalPool
-from shuffled.buffers.shm import ReadSlots, SharedRegion
+from shuffled.buffers.shm import MappedRegion, ReadSlots, RegionLost, SharedRegion
 from shuffled.net.sender import COPY_BYTES_PER_TURN, Sender
 from shuffled.net.streams import MAX_BUFFERS_PER_PLACED, BufferResponseStream, PlacedBufferResponseStream
 from shuffled.protocol.codec import decode_all
@@ -65,6 +65,8 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
 ) -> None:
     directory = str(tmp_path_factory.mktemp("r"))
     region = SharedRegion(directory, PUSH_SLOTS, SLOT, read_slots=read_slots)
+    assert region.path is not None
+    mapped = MappedRegion(region.path, region.size, SLOT)  # the client's side
     reads = region.reads
     assert reads is not None
     pool = GlobalPool(len(sizes) * SLOT, SLOT)
@@ -90,7 +92,7 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
                 for sequence, backlog, crc, slot, length in entries:
                     assert sequence == len(got) and backlog == len(sizes) - len(got) - 1
                     assert PUSH_SLOTS <= slot < PUSH_SLOTS + read_slots and slot in reads.lent
-                    data = bytes(region._view[slot * SLOT : slot * SLOT + length])
+                    data = bytes(mapped.slot(slot)[:length])
                     assert crc == checksum(data)
                     got.append(data)
                     if give_back:
@@ -256,3 +258,31 @@ def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
     reads.returned(kept + reads.take(many))
     assert before - pages() == (many - ReadSlots.WARM) * SLOT and not due, "without a timer, as soon as none is lent"
     region.close()
+
+
+def test_a_region_its_client_shrank_is_copied_from_and_into_without_a_signal(tmp_path: Path) -> None:
+    """The client may shrink its region's file (it holds it open read-write). A daemon loading from or storing
+    into its own mapping past the file's end dies of SIGBUS; through its descriptor, a placed group reads
+    short (RegionLost, the slot free again) and a served buffer grows the file back. A buffer that cannot be
+    put (here: the connection ended) is told once, for the daemon to end the connection."""
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=2)
+    assert region.path is not None and region.reads is not None
+    mapped = MappedRegion(region.path, region.size, SLOT)
+    (slot,), _ = region.take(1)
+    mapped.slot(slot)[:100] = b"p" * 100
+    os.truncate(region.path, 0)
+    pool = GlobalPool(SLOT, SLOT)
+    (buf,) = pool.try_take(1) or []
+    free = region.free
+    with pytest.raises(RegionLost, match="was shrunk"):
+        region.copy_out(slot, buf, 100)
+    assert region.free == free + 1, "the slot is free again"
+    (lent,) = region.reads.take(1)
+    region.put(lent, memoryview(b"s" * 300))
+    assert bytes(mapped.slot(lent)[:300]) == b"s" * 300, "the client reads what was put past the end"
+    lost: list[RegionLost] = []
+    region.on_lost = lost.append
+    region.close()
+    region.put(lent, memoryview(b"t" * 10))
+    region.put(lent, memoryview(b"t" * 10))
+    assert len(lost) == 1 and "connection is closed" in str(lost[0])

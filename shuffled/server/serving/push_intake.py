@@ -80,7 +80,11 @@ class PushIntake:
                 slots.dropped(slot)
                 self._duplicate(buf)
                 continue
-            slots.copy_out(slot, length, buf)
+            try:
+                slots.copy_out(slot, length, buf)
+            except ShuffledError:  # the client shrank its region: the segment is credit again, the push ends
+                buf.release()
+                raise
             stored.append(self._store(buf, sequence, crc))
             self.counters.placed_buffers += 1
         return stored
