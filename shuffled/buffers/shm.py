@@ -3,9 +3,9 @@
 A local writer's bytes need not cross a socket: the daemon gives each connection that asks for it a region
 of its own, a file on tmpfs the client maps, and names in its push credit the slots (segment-sized places)
 of that region the writer may fill. When the writer says it filled one, the daemon copies the group into the
-pool segment that backs the credit (one copy, where a socket takes two and a system call) and the slot is
-free again at once: a region holds only what is in flight, at most the connection's push credit, and the
-writer cannot change what was stored.
+pool segment that backs the credit (one copy and a system call, where a socket takes two copies and a system
+call on each side) and the slot is free again at once: a region holds only what is in flight, at most the
+connection's push credit, and the writer cannot change what was stored.
 
 Isolation: a region holds only what its own connection pushed, so a client can see no other client's data.
 Its file is made for the users the Unix socket is for (its mode's owner and group bits, never others'; owned
@@ -69,21 +69,25 @@ class SharedRegion:
         #: what the daemon copies through (pread/pwrite), and where a slot's pages are allocated before it is
         #: first named (`take`); open while slots may be granted
         self._fd: int | None = os.open(self.path, _MAKE, 0o600)
+        #: only for giving pages back, until the connection ends: never loaded from nor stored into (see the
+        #: module's docstring)
+        self._map: mmap.mmap | None = None
+        #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
+        self._warm: list[int] = []
+        self._cold: list[int] = list(range(slots - 1, -1, -1))
+        #: the slots served buffers are put in, for a client that reads in place (None: it does not)
+        self.reads: ReadSlots | None = None
         try:
             os.fchmod(self._fd, mode)
             if owner is not None and os.geteuid() == 0:  # the client's own; else it is the socket's group's
                 os.fchown(self._fd, owner, -1)
             os.ftruncate(self._fd, self.size)
-            #: only for giving pages back: never loaded from nor stored into (see the module's docstring)
             self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED)
         except BaseException:
             self.close()
             raise
-        #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
-        self._warm: list[int] = []
-        self._cold: list[int] = list(range(slots - 1, -1, -1))
-        #: the slots served buffers are put in, for a client that reads in place (None: it does not)
-        self.reads = ReadSlots(self, slots, read_slots) if read_slots else None
+        if read_slots:
+            self.reads = ReadSlots(self, slots, read_slots)
         #: the log said that the tmpfs had no room for more slots (once per region)
         self.full_told = False
         #: told, once, that a served buffer could not be put in its slot (the daemon ends the connection)
@@ -99,8 +103,9 @@ class SharedRegion:
                 pass
 
     def close(self) -> None:
-        """The connection ended: no slot is granted again, and the pages go (slots still granted to pushes
-        going away give theirs back as those end)."""
+        """The connection ended: no slot is granted again, and the free slots' pages go now; the rest (slots
+        still lent to the client or granted to its pushes) go when the client unmaps the region, as the
+        daemon holds it no more."""
         self.unlink()
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -109,6 +114,9 @@ class SharedRegion:
         self.give_back(warm)
         if self.reads is not None:
             self.reads.close()
+        region, self._map = self._map, None
+        if region is not None:
+            region.close()
 
     @property
     def free(self) -> int:
@@ -133,8 +141,9 @@ class SharedRegion:
     def put(self, slot: int, data: memoryview) -> None:
         """`data` into `slot` (a served buffer, read in place). Past the end of a region the client shrank, the
         write grows it back; where the host has no pages for that (or the connection ended), the slot keeps
-        what it held, and `on_lost` is told, once: the daemon ends that client's connection with the reason
-        (the buffer's CRC32C, which the client checks, would not match either)."""
+        what it held and is named all the same (the client's CRC32C check fails it: only a client that
+        shrank its region gets here, as a lent or free slot keeps its pages), and `on_lost` is told, once:
+        the daemon ends that client's connection with the reason."""
         try:
             if self._fd is None:
                 raise OSError("the connection is closed")
@@ -189,8 +198,10 @@ class SharedRegion:
         return self._fd is None
 
     def punch(self, slot: int) -> None:
-        """The slot's pages go back to the host (the next to use it allocates them again)."""
-        self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+        """The slot's pages go back to the host (the next to use it allocates them again); once the connection
+        ended, they go with the client's mapping."""
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
 
 
 class ReadSlots:

@@ -402,8 +402,8 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
 ) -> None:
     """A client holds its region's file open read-write and may shrink it under the daemon (`ftruncate`); a
     daemon that copied through its own mapping died of SIGBUS there, every client's shuffles with it. Now the
-    shrinking client's push fails on its stream with the reason, and a read in place by a client whose
-    region was shrunk is exact (the daemon's write grows the file back)."""
+    shrinking client's push fails on its stream with the reason (its connection serves on), and a read in
+    place into slots used before the region was shrunk is exact (the daemon's write grows the file back)."""
     d, address = local
     directory = _own_dir(d)
     raw = await _Local.dial(address)
@@ -417,6 +417,9 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 1, err
         assert err.code == ErrorCode.INVALID_REQUEST and "shrunk" in err.message, err
+        await raw.send(codec.encode(OpenMapOutput(2, APP, 7, 2, 2, 2)))
+        credit = await raw.frame()
+        assert isinstance(credit, PushSlots) and credit.writer == 2, credit  # the connection serves on
     finally:
         os.close(fd)
         raw.writer.close()
@@ -428,13 +431,15 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
         try:
             (name,) = os.listdir(directory)
             fd = os.open(os.path.join(directory, name), os.O_RDWR)
-            os.ftruncate(fd, 0)
+            for shrink in (False, True):  # the second read reuses the first one's slots, which keep their pages
+                if shrink:
+                    os.ftruncate(fd, 0)
+                before = (await reader.stats())["traffic"]["read_placed_buffers"]
+                async with reader.read(APP, 2, 0, 3, {"": [0]}) as r:
+                    got = b"".join([bytes(chunk.data) async for chunk in r])
+                assert got == payload(0, 0, 500_000)
+                assert (await reader.stats())["traffic"]["read_placed_buffers"] > before, "read in place"
             os.close(fd)
-            before = (await reader.stats())["traffic"]["read_placed_buffers"]
-            async with reader.read(APP, 2, 0, 3, {"": [0]}) as r:
-                got = b"".join([bytes(chunk.data) async for chunk in r])
-            assert got == payload(0, 0, 500_000)
-            assert (await reader.stats())["traffic"]["read_placed_buffers"] > before, "read in place"
         finally:
             await reader.close()
         await writer.remove_application(APP)
