@@ -78,6 +78,7 @@ def _rows(spark: Any) -> Any:
 
 def test_fills_are_as_large_as_the_tasks_memory_and_the_bound_allow(spark: Any) -> None:
     outputs, fills = serialized_map_outputs(spark), serialized_fills(spark)
+    stages_before = {(s.stageId(), s.attemptId()) for s in stage_data(spark)}
     got = (
         _rows(spark)
         .repartition("k")
@@ -93,10 +94,17 @@ def test_fills_are_as_large_as_the_tasks_memory_and_the_bound_allow(spark: Any) 
     )
     outputs, fills = serialized_map_outputs(spark) - outputs, serialized_fills(spark) - fills
     assert outputs == MAPS
+    # the map stage's tasks report the writer's memory as their peak execution memory, as Spark's own writer does
+    maps = [
+        s for s in stage_data(spark) if (s.stageId(), s.attemptId()) not in stages_before and s.shuffleWriteBytes() > 0
+    ]
+    peak = sum(s.peakExecutionMemory() for s in maps)
     if _session(spark) == "default":
         assert fills == outputs, "a map output of a few MiB fits in one fill under Spark's default memory"
+        assert peak >= MAPS << 20, f"a peak of {peak} bytes for {MAPS} map outputs of about 3 MiB in one fill each"
     else:  # each map output is about 3 MiB of rows
         assert fills > 3 * outputs, f"{fills} fills of {outputs} map outputs of about 3 MiB"
+        assert peak > 0, "the writer's memory is each map task's peak execution memory"
 
 
 def test_records_larger_than_the_tasks_memory_go_through(spark: Any) -> None:

@@ -125,9 +125,13 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             written = writeUnsorted(records, dep);
             Counts.UNSORTED.incrementAndGet();
         } else if (SerializedSortWriter.applies(dep, executor.streamsConcatenate())) {
-            written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
-                    new PartitionOutput(output, 0, metrics), new TaskMemory(context.taskMemoryManager()),
-                    clients.sortBufferBytes()).write(records);
+            TaskMemory memory = new TaskMemory(context.taskMemoryManager());
+            try {
+                written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
+                        new PartitionOutput(output, 0, metrics), memory, clients.sortBufferBytes()).write(records);
+            } finally { // as Spark's serialized writer does when it stops, on every line
+                context.taskMetrics().incPeakExecutionMemory(memory.peak());
+            }
         } else {
             ExternalSorter<K, V, ?> sorter = dep.mapSideCombine()
                     ? Checksums.<K, V, C>sorter(context, dep.aggregator(), Option.apply(dep.partitioner()),

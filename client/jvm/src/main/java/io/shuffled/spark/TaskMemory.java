@@ -12,6 +12,9 @@ import org.apache.spark.memory.TaskMemoryManager;
  * operators) while a record is being written, and what the writer holds is bounded anyway.
  */
 final class TaskMemory extends MemoryConsumer {
+    /** The most it held at once: the task's "peak execution memory", which Spark's own writers report too. */
+    private long peak;
+
     TaskMemory(TaskMemoryManager manager) {
         super(manager, MemoryMode.ON_HEAP);
     }
@@ -22,7 +25,12 @@ final class TaskMemory extends MemoryConsumer {
         if (more > 0) {
             acquireMemory(more);
         }
+        peak = Math.max(peak, getUsed());
         return getUsed();
+    }
+
+    long peak() {
+        return peak;
     }
 
     /** Gives back whatever it holds above {@code total} bytes. */
