@@ -113,27 +113,29 @@ class PlacedBufferResponseStream(BufferResponseStream):
         taken = [] if is_event else slots.take(1 + max(0, most))
         if not taken:
             return super().pack(into, offset, item, seq, backlog, is_event)
-        put = slots.region.put
         copied = 0
         entry = BUFFER_PLACED_ENTRY
         at = offset + HEADER.size
         chunk: Chunk = item
-        n = 0
+        placed: list[tuple[int, memoryview]] = []
+        bufs: list[Buffer] = []
         for slot in taken:
-            if n:
+            if bufs:
                 more = self.pop_more_data(chunk)
                 if more is None:  # the next item is an event, or not a chunk
-                    slots.returned(taken[n:])
+                    slots.returned(taken[len(bufs) :])
                     break
                 chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
             buf = chunk.buffer
-            put(slot, buf.data())
+            placed.append((slot, buf.data()))
+            bufs.append(buf)
             copied += buf.length
             entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
-            buf.release()
             at += entry.size
-            n += 1
-        HEADER.pack_into(into, offset, n * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)
+        slots.region.put(placed)  # together: slots that follow each other in one call
+        for buf in bufs:
+            buf.release()
+        HEADER.pack_into(into, offset, len(bufs) * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)
         if sender is not None:
             sender.copied += copied
         return at - offset, None

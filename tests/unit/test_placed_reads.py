@@ -280,11 +280,35 @@ def test_a_region_its_client_shrank_is_copied_from_and_into_without_a_signal(tmp
         region.copy_out(slot, buf, 100)
     assert region.free == free + 1, "the slot is free again"
     assert region.reads.take(1) == [lent], "a slot with pages first: no allocation grows the file before the put"
-    region.put(lent, memoryview(b"s" * 300))
+    region.put([(lent, memoryview(b"s" * 300))])
     assert bytes(mapped.slot(lent)[:300]) == b"s" * 300, "the client reads what was put past the end"
     lost: list[RegionLost] = []
     region.on_lost = lost.append
     region.close()
-    region.put(lent, memoryview(b"t" * 10))
-    region.put(lent, memoryview(b"t" * 10))
+    region.put([(lent, memoryview(b"t" * 10))])
+    region.put([(lent, memoryview(b"t" * 10))])
     assert len(lost) == 1 and "connection is closed" in str(lost[0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slots=st.lists(st.integers(0, 15), min_size=1, max_size=16, unique=True),
+    short=st.lists(st.booleans(), min_size=16, max_size=16),
+)
+def test_buffers_put_together_land_each_in_its_slot_and_nothing_past_their_ends(
+    tmp_path_factory: pytest.TempPathFactory, slots: list[int], short: list[bool]
+) -> None:
+    """Served buffers put in one call, slots in any order, some shorter than a slot: each slot holds its buffer,
+    and the bytes after a short one are what the slot held (a write never takes a segment's tail, which may
+    hold anyone's earlier buffer)."""
+    region = SharedRegion(str(tmp_path_factory.mktemp("p")), 0, SLOT, read_slots=16)
+    assert region.path is not None
+    mapped = MappedRegion(region.path, region.size, SLOT)
+    mapped.view[:] = b"\xee" * region.size
+    data = {s: bytes([s + 1]) * (SLOT - 1 - s if short[s] else SLOT) for s in slots}
+    region.put([(s, memoryview(d)) for s, d in data.items()])
+    for s in range(16):
+        held = bytes(mapped.slot(s))
+        want = data.get(s, b"")
+        assert held == want + b"\xee" * (SLOT - len(want)), f"slot {s}"
+    region.close()
