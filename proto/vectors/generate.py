@@ -310,7 +310,14 @@ VALID: list[tuple[str, F.Frame]] = [
                 "node": "10.0.0.1:7337",
                 "segment_size": 32768,
                 "features": [F.SHM, F.SHM_READ],
-                "shm": {"path": "/dev/shm/shuffled-4242-0a1b2c3d/0f1e2d3c4b5a69788796a5b4c3d2e1f0", "size": 285212672},
+                "shm": {
+                    "path": "/dev/shm/shuffled-4242-0a1b2c3d/0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+                    "size": 268435456,
+                    "reads": {
+                        "path": "/dev/shm/shuffled-4242-0a1b2c3d/9a8b7c6d5e4f30211203f4e5d6c7b8a9",
+                        "size": 16777216,
+                    },
+                },
             },
         ),
     ),

@@ -13,16 +13,12 @@ by the client's user when the daemon is root) in a directory others may pass thr
 random name, and unlinked as soon as the client sent its first frame after the handshake, and otherwise
 when the connection ends: no name is left on the host for another process to open.
 
-A slot's pages are allocated the first time it is granted: a full tmpfs fails that push with the reason,
-where a store into a page that cannot be had would kill the writer (SIGBUS). They stay while the connection
-lives (slots are reused, last freed first, so few are ever touched) and go when it ends.
+A slot's pages are allocated the first time it is granted: with a full tmpfs that credit goes through the
+socket instead, where a store into a page that cannot be had would kill the writer (SIGBUS). They stay while
+the connection lives (slots are reused, last freed first, so few are ever touched) and go when it ends.
 
-The daemon never loads or stores through a mapping of a region: the client holds the file open read-write
-and may shrink it (`ftruncate`), and a load from a mapped page past the end of a file is SIGBUS, the death
-of the daemon and of everyone's shuffles. It copies with `pread`/`pwrite` on its own descriptor instead (one
-system call a slot, the same one copy), which past the end reads short or extends the file: the client who
-shrank its region loses its own push or connection (`RegionLost`). Its mapping is only for giving pages
-back (`MADV_REMOVE`, which touches no page).
+The read slots (reads in place) are a second file, which the client maps read-only. The daemon never copies
+through a mapping of either (slot_file.py: a client that shrinks a file must not kill the daemon).
 """
 
 from __future__ import annotations
@@ -34,26 +30,25 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from ..protocol.errors import InvalidRequest
 from .pool import Buffer
+from .slot_file import RegionLost, SlotFile
+
+__all__ = ["DIR_PREFIX", "MappedRegion", "ReadSlots", "RegionDirectory", "RegionLost", "SharedRegion"]
 
 #: the name of a daemon's directory of regions: this prefix, its process id and a random part
 DIR_PREFIX = "shuffled-"
-_MAKE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 def _slot(placed: tuple[int, memoryview]) -> int:
     return placed[0]
 
 
-class RegionLost(InvalidRequest):
-    """The client's region no longer holds a slot the daemon copies from or into: the client shrank the file
-    (only its own connection's data is in it, so only its own push or connection fails)."""
-
-
 class SharedRegion:
-    """The daemon's side of one connection's region: `slots` places of `slot_size` bytes."""
+    """The daemon's side of one connection's shared memory: `slots` push slots of `slot_size` bytes in a file
+    the client maps read-write and, for a client that reads in place, `read_slots` more (numbered on from
+    `slots`) in a file of their own that the client may only read (`ReadSlots`)."""
 
     def __init__(
         self,
@@ -65,62 +60,56 @@ class SharedRegion:
         read_slots: int = 0,
     ) -> None:
         self.slot_size = slot_size
-        #: slots for push credit (0..slots-1), then slots for served buffers (slots..slots+read_slots-1)
         self.slots = slots
-        self.size = (slots + read_slots) * slot_size
-        self._dir = directory
-        self.path: str | None = os.path.join(directory, secrets.token_hex(16))
-        #: what the daemon copies through (pread/pwrite), and where a slot's pages are allocated before it is
-        #: first named (`take`); open while slots may be granted
-        self._fd: int | None = os.open(self.path, _MAKE, 0o600)
-        #: only for giving pages back, until the connection ends: never loaded from nor stored into (see the
-        #: module's docstring)
-        self._map: mmap.mmap | None = None
+        self.file = SlotFile(directory, slots, slot_size, owner, mode)
         #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
         #: the slots served buffers are put in, for a client that reads in place (None: it does not)
         self.reads: ReadSlots | None = None
-        try:
-            os.fchmod(self._fd, mode)
-            if owner is not None and os.geteuid() == 0:  # the client's own; else it is the socket's group's
-                os.fchown(self._fd, owner, -1)
-            os.ftruncate(self._fd, self.size)
-            self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED)
-        except BaseException:
-            self.close()
-            raise
         if read_slots:
-            self.reads = ReadSlots(self, slots, read_slots)
+            try:
+                self.reads = ReadSlots(SlotFile(directory, read_slots, slot_size, owner, mode & 0o440), slots)
+            except BaseException:
+                self.file.close()
+                raise
         #: the log said that the tmpfs had no room for more slots (once per region)
         self.full_told = False
-        #: told, once, that a served buffer could not be put in its slot (the daemon ends the connection)
-        self.on_lost: Callable[[RegionLost], object] | None = None
+
+    @property
+    def path(self) -> str | None:
+        """The push slots' file while it has a name (the read slots' loses its name with it)."""
+        return self.file.path
+
+    def offer(self) -> dict[str, Any]:
+        """What a HelloAck's `shm` says of the region (§6.3)."""
+        offer: dict[str, Any] = {"path": self.file.path, "size": self.file.size}
+        if self.reads is not None:
+            offer["reads"] = {"path": self.reads.file.path, "size": self.reads.file.size}
+        return offer
 
     def unlink(self) -> None:
-        """Take the region's name off the host (its pages stay while mapped)."""
-        path, self.path = self.path, None
-        if path is not None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        """Take the region's names off the host (its pages stay while mapped)."""
+        self.file.unlink()
+        if self.reads is not None:
+            self.reads.file.unlink()
 
     def close(self) -> None:
         """The connection ended: no slot is granted again, and the free slots' pages go now; the rest (slots
         still lent to the client or granted to its pushes) go when the client unmaps the region, as the
         daemon holds it no more."""
         self.unlink()
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
         warm, self._warm = self._warm, []
-        self.give_back(warm)
+        for slot in warm:
+            self.file.punch(slot)
+        self._cold.extend(warm)
         if self.reads is not None:
             self.reads.close()
-        region, self._map = self._map, None
-        if region is not None:
-            region.close()
+        self.file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.file.closed
 
     @property
     def free(self) -> int:
@@ -133,109 +122,40 @@ class SharedRegion:
         region has one slot per segment."""
         if n > self.free:
             raise RuntimeError(f"shared region: {n} slots wanted, {self.free} free")
-        warm = self._warm
+        warm, cold = self._warm, self._cold
         taken = [warm.pop() for _ in range(min(n, len(warm)))]
         while len(taken) < n:
-            slot, full = self.take_cold(self._cold)
-            if slot is None:
+            full = self.file.allocate(cold[-1])
+            if full is not None:
                 return taken, full
-            taken.append(slot)
+            taken.append(cold.pop())
         return taken, None
-
-    def put(self, placed: list[tuple[int, memoryview]]) -> None:
-        """Served buffers into their slots (reads in place): `(slot, data)`, the slots distinct. Slots that
-        follow each other go in one `pwritev` while every buffer but the last fills its slot (never a byte
-        past a buffer's end: a segment's tail may hold an earlier buffer of anyone's); the page cache's work
-        is most of a write's cost, but a call a buffer costs a fifth more than one for eight (measured).
-        Past the end of a region the client shrank, a write grows it back; where the host has no pages for
-        that (or the connection ended), the slot keeps what it held and is named all the same (the client's
-        CRC32C check fails it: only a client that shrank its region gets here, as a lent or free slot keeps
-        its pages), and `on_lost` is told, once: the daemon ends that client's connection with the reason."""
-        placed.sort(key=_slot)
-        size = self.slot_size
-        i, count = 0, len(placed)
-        while i < count:
-            first, data = placed[i]
-            views = [data]
-            j = i + 1
-            while j < count and len(data) == size and placed[j][0] == first + j - i:
-                data = placed[j][1]
-                views.append(data)
-                j += 1
-            self._write(first, views)
-            i = j
-
-    def _write(self, slot: int, views: list[memoryview]) -> None:
-        want = sum(map(len, views))
-        try:
-            if self._fd is None:
-                raise OSError("the connection is closed")
-            written = os.pwritev(self._fd, views, slot * self.slot_size)
-            if written != want:
-                raise OSError(f"{written} of {want} bytes written")
-        except OSError as exc:
-            on_lost, self.on_lost = self.on_lost, None
-            if on_lost is not None:
-                on_lost(RegionLost(f"cannot put served buffers in shared memory from slot {slot}: {exc}"))
-
-    def take_cold(self, cold: list[int]) -> tuple[int | None, str | None]:
-        """The last slot of `cold` (free slots without pages, push or read), taken with its pages allocated
-        now; or (None, why) with `cold` as it was: a full tmpfs is found here, where a store into a page that
-        cannot be had would kill the process (SIGBUS)."""
-        slot = cold.pop()
-        try:
-            if self._fd is None:
-                raise OSError("the connection is closed")
-            os.posix_fallocate(self._fd, slot * self.slot_size, self.slot_size)
-        except OSError as exc:
-            cold.append(slot)
-            return None, f"no room for shared memory in {self._dir}: {exc}"
-        return slot, None
 
     def copy_out(self, slot: int, into: Buffer, length: int) -> None:
         """The group the writer put in `slot`, copied into `into`; the slot is free again either way.
         RegionLost when the slot no longer holds `length` bytes (the client shrank its region)."""
         try:
-            if self._fd is None:
-                raise OSError("the connection is closed")
-            got = os.preadv(self._fd, (into.memory[:length],), slot * self.slot_size)
-        except OSError as exc:
-            raise RegionLost(f"cannot read shared memory slot {slot}: {exc}") from None
+            self.file.read(slot, into.memory[:length])
         finally:
             self.give_back((slot,))
-        if got != length:
-            raise RegionLost(f"shared memory slot {slot} holds {got} of {length} bytes placed: the region was shrunk")
         into.length = length
 
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots are free again: used, or named in credit that was never used (the push ended)."""
-        for slot in slots:
-            if self._fd is not None:
-                self._warm.append(slot)
-            else:
-                self.punch(slot)
-                self._cold.append(slot)
-
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
-    def punch(self, slot: int) -> None:
-        """The slot's pages go back to the host (the next to use it allocates them again); once the connection
-        ended, they go with the client's mapping."""
-        if self._map is not None:
-            self._map.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+        free = self._cold if self.file.closed else self._warm  # closed: their pages go with the client's mapping
+        free.extend(slots)
 
 
 class ReadSlots:
-    """The read slots of a region (PROTOCOL.md §6.3, reads in place): the daemon puts a served buffer in one
-    and lends it to the client until the client gives it back. Pages are allocated when a slot is first
-    taken (a full tmpfs sends buffers through the socket for `FULL_RETRY` seconds, told once to `on_full`).
-    A slot given back keeps them for the next buffers (giving pages back and faulting them in anew per
-    buffer cost concurrent reads more than their copies); once the client has held no slot and been lent
-    none for `IDLE` seconds, all but `WARM` free slots give theirs back to the host, so a connection whose
-    reads once held many slots does not keep that much tmpfs. The daemon sets `later` (its loop's
-    `call_later`); without it the free slots beyond `WARM` give their pages back as soon as none is lent."""
+    """The read slots of a region (PROTOCOL.md §6.3, reads in place), in a file of their own the client maps
+    read-only: the daemon puts a served buffer in one and lends it to the client until the client gives it
+    back. Pages are allocated when a slot is first taken (a full tmpfs sends buffers through the socket for
+    `FULL_RETRY` seconds, told once to `on_full`). A slot given back keeps them for the next buffers (giving
+    pages back and faulting them in anew per buffer cost concurrent reads more than their copies); once the
+    client has held no slot and been lent none for `IDLE` seconds, all but `WARM` free slots give theirs back
+    to the host, so a connection whose reads once held many slots does not keep that much tmpfs. The daemon
+    sets `later` (its loop's `call_later`); without it the free slots beyond `WARM` give their pages back as
+    soon as none is lent."""
 
     #: free read slots that keep their pages once the client's reads are idle
     WARM = 128
@@ -244,8 +164,12 @@ class ReadSlots:
     #: after a tmpfs had no room for a slot's pages, seconds before a cold slot is tried again
     FULL_RETRY = 1.0
 
-    def __init__(self, region: SharedRegion, first: int, count: int) -> None:
-        self.region = region
+    def __init__(self, file: SlotFile, first: int) -> None:
+        self.file = file
+        self.slot_size = file.slot_size
+        #: the number of the file's first slot (the push slots' come before)
+        self.first = first
+        count = file.size // file.slot_size
         self._warm: list[int] = []
         self._cold: list[int] = list(range(first + count - 1, first - 1, -1))
         #: slots holding a served buffer the client has not given back
@@ -253,6 +177,8 @@ class ReadSlots:
         self._full_until = 0.0
         #: told the first time the tmpfs has no room for a slot's pages, with the reason (the daemon logs it)
         self.on_full: Callable[[str], None] | None = None
+        #: told, once, that a served buffer could not be put in its slot (the daemon ends the connection)
+        self.on_lost: Callable[[RegionLost], object] | None = None
         #: runs a callback after some seconds (the daemon's loop's `call_later`), for the idle trim
         self.later: Callable[[float, Callable[[], None]], object] | None = None
         self._trim_due = False
@@ -269,18 +195,46 @@ class ReadSlots:
         del warm[keep:]
         cold = self._cold
         while len(taken) < n and cold and time.monotonic() >= self._full_until:
-            slot, full = self.region.take_cold(cold)
-            if slot is None:
+            full = self.file.allocate(cold[-1] - self.first)
+            if full is not None:
                 self._full_until = time.monotonic() + self.FULL_RETRY
                 on_full, self.on_full = self.on_full, None
-                if on_full is not None and full is not None:
+                if on_full is not None:
                     on_full(full)
                 break
-            taken.append(slot)
+            taken.append(cold.pop())
         if taken:
             self.lent.update(taken)
             self._lent_at = time.monotonic()
         return taken
+
+    def put(self, placed: list[tuple[int, memoryview]]) -> None:
+        """Served buffers into their slots: `(slot, data)`, the slots distinct. Slots that follow each other go
+        in one `pwritev` while every buffer but the last fills its slot (never a byte past a buffer's end: a
+        segment's tail may hold an earlier buffer of anyone's); the page cache's work is most of a write's
+        cost, but a call a buffer costs a fifth more than one for eight (measured). Past the end of a file the
+        client shrank, a write grows it back; where the host has no pages for that (or the connection ended),
+        the slot keeps what it held and is named all the same (the client's CRC32C check fails it: only a
+        client that shrank its file gets here, as a lent or free slot keeps its pages), and `on_lost` is
+        told, once: the daemon ends that client's connection with the reason."""
+        placed.sort(key=_slot)
+        size = self.slot_size
+        i, count = 0, len(placed)
+        while i < count:
+            first, data = placed[i]
+            views = [data]
+            j = i + 1
+            while j < count and len(data) == size and placed[j][0] == first + j - i:
+                data = placed[j][1]
+                views.append(data)
+                j += 1
+            try:
+                self.file.write(first - self.first, views)
+            except OSError as exc:
+                on_lost, self.on_lost = self.on_lost, None
+                if on_lost is not None:
+                    on_lost(RegionLost(f"cannot put served buffers in shared memory from slot {first}: {exc}"))
+            i = j
 
     def returned(self, slots: Iterable[int]) -> None:
         """The client is done with these slots; ValueError names one it does not hold (the others are back)."""
@@ -308,7 +262,7 @@ class ReadSlots:
         their pages back, those given back longest ago first (a read takes the last given back); lent one
         since, check again `IDLE` seconds after it."""
         self._trim_due = False
-        if self.lent or self.region.closed:
+        if self.lent or self.file.closed:
             return  # the client's reads go on: the next slot it gives back that leaves none lent comes here
         quiet = time.monotonic() - self._lent_at
         if self.later is not None and quiet < self.IDLE:
@@ -325,11 +279,12 @@ class ReadSlots:
         warm, self._warm = self._warm, []
         self._pages_back(warm)
         self.lent.clear()
+        self.file.close()
 
     def _pages_back(self, free: list[int]) -> None:
         """These free slots give their pages back to the host (cold: the next to take one allocates them)."""
         for slot in free:
-            self.region.punch(slot)
+            self.file.punch(slot - self.first)
         self._cold.extend(free)
 
 
@@ -408,20 +363,36 @@ def _remove_if_abandoned(path: str) -> None:
 
 
 class MappedRegion:
-    """A client's side of its connection's region: mapped read-write, its name unlinked by the daemon."""
+    """A client's side of its connection's region: the push slots mapped read-write and, for reads in place,
+    the read slots (numbered on from the push slots) mapped read-only; the daemon unlinks their names."""
 
-    def __init__(self, path: str, size: int, slot_size: int) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            if os.fstat(fd).st_size != size:
-                raise OSError(f"shared region {path} is not {size} bytes")
-            self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-        finally:
-            os.close(fd)
+    def __init__(self, path: str, size: int, slot_size: int, reads: tuple[str, int] | None = None) -> None:
+        self._map = _mapped(path, size, writable=True)
         self.slot_size = slot_size
+        #: push slots; the read slots are numbered slots..slots+read_slots-1
         self.slots = size // slot_size
         self.view = memoryview(self._map)
+        self._reads = None if reads is None else _mapped(*reads, writable=False)
+        self.read_slots = 0 if reads is None else reads[1] // slot_size
+        self._read_view = memoryview(self._reads) if self._reads is not None else memoryview(b"")
 
     def slot(self, index: int) -> memoryview:
+        """Push slot `index`, to write a group into."""
         start = index * self.slot_size
         return self.view[start : start + self.slot_size]
+
+    def read_slot(self, index: int) -> memoryview:
+        """Read slot `index` (read-only)."""
+        start = (index - self.slots) * self.slot_size
+        return self._read_view[start : start + self.slot_size]
+
+
+def _mapped(path: str, size: int, writable: bool) -> mmap.mmap:
+    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_size != size:
+            raise OSError(f"shared region {path} is not {size} bytes")
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+    finally:
+        os.close(fd)

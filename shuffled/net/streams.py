@@ -109,7 +109,7 @@ class PlacedBufferResponseStream(BufferResponseStream):
         # the flush's copy budget (with large segments a frame's copies alone could pass it) allow after it
         sender = self.sender
         left = COPY_BYTES_PER_TURN - (sender.copied if sender is not None else 0)
-        most = min(self.credit, self.queued, MAX_BUFFERS_PER_PLACED - 1, left // slots.region.slot_size - 1)
+        most = min(self.credit, self.queued, MAX_BUFFERS_PER_PLACED - 1, left // slots.slot_size - 1)
         taken = [] if is_event else slots.take(1 + max(0, most))
         if not taken:
             return super().pack(into, offset, item, seq, backlog, is_event)
@@ -132,7 +132,7 @@ class PlacedBufferResponseStream(BufferResponseStream):
             copied += buf.length
             entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
             at += entry.size
-        slots.region.put(placed)  # together: slots that follow each other in one call
+        slots.put(placed)  # together: slots that follow each other in one call
         for buf in bufs:
             buf.release()
         HEADER.pack_into(into, offset, len(bufs) * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)

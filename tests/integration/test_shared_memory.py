@@ -100,8 +100,7 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
     d, address = local
     async with await AsyncClient.connect(address) as c:
         assert c.session.region is not None, "a client of the Unix socket gets a region"
-        (name,) = os.listdir(_own_dir(d))  # named until the client speaks: held open to count its pages
-        region = os.open(os.path.join(_own_dir(d), name), os.O_RDONLY)
+        files = _files(d)  # named until the client speaks: held open to count their pages
         before = (await c.stats())["traffic"]
         # wide map outputs of small blocks (thousands of partitions, AQE's shape) and a large one of few
         await _push_and_read(c, 1, 2000, [37, 0, 211])
@@ -117,17 +116,31 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
         # the region holds what is in flight only: slots are reused, a few push windows' worth of pages in all,
         # and what the reads' credit let the daemon put in it for them (the four reads at once above)
         read_kib = 4 * (DEFAULT_EXCLUSIVE + DEFAULT_FLOATING) * SEGMENT_KIB
-        assert 0 < _held_kib(region) <= 8 * 16 * SEGMENT_KIB + read_kib, _held_kib(region)
+        pushes, reads = _held_kib(files["push"]), _held_kib(files["read"])
+        assert 0 < pushes <= 8 * 16 * SEGMENT_KIB and 0 < reads <= read_kib, (pushes, reads)
     assert _regions()[os.path.basename(_own_dir(d))] == []
     # the connection gone, the region's pages go back to the host
     try:
-        await wait_until(lambda: asyncio.sleep(0, _held_kib(region)), lambda kib: kib < 512, 10, "pages freed")
+        held = lambda: asyncio.sleep(0, sum(map(_held_kib, files.values())))  # noqa: E731
+        await wait_until(held, lambda kib: kib < 512, 10, "pages freed")
     finally:
-        os.close(region)
+        for fd in files.values():
+            os.close(fd)
+
+
+def _files(d: DaemonProcess) -> dict[str, int]:
+    """The region's two files (a client's that reads in place, before it spoke), open: "push", the one the
+    client may write, and "read", the one it may only read."""
+    files = {}
+    for name in os.listdir(_own_dir(d)):
+        fd = os.open(os.path.join(_own_dir(d), name), os.O_RDWR)
+        files["push" if os.fstat(fd).st_mode & stat.S_IWGRP else "read"] = fd
+    assert len(files) == 2, files
+    return files
 
 
 def _held_kib(fd: int) -> int:
-    """KiB of pages the region open as `fd` holds on its tmpfs."""
+    """KiB of pages the file open as `fd` holds on its tmpfs."""
     return os.fstat(fd).st_blocks // 2
 
 
@@ -138,18 +151,20 @@ async def test_the_region_has_no_name_on_the_host_once_the_client_speaks(local: 
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o711, "others may pass through, not list"
     c = await AsyncClient.connect(address)
     try:
-        (name,) = os.listdir(directory)  # named until the client's first frame after the handshake
-        info = os.stat(os.path.join(directory, name))
-        # for whom the Unix socket is (its default mode 0660: owner and group), never for others
-        assert stat.S_IMODE(info.st_mode) == 0o660 and info.st_uid == os.geteuid()
-        assert len(name) == 32, "a random name nobody can guess"
+        names = os.listdir(directory)  # named until the client's first frame after the handshake
+        modes = sorted(stat.S_IMODE(os.stat(os.path.join(directory, name)).st_mode) for name in names)
+        # for whom the Unix socket is (its default mode 0660: owner and group), never for others; the read
+        # slots' file only to read
+        owners = {os.stat(os.path.join(directory, name)).st_uid for name in names}
+        assert modes == [0o440, 0o660] and owners == {os.geteuid()}
+        assert {len(name) for name in names} == {32}, "random names nobody can guess"
         await c.stats()
         assert os.listdir(directory) == []
     finally:
         await c.close()
     # a client that never speaks: the name goes with its connection
     silent = await AsyncClient.connect(address)
-    assert len(os.listdir(directory)) == 1
+    assert len(os.listdir(directory)) == 2
     await silent.close()
     await wait_until(lambda: asyncio.sleep(0, os.listdir(directory)), lambda names: names == [], 10, "unlinked")
 
@@ -428,19 +443,19 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
         await w.write_sorted([300_000, 0, 200_000], payload(0, 0, 500_000))
         await w.commit()
         reader = await AsyncClient.connect(address)
+        files = _files(d)  # as root: the read slots' file opened to write, as its owner could after a chmod
         try:
-            (name,) = os.listdir(directory)
-            fd = os.open(os.path.join(directory, name), os.O_RDWR)
             for shrink in (False, True):  # the second read reuses the first one's slots, which keep their pages
                 if shrink:
-                    os.ftruncate(fd, 0)
+                    os.ftruncate(files["read"], 0)
                 before = (await reader.stats())["traffic"]["read_placed_buffers"]
                 async with reader.read(APP, 2, 0, 3, {"": [0]}) as r:
                     got = b"".join([bytes(chunk.data) async for chunk in r])
                 assert got == payload(0, 0, 500_000)
                 assert (await reader.stats())["traffic"]["read_placed_buffers"] > before, "read in place"
-            os.close(fd)
         finally:
+            for fd in files.values():
+                os.close(fd)
             await reader.close()
         await writer.remove_application(APP)
         assert (await pool_settled(writer))["pool"]["used"] == 0

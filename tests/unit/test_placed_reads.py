@@ -9,6 +9,7 @@ copies about a socket's high watermark into shared memory and then lets other co
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,13 @@ from tests.turns import until
 
 SLOT = 4096
 PUSH_SLOTS = 8
+
+
+def _client_side(region: SharedRegion) -> MappedRegion:
+    """The region as its client maps it (the read slots' file read-only)."""
+    offer = region.offer()
+    reads = (offer["reads"]["path"], offer["reads"]["size"]) if "reads" in offer else None
+    return MappedRegion(offer["path"], offer["size"], SLOT, reads)
 
 
 def _send_all(stream: PlacedBufferResponseStream) -> list[tuple[object, int]]:
@@ -65,8 +73,7 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
 ) -> None:
     directory = str(tmp_path_factory.mktemp("r"))
     region = SharedRegion(directory, PUSH_SLOTS, SLOT, read_slots=read_slots)
-    assert region.path is not None
-    mapped = MappedRegion(region.path, region.size, SLOT)  # the client's side
+    mapped = _client_side(region)
     reads = region.reads
     assert reads is not None
     pool = GlobalPool(len(sizes) * SLOT, SLOT)
@@ -92,7 +99,7 @@ def test_buffers_go_in_place_while_credit_and_slots_last_then_through_the_socket
                 for sequence, backlog, crc, slot, length in entries:
                     assert sequence == len(got) and backlog == len(sizes) - len(got) - 1
                     assert PUSH_SLOTS <= slot < PUSH_SLOTS + read_slots and slot in reads.lent
-                    data = bytes(mapped.slot(slot)[:length])
+                    data = bytes(mapped.read_slot(slot)[:length])
                     assert crc == checksum(data)
                     got.append(data)
                     if give_back:
@@ -228,8 +235,8 @@ def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
     reads.later = lambda seconds, trim: due.append((now[0] + seconds, trim))  # when it runs
 
     def pages() -> int:
-        assert region.path is not None
-        return os.stat(region.path).st_blocks * 512
+        assert reads.file.path is not None
+        return os.stat(reads.file.path).st_blocks * 512
 
     def run_due(at: float) -> None:
         (when, trim), *rest = due
@@ -266,13 +273,14 @@ def test_a_region_its_client_shrank_is_copied_from_and_into_without_a_signal(tmp
     short (RegionLost, the slot free again) and a served buffer grows the file back. A buffer that cannot be
     put (here: the connection ended) is told once, for the daemon to end the connection."""
     region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=2)
-    assert region.path is not None and region.reads is not None
-    mapped = MappedRegion(region.path, region.size, SLOT)
+    mapped = _client_side(region)
+    assert region.path is not None and region.reads is not None and region.reads.file.path is not None
     (slot,), _ = region.take(1)
     mapped.slot(slot)[:100] = b"p" * 100
     (lent,) = region.reads.take(1)
     region.reads.returned([lent])  # free, its pages kept for the next buffer
     os.truncate(region.path, 0)
+    os.truncate(region.reads.file.path, 0)  # a client that makes its read slots' file writable
     pool = GlobalPool(SLOT, SLOT)
     (buf,) = pool.try_take(1) or []
     free = region.free
@@ -280,13 +288,13 @@ def test_a_region_its_client_shrank_is_copied_from_and_into_without_a_signal(tmp
         region.copy_out(slot, buf, 100)
     assert region.free == free + 1, "the slot is free again"
     assert region.reads.take(1) == [lent], "a slot with pages first: no allocation grows the file before the put"
-    region.put([(lent, memoryview(b"s" * 300))])
-    assert bytes(mapped.slot(lent)[:300]) == b"s" * 300, "the client reads what was put past the end"
+    region.reads.put([(lent, memoryview(b"s" * 300))])
+    assert bytes(mapped.read_slot(lent)[:300]) == b"s" * 300, "the client reads what was put past the end"
     lost: list[RegionLost] = []
-    region.on_lost = lost.append
+    region.reads.on_lost = lost.append
     region.close()
-    region.put([(lent, memoryview(b"t" * 10))])
-    region.put([(lent, memoryview(b"t" * 10))])
+    region.reads.put([(lent, memoryview(b"t" * 10))])
+    region.reads.put([(lent, memoryview(b"t" * 10))])
     assert len(lost) == 1 and "connection is closed" in str(lost[0])
 
 
@@ -301,14 +309,34 @@ def test_buffers_put_together_land_each_in_its_slot_and_nothing_past_their_ends(
     """Served buffers put in one call, slots in any order, some shorter than a slot: each slot holds its buffer,
     and the bytes after a short one are what the slot held (a write never takes a segment's tail, which may
     hold anyone's earlier buffer)."""
-    region = SharedRegion(str(tmp_path_factory.mktemp("p")), 0, SLOT, read_slots=16)
-    assert region.path is not None
-    mapped = MappedRegion(region.path, region.size, SLOT)
-    mapped.view[:] = b"\xee" * region.size
-    data = {s: bytes([s + 1]) * (SLOT - 1 - s if short[s] else SLOT) for s in slots}
-    region.put([(s, memoryview(d)) for s, d in data.items()])
-    for s in range(16):
-        held = bytes(mapped.slot(s))
+    region = SharedRegion(str(tmp_path_factory.mktemp("p")), PUSH_SLOTS, SLOT, read_slots=16)
+    assert region.reads is not None and region.reads.file.path is not None
+    with open(region.reads.file.path, "r+b") as f:  # what the slots held before
+        f.write(b"\xee" * 16 * SLOT)
+    mapped = _client_side(region)
+    data = {PUSH_SLOTS + s: bytes([s + 1]) * (SLOT - 1 - s if short[s] else SLOT) for s in slots}
+    region.reads.put([(s, memoryview(d)) for s, d in data.items()])
+    for s in range(PUSH_SLOTS, PUSH_SLOTS + 16):
+        held = bytes(mapped.read_slot(s))
         want = data.get(s, b"")
         assert held == want + b"\xee" * (SLOT - len(want)), f"slot {s}"
     region.close()
+
+
+def test_the_client_maps_the_read_slots_read_only(tmp_path: Path) -> None:
+    """The read slots are a file of their own, without write bits, which the client maps read-only: a served
+    buffer is the client's to read, never to change; the push slots stay writable."""
+    region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, mode=0o660, read_slots=2)
+    assert region.reads is not None and region.reads.file.path is not None and region.path is not None
+    assert stat.S_IMODE(os.stat(region.reads.file.path).st_mode) == 0o440
+    assert stat.S_IMODE(os.stat(region.path).st_mode) == 0o660
+    mapped = _client_side(region)
+    (lent,) = region.reads.take(1)
+    region.reads.put([(lent, memoryview(b"r" * 10))])
+    view = mapped.read_slot(lent)
+    assert view.readonly and bytes(view[:10]) == b"r" * 10
+    with pytest.raises(TypeError):
+        view[0] = 1
+    mapped.slot(0)[:1] = b"w"  # a push slot
+    region.close()
+    assert os.listdir(tmp_path) == [], "both names gone"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Container
 from typing import Any
 
 from shuffled.buffers import GlobalPool
@@ -62,11 +63,17 @@ class _Unmapped(Exception):
     """The daemon offered shared memory this client could not map (another user's region, a full tmpfs)."""
 
 
-def _map_region(offer: Any, slot_size: int) -> MappedRegion:
-    """The region a HelloAck's `shm` names, mapped (§6.3)."""
-    if not isinstance(offer, dict) or not isinstance(offer.get("path"), str) or not isinstance(offer.get("size"), int):
+def _map_region(offer: Any, slot_size: int, features: Container[str]) -> MappedRegion:
+    """The region a HelloAck's `shm` names, mapped (§6.3): with `shm-read` agreed, its read slots' file too."""
+    reads_in_place = SHM_READ in features
+    if not _names_file(offer) or (reads_in_place and not _names_file(offer.get("reads"))):
         raise ValueError(f"the daemon's shm offer {offer!r} names no region")
-    return MappedRegion(offer["path"], offer["size"], slot_size)
+    reads = (offer["reads"]["path"], offer["reads"]["size"]) if reads_in_place else None
+    return MappedRegion(offer["path"], offer["size"], slot_size, reads)
+
+
+def _names_file(offer: Any) -> bool:
+    return isinstance(offer, dict) and isinstance(offer.get("path"), str) and isinstance(offer.get("size"), int)
 
 
 def _client_pool(size: int, segment_size: int, exclusive: int) -> GlobalPool:
@@ -311,7 +318,7 @@ class AsyncClient(AdminCalls):
         assert self._ready is not None
         if SHM in self.session.proto.features:
             try:
-                self.session.use_region(_map_region(info.get("shm"), self.segment_size))
+                self.session.use_region(_map_region(info.get("shm"), self.segment_size, self.session.proto.features))
             except (OSError, ValueError) as exc:
                 self._ready.set_exception(_Unmapped(str(exc)))
                 return

@@ -42,16 +42,16 @@ class ReadsInPlace:
         placed = frame.placed
         for i in range(0, len(placed), BUFFER_PLACED_FIELDS):
             sequence, backlog, crc, slot, length = placed[i : i + BUFFER_PLACED_FIELDS]
-            if slot >= region.slots or not 0 < length <= region.slot_size:
+            if not region.slots <= slot < region.slots + region.read_slots or not 0 < length <= region.slot_size:
                 raise ProtocolError(
-                    f"BufferPlaced on read stream {frame.receiver}: {length} bytes in slot {slot} (the region "
-                    f"has {region.slots} slots of {region.slot_size} bytes)"
+                    f"BufferPlaced on read stream {frame.receiver}: {length} bytes in slot {slot} (the read "
+                    f"slots are {region.slots}..{region.slots + region.read_slots - 1}, of {region.slot_size} bytes)"
                 )
             reader = reader_of(frame.receiver)
             if reader is None:
                 self.give_back(slot)
             else:
-                reader.on_placed(sequence, backlog, crc, region.slot(slot)[:length], partial(self.give_back, slot))
+                reader.on_placed(sequence, backlog, crc, region.read_slot(slot)[:length], partial(self.give_back, slot))
 
     def give_back(self, slot: int) -> None:
         self._back.append(slot)

@@ -154,11 +154,11 @@ def _shared_memory(conn: DaemonLink, host: ShuffleEnvironment[Any], info: dict[s
     conn.shm = region
     if region.reads is not None:
         loop = asyncio.get_running_loop()
-        region.on_lost = lambda exc: loop.call_soon(conn.fail, exc)  # after the send loop's turn
+        region.reads.on_lost = lambda exc: loop.call_soon(conn.fail, exc)  # after the send loop's turn
         region.reads.on_full = functools.partial(_reads_through_the_socket, conn.host)
         region.reads.later = loop.call_later
     features = [SHM, SHM_READ] if read_slots else [SHM]
-    return {"features": features, "shm": {"path": region.path, "size": region.size}}
+    return {"features": features, "shm": region.offer()}
 
 
 def _reads_through_the_socket(peer: str, reason: str) -> None:
