@@ -100,12 +100,14 @@ class SharedRegion:
         daemon holds it no more."""
         self.unlink()
         warm, self._warm = self._warm, []
-        for slot in warm:
-            self.file.punch(slot)
-        self._cold.extend(warm)
-        if self.reads is not None:
-            self.reads.close()
-        self.file.close()
+        try:
+            for slot in warm:
+                self.file.punch(slot)
+            self._cold.extend(warm)
+            if self.reads is not None:
+                self.reads.close()
+        finally:
+            self.file.close()
 
     @property
     def closed(self) -> bool:
@@ -367,12 +369,18 @@ class MappedRegion:
     the read slots (numbered on from the push slots) mapped read-only; the daemon unlinks their names."""
 
     def __init__(self, path: str, size: int, slot_size: int, reads: tuple[str, int] | None = None) -> None:
+        if size % slot_size or (reads is not None and reads[1] % slot_size):
+            raise ValueError(f"shared region of {size} (reads: {reads}) bytes is not in slots of {slot_size}")
         self._map = _mapped(path, size, writable=True)
+        try:
+            self._reads = None if reads is None else _mapped(*reads, writable=False)
+        except BaseException:
+            self._map.close()
+            raise
         self.slot_size = slot_size
         #: push slots; the read slots are numbered slots..slots+read_slots-1
         self.slots = size // slot_size
         self.view = memoryview(self._map)
-        self._reads = None if reads is None else _mapped(*reads, writable=False)
         self.read_slots = 0 if reads is None else reads[1] // slot_size
         self._read_view = memoryview(self._reads) if self._reads is not None else memoryview(b"")
 

@@ -28,6 +28,7 @@ from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
 from shuffled.protocol.errors import ErrorCode
 from shuffled.protocol.frames import (
     SHM,
+    SHM_READ,
     CommitAck,
     CommitMapOutput,
     ErrorResponse,
@@ -128,12 +129,12 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
             os.close(fd)
 
 
-def _files(d: DaemonProcess) -> dict[str, int]:
+def _files(d: DaemonProcess, how: int = os.O_RDONLY) -> dict[str, int]:
     """The region's two files (a client's that reads in place, before it spoke), open: "push", the one the
     client may write, and "read", the one it may only read."""
     files = {}
     for name in os.listdir(_own_dir(d)):
-        fd = os.open(os.path.join(_own_dir(d), name), os.O_RDWR)
+        fd = os.open(os.path.join(_own_dir(d), name), how)
         files["push" if os.fstat(fd).st_mode & stat.S_IWGRP else "read"] = fd
     assert len(files) == 2, files
     return files
@@ -250,18 +251,18 @@ s.sendall(bytes.fromhex(sys.argv[2]))
 head = s.recv(12, socket.MSG_WAITALL)
 body = s.recv(int.from_bytes(head[:4], "big"), socket.MSG_WAITALL)
 print((head + body).hex(), flush=True)
-path = sys.stdin.readline().strip()
-try:
-    os.close(os.open(path, os.O_RDWR))
-    print("opened", flush=True)
-except OSError as exc:
-    print(exc.errno, flush=True)
-sys.stdin.readline()
+for line in sys.stdin:
+    path, how = line.split()
+    try:
+        os.close(os.open(path, os.O_RDWR if how == "rw" else os.O_RDONLY))
+        print("opened", flush=True)
+    except OSError as exc:
+        print(exc.errno, flush=True)
 """
 
 
 def _other_user(sock: str, uid: int) -> tuple[subprocess.Popen[str], HelloAck]:
-    hello = codec.encode(Hello(Role.CLIENT, info={"features": [SHM]})).hex()
+    hello = codec.encode(Hello(Role.CLIENT, info={"features": [SHM, SHM_READ]})).hex()
     child = children.spawn(
         ["/usr/bin/python3", "-S", "-c", OTHER_USER, sock, hello],
         preexec=lambda: _as_user(uid),
@@ -276,15 +277,16 @@ def _other_user(sock: str, uid: int) -> tuple[subprocess.Popen[str], HelloAck]:
     return child, ack
 
 
-def _try_open(child: subprocess.Popen[str], path: str) -> str:
+def _try_open(child: subprocess.Popen[str], path: str, how: str = "rw") -> str:
     assert child.stdin is not None and child.stdout is not None
-    child.stdin.write(path + "\n")
+    child.stdin.write(f"{path} {how}\n")
     child.stdin.flush()
     return child.stdout.readline().strip()
 
 
 def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
-    """The daemon (root here) gives a client of another user a region that user may open, and no other."""
+    """The daemon (root here) gives a client of another user a region that user may open, and no other: the
+    push slots' file to read and write, the read slots' file only to read."""
     if os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK):
         pytest.skip("needs root and the system's python3 to run clients as other users")
     nobody = pwd.getpwnam("nobody").pw_uid
@@ -295,12 +297,16 @@ def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
     d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
     try:
         owner, ack = _other_user(sock, nobody)
-        path = ack.info["shm"]["path"]
+        path, reads = ack.info["shm"]["path"], ack.info["shm"]["reads"]["path"]
         assert os.stat(path).st_uid == nobody and stat.S_IMODE(os.stat(path).st_mode) == 0o660
+        assert os.stat(reads).st_uid == nobody and stat.S_IMODE(os.stat(reads).st_mode) == 0o440
         stranger, _ = _other_user(sock, nobody - 1)
         try:
             assert _try_open(stranger, path) == str(errno.EACCES), "another user knowing the name cannot open it"
+            assert _try_open(stranger, reads, "r") == str(errno.EACCES)
             assert _try_open(owner, path) == "opened"
+            assert _try_open(owner, reads, "r") == "opened"
+            assert _try_open(owner, reads) == str(errno.EACCES), "the read slots only to read"
         finally:
             for child in (owner, stranger):
                 child.kill()
@@ -419,6 +425,8 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
     daemon that copied through its own mapping died of SIGBUS there, every client's shuffles with it. Now the
     shrinking client's push fails on its stream with the reason (its connection serves on), and a read in
     place into slots used before the region was shrunk is exact (the daemon's write grows the file back)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to open the read slots' file (no write bits) to write, as its owner could after chmod")
     d, address = local
     directory = _own_dir(d)
     raw = await _Local.dial(address)
@@ -443,7 +451,7 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
         await w.write_sorted([300_000, 0, 200_000], payload(0, 0, 500_000))
         await w.commit()
         reader = await AsyncClient.connect(address)
-        files = _files(d)  # as root: the read slots' file opened to write, as its owner could after a chmod
+        files = _files(d, os.O_RDWR)  # the read slots' file opened to write, as its owner could after a chmod
         try:
             for shrink in (False, True):  # the second read reuses the first one's slots, which keep their pages
                 if shrink:

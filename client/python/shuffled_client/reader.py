@@ -45,12 +45,13 @@ class ReadChunk:
 
     @property
     def data(self) -> memoryview:
-        """The run's bytes (decompressed on first use for a compressed application; the pool buffer, and so
-        its credit, is held until iteration passes its last run either way, which bounds a reader's memory)."""
+        """The run's bytes, read-only (decompressed on first use for a compressed application; the pool buffer,
+        and so its credit, is held until iteration passes its last run either way, which bounds a reader's
+        memory). Read-only whichever way they came: a read in place is a view of a slot mapped read-only."""
         if self._buffer is None:
             raise ValueError("chunk already released")
         if self._data is None:
-            run = self._buffer.memory[self._start : self._end]
+            run = self._buffer.memory[self._start : self._end].toreadonly()
             self._data = decompress_run(run) if self._compressed else run
         return self._data
 
@@ -84,10 +85,10 @@ class ReadGroup:
 
     @property
     def data(self) -> memoryview:
-        """The runs' bytes back to back: run k is the `lengths[k]` bytes after the first k runs'."""
+        """The runs' bytes back to back, read-only: run k is the `lengths[k]` bytes after the first k runs'."""
         if self._buffer is None:
             raise ValueError("group already released")
-        return self._buffer.memory[self._start : self._end]
+        return self._buffer.memory[self._start : self._end].toreadonly()
 
     def release(self) -> None:
         """Let go of the group; its buffer becomes credit again once every group of it is let go and passed."""
