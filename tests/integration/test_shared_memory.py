@@ -89,6 +89,7 @@ async def _push_and_read(c: AsyncClient, shuffle: int, partitions: int, sizes: l
     async with c.read(APP, shuffle, 0, partitions, {"": attempts}) as r:
         got: dict[tuple[int, int], bytearray] = {}
         async for chunk in r:
+            assert chunk.data.readonly, "read-only however it came (in place or through the socket)"
             got.setdefault((chunk.attempt, chunk.partition), bytearray()).extend(chunk.data)
     want = {(a, p): payload(a, p, size) for a, size in enumerate(sizes) for p in range(partitions) if size}
     assert got == want
