@@ -191,6 +191,8 @@ class ReadSlots:
         """Up to `n` slots to put served buffers in, lent from now on, those with pages first; fewer (or none):
         every slot is lent, or the tmpfs has no room for more pages (the other buffers then go through the
         socket)."""
+        if self.file.closed:
+            return []  # the connection ended: nothing is lent any more (and no tmpfs is full)
         warm = self._warm
         keep = max(0, len(warm) - n)
         taken = warm[keep:][::-1]  # the slots given back last first, as their pages are the likeliest in cache

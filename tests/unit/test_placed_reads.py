@@ -340,3 +340,6 @@ def test_the_client_maps_the_read_slots_read_only(tmp_path: Path) -> None:
     mapped.slot(0)[:1] = b"w"  # a push slot
     region.close()
     assert os.listdir(tmp_path) == [], "both names gone"
+    told: list[str] = []
+    region.reads.on_full = told.append
+    assert region.reads.take(1) == [] and told == [], "closed: nothing lent, and no full tmpfs told of"
