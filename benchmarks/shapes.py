@@ -152,7 +152,10 @@ def breakdown_notes(width: int, runs: dict[str, dict[str, Any]]) -> list[str]:
             aqe = q["breakdown"]["aqe_reads"]
             line += "; AQE reads " + (", ".join(f"{n} {k}" for k, n in sorted(aqe.items())) or "none")
             notes.append(line)
-    notes.append(f"{width:,} partitions: the daemon's CPU per read stream (plan, feed): {daemon_ms:.2f} ms")
+    notes.append(
+        f"{width:,} partitions: the daemon's CPU in the session per read stream (planning and feeding reads, and "
+        f"taking every push): {daemon_ms:.2f} ms"
+    )
     return notes
 
 
