@@ -59,8 +59,6 @@ class SharedRegion:
         mode: int = 0o600,
         read_slots: int = 0,
     ) -> None:
-        self.slot_size = slot_size
-        self.slots = slots
         self.file = SlotFile(directory, slots, slot_size, owner, mode)
         #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
         self._warm: list[int] = []
@@ -75,6 +73,10 @@ class SharedRegion:
                 raise
         #: the log said that the tmpfs had no room for more slots (once per region)
         self.full_told = False
+
+    @property
+    def slot_size(self) -> int:
+        return self.file.slot_size
 
     @property
     def path(self) -> str | None:

@@ -51,6 +51,12 @@ class SlotFile:
     def closed(self) -> bool:
         return self._fd is None
 
+    def _descriptor(self) -> int:
+        """The file's descriptor; OSError once the connection ended."""
+        if self._fd is None:
+            raise OSError("the connection is closed")
+        return self._fd
+
     def unlink(self) -> None:
         """Take the file's name off the host (its pages stay while mapped)."""
         path, self.path = self.path, None
@@ -74,9 +80,7 @@ class SlotFile:
         """Slot `index` given its pages now; or why it cannot be: a full tmpfs is found here, where a store into
         a page that cannot be had would kill the process storing (SIGBUS)."""
         try:
-            if self._fd is None:
-                raise OSError("the connection is closed")
-            os.posix_fallocate(self._fd, index * self.slot_size, self.slot_size)
+            os.posix_fallocate(self._descriptor(), index * self.slot_size, self.slot_size)
         except OSError as exc:
             return f"no room for shared memory in {self._dir}: {exc}"
         return None
@@ -91,9 +95,7 @@ class SlotFile:
         """The first `len(into)` bytes of slot `index`, into `into`; RegionLost when the slot no longer holds
         them (the client shrank the file)."""
         try:
-            if self._fd is None:
-                raise OSError("the connection is closed")
-            got = os.preadv(self._fd, (into,), index * self.slot_size)
+            got = os.preadv(self._descriptor(), (into,), index * self.slot_size)
         except OSError as exc:
             raise RegionLost(f"cannot read shared memory slot {index}: {exc}") from None
         if got != len(into):
@@ -102,9 +104,7 @@ class SlotFile:
     def write(self, index: int, views: list[memoryview]) -> None:
         """`views` back to back from the start of slot `index`. Past the end of a file the client shrank, the
         write grows it back; OSError where the host has no pages for that, or the connection ended."""
-        if self._fd is None:
-            raise OSError("the connection is closed")
         want = sum(map(len, views))
-        written = os.pwritev(self._fd, views, index * self.slot_size)
+        written = os.pwritev(self._descriptor(), views, index * self.slot_size)
         if written != want:
             raise OSError(f"{written} of {want} bytes written")

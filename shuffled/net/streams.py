@@ -117,7 +117,6 @@ class PlacedBufferResponseStream(BufferResponseStream):
         entry = BUFFER_PLACED_ENTRY
         at = offset + HEADER.size
         chunk: Chunk = item
-        placed: list[tuple[int, memoryview]] = []
         bufs: list[Buffer] = []
         for slot in taken:
             if bufs:
@@ -127,12 +126,12 @@ class PlacedBufferResponseStream(BufferResponseStream):
                     break
                 chunk, seq, backlog = more, (self.sequence - 1) & 0xFFFFFFFF, self.backlog
             buf = chunk.buffer
-            placed.append((slot, buf.data()))
             bufs.append(buf)
             copied += buf.length
             entry.pack_into(into, at, seq, backlog, chunk.crc, slot, buf.length)
             at += entry.size
-        slots.put(placed)  # together: slots that follow each other in one call
+        # together, slots that follow each other in one call (taken may hold slots given back after an event)
+        slots.put([(slot, buf.data()) for slot, buf in zip(taken, bufs, strict=False)])
         for buf in bufs:
             buf.release()
         HEADER.pack_into(into, offset, len(bufs) * entry.size, FrameType.BUFFER_PLACED, 0, 0, self.stream)
