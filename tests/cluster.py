@@ -140,14 +140,16 @@ def poll_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 async def pool_settled(client: AsyncClient, timeout: float = 20.0) -> dict[str, Any]:
-    """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left, and no
-    push window counted against a share (see shuffled/server/accounting/shares.py)."""
+    """Wait until the daemon holds exactly its stored data: no reads, pushes or lent buffers left, no push
+    window counted against a share (see shuffled/server/accounting/shares.py) and no shared-memory push slot
+    held."""
 
     def settled(s: dict[str, Any]) -> bool:
         streams, credit = s["streams"], s["credit"]
         return bool(
             s["pool"]["used"] == s["store"]["stored_segments"]
             and credit["push_floor_segments"] == 0
+            and credit["push_slots"] == 0
             and credit["push_extra_segments"] == 0
             and s["pool"]["local_pools"] == 0
             and streams["served"] == 0

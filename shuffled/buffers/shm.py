@@ -29,10 +29,9 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .pool import Buffer
 from .slot_file import RegionLost, SlotFile
 
 __all__ = ["DIR_PREFIX", "MappedRegion", "ReadSlots", "RegionDirectory", "RegionLost", "SharedRegion"]
@@ -43,6 +42,25 @@ DIR_PREFIX = "shuffled-"
 
 def _slot(placed: tuple[int, memoryview]) -> int:
     return placed[0]
+
+
+def _runs(placed: list[tuple[int, memoryview]], size: int) -> Iterator[tuple[int, list[memoryview]]]:
+    """`(slot, view)` pairs (the slots distinct; sorted here) as runs for one `preadv`/`pwritev` each: slots
+    that follow each other while every view but the last fills its slot, so that no byte of a call is past a
+    view's end (a segment's tail may hold an earlier buffer of anyone's). The page cache's work is most of a
+    copy's cost, but a call a buffer costs a fifth more than one for eight (measured)."""
+    placed.sort(key=_slot)
+    i, count = 0, len(placed)
+    while i < count:
+        first, data = placed[i]
+        views = [data]
+        j = i + 1
+        while j < count and len(data) == size and placed[j][0] == first + j - i:
+            data = placed[j][1]
+            views.append(data)
+            j += 1
+        yield first, views
+        i = j
 
 
 class SharedRegion:
@@ -119,6 +137,11 @@ class SharedRegion:
     def free(self) -> int:
         return len(self._warm) + len(self._cold)
 
+    @property
+    def held(self) -> int:
+        """Push slots not free: granted to pushes as credit, or placed and not yet copied out."""
+        return self.file.size // self.file.slot_size - self.free
+
     def take(self, n: int) -> tuple[list[int], str | None]:
         """Up to n free slots to name in push credit, those with pages first, and why there are fewer: a
         tmpfs with no room for a slot's pages (the rest of the credit then goes through the socket). There
@@ -135,14 +158,15 @@ class SharedRegion:
             taken.append(cold.pop())
         return taken, None
 
-    def copy_out(self, slot: int, into: Buffer, length: int) -> None:
-        """The group the writer put in `slot`, copied into `into`; the slot is free again either way.
-        RegionLost when the slot no longer holds `length` bytes (the client shrank its region)."""
+    def copy_out(self, placed: list[tuple[int, memoryview]]) -> None:
+        """The groups the writer put in slots, `(slot, into)`: each copied into `into` (its length placed),
+        slots that follow each other in one call; every slot is free again either way. RegionLost when a slot
+        no longer holds its group (the client shrank its region)."""
         try:
-            self.file.read(slot, into.memory[:length])
+            for first, views in _runs(placed, self.slot_size):
+                self.file.read(first, views)
         finally:
-            self.give_back((slot,))
-        into.length = length
+            self.give_back([slot for slot, _ in placed])
 
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots are free again: used, or named in credit that was never used (the push ended)."""
@@ -215,32 +239,19 @@ class ReadSlots:
         return taken
 
     def put(self, placed: list[tuple[int, memoryview]]) -> None:
-        """Served buffers into their slots: `(slot, data)`, the slots distinct. Slots that follow each other go
-        in one `pwritev` while every buffer but the last fills its slot (never a byte past a buffer's end: a
-        segment's tail may hold an earlier buffer of anyone's); the page cache's work is most of a write's
-        cost, but a call a buffer costs a fifth more than one for eight (measured). Past the end of a file the
-        client shrank, a write grows it back; where the host has no pages for that (or the connection ended),
-        the slot keeps what it held and is named all the same (the client's CRC32C check fails it: only a
-        client that shrank its file gets here, as a lent or free slot keeps its pages), and `on_lost` is
-        told, once: the daemon ends that client's connection with the reason."""
-        placed.sort(key=_slot)
-        size = self.slot_size
-        i, count = 0, len(placed)
-        while i < count:
-            first, data = placed[i]
-            views = [data]
-            j = i + 1
-            while j < count and len(data) == size and placed[j][0] == first + j - i:
-                data = placed[j][1]
-                views.append(data)
-                j += 1
+        """Served buffers into their slots: `(slot, data)`, the slots distinct, those that follow each other
+        in one call. Past the end of a file the client shrank, a write grows it back; where the host has no
+        pages for that (or the connection ended), the slot keeps what it held and is named all the same (the
+        client's CRC32C check fails it: only a client that shrank its file gets here, as a lent or free slot
+        keeps its pages), and `on_lost` is told, once: the daemon ends that client's connection with the
+        reason."""
+        for first, views in _runs(placed, self.slot_size):
             try:
                 self.file.write(first - self.first, views)
             except OSError as exc:
                 on_lost, self.on_lost = self.on_lost, None
                 if on_lost is not None:
                     on_lost(RegionLost(f"cannot put served buffers in shared memory from slot {first}: {exc}"))
-            i = j
 
     def returned(self, slots: Iterable[int]) -> None:
         """The client is done with these slots; ValueError names one it does not hold (the others are back)."""

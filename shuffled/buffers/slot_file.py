@@ -91,15 +91,16 @@ class SlotFile:
         if self._map is not None:
             self._map.madvise(mmap.MADV_REMOVE, index * self.slot_size, self.slot_size)
 
-    def read(self, index: int, into: memoryview) -> None:
-        """The first `len(into)` bytes of slot `index`, into `into`; RegionLost when the slot no longer holds
-        them (the client shrank the file)."""
+    def read(self, index: int, views: list[memoryview]) -> None:
+        """`views` filled back to back from the start of slot `index`; RegionLost when the file no longer
+        holds their bytes (the client shrank it)."""
+        want = sum(map(len, views))
         try:
-            got = os.preadv(self._descriptor(), (into,), index * self.slot_size)
+            got = os.preadv(self._descriptor(), views, index * self.slot_size)
         except OSError as exc:
             raise RegionLost(f"cannot read shared memory slot {index}: {exc}") from None
-        if got != len(into):
-            raise RegionLost(f"shared memory slot {index} holds {got} of {len(into)} bytes placed: it was shrunk")
+        if got != want:
+            raise RegionLost(f"shared memory from slot {index} holds {got} of {want} bytes placed: it was shrunk")
 
     def write(self, index: int, views: list[memoryview]) -> None:
         """`views` back to back from the start of slot `index`. Past the end of a file the client shrank, the

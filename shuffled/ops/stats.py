@@ -124,6 +124,8 @@ class ConnectionCounts:
     backlog_buffers: int
     #: push credit granted and not yet used
     push_outstanding: int
+    #: slots of its shared memory its pushes hold (granted as credit, or placed and not yet copied)
+    push_slots: int
     #: read credit granted and not yet used
     read_outstanding: int
     #: seconds its pushes have been waiting for memory so far
@@ -171,6 +173,8 @@ class TrafficStats:
 class CreditStats:
     push_granted: int
     push_outstanding: int
+    #: shared-memory push slots held (push credit of local clients, or groups placed and not yet copied)
+    push_slots: int
     #: push windows: their guaranteed floors and the segments beyond them, against their bounds
     push_floor_segments: int
     push_floor_limit: int

@@ -400,6 +400,7 @@ WIRE_STATS = {
         (
             "push_granted",
             "push_outstanding",
+            "push_slots",
             "push_floor_segments",
             "push_floor_limit",
             "push_extra_segments",

@@ -395,14 +395,29 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
         await raw.send(codec.encode(PushPlaced(3, [0, 0, third[0], raw.region.slot_size + 1])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 3 and err.code == ErrorCode.INVALID_REQUEST, err
-        # one frame naming three groups, the second in a slot of another push: the first is taken, the push
-        # ends at the second, and the third is never looked at
+        # one frame naming three groups, the second in a slot of another push: the push ends at the second
+        # (the first's slot free again), and the third is never looked at
         good = await raw.open_push(4, 4)
         fifth = await raw.open_push(5, 5)
         n, crc = raw.place(fifth[0], 5, b"z" * 700)
         await raw.send(codec.encode(PushPlaced(5, [0, crc, fifth[0], n, 1, 0, good[0], 100, 2, 0, fifth[1], 100])))
         err = await raw.frame()
         assert isinstance(err, ErrorResponse) and err.stream == 5 and err.code == ErrorCode.CREDIT_VIOLATION, err
+        # three full groups in slots that follow each other (copied in one call), the second's CRC wrong
+        sixth = sorted(await raw.open_push(6, 6))
+        assert sixth[:3] == list(range(sixth[0], sixth[0] + 3)), sixth
+        head = raw.place(sixth[0], 6, b"-")[0] - 1  # a group's bytes besides its data
+        entries = []
+        for i in range(3):
+            n, crc = raw.place(sixth[i], 6, bytes([i]) * (raw.region.slot_size - head))
+            assert n == raw.region.slot_size
+            entries += [i, crc ^ (i == 1), sixth[i], n]
+        await raw.send(codec.encode(PushPlaced(6, entries)))
+        err = await raw.frame()
+        assert isinstance(err, ErrorResponse) and err.stream == 6 and err.code == ErrorCode.CORRUPT_DATA, err
+        async with await AsyncClient.connect(address) as c:  # only push 4's credit holds slots now
+            credit = (await c.stats())["credit"]
+        assert credit["push_slots"] == credit["push_outstanding"] == len(good), credit
         # the connection serves on: a push done right, three groups in one frame, commits
         entries = []
         for i, size in enumerate((5000, 1, 3000)):

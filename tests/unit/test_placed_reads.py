@@ -285,7 +285,7 @@ def test_a_region_its_client_shrank_is_copied_from_and_into_without_a_signal(tmp
     (buf,) = pool.try_take(1) or []
     free = region.free
     with pytest.raises(RegionLost, match="was shrunk"):
-        region.copy_out(slot, buf, 100)
+        region.copy_out([(slot, buf.memory[:100])])
     assert region.free == free + 1, "the slot is free again"
     assert region.reads.take(1) == [lent], "a slot with pages first: no allocation grows the file before the put"
     region.reads.put([(lent, memoryview(b"s" * 300))])
@@ -320,6 +320,31 @@ def test_buffers_put_together_land_each_in_its_slot_and_nothing_past_their_ends(
         held = bytes(mapped.read_slot(s))
         want = data.get(s, b"")
         assert held == want + b"\xee" * (SLOT - len(want)), f"slot {s}"
+    region.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slots=st.lists(st.integers(0, PUSH_SLOTS - 1), min_size=1, max_size=PUSH_SLOTS, unique=True),
+    short=st.lists(st.booleans(), min_size=PUSH_SLOTS, max_size=PUSH_SLOTS),
+)
+def test_groups_copied_out_together_fill_each_its_segment_and_nothing_past_their_ends(
+    tmp_path_factory: pytest.TempPathFactory, slots: list[int], short: list[bool]
+) -> None:
+    """Placed groups copied out in one call, slots in any order, some shorter than a slot: each segment holds
+    its own slot's group and, past its length, what it held (a slot's tail is not the group's, and a
+    segment's tail may be in use); every slot is free again."""
+    region = SharedRegion(str(tmp_path_factory.mktemp("p")), PUSH_SLOTS, SLOT)
+    mapped = _client_side(region)
+    region.take(PUSH_SLOTS)  # all slots granted, as a writer holds them
+    for s in range(PUSH_SLOTS):
+        mapped.slot(s)[:] = bytes([s + 1]) * SLOT
+    lengths = {s: SLOT - 1 - s if short[s] else SLOT for s in slots}
+    into = {s: bytearray(b"\xee" * SLOT) for s in slots}
+    region.copy_out([(s, memoryview(into[s])[: lengths[s]]) for s in slots])
+    for s in slots:
+        assert into[s] == bytes([s + 1]) * lengths[s] + b"\xee" * (SLOT - lengths[s]), f"slot {s}"
+    assert region.free == len(slots)
     region.close()
 
 

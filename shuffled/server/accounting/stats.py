@@ -106,6 +106,7 @@ def snapshot(d: Reported, now: float, peers: int, drain: DrainStats, draining: b
         credit=CreditStats(
             push_granted=counters.push_credit_granted,
             push_outstanding=sum(n.push_outstanding for n in counts),
+            push_slots=sum(n.push_slots for n in counts),
             push_floor_segments=shares.all.floors,
             push_floor_limit=shares.floor_limit,
             push_extra_segments=shares.all.extras,

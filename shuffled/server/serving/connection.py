@@ -120,6 +120,7 @@ class DaemonConnection(DaemonLink):
             inflight_buffers=self.sender.inflight,
             backlog_buffers=sum(r.out.backlog for r in reads.served.values()),
             push_outstanding=sum(p.outstanding for p in pushes),
+            push_slots=self.shm.held if self.shm is not None else 0,
             read_outstanding=sum(ch.credit.sender_credit for ch in self.requests.channels.values()),
             push_wait_seconds=sum(p.window.waiting_for(now) for p in pushes),
             held_back=sum(1 for p in pushes if p.held_back),

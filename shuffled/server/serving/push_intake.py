@@ -63,31 +63,60 @@ class PushIntake:
         if self.seq.is_duplicate(frame.sequence):
             self._duplicate(buf)
             return None
+        try:
+            self.seq.check(frame.sequence)
+        except ShuffledError:
+            buf.release()
+            raise
         return self._store(buf, frame.sequence, frame.crc or 0)
 
     def placed(self, frame: PushPlaced) -> list[Stored]:
         """What the groups a PushPlaced names stored, in order (duplicates left out); a ShuffledError discards
-        the attempt."""
+        the attempt. All its groups are copied out of their slots before the first is stored, so that slots
+        that follow each other go in one call; every slot is free again once copied or refused."""
         slots = self.slots
         assert slots is not None, "PushPlaced comes only with shared memory"
-        stored: list[Stored] = []
-        entries = frame.placed
+        taken: list[tuple[int, memoryview]] = []
+        #: the segments copied into, with each group's sequence number and the CRC32C it was sent with
+        kept: list[tuple[Buffer, int, int]] = []
+        try:
+            self._take(frame.placed, slots, taken, kept)
+            slots.copy_out(taken)
+            taken = []
+            kept.reverse()
+            stored: list[Stored] = []
+            while kept:
+                buf, sequence, crc = kept.pop()
+                stored.append(self._store(buf, sequence, crc))
+                self.counters.placed_buffers += 1
+            return stored
+        except ShuffledError:  # the segments not stored are credit again, the push ends
+            slots.dropped(slot for slot, _ in taken)
+            for buf, _, _ in kept:
+                buf.release()
+            raise
+
+    def _take(
+        self,
+        entries: list[int],
+        slots: SlotCredit,
+        taken: list[tuple[int, memoryview]],
+        kept: list[tuple[Buffer, int, int]],
+    ) -> None:
+        """Each entry's slot used up and a segment of the window for its group (in `taken` and `kept`), its
+        sequence number checked; a duplicate's slot and segment are free again at once."""
         for i in range(0, len(entries), PLACED_FIELDS):
             sequence, crc, slot, length = entries[i : i + PLACED_FIELDS]
             slots.placed(slot, length)
             buf = self.credited()
             if self.seq.is_duplicate(sequence):
-                slots.dropped(slot)
+                slots.dropped((slot,))
                 self._duplicate(buf)
                 continue
-            try:
-                slots.copy_out(slot, length, buf)
-            except ShuffledError:  # the client shrank its region: the segment is credit again, the push ends
-                buf.release()
-                raise
-            stored.append(self._store(buf, sequence, crc))
-            self.counters.placed_buffers += 1
-        return stored
+            buf.length = length
+            taken.append((slot, buf.memory[:length]))
+            kept.append((buf, sequence, crc))
+            self.seq.check(sequence)
 
     def _duplicate(self, buf: Buffer) -> None:
         self.duplicates += 1
@@ -99,7 +128,6 @@ class PushIntake:
         assert pool is not None
         pool.detach(buf, self.env.pool.give)
         try:
-            self.seq.check(sequence)
             crc = checksum(buf.data())
             if crc != sent_crc:
                 raise CorruptData(

@@ -9,8 +9,8 @@ credit, so a writer that names another's slot could overwrite that push's group 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
-from ...buffers import Buffer
 from ...buffers.shm import SharedRegion
 from ...logs import event
 from ...protocol.errors import CreditViolation, InvalidRequest
@@ -45,13 +45,14 @@ class SlotCredit:
             )
         self.granted.remove(slot)
 
-    def copy_out(self, slot: int, length: int, into: Buffer) -> None:
-        """The placed group, copied into `into` (a segment of the push's window); its slot is free again."""
-        self.region.copy_out(slot, into, length)
+    def copy_out(self, placed: list[tuple[int, memoryview]]) -> None:
+        """The placed groups `(slot, into)`, copied into `into` (segments of the push's window); their slots
+        are free again."""
+        self.region.copy_out(placed)
 
-    def dropped(self, slot: int) -> None:
-        """A duplicate's slot is free again (nothing of it is stored)."""
-        self.region.give_back((slot,))
+    def dropped(self, slots: Iterable[int]) -> None:
+        """Slots used whose groups are not stored (duplicates, or a frame refused) are free again."""
+        self.region.give_back(slots)
 
     def close(self) -> None:
         """The push ended: slots granted and never used are free again."""
