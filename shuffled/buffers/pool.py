@@ -172,16 +172,16 @@ class GlobalPool:
         kept = self.reserve - self.reading if self.reads_in_reserve else self.reserve
         return len(self._free) - kept
 
-    def _fits(self, n: int, klass: int) -> bool:
+    def room(self, klass: int) -> int:
+        """How many segments a taker of this class (see the module) may have now."""
         if klass == PUSH:
-            return self.push_room >= n
-        if self.reading + n > self._caps[klass] or len(self._free) < n:
-            return False
-        return klass != EXCLUSIVE or self.exclusive + n <= self.exclusive_limit
+            return self.push_room
+        room = min(self._caps[klass] - self.reading, len(self._free))
+        return min(room, self.exclusive_limit - self.exclusive) if klass == EXCLUSIVE else room
 
     def try_take(self, n: int = 1, klass: int = PUSH) -> list[Buffer] | None:
-        """n segments now for a taker of this class (see the module), all or nothing."""
-        return self._grant(n, klass) if self._fits(n, klass) else None
+        """n segments now for a taker of this class, all or nothing."""
+        return self._grant(n, klass) if self.room(klass) >= n else None
 
     def _grant(self, n: int, klass: int) -> list[Buffer]:
         out = self._pop(n)
@@ -282,7 +282,7 @@ class GlobalPool:
         for n, klass, fut in self._waiters:
             if fut.done():
                 continue
-            if not blocked[klass] and self._fits(n, klass):
+            if not blocked[klass] and self.room(klass) >= n:
                 fut.set_result(self._grant(n, klass))
             else:
                 blocked[klass] = True
@@ -442,16 +442,20 @@ class LocalPool:
         self.target += n
         self.owner.locals.min_total += n
 
-    def grow(self) -> bool:
-        """Take one more segment from the global pool into this pool, if allowed and free."""
-        if self.destroyed or self.size >= self.target:
-            return False
-        got = self.owner.try_take(1, self._grows)
-        if got is None:
-            return False
-        got[0].refs = 0
-        self._held.append(got[0])
-        return True
+    def grow(self, n: int = 1) -> int:
+        """Take up to n more segments from the global pool into this pool, as far as its target allows and
+        the global pool has them free; how many."""
+        if self.destroyed:
+            return 0
+        n = min(n, self.target - self.size, self.owner.room(self._grows))
+        if n <= 0:
+            return 0
+        got = self.owner.try_take(n, self._grows)
+        assert got is not None, "n is within the global pool's room"
+        for buf in got:
+            buf.refs = 0
+        self._held.extend(got)
+        return n
 
     async def grow_wait(self) -> None:
         """Wait until the global pool gives this pool one more segment."""

@@ -459,6 +459,9 @@ async def test_a_client_that_shrinks_its_region_loses_only_its_own_push_and_the_
         await raw.send(codec.encode(OpenMapOutput(2, APP, 7, 2, 2, 2)))
         credit = await raw.frame()
         assert isinstance(credit, PushSlots) and credit.writer == 2, credit  # the connection serves on
+        async with await AsyncClient.connect(address) as c:  # the failed push's slots free, once each
+            held = (await c.stats())["credit"]
+        assert held["push_slots"] == held["push_outstanding"] == len(credit.slots), held
     finally:
         os.close(fd)
         raw.writer.close()

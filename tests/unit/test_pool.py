@@ -104,9 +104,8 @@ async def test_local_pool_min_max_and_redistribution() -> None:
     assert a.available == 2 and a.target == 10  # alone: may use all its max
     b = await asyncio.wait_for(pool.create_local_pool(2, 10), TIMEOUT)
     assert a.target == b.target == 8  # 12 spare segments shared by two pools
-    while a.grow():
-        pass
-    assert a.size == 8
+    assert a.grow(100) == 6, "up to its target"
+    assert a.size == 8 and a.grow() == 0
     bufs = [a.request() for _ in range(8)]
     assert all(bufs) and a.request() is None
     b.destroy()
@@ -119,11 +118,24 @@ async def test_local_pool_min_max_and_redistribution() -> None:
 
 
 @within(30)
+async def test_a_local_pool_grows_at_once_only_by_what_the_global_pool_has_free() -> None:
+    pool = GlobalPool(16 * SEG, SEG)
+    a = await pool.create_local_pool(1, 16)
+    held = pool.try_take(12)
+    assert held is not None and a.target == 16
+    assert a.grow(100) == 3 and pool.free == 0 and a.grow() == 0
+    for buf in held:
+        pool.give(buf)
+    assert a.grow(100) == 12 and a.size == 16
+    a.destroy()
+    assert pool.free == 16
+
+
+@within(30)
 async def test_local_pool_returns_excess_when_target_shrinks() -> None:
     pool = GlobalPool(16 * SEG, SEG)
     a = await pool.create_local_pool(1, 16)
-    while a.grow():
-        pass
+    assert a.grow(3) == 3 and a.grow(100) == 12, "as far as asked, then up to its target"
     assert a.size == 16
     b = await asyncio.wait_for(pool.create_local_pool(1, 16), TIMEOUT)
     assert a.size <= a.target and a.size + b.size + pool.free == 16

@@ -104,13 +104,12 @@ class PushShares:
             share.floors += self.floor
         return app_share
 
-    def may_grow(self, conn: Share | None, app: Share) -> bool:
-        """A window may take one more segment beyond its floor."""
-        return (
-            (conn is None or conn.total < self.per_connection)
-            and app.total < self.per_application
-            and self.all.extras < self.extra_limit
-        )
+    def room(self, conn: Share | None, app: Share) -> int:
+        """How many segments beyond its floor a window of `conn` and `app` may take now."""
+        room = min(self.per_application - app.total, self.extra_limit - self.all.extras)
+        if conn is not None:
+            room = min(room, self.per_connection - conn.total)
+        return max(0, room)
 
     def charge(self, conn: Share | None, app: Share, extras: int) -> None:
         """A window's segments beyond its floor changed by `extras` (negative: given back)."""

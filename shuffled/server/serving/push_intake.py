@@ -9,6 +9,7 @@ a lost reply) is dropped: its bytes are not stored twice, and the segment become
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ...buffers import Buffer
@@ -16,7 +17,7 @@ from ...protocol.credit import SequenceChecker
 from ...protocol.errors import CorruptData, CreditViolation, ShuffledError
 from ...protocol.frames import PLACED_FIELDS, PushData, PushPlaced
 from ...protocol.integrity import checksum
-from ...protocol.packed import check_push
+from ...protocol.packed import PushedGroup, check_push
 from ..storage.writer import MapOutputWriter
 from .environment import ShuffleEnvironment
 from .push_slots import SlotCredit
@@ -24,6 +25,8 @@ from .push_window import PushWindow
 
 #: a stored piece, as replicas are sent it: the buffer, its CRC32C and its runs' bytes
 Stored = tuple[Buffer, int, int]
+#: a checked piece, as the store takes it: the buffer, its CRC32C and its directory
+Piece = tuple[Buffer, int, PushedGroup]
 
 
 class PushIntake:
@@ -68,12 +71,15 @@ class PushIntake:
         except ShuffledError:
             buf.release()
             raise
-        return self._store(buf, frame.sequence, frame.crc or 0)
+        piece = self._checked(buf, frame.sequence, frame.crc or 0)
+        self.out.add_all([piece])
+        return self._counted([piece])[0]
 
     def placed(self, frame: PushPlaced) -> list[Stored]:
         """What the groups a PushPlaced names stored, in order (duplicates left out); a ShuffledError discards
-        the attempt. All its groups are copied out of their slots before the first is stored, so that slots
-        that follow each other go in one call; every slot is free again once copied or refused."""
+        the attempt. A frame's groups are taken together: copied out of their slots (slots that follow each
+        other in one call), checked, then stored; every slot is free again once copied or refused, every
+        segment not stored is released."""
         slots = self.slots
         assert slots is not None, "PushPlaced comes only with shared memory"
         taken: list[tuple[int, memoryview]] = []
@@ -81,20 +87,26 @@ class PushIntake:
         kept: list[tuple[Buffer, int, int]] = []
         try:
             self._take(frame.placed, slots, taken, kept)
-            slots.copy_out(taken)
-            taken = []
-            kept.reverse()
-            stored: list[Stored] = []
-            while kept:
-                buf, sequence, crc = kept.pop()
-                stored.append(self._store(buf, sequence, crc))
-                self.counters.placed_buffers += 1
-            return stored
-        except ShuffledError:  # the segments not stored are credit again, the push ends
+        except ShuffledError:
             slots.dropped(slot for slot, _ in taken)
-            for buf, _, _ in kept:
-                buf.release()
+            _release(buf for buf, _, _ in kept)
             raise
+        try:
+            slots.copy_out(taken)  # frees every slot, copied or not
+        except ShuffledError:  # the client shrank its region: the segments are credit again, the push ends
+            _release(buf for buf, _, _ in kept)
+            raise
+        checked: list[Piece] = []
+        try:
+            for buf, sequence, crc in kept:
+                checked.append(self._checked(buf, sequence, crc))
+        except ShuffledError:
+            _release(piece[0] for piece in checked)
+            _release(buf for buf, _, _ in kept[len(checked) + 1 :])
+            raise
+        self.out.add_all(checked)
+        self.counters.placed_buffers += len(checked)
+        return self._counted(checked)
 
     def _take(
         self,
@@ -122,8 +134,9 @@ class PushIntake:
         self.duplicates += 1
         buf.release()  # back into the window: credit again
 
-    def _store(self, buf: Buffer, sequence: int, sent_crc: int) -> Stored:
-        """The buffer leaves the window for the store (the global pool's again when the store frees it)."""
+    def _checked(self, buf: Buffer, sequence: int, sent_crc: int) -> Piece:
+        """A group whose CRC32C and directory are right, ready for the store; its buffer has left the window
+        (the global pool's again when the store frees it, or at once if it is refused)."""
         pool = self.window.pool
         assert pool is not None
         pool.detach(buf, self.env.pool.give)
@@ -134,13 +147,21 @@ class PushIntake:
                     f"PushData {sequence} of writer {self.writer} failed its CRC32C check (got {crc:08x}, "
                     f"the writer sent {sent_crc:08x}); the attempt is discarded"
                 )
-            group = check_push(buf.data(), self.out.attempt, self.out.partitions)
-            self.out.add(buf, crc, group)
+            return buf, crc, check_push(buf.data(), self.out.attempt, self.out.partitions)
         except ShuffledError:
-            if buf.refs:
-                buf.release()
+            buf.release()
             raise
-        self.received += 1
-        self.counters.pushed_buffers += 1
-        self.counters.pushed_bytes += group.data_bytes
-        return buf, crc, group.data_bytes
+
+    def _counted(self, pieces: list[Piece]) -> list[Stored]:
+        """Stored pieces, counted, as replicas are sent them."""
+        self.received += len(pieces)
+        counters = self.counters
+        counters.pushed_buffers += len(pieces)
+        stored = [(buf, crc, group.data_bytes) for buf, crc, group in pieces]
+        counters.pushed_bytes += sum(piece[2] for piece in stored)
+        return stored
+
+
+def _release(buffers: Iterable[Buffer]) -> None:
+    for buf in buffers:
+        buf.release()

@@ -67,10 +67,11 @@ class PushWindow:
         """Grow the pool toward its target as the shares allow; the free segments not yet promised."""
         pool = self.pool
         assert pool is not None
-        spilling = self.out.holding()
         self._charge()  # pushed data left the window since
-        while not spilling and pool.size < pool.target and self._may_grow(pool) and pool.grow():
-            self._charge()
+        if not self.out.holding():  # its floor always, beyond it as far as the shares have room
+            floor = max(0, pool.min - pool.size)
+            if pool.grow(floor + self.shares.room(self.conn_share, self.app_share)):
+                self._charge()
         return pool.available - pool.promised
 
     def wait_if_empty(self) -> None:
@@ -80,9 +81,6 @@ class PushWindow:
         if pool.available == 0 and pool.size < pool.min and self._waiting is None and not self.hopeless():
             self._waiting = asyncio.create_task(self._wait_for_memory())
             self.waiting_since = time.monotonic()
-
-    def _may_grow(self, pool: LocalPool) -> bool:
-        return pool.size < pool.min or self.shares.may_grow(self.conn_share, self.app_share)
 
     def _charge(self) -> None:
         """Keep the shares' count of this window's segments beyond its floor up to date."""

@@ -31,12 +31,21 @@ class MapOutputWriter:
         self.attempt = out.attempt
         self.partitions = data.partitions
 
-    def add(self, buffer: Buffer, crc: int, group: PushedGroup) -> None:
-        """Take a pushed packed group with its checked CRC32C and directory (`packed.check_push`): its buffer
-        reference moves to storage (a refused one is released); then spill if the pool or the application's
-        quota asks for it."""
-        self._spiller.store.add(self._out, buffer, crc, group)
-        self._spiller.check(self.app)
+    def add_all(self, pieces: list[tuple[Buffer, int, PushedGroup]]) -> None:
+        """Take a frame's pushed packed groups, in order, each with its checked CRC32C and directory
+        (`packed.check_push`): their buffer references move to storage (one refused is released, and those
+        after it); then spill if the pool or the application's quota asks for it."""
+        store, taken = self._spiller.store, 0
+        try:
+            for buffer, crc, group in pieces:
+                taken += 1
+                store.add(self._out, buffer, crc, group)
+        except ShuffledError:
+            for buffer, _, _ in pieces[taken:]:
+                buffer.release()
+            raise
+        finally:
+            self._spiller.check(self.app)
 
     @property
     def on_failure(self) -> Callable[[ShuffledError], None] | None:
