@@ -29,6 +29,7 @@ import os
 import secrets
 import shutil
 import time
+from bisect import insort
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -78,7 +79,8 @@ class SharedRegion:
         read_slots: int = 0,
     ) -> None:
         self.file = SlotFile(directory, slots, slot_size, owner, mode)
-        #: free slots whose pages are allocated (reused first, last freed first) and free slots without pages
+        #: free slots whose pages are allocated (in order, the highest taken first: slots taken together then
+        #: mostly follow each other, and are copied in one call) and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(slots - 1, -1, -1))
         #: the slots served buffers are put in, for a client that reads in place (None: it does not)
@@ -170,8 +172,12 @@ class SharedRegion:
 
     def give_back(self, slots: Iterable[int]) -> None:
         """Slots are free again: used, or named in credit that was never used (the push ended)."""
-        free = self._cold if self.file.closed else self._warm  # closed: their pages go with the client's mapping
-        free.extend(slots)
+        if self.file.closed:  # their pages go with the client's mapping
+            self._cold.extend(slots)
+            return
+        warm = self._warm
+        for slot in slots:
+            insort(warm, slot)
 
 
 class ReadSlots:
@@ -198,6 +204,8 @@ class ReadSlots:
         #: the number of the file's first slot (the push slots' come before)
         self.first = first
         count = file.size // file.slot_size
+        #: free slots with pages, in order (the highest lent first, so that slots lent together mostly follow
+        #: each other and are written in one call), and free slots without pages
         self._warm: list[int] = []
         self._cold: list[int] = list(range(first + count - 1, first - 1, -1))
         #: slots holding a served buffer the client has not given back
@@ -221,7 +229,7 @@ class ReadSlots:
             return []  # the connection ended: nothing is lent any more (and no tmpfs is full)
         warm = self._warm
         keep = max(0, len(warm) - n)
-        taken = warm[keep:][::-1]  # the slots given back last first, as their pages are the likeliest in cache
+        taken = warm[keep:][::-1]  # the highest: free slots in order, so that most follow each other
         del warm[keep:]
         cold = self._cold
         while len(taken) < n and cold and time.monotonic() >= self._full_until:
@@ -261,7 +269,7 @@ class ReadSlots:
                 wrong = slot if wrong is None else wrong
                 continue
             lent.remove(slot)
-            warm.append(slot)
+            insort(warm, slot)
         if not lent and len(warm) > self.WARM and not self._trim_due:
             self._trim_after(self.IDLE)
         if wrong is not None:
@@ -276,8 +284,8 @@ class ReadSlots:
 
     def _trim(self) -> None:
         """If the client holds no slot and was lent none for `IDLE` seconds, the free slots beyond `WARM` give
-        their pages back, those given back longest ago first (a read takes the last given back); lent one
-        since, check again `IDLE` seconds after it."""
+        their pages back, the lowest first (a read takes the highest); lent one since, check again `IDLE`
+        seconds after it."""
         self._trim_due = False
         if self.lent or self.file.closed:
             return  # the client's reads go on: the next slot it gives back that leaves none lent comes here

@@ -222,9 +222,10 @@ def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Slots given back keep their pages for the next buffers (no page given back and faulted in anew per
-    buffer), and a read takes the slots given back last; once the client has held no slot and been lent none
-    for `IDLE` seconds, a connection whose reads once held many keeps the pages of `ReadSlots.WARM` of them
-    only, those given back last (without a timer, as soon as none is lent)."""
+    buffer), and a read takes the highest free ones (slots lent together then mostly follow each other);
+    once the client has held no slot and been lent none for `IDLE` seconds, a connection whose reads once
+    held many keeps the pages of `ReadSlots.WARM` of them only, the highest (without a timer, as soon as none
+    is lent)."""
     now = [100.0]
     monkeypatch.setattr("shuffled.buffers.shm.time", SimpleNamespace(monotonic=lambda: now[0]))
     many = ReadSlots.WARM + 50
@@ -250,7 +251,7 @@ def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
     assert len(held) == many and before >= many * SLOT
     reads.returned(held[1:])
     again = reads.take(many - 1)
-    assert again == held[1:][::-1] and pages() == before, "taken again, the last given back first, no new pages"
+    assert again == held[1:][::-1] and pages() == before, "taken again, the highest first, no new pages"
     reads.returned(again + held[:1])
     assert pages() == before and [at for at, _ in due] == [100 + ReadSlots.IDLE], "a trim is due, none done yet"
     now[0] += 2
@@ -260,7 +261,7 @@ def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
     run_due(102 + ReadSlots.IDLE)
     assert before - pages() == (many - ReadSlots.WARM) * SLOT, "idle: all but the warm ones gave theirs back"
     kept = reads.take(ReadSlots.WARM)
-    assert set(kept) == set(held[: ReadSlots.WARM]), "the ones given back last kept theirs"
+    assert set(kept) == set(held[-ReadSlots.WARM :]), "the highest kept theirs"
     reads.later = None
     reads.returned(kept + reads.take(many))
     assert before - pages() == (many - ReadSlots.WARM) * SLOT and not due, "without a timer, as soon as none is lent"
