@@ -15,7 +15,8 @@ when the connection ends: no name is left on the host for another process to ope
 
 A slot's pages are allocated the first time it is granted: with a full tmpfs that credit goes through the
 socket instead, where a store into a page that cannot be had would kill the writer (SIGBUS). They stay while
-the connection lives (slots are reused, last freed first, so few are ever touched) and go when it ends.
+the connection lives (free slots with pages are reused first, the highest first, so few are ever touched
+and slots granted together mostly follow each other) and go when it ends.
 
 The read slots (reads in place) are a second file, which the client maps read-only. The daemon never copies
 through a mapping of either (slot_file.py: a client that shrinks a file must not kill the daemon).
@@ -39,6 +40,8 @@ __all__ = ["DIR_PREFIX", "MappedRegion", "ReadSlots", "RegionDirectory", "Region
 
 #: the name of a daemon's directory of regions: this prefix, its process id and a random part
 DIR_PREFIX = "shuffled-"
+#: the most slots copied in one system call
+RUN_VIEWS = 512
 
 
 def _slot(placed: tuple[int, memoryview]) -> int:
@@ -48,15 +51,17 @@ def _slot(placed: tuple[int, memoryview]) -> int:
 def _runs(placed: list[tuple[int, memoryview]], size: int) -> Iterator[tuple[int, list[memoryview]]]:
     """`(slot, view)` pairs (the slots distinct; sorted here) as runs for one `preadv`/`pwritev` each: slots
     that follow each other while every view but the last fills its slot, so that no byte of a call is past a
-    view's end (a segment's tail may hold an earlier buffer of anyone's). The page cache's work is most of a
-    copy's cost, but a call a buffer costs a fifth more than one for eight (measured)."""
+    view's end (a segment's tail may hold an earlier buffer of anyone's), at most `RUN_VIEWS` a call (the
+    kernel takes no more than IOV_MAX, 1,024 on Linux). The page cache's work is most of a copy's cost, but a
+    call a buffer costs a fifth more than one for eight (measured)."""
     placed.sort(key=_slot)
     i, count = 0, len(placed)
     while i < count:
         first, data = placed[i]
         views = [data]
         j = i + 1
-        while j < count and len(data) == size and placed[j][0] == first + j - i:
+        end = min(count, i + RUN_VIEWS)
+        while j < end and len(data) == size and placed[j][0] == first + j - i:
             data = placed[j][1]
             views.append(data)
             j += 1

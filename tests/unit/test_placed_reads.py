@@ -349,6 +349,26 @@ def test_groups_copied_out_together_fill_each_its_segment_and_nothing_past_their
     region.close()
 
 
+def test_more_slots_in_a_row_than_one_system_call_takes_are_copied_all_the_same(tmp_path: Path) -> None:
+    """A frame may name more full slots in a row than the kernel takes buffers in one `preadv`/`pwritev`
+    (IOV_MAX, 1,024): they are copied in several calls, not refused as a region lost."""
+    many = 1100
+    region = SharedRegion(str(tmp_path), many, SLOT, read_slots=many)
+    assert region.reads is not None
+    mapped = _client_side(region)
+    taken, _ = region.take(many)
+    for s in taken:
+        mapped.slot(s)[:] = s.to_bytes(2, "big") * (SLOT // 2)
+    into = bytearray(many * SLOT)
+    region.copy_out([(s, memoryview(into)[s * SLOT : (s + 1) * SLOT]) for s in taken])
+    assert into == b"".join(s.to_bytes(2, "big") * (SLOT // 2) for s in range(many)) and region.free == many
+    lent = region.reads.take(many)
+    assert len(lent) == many
+    region.reads.put([(s, memoryview(into)[(s - many) * SLOT : (s - many + 1) * SLOT]) for s in lent])
+    assert all(bytes(mapped.read_slot(s)) == (s - many).to_bytes(2, "big") * (SLOT // 2) for s in lent)
+    region.close()
+
+
 def test_the_client_maps_the_read_slots_read_only(tmp_path: Path) -> None:
     """The read slots are a file of their own, without write bits, which the client maps read-only: a served
     buffer is the client's to read, never to change; the push slots stay writable."""

@@ -69,7 +69,7 @@ class PushIntake:
         try:
             self.seq.check(frame.sequence)
         except ShuffledError:
-            buf.release()
+            buf.release()  # into the window, which goes back whole as the push fails
             raise
         piece = self._checked(buf, frame.sequence, frame.crc or 0)
         self.out.add_all([piece])
@@ -120,7 +120,11 @@ class PushIntake:
         for i in range(0, len(entries), PLACED_FIELDS):
             sequence, crc, slot, length = entries[i : i + PLACED_FIELDS]
             slots.placed(slot, length)
-            buf = self.credited()
+            try:
+                buf = self.credited()
+            except ShuffledError:  # the slot's credit went to a PushData: the slot is free again all the same
+                slots.dropped((slot,))
+                raise
             if self.seq.is_duplicate(sequence):
                 slots.dropped((slot,))
                 self._duplicate(buf)
