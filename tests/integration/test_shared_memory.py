@@ -35,6 +35,7 @@ from shuffled.protocol.frames import (
     Hello,
     HelloAck,
     OpenMapOutput,
+    PushData,
     PushPlaced,
     PushSlots,
     Role,
@@ -431,6 +432,40 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
     async with await AsyncClient.connect(address) as c:
         await c.remove_application(APP)
         assert (await pool_settled(c))["pool"]["used"] == 0
+
+
+@within(60)
+async def test_a_slot_whose_credit_went_to_a_push_data_is_free_again_when_named(tmp_path: Path) -> None:
+    """A writer may spend slot credit on PushData through the socket (credit is counted, not its kind); a
+    PushPlaced that then names one of those slots has no credit behind it: its push fails, and the slot is
+    free again (it was lost to the connection). The frames go in one write, so the daemon takes them in one
+    turn, before it grants new credit."""
+    if not os.path.isdir(SHM_ROOT):
+        pytest.skip(f"no {SHM_ROOT} on this host")
+    sock = tmp_path / "d.sock"
+    d = start_daemon(
+        "127.0.0.1", free_port(["127.0.0.1"]), "64M", ["--unix-socket", str(sock), *SHM_ON, "--push-window", "2"]
+    )
+    try:
+        raw = await _Local.dial(f"unix:{sock}")
+        try:
+            slots = await raw.open_push(1, 1)
+            assert len(slots) == 2, slots
+            frames = b""
+            for sequence, slot in enumerate(slots):  # each slot's group, sent through the socket instead
+                n, _ = raw.place(slot, 1, b"d" * 100)
+                frames += codec.encode(PushData(1, sequence, n, bytes(raw.region.slot(slot)[:n])))
+            n, crc = raw.place(slots[0], 1, b"p" * 100)
+            await raw.send(frames + codec.encode(PushPlaced(1, [2, crc, slots[0], n])))
+            err = await raw.frame()
+            assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.CREDIT_VIOLATION, err
+            async with await AsyncClient.connect(f"unix:{sock}") as c:
+                credit = (await c.stats())["credit"]
+            assert credit["push_slots"] == credit["push_outstanding"] == 0, credit
+        finally:
+            raw.writer.close()
+    finally:
+        d.stop()
 
 
 @within(60)
