@@ -9,8 +9,10 @@ copies about a socket's high watermark into shared memory and then lets other co
 from __future__ import annotations
 
 import os
+import shutil
 import stat
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -218,8 +220,21 @@ def test_a_slot_is_lent_until_returned_and_a_wrong_return_keeps_the_rest(tmp_pat
     assert os.listdir(tmp_path) == []
 
 
+@pytest.fixture
+def tmpfs_dir() -> Iterator[Path]:
+    """A directory on tmpfs, where regions live: its files' block counts are their pages (on a disk
+    filesystem they count the extent tree's blocks too, which move with how the file's blocks were placed)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this host")
+    path = Path(tempfile.mkdtemp(prefix="shuffled-test-", dir="/dev/shm"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmpfs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Slots given back keep their pages for the next buffers (no page given back and faulted in anew per
     buffer), and a read takes the highest free ones (slots lent together then mostly follow each other);
@@ -229,7 +244,7 @@ def test_free_slots_keep_their_pages_until_the_reads_were_idle_for_a_while(
     now = [100.0]
     monkeypatch.setattr("shuffled.buffers.shm.time", SimpleNamespace(monotonic=lambda: now[0]))
     many = ReadSlots.WARM + 50
-    region = SharedRegion(str(tmp_path), PUSH_SLOTS, SLOT, read_slots=many)
+    region = SharedRegion(str(tmpfs_dir), PUSH_SLOTS, SLOT, read_slots=many)
     reads = region.reads
     assert reads is not None and region.path is not None
     due: list[tuple[float, Callable[[], None]]] = []

@@ -9,7 +9,7 @@ a lost reply) is dropped: its bytes are not stored twice, and the segment become
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...buffers import Buffer
@@ -48,6 +48,9 @@ class PushIntake:
         self.received = 0
         self.duplicates = 0
         self.seq = SequenceChecker()
+        #: told once a PushPlaced's groups are copied out of their slots and out of the window, before they are
+        #: checked and stored (the session grants the credit they stood for then)
+        self.copied: Callable[[], None] | None = None
 
     def credited(self) -> Buffer:
         """The segment a unit of credit stands for, now filled. Credit granted and not yet used is exactly
@@ -71,6 +74,7 @@ class PushIntake:
         except ShuffledError:
             buf.release()  # into the window, which goes back whole as the push fails
             raise
+        self._detach(buf)
         piece = self._checked(buf, frame.sequence, frame.crc or 0)
         self.out.add_all([piece])
         return self._counted([piece])[0]
@@ -96,6 +100,10 @@ class PushIntake:
         except ShuffledError:  # the client shrank its region: the segments are credit again, the push ends
             _release(buf for buf, _, _ in kept)
             raise
+        for buf, _, _ in kept:
+            self._detach(buf)
+        if self.copied is not None:
+            self.copied()
         checked: list[Piece] = []
         try:
             for buf, sequence, crc in kept:
@@ -138,12 +146,16 @@ class PushIntake:
         self.duplicates += 1
         buf.release()  # back into the window: credit again
 
-    def _checked(self, buf: Buffer, sequence: int, sent_crc: int) -> Piece:
-        """A group whose CRC32C and directory are right, ready for the store; its buffer has left the window
-        (the global pool's again when the store frees it, or at once if it is refused)."""
+    def _detach(self, buf: Buffer) -> None:
+        """The buffer leaves the window for the store: the global pool's again when the store frees it, or at
+        once if it is refused."""
         pool = self.window.pool
         assert pool is not None
         pool.detach(buf, self.env.pool.give)
+
+    def _checked(self, buf: Buffer, sequence: int, sent_crc: int) -> Piece:
+        """A group (its buffer detached) whose CRC32C and directory are right, ready for the store; a refused
+        one is released."""
         try:
             crc = checksum(buf.data())
             if crc != sent_crc:

@@ -56,6 +56,9 @@ class PushService:
     def send_error(self, stream: int, exc: ShuffledError) -> None:
         self.link.send_error(stream, exc)
 
+    def flush(self) -> None:
+        self.link.sender.flush_control()
+
     def closed(self, writer: int) -> None:
         self.sessions.pop(writer, None)
         self.link.proto.push_closed(writer)
