@@ -175,7 +175,7 @@ class PushSession:
 
     def _copied(self) -> None:
         """A PushPlaced's groups left the window: their credit is told now, not once they are stored, so the
-        writer fills slots while this daemon works (1.0-1.6 times the rate on two cores, median 1.2, measured)."""
+        writer fills slots while this daemon works (0.8-1.6 times the rate on two cores, median 1.2, measured)."""
         self._top_up()
         if self.window.pool is not None and _tell_now(self._unannounced, self.window.pool):
             self._announce()
