@@ -175,7 +175,8 @@ class Sender:
 
     def flush_control(self) -> None:
         """Hand the control frames queued for this loop turn to the transport now (a connection closing
-        on purpose still sends the answers it made)."""
+        on purpose still sends the answers it made; a push through shared memory tells its new credit
+        before it stores the frame that freed it). Data frames keep to the turn's end."""
         if self._control and not self.closed and not self.transport.is_closing():
             control, self._control = self._control, []
             self.transport.writelines(control)

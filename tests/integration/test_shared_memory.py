@@ -435,11 +435,12 @@ async def test_a_writer_that_names_a_slot_not_its_own_or_lies_about_it_loses_onl
 
 
 @within(60)
-async def test_a_slot_whose_credit_went_to_a_push_data_is_free_again_when_named(tmp_path: Path) -> None:
-    """A writer may spend slot credit on PushData through the socket (credit is counted, not its kind); a
-    PushPlaced that then names one of those slots has no credit behind it: its push fails, and the slot is
-    free again (it was lost to the connection). The frames go in one write, so the daemon takes them in one
-    turn, before it grants new credit."""
+async def test_slot_credit_spent_on_push_data_frees_its_slots(tmp_path: Path) -> None:
+    """A writer may spend slot credit on PushData through the socket (credit is counted, not its kind): the
+    slots that credit stood for are free again, so the slots granted never outnumber the credit outstanding
+    (else a writer resending duplicates, which cost no memory, piled up granted slots until the region had
+    none and the daemon failed its frames). A PushPlaced naming one of them has no credit behind it: its
+    push fails, and nothing is lost. The frames go in one write, so the daemon takes them in one turn."""
     if not os.path.isdir(SHM_ROOT):
         pytest.skip(f"no {SHM_ROOT} on this host")
     sock = tmp_path / "d.sock"
@@ -451,17 +452,32 @@ async def test_a_slot_whose_credit_went_to_a_push_data_is_free_again_when_named(
         try:
             slots = await raw.open_push(1, 1)
             assert len(slots) == 2, slots
-            frames = b""
-            for sequence, slot in enumerate(slots):  # each slot's group, sent through the socket instead
+            groups = []
+            for slot in slots:
                 n, _ = raw.place(slot, 1, b"d" * 100)
-                frames += codec.encode(PushData(1, sequence, n, bytes(raw.region.slot(slot)[:n])))
+                groups.append((n, bytes(raw.region.slot(slot)[:n])))
+            # the two groups through the socket, then the same two again and again: duplicates, dropped (they
+            # cost no memory), each using a credit the daemon grants again as slots
+            for _ in range(4):
+                await raw.send(b"".join(codec.encode(PushData(1, seq, n, g)) for seq, (n, g) in enumerate(groups)))
+                slots = []
+                while len(slots) < 2:  # the credit the round used, told again
+                    credit = await raw.frame()
+                    assert isinstance(credit, PushSlots) and credit.writer == 1, credit
+                    slots += credit.slots
+                async with await AsyncClient.connect(f"unix:{sock}") as c:
+                    held = (await c.stats())["credit"]
+                assert held["push_slots"] <= held["push_outstanding"] == 2, held
             n, crc = raw.place(slots[0], 1, b"p" * 100)
-            await raw.send(frames + codec.encode(PushPlaced(1, [2, crc, slots[0], n])))
+            spent = b"".join(codec.encode(PushData(1, seq, n, g)) for seq, (n, g) in enumerate(groups))
+            await raw.send(spent + codec.encode(PushPlaced(1, [2, crc, slots[0], n])))
             err = await raw.frame()
             assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.CREDIT_VIOLATION, err
             async with await AsyncClient.connect(f"unix:{sock}") as c:
                 credit = (await c.stats())["credit"]
-            assert credit["push_slots"] == credit["push_outstanding"] == 0, credit
+                assert credit["push_slots"] == credit["push_outstanding"] == 0, credit
+                await c.remove_application(APP)
+                assert (await pool_settled(c))["pool"]["used"] == 0
         finally:
             raw.writer.close()
     finally:

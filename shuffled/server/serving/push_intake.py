@@ -60,6 +60,8 @@ class PushIntake:
             raise CreditViolation(f"writer {self.writer}: PushData without push credit")
         buf = pool.request()
         assert buf is not None, "a promised segment is always held"
+        if self.slots is not None:
+            self.slots.within(pool.promised)
         return buf
 
     def data(self, frame: PushData) -> Stored | None:
@@ -103,7 +105,11 @@ class PushIntake:
         for buf, _, _ in kept:
             self._detach(buf)
         if self.copied is not None:
-            self.copied()
+            try:
+                self.copied()
+            except BaseException:  # detached: in neither the window nor the store
+                _release(buf for buf, _, _ in kept)
+                raise
         checked: list[Piece] = []
         try:
             for buf, sequence, crc in kept:

@@ -45,6 +45,17 @@ class SlotCredit:
             )
         self.granted.remove(slot)
 
+    def within(self, credit: int) -> None:
+        """Slots granted beyond `credit` (the push credit outstanding) are free again: the writer spent their
+        credit on PushData through the socket (credit is counted, not its kind), and a slot must never stand
+        for credit that is gone, or granted slots would pile up until the region has none left. A PushPlaced
+        naming one of them later is refused."""
+        excess = len(self.granted) - credit
+        if excess > 0:
+            freed = sorted(self.granted)[-excess:]
+            self.granted.difference_update(freed)
+            self.region.give_back(freed)
+
     def copy_out(self, placed: list[tuple[int, memoryview]]) -> None:
         """The placed groups `(slot, into)`, copied into `into` (segments of the push's window); their slots
         are free again."""
