@@ -147,7 +147,7 @@ class SharedRegion:
     @property
     def held(self) -> int:
         """Push slots not free: granted to pushes as credit, or placed and not yet copied out."""
-        return self.file.size // self.file.slot_size - self.free
+        return self.file.count - self.free
 
     def take(self, n: int) -> tuple[list[int], str | None]:
         """Up to n free slots to name in push credit, those with pages first, and why there are fewer: a
@@ -208,11 +208,10 @@ class ReadSlots:
         self.slot_size = file.slot_size
         #: the number of the file's first slot (the push slots' come before)
         self.first = first
-        count = file.size // file.slot_size
         #: free slots with pages, in order (the highest lent first, so that slots lent together mostly follow
         #: each other and are written in one call), and free slots without pages
         self._warm: list[int] = []
-        self._cold: list[int] = list(range(first + count - 1, first - 1, -1))
+        self._cold: list[int] = list(range(first + file.count - 1, first - 1, -1))
         #: slots holding a served buffer the client has not given back
         self.lent: set[int] = set()
         self._full_until = 0.0

@@ -31,6 +31,7 @@ class SlotFile:
 
     def __init__(self, directory: str, count: int, slot_size: int, owner: int | None, mode: int) -> None:
         self.slot_size = slot_size
+        self.count = count
         self.size = count * slot_size
         self._dir = directory
         self.path: str | None = os.path.join(directory, secrets.token_hex(16))

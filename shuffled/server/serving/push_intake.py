@@ -134,11 +134,7 @@ class PushIntake:
         for i in range(0, len(entries), PLACED_FIELDS):
             sequence, crc, slot, length = entries[i : i + PLACED_FIELDS]
             slots.placed(slot, length)
-            try:
-                buf = self.credited()
-            except ShuffledError:  # the slot's credit went to a PushData: the slot is free again all the same
-                slots.dropped((slot,))
-                raise
+            buf = self.credited()  # a granted slot stands for credit outstanding (`SlotCredit.within`)
             if self.seq.is_duplicate(sequence):
                 slots.dropped((slot,))
                 self._duplicate(buf)

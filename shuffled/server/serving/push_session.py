@@ -27,6 +27,7 @@ import time
 from array import array
 from collections.abc import Callable
 from enum import Enum
+from functools import partial
 from typing import Any, Protocol
 
 from ...buffers import Buffer, LocalPool
@@ -114,7 +115,9 @@ class PushSession:
         #: on a connection with shared memory, the credit as slots of it (push_slots.py)
         self.slots = SlotCredit(conn.shm, req.writer) if conn.shm is not None else None
         self.intake = PushIntake(req.writer, self.window, out, env, self.slots)
-        self.intake.copied = self._copied if links is None else None
+        # a PushPlaced's groups out of the window: their credit told at once, not once stored, so the writer fills
+        # slots meanwhile (rate 0.8-1.6x, median 1.2); not replicated pushes, whose lag counts stored groups
+        self.intake.copied = partial(self._top_up, at_once=True) if links is None else None
         #: opening the replicas and the pool, then a replicated commit
         self.task: asyncio.Task[None] | None = None
         #: the replica pushes of a replicated client push
@@ -173,16 +176,9 @@ class PushSession:
                 self.links.forward(*piece)
         self._top_up_soon()
 
-    def _copied(self) -> None:
-        """A PushPlaced's groups left the window: their credit is told now, not once stored, so the writer fills
-        slots meanwhile (rate 0.8-1.6x, median 1.2); the spiller brakes from the next frame. Unreplicated only."""
-        self._top_up()
-        if self.window.pool is not None and _tell_now(self._unannounced, self.window.pool):
-            self._announce()
-            self.conn.flush()
-
-    def _top_up(self) -> None:
-        """Refill the window and grant one credit per new free segment (none while a replica lags)."""
+    def _top_up(self, at_once: bool = False) -> None:
+        """Refill the window and grant one credit per new free segment (none while a replica lags); told this
+        loop turn, or `at_once` (written now: before a frame is stored, the spiller's brake holds from the next)."""
         if self.phase is not Phase.RECEIVING:
             return
         window, pool = self.window, self.window.pool
@@ -196,7 +192,12 @@ class PushSession:
             pool.promise(new)
             self.counters.push_credit_granted += new
             self._unannounced += new
-        if _tell_now(self._unannounced, pool):
+        if not _tell_now(self._unannounced, pool):
+            return
+        if at_once:
+            self._announce()
+            self.conn.flush()
+        else:
             self._announce_soon()  # one PushCredit per loop turn carries all new credit
 
     @property
