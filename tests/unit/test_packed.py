@@ -10,9 +10,9 @@ serving such groups, is for the integration tests.)
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Callable
 from itertools import pairwise
-from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -26,6 +26,7 @@ from shuffled.protocol.packed import (
     GROUP_HEADER,
     HEADER_SIZE,
     RUN,
+    RUN_SIZE,
     Directory,
     LengthTally,
     RunPacker,
@@ -290,15 +291,29 @@ def test_both_run_checks_agree_on_any_directory(runs: list[tuple[int, int]]) -> 
         assert packed._sum_loop(entries) == packed._sum_calls(entries) == expected
 
 
-@settings(max_examples=100, deadline=None)
-@given(outputs, st.lists(st.integers(HEADER_SIZE + 9, 320), min_size=1, max_size=6))
-def test_both_ways_of_fitting_runs_pack_the_same_groups(data: list[bytes], caps: list[int]) -> None:
-    """The packer's plain loop over the template (what the mypyc-compiled build fits runs with) and its bisect
-    over the run ends (pure Python) make the same groups, byte for byte."""
-    with patch.object(packed, "_NATIVE", True):
-        looped = pack(3, data, caps)
-        assert RunPacker.from_lengths([1], b"x")._ends is None, "the packer did not take the loop"
-    assert looped == pack(3, data, caps)
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(1, 40), st.integers(1, 5000)), min_size=1, max_size=300),
+    st.data(),
+)
+def test_the_sums_fit_the_most_whole_runs_from_any_guess(lengths: list[int], data: st.DataObject) -> None:
+    """Whatever the guess (right, far too few, far too many) and however alike the runs, the sums find the
+    most whole runs that fit (run i less its skip, each run with its entry), as adding them one by one does."""
+    i = data.draw(st.integers(0, len(lengths) - 1))
+    skip = data.draw(st.integers(0, lengths[i] - 1))
+    room = data.draw(st.integers(RUN_SIZE + 1, 40_000))
+    guess = data.draw(st.integers(0, 400))
+    j, fitted = i, -skip
+    while j < len(lengths) and fitted + lengths[j] + RUN_SIZE * (j - i + 1) <= room:
+        fitted += lengths[j]
+        j += 1
+    assert packed._fit_sums(lengths, i, len(lengths), skip, room, guess) == (j, fitted if j > i else 0)
+
+
+@given(st.lists(st.integers(0, (1 << 32) - 1), max_size=50))
+def test_a_zero_run_is_found_and_zero_bytes_across_two_runs_are_not_one(lengths: list[int]) -> None:
+    for case in (lengths, [1, 1 << 16, *lengths], [1 << 8, 1 << 24]):  # four zero bytes straddling two runs
+        assert packed._has_zero(array("I", case)) == (0 in case)
 
 
 # --------------------------------------------------------------------------- serving parts of groups
