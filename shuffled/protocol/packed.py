@@ -30,6 +30,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from itertools import accumulate, compress, islice, repeat
 from operator import lt
 from types import FunctionType
+from typing import Any
 
 from .errors import InvalidRequest, ProtocolError, ShuffledError
 
@@ -455,26 +456,28 @@ def _ascending(partitions: Iterable[int]) -> array[int]:
     return array("I", partitions)
 
 
-def _fit_sums(lengths: list[int], i: int, count: int, skip: int, room: int, guess: int) -> tuple[int, int]:
+def _fit_sums(lengths: list[Any], i: int, count: int, skip: int, room: int, guess: int) -> tuple[int, int]:
     """How many whole runs from run `i` on (the first less its `skip` packed bytes) fit `room` bytes with their
     directory entries: (the first run that does not, their data bytes). One or two whole runs (runs of
     kilobytes) are settled by looking at them; more with sums of slices of the lengths (C-level, no new int a
     run) at a few probes: the `guess` first (the last group's count: neighbouring runs are alike), then where
     the runs just probed say the room ends (the next run, when they say it is here); while no run that does
     not fit is known, at least twice as far on each time, and once one is, halfway whenever a probe did not
-    halve what is left open. Two probes when the guess is right or one off."""
-    fitted = lengths[i] - skip  # the bytes of runs i..lo-1, the first less `skip`
+    halve what is left open: two probes when the guess is right, a few more when it is off. The lengths are
+    ints or what `int` takes (numpy's), made ints where they are added up (compiled, an int is checked)."""
+    fitted = int(lengths[i]) - skip  # the bytes of runs i..lo-1, the first less `skip`
     if fitted + RUN_SIZE > room:
         return i, 0
-    if i + 1 == count or fitted + lengths[i + 1] + 2 * RUN_SIZE > room:
+    second = int(lengths[i + 1]) if i + 1 < count else 0
+    if i + 1 == count or fitted + second + 2 * RUN_SIZE > room:
         return i + 1, fitted
-    fitted += lengths[i + 1]
+    fitted += second
     lo, hi = i + 2, count + 1  # runs i..lo-1 fit with their entries, runs i..hi-1 do not (count + 1: none known)
     j = min(count, max(i + guess, lo + 1))
     least = 1
     while lo < count:
         span = hi - lo
-        more = sum(lengths[lo:j])
+        more = int(sum(lengths[lo:j]))
         per = more // (j - lo) + RUN_SIZE
         if fitted + more + RUN_SIZE * (j - i) <= room:
             lo, fitted = j, fitted + more
@@ -502,7 +505,7 @@ _ZERO_RUN = bytes(4)
 def _has_zero(runs: array[int]) -> bool:
     """Whether the u32 `runs` hold a 0, without an int an item: a search of their bytes for four zero bytes,
     exact where it lands on an item's start; the items are compared only when four zeros straddle two of
-    them first (a small length next to a multiple of 65,536)."""
+    them first (zero bytes at the end of one length and the start of the next)."""
     at = runs.tobytes().find(_ZERO_RUN)
     return at >= 0 and (at % 4 == 0 or 0 in runs)
 
@@ -528,7 +531,7 @@ class RunPacker:
         sorted keys; a range needs no check either) and the lengths add up to `data`. A few C-level
         passes over the runs (about 30 ns per run in all when none is empty and the partitions are a range,
         as a Spark index file's are), none of them a Python step per run."""
-        sizes = lengths if type(lengths) is list else list(lengths)
+        sizes: list[Any] = lengths if type(lengths) is list else list(lengths)
         try:
             runs = array("I", sizes)
         except OverflowError:
@@ -536,9 +539,9 @@ class RunPacker:
                 raise ValueError("run lengths cannot be negative") from None
             # a run over 4 GiB: only ever packed split, so its template entry is never used
             runs = array("I", map(min, sizes, repeat(U32_MAX)))
-        if _has_zero(runs):  # empty partitions have no run
-            parts = array("I", compress(partitions, sizes))
-            sizes = list(filter(None, sizes))
+        if _has_zero(runs):  # empty partitions have no run (`runs` says which: ints, whatever `lengths` held)
+            parts = array("I", compress(partitions, runs))
+            sizes = list(compress(sizes, runs))
             runs = array("I", filter(None, runs))
         else:
             parts = _ascending(partitions)
@@ -598,7 +601,7 @@ class RunPacker:
         GROUP_HEADER.pack_into(into, 0, attempt, runs)
         into[HEADER_SIZE : HEADER_SIZE + RUN_SIZE * whole] = self._template[RUN_SIZE * i : RUN_SIZE * j]
         if skip and whole:
-            RUN.pack_into(into, HEADER_SIZE, self._parts[i], self._lengths[i] - skip)
+            RUN.pack_into(into, HEADER_SIZE, self._parts[i], int(self._lengths[i]) - skip)
         if part:
             RUN.pack_into(into, HEADER_SIZE + RUN_SIZE * whole, self._parts[j], part)
         nbytes = whole_bytes + part
@@ -626,7 +629,7 @@ class RunPacker:
         while self._i < count:
             i = self._i
             start = self._offset + self._skip
-            rest = self._lengths[i] - self._skip
+            rest = int(self._lengths[i]) - self._skip
             length = 0
             while rest:
                 fits = room - filled - RUN_SIZE * (len(entries) // 2 + 1) - length - 5
@@ -643,7 +646,7 @@ class RunPacker:
             if rest:
                 self._skip = start - self._offset
                 break
-            self._offset += self._lengths[i]
+            self._offset += int(self._lengths[i])
             self._i, self._skip = i + 1, 0
         runs = len(entries) // 2
         struct.pack_into(f">QI{2 * runs}I", into, 0, attempt, runs, *entries)

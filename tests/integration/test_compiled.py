@@ -4,10 +4,13 @@ a check: an object of another class, duck-typed and fine interpreted, raises Typ
 what it carried never leaves (a primary forwarding `Chunk`s to its replica sent it nothing, and the replica
 committed an empty attempt). The rest of the suite runs the tree interpreted, so these paths run compiled
 here: a replicated push (the primary forwards the pieces it stored) and a drain's hand-over (it copies stored
-pieces, from memory and from disk, to another daemon)."""
+pieces, from memory and from disk, to another daemon); and the Python writer's packer, whose lengths may be
+numpy's integers rather than ints."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,50 @@ async def test_compiled_daemons_replicate_a_push_and_hand_it_over_on_a_drain(com
         assert await read_by_attempt(cy, 1, 0, len(SIZES), {"": [1, 2]}, app=APP) == expected([1, 2], SIZES)
         for c in (c0, cx, cy):
             await c.close()
+
+
+#: packs lengths that are not ints (as numpy's are not) into 300-byte groups, plain and compressed; prints
+#: whether `packed` is compiled and a digest of the groups
+PACK_LENGTHS_OF_ANOTHER_CLASS = """
+import hashlib
+from shuffled.protocol import packed
+from shuffled.protocol.compression import compress_block
+
+class Length:
+    def __init__(self, n):
+        self.n = n
+    def __index__(self):
+        return self.n
+    __int__ = __index__
+    def __add__(self, other):
+        return self.n + other
+    __radd__ = __add__
+
+lengths = [Length(n) for n in (100, 0, 5000, 3, 3, 3, 0, 70, 1, 900) * 20]
+data = bytes(k % 251 for k in range(sum(map(int, lengths))))
+digest = hashlib.sha256()
+for compressed in (False, True):
+    packer = packed.RunPacker.from_lengths(lengths, data)
+    while not packer.done:
+        into = memoryview(bytearray(300))
+        if compressed:
+            digest.update(into[: packer.pack_blocks_into(into, 7, compress_block)])
+        else:
+            digest.update(into[: packer.pack_into(into, 7)])
+print(packed.__file__.endswith(".so"), digest.hexdigest())
+"""
+
+
+def test_the_compiled_packer_takes_lengths_that_are_not_ints(compiled: Installed) -> None:
+    """Compiled, an annotation is a check: the packer's lengths are read as what `int` takes, so numpy's
+    integers (a user's `write_sorted(list(array), data)`) pack into the same groups as interpreted."""
+    builds = {"compiled": (compiled.interpreter, compiled.env), "pure": ((sys.executable,), None)}
+    out = {}
+    for build, (interpreter, env) in builds.items():
+        run = subprocess.run(
+            [*interpreter, "-c", PACK_LENGTHS_OF_ANOTHER_CLASS], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, f"{build}: {run.stderr}"
+        out[build] = run.stdout.split()
+    assert (out["compiled"][0], out["pure"][0]) == ("True", "False")
+    assert out["compiled"][1] == out["pure"][1]
