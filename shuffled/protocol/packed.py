@@ -468,8 +468,10 @@ def _fit_sums(lengths: list[Any], i: int, count: int, skip: int, room: int, gues
     fitted = int(lengths[i]) - skip  # the bytes of runs i..lo-1, the first less `skip`
     if fitted + RUN_SIZE > room:
         return i, 0
-    second = int(lengths[i + 1]) if i + 1 < count else 0
-    if i + 1 == count or fitted + second + 2 * RUN_SIZE > room:
+    if i + 1 == count:
+        return i + 1, fitted
+    second = int(lengths[i + 1])
+    if fitted + second + 2 * RUN_SIZE > room:
         return i + 1, fitted
     fitted += second
     lo, hi = i + 2, count + 1  # runs i..lo-1 fit with their entries, runs i..hi-1 do not (count + 1: none known)

@@ -456,10 +456,11 @@ async def test_slot_credit_spent_on_push_data_frees_its_slots(tmp_path: Path) ->
             for slot in slots:
                 n, _ = raw.place(slot, 1, b"d" * 100)
                 groups.append((n, bytes(raw.region.slot(slot)[:n])))
+            spent = b"".join(codec.encode(PushData(1, seq, n, g)) for seq, (n, g) in enumerate(groups))
             # the two groups through the socket, then the same two again and again: duplicates, dropped (they
             # cost no memory), each using a credit the daemon grants again as slots
             for _ in range(4):
-                await raw.send(b"".join(codec.encode(PushData(1, seq, n, g)) for seq, (n, g) in enumerate(groups)))
+                await raw.send(spent)
                 slots = []
                 while len(slots) < 2:  # the credit the round used, told again
                     credit = await raw.frame()
@@ -469,7 +470,6 @@ async def test_slot_credit_spent_on_push_data_frees_its_slots(tmp_path: Path) ->
                     held = (await c.stats())["credit"]
                 assert held["push_slots"] <= held["push_outstanding"] == 2, held
             n, crc = raw.place(slots[0], 1, b"p" * 100)
-            spent = b"".join(codec.encode(PushData(1, seq, n, g)) for seq, (n, g) in enumerate(groups))
             await raw.send(spent + codec.encode(PushPlaced(1, [2, crc, slots[0], n])))
             err = await raw.frame()
             assert isinstance(err, ErrorResponse) and err.stream == 1 and err.code == ErrorCode.CREDIT_VIOLATION, err
