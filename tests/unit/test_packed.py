@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -27,6 +27,7 @@ from shuffled.protocol.packed import (
     HEADER_SIZE,
     RUN,
     RUN_SIZE,
+    U32_MAX,
     Directory,
     LengthTally,
     RunPacker,
@@ -289,6 +290,30 @@ def test_both_run_checks_agree_on_any_directory(runs: list[tuple[int, int]]) -> 
         ascending = all(a[0] < b[0] for a, b in pairwise(case))
         expected = sum(n for _, n in case) if ascending and all(n for _, n in case) else -1
         assert packed._sum_loop(entries) == packed._sum_calls(entries) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300), st.data())
+def test_both_run_checks_find_one_bad_run_anywhere_in_a_long_directory(n: int, data: st.DataObject) -> None:
+    """Directories that ascend but for at most one run (a partition repeated, or below the one before it, or
+    a length of zero) at any place of up to 300 runs, partitions up to the largest u32, lengths up to it (their
+    sum far past 32 bits): the lane checks of the pure build must see the one bad run wherever its borrow
+    lands, and add lengths that fill their lanes without a carry."""
+    gaps = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    start = data.draw(st.sampled_from([0, 1, U32_MAX - sum(gaps) + 1]))
+    partitions = [start + s - gaps[0] for s in accumulate(gaps)]
+    lengths = data.draw(st.lists(st.sampled_from([1, 2, 419, U32_MAX - 1, U32_MAX]), min_size=n, max_size=n))
+    bad = data.draw(st.sampled_from(["none", "repeated", "below", "empty"]))
+    i = data.draw(st.integers(0, n - 1))
+    if bad == "empty":
+        lengths[i] = 0
+    elif i and bad == "repeated":
+        partitions[i] = partitions[i - 1]
+    elif i and bad == "below":
+        partitions[i] = data.draw(st.integers(0, partitions[i - 1] - 1)) if partitions[i - 1] else 0
+    entries = b"".join(RUN.pack(p, length) for p, length in zip(partitions, lengths, strict=True))
+    ok = all(a < b for a, b in pairwise(partitions)) and all(lengths)
+    assert packed._sum_loop(entries) == packed._sum_calls(entries) == (sum(lengths) if ok else -1)
 
 
 @settings(max_examples=300, deadline=None)
