@@ -9,7 +9,8 @@ grouped by partition, as a Spark index file has it) and with `write` a partition
 `write_sorted` shuffle per run (`async for chunk`) and in bulk (`groups()`). The JVM client (`WideBench`
 in the test jar, driven a step at a time) writes a partition at a time with `MapOutputWriter.write` (the
 plugin's sorted path) and reads per run with `PartitionReader.next`. Each round runs every path at every
-width (an untimed round first warms the JIT and the pool up); the table has the medians of 11 rounds.
+width, the widths in turn forward and backward (an untimed round first warms the JIT and the pool up); the
+table has the medians of 11 rounds.
 
 Reported: MiB/s with its ratio to the same path at 200 partitions (of the medians), and for 10,000 partitions
 the median of each round's ratio, whose steps are seconds apart (goal: at least 0.8 for the paths that work
@@ -288,7 +289,7 @@ async def run(ctx: Context, result: ScenarioResult) -> None:
             wide = Wide(ctx, daemon, client, None if isinstance(jvm, str) else jvm, shape, locals_)
             rounds = [False] * ctx.pick(1, 0) + [True] * ctx.pick(ROUNDS, 1)  # a warm-up round, then the measured
             for i, measured in enumerate(rounds):
-                for width in WIDTHS:
+                for width in WIDTHS[:: 1 if i % 2 else -1]:  # each width first, last or between as often
                     await wide.python_round(width, measured, runs_first=i % 2 == 0)
                     await wide.local_round(width, measured, shm_first=i % 2 == 1)
                     if wide.jvm is not None:
