@@ -316,6 +316,23 @@ def test_both_run_checks_find_one_bad_run_anywhere_in_a_long_directory(n: int, d
     assert packed._sum_loop(entries) == packed._sum_calls(entries) == (sum(lengths) if ok else -1)
 
 
+@pytest.mark.parametrize("n", [1024, 1025, 3640])
+def test_both_run_checks_agree_past_the_cached_lanes(n: int) -> None:
+    """Directories longer than `_Lanes` are cached for (the most runs a 32 KiB segment holds is 3,640): whole,
+    and with one bad run at the start, in the middle and at the end."""
+    partitions = list(range(7, 7 + 2 * n, 2))
+    lengths = [9] * n
+
+    def check(parts: list[int], lens: list[int], expected: int) -> None:
+        entries = b"".join(RUN.pack(p, length) for p, length in zip(parts, lens, strict=True))
+        assert packed._sum_loop(entries) == packed._sum_calls(entries) == expected
+
+    check(partitions, lengths, 9 * n)
+    for i in (1, n // 2, n - 1):
+        check([*partitions[:i], partitions[i - 1], *partitions[i + 1 :]], lengths, -1)
+        check(partitions, [*lengths[:i], 0, *lengths[i + 1 :]], -1)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.one_of(st.integers(1, 40), st.integers(1, 5000)), min_size=1, max_size=300),
