@@ -100,6 +100,8 @@ async def test_a_group_is_gone_once_iteration_moves_on_and_an_early_close_gives_
             assert second is not None
             with pytest.raises(ValueError, match="released"):
                 first.data  # noqa: B018 (the access is what is tested)
+            with pytest.raises(ValueError, match="released"):  # read from the buffer, which may hold another's
+                first.partitions  # noqa: B018
             with pytest.raises(ValueError, match="one kind of iteration"):
                 await reader.next_chunk()
             assert client.session.pool.used > 0  # stops with buffers queued and one handed out

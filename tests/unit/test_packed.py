@@ -239,6 +239,29 @@ def test_a_group_must_fit_its_stream() -> None:
     assert check_push(VALID, 5, 9).last == 8 and read_payload(VALID, 1, 9, {5})[0].first == 1
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), min_size=1, max_size=7))
+def test_a_read_takes_a_group_whole_or_names_its_first_bad_run(runs: list[tuple[int, int]]) -> None:
+    """One, two and more runs are checked by different paths; each takes a group with its own runs (read from
+    the payload when asked for) or refuses it naming the first run out of order, else the first empty one."""
+    partitions = [p for p, _ in runs]
+    lengths = [n for _, n in runs]
+    group = GROUP_HEADER.pack(5, len(runs)) + b"".join(RUN.pack(*run) for run in runs) + bytes(sum(lengths))
+    disorder = next((i for i in range(1, len(runs)) if partitions[i] <= partitions[i - 1]), 0)
+    if disorder:
+        why = f"run {disorder} has partition {partitions[disorder]} after {partitions[disorder - 1]}"
+    elif 0 in lengths:
+        why = f"run {lengths.index(0)} (partition {partitions[lengths.index(0)]}) is empty"
+    else:
+        (d,) = read_payload(memoryview(group), 0, 13, {5})
+        assert (d.partitions, d.lengths) == (tuple(partitions), tuple(lengths))
+        assert (d.first, d.last, d.end) == (partitions[0], partitions[-1], len(group))
+        return
+    with pytest.raises(ProtocolError) as refused:
+        read_payload(group, 0, 13, {5})
+    assert why in str(refused.value)
+
+
 def _pushed(group: bytes, attempt: int, partitions: int) -> list[Directory]:
     """A group checked as a push, parsed as the daemon then stores it."""
     check_push(group, attempt, partitions)

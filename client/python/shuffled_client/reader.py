@@ -66,29 +66,42 @@ class ReadChunk:
 class ReadGroup:
     """One packed group as it arrived (PROTOCOL.md §3.3): `lengths[k]` bytes of reduce partition `partitions[k]`,
     written by map attempt `attempt`, back to back in `data` (partitions strictly ascending, every length at
-    least 1). The tuples are the directory as parsed when the buffer was checked and `data` is a slice of the
-    received buffer, so a group costs one object whatever its run count: the view for consumers that handle
-    bytes in bulk (count, checksum, hand to numpy) rather than a run at a time. A pair (partition, attempt)
-    may continue in the next group, as its runs do. Valid until `release()` or the next iteration; the
-    buffer is shared with the other groups of its BufferResponse."""
+    least 1). The tuples are read from the group's directory (checked when the buffer arrived) when first asked
+    for and `data` is a slice of the received buffer, so a group costs one object whatever its run count: the
+    view for consumers that handle bytes in bulk (count, checksum, hand to numpy) rather than a run at a time.
+    A pair (partition, attempt) may continue in the next group, as its runs do. Valid until `release()` or the
+    next iteration; the buffer is shared with the other groups of its BufferResponse."""
 
-    __slots__ = ("_buffer", "_end", "_start", "attempt", "lengths", "partitions")
+    __slots__ = ("_buffer", "_directory", "attempt")
 
     def __init__(self, buffer: Buffer, d: Directory) -> None:
         buffer.retain()
         self._buffer: Buffer | None = buffer
+        self._directory = d
         self.attempt = d.attempt
-        self.partitions = d.partitions
-        self.lengths = d.lengths
-        self._start = d.data
-        self._end = d.end
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The runs' partitions (read from the buffer when first asked for: a consumer of `data` alone never
+        pays for an int a run)."""
+        self._held()
+        return self._directory.partitions
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        self._held()
+        return self._directory.lengths
 
     @property
     def data(self) -> memoryview:
         """The runs' bytes back to back, read-only: run k is the `lengths[k]` bytes after the first k runs'."""
+        buffer = self._held()
+        return buffer.memory[self._directory.data : self._directory.end].toreadonly()
+
+    def _held(self) -> Buffer:
         if self._buffer is None:
             raise ValueError("group already released")
-        return self._buffer.memory[self._start : self._end].toreadonly()
+        return self._buffer
 
     def release(self) -> None:
         """Let go of the group; its buffer becomes credit again once every group of it is let go and passed."""
