@@ -240,26 +240,37 @@ def test_a_group_must_fit_its_stream() -> None:
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), min_size=1, max_size=7))
-def test_a_read_takes_a_group_whole_or_names_its_first_bad_run(runs: list[tuple[int, int]]) -> None:
-    """One, two and more runs are checked by different paths; each takes a group with its own runs (read from
-    the payload when asked for) or refuses it naming the first run out of order, else the first empty one."""
-    partitions = [p for p, _ in runs]
-    lengths = [n for _, n in runs]
-    group = GROUP_HEADER.pack(5, len(runs)) + b"".join(RUN.pack(*run) for run in runs) + bytes(sum(lengths))
-    disorder = next((i for i in range(1, len(runs)) if partitions[i] <= partitions[i - 1]), 0)
+@given(st.data())
+def test_a_read_takes_a_group_whole_or_names_its_first_bad_run(data: st.DataObject) -> None:
+    """One run, a few and many (past `_LANE_CHECK_RUNS`) are checked by different paths, after another group
+    or first in the payload; each takes a group with its own runs or refuses it naming the group's place and
+    its first run out of order, else its first empty one."""
+    n = data.draw(st.integers(1, 30))
+    partitions = sorted(data.draw(st.sets(st.integers(0, 40), min_size=n, max_size=n)))
+    lengths = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    fault, i = data.draw(st.sampled_from(["none", "repeated", "swapped", "empty"])), data.draw(st.integers(0, n - 1))
+    if fault == "empty":
+        lengths[i] = 0
+    elif i and fault == "repeated":
+        partitions[i] = partitions[i - 1]
+    elif i and fault == "swapped":
+        partitions[i - 1], partitions[i] = partitions[i], partitions[i - 1]
+    runs = list(zip(partitions, lengths, strict=True))
+    before = data.draw(st.sampled_from([b"", VALID]))
+    group = GROUP_HEADER.pack(5, n) + b"".join(RUN.pack(*run) for run in runs) + bytes(sum(lengths))
+    disorder = next((k for k in range(1, n) if partitions[k] <= partitions[k - 1]), 0)
     if disorder:
         why = f"run {disorder} has partition {partitions[disorder]} after {partitions[disorder - 1]}"
     elif 0 in lengths:
         why = f"run {lengths.index(0)} (partition {partitions[lengths.index(0)]}) is empty"
     else:
-        (d,) = read_payload(memoryview(group), 0, 13, {5})
+        d = read_payload(memoryview(before + group), 0, 41, {5})[-1]
         assert (d.partitions, d.lengths) == (tuple(partitions), tuple(lengths))
-        assert (d.first, d.last, d.end) == (partitions[0], partitions[-1], len(group))
+        assert (d.first, d.last, d.start, d.end) == (partitions[0], partitions[-1], len(before), len(before + group))
         return
     with pytest.raises(ProtocolError) as refused:
-        read_payload(group, 0, 13, {5})
-    assert why in str(refused.value)
+        read_payload(before + group, 0, 41, {5})
+    assert f"packed group at byte {len(before)} " in str(refused.value) and why in str(refused.value)
 
 
 def _pushed(group: bytes, attempt: int, partitions: int) -> list[Directory]:

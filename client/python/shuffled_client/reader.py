@@ -77,34 +77,34 @@ class ReadGroup:
     def __init__(self, buffer: Buffer, d: Directory) -> None:
         buffer.retain()
         self._buffer: Buffer | None = buffer
-        self._directory = d
+        self._directory: Directory | None = d
         self.attempt = d.attempt
 
     @property
     def partitions(self) -> tuple[int, ...]:
         """The runs' partitions (read from the buffer when first asked for: a consumer of `data` alone never
         pays for an int a run)."""
-        self._held()
-        return self._directory.partitions
+        return self._held()[1].partitions
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        self._held()
-        return self._directory.lengths
+        return self._held()[1].lengths
 
     @property
     def data(self) -> memoryview:
         """The runs' bytes back to back, read-only: run k is the `lengths[k]` bytes after the first k runs'."""
-        buffer = self._held()
-        return buffer.memory[self._directory.data : self._directory.end].toreadonly()
+        buffer, d = self._held()
+        return buffer.memory[d.data : d.end].toreadonly()
 
-    def _held(self) -> Buffer:
-        if self._buffer is None:
+    def _held(self) -> tuple[Buffer, Directory]:
+        if self._buffer is None or self._directory is None:
             raise ValueError("group already released")
-        return self._buffer
+        return self._buffer, self._directory
 
     def release(self) -> None:
-        """Let go of the group; its buffer becomes credit again once every group of it is let go and passed."""
+        """Let go of the group; its buffer becomes credit again once every group of it is let go and passed
+        (and its directory, a view of the buffer, goes with it)."""
+        self._directory = None
         if self._buffer is not None:
             buf, self._buffer = self._buffer, None
             buf.release()
