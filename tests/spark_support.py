@@ -119,7 +119,7 @@ def serialized_map_outputs(spark: Any) -> int:
 
 
 def serialized_fills(spark: Any) -> int:
-    """Fills this JVM's serialized path wrote out: each gives each partition in it a compressed stream."""
+    """Fills this JVM's serialized path wrote out: each gives each partition in it a stream (compressed or not)."""
     return int(spark.sparkContext._jvm.io.shuffled.spark.Counts.fills())
 
 

@@ -73,6 +73,7 @@ APPS = [f"fz-{i}" for i in range(4)]
 CLOSE_BOUND = 15.0
 ADMIN_OPS = [
     "stats",
+    "pool",
     "ping",
     "unregister_shuffle",
     "remove_application",

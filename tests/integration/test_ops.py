@@ -491,6 +491,33 @@ async def test_admin_stats_wire_form_is_unchanged_and_the_snapshot_is_typed(memo
         await daemon.stop()
 
 
+@within(60)
+async def test_admin_pool_answers_what_stats_says_of_the_pool_and_peers(tmp_path: Any) -> None:
+    """`pool` (what a writer weighs before it compresses) agrees with `stats`, before and after a push, and says
+    whether there is an object store: the cheap answer must not drift from the full one."""
+    config = DaemonConfig(port=0, metrics_port=-1, pool_size=4 << 20, data_dir=str(tmp_path))
+    daemon = Daemon(config)
+    await daemon.start()
+    try:
+        c = await AsyncClient.connect(daemon.node)
+        seen = []
+        for step in range(2):
+            if step:
+                await push(c, "pool-app", 1, 0, [256 * KiB, 256 * KiB])
+            pool, stats = await c.pool(), await c.stats()
+            assert pool == {
+                "used": stats["pool"]["used"],
+                "total": stats["pool"]["total"],
+                "peers": stats["replication"]["peers"],
+                "object_store": False,
+            }
+            seen.append(pool["used"])
+        await c.close()
+        assert seen[1] >= seen[0] + (512 * KiB) // config.segment_size
+    finally:
+        await daemon.stop()
+
+
 def test_error_events_name_their_module_and_keep_the_traceback() -> None:
     """Modules log to `getLogger(__name__)`; an error is an event with fields and the traceback as `exc`."""
     import logging

@@ -54,11 +54,16 @@ JOBS: dict[str, tuple[spark_jobs.Job, str]] = {
     "combine_narrow": (jvm_distinct(8), "8"),
     "combine_wide": (jvm_distinct(300), "8"),
 }
+#: the Java-serializer session also writes its map outputs uncompressed (`spark.shuffled.compression=off`), so
+#: that every writer path's uncompressed outputs are read back on every line too
 SESSIONS: dict[str, dict[str, str]] = {
     "default": {},
     "io_encryption": {"spark.io.encryption.enabled": "true"},
     "opaque_codec": {"spark.io.compression.codec": "io.shuffled.spark.OpaqueLz4Codec"},
-    "java_serializer": {"spark.serializer": "org.apache.spark.serializer.JavaSerializer"},
+    "java_serializer": {
+        "spark.serializer": "org.apache.spark.serializer.JavaSerializer",
+        "spark.shuffled.compression": "off",
+    },
 }
 
 

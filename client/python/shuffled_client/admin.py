@@ -34,6 +34,11 @@ class AdminCalls:
     async def stats(self) -> dict[str, Any]:
         return await self.session.admin_request("stats", {})
 
+    async def pool(self) -> dict[str, Any]:
+        """The pool's segments in use and in all, the daemon's peers, whether it has an object store: the cheap
+        part of `stats`, for a writer deciding whether its data is worth compressing."""
+        return await self.session.admin_request("pool", {})
+
     async def drain_challenge(self, nonce: str) -> dict[str, Any]:
         """The daemon's proof that it has the peer secret, over `nonce` (fresh, `protocol.auth.new_nonce()`),
         naming itself and the address it sees this client at (PROTOCOL.md §13): check it before `drain`,

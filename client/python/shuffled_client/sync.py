@@ -90,6 +90,10 @@ class Client:
         result: dict[str, Any] = self._run(self._aio.stats())
         return result
 
+    def pool(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._run(self._aio.pool())
+        return result
+
     def drain_challenge(self, nonce: str) -> dict[str, Any]:
         result: dict[str, Any] = self._run(self._aio.drain_challenge(nonce))
         return result

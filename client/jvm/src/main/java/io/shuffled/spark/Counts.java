@@ -15,7 +15,10 @@ public final class Counts {
     static final AtomicLong SERIALIZED = new AtomicLong();
     /** Map outputs written through Spark's {@code ExternalSorter} (combine, IO encryption, opaque codecs). */
     static final AtomicLong SORTED = new AtomicLong();
-    /** Fills the serialized path wrote out: each gives each of its partitions a compressed stream. */
+    /** Map outputs written through Spark's codec and without it ({@link BlockCompression}). */
+    static final AtomicLong COMPRESSED = new AtomicLong();
+    static final AtomicLong UNCOMPRESSED = new AtomicLong();
+    /** Fills the serialized path wrote out: each gives each of its partitions a (compressed) stream. */
     static final AtomicLong FILLS = new AtomicLong();
     /** Time map tasks spent opening their map output (until the daemon's first credit) and committing it. */
     static final AtomicLong OPEN_NANOS = new AtomicLong();
@@ -36,6 +39,11 @@ public final class Counts {
     /** {unsorted, serialized, sorted} map outputs so far. */
     public static long[] mapOutputs() {
         return new long[] {UNSORTED.get(), SERIALIZED.get(), SORTED.get()};
+    }
+
+    /** {compressed, uncompressed} map outputs so far. */
+    public static long[] compression() {
+        return new long[] {COMPRESSED.get(), UNCOMPRESSED.get()};
     }
 
     /** Fills the serialized path wrote out so far (at least one a map output it wrote). */

@@ -23,7 +23,8 @@ import scala.reflect.ClassTag$;
  * <p>When the buffered bytes and their index reach {@code spark.shuffled.sortBufferSize} or Spark's memory
  * manager grants no more (a fill), and at the end, the records are ordered by partition, then arrival, and each
  * partition's records are copied, in that order, through one stream wrapped by Spark's {@link SerializerManager}
- * (compression) into the partition's part of the push stream. A partition that had records in several fills
+ * (compression, unless {@link BlockCompression} leaves this map output uncompressed) into the partition's part of
+ * the push stream. A partition that had records in several fills
  * therefore gets several compressed streams back to back in its block, which is why the path needs a codec
  * whose streams concatenate (or no compression) and no IO encryption ({@link #applies}); its serialized records
  * concatenate by the serializer's promise. Every stream costs a header and a compressor (tens of KiB
@@ -38,16 +39,19 @@ public final class SerializedSortWriter<K, V> {
     private final ShuffleDependency<K, V, ?> dep;
     private final long mapId;
     private final SerializerManager serializers;
+    /** Whether the map output's blocks go through Spark's codec ({@link BlockCompression}). */
+    private final boolean compressed;
     private final ShuffledWriter.PartitionOutput sink;
     private final TaskMemory memory;
     /** {@code spark.shuffled.sortBufferSize}: bytes of serialized records plus their index that make a fill. */
     private final long fillBytes;
 
-    SerializedSortWriter(ShuffleDependency<K, V, ?> dep, long mapId, SerializerManager serializers,
+    SerializedSortWriter(ShuffleDependency<K, V, ?> dep, long mapId, SerializerManager serializers, boolean compressed,
             ShuffledWriter.PartitionOutput sink, TaskMemory memory, long fillBytes) {
         this.dep = dep;
         this.mapId = mapId;
         this.serializers = serializers;
+        this.compressed = compressed;
         this.sink = sink;
         this.memory = memory;
         this.fillBytes = fillBytes;
@@ -102,7 +106,8 @@ public final class SerializedSortWriter<K, V> {
         while (i < records) {
             int partition = fill.parts[order[i]];
             sink.partition = partition;
-            OutputStream out = serializers.wrapStream(new ShuffleBlockId(dep.shuffleId(), mapId, partition), sink);
+            OutputStream out = BlockCompression.wrap(
+                    serializers, new ShuffleBlockId(dep.shuffleId(), mapId, partition), sink, compressed);
             int from = 0;
             int to = 0;
             for (int end = fill.ends[partition]; i < end; i++) {

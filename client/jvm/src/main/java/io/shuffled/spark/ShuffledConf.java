@@ -54,11 +54,20 @@ final class ShuffledConf {
     /// a record of index, before it writes them out sorted by partition (its arrays grow by doubling, so they
     /// may hold up to about twice that; a single larger record goes through). The memory is the task's
     /// execution memory, asked of Spark's memory manager as the buffer grows, so a task granted less writes
-    /// out sooner. Each write-out gives every partition a compressed stream of its own: the fewer, the
+    /// out sooner. Each write-out gives every partition a (compressed) stream of its own: the fewer, the
     /// smaller and cheaper to write and read
     ///
     /// Default: `128m`
     static final String SORT_BUFFER = "spark.shuffled.sortBufferSize";
+    /// whether map outputs go through Spark's shuffle codec (when `spark.shuffle.compress` is on): `on` always,
+    /// as Spark's own shuffle does; `off` never; `auto` unless they stay in one host's memory: uncompressed only
+    /// under a `local` or `local-cluster` master, without replicas or uploads, while the task's daemon has no
+    /// other daemons, no object store and less than half its pool in use (asked at most every 100 ms). Each map
+    /// status says which, so any setting reads any output. `auto` pays in sessions whose shuffles fit the pool
+    /// and costs in those that outgrow it ([docs/spark.md](docs/spark.md))
+    ///
+    /// Default: `on`
+    static final String COMPRESSION = "spark.shuffled.compression";
     /// the cluster secret, as in the daemons' `--secret-file` ([docs/security.md](docs/security.md)); the
     /// driver checks it with the admin daemon when the application starts, so a wrong one stops the
     /// application at once with the reason
@@ -124,6 +133,7 @@ final class ShuffledConf {
     final List<String> addresses;
     final DaemonChoice choice;
     final String adminAddress;
+    final BlockCompression.Mode compression;
     final long timeoutMillis;
     final long writerBufferBytes;
     final long sortBufferBytes;
@@ -154,6 +164,13 @@ final class ShuffledConf {
         } catch (IllegalArgumentException e) {
             throw new IllegalArgumentException(
                     DAEMON_CHOICE + " must be 'executor' or 'task', got '" + choiceName + "'", e);
+        }
+        String compressionName = conf.get(COMPRESSION, "on").trim();
+        try {
+            compression = BlockCompression.Mode.valueOf(compressionName.toUpperCase(java.util.Locale.ROOT));
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException(
+                    COMPRESSION + " must be 'auto', 'on' or 'off', got '" + compressionName + "'", e);
         }
         adminAddress = conf.get(ADMIN_ADDRESS, addresses.get(0)).trim();
         timeoutMillis = conf.getTimeAsMs(TIMEOUT, "60s");

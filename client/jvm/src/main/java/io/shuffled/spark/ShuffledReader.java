@@ -43,8 +43,9 @@ import scala.math.Ordering;
  * Reads reduce partitions [start, end) of the map outputs [startMap, endMap) through the task's daemon.
  *
  * <p>Which map attempts to read, and where each one's output lives, comes from Spark's
- * {@code MapOutputTracker}, exactly as for the built-in shuffle; a location names a daemon
- * ({@link DaemonLocation}). One read stream is opened per daemon, a few ahead of the one being read
+ * {@code MapOutputTracker}, exactly as for the built-in shuffle; a location names a daemon and whether its
+ * outputs were compressed ({@link DaemonLocation}, {@link BlockCompression}). One read stream is opened per
+ * location, a few ahead of the one being read
  * (so the next daemons already send under their initial credit), and they are consumed one after
  * another. Each (partition, attempt) pair is
  * one block, deserialized as the built-in reader does, or, where Spark's own reader fetches an attempt's
@@ -79,7 +80,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         this.clients = clients;
     }
 
-    /** The map attempts one daemon holds for this read. */
+    /** The map attempts one daemon holds for this read, all written compressed or all not. */
     private record Location(BlockManagerId id, String daemon, Set<Long> attempts, long firstMapId, int firstMapIndex) {}
 
     @Override
@@ -222,7 +223,8 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 BlockId id = batched
                         ? new ShuffleBlockBatchId(dep.shuffleId(), input.attempt(), input.partition(), end)
                         : new ShuffleBlockId(dep.shuffleId(), input.attempt(), input.partition());
-                block = serializer.deserializeStream(serializers.wrapStream(id, input));
+                block = serializer.deserializeStream(BlockCompression.wrap(serializers, id, input,
+                        DaemonLocation.compressed(locations.get(index).id())));
                 blockRecords = block.asKeyValueIterator();
             }
             return true;

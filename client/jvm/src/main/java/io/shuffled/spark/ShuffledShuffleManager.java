@@ -39,6 +39,8 @@ import scala.collection.immutable.Seq;
 public final class ShuffledShuffleManager extends SortShuffleManager {
     private final DaemonClients clients;
     private final NoLocalBlocks blocks;
+    /** Whether map outputs are compressed: one per JVM, which keeps what its daemons last said. */
+    private final BlockCompression compression;
 
     /** The constructor Spark looks for first ({@code ShuffleManager.create}). */
     public ShuffledShuffleManager(SparkConf conf, boolean isDriver) {
@@ -47,6 +49,7 @@ public final class ShuffledShuffleManager extends SortShuffleManager {
                 scala.util.Properties$.MODULE$.versionNumberString());
         ShuffledConf settings = new ShuffledConf(conf);
         this.blocks = new NoLocalBlocks(conf);
+        this.compression = BlockCompression.of(settings, conf);
         this.clients = new DaemonClients(settings, isDriver ? "spark-driver" : "spark-executor");
     }
 
@@ -60,7 +63,7 @@ public final class ShuffledShuffleManager extends SortShuffleManager {
     public <K, V> ShuffleWriter<K, V> getWriter(
             ShuffleHandle handle, long mapId, TaskContext context, ShuffleWriteMetricsReporter metrics) {
         return new ShuffledWriter<>((BaseShuffleHandle<K, V, Object>) handle, mapId, context, metrics, clients,
-                ShuffledWriter.Executor.of(SparkEnv.get()));
+                ShuffledWriter.Executor.of(SparkEnv.get(), compression));
     }
 
     @Override

@@ -30,7 +30,8 @@ import scala.reflect.ClassTag$;
  * Writes one map task's output into the executor's daemon.
  *
  * <p>Each reduce partition is written as one serialization stream, wrapped by Spark's
- * {@link SerializerManager} (compression and encryption as configured), into the map attempt's push
+ * {@link SerializerManager} (encryption as configured, compression as {@link BlockCompression} decides for the
+ * whole map output), into the map attempt's push
  * stream. With no map-side combine and at most Spark's {@code spark.shuffle.sort.bypassMergeThreshold}
  * partitions, records are serialized as they arrive, one open stream per partition, as Spark's bypass-merge
  * writer does. Wider shuffles without map-side combine whose serializer can relocate serialized records (Spark
@@ -60,15 +61,16 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
 
     /**
      * What the writer needs of its executor: the application, the executor (it picks the task's daemon), the
-     * host its map statuses name, Spark's limit for unsorted writing and the serializer manager.
+     * host its map statuses name, Spark's limit for unsorted writing, the serializer manager and whether to
+     * compress.
      */
     record Executor(String appId, String executorId, String host, int bypassMergeThreshold,
-            SerializerManager serializers, boolean streamsConcatenate) {
-        static Executor of(SparkEnv env) {
+            SerializerManager serializers, boolean streamsConcatenate, BlockCompression compression) {
+        static Executor of(SparkEnv env, BlockCompression compression) {
             SparkConf conf = env.conf();
             return new Executor(conf.getAppId(), env.executorId(), env.blockManager().blockManagerId().host(),
                     conf.getInt("spark.shuffle.sort.bypassMergeThreshold", 200), env.serializerManager(),
-                    streamsConcatenate(conf, env.serializerManager()));
+                    streamsConcatenate(conf, env.serializerManager()), compression);
         }
 
         /**
@@ -92,6 +94,8 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
     private MapOutputWriter output;
     private MapStatus status;
     private long[] lengths = new long[0];
+    /** Whether this map output's blocks go through Spark's codec ({@link BlockCompression}). */
+    private boolean compressed;
     private boolean stopped;
 
     ShuffledWriter(
@@ -120,6 +124,8 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             return c;
         });
         Counts.OPEN_NANOS.addAndGet(System.nanoTime() - opening);
+        compressed = executor.compression().compress(client);
+        (compressed ? Counts.COMPRESSED : Counts.UNCOMPRESSED).incrementAndGet();
         long written;
         if (!dep.mapSideCombine() && partitions <= executor.bypassMergeThreshold()) {
             written = writeUnsorted(records, dep);
@@ -127,7 +133,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
         } else if (SerializedSortWriter.applies(dep, executor.streamsConcatenate())) {
             TaskMemory memory = new TaskMemory(context.taskMemoryManager());
             try {
-                written = new SerializedSortWriter<>(dep, mapId, executor.serializers(),
+                written = new SerializedSortWriter<>(dep, mapId, executor.serializers(), compressed,
                         new PartitionOutput(output, 0, metrics), memory, clients.sortBufferBytes()).write(records);
             } finally { // as Spark's serialized writer does when it stops, on every line
                 context.taskMetrics().incPeakExecutionMemory(memory.peak());
@@ -157,7 +163,8 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             bytes += n;
         }
         metrics.incBytesWritten(bytes);
-        status = Checksums.mapStatus(DaemonLocation.of(client.daemonNode(), executor.host()), lengths, mapId, dep);
+        status = Checksums.mapStatus(
+                DaemonLocation.of(client.daemonNode(), executor.host(), compressed), lengths, mapId, dep);
     }
 
     /**
@@ -175,8 +182,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             int partition = dep.partitioner().getPartition(record._1());
             SerializationStream stream = streams[partition];
             if (stream == null) {
-                stream = streams[partition] = serializer.serializeStream(executor.serializers().wrapStream(
-                        new ShuffleBlockId(dep.shuffleId(), mapId, partition),
+                stream = streams[partition] = serializer.serializeStream(block(dep, partition,
                         new PartitionOutput(output, partition, metrics)));
             }
             stream.writeKey(record._1(), ANY);
@@ -207,8 +213,7 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             }
             int partition = (Integer) part._1();
             sink.partition = partition;
-            SerializationStream stream = serializer.serializeStream(
-                    executor.serializers().wrapStream(new ShuffleBlockId(dep.shuffleId(), mapId, partition), sink));
+            SerializationStream stream = serializer.serializeStream(block(dep, partition, sink));
             while (it.hasNext()) {
                 Product2<K, ?> record = it.next();
                 stream.writeKey(record._1(), ANY);
@@ -218,6 +223,12 @@ final class ShuffledWriter<K, V, C> extends ShuffleWriter<K, V> {
             stream.close();
         }
         return records;
+    }
+
+    /** A partition's block stream: encrypted and compressed as this map output is. */
+    private OutputStream block(ShuffleDependency<K, V, C> dep, int partition, OutputStream sink) {
+        return BlockCompression.wrap(executor.serializers(), new ShuffleBlockId(dep.shuffleId(), mapId, partition),
+                sink, compressed);
     }
 
     @Override

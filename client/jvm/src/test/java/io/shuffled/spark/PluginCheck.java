@@ -36,6 +36,14 @@ public final class PluginCheck {
         c.oneOf(ShuffledConf.FSYNC, conf -> conf.fsync, null, null);
         c.oneOf(ShuffledConf.FSYNC, conf -> conf.fsync, "commit", "commit");
         c.oneOf(ShuffledConf.FSYNC, conf -> conf.fsync, "always", "refused");
+        c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), null, "ON");
+        c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), "on", "ON");
+        c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), " Off ", "OFF");
+        c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), "lz4", "refused");
+        c.compressionFollowsSpark();
+        c.pressure();
+        c.uncompressedMarkSurvivesTheMapStatus(7);
+        c.uncompressedMarkSurvivesTheMapStatus(5000);
         c.sparkLineOfThisJar();
         c.otherSparkLineRefused();
         c.writerStoppedBeforeCommit();
@@ -116,6 +124,101 @@ public final class PluginCheck {
             failure = "refused".equals(expected) && e.getMessage().contains(key) ? null : e.getMessage();
         }
         verdict(key + "=" + value + " is " + expected, failure);
+    }
+
+    /** {@code spark.shuffle.compress=false} wins over {@code spark.shuffled.compression=on}; no daemon is asked. */
+    private void compressionFollowsSpark() {
+        SparkConf conf = new SparkConf(false).set(ShuffledConf.COMPRESSION, "on");
+        String failure;
+        try {
+            boolean on = BlockCompression.of(new ShuffledConf(conf), conf).compress(null);
+            boolean off = BlockCompression.of(new ShuffledConf(conf), conf.clone().set("spark.shuffle.compress", "false"))
+                    .compress(null);
+            failure = on && !off ? null : "on: " + on + ", with spark.shuffle.compress=false: " + off;
+        } catch (java.io.IOException | RuntimeException e) {
+            failure = e.toString();
+        }
+        verdict("compression on compresses unless spark.shuffle.compress=false", failure);
+        String leaving = null;
+        for (String[] kv : new String[][] {{ShuffledConf.REPLICAS, "2"}, {ShuffledConf.DURABILITY, "object-store"},
+            {"spark.master", "spark://master:7077"}, {"spark.master", "k8s://https://kubernetes:443"}}) {
+            SparkConf asked = new SparkConf(false).set("spark.master", "local[2]").set(ShuffledConf.COMPRESSION, "auto")
+                    .set(kv[0], kv[1]);
+            try {
+                if (!BlockCompression.of(new ShuffledConf(asked), asked).compress(null)) {
+                    leaving = kv[0] + "=" + kv[1] + " left auto uncompressed";
+                }
+            } catch (java.io.IOException | RuntimeException e) {
+                leaving = kv[0] + "=" + kv[1] + ": " + e;
+            }
+        }
+        verdict("auto compresses on clusters of several hosts and what the application sends off the host "
+                + "(replicas, uploads)", leaving);
+    }
+
+    /** What in a daemon's answer to `pool` makes {@code auto} compress: half the pool in use, peers, an object store. */
+    private void pressure() {
+        String failure = null;
+        long[][] cases = {{10, 100, 0, 0, 0}, {49, 100, 0, 0, 0}, {50, 100, 0, 0, 1}, {100, 100, 0, 0, 1},
+            {0, 100, 1, 0, 1}, {0, 100, 0, 1, 1}};
+        for (long[] c : cases) {
+            java.util.Map<String, Object> pool = java.util.Map.of(
+                    "used", c[0], "total", c[1], "peers", c[2], "object_store", c[3] == 1);
+            if (BlockCompression.pressed(pool) != (c[4] == 1)) {
+                failure = "used " + c[0] + " of " + c[1] + ", " + c[2] + " peers, object store " + (c[3] == 1) + ": "
+                        + BlockCompression.pressed(pool);
+            }
+        }
+        if (!BlockCompression.pressed(java.util.Map.of("used", 0L, "total", 100L))) {
+            failure = "an answer without peers and object store does not count as pressed";
+        }
+        verdict("auto compresses from half the pool in use, with peers or an object store, or without an answer",
+                failure);
+    }
+
+    /**
+     * The mark of an uncompressed map output is in its map status's location, which Spark sends to reducers
+     * serialized (a compressed map status below 2,000 partitions, a highly compressed one above).
+     */
+    private void uncompressedMarkSurvivesTheMapStatus(int partitions) {
+        String failure;
+        try {
+            String[] found = new String[2];
+            for (int i = 0; i < 2; i++) {
+                org.apache.spark.storage.BlockManagerId at = DaemonLocation.of("127.0.0.9:7337", "host", i == 0);
+                long[] lengths = new long[partitions];
+                java.util.Arrays.fill(lengths, 100);
+                java.io.ByteArrayOutputStream bytes = new java.io.ByteArrayOutputStream();
+                try (java.io.ObjectOutputStream out = new java.io.ObjectOutputStream(bytes)) {
+                    out.writeObject(mapStatus(at, lengths));
+                }
+                try (java.io.ObjectInputStream in =
+                        new java.io.ObjectInputStream(new java.io.ByteArrayInputStream(bytes.toByteArray()))) {
+                    org.apache.spark.storage.BlockManagerId back =
+                            ((org.apache.spark.scheduler.MapStatus) in.readObject()).location();
+                    found[i] = (DaemonLocation.compressed(back) ? "compressed" : "uncompressed") + " at "
+                            + DaemonLocation.daemonOf(back);
+                }
+            }
+            String[] expected = {"compressed at 127.0.0.9:7337", "uncompressed at 127.0.0.9:7337"};
+            failure = java.util.Arrays.equals(found, expected) ? null : "read back " + java.util.Arrays.toString(found);
+        } catch (java.io.IOException | ReflectiveOperationException e) {
+            failure = e.toString();
+        }
+        verdict("a map status of " + partitions + " partitions keeps whether its output is compressed", failure);
+    }
+
+    /** {@code MapStatus.apply} of this Spark line: Spark 4.1 and later take a checksum too (0: none). */
+    private static Object mapStatus(org.apache.spark.storage.BlockManagerId at, long[] lengths)
+            throws ReflectiveOperationException {
+        for (java.lang.reflect.Method m : org.apache.spark.scheduler.MapStatus$.class.getMethods()) {
+            if (m.getName().equals("apply") && m.getParameterCount() >= 3) {
+                Object[] args = m.getParameterCount() == 3 ? new Object[] {at, lengths, 3L}
+                        : new Object[] {at, lengths, 3L, 0L};
+                return m.invoke(org.apache.spark.scheduler.MapStatus$.MODULE$, args);
+            }
+        }
+        throw new NoSuchMethodException("MapStatus.apply");
     }
 
     private void sparkLineOfThisJar() {
