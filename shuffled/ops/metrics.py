@@ -30,7 +30,7 @@ from .stats import DaemonStats
 #: latency buckets from 1 ms to 5 min: pushes and reads of a map output or partition
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: admin operations whose latency series exist from the start (others appear when first answered)
-ADMIN_OPS = ("stats", "unregister_shuffle", "remove_application")
+ADMIN_OPS = ("stats", "pool", "unregister_shuffle", "remove_application")
 #: the object-store layer's operations (server/storage/objects.py OPERATIONS; this module stays below it)
 OBJECT_STORE_OPS = ("put", "get", "delete", "list")
 #: object-store states, one series each (1 for the current one)

@@ -11,8 +11,10 @@ for; thousands of partitions are the job matrix's):
 
 - ``default``: the unsorted path (narrow) and the serialized one (wide);
 - ``io_encryption``: encrypted streams cannot follow each other in a block, so wide shuffles take Spark's sorter;
+- ``io_encryption_uncompressed``: the same, the map outputs encrypted but not compressed;
 - ``opaque_codec``: a codec Spark does not know to concatenate (the tests jar's ``OpaqueLz4Codec``): the sorter;
-- ``java_serializer``: Spark's default serializer is Java's (SQL rows keep their own serializer).
+- ``java_serializer``: Spark's default serializer is Java's (SQL rows keep their own serializer); map outputs
+  uncompressed.
 
 A JVM RDD's ``distinct`` in each takes the map-side combine (the sorter with an aggregator; PySpark's own
 ``reduceByKey`` combines in Python). Each session reports
@@ -54,11 +56,12 @@ JOBS: dict[str, tuple[spark_jobs.Job, str]] = {
     "combine_narrow": (jvm_distinct(8), "8"),
     "combine_wide": (jvm_distinct(300), "8"),
 }
-#: the Java-serializer session also writes its map outputs uncompressed (`spark.shuffled.compression=off`), so
-#: that every writer path's uncompressed outputs are read back on every line too
+#: uncompressed map outputs (`spark.shuffled.compression=off`) in two: every writer path's, plain and encrypted,
+#: read back on every line too
 SESSIONS: dict[str, dict[str, str]] = {
     "default": {},
     "io_encryption": {"spark.io.encryption.enabled": "true"},
+    "io_encryption_uncompressed": {"spark.io.encryption.enabled": "true", "spark.shuffled.compression": "off"},
     "opaque_codec": {"spark.io.compression.codec": "io.shuffled.spark.OpaqueLz4Codec"},
     "java_serializer": {
         "spark.serializer": "org.apache.spark.serializer.JavaSerializer",

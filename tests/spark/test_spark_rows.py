@@ -77,6 +77,6 @@ def test_sql_rows_on_every_writer_path_match_builtin(line: str, plugin_jar: Path
     paths = {name: session["paths"] for name, session in sessions.items()}
     # The paths each configuration must have taken (other jobs may add to them: only what must be is checked).
     assert paths["default"]["unsorted"] > 0 and paths["default"]["serialized"] > 0, paths
-    for fallback in ("io_encryption", "opaque_codec"):
+    for fallback in ("io_encryption", "io_encryption_uncompressed", "opaque_codec"):
         assert paths[fallback]["serialized"] == 0 and paths[fallback]["sorted"] >= 8, paths
     assert all(p["sorted"] >= 8 for p in paths.values()), paths  # the RDD jobs' map-side combine

@@ -3,8 +3,8 @@ it, and what it does.
 
 `OPERATIONS` is the registry the admin service dispatches through. Who may ask comes first: a
 `peer_only` operation is refused to clients (a peer daemon proved the peer secret, which
-applications do not have); the others check the token of an `app` they name (not `stats`, which
-reads no application's data). `drain_challenge` is answered only by a daemon with a peer secret
+applications do not have); the others check the token of an `app` they name (not `stats` and `pool`,
+which read no application's data). `drain_challenge` is answered only by a daemon with a peer secret
 of its own, and `drain` must then carry a proof made with it over the last challenge answered on
 its connection and over its arguments, good for one try. Then the arguments are read into the
 operation's typed value (INVALID_REQUEST saying what is wrong), and the operation runs with the
