@@ -97,7 +97,8 @@ def test_a_shuffle_of_compressed_and_uncompressed_outputs_reads_back_exact(
     retried = _retried_stages(spark)
     assert spark_jobs.JOBS[name](spark) == builtin[name]
     assert _retried_stages(spark) == retried, "a stage ran again"
-    compressed, uncompressed = _compression(spark)[0] - compressed, _compression(spark)[1] - uncompressed
+    after = _compression(spark)
+    compressed, uncompressed = after[0] - compressed, after[1] - uncompressed
     assert compressed > 0 and uncompressed > 0, f"{compressed} compressed, {uncompressed} uncompressed"
 
 

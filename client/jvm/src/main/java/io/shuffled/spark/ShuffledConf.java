@@ -158,20 +158,8 @@ final class ShuffledConf {
                 "map output lives in the daemons, not in the executor's block manager, so there is nothing to migrate "
                         + "(a decommissioned executor's output stays readable)");
         addresses = parseAddresses(conf.get(ADDRESS, DEFAULT_ADDRESS));
-        String choiceName = conf.get(DAEMON_CHOICE, "executor").trim();
-        try {
-            choice = DaemonChoice.valueOf(choiceName.toUpperCase(java.util.Locale.ROOT));
-        } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException(
-                    DAEMON_CHOICE + " must be 'executor' or 'task', got '" + choiceName + "'", e);
-        }
-        String compressionName = conf.get(COMPRESSION, "on").trim();
-        try {
-            compression = BlockCompression.Mode.valueOf(compressionName.toUpperCase(java.util.Locale.ROOT));
-        } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException(
-                    COMPRESSION + " must be 'auto', 'on' or 'off', got '" + compressionName + "'", e);
-        }
+        choice = named(conf, DAEMON_CHOICE, "executor", DaemonChoice.class);
+        compression = named(conf, COMPRESSION, "on", BlockCompression.Mode.class);
         adminAddress = conf.get(ADMIN_ADDRESS, addresses.get(0)).trim();
         timeoutMillis = conf.getTimeAsMs(TIMEOUT, "60s");
         writerBufferBytes = conf.getSizeAsBytes(WRITER_BUFFER, "16m");
@@ -274,6 +262,27 @@ final class ShuffledConf {
             throw new IllegalArgumentException(key + " must be one of " + values + ", got '" + value + "'");
         }
         return value;
+    }
+
+    /**
+     * A setting that names one of an enum's constants, in any case; the error lists them in their declared
+     * order, as users write them.
+     */
+    private static <E extends Enum<E>> E named(SparkConf conf, String key, String fallback, Class<E> type) {
+        String name = conf.get(key, fallback).trim();
+        try {
+            return Enum.valueOf(type, name.toUpperCase(java.util.Locale.ROOT));
+        } catch (IllegalArgumentException e) {
+            E[] values = type.getEnumConstants();
+            StringBuilder allowed = new StringBuilder();
+            for (int i = 0; i < values.length; i++) {
+                if (i > 0) {
+                    allowed.append(i == values.length - 1 ? " or " : ", ");
+                }
+                allowed.append('\'').append(values[i].name().toLowerCase(java.util.Locale.ROOT)).append('\'');
+            }
+            throw new IllegalArgumentException(key + " must be " + allowed + ", got '" + name + "'", e);
+        }
     }
 
     /** Spark settings shuffled cannot work with: refused at start rather than failing jobs later. */

@@ -156,6 +156,8 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
         private DeserializationStream block;
         private Iterator<Tuple2<Object, Object>> blockRecords;
         private boolean local;
+        /** Whether the current location's map outputs went through Spark's codec (see BlockCompression). */
+        private boolean compressed;
         private boolean merged;
         private Exception failed;
         private final FetchWait fetchWait = new FetchWait();
@@ -223,8 +225,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 BlockId id = batched
                         ? new ShuffleBlockBatchId(dep.shuffleId(), input.attempt(), input.partition(), end)
                         : new ShuffleBlockId(dep.shuffleId(), input.attempt(), input.partition());
-                block = serializer.deserializeStream(BlockCompression.wrap(serializers, id, input,
-                        DaemonLocation.compressed(locations.get(index).id())));
+                block = serializer.deserializeStream(BlockCompression.wrap(serializers, id, input, compressed));
                 blockRecords = block.asKeyValueIterator();
             }
             return true;
@@ -246,6 +247,7 @@ final class ShuffledReader<K, C> implements ShuffleReader<K, C> {
                 metrics.incFetchWaitTime(fetchWait.add(waitNanos));
             });
             local = isLocal(at);
+            compressed = DaemonLocation.compressed(locations.get(at).id());
             return true;
         }
 

@@ -41,6 +41,11 @@ public final class PluginCheck {
         c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), "on", "ON");
         c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), " Off ", "OFF");
         c.oneOf(ShuffledConf.COMPRESSION, conf -> conf.compression.name(), "lz4", "refused");
+        c.oneOf(ShuffledConf.DAEMON_CHOICE, conf -> conf.choice.name(), " Task", "TASK");
+        c.refusedWith(ShuffledConf.COMPRESSION, "lz4",
+                "spark.shuffled.compression must be 'auto', 'on' or 'off', got 'lz4'");
+        c.refusedWith(ShuffledConf.DAEMON_CHOICE, "host",
+                "spark.shuffled.daemonChoice must be 'executor' or 'task', got 'host'");
         c.compressionFollowsSpark();
         c.pressure();
         c.uncompressedMarkSurvivesTheMapStatus(7);
@@ -125,6 +130,18 @@ public final class PluginCheck {
             failure = "refused".equals(expected) && e.getMessage().contains(key) ? null : e.getMessage();
         }
         verdict(key + "=" + value + " is " + expected, failure);
+    }
+
+    /** An enum setting's error names every value it takes, as a user writes them. */
+    private void refusedWith(String key, String value, String expected) {
+        String failure;
+        try {
+            new ShuffledConf(new SparkConf(false).set(key, value));
+            failure = "accepted";
+        } catch (IllegalArgumentException e) {
+            failure = expected.equals(e.getMessage()) ? null : "said: " + e.getMessage();
+        }
+        verdict(key + "=" + value + " refused with the values named", failure);
     }
 
     /** {@code spark.shuffle.compress=false} wins over {@code spark.shuffled.compression=on}; no daemon is asked. */
