@@ -11,6 +11,7 @@ uncompressed ones into the second, and most reads relay across.
 from __future__ import annotations
 
 import hashlib
+import signal
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,30 @@ def test_uncompressed_outputs_hold_more_bytes(spark: Any, daemons: list[DaemonPr
     assert df.repartition(4, "k").selectExpr("sum(length(v))").collect()[0][0] == 40_000 * 64
     grown = [daemon_stats(d)["store"]["committed_bytes"] - c for d, c in zip(daemons, committed, strict=True)]
     assert grown[1] > 3 * grown[0] > 0, f"compressed {grown[0]} bytes, uncompressed {grown[1]}"
+
+
+def test_a_daemon_lost_before_the_reduce_is_written_again_and_read_exact(
+    spark: Any, builtin: dict[str, Any], daemons: list[DaemonProcess]
+) -> None:
+    """The daemon that holds the uncompressed outputs dies (SIGKILL) once a shuffle's map stage is done and is
+    started again on its address, empty, as systemd or Kubernetes would: the next job reading the shuffle finds
+    those outputs gone, Spark runs their map tasks again (their new outputs of both kinds again) and the result is
+    exact."""
+    data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
+    summed = data.reduceByKey(lambda a, b: a + b)
+    assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
+    victim = daemons[1]
+    assert daemon_stats(victim)["store"]["stored_bytes"] > 0
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    daemons[1] = start_daemon(victim.host, victim.port, POOL)
+    retried = _retried_stages(spark)
+    before = _compression(spark)
+    assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
+    assert _retried_stages(spark) > retried, "no stage ran again after the daemon was lost"
+    after = _compression(spark)
+    assert after[1] > before[1], "no map output was written again uncompressed into the restarted daemon"
+    assert daemon_stats(daemons[1])["store"]["stored_bytes"] > 0
 
 
 def test_a_daemon_that_fills_up_holds_both_kinds_of_one_shuffle(spark: Any, daemons: list[DaemonProcess]) -> None:
