@@ -118,8 +118,8 @@ def test_a_daemon_lost_before_the_reduce_is_written_again_and_read_exact(
 ) -> None:
     """The daemon that holds the uncompressed outputs dies (SIGKILL) once a shuffle's map stage is done and is
     started again on its address, empty, as systemd or Kubernetes would: the next job reading the shuffle finds
-    those outputs gone, Spark runs their map tasks again (their new outputs of both kinds again) and the result is
-    exact."""
+    those outputs gone, Spark runs their map tasks again once (uncompressed again into the restarted daemon) and
+    the result is exact; the outputs written again then read on the first try."""
     data = spark.sparkContext.parallelize([(i % 53, i) for i in range(20_000)], 4)
     summed = data.reduceByKey(lambda a, b: a + b)
     assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
@@ -132,9 +132,14 @@ def test_a_daemon_lost_before_the_reduce_is_written_again_and_read_exact(
     before = _compression(spark)
     assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
     assert _retried_stages(spark) > retried, "no stage ran again after the daemon was lost"
+    # one rerun: a rewritten output that failed to read would fail the stage again (attempt 2)
+    assert max(stage.attemptId() for stage in stage_data(spark)) == 1
     after = _compression(spark)
     assert after[1] > before[1], "no map output was written again uncompressed into the restarted daemon"
     assert daemon_stats(daemons[1])["store"]["stored_bytes"] > 0
+    retried = _retried_stages(spark)
+    assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
+    assert _retried_stages(spark) == retried, "the outputs written again did not read on the first try"
 
 
 def test_a_daemon_that_fills_up_holds_both_kinds_of_one_shuffle(spark: Any, daemons: list[DaemonProcess]) -> None:

@@ -146,9 +146,10 @@ def test_no_daemon_reachable_blames_the_tasks_own_daemon(
 def test_plugin_rules_inside_the_jvm(plugin_jar: Path) -> None:
     """Fetch wait summed in nanoseconds (sub-millisecond waits add up), the refused Spark settings, the range of
     spark.shuffled.replicas and the values of spark.shuffled.durability and spark.shuffled.fsync (a wrong one
-    refused with the key named), spark.shuffled.compression (its values, spark.shuffle.compress=false over it, what
-    in a daemon's stats or the application's settings makes `auto` compress, and the mark of an uncompressed output
-    kept through a serialized map status), the Spark line written into the jar (accepted by its own Spark, refused
-    by another), and a writer stopped as a success before it committed (it throws)."""
+    refused with the key named), spark.shuffled.daemonChoice and spark.shuffled.compression (their values and errors
+    word for word; spark.shuffle.compress=false over the latter, what in a daemon's stats or the application's
+    settings makes `auto` compress, and the mark of an uncompressed output kept through a serialized map status), the
+    Spark line written into the jar (accepted by its own Spark, refused by another), and a writer stopped as a success
+    before it committed (it throws)."""
     passed, out = run_checks("io.shuffled.spark.PluginCheck", plugin_jar, spark_jar.build_test_classes())
     assert passed == 32, out
