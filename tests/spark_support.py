@@ -72,13 +72,14 @@ def session_fixture(master: str, daemon_choice: str, conf: dict[str, str] | None
     return session
 
 
-def restart(daemon: DaemonProcess, peers: list[DaemonProcess]) -> DaemonProcess:
-    """A new daemon process on the same address, as systemd or Kubernetes would start after a crash."""
+def restart(daemon: DaemonProcess, peers: list[DaemonProcess], pool: str = "128M") -> DaemonProcess:
+    """A new daemon process on the same address (killed first if still alive: SIGKILL), as systemd or Kubernetes
+    would start after a crash; `peers` none for a daemon that has none."""
     if daemon.proc.poll() is None:
         daemon.proc.kill()
         daemon.proc.wait(10)
-    peer_list = ",".join(d.addr for d in peers)
-    return start_daemon(daemon.host, daemon.port, "128M", ["--peers", peer_list])
+    extra = ["--peers", ",".join(d.addr for d in peers)] if peers else []
+    return start_daemon(daemon.host, daemon.port, pool, extra)
 
 
 def daemon_stats(daemon: Daemon) -> dict[str, Any]:

@@ -11,7 +11,6 @@ uncompressed ones into the second, and most reads relay across.
 from __future__ import annotations
 
 import hashlib
-import signal
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from shuffled_client import Client
 from tests import spark_jobs
 from tests.cluster import DaemonProcess, free_port, start_daemon
-from tests.spark_support import daemon_stats, needs_spark, plugin_conf, stage_data
+from tests.spark_support import daemon_stats, needs_spark, plugin_conf, restart, stage_data
 
 pytestmark = [needs_spark, pytest.mark.timeout(600)]
 
@@ -125,9 +124,7 @@ def test_a_daemon_lost_before_the_reduce_is_written_again_and_read_exact(
     assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]
     victim = daemons[1]
     assert daemon_stats(victim)["store"]["stored_bytes"] > 0
-    victim.proc.send_signal(signal.SIGKILL)
-    victim.proc.wait(10)
-    daemons[1] = start_daemon(victim.host, victim.port, POOL)
+    daemons[1] = restart(victim, [], POOL)
     retried = _retried_stages(spark)
     before = _compression(spark)
     assert sorted(summed.collect()) == builtin["rdd_reduce_by_key"]

@@ -9,9 +9,9 @@ import org.apache.spark.SparkConf;
  * Checks of the plugin's small rules that a Spark job shows only by chance: fetch wait that is made of
  * sub-millisecond waits, the Spark settings the plugin refuses at start, the values of spark.shuffled.replicas,
  * durability, fsync, compression and daemonChoice (and what makes {@code auto} compress; the enum settings' errors
- * word for word), the mark of an uncompressed map
- * output in its map status, the Spark line it was built for, and a writer stopped before it committed. Prints one
- * line per check, then {@code N passed, M failed}; exits non-zero on any failure.
+ * word for word), the mark of an uncompressed map output in its map status, the Spark line it was built for, and a
+ * writer stopped before it committed. Prints one line per check, then {@code N passed, M failed}; exits non-zero on
+ * any failure.
  */
 public final class PluginCheck {
     private final List<String> failures = new ArrayList<>();
