@@ -24,11 +24,14 @@ from __future__ import annotations
 import ast
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,20 +151,30 @@ def run_label() -> str:
 
 def remove_leftovers(podman: Podman) -> None:
     """Containers, pods, networks and image tags of earlier runs whose process is gone (killed before it
-    could remove them): they would hold memory and bridges until the machine restarts."""
-    for listing, name, removing in (
-        (["pod", "ps"], "{{.Name}}", ["pod", "rm", "--force"]),
-        (["ps", "--all"], "{{.Names}}", ["rm", "--force", "--time", "0"]),
-        (["network", "ls"], "{{.Name}}", ["network", "rm", "--force"]),
+    could remove them): they would hold memory and bridges until the machine restarts. The listings are
+    read as JSON: podman 4.3's `network ls` template gives its labels as one string, not a map."""
+    for listing, removing in (
+        (["pod", "ps"], ["pod", "rm", "--force"]),
+        (["ps", "--all"], ["rm", "--force", "--time", "0"]),
+        (["network", "ls"], ["network", "rm", "--force"]),
     ):
-        found = podman(*listing, "--filter", f"label={LABEL}", "--format", f'{name} {{{{index .Labels "{LABEL}"}}}}')
-        for thing, owner in (line.split() for line in found.stdout.splitlines() if line.strip()):
+        found = podman(*listing, "--filter", f"label={LABEL}", "--format", "json")
+        for thing, owner in _labelled(json.loads(found.stdout or "[]")):
             if not _alive(owner):
                 podman(*removing, thing, check=False)
     tags = podman("images", "--format", "{{.Repository}} {{.Tag}}").stdout.split("\n")
     for repository, pid in (line.split() for line in tags if line.startswith(f"{IMAGES} ")):
         if not Path(f"/proc/{pid}").is_dir():
             podman("untag", f"{repository}:{pid}", f"{repository}:{pid}", check=False)
+
+
+def _labelled(listing: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(name, owner) of each entry of a podman JSON listing; the keys' case and the name's shape differ
+    between pods (Name), containers (Names, a list) and networks (name)."""
+    for entry in listing:
+        fields = {key.lower(): value for key, value in entry.items()}
+        name = fields.get("name") or fields["names"][0]
+        yield name, (fields.get("labels") or {})[LABEL]
 
 
 def _alive(owner: str) -> bool:
