@@ -64,10 +64,17 @@ def netns_unavailable() -> str | None:
         return "network namespaces need root"
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "the ip and tc tools (iproute2) are not installed"
-    name = f"shprobe{os.getpid()}"
-    if _run("ip", "netns", "add", name).returncode != 0:
-        return "cannot create a network namespace (ip netns add failed)"
-    _run("ip", "netns", "del", name)
+    # a name of its own, and in the run's file while it exists: one left by a killed run (whose pid may be
+    # this one's) must not make every namespace test skip
+    name, run = f"shprobe{os.getpid()}-{os.urandom(4).hex()}", reaper.current()
+    run.add("netns", name)
+    try:
+        made = _run("ip", "netns", "add", name)
+        if made.returncode != 0:
+            return f"cannot create a network namespace (ip netns add: {made.stderr.strip()})"
+        _run("ip", "netns", "del", name)
+    finally:
+        run.remove("netns", name)
     return None
 
 

@@ -9,13 +9,14 @@ two ways:
   and every process those start (a Spark worker's executors, a daemon inside ``ip netns exec``), carries it;
   reading ``/proc/*/environ`` finds them all, whatever started them and whichever process group they are in;
 - things that are not processes (network namespaces, links, tmpfs mounts, podman containers, pods and
-  networks, subnets): written to the run's file in `STATE` as they are made, and crossed off when removed.
+  networks, subnets, scratch directories outside pytest's own): written to the run's file in `STATE` as
+  they are made, and crossed off when removed.
 
 `current()` makes the run on first use: it first reaps every earlier run whose owner is gone, then starts a
 watcher, this file run as a script, whose standard input is a pipe only the owner holds. When the owner ends,
-the pipe closes and the watcher reaps the run at once: processes SIGTERM, then SIGKILL after
-`GRACE` seconds, then containers, mounts, namespaces and links, then the run's file. A watcher killed too is
-covered by the next run's start.
+the pipe closes and the watcher reaps the run at once: processes SIGTERM, then SIGKILL after `GRACE`
+seconds, then containers, mounts, namespaces, links and directories, then the run's file. A watcher killed
+too is covered by the next run's start.
 
 The run's file is also how runs share what is scarce without colliding: `subnet()` hands out a /24 of
 198.18.0.0/15 that no run's file holds and that no address or route of the host overlaps, and `tag()` a
@@ -32,6 +33,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -224,12 +226,15 @@ def _remove(thing: list[Any], owner: str) -> None:
         _ip("netns", "del", args[0])
     elif kind == "link":
         _ip("link", "del", args[0])
+    elif kind == "dir":
+        shutil.rmtree(args[0], ignore_errors=True)
 
 
 #: the label podman objects of a run carry, with the owner's name as its value
 LABEL = "shuffled-test"
-#: the order things go in: podman first (its containers may sit in the namespaces), links last
-_ORDER = ("podman", "mount", "netns", "link")
+#: the order things go in: podman first (its containers may sit in the namespaces), directories last (a
+#: mount may be in one)
+_ORDER = ("podman", "mount", "netns", "link", "dir")
 
 
 def reap(owner: str) -> list[str]:
@@ -265,7 +270,11 @@ def leftovers(owner: str, made: list[list[Any]] | None = None) -> list[str]:
     namespaces = set(_ip("netns", "list").stdout.split())
     links = {m.group(1) for m in re.finditer(r"^\d+: ([^:@]+)", _ip("-o", "link").stdout, re.MULTILINE)}
     for kind, *args in made:
-        if (kind == "netns" and args[0] in namespaces) or (kind == "link" and args[0] in links):
+        if (
+            (kind == "netns" and args[0] in namespaces)
+            or (kind == "link" and args[0] in links)
+            or (kind == "dir" and os.path.lexists(args[0]))
+        ):
             left.append(f"{kind} {args[0]}")
         elif kind == "podman":
             for listing in (["pod", "ps", "--quiet"], ["ps", "--all", "--quiet"], ["network", "ls", "--quiet"]):

@@ -28,7 +28,7 @@ from typing import Any
 import pyspark
 
 from shuffled import children
-from tests import spark_jobs
+from tests import reaper, spark_jobs
 from tests.cluster import free_port
 from tests.spark_jobs import SHORT_RUN_JVM
 
@@ -155,9 +155,11 @@ def standalone_cluster(
         "SPARK_NO_DAEMONIZE": "1",
         "SPARK_DAEMON_JAVA_OPTS": SHORT_RUN_JVM,
     }
+    run = reaper.current()
     with tempfile.TemporaryDirectory(prefix="shuffled-spark-workers-") as work:
         running = StandaloneCluster(url, Path(work))
         _CLUSTERS[url] = running
+        run.add("dir", work)  # a run killed mid-job leaves no executors' logs behind either
         try:
             master_argv = [spark_class, "org.apache.spark.deploy.master.Master", "--host", master_host]
             master_argv += ["--port", str(port), "--webui-port", "0"]
@@ -178,3 +180,4 @@ def standalone_cluster(
             for p in reversed(running.procs):
                 p.stop()
             del _CLUSTERS[url]
+            run.remove("dir", work)

@@ -40,6 +40,11 @@ __all__ = ["DIR_PREFIX", "MappedRegion", "ReadSlots", "RegionDirectory", "Region
 
 #: the name of a daemon's directory of regions: this prefix, its process id and a random part
 DIR_PREFIX = "shuffled-"
+#: what a directory's name has in place of the process id while it is made (not locked yet)
+MAKING = "new"
+#: how long a directory being made is spared: its maker locks it and names it within microseconds, so one
+#: older than this was left by a daemon killed while making it
+MAKING_SECONDS = 60.0
 #: the most slots copied in one system call
 RUN_VIEWS = 512
 
@@ -344,12 +349,16 @@ class RegionDirectory:
             raise OSError(f"{parent} holds {size} MiB, less than the pool ({pool_bytes >> 20} MiB)")
         for name in os.listdir(parent):
             pid = name[len(DIR_PREFIX) :].split("-", 1)[0] if name.startswith(DIR_PREFIX) else ""
-            if pid.isdigit():
-                _remove_if_abandoned(os.path.join(parent, name))
-        path = os.path.join(parent, f"{DIR_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
-        os.mkdir(path, 0o711)
-        os.chmod(path, 0o711)  # whatever the umask
-        self._lock = _locked(path)
+            if pid.isdigit() or pid == MAKING:
+                _remove_if_abandoned(os.path.join(parent, name), young=0 if pid.isdigit() else MAKING_SECONDS)
+        # Made under a name whose sweep spares it while it is young, locked, and only then given its name: a
+        # daemon starting at the same moment must never find it unlocked and take it for abandoned.
+        tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+        making, path = (os.path.join(parent, f"{DIR_PREFIX}{pid}") for pid in (f"{MAKING}-{tag}", tag))
+        os.mkdir(making, 0o711)
+        os.chmod(making, 0o711)  # whatever the umask
+        self._lock = _locked(making, wait=True)
+        os.rename(making, path)  # the lock is the directory's, not its name's
         self.path = path
 
     def region(self, slots: int, slot_size: int, owner: int | None, read_slots: int = 0) -> SharedRegion | None:
@@ -367,25 +376,28 @@ class RegionDirectory:
             os.close(lock)
 
 
-def _locked(path: str) -> int:
-    """`path` (a directory) open with an exclusive lock, or BlockingIOError while someone else holds it."""
+def _locked(path: str, wait: bool = False) -> int:
+    """`path` (a directory) open with an exclusive lock; BlockingIOError while someone else holds it, unless
+    told to `wait` (for a sweep that looks at a directory being made: it lets go at once)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _remove_if_abandoned(path: str) -> None:
-    """Remove another daemon's directory if its owner is gone (its lock is free); keep it when that cannot
-    be told (another user's, locked, or gone meanwhile)."""
+def _remove_if_abandoned(path: str, young: float) -> None:
+    """Remove another daemon's directory if its owner is gone (its lock is free) and it is older than `young`
+    seconds; keep it when that cannot be told (another user's, locked, or gone meanwhile)."""
     try:
         fd = _locked(path)
     except OSError:  # held by a live daemon, or not ours to open
         return
     try:
+        if young and time.time() - os.fstat(fd).st_mtime < young:
+            return  # being made: its maker locks it next
         shutil.rmtree(path, ignore_errors=True)
     finally:
         os.close(fd)

@@ -9,6 +9,7 @@ live run holds, and when none is left the error says where they went.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import os
@@ -128,35 +129,43 @@ def test_a_child_forked_by_a_thread_outlives_the_thread_and_stop_reaches_its_gro
 
 
 @pytest.fixture
-def crowded() -> Iterator[reaper.Run]:
+def crowded(tmp_path: Path) -> Iterator[tuple[reaper.Run, ipaddress.IPv4Network]]:
     """The host has an address in 198.18.0.0/16 (on a bridge of the test's own, down) and another live run
-    holds every /24 of 198.19.0.0/16 but 198.19.200.0/24: one subnet is left."""
+    holds every /24 of 198.19.0.0/16 but one, which no address of the host overlaps: that one is left. The
+    runs' files are a directory of the test's own meanwhile: the other live run must not leave the other test
+    worker without subnets."""
     if os.geteuid() != 0:
         pytest.skip("a bridge needs root")
     run = reaper.current()
     link = f"shbr{run.tag()}"
     run.add("link", link)
     other = subprocess.Popen(["sleep", "600"])
-    held = [["subnet", f"198.19.{i}.0/24"] for i in range(256) if i != 200]
-    path = reaper.STATE / f"{reaper.owner_of(other.pid)}.json"
     try:
         subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True, timeout=30)
         subprocess.run(["ip", "addr", "add", "198.18.0.1/16", "dev", link], check=True, timeout=30)
-        path.write_text(json.dumps({"owner": path.stem, "things": held}))
-        yield run
+        host = reaper._host_networks()
+        nets = list(ipaddress.IPv4Network("198.19.0.0/16").subnets(new_prefix=24))
+        left = next(n for n in nets if not any(n.overlaps(h) for h in host))
+        held = [["subnet", str(n)] for n in nets if n != left]
+        with pytest.MonkeyPatch.context() as private:
+            private.setattr(reaper, "STATE", tmp_path)
+            (tmp_path / f"{reaper.owner_of(other.pid)}.json").write_text(json.dumps({"things": held}))
+            yield run, left
     finally:
-        path.unlink(missing_ok=True)
         other.kill()
         other.wait(10)
         subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
         run.remove("link", link)
 
 
-def test_a_subnet_is_never_one_the_host_routes_or_another_run_holds(crowded: reaper.Run) -> None:
-    net = crowded.subnet()
+def test_a_subnet_is_never_one_the_host_routes_or_another_run_holds(
+    crowded: tuple[reaper.Run, ipaddress.IPv4Network],
+) -> None:
+    run, left = crowded
+    net = run.subnet()
     try:
-        assert str(net) == "198.19.200.0/24"
+        assert net == left
         with pytest.raises(RuntimeError, match=r"no free /24 left in 198\.18\.0\.0/15: runs' files in"):
-            crowded.subnet()
+            run.subnet()
     finally:
-        crowded.remove("subnet", str(net))
+        run.remove("subnet", str(net))

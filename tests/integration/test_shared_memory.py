@@ -16,13 +16,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shuffled import children
-from shuffled.buffers.shm import DIR_PREFIX, MappedRegion
+from shuffled.buffers.shm import DIR_PREFIX, MAKING, MAKING_SECONDS, MappedRegion
 from shuffled.protocol import codec
 from shuffled.protocol.credit import DEFAULT_EXCLUSIVE, DEFAULT_FLOATING
 from shuffled.protocol.errors import ErrorCode
@@ -43,7 +44,7 @@ from shuffled.protocol.frames import (
 from shuffled.protocol.integrity import checksum
 from shuffled.protocol.packed import RunPacker
 from shuffled_client import AsyncClient
-from tests import small_tmpfs
+from tests import reaper, small_tmpfs
 from tests.aio import within
 from tests.cluster import DaemonProcess, free_port, payload, pool_settled, start_daemon, wait_until
 from tests.integration.test_bad_input import Raw
@@ -55,14 +56,25 @@ APP = "shm-app"
 SEGMENT_KIB = 32
 
 
-def _regions() -> dict[str, list[str]]:
-    """Every daemon's directory of regions on this host, with the names in it."""
-    return {d: os.listdir(os.path.join(SHM_ROOT, d)) for d in os.listdir(SHM_ROOT) if d.startswith(DIR_PREFIX)}
+def _own_dir(d: DaemonProcess, root: str = SHM_ROOT) -> str:
+    (name,) = (n for n in os.listdir(root) if n.startswith(f"{DIR_PREFIX}{d.pid}-"))
+    return os.path.join(root, name)
 
 
-def _own_dir(d: DaemonProcess) -> str:
-    (name,) = (n for n in os.listdir(SHM_ROOT) if n.startswith(f"{DIR_PREFIX}{d.pid}-"))
-    return os.path.join(SHM_ROOT, name)
+@pytest.fixture
+def shm_root() -> Iterator[str]:
+    """A directory of /dev/shm of the test's own, for daemons' directories that no daemon of another test
+    (which removes what it takes for abandoned) may see; its name is none a daemon's could be."""
+    if not os.path.isdir(SHM_ROOT):
+        pytest.skip(f"no {SHM_ROOT} on this host")
+    root = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}test-", dir=SHM_ROOT)
+    run = reaper.current()
+    run.add("dir", root)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        run.remove("dir", root)
 
 
 @pytest.fixture
@@ -121,7 +133,7 @@ async def test_pushes_through_shared_memory_store_what_was_pushed_and_give_every
         read_kib = 4 * (DEFAULT_EXCLUSIVE + DEFAULT_FLOATING) * SEGMENT_KIB
         pushes, reads = _held_kib(files["push"]), _held_kib(files["read"])
         assert 0 < pushes <= 8 * 16 * SEGMENT_KIB and 0 < reads <= read_kib, (pushes, reads)
-    assert _regions()[os.path.basename(_own_dir(d))] == []
+    assert os.listdir(_own_dir(d)) == []
     # the connection gone, the region's pages go back to the host
     try:
         held = lambda: asyncio.sleep(0, sum(map(_held_kib, files.values())))  # noqa: E731
@@ -240,7 +252,7 @@ async def test_a_client_killed_mid_push_gives_its_segments_and_slots_back(local:
     finally:
         child.kill()
         child.wait(10)
-    assert _regions()[os.path.basename(_own_dir(d))] == []
+    assert os.listdir(_own_dir(d)) == []
 
 
 #: a client of another user, in the system's Python alone (it need not read this tree): says Hello asking for
@@ -318,31 +330,37 @@ def test_a_region_is_its_clients_alone(tmp_path: Path) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def test_a_daemon_killed_leaves_its_directory_to_the_next_one(tmp_path: Path) -> None:
+def test_a_daemon_killed_leaves_its_directory_to_the_next_one(tmp_path: Path, shm_root: str) -> None:
     """...and only then: a directory whose owner's process id is not running here, but whose lock is held (a
-    live daemon in another PID namespace sharing the directory), is kept."""
+    live daemon in another PID namespace sharing the directory), is kept; so is one being made (not locked
+    yet, under its making name) unless it is older than any making takes."""
     sock = tmp_path / "d.sock"
-    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
-    directory = _own_dir(d)
+    flags = ["--unix-socket", str(sock), "--shm-dir", shm_root]
+    d = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
+    directory = _own_dir(d, shm_root)
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait(10)
     assert os.path.isdir(directory)
-    elsewhere = os.path.join(SHM_ROOT, f"{DIR_PREFIX}{2**22 + 7}-{os.getpid():x}")  # no such pid here
-    os.mkdir(elsewhere)
+    elsewhere = os.path.join(shm_root, f"{DIR_PREFIX}{2**22 + 7}-{os.getpid():x}")  # no such pid here
+    young, old = (os.path.join(shm_root, f"{DIR_PREFIX}{MAKING}-{2**22 + 7}-{age}") for age in ("young", "old"))
+    for made in (elsewhere, young, old):
+        os.mkdir(made)
+    stale = time.time() - 2 * MAKING_SECONDS
+    os.utime(old, (stale, stale))
     held = os.open(elsewhere, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
-        again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", ["--unix-socket", str(sock), *SHM_ON])
+        again = start_daemon("127.0.0.1", free_port(["127.0.0.1"]), "32M", flags)
         try:
             assert not os.path.exists(directory)
             assert os.path.isdir(elsewhere), "a directory whose owner holds its lock stays"
-            mine = _own_dir(again)
+            assert os.path.isdir(young) and not os.path.exists(old)
+            mine = _own_dir(again, shm_root)
         finally:
             again.stop()
         assert not os.path.exists(mine), "a daemon stopping removes its directory"
     finally:
         os.close(held)
-        shutil.rmtree(elsewhere, ignore_errors=True)
 
 
 class _Local(Raw):

@@ -53,12 +53,13 @@ def daemon() -> Iterator[list[DaemonProcess]]:
 JOB_STEP_SECONDS = 240
 
 
-def _job(env: LineEnv, address: str, work: Path) -> subprocess.Popen[str]:
-    # local-cluster's workers write their work dirs under SPARK_WORKER_DIR (default: inside the venv's pyspark)
+def _job(env: LineEnv, address: str) -> subprocess.Popen[str]:
+    # local-cluster's workers keep their executors' logs under the line's pyspark (its SPARK_HOME's work/;
+    # SPARK_WORKER_DIR is read only by a worker started on its own)
     return subprocess.Popen(
         [str(env.python), "-m", "tests.spark.spark_line_job", str(env.jar), address],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "SPARK_WORKER_DIR": str(work)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -91,11 +92,9 @@ def _json_lines(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
 
 
 @pytest.mark.full  # a minute and more per line: run by .ci/run after the default run
-def test_job_matrix_on_the_line_matches_its_builtin_shuffle(
-    line_env: LineEnv, daemon: list[DaemonProcess], tmp_path: Path
-) -> None:
+def test_job_matrix_on_the_line_matches_its_builtin_shuffle(line_env: LineEnv, daemon: list[DaemonProcess]) -> None:
     assert line_env.jar.name.startswith(f"shuffled-spark-{line_env.line}_")
-    proc = _job(line_env, daemon[0].addr, tmp_path)
+    proc = _job(line_env, daemon[0].addr)
     results = _json_lines(proc)
     try:
         assert next(results) == {"ready": True}
