@@ -66,7 +66,8 @@ def netns_unavailable() -> str | None:
         return "the ip and tc tools (iproute2) are not installed"
     # a name of its own, and in the run's file while it exists: one left by a killed run (whose pid may be
     # this one's) must not make every namespace test skip
-    name, run = f"shprobe{os.getpid()}-{os.urandom(4).hex()}", reaper.current()
+    run = reaper.current()
+    name = f"shprobe{run.tag()}"
     run.add("netns", name)
     try:
         made = _run("ip", "netns", "add", name)

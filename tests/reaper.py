@@ -226,8 +226,17 @@ def _remove(thing: list[Any], owner: str) -> None:
         _ip("netns", "del", args[0])
     elif kind == "link":
         _ip("link", "del", args[0])
-    elif kind == "dir":
+    elif kind == "dir" and _scratch(args[0]):
         shutil.rmtree(args[0], ignore_errors=True)
+
+
+def _scratch(path: str) -> bool:
+    """Whether `path` is a directory a run may have made and so may remove: named as the tests name theirs and
+    this user's (without root, `STATE` is in /tmp, where another user could list any path in a run's file)."""
+    try:
+        return os.path.basename(path).startswith("shuffled-") and os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 #: the label podman objects of a run carry, with the owner's name as its value

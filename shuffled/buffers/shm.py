@@ -40,11 +40,14 @@ __all__ = ["DIR_PREFIX", "MappedRegion", "ReadSlots", "RegionDirectory", "Region
 
 #: the name of a daemon's directory of regions: this prefix, its process id and a random part
 DIR_PREFIX = "shuffled-"
-#: what a directory's name has in place of the process id while it is made (not locked yet)
+#: what a directory's name has before the process id while it is made (until it is locked and renamed)
 MAKING = "new"
 #: how long a directory being made is spared: its maker locks it and names it within microseconds, so one
 #: older than this was left by a daemon killed while making it
 MAKING_SECONDS = 60.0
+#: how long a daemon waits for the lock on the directory it is making (a sweep holds it for a moment): a
+#: sweeper frozen with it must not hang the start, which then goes on without shared memory
+LOCK_PATIENCE = 5.0
 #: the most slots copied in one system call
 RUN_VIEWS = 512
 
@@ -354,11 +357,17 @@ class RegionDirectory:
         # Made under a name whose sweep spares it while it is young, locked, and only then given its name: a
         # daemon starting at the same moment must never find it unlocked and take it for abandoned.
         tag = f"{os.getpid()}-{secrets.token_hex(4)}"
-        making, path = (os.path.join(parent, f"{DIR_PREFIX}{pid}") for pid in (f"{MAKING}-{tag}", tag))
+        making = os.path.join(parent, f"{DIR_PREFIX}{MAKING}-{tag}")
+        path = os.path.join(parent, f"{DIR_PREFIX}{tag}")
         os.mkdir(making, 0o711)
-        os.chmod(making, 0o711)  # whatever the umask
-        self._lock = _locked(making, wait=True)
-        os.rename(making, path)  # the lock is the directory's, not its name's
+        try:
+            os.chmod(making, 0o711)  # whatever the umask
+            self._lock = _locked(making, patience=LOCK_PATIENCE)
+            os.rename(making, path)  # the lock is the directory's, not its name's
+        except BaseException:
+            self.close()
+            shutil.rmtree(making, ignore_errors=True)
+            raise
         self.path = path
 
     def region(self, slots: int, slot_size: int, owner: int | None, read_slots: int = 0) -> SharedRegion | None:
@@ -376,12 +385,22 @@ class RegionDirectory:
             os.close(lock)
 
 
-def _locked(path: str, wait: bool = False) -> int:
-    """`path` (a directory) open with an exclusive lock; BlockingIOError while someone else holds it, unless
-    told to `wait` (for a sweep that looks at a directory being made: it lets go at once)."""
+def _locked(path: str, patience: float = 0.0) -> int:
+    """`path` (a directory) open with an exclusive lock; BlockingIOError while someone else holds it for
+    longer than `patience` seconds (a sweep that looks at a directory being made lets go at once)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        give_up = time.monotonic() + patience
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not patience:
+                    raise
+                if time.monotonic() >= give_up:
+                    raise BlockingIOError(f"{path} still locked by another process after {patience:.0f} s") from None
+                time.sleep(0.005)
     except BaseException:
         os.close(fd)
         raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -129,11 +128,11 @@ def test_a_child_forked_by_a_thread_outlives_the_thread_and_stop_reaches_its_gro
 
 
 @pytest.fixture
-def crowded(tmp_path: Path) -> Iterator[tuple[reaper.Run, ipaddress.IPv4Network]]:
+def crowded() -> Iterator[tuple[reaper.Run, ipaddress.IPv4Network]]:
     """The host has an address in 198.18.0.0/16 (on a bridge of the test's own, down) and another live run
-    holds every /24 of 198.19.0.0/16 but one, which no address of the host overlaps: that one is left. The
-    runs' files are a directory of the test's own meanwhile: the other live run must not leave the other test
-    worker without subnets."""
+    holds every /24 of 198.19.0.0/16 but one that neither the host nor a real run has: that one is left. Only
+    this process sees the other run (as if its file were there): it must not leave runs at once (the other
+    test worker) without subnets."""
     if os.geteuid() != 0:
         pytest.skip("a bridge needs root")
     run = reaper.current()
@@ -143,13 +142,15 @@ def crowded(tmp_path: Path) -> Iterator[tuple[reaper.Run, ipaddress.IPv4Network]
     try:
         subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True, timeout=30)
         subprocess.run(["ip", "addr", "add", "198.18.0.1/16", "dev", link], check=True, timeout=30)
-        host = reaper._host_networks()
+        real = reaper._runs
+        taken = reaper._host_networks() | {
+            ipaddress.IPv4Network(t[1]) for things in real().values() for t in things if t[0] == "subnet"
+        }
         nets = list(ipaddress.IPv4Network("198.19.0.0/16").subnets(new_prefix=24))
-        left = next(n for n in nets if not any(n.overlaps(h) for h in host))
+        left = next(n for n in nets if not any(n.overlaps(t) for t in taken))
         held = [["subnet", str(n)] for n in nets if n != left]
         with pytest.MonkeyPatch.context() as private:
-            private.setattr(reaper, "STATE", tmp_path)
-            (tmp_path / f"{reaper.owner_of(other.pid)}.json").write_text(json.dumps({"things": held}))
+            private.setattr(reaper, "_runs", lambda: {**real(), reaper.owner_of(other.pid): held})
             yield run, left
     finally:
         other.kill()

@@ -28,11 +28,21 @@ import pytest
 from shuffled import spark_jar
 from shuffled.config import DaemonConfig
 from shuffled_client import Client
-from tests import image as podman_image
 from tests import reaper
 from tests.cluster import http_get, payload, poll_until
 from tests.hosts import Host, hosts_for_tests
-from tests.image import LABEL, Container, Image, Podman, PodmanError, compiled_modules, daemon_dir
+from tests.image import (
+    LABEL,
+    Container,
+    Image,
+    Podman,
+    PodmanError,
+    compiled_modules,
+    daemon_dir,
+    remove_leftovers,
+    run_label,
+    unavailable,
+)
 from tests.jvm import needs_jdk
 from tests.prometheus import prometheus_server, query, scrapes
 from tests.units import MiB
@@ -79,7 +89,7 @@ def test_the_next_build_removes_what_a_killed_run_left_and_keeps_what_a_live_run
     """A pod and a network labelled with a run that is gone go at the next build; those of a live run (this
     one) stay. podman 4.3's `network ls` template cannot index its labels: the clean-up failed whenever any
     labelled network existed (another test worker's pod network), and with it every test that needs the image."""
-    why = podman_image.unavailable()
+    why = unavailable()
     if why is not None:
         pytest.skip(f"no podman: {why}")
     podman = Podman()
@@ -89,14 +99,14 @@ def test_the_next_build_removes_what_a_killed_run_left_and_keeps_what_a_live_run
     gone.wait(timeout=30)
     made = {
         f"shuffled-test-{os.getpid()}-{owner}-{kind}": (kind, label)
-        for owner, label in (("dead", f"{LABEL}={dead}"), ("live", reaper.current().label))
+        for owner, label in (("dead", f"{LABEL}={dead}"), ("live", run_label()))
         for kind in ("pod", "network")
     }
     try:
         for name, (kind, label) in made.items():
             options = ["--infra=false"] if kind == "pod" else []
             podman(kind, "create", *options, "--label", label, name)
-        podman_image.remove_leftovers(podman)
+        remove_leftovers(podman)
         left = {p["Name"] for p in json.loads(podman("pod", "ps", "--format", "json").stdout or "[]")}
         left |= {n["name"] for n in json.loads(podman("network", "ls", "--format", "json").stdout or "[]")}
         assert {name for name in made if name in left} == {name for name in made if "-live-" in name}
