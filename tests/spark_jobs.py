@@ -165,6 +165,17 @@ def aqe_skew_join(spark: SparkSession) -> Any:
         return planned_rows(df, "skew=true", "split the skewed partition")
 
 
+def aqe_local_read(spark: SparkSession) -> Any:
+    """A sort-merge join that AQE turns into a broadcast join once its shuffles ran, one side being small then
+    (Spark's default, here with the static threshold off): the other side's shuffle is read by the local
+    shuffle reader, each task every reduce partition of a range of map outputs."""
+    with job_conf(spark, {"spark.sql.adaptive.autoBroadcastJoinThreshold": "1m"}):
+        small = dims(spark).where(F.col("w") % 3 == 0)
+        joined = facts(spark).join(small, "k")
+        df = joined.groupBy((F.col("id") % 7).alias("g")).agg(F.count("*"), F.sum("v"), F.sum("w"))
+        return planned_rows(df, "AQEShuffleRead local", "read a shuffle with the local shuffle reader")
+
+
 # -- wide: thousands of reduce partitions of small data, so every map output is thousands of tiny blocks
 
 #: reduce partitions of the wide jobs (few map tasks each write this many blocks)
@@ -272,6 +283,7 @@ JOBS: dict[str, Job] = {
         rdd_repartition,
         aqe_coalesce,
         aqe_skew_join,
+        aqe_local_read,
         wide_aqe_coalesce,
         wide_aqe_skew_join,
     )

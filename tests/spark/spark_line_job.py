@@ -57,6 +57,7 @@ JOBS = {
     "groupby_agg": spark_jobs.groupby_agg,
     "join_sort_merge": spark_jobs.join_sort_merge,
     "rdd_group_by_key": spark_jobs.rdd_group_by_key,
+    "aqe_local_read": spark_jobs.aqe_local_read,
     "wide_aqe_coalesce": spark_jobs.wide_aqe_coalesce,
     "wide_aqe_skew_join": spark_jobs.wide_aqe_skew_join,
     "retried_map_task": retried_map_task,
