@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,6 +90,8 @@ def hosts_for_tests(n: int) -> Iterator[Hosts]:
     if why is not None:
         pytest.skip(f"no simulated hosts: {why}")
     with Hosts(n) as hosts:
+        # the check afterwards finds the bridge, each host's namespace and its outer link while they exist
+        assert len(hosts.leftovers()) == 1 + 2 * n, hosts.leftovers()
         yield hosts
     assert not hosts.leftovers(), f"namespaces or links left behind: {hosts.leftovers()}"
 
@@ -131,6 +134,7 @@ class Hosts:
         self.hosts: list[Host] = []
         self.shaping = ""
         self.scratch = Path(tempfile.mkdtemp(prefix="shuffled-hosts-"))
+        self.run.add("dir", str(self.scratch))
 
     def __enter__(self) -> Hosts:
         try:
@@ -151,7 +155,7 @@ class Hosts:
         for i in range(1, self.n + 1):
             host = Host(i, f"shf{self.tag}h{i}", f"{self.prefix}.{10 + i}", f"sh{self.tag}o{i}")
             self.hosts.append(host)
-            inner = f"sh{self.tag}i{i}"
+            inner = self._inner(i)
             self.run.add("netns", host.netns)
             self.run.add("link", host.outer)
             _must("ip", "netns", "add", host.netns)
@@ -254,8 +258,17 @@ class Hosts:
         self.run.remove("link", self.bridge)
         self.run.remove("subnet", str(self.subnet))
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if not self.scratch.exists():  # else the reaper removes it with the run
+            self.run.remove("dir", str(self.scratch))
+
+    def _inner(self, i: int) -> str:
+        """Host `i`'s end of its veth, named so until it moves into the host's namespace (as eth0)."""
+        return f"sh{self.tag}i{i}"
 
     def leftovers(self) -> list[str]:
-        """Names of this run's namespaces and links that still exist (a test asserts none)."""
-        names = _run("ip", "netns", "list").stdout + _run("ip", "-o", "link").stdout
-        return [w for w in names.split() if self.tag in w]
+        """Names of these hosts' namespaces and links that still exist (a test asserts none): compared whole,
+        since the other test worker's names may hold this tag as a part (a veth's peer name, podman's)."""
+        made = {self.bridge} | {n for i, h in enumerate(self.hosts, 1) for n in (h.netns, h.outer, self._inner(i))}
+        namespaces = {line.split()[0] for line in _run("ip", "netns", "list").stdout.splitlines() if line.strip()}
+        links = set(re.findall(r"^\d+: ([^:@]+)", _run("ip", "-o", "link").stdout, re.MULTILINE))
+        return sorted(made & (namespaces | links))

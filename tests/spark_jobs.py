@@ -168,12 +168,23 @@ def aqe_skew_join(spark: SparkSession) -> Any:
 def aqe_local_read(spark: SparkSession) -> Any:
     """A sort-merge join that AQE turns into a broadcast join once its shuffles ran, one side being small then
     (Spark's default, here with the static threshold off): the other side's shuffle is read by the local
-    shuffle reader, each task every reduce partition of a range of map outputs."""
-    with job_conf(spark, {"spark.sql.adaptive.autoBroadcastJoinThreshold": "1m"}):
+    shuffle reader, each task every reduce partition of a range of map outputs. Two reduce partitions, not
+    coalesced, so that the reader splits the four map outputs of the large side in two ranges whatever their
+    sizes (one range of all of them would not tell a reader that ignores the range)."""
+    local_read = {
+        "spark.sql.adaptive.autoBroadcastJoinThreshold": "1m",
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+    }
+    with job_conf(spark, local_read):
         small = dims(spark).where(F.col("w") % 3 == 0)
         joined = facts(spark).join(small, "k")
         df = joined.groupBy((F.col("id") % 7).alias("g")).agg(F.count("*"), F.sum("v"), F.sum("w"))
-        return planned_rows(df, "AQEShuffleRead local", "read a shuffle with the local shuffle reader")
+        result = planned_rows(df, "AQEShuffleRead local", "read a shuffle with the local shuffle reader")
+        reads = [[_spec(spec) for spec in specs] for _, specs in shuffle_reads(df)]
+    ranges = [specs for specs in reads if specs and specs[0][0] == "CoalescedMapperPartitionSpec"]
+    assert any(len(specs) > 1 for specs in ranges), f"no local read split the map outputs into ranges: {reads}"
+    return result
 
 
 # -- wide: thousands of reduce partitions of small data, so every map output is thousands of tiny blocks
@@ -218,12 +229,16 @@ def shuffle_reads(df: DataFrame) -> list[tuple[int, list[Any]]]:
 def _spec(spec: Any) -> tuple[str, ...]:
     """A partition spec as (kind, its indexes as text): CoalescedPartitionSpec(start, end) reads reduce
     partitions [start, end) of every map output; PartialReducerPartitionSpec(reducer, start, end) reads one
-    reduce partition of map outputs [start, end) only: a part of a skewed partition."""
+    reduce partition of map outputs [start, end) only: a part of a skewed partition;
+    CoalescedMapperPartitionSpec(start, end) reads every reduce partition of map outputs [start, end): the
+    local shuffle reader's."""
     kind = spec.getClass().getSimpleName()
     if kind == "CoalescedPartitionSpec":
         return kind, str(spec.startReducerIndex()), str(spec.endReducerIndex())
     if kind == "PartialReducerPartitionSpec":
         return kind, str(spec.reducerIndex()), str(spec.startMapIndex()), str(spec.endMapIndex())
+    if kind == "CoalescedMapperPartitionSpec":
+        return kind, str(spec.startMapIndex()), str(spec.endMapIndex())
     return (kind,)
 
 

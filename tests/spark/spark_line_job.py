@@ -3,6 +3,7 @@ matrix through Spark's built-in shuffle, then through shuffled; prints one JSON 
 
 ``python -m tests.spark.spark_line_job JAR ADDRESS``. The jobs: a SQL join and an aggregation with AQE,
 2,000-partition shuffles that AQE coalesces into ranges and whose skewed partition it splits by map ranges,
+a join AQE turns into a broadcast join whose other side's shuffle it reads by map ranges (the local reader),
 TPC-DS-style star-schema queries (benchmarks/star_schema.py), an RDD groupByKey, the row-based shuffle
 checksums of every map status (Spark 4.1 on; on both writer paths), a map task that fails
 once and is retried, and a shuffle read again after its daemon was killed and replaced by one without

@@ -33,7 +33,7 @@ from tests.host_faults import (
     stage_attempts,
     total,
 )
-from tests.hosts import Hosts, netns_unavailable
+from tests.hosts import Hosts, hosts_for_tests, netns_unavailable
 from tests.spark_support import job_traffic, needs_spark, store_emptied
 
 _why = netns_unavailable()
@@ -49,9 +49,8 @@ FAULT_ROWS = 400_000
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    with Hosts(3) as h:
+    with hosts_for_tests(3) as h:
         yield h
-    assert not h.leftovers(), f"namespaces or links left behind: {h.leftovers()}"
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from tests import spark_jobs, spark_standalone
 from tests.aio import run
 from tests.cluster import DaemonProcess, poll_until
 from tests.host_faults import HostDaemons, keyed_sums, resubmitted, stage_attempts, total
-from tests.hosts import Hosts, netns_unavailable
+from tests.hosts import Hosts, hosts_for_tests, netns_unavailable
 from tests.seaweedfs import SeaweedFS, environ_without_aws, weed_binary
 from tests.spark_support import job_traffic, needs_spark, store_emptied
 
@@ -41,9 +41,8 @@ PREFIX = "spark-hosts"
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    with Hosts(3) as h:
+    with hosts_for_tests(3) as h:
         yield h
-    assert not h.leftovers(), f"namespaces or links left behind: {h.leftovers()}"
 
 
 @pytest.fixture(scope="module")
